@@ -1,0 +1,34 @@
+# Every target sets up .venv/ itself: torch's CPU build first (an unpinned torch
+# would pull a multi-GB CUDA build), then the package with every extra.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.somatize-installed
+
+.PHONY: setup demo test lint bench docs clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(PY) recipes/digits.py
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check somatize tests recipes benchmarks
+	$(PY) -m ruff format --check somatize tests recipes benchmarks
+	$(PY) -m mypy
+
+bench: setup
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

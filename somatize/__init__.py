@@ -1,0 +1,75 @@
+"""somatize — a PyTorch-native training framework on a small graph engine.
+
+Compose nodes into a graph (``a >> b``, forks with ``|``), train it with
+``somatize.torch``'s Trainer, and run many runs as plain Python over results.
+This package is the engine; it imports nothing from torch.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .catalog import Catalog
+from .codecs import Codec, DataCodec
+from .errors import (
+    CacheError,
+    CycleError,
+    DeclarationError,
+    DuplicateNodeError,
+    EmptyGraphError,
+    GraphError,
+    MissingNodeError,
+    NodeError,
+    SomatizeError,
+    ValueConversionError,
+)
+from .graph import Graph
+from .keepers import DiskKeeper, Keeper, MemoryKeeper
+from .memory import Memory, key
+from .node import Ctx, Done, Mapped, Node, Run
+from .placement import Placement
+from .plan import Plan, Step
+from .topology import Topology
+from .values import Opaque, decode, digest, encode
+from .watchers import JsonLines, Recorder, Watcher
+
+try:
+    __version__ = version("somatize")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0.0.0"
+
+__all__ = [
+    "CacheError",
+    "Catalog",
+    "Codec",
+    "Ctx",
+    "CycleError",
+    "DataCodec",
+    "DeclarationError",
+    "DiskKeeper",
+    "Done",
+    "DuplicateNodeError",
+    "EmptyGraphError",
+    "Graph",
+    "GraphError",
+    "JsonLines",
+    "Keeper",
+    "Mapped",
+    "Memory",
+    "MemoryKeeper",
+    "MissingNodeError",
+    "Node",
+    "NodeError",
+    "Opaque",
+    "Placement",
+    "Plan",
+    "Recorder",
+    "Run",
+    "SomatizeError",
+    "Step",
+    "Topology",
+    "ValueConversionError",
+    "Watcher",
+    "decode",
+    "digest",
+    "encode",
+    "key",
+]

@@ -1,0 +1,77 @@
+"""Codecs: writing down values that are not plain data.
+
+A codec teaches the engine one more kind of leaf value: how to recognise it, check
+it, write it as bytes (for keys and keepers) and read it back. Codecs are passed
+explicitly — to ``Graph(codecs=...)``, ``encode``, ``digest`` — never registered
+globally; ``somatize.torch`` passes its tensor and ndarray codecs by default.
+
+A codec may also *fingerprint* objects a node holds (a module's weights): that is
+how a node's state enters its key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
+
+from .values import check, decode, digest, encode, is_data
+
+__all__ = ["Codec", "DataCodec"]
+
+
+@runtime_checkable
+class Codec(Protocol):
+    """The shape of a codec. Implementations match by shape; no base class needed.
+
+    Attributes:
+        tag: a short unique name written before every value this codec encodes.
+    """
+
+    tag: str
+
+    def accepts(self, value: Any) -> bool:
+        """Whether this codec writes ``value`` (cheap: a type test)."""
+        ...
+
+    def check(self, value: Any) -> None:
+        """Raise ``ValueConversionError`` (reason and fix) if ``value`` cannot be data."""
+        ...
+
+    def chunks(self, value: Any) -> Iterable[bytes | memoryview]:
+        """The payload, as chunks hashed and stored without copying large buffers."""
+        ...
+
+    def decode(self, payload: bytes) -> Any:
+        """The value back from its payload."""
+        ...
+
+    def fingerprint(self, obj: Any) -> str | None:
+        """A digest of an object held by a node (its state), or None if not this codec's."""
+        ...
+
+
+class DataCodec:
+    """The codec of plain data, over the canonical encoding of ``somatize.values``.
+
+    Example:
+        >>> c = DataCodec()
+        >>> c.decode(b"".join(c.chunks({"a": [1, 2.5]})))
+        {'a': [1, 2.5]}
+    """
+
+    tag = "data"
+
+    def accepts(self, value: Any) -> bool:
+        return is_data(value)
+
+    def check(self, value: Any) -> None:
+        check(value)
+
+    def chunks(self, value: Any) -> Iterable[bytes | memoryview]:
+        return (encode(value),)
+
+    def decode(self, payload: bytes) -> Any:
+        return decode(payload)
+
+    def fingerprint(self, obj: Any) -> str | None:
+        return digest(obj) if is_data(obj) else None

@@ -1,0 +1,164 @@
+"""The composition language: ``a >> b`` runs ``b`` on ``a``'s output; ``a | b`` forks.
+
+``a >> (b | c) >> d`` hands ``d`` both outputs as a tuple, in written order — what
+``nn.Sequential`` cannot express. Ids default to the class name in snake case,
+made unique (``classify``, ``classify_2``); ``node.with_id("enc")`` sets one.
+The same node instance written twice is one node.
+
+Example:
+    >>> from somatize import Node, Done, Graph
+    >>> class Inc(Node):
+    ...     def forward(self, x, ctx): return Done(x + 1)
+    >>> class Add(Node):
+    ...     def forward(self, pair, ctx): return Done(pair[0] + pair[1])
+    >>> Graph.somatize(Inc() >> (Inc() | Inc()) >> Add()).forward(0)
+    4
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import DuplicateNodeError
+
+__all__ = ["Expr", "Par", "Ref", "Seq", "build", "par", "seq"]
+
+
+class Expr:
+    """A composition of nodes, built with ``>>`` and ``|``; ``Graph.somatize`` makes it a graph."""
+
+    def __rshift__(self, other: Any) -> Expr:
+        return seq(self, other)
+
+    def __rrshift__(self, other: Any) -> Expr:
+        return seq(other, self)
+
+    def __or__(self, other: Any) -> Expr:
+        return par(self, other)
+
+    def __ror__(self, other: Any) -> Expr:
+        return par(other, self)
+
+
+@dataclass(frozen=True, eq=False)
+class Ref(Expr):
+    """One node (or subgraph), with an explicit id or None for the default."""
+
+    impl: Any
+    id: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Seq(Expr):
+    parts: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Par(Expr):
+    parts: tuple[Expr, ...]
+
+
+def lift(x: Any) -> Expr:
+    from .graph import Graph
+    from .node import Node
+
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, (Node, Graph)):
+        return Ref(x)
+    raise TypeError(
+        f"cannot compose a {type(x).__qualname__} with >> or |; "
+        "only Nodes, Graphs and their compositions combine"
+    )
+
+
+def seq(a: Any, b: Any) -> Seq:
+    parts = []
+    for x in (lift(a), lift(b)):
+        parts.extend(x.parts if isinstance(x, Seq) else (x,))
+    return Seq(tuple(parts))
+
+
+def par(a: Any, b: Any) -> Par:
+    parts = []
+    for x in (lift(a), lift(b)):
+        parts.extend(x.parts if isinstance(x, Par) else (x,))
+    return Par(tuple(parts))
+
+
+def default_id(impl: Any) -> str:
+    """``ClassifyHead`` → ``classify_head``; a mapped node takes its inner node's name."""
+    from .node import Mapped
+
+    cls = type(impl.inner if isinstance(impl, Mapped) else impl)
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", cls.__name__).lower()
+
+
+def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
+    """Nodes (id, implementation) and edges of an expression, in written order.
+
+    Raises:
+        DuplicateNodeError: one explicit id given to two different nodes, or two ids to one.
+    """
+    root = lift(expr)
+    refs = _refs(root)
+    ids: dict[int, str] = {}
+    taken: set[str] = set()
+    for r in refs:  # explicit ids first, so a default never takes one
+        if r.id is None:
+            continue
+        known = ids.get(id(r.impl))
+        if known is not None and known != r.id:
+            raise DuplicateNodeError(
+                f"one node was given two ids, {known!r} and {r.id!r}; use two instances for two nodes"
+            )
+        if known is None and r.id in taken:
+            raise DuplicateNodeError(f"id {r.id!r} is given to two different nodes")
+        ids[id(r.impl)] = r.id
+        taken.add(r.id)
+    nodes: list[tuple[str, Any]] = []
+    for r in refs:  # then defaults, and every node once, in written order
+        nid = ids.get(id(r.impl))
+        if nid is None:
+            base = nid = default_id(r.impl)
+            n = 1
+            while nid in taken:
+                n += 1
+                nid = f"{base}_{n}"
+            ids[id(r.impl)] = nid
+            taken.add(nid)
+        if all(nid != existing for existing, _ in nodes):
+            nodes.append((nid, r.impl))
+
+    edges: list[tuple[str, str]] = []
+
+    def walk(e: Expr) -> tuple[list[str], list[str]]:
+        if isinstance(e, Ref):
+            nid = ids[id(e.impl)]
+            return [nid], [nid]
+        if isinstance(e, Par):
+            srcs: list[str] = []
+            sinks: list[str] = []
+            for p in e.parts:
+                s, k = walk(p)
+                srcs += s
+                sinks += k
+            return srcs, sinks
+        assert isinstance(e, Seq)
+        first_src, prev_sinks = walk(e.parts[0])
+        for p in e.parts[1:]:
+            s, k = walk(p)
+            edges.extend((a, b) for b in s for a in prev_sinks)
+            prev_sinks = k
+        return first_src, prev_sinks
+
+    walk(root)
+    return nodes, edges
+
+
+def _refs(e: Expr) -> list[Ref]:
+    if isinstance(e, Ref):
+        return [e]
+    return [r for p in e.parts for r in _refs(p)]  # type: ignore[attr-defined]

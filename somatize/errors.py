@@ -1,0 +1,103 @@
+"""Every error somatize raises, in one tree.
+
+Each leaf also subclasses the nearest built-in, so ``except TypeError`` or
+``except ValueError`` written against plain Python keeps working::
+
+    SomatizeError (Exception)
+    ├── ValueConversionError (TypeError)     a value cannot cross an edge as data
+    ├── NodeError (TypeError)                a node broke its contract (returned no Done, ...)
+    ├── DeclarationError (TypeError)         a cached node's arguments cannot enter its key
+    ├── GraphError (ValueError)              the graph is malformed
+    │   ├── CycleError                       the edges form a cycle (the message names it)
+    │   ├── DuplicateNodeError               two nodes share an id
+    │   ├── MissingNodeError (also KeyError) an id that is not in the graph
+    │   └── EmptyGraphError                  a graph with no nodes was run or compiled
+    ├── CacheError (ValueError)              caching asked of something that cannot be cached
+    ├── KeeperError (OSError)                a keeper could not store or read an entry
+    ├── TransportError (RuntimeError)        a slice of a plan failed on another host
+    ├── CheckpointError (ValueError)         a checkpoint is missing, torn or not ours
+    ├── StateError (ValueError)              a state dict does not fit the graph
+    ├── AggregationError (ValueError)        client updates cannot be combined
+    └── MissingExtraError (ImportError)      an optional dependency is not installed
+"""
+
+from __future__ import annotations
+
+
+class SomatizeError(Exception):
+    """The root of every error somatize raises."""
+
+
+class ValueConversionError(SomatizeError, TypeError):
+    """A value cannot cross an edge as data: convert it, or wrap it in ``Opaque``."""
+
+
+class NodeError(SomatizeError, TypeError):
+    """A node broke its contract, for example by returning something other than ``Done``."""
+
+
+class DeclarationError(SomatizeError, TypeError):
+    """A cached node's constructor arguments cannot be written into its key."""
+
+
+class GraphError(SomatizeError, ValueError):
+    """The graph is malformed."""
+
+
+class CycleError(GraphError):
+    """The edges form a cycle; the message names the nodes on it."""
+
+
+class DuplicateNodeError(GraphError):
+    """Two nodes were given the same id."""
+
+
+class MissingNodeError(GraphError, KeyError):
+    """An id names no node of the graph."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class EmptyGraphError(GraphError):
+    """A graph without nodes was compiled or run."""
+
+
+class CacheError(SomatizeError, ValueError):
+    """Caching was asked of something that cannot be cached (an Opaque input or output)."""
+
+
+class KeeperError(SomatizeError, OSError):
+    """A keeper could not store or read an entry."""
+
+
+class TransportError(SomatizeError, RuntimeError):
+    """A slice of a plan failed where a transport sent it."""
+
+
+class CheckpointError(SomatizeError, ValueError):
+    """A checkpoint is missing, truncated, corrupt or not written by somatize."""
+
+
+class StateError(SomatizeError, ValueError):
+    """A state dict does not fit the graph: missing or unexpected keys, wrong shapes."""
+
+
+class AggregationError(SomatizeError, ValueError):
+    """Client updates cannot be combined (mismatched keys, shapes, non-finite values...)."""
+
+
+class MissingExtraError(SomatizeError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+
+def require(module: str, extra: str) -> object:
+    """Import an optional dependency, or raise an error naming the extra that provides it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtraError(
+            f"{module!r} is not installed; install it with: pip install 'somatize[{extra}]'"
+        ) from e

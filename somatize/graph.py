@@ -1,0 +1,314 @@
+"""Graph: the user's handle on the five facts.
+
+A ``Graph`` holds a topology, a catalog, a placement, a plan and a memory (and the
+keeper, codecs and watchers it runs with) and delegates to them. It stays small:
+construction, ``forward``, introspection, rendering, memory settings.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .catalog import Catalog
+from .errors import DuplicateNodeError, MissingNodeError
+from .execute import Outcome, Program
+from .keepers import MemoryKeeper
+from .memory import Memory, NodeKeys
+from .node import Ctx, Done, Node, Run
+from .placement import Placement
+from .plan import Plan, compile
+from .topology import Topology
+from .values import Opaque, check, digest
+from .watchers import RunEnd, RunStart, notify
+
+if TYPE_CHECKING:
+    from .codecs import Codec
+    from .dsl import Expr
+    from .keepers import Keeper
+    from .watchers import Watcher
+
+__all__ = ["Graph"]
+
+Forward = Callable[[Any, Ctx], Done]
+
+
+class Graph:
+    """A graph of nodes: build it, set what it remembers, run it.
+
+    Args:
+        keeper: where cached outputs go (default: a ``MemoryKeeper`` made on first need).
+        codecs: codecs for non-plain data values (``somatize.torch`` adds its own).
+        watchers: told of every run, node, cache hit and metric.
+
+    Example:
+        >>> from somatize import Node, Done
+        >>> class Upper(Node):
+        ...     def forward(self, text, ctx): return Done(text.upper())
+        >>> g = Graph()
+        >>> g.node("up", Upper()).cache("up").forward("hi")
+        'HI'
+    """
+
+    def __init__(
+        self,
+        *,
+        keeper: Keeper | None = None,
+        codecs: Sequence[Codec] = (),
+        watchers: Iterable[Watcher] = (),
+    ) -> None:
+        self._impls: dict[str, Any] = {}
+        self._edges: list[tuple[str, str]] = []
+        self.placement = Placement()
+        self.memory = Memory()
+        self.keeper = keeper
+        self.codecs: tuple[Codec, ...] = tuple(codecs)
+        self.watchers: list[Watcher] = list(watchers)
+        #: A runtime's hook (``somatize.torch`` sets it): ``(node_id, impl, forward) -> forward``.
+        self.wrap: Callable[[str, Any, Forward], Forward] | None = None
+        self.run_id = uuid.uuid4().hex[:12]
+        self._program: Program | None = None
+        self._topology: Topology | None = None
+        self._keys: NodeKeys | None = None
+
+    # -- construction -----------------------------------------------------------------
+
+    @classmethod
+    def somatize(cls, expr: Expr | Node | Graph, **kwargs: Any) -> Graph:
+        """A graph from a ``>>`` / ``|`` expression (ids default to snake-case class names)."""
+        from .dsl import build
+
+        g = cls(**kwargs)
+        nodes, edges = build(expr)
+        for nid, impl in nodes:
+            g.node(nid, impl)
+        for a, b in edges:
+            g.edge(a, b)
+        return g
+
+    def node(self, node_id: str, impl: Node | Graph) -> Graph:
+        """Add a node (a ``Node``, or a ``Graph`` run as one step). Returns the graph."""
+        if not isinstance(impl, (Node, Graph)):
+            raise TypeError(
+                f"node {node_id!r}: {type(impl).__qualname__} is not a Node or Graph; "
+                "subclass somatize.Node and implement forward(self, x, ctx) -> Done"
+            )
+        if impl is self:
+            raise ValueError(f"node {node_id!r}: a graph cannot contain itself")
+        if node_id in self._impls:
+            raise DuplicateNodeError(f"node id {node_id!r} is already in the graph; choose another id")
+        self._impls[node_id] = impl
+        self._changed()
+        Topology((node_id,))  # validates the id
+        return self
+
+    def edge(self, source: str, target: str) -> Graph:
+        """Add an edge; a node with several inputs receives them in the order edges were added."""
+        self._require(source)
+        self._require(target)
+        edges = [*self._edges, (source, target)]
+        Topology(tuple(self._impls), tuple(edges))  # validate before changing anything
+        self._edges = edges
+        self._changed()
+        return self
+
+    def _require(self, node_id: str) -> None:
+        if node_id not in self._impls:
+            raise MissingNodeError(
+                f"no node {node_id!r} in the graph; nodes: {', '.join(self._impls) or 'none'}"
+            )
+
+    def _changed(self) -> None:
+        self._program = None
+        self._topology = None
+
+    # -- the five facts ---------------------------------------------------------------
+
+    @property
+    def topology(self) -> Topology:
+        if self._topology is None:
+            subs = {n: i.topology for n, i in self._impls.items() if isinstance(i, Graph)}
+            self._topology = Topology(tuple(self._impls), tuple(self._edges), subs)
+        return self._topology
+
+    @property
+    def catalog(self) -> Catalog:
+        return Catalog(self._impls)
+
+    def plan(self) -> Plan:
+        """The plan: steps in topological order, stages of independent steps."""
+        subs = {n: i.placement for n, i in self._impls.items() if isinstance(i, Graph)}
+        return compile(self.topology, self.placement, subs)
+
+    def nodes(self) -> tuple[str, ...]:
+        """Node ids, in the order they were added."""
+        return tuple(self._impls)
+
+    def edges(self) -> tuple[tuple[str, str], ...]:
+        return tuple(self._edges)
+
+    def __getitem__(self, node_id: str) -> Any:
+        self._require(node_id)
+        return self._impls[node_id]
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._impls
+
+    def __len__(self) -> int:
+        return len(self._impls)
+
+    # -- memory and placement -----------------------------------------------------------
+
+    def _set(self, memory: Memory) -> Graph:
+        self.memory = memory
+        self._changed()
+        return self
+
+    def freeze(self, node_id: str, on: bool = True) -> Graph:
+        """No gradients, eval mode, fixed state (enforced by ``somatize.torch``)."""
+        self._require(node_id)
+        return self._set(self.memory.freeze(node_id, on))
+
+    def cache(self, node_id: str, on: bool = True) -> Graph:
+        """Memoise the node's outputs in the keeper, by key."""
+        self._require(node_id)
+        return self._set(self.memory.cache(node_id, on))
+
+    def name(self, node_id: str, name: str | None) -> Graph:
+        """Also record the node's output under ``name`` in the keeper (None removes it)."""
+        self._require(node_id)
+        return self._set(self.memory.name(node_id, name))
+
+    def pin(self, node_id: str, on: bool = True) -> Graph:
+        """Keep the node's keeper entries through ``gc``."""
+        self._require(node_id)
+        return self._set(self.memory.pin(node_id, on))
+
+    def place(self, node_id: str, *, host: str | None = None, device: str | None = None) -> Graph:
+        """Run the node on ``host`` (shapes the plan) and/or ``device`` (seen as ``ctx.device``)."""
+        self._require(node_id)
+        self.placement = self.placement.place(node_id, host=host, device=device)
+        self._changed()
+        return self
+
+    # -- running ------------------------------------------------------------------------
+
+    def program(self) -> Program:
+        """The executable form of the graph, built once per change."""
+        if self._program is None:
+            subs = {n: i.program() for n, i in self._impls.items() if isinstance(i, Graph)}
+            self._program = Program(
+                self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
+            )
+        return self._program
+
+    def forward(
+        self,
+        *inputs: Any,
+        step: int = 0,
+        training: bool = False,
+        values: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Run the graph on ``inputs`` and return its output (Opaque unwrapped).
+
+        Every root node receives the input (a tuple when several are given). With
+        one sink the output is its value; with several, a tuple in node order.
+
+        Example:
+            >>> from somatize import Node, Done
+            >>> class Neg(Node):
+            ...     def forward(self, x, ctx): return Done(-x)
+            >>> Graph.somatize(Neg()).forward(2)
+            -2
+        """
+        return self.run(*inputs, step=step, training=training, values=values).value
+
+    def run(
+        self,
+        *inputs: Any,
+        step: int = 0,
+        training: bool = False,
+        values: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+    ) -> Outcome:
+        """Like ``forward``, but returns the ``Outcome``: value, key and node metrics."""
+        program = self.program()
+        if len(inputs) == 1:
+            x = inputs[0]
+            opaque = type(x) is Opaque
+            x = x.value if opaque else x
+        else:
+            opaque = any(type(i) is Opaque for i in inputs)
+            x = tuple(i.value if type(i) is Opaque else i for i in inputs)
+        run = Run(run_id or self.run_id, step, training, values or {})
+        if not opaque:
+            check(x, self.codecs, "the graph input")
+        if not (program.keyed or self.watchers):
+            value, metrics = program.run_fast(x, run)
+            return Outcome(value, False, None, metrics)
+        keeper = self.keeper
+        if keeper is None and program.keyed:
+            keeper = self.keeper = MemoryKeeper()
+        x_key = None if opaque or not program.keyed else digest(x, self.codecs, "the graph input")
+        notify(self.watchers, RunStart(run.id, len(program.plan)))
+        start = time.perf_counter()
+        outcome = program.run_keyed(x, opaque, x_key, run, self.keys, keeper, self.watchers)
+        notify(self.watchers, RunEnd(run.id, time.perf_counter() - start))
+        return outcome
+
+    @property
+    def keys(self) -> NodeKeys:
+        """The key computer of this graph (identity and declaration remembered per node)."""
+        if self._keys is None or self._keys.codecs != self.codecs:
+            self._keys = NodeKeys(self.codecs)
+        return self._keys
+
+    def key_parts(self, keys: NodeKeys) -> tuple[str, str, str]:
+        """Identity, declaration and state of this graph as a subgraph node: its nodes' parts."""
+        parts = [keys.parts(self._impls[n]) for n in self.topology.order]
+        return (
+            "somatize.Graph:" + digest((self.topology.digest, [p[0] for p in parts])),
+            digest([p[1] for p in parts]),
+            digest([p[2] for p in parts]),
+        )
+
+    # -- rendering ----------------------------------------------------------------------
+
+    def to_mermaid(self) -> str:
+        """A Mermaid flowchart: cached and frozen nodes marked, subgraphs nested."""
+        from .render import to_mermaid
+
+        return to_mermaid(self)
+
+    def to_text(self) -> str:
+        """A plain-text outline of the plan: one line per step, marks and inputs."""
+        from .render import to_text
+
+        return to_text(self)
+
+    def __repr__(self) -> str:
+        return f"Graph({len(self._impls)} nodes, {len(self._edges)} edges)"
+
+    # -- composition --------------------------------------------------------------------
+
+    def __rshift__(self, other: Any) -> Expr:
+        from .dsl import seq
+
+        return seq(self, other)
+
+    def __rrshift__(self, other: Any) -> Expr:
+        from .dsl import seq
+
+        return seq(other, self)
+
+    def __or__(self, other: Any) -> Expr:
+        from .dsl import par
+
+        return par(self, other)
+
+    def __ror__(self, other: Any) -> Expr:
+        from .dsl import par
+
+        return par(other, self)

@@ -1,0 +1,290 @@
+"""What a node *is* (identity), how it was *made* (declaration) and what it *holds* (state).
+
+These are three of the four parts of a node's key (the fourth: its predecessors' keys).
+
+* identity — the qualified class name plus a fingerprint of its code: the AST with
+  docstrings and comments removed, *and* the code of every helper function or class
+  from the user's own modules it references, transitively (site-packages and the
+  standard library enter by name; the somatize and torch versions enter too).
+* declaration — the constructor arguments, bound to parameter names with defaults
+  applied, canonicalised the first time a key is needed.
+* state — what the node holds that changes its output: plain-data attributes, and
+  objects a codec fingerprints (module weights, tensors).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.metadata
+import inspect
+import linecache
+import os
+import sys
+import sysconfig
+import textwrap
+import types
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from blake3 import blake3
+
+from .errors import DeclarationError
+from .values import digest, encode, is_data
+
+if TYPE_CHECKING:
+    from .codecs import Codec
+
+__all__ = ["declaration", "fingerprint", "identity", "state"]
+
+_fingerprints: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+@functools.cache
+def _versions() -> str:
+    parts = []
+    for dist in ("somatize", "torch"):
+        try:
+            parts.append(f"{dist}={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{dist}=none")
+    return " ".join(parts)
+
+
+@functools.cache
+def _library_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    roots.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    roots.add(os.path.dirname(os.path.abspath(__file__)))  # somatize itself: enters by version
+    return tuple(os.path.realpath(r) + os.sep for r in roots)
+
+
+def _is_user_module(module: types.ModuleType | None) -> bool:
+    if module is None:
+        return False
+    file = getattr(module, "__file__", None)
+    if file is None:
+        return module.__name__ == "__main__"
+    return not os.path.realpath(file).startswith(_library_roots())
+
+
+def _strip_docstrings(tree: ast.AST) -> None:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
+            body = node.body
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                node.body = body[1:] or [ast.Pass()]
+
+
+def _source_tree(obj: Any) -> ast.AST | None:
+    try:
+        file = inspect.getsourcefile(obj)
+        if file:
+            linecache.checkcache(file)  # the file may have been edited since it was first read
+        return ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+
+def _code_digest(code: types.CodeType, h: Any) -> None:
+    """Fallback when no source is available: the bytecode, constants and names."""
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_digest(const, h)
+        else:
+            h.update(repr(const).encode())
+
+
+def _referenced(tree: ast.AST) -> list[list[str]]:
+    """Dotted name chains the code reads: ``helper``, ``mod.helper``, ``pkg.mod.helper``."""
+    chains = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts: list[str] = []
+            cur: ast.AST = node
+            while isinstance(cur, ast.Attribute):
+                parts.append(cur.attr)
+                cur = cur.value
+            if isinstance(cur, ast.Name):
+                chains.append([cur.id, *reversed(parts)])
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            chains.append([node.id])
+    return chains
+
+
+def _describe(obj: Any, seen: set[int]) -> str:
+    """How a referenced global enters a fingerprint."""
+    if isinstance(obj, (types.FunctionType, type)) and _is_user_module(
+        sys.modules.get(obj.__module__)
+    ):
+        return "code:" + _fingerprint(obj, seen)
+    if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)):
+        name = getattr(obj, "__qualname__", None) or obj.__name__
+        return f"lib:{getattr(obj, '__module__', '') or ''}.{name}"
+    if is_data(obj):
+        return "data:" + digest(obj)
+    return "obj:" + type(obj).__qualname__
+
+
+def _fingerprint(obj: Any, seen: set[int]) -> str:
+    cached = _fingerprints.get(obj)
+    if cached is not None:
+        return cached
+    if id(obj) in seen:  # recursion between helpers: the first visit covers it
+        return "cycle:" + obj.__qualname__
+    seen.add(id(obj))
+    h = blake3()
+    h.update(f"{obj.__module__}.{obj.__qualname__}\0".encode())
+    tree = _source_tree(obj)
+    if tree is None:
+        funcs = [obj] if isinstance(obj, types.FunctionType) else list(vars(obj).values())
+        for f in funcs:
+            f = getattr(f, "__func__", f)
+            if isinstance(f, types.FunctionType):
+                _code_digest(f.__code__, h)
+        names: list[list[str]] = []
+        for f in funcs:
+            code = getattr(getattr(f, "__func__", f), "__code__", None)
+            if code is not None:
+                names.extend([n] for n in code.co_names)
+    else:
+        _strip_docstrings(tree)
+        h.update(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
+        names = _referenced(tree)
+    module = sys.modules.get(obj.__module__)
+    scope = dict(vars(module)) if module else {}
+    if isinstance(obj, types.FunctionType):
+        scope.update(obj.__globals__)
+        if obj.__closure__:
+            scope.update(zip(obj.__code__.co_freevars, (c.cell_contents for c in obj.__closure__)))
+    done = set()
+    for chain in names:
+        if chain[0] not in scope or chain[0] in ("self", "cls"):
+            continue
+        target = scope[chain[0]]
+        used = [chain[0]]
+        for attr in chain[1:]:  # follow module attributes: mod.helper, pkg.mod.helper
+            if not isinstance(target, types.ModuleType) or not hasattr(target, attr):
+                break
+            target = getattr(target, attr)
+            used.append(attr)
+        dotted = ".".join(used)
+        if dotted in done or target is obj:
+            continue
+        done.add(dotted)
+        h.update(f"{dotted}={_describe(target, seen)}\0".encode())
+    result = h.hexdigest()
+    try:
+        _fingerprints[obj] = result
+    except TypeError:
+        pass
+    return result
+
+
+def fingerprint(obj: type | types.FunctionType) -> str:
+    """A digest of a class's or function's code and of the user helpers it references."""
+    return _fingerprint(obj, set())
+
+
+def identity(impl: Any) -> str:
+    """The identity part of a node's key: qualified class name, code fingerprint, versions.
+
+    Example:
+        >>> from somatize import Node
+        >>> class A(Node): pass
+        >>> identity(A()) == identity(A())
+        True
+    """
+    cls = type(impl)
+    return f"{cls.__module__}.{cls.__qualname__}:{fingerprint(cls)}:{_versions()}"
+
+
+def _declare(value: Any, where: str, codecs: Sequence[Codec]) -> Any:
+    from .node import Node
+
+    t = type(value)
+    if t is list or t is tuple:
+        return t(_declare(v, f"{where}[{i}]", codecs) for i, v in enumerate(value))
+    if t is dict:
+        return {k: _declare(v, f"{where}[{k!r}]", codecs) for k, v in value.items()}
+    if is_data(value, codecs):
+        return value
+    if isinstance(value, Node):
+        return {"node": identity(value), "args": declaration(value, codecs)}
+    if isinstance(value, (types.FunctionType, type)):
+        return {"code": _describe(value, set())}
+    if isinstance(value, (types.BuiltinFunctionType, types.ModuleType)):
+        return {"lib": _describe(value, set())}
+    for codec in codecs:
+        fp = codec.fingerprint(value)
+        if fp is not None:
+            return {"state": fp}
+    raise DeclarationError(
+        f"argument {where} is a {type(value).__qualname__}, which cannot be written into a key; "
+        "pass plain data (numbers, str, lists, dicts), a Node, a function or a tensor instead, "
+        "or do not cache this node"
+    )
+
+
+def declaration(impl: Any, codecs: Sequence[Codec] = ()) -> str:
+    """The declaration part of a node's key: its bound constructor arguments, as a digest.
+
+    Computed once per node, the first time a key is needed.
+
+    Raises:
+        DeclarationError: an argument is neither data nor something with a fingerprint.
+    """
+    cached = impl.__dict__.get("_somatize_decl")
+    if cached is not None:
+        return str(cached)
+    args, kwargs = impl.__dict__.get("_somatize_args", ((), {}))
+    cls = type(impl)
+    if cls.__init__ is object.__init__:
+        bound: dict[str, Any] = {}
+    else:
+        sig = inspect.signature(cls.__init__)
+        ba = sig.bind(impl, *args, **kwargs)
+        ba.apply_defaults()
+        bound = dict(list(ba.arguments.items())[1:])
+    declared = {k: _declare(v, f"{k!r} of {cls.__qualname__}", codecs) for k, v in bound.items()}
+    result = digest(declared, codecs, where=f"the arguments of {cls.__qualname__}")
+    impl.__dict__["_somatize_decl"] = result
+    return result
+
+
+def _state_part(value: Any, codecs: Sequence[Codec]) -> Any:
+    from .node import Node
+
+    if is_data(value):
+        return value
+    for codec in codecs:
+        fp = codec.fingerprint(value)
+        if fp is not None:
+            return {"fp": fp}
+    t = type(value)
+    if t is list or t is tuple:
+        return [_state_part(v, codecs) for v in value]
+    if t is dict:
+        return {str(k): _state_part(v, codecs) for k, v in value.items()}
+    if isinstance(value, Node):
+        return state(value, codecs)
+    return None  # other objects: their effect is covered by the declaration
+
+
+def state(impl: Any, codecs: Sequence[Codec] = ()) -> str:
+    """The state part of a node's key: its data attributes and codec-fingerprinted holdings."""
+    parts = {
+        name: _state_part(value, codecs)
+        for name, value in vars(impl).items()
+        if not name.startswith("_somatize")
+    }
+    return blake3(encode(parts)).hexdigest()

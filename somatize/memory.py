@@ -1,0 +1,108 @@
+"""Memory: what is remembered of each node, and the keys that make remembering safe.
+
+Four independent maps:
+
+* **frozen** — no gradients, eval mode, state fixed (``somatize.torch`` enforces it).
+* **cached** — outputs memoised in the keeper under the node's key.
+* **named** — the output is also recorded under a human name in the keeper.
+* **pinned** — the node's entries are never evicted by ``gc``.
+
+Keys are Merkle-style recipe keys::
+
+    key(root input) = H(content)                      # the only place data is hashed
+    key(node)       = H(identity, declaration, state, keys of its predecessors)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from .identity import declaration, identity, state
+from .values import digest
+
+if TYPE_CHECKING:
+    from .codecs import Codec
+
+__all__ = ["KEY_VERSION", "Memory", "NodeKeys", "key"]
+
+KEY_VERSION = "somatize.key/1"
+
+
+def key(identity: str, declaration: str, state: str, predecessors: Sequence[str]) -> str:
+    """A node's key: a pure function of its identity, declaration, state and inputs' keys.
+
+    Example:
+        >>> key("A", "d", "s", ["k1"]) == key("A", "d", "s", ["k1"])
+        True
+        >>> key("A", "d", "s", ["k1"]) == key("A", "d", "s", ["k2"])
+        False
+    """
+    return digest((KEY_VERSION, identity, declaration, state, tuple(predecessors)))
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The four memory maps of a graph. Immutable: each setter returns a new Memory."""
+
+    frozen: frozenset[str] = frozenset()
+    cached: frozenset[str] = frozenset()
+    named: Mapping[str, str] = field(default_factory=dict)
+    pinned: frozenset[str] = frozenset()
+
+    def freeze(self, node: str, on: bool = True) -> Memory:
+        return replace(self, frozen=self.frozen | {node} if on else self.frozen - {node})
+
+    def cache(self, node: str, on: bool = True) -> Memory:
+        return replace(self, cached=self.cached | {node} if on else self.cached - {node})
+
+    def name(self, node: str, name: str | None) -> Memory:
+        named = {k: v for k, v in self.named.items() if k != node}
+        if name is not None:
+            named[node] = name
+        return replace(self, named=named)
+
+    def pin(self, node: str, on: bool = True) -> Memory:
+        return replace(self, pinned=self.pinned | {node} if on else self.pinned - {node})
+
+    def remembers(self, node: str) -> bool:
+        """Whether the node's output is written to the keeper (cached or named)."""
+        return node in self.cached or node in self.named
+
+    def marks(self, node: str) -> list[str]:
+        """Human labels for rendering: frozen, cached, named 'x', pinned."""
+        out = [m for m in ("frozen", "cached") if node in getattr(self, m)]
+        if node in self.named:
+            out.append(f"named {self.named[node]!r}")
+        if node in self.pinned:
+            out.append("pinned")
+        return out
+
+
+class NodeKeys:
+    """Computes node keys; identity and declaration once per node, state through the codecs.
+
+    State is asked of the codecs on every key: they make that cheap for unchanged
+    holdings (the torch codec remembers each tensor's digest by its version counter),
+    so a node whose weights changed can never be served a stale entry.
+    """
+
+    def __init__(self, codecs: Sequence[Codec] = ()) -> None:
+        self.codecs = tuple(codecs)
+        self._fixed: dict[int, tuple[Any, str, str]] = {}
+
+    def parts(self, impl: Any) -> tuple[str, str, str]:
+        """(identity, declaration, state) of a node implementation."""
+        own = getattr(impl, "key_parts", None)
+        if own is not None:  # a subgraph: its parts are made of its nodes' parts
+            parts: tuple[str, str, str] = own(self)
+            return parts
+        fixed = self._fixed.get(id(impl))
+        if fixed is None or fixed[0] is not impl:
+            fixed = (impl, identity(impl), declaration(impl, self.codecs))
+            self._fixed[id(impl)] = fixed
+        return fixed[1], fixed[2], state(impl, self.codecs)
+
+    def of(self, impl: Any, predecessors: Sequence[str]) -> str:
+        return key(*self.parts(impl), predecessors)

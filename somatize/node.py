@@ -1,0 +1,191 @@
+"""The Node protocol and the two values it meets: ``Ctx`` coming in, ``Done`` going out.
+
+A node is a function with state: ``forward(x, ctx) -> Done``. Subclass ``Node``;
+its constructor arguments are recorded without you writing anything, and become
+the node's *declaration* when a key is needed (``Embed(512)`` differs from
+``Embed(64)``).
+
+Example:
+    >>> class Double(Node):
+    ...     def forward(self, x, ctx):
+    ...         return Done(2 * x)
+    >>> from somatize import Graph
+    >>> Graph.somatize(Double() >> Double()).forward(3)
+    12
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .errors import NodeError
+from .values import Opaque
+
+if TYPE_CHECKING:
+    from .dsl import Expr
+
+__all__ = ["Ctx", "Done", "Mapped", "Node", "Run"]
+
+_NO_VALUES: Mapping[str, Any] = types.MappingProxyType({})
+
+
+class Done(NamedTuple):
+    """What a node returns: its value, and optionally scalars for watchers.
+
+    Args:
+        value: data, a codec value (a detached tensor), or ``Opaque(x)``.
+        metrics: name → scalar, reported upward to watchers and the Trainer.
+    """
+
+    value: Any
+    metrics: Mapping[str, Any] | None = None
+
+
+class Run(NamedTuple):
+    """What one execution of a graph shares with every node: run id, step, mode, injected values."""
+
+    id: str = ""
+    step: int = 0
+    training: bool = False
+    values: Mapping[str, Any] = _NO_VALUES
+
+
+class Ctx(NamedTuple):
+    """The read-only channel from whoever executes a node to the node.
+
+    Attributes:
+        node: the node's id in its graph.
+        device: where the node should put its tensors (from the placement), or None.
+        run: the ``Run`` this call belongs to (id, step, training flag, injected values).
+    """
+
+    node: str
+    device: str | None = None
+    run: Run = Run()
+
+    @property
+    def run_id(self) -> str:
+        return self.run.id
+
+    @property
+    def step(self) -> int:
+        return self.run.step
+
+    @property
+    def training(self) -> bool:
+        return self.run.training
+
+    @property
+    def values(self) -> Mapping[str, Any]:
+        """Values injected by the caller (``g.forward(x, values={...})``)."""
+        return self.run.values
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.run.values.get(name, default)
+
+
+class Node:
+    """Base class of user nodes: implement ``forward(self, x, ctx) -> Done``.
+
+    Nodes hold their modules as attributes; they are not ``nn.Module``s themselves
+    (torch would call ``forward`` without ``ctx``). ``somatize.torch.module(g)``
+    registers their modules. Compose nodes with ``a >> b`` (sequence) and
+    ``a | b`` (fork; the next node receives both outputs in written order).
+    """
+
+    _somatize_args: tuple[tuple[Any, ...], dict[str, Any]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if (args or kwargs) and cls.__init__ is object.__init__:
+            raise TypeError(f"{cls.__qualname__}() takes no arguments (it defines no __init__)")
+        self = object.__new__(cls)
+        # The declaration: recorded here, canonicalised only when a key is needed.
+        self.__dict__["_somatize_args"] = (args, kwargs)
+        return self
+
+    def forward(self, x: Any, ctx: Ctx) -> Done:
+        raise NodeError(f"{type(self).__qualname__} must implement forward(self, x, ctx) -> Done")
+
+    def mapped(self) -> Mapped:
+        """This node applied item by item over a list; with caching, each item is keyed alone."""
+        return Mapped(self)
+
+    def with_id(self, node_id: str) -> Expr:
+        """This node under an explicit id, for use in ``>>`` / ``|`` expressions."""
+        from .dsl import Ref
+
+        return Ref(self, node_id)
+
+    def __rshift__(self, other: Any) -> Expr:
+        from .dsl import seq
+
+        return seq(self, other)
+
+    def __rrshift__(self, other: Any) -> Expr:
+        from .dsl import seq
+
+        return seq(other, self)
+
+    def __or__(self, other: Any) -> Expr:
+        from .dsl import par
+
+        return par(self, other)
+
+    def __ror__(self, other: Any) -> Expr:
+        from .dsl import par
+
+        return par(other, self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__qualname__}()"
+
+
+class Mapped(Node):
+    """A node applied to each item of a list input; the output is the list of results.
+
+    Made by ``node.mapped()``. When the mapped node is cached, every item is keyed by
+    its own content, so a batch of mostly-seen items computes only the new ones.
+    """
+
+    def __init__(self, inner: Node) -> None:
+        if not isinstance(inner, Node) or isinstance(inner, Mapped):
+            raise TypeError("mapped() applies to a Node (and only once)")
+        self.inner = inner
+
+    def forward(self, x: Any, ctx: Ctx) -> Done:
+        if type(x) is not list and type(x) is not tuple:
+            raise NodeError(
+                f"mapped node '{ctx.node}' received a {type(x).__name__}; "
+                "a mapped node takes a list (or tuple) and applies itself to each item"
+            )
+        return Done(map_items(self.inner, x, ctx, ctx.node))
+
+    def __repr__(self) -> str:
+        return f"{self.inner!r}.mapped()"
+
+
+def call(impl: Node, x: Any, ctx: Ctx, node_id: str) -> Done:
+    """Call ``impl.forward`` and hold it to the contract: it must return ``Done``."""
+    done = impl.forward(x, ctx)
+    if type(done) is not Done:
+        raise NodeError(
+            f"node '{node_id}' ({type(impl).__qualname__}) returned "
+            f"{type(done).__name__} instead of Done — end forward with `return Done(value)`"
+        )
+    return done
+
+
+def map_items(inner: Node, items: Any, ctx: Ctx, node_id: str) -> Any:
+    """Apply ``inner`` to each item; all results Opaque gives one Opaque list."""
+    out = [call(inner, item, ctx, node_id).value for item in items]
+    opaque = [type(v) is Opaque for v in out]
+    if all(opaque) and out:
+        return Opaque([v.value for v in out])
+    if any(opaque):
+        raise NodeError(
+            f"mapped node '{node_id}' returned Opaque for some items and data for others; "
+            "return the same kind for every item"
+        )
+    return out

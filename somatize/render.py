@@ -1,0 +1,122 @@
+"""Rendering a graph: Mermaid for pictures, plain text for terminals and logs.
+
+Memory marks (frozen, cached, named, pinned) are shown on each node; a subgraph
+is drawn nested inside its node; with several hosts, each host is a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .graph import Graph
+
+__all__ = ["to_mermaid", "to_text"]
+
+
+def _kind(impl: Any) -> str:
+    from .graph import Graph
+    from .node import Mapped
+
+    if isinstance(impl, Graph):
+        return "Graph"
+    if isinstance(impl, Mapped):
+        return f"{type(impl.inner).__qualname__}.mapped()"
+    return type(impl).__qualname__
+
+
+def to_text(g: Graph, indent: str = "") -> str:
+    """One line per step, in plan order: id, class, marks, inputs; subgraphs indented.
+
+    Example:
+        >>> from somatize import Graph, Node, Done
+        >>> class A(Node):
+        ...     def forward(self, x, ctx): return Done(x)
+        >>> print(Graph.somatize(A() >> A()).cache("a").to_text())
+        a    A  [cached]  <- input
+        a_2  A            <- a
+    """
+    from .graph import Graph
+
+    plan = g.plan()
+    rows = []
+    for s in plan.steps:
+        impl = g[s.node]
+        marks = g.memory.marks(s.node)
+        host = plan.placement.host(s.node)
+        if plan.placement.multi_host:
+            marks.append(f"@{host}")
+        device = plan.placement.device(s.node)
+        if device:
+            marks.append(f"on {device}")
+        rows.append(
+            (s.node, _kind(impl), f"[{', '.join(marks)}]" if marks else "",
+             "<- " + (", ".join(s.inputs) or "input"), impl if isinstance(impl, Graph) else None)
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = []
+    for node, kind, marks, inputs, sub in rows:
+        lines.append(
+            f"{indent}{node:<{widths[0]}}  {kind:<{widths[1]}}  {marks:<{widths[2]}}  {inputs}".rstrip()
+        )
+        if sub is not None:
+            lines.append(to_text(sub, indent + "    "))
+    return "\n".join(lines)
+
+
+def _label(text: str) -> str:
+    return text.replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
+
+
+def to_mermaid(g: Graph) -> str:
+    """A Mermaid ``flowchart LR``; cached nodes drawn with a cylinder, frozen ones dashed."""
+    lines = ["flowchart LR", "  input((input))"]
+    counter = iter(range(1 << 30))
+    classes: list[str] = []
+
+    def emit(graph: Graph, pad: str, prefix: str) -> tuple[dict[str, str], dict[str, str]]:
+        """Draw nodes; return entry and exit mermaid ids of each node id."""
+        from .graph import Graph
+
+        plan = graph.plan()
+        entry: dict[str, str] = {}
+        exit_: dict[str, str] = {}
+        hosts: dict[str, list[str]] = {}
+        for s in plan.steps:
+            hosts.setdefault(plan.placement.host(s.node), []).append(s.node)
+        clustered = plan.placement.multi_host
+        for host, members in hosts.items():
+            inner = pad
+            if clustered:
+                lines.append(f'{pad}subgraph host_{next(counter)} ["host: {_label(host)}"]')
+                inner = pad + "  "
+            for node in members:
+                impl = graph[node]
+                mid = f"n{next(counter)}"
+                marks = graph.memory.marks(node)
+                text = f"{prefix}{node}: {_kind(impl)}" + (f"<br/>{', '.join(marks)}" if marks else "")
+                if isinstance(impl, Graph):
+                    lines.append(f'{inner}subgraph {mid} ["{_label(text)}"]')
+                    emit(impl, inner + "  ", prefix + node + "/")
+                    lines.append(f"{inner}end")
+                    entry[node] = exit_[node] = mid
+                    continue
+                shape = f'[("{_label(text)}")]' if node in graph.memory.cached else f'["{_label(text)}"]'
+                lines.append(f"{inner}{mid}{shape}")
+                if node in graph.memory.frozen:
+                    classes.append(mid)
+                entry[node] = exit_[node] = mid
+            if clustered:
+                lines.append(f"{pad}end")
+        for s in plan.steps:
+            for i in s.inputs:
+                lines.append(f"{pad}{exit_[i]} --> {entry[s.node]}")
+        return entry, exit_
+
+    entry, _ = emit(g, "  ", "")
+    for root in g.topology.roots:
+        lines.append(f"  input --> {entry[root]}")
+    if classes:
+        lines.append("  classDef frozen stroke-dasharray: 5 5")
+        lines.append(f"  class {','.join(classes)} frozen")
+    return "\n".join(lines)

@@ -1,0 +1,199 @@
+"""Topology: what exists — node ids and edges. Pure data.
+
+A ``Topology`` serialises to JSON, compares by value and has a digest. The order
+of edges into a node is the order in which that node receives its inputs. A node
+that is itself a graph carries its own topology in ``subgraphs``.
+
+Example:
+    >>> t = Topology(("a", "b"), (("a", "b"),))
+    >>> Topology.from_json(t.to_json()) == t
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from .errors import CycleError, DuplicateNodeError, EmptyGraphError, GraphError, MissingNodeError
+from .values import digest
+
+__all__ = ["Topology"]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Node ids and edges, validated on construction.
+
+    Attributes:
+        nodes: node ids, in the order they were added.
+        edges: ``(source, target)`` pairs; their order into a node is its input order.
+        subgraphs: for nodes that are graphs, their own topology.
+
+    Raises:
+        DuplicateNodeError, MissingNodeError, CycleError, GraphError: each naming the
+        offending ids.
+    """
+
+    nodes: tuple[str, ...]
+    edges: tuple[tuple[str, str], ...] = ()
+    subgraphs: Mapping[str, Topology] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for n in self.nodes:
+            if not isinstance(n, str) or not n:
+                raise GraphError(f"node id {n!r} is not a non-empty string")
+            if n in seen:
+                raise DuplicateNodeError(
+                    f"node id {n!r} is used twice; give each node its own id"
+                )
+            seen.add(n)
+        pairs: set[tuple[str, str]] = set()
+        for a, b in self.edges:
+            for end in (a, b):
+                if end not in seen:
+                    raise MissingNodeError(
+                        f"edge {a!r} -> {b!r} names {end!r}, which is not a node of the graph; "
+                        f"add it first (nodes: {', '.join(self.nodes) or 'none'})"
+                    )
+            if a == b:
+                raise CycleError(f"edge {a!r} -> {b!r} connects a node to itself")
+            if (a, b) in pairs:
+                raise GraphError(f"edge {a!r} -> {b!r} is given twice")
+            pairs.add((a, b))
+        for n in self.subgraphs:
+            if n not in seen:
+                raise MissingNodeError(f"subgraph {n!r} is not a node of the graph")
+        self.order  # noqa: B018 -- raises CycleError on a cycle
+
+    def predecessors(self, node: str) -> tuple[str, ...]:
+        """The nodes feeding ``node``, in input order."""
+        return self._preds.get(node, ())
+
+    def successors(self, node: str) -> tuple[str, ...]:
+        return self._succs.get(node, ())
+
+    @cached_property
+    def _preds(self) -> dict[str, tuple[str, ...]]:
+        preds: dict[str, list[str]] = {}
+        for a, b in self.edges:
+            preds.setdefault(b, []).append(a)
+        return {k: tuple(v) for k, v in preds.items()}
+
+    @cached_property
+    def _succs(self) -> dict[str, tuple[str, ...]]:
+        succs: dict[str, list[str]] = {}
+        for a, b in self.edges:
+            succs.setdefault(a, []).append(b)
+        return {k: tuple(v) for k, v in succs.items()}
+
+    @property
+    def roots(self) -> tuple[str, ...]:
+        """Nodes with no predecessors: they receive the graph's input."""
+        return tuple(n for n in self.nodes if n not in self._preds)
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        """Nodes with no successors: their values are the graph's output."""
+        return tuple(n for n in self.nodes if n not in self._succs)
+
+    @cached_property
+    def levels(self) -> tuple[tuple[str, ...], ...]:
+        """Nodes grouped by depth: each level depends only on earlier levels."""
+        depth: dict[str, int] = {}
+        indegree = {n: len(self._preds.get(n, ())) for n in self.nodes}
+        ready = [n for n in self.nodes if indegree[n] == 0]
+        for n in ready:
+            depth[n] = 0
+        i = 0
+        while i < len(ready):
+            n = ready[i]
+            i += 1
+            for s in self._succs.get(n, ()):
+                depth[s] = max(depth.get(s, 0), depth[n] + 1)
+                indegree[s] -= 1
+                if indegree[s] == 0:
+                    ready.append(s)
+        if len(ready) != len(self.nodes):
+            raise CycleError(f"the graph has a cycle: {' -> '.join(self._find_cycle())}")
+        groups: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+        for n in self.nodes:
+            groups[depth[n]].append(n)
+        return tuple(tuple(g) for g in groups)
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """A topological order: levels in turn, insertion order within a level."""
+        return tuple(n for level in self.levels for n in level)
+
+    def _find_cycle(self) -> list[str]:
+        color: dict[str, int] = {}
+        stack: list[str] = []
+
+        def visit(n: str) -> list[str] | None:
+            color[n] = 1
+            stack.append(n)
+            for s in self._succs.get(n, ()):
+                if color.get(s) == 1:
+                    return [*stack[stack.index(s) :], s]
+                if s not in color:
+                    found = visit(s)
+                    if found:
+                        return found
+            stack.pop()
+            color[n] = 2
+            return None
+
+        for n in self.nodes:
+            if n not in color:
+                found = visit(n)
+                if found:
+                    return found
+        return []
+
+    def require_nonempty(self) -> None:
+        if not self.nodes:
+            raise EmptyGraphError("the graph has no nodes; add one with g.node(id, impl)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": list(self.nodes),
+            "edges": [list(e) for e in self.edges],
+            "subgraphs": {k: v.to_dict() for k, v in sorted(self.subgraphs.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Topology:
+        return cls(
+            tuple(d["nodes"]),
+            tuple((a, b) for a, b in d.get("edges", ())),
+            {k: cls.from_dict(v) for k, v in d.get("subgraphs", {}).items()},
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Topology:
+        return cls.from_dict(json.loads(text))
+
+    @cached_property
+    def digest(self) -> str:
+        """A content key of the topology (nodes, edges in order, nested subgraphs)."""
+        return digest(self.to_dict())
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Topology):
+            return NotImplemented
+        return (
+            self.nodes == other.nodes
+            and self.edges == other.edges
+            and dict(self.subgraphs) == dict(other.subgraphs)
+        )

@@ -1,0 +1,335 @@
+"""Values at the conversion boundary: data, codec values, and ``Opaque``.
+
+Every value crossing an edge is one of three kinds:
+
+* **data** — ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, ``list``,
+  ``tuple``, ``dict`` (``str``/``int`` keys), nested. It has a canonical encoding
+  that is injective, type-tagged and length-prefixed, so ``digest`` is a content key.
+* **codec values** — leaves that a ``Codec`` passed in knows how to write down
+  (``somatize.torch`` passes codecs for detached tensors and numpy arrays).
+* ``Opaque(x)`` — passed by identity, never hashed, never serialised.
+
+The encoding, one tag byte per value, lengths as 8-byte big-endian integers::
+
+    N           None            T / F        True / False
+    i len b     int (two's complement, big-endian, minimal length)
+    f 8b        float (IEEE 754 big-endian; every NaN written as one canonical NaN)
+    s len b     str (UTF-8, surrogates kept)        b len b   bytes
+    l n items   list            t n items    tuple
+    d n pairs   dict, pairs sorted by the encoded key, so insertion order does not matter
+    c len tag len payload       a value written by the codec named ``tag``
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import types
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from blake3 import blake3
+
+from .errors import ValueConversionError
+
+if TYPE_CHECKING:
+    from .codecs import Codec
+
+__all__ = ["Opaque", "check", "decode", "digest", "encode", "is_data"]
+
+_LEN = struct.Struct(">Q")
+_FLOAT = struct.Struct(">d")
+_NAN = b"f" + _FLOAT.pack(math.nan)
+_INT_SMALL = {i: b"i" + _LEN.pack(1) + i.to_bytes(1, "big", signed=True) for i in range(-128, 128)}
+
+
+class Opaque:
+    """A value that exists only in this process and this run: passed by identity.
+
+    Wrap a value in ``Opaque`` when returning it from a node (or once, at the graph's
+    input) to carry it past the data boundary unchanged — typically a tensor in the
+    middle of an autograd graph. The node downstream receives the unwrapped value.
+    An Opaque is never hashed, encoded, cached or sent to another host.
+
+    Example:
+        >>> Opaque([1, 2]).value
+        [1, 2]
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value.value if type(value) is Opaque else value
+
+    def __repr__(self) -> str:
+        return f"Opaque({type(self.value).__name__})"
+
+    def __reduce__(self) -> Any:
+        raise ValueConversionError(
+            f"{self!r} cannot be pickled or sent to another process: Opaque values are passed "
+            "by identity within one process — return data (or a detached tensor) instead"
+        )
+
+
+class _Sink(Protocol):
+    def __call__(self, chunk: bytes | memoryview, /) -> object: ...
+
+
+class _Reject(Exception):
+    """Internal: a value inside a larger value cannot be encoded; carries its path."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.path: list[str] = []
+
+
+def _reason(value: object) -> str:
+    t = type(value)
+    name = f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
+    if isinstance(value, Opaque):
+        return (
+            "an Opaque inside a data value; Opaque must wrap the whole value — "
+            "return Opaque((a, b)) rather than (Opaque(a), Opaque(b))"
+        )
+    if isinstance(value, (set, frozenset)):
+        return (
+            f"a {name}; sets have no order and do not cross edges — "
+            "convert it with sorted(...) into a list, or wrap it in Opaque(...)"
+        )
+    if isinstance(value, (types.GeneratorType, Iterable)) and hasattr(value, "__next__"):
+        return f"a {name} (an iterator); materialise it with list(...) before returning it"
+    for base in (bool, int, float, str, bytes, list, tuple, dict):
+        if isinstance(value, base):
+            return (
+                f"a {name}, a subclass of {base.__name__}; subclasses do not cross edges "
+                f"as data — convert it with {base.__name__}(...) or wrap it in Opaque(...)"
+            )
+    if isinstance(value, (bytearray, memoryview)):
+        return f"a {name}; convert it with bytes(...) or wrap it in Opaque(...)"
+    hint = ""
+    if t.__module__.split(".")[0] in ("torch", "numpy"):
+        hint = " (tensors and arrays are data only with the codecs of somatize.torch)"
+    return (
+        f"an object of type {name}{hint}; convert it to plain data (dict, list, str, numbers) "
+        "or wrap it in Opaque(...) to pass it by identity"
+    )
+
+
+def _encode(value: Any, out: _Sink, codecs: Sequence[Codec]) -> None:
+    t = type(value)
+    if t is str:
+        b = value.encode("utf-8", "surrogatepass")
+        out(b"s" + _LEN.pack(len(b)) + b)
+    elif t is int:
+        small = _INT_SMALL.get(value)
+        if small is not None:
+            out(small)
+        else:
+            b = value.to_bytes((value + (value < 0)).bit_length() // 8 + 1, "big", signed=True)
+            out(b"i" + _LEN.pack(len(b)) + b)
+    elif t is float:
+        out(_NAN if value != value else b"f" + _FLOAT.pack(value))
+    elif value is None:
+        out(b"N")
+    elif t is bool:
+        out(b"T" if value else b"F")
+    elif t is bytes:
+        out(b"b" + _LEN.pack(len(value)))
+        out(value)
+    elif t is list or t is tuple:
+        out((b"l" if t is list else b"t") + _LEN.pack(len(value)))
+        for i, item in enumerate(value):
+            try:
+                _encode(item, out, codecs)
+            except _Reject as r:
+                r.path.append(f"[{i}]")
+                raise
+    elif t is dict:
+        pairs = []
+        for k, v in value.items():
+            if type(k) is not str and type(k) is not int:
+                r = _Reject(
+                    f"a dict key {k!r} of type {type(k).__name__}; "
+                    "dict keys must be str or int — convert the keys, or wrap the dict in Opaque(...)"
+                )
+                raise r
+            key_chunks: list[bytes | memoryview] = []
+            _encode(k, key_chunks.append, codecs)
+            val_chunks: list[bytes | memoryview] = []
+            try:
+                _encode(v, val_chunks.append, codecs)
+            except _Reject as r:
+                r.path.append(f"[{k!r}]")
+                raise
+            pairs.append((b"".join(key_chunks), val_chunks))
+        pairs.sort(key=lambda p: p[0])
+        out(b"d" + _LEN.pack(len(pairs)))
+        for kb, vcs in pairs:
+            out(kb)
+            for c in vcs:
+                out(c)
+    else:
+        for codec in codecs:
+            if codec.accepts(value):
+                try:
+                    chunks = list(codec.chunks(value))
+                except ValueConversionError as e:
+                    raise _Reject(str(e)) from None
+                tag = codec.tag.encode()
+                size = sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in chunks)
+                out(b"c" + _LEN.pack(len(tag)) + tag + _LEN.pack(size))
+                for c in chunks:
+                    out(c)
+                return
+        raise _Reject(_reason(value))
+
+
+def _convert(fn: Callable[[], Any], where: str) -> Any:
+    try:
+        return fn()
+    except _Reject as r:
+        at = "".join(reversed(r.path))
+        raise ValueConversionError(
+            f"{where}{' at ' + at if at else ''}: cannot pass {r.reason}"
+        ) from None
+
+
+def encode(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> bytes:
+    """The canonical bytes of a data value.
+
+    Args:
+        value: plain data, possibly holding leaves that one of ``codecs`` accepts.
+        codecs: codecs for leaves that are not plain data (tensors, arrays).
+        where: what the value is, for error messages (``"output of node 'enc'"``).
+
+    Raises:
+        ValueConversionError: naming ``where``, the offending part and the fix.
+
+    Example:
+        >>> encode(1) != encode(1.0) != encode(True)
+        True
+    """
+    out: list[bytes | memoryview] = []
+    _convert(lambda: _encode(value, out.append, codecs), where)
+    return b"".join(out)
+
+
+def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> str:
+    """The content key of a data value: blake3 of its canonical encoding, as 64 hex digits.
+
+    Large codec payloads (tensor bytes) are fed to blake3 without being copied.
+
+    Example:
+        >>> digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})
+        True
+    """
+    h = blake3()
+    _convert(lambda: _encode(value, h.update, codecs), where)
+    return h.hexdigest()
+
+
+def is_data(value: Any, codecs: Sequence[Codec] = ()) -> bool:
+    """Whether ``value`` can cross an edge as data (with ``codecs`` for non-plain leaves)."""
+    try:
+        _check(value, codecs)
+    except _Reject:
+        return False
+    return True
+
+
+def _check(value: Any, codecs: Sequence[Codec]) -> None:
+    t = type(value)
+    if t is str or t is int or t is float or t is bool or t is bytes or value is None:
+        return
+    if t is list or t is tuple:
+        for i, item in enumerate(value):
+            try:
+                _check(item, codecs)
+            except _Reject as r:
+                r.path.append(f"[{i}]")
+                raise
+        return
+    if t is dict:
+        for k, v in value.items():
+            if type(k) is not str and type(k) is not int:
+                raise _Reject(
+                    f"a dict key {k!r} of type {type(k).__name__}; "
+                    "dict keys must be str or int — convert the keys, or wrap the dict in Opaque(...)"
+                )
+            try:
+                _check(v, codecs)
+            except _Reject as r:
+                r.path.append(f"[{k!r}]")
+                raise
+        return
+    for codec in codecs:
+        if codec.accepts(value):
+            try:
+                codec.check(value)
+            except ValueConversionError as e:
+                raise _Reject(str(e)) from None
+            return
+    raise _Reject(_reason(value))
+
+
+def check(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> None:
+    """Validate that ``value`` is data, without encoding it.
+
+    Raises:
+        ValueConversionError: naming ``where``, the offending part and the fix.
+    """
+    _convert(lambda: _check(value, codecs), where)
+
+
+def decode(data: bytes | memoryview, codecs: Sequence[Codec] = ()) -> Any:
+    """Read back a value written by ``encode`` (codec leaves need the same codecs)."""
+    view = memoryview(data)
+    value, end = _decode(view, 0, {c.tag: c for c in codecs})
+    if end != len(view):
+        raise ValueError(f"{len(view) - end} trailing bytes after an encoded value")
+    return value
+
+
+def _decode(view: memoryview, i: int, codecs: dict[str, Codec]) -> tuple[Any, int]:
+    tag = view[i : i + 1].tobytes()
+    i += 1
+    if tag == b"N":
+        return None, i
+    if tag == b"T" or tag == b"F":
+        return tag == b"T", i
+    if tag == b"f":
+        return _FLOAT.unpack_from(view, i)[0], i + 8
+    if tag in (b"l", b"t", b"d"):
+        (n,) = _LEN.unpack_from(view, i)
+        i += 8
+        if tag == b"d":
+            d = {}
+            for _ in range(n):
+                k, i = _decode(view, i, codecs)
+                d[k], i = _decode(view, i, codecs)
+            return d, i
+        items = []
+        for _ in range(n):
+            item, i = _decode(view, i, codecs)
+            items.append(item)
+        return (items if tag == b"l" else tuple(items)), i
+    (n,) = _LEN.unpack_from(view, i)
+    i += 8
+    if tag == b"c":
+        name = view[i : i + n].tobytes().decode()
+        i += n
+        (size,) = _LEN.unpack_from(view, i)
+        i += 8
+        if name not in codecs:
+            raise ValueError(f"the value was written by codec {name!r}, which was not passed")
+        return codecs[name].decode(view[i : i + size].tobytes()), i + size
+    raw = view[i : i + n]
+    if len(raw) != n:
+        raise ValueError("truncated encoded value")
+    if tag == b"i":
+        return int.from_bytes(raw, "big", signed=True), i + n
+    if tag == b"s":
+        return raw.tobytes().decode("utf-8", "surrogatepass"), i + n
+    if tag == b"b":
+        return raw.tobytes(), i + n
+    raise ValueError(f"unknown tag {tag!r} in an encoded value")

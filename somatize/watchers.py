@@ -1,0 +1,238 @@
+"""Watchers: being told what happened.
+
+A watcher is any object with ``on_event(event)``; it receives narrow, frozen,
+read-only events and nothing it returns is used. Reporting only goes up: a
+node reports metrics by returning ``Done(value, metrics=...)``, never by calling
+a watcher. Stock watchers: ``Recorder`` (in memory) and ``JsonLines`` (a run log).
+``somatize.torch`` adds ``TensorBoard`` and ``Progress``.
+
+Events of one graph execution: ``RunStart``, ``NodeStart``/``NodeEnd``,
+``CacheHit``/``CacheMiss``, ``Metrics``, ``RunEnd``. Events of a training run
+(emitted by the Trainer): ``FitStart``, ``StepEnd``, ``EpochEnd``, ``FitEnd``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+__all__ = [
+    "CacheHit",
+    "CacheMiss",
+    "EpochEnd",
+    "Event",
+    "FitEnd",
+    "FitStart",
+    "JsonLines",
+    "Metrics",
+    "NodeEnd",
+    "NodeStart",
+    "Recorder",
+    "RunEnd",
+    "RunStart",
+    "StepEnd",
+    "Watcher",
+    "notify",
+]
+
+
+@runtime_checkable
+class Watcher(Protocol):
+    """The shape of a watcher: one method, told every event."""
+
+    def on_event(self, event: Event) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """The base of all events: the run it belongs to."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart(Event):
+    """A graph execution began (``nodes``: how many steps its plan has)."""
+
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd(Event):
+    """A graph execution ended after ``seconds``."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStart(Event):
+    node: str
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEnd(Event):
+    """A node finished computing (not sent on a cache hit) after ``seconds``."""
+
+    node: str
+    step: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHit(Event):
+    """A cached node's output was read from the keeper under ``key``; its code did not run."""
+
+    node: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMiss(Event):
+    """A cached node had no entry under ``key`` and ran."""
+
+    node: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics(Event):
+    """Scalars a node returned in ``Done(..., metrics=...)`` (``node`` is '' for the Trainer's)."""
+
+    node: str
+    step: int
+    values: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class FitStart(Event):
+    """A training run began: planned epochs and steps (``max_steps`` 0 when unbounded)."""
+
+    epochs: int
+    max_steps: int
+    start_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepEnd(Event):
+    """An optimizer step finished: its loss, learning rate, examples and duration."""
+
+    step: int
+    epoch: int
+    loss: float
+    lr: float
+    examples: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEnd(Event):
+    """An epoch (and its evaluation, if any) finished; ``metrics`` holds the evaluation."""
+
+    epoch: int
+    step: int
+    metrics: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class FitEnd(Event):
+    """A training run ended (``pruned`` if a pruner stopped it)."""
+
+    step: int
+    epoch: int
+    seconds: float
+    pruned: bool
+
+
+def notify(watchers: Iterable[Watcher], event: Event) -> None:
+    """Tell every watcher about ``event``."""
+    for w in watchers:
+        w.on_event(event)
+
+
+E = TypeVar("E", bound=Event)
+
+
+class Recorder:
+    """Keeps every event in memory, in order.
+
+    Example:
+        >>> r = Recorder(); r.on_event(RunEnd("r1", 0.5)); r.of(RunEnd)[0].seconds
+        0.5
+    """
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def on_event(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type[E]) -> list[E]:
+        """The recorded events of one type."""
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def clear(self) -> None:
+        self.events.clear()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    try:
+        f = float(value)  # floats, and 0-d tensors/arrays
+    except (TypeError, ValueError):
+        return repr(value)
+    return f if math.isfinite(f) else str(f)
+
+
+class JsonLines:
+    """A run log: one JSON object per event, appended to ``path``.
+
+    Every line is written with a single ``write`` on a file opened for appending,
+    so a process killed at any instant leaves whole lines behind.
+
+    Args:
+        path: the log file (its directory is created).
+        nodes: also log ``NodeStart``/``NodeEnd`` (verbose; off by default).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.nodes = nodes
+        self._fd: int | None = None
+
+    def on_event(self, event: Event) -> None:
+        if not self.nodes and isinstance(event, (NodeStart, NodeEnd)):
+            return
+        record = {"event": type(event).__name__, "time": time.time()}
+        record.update({f.name: _plain(getattr(event, f.name)) for f in fields(event)})
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self._fd, line)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:  # a copy in another process opens its own file
+        return {**self.__dict__, "_fd": None}
+
+    @staticmethod
+    def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+        """The records of a run log."""
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
