@@ -149,41 +149,42 @@ class Program:
         keeper: Keeper | None,
         watchers: Sequence[Watcher],
         prefix: str = "",
+        need_key: bool = False,
     ) -> Outcome:
-        """Run with keys, the keeper and watchers; ``x_key`` is the input's content key."""
+        """Run with keys, the keeper and watchers.
+
+        Args:
+            x_key: the input's content key (None when Opaque or not needed).
+            need_key: the caller needs the output's key, so every node is keyed.
+        """
         values: dict[str, Any] = {}
         vkeys: dict[str, str | None] = {}
-        opaque_from: dict[str, str] = {}  # node -> where its Opaque input came from
+        opaque: set[str] = set()  # nodes whose output is Opaque
         metrics: dict[str, Any] = {}
         memory = self.memory
-        for s, (node, forward, inputs, device, where) in zip(self.plan.steps, self.fast):
+        needs_key = frozenset(self.plan.topology.nodes) if need_key else self._needs_key
+        for node, forward, inputs, device, _ in self.fast:
             label = prefix + node
             if not inputs:
                 inp, in_keys = x, [x_key]
-                if x_opaque:
-                    opaque_from[node] = _INPUT
+                source = _INPUT if x_opaque else None
             else:
                 got = [values[i] for i in inputs]
                 inp = got[0] if len(inputs) == 1 else tuple(got)
                 in_keys = [vkeys[i] for i in inputs]
-                for i in inputs:
-                    if vkeys[i] is None:
-                        opaque_from.setdefault(node, f"node {prefix + i!r}")
+                source = next((f"node {prefix + i!r}" for i in inputs if i in opaque), None)
             impl = self.catalog[node]
             remembered = memory.remembers(node)
-            if remembered and node in opaque_from:
+            if remembered and source is not None:
                 raise CacheError(
-                    f"node {label!r} is cached but its input from {opaque_from[node]} is Opaque; "
+                    f"node {label!r} is cached but its input from {source} is Opaque; "
                     f"Opaque values cannot enter a key — return data (a detached tensor) from "
-                    f"{opaque_from[node]}, or stop caching {label!r}"
+                    f"{source}, or stop caching {label!r}"
                 )
-            ctx = Ctx(node, device, run)
             node_key = None
-            if node in self._needs_key and node not in opaque_from:
+            if node in needs_key and source is None:
                 node_key = keys.of(impl, [k for k in in_keys if k is not None])
-
-            sub = self.subprograms.get(node)
-            if remembered and node_key is not None and node in memory.cached:
+            if node_key is not None and node in memory.cached:
                 hit = keeper.get(node_key) if keeper is not None else None
                 if hit is not None:
                     notify(watchers, CacheHit(run.id, label, node_key))
@@ -191,63 +192,68 @@ class Program:
                     continue
                 notify(watchers, CacheMiss(run.id, label, node_key))
 
+            ctx = Ctx(node, device, run)
+            sub = self.subprograms.get(node)
+            node_metrics = None
             notify(watchers, NodeStart(run.id, label, run.step))
             start = time.perf_counter()
             try:
                 if sub is not None:
-                    known = [k for k in in_keys if k is not None]
-                    sub_key = None if node in opaque_from else known[0] if len(known) == 1 else digest(tuple(known))
+                    sub_key = None
+                    if source is None and node_key is not None:
+                        sub_key = in_keys[0] if len(in_keys) == 1 else digest(tuple(in_keys))
                     o = sub.run_keyed(
-                        inp, node in opaque_from, sub_key, run, keys, keeper, watchers, label + "/"
+                        inp, source is not None, sub_key, run, keys, keeper, watchers,
+                        label + "/", need_key=node_key is not None,
                     )
-                    value, opaque, out_key = o.value, o.opaque, o.key
+                    value, is_opaque = o.value, o.opaque
                     metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
-                    node_metrics = None
                 elif isinstance(impl, Mapped) and node in memory.cached:
-                    value = self._mapped(impl, inp, ctx, label, node_key, keys, keeper, watchers)
-                    opaque, out_key, node_metrics = False, node_key, None
+                    value = self._mapped(impl, inp, ctx, label, keys, keeper, watchers)
+                    is_opaque = False
                 else:
                     done = forward(inp, ctx)
                     if type(done) is not Done:
                         raise _not_done(label, impl, done)
                     value, node_metrics = done
-                    opaque = type(value) is Opaque
-                    if opaque:
+                    is_opaque = type(value) is Opaque
+                    if is_opaque:
                         value = value.value
-                    out_key = None if opaque else node_key
             except Exception as e:
                 if hasattr(e, "add_note") and not isinstance(e, (NodeError, CacheError)):
                     e.add_note(f"raised by node {label!r} ({type(impl).__qualname__})")
                 raise
             notify(watchers, NodeEnd(run.id, label, run.step, time.perf_counter() - start))
 
-            if opaque:
+            if is_opaque:
                 if remembered:
                     raise CacheError(
                         f"node {label!r} is cached or named but returned Opaque; Opaque values "
                         f"are never stored — return data (a detached tensor) or stop caching {label!r}"
                     )
-                vkeys[node] = None
+                opaque.add(node)
+                node_key = None
             elif remembered and node_key is not None and keeper is not None:
                 if not (isinstance(impl, Mapped) and node in memory.cached):
-                    keeper.put(node_key, encode(value, self.codecs, _where(label)), pinned=node in memory.pinned)
+                    data = encode(value, self.codecs, _where(label))
+                    keeper.put(node_key, data, pinned=node in memory.pinned)
                 if node in memory.named:
                     keeper.name(memory.named[node], node_key)
-                vkeys[node] = node_key
-            else:
+            elif sub is None:
                 check(value, self.codecs, _where(label))
-                vkeys[node] = out_key
-            values[node] = value
+            values[node], vkeys[node] = value, node_key
             if node_metrics:
                 metrics[node] = node_metrics
                 notify(watchers, Metrics(run.id, label, run.step, node_metrics))
         out = self.output
         if len(out) == 1:
             o = out[0]
-            return Outcome(values[o], vkeys[o] is None, vkeys[o], metrics)
+            return Outcome(values[o], o in opaque, vkeys[o], metrics)
         ks = [vkeys[o] for o in out]
         key = None if any(k is None for k in ks) else digest(tuple(ks))
-        return Outcome(tuple(values[o] for o in out), key is None, key, metrics)
+        return Outcome(
+            tuple(values[o] for o in out), any(o in opaque for o in out), key, metrics
+        )
 
     def _mapped(
         self,
@@ -255,7 +261,6 @@ class Program:
         items: Any,
         ctx: Ctx,
         label: str,
-        node_key: str | None,
         keys: NodeKeys,
         keeper: Keeper | None,
         watchers: Sequence[Watcher],

@@ -71,6 +71,8 @@ class Graph:
         self.run_id = uuid.uuid4().hex[:12]
         self._program: Program | None = None
         self._topology: Topology | None = None
+        self._version = 0  # bumped on every change; graphs holding this one as a node watch it
+        self._built_from: tuple[int, ...] = ()
         self._keys: NodeKeys | None = None
 
     # -- construction -----------------------------------------------------------------
@@ -123,13 +125,17 @@ class Graph:
     def _changed(self) -> None:
         self._program = None
         self._topology = None
+        self._version += 1
+
+    def _subgraphs(self) -> dict[str, Graph]:
+        return {n: i for n, i in self._impls.items() if isinstance(i, Graph)}
 
     # -- the five facts ---------------------------------------------------------------
 
     @property
     def topology(self) -> Topology:
         if self._topology is None:
-            subs = {n: i.topology for n, i in self._impls.items() if isinstance(i, Graph)}
+            subs = {n: sub.topology for n, sub in self._subgraphs().items()}
             self._topology = Topology(tuple(self._impls), tuple(self._edges), subs)
         return self._topology
 
@@ -139,7 +145,7 @@ class Graph:
 
     def plan(self) -> Plan:
         """The plan: steps in topological order, stages of independent steps."""
-        subs = {n: i.placement for n, i in self._impls.items() if isinstance(i, Graph)}
+        subs = {n: sub.placement for n, sub in self._subgraphs().items()}
         return compile(self.topology, self.placement, subs)
 
     def nodes(self) -> tuple[str, ...]:
@@ -197,8 +203,12 @@ class Graph:
 
     def program(self) -> Program:
         """The executable form of the graph, built once per change."""
-        if self._program is None:
-            subs = {n: i.program() for n, i in self._impls.items() if isinstance(i, Graph)}
+        subgraphs = self._subgraphs()
+        versions = tuple(sub._version for sub in subgraphs.values())
+        if self._program is None or versions != self._built_from:
+            subs = {n: sub.program() for n, sub in subgraphs.items()}
+            self._topology = None
+            self._built_from = versions
             self._program = Program(
                 self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
             )

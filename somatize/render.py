@@ -94,14 +94,16 @@ def to_mermaid(g: Graph) -> str:
                 impl = graph[node]
                 mid = f"n{next(counter)}"
                 marks = graph.memory.marks(node)
-                text = f"{prefix}{node}: {_kind(impl)}" + (f"<br/>{', '.join(marks)}" if marks else "")
+                text = _label(f"{prefix}{node}: {_kind(impl)}")
+                if marks:
+                    text += "<br/>" + _label(", ".join(marks))
                 if isinstance(impl, Graph):
-                    lines.append(f'{inner}subgraph {mid} ["{_label(text)}"]')
+                    lines.append(f'{inner}subgraph {mid} ["{text}"]')
                     emit(impl, inner + "  ", prefix + node + "/")
                     lines.append(f"{inner}end")
                     entry[node] = exit_[node] = mid
                     continue
-                shape = f'[("{_label(text)}")]' if node in graph.memory.cached else f'["{_label(text)}"]'
+                shape = f'[("{text}")]' if node in graph.memory.cached else f'["{text}"]'
                 lines.append(f"{inner}{mid}{shape}")
                 if node in graph.memory.frozen:
                     classes.append(mid)
