@@ -130,6 +130,24 @@ class Graph:
     def _subgraphs(self) -> dict[str, Graph]:
         return {n: i for n, i in self._impls.items() if isinstance(i, Graph)}
 
+    def use(
+        self,
+        *,
+        codecs: Sequence[Codec] | None = None,
+        wrap: Callable[[str, Any, Forward], Forward] | None = None,
+    ) -> Graph:
+        """Set the runtime the graph runs with: codecs, and a hook wrapping node forwards.
+
+        ``somatize.torch`` calls this (through ``module(g)``) to add its tensor codecs and
+        to run frozen nodes under ``torch.no_grad()``.
+        """
+        if codecs is not None:
+            self.codecs = tuple(codecs)
+        if wrap is not None:
+            self.wrap = wrap
+        self._changed()
+        return self
+
     # -- the five facts ---------------------------------------------------------------
 
     @property

@@ -1,0 +1,163 @@
+"""Codecs for tensors and numpy arrays, and fingerprints of module state.
+
+With these codecs a *detached* tensor (or an ndarray) is data: it is validated,
+keyed by blake3 over its dtype, shape and raw bytes (fed to blake3 without a
+copy), and stored in keepers as a small header plus the raw bytes — never
+pickled. A tensor that requires grad is refused ("wrap it in Opaque to keep the
+autograd graph, or detach it"); it is never detached silently.
+
+The same codec fingerprints what nodes hold — modules, parameters, buffers — so
+a node's weights enter its key. Each tensor's digest is remembered with its
+version counter: re-keying an unchanged module costs a lookup per tensor, and
+any in-place change (an optimizer step, ``load_state``) is seen.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from blake3 import blake3
+from torch import nn
+
+from ..errors import ValueConversionError
+from ..values import decode as decode_data
+from ..values import encode as encode_data
+
+__all__ = ["NdarrayCodec", "TensorCodec", "default_codecs"]
+
+_LEN = struct.Struct(">Q")
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw bytes of a tensor as a flat byte view, without a copy when it is contiguous on CPU."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+class TensorCodec:
+    """Detached tensors as data; modules, parameters and buffers fingerprinted as state.
+
+    Attributes:
+        hashed: how many tensor digests were computed (not served from the version memo).
+    """
+
+    tag = "torch.tensor"
+
+    def __init__(self) -> None:
+        # id(tensor) -> (weak ref, version, data_ptr, digest). Keyed by id, checked by
+        # identity: tensors compare elementwise, so they cannot be dictionary keys.
+        self._memo: dict[int, tuple[weakref.ref[torch.Tensor], int, int, str]] = {}
+        self.hashed = 0
+        self._limit = 4096
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, torch.Tensor)
+
+    def check(self, value: torch.Tensor) -> None:
+        if value.requires_grad:
+            raise ValueConversionError(
+                f"a tensor of shape {tuple(value.shape)} that requires grad; wrap it in Opaque(...) "
+                "to keep the autograd graph, or detach it (.detach()) to pass it as data"
+            )
+        if value.layout != torch.strided or value.is_quantized or value.device.type == "meta":
+            raise ValueConversionError(
+                f"a {value.layout} tensor on {value.device}; only dense tensors with storage are "
+                "data — convert it (.to_dense()) or wrap it in Opaque(...)"
+            )
+
+    def chunks(self, value: torch.Tensor) -> Iterable[bytes | memoryview]:
+        self.check(value)
+        header = encode_data((str(value.dtype).removeprefix("torch."), tuple(value.shape)))
+        return (_LEN.pack(len(header)) + header, _tensor_bytes(value))
+
+    def decode(self, payload: bytes) -> torch.Tensor:
+        (n,) = _LEN.unpack_from(payload)
+        dtype_name, shape = decode_data(payload[8 : 8 + n])
+        dtype = getattr(torch, dtype_name)
+        raw = payload[8 + n :]
+        if not raw:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
+
+    def digest(self, t: torch.Tensor) -> str:
+        """The content digest of a tensor (dtype, shape, bytes), memoised by version counter."""
+        version, ptr = t._version, t.data_ptr()
+        memo = self._memo.get(id(t))
+        if memo is not None and memo[0]() is t and memo[1] == version and memo[2] == ptr:
+            return memo[3]
+        h = blake3()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(_tensor_bytes(t))
+        result = h.hexdigest()
+        self.hashed += 1
+        if len(self._memo) > self._limit:  # forget tensors that no longer exist
+            self._memo = {k: v for k, v in self._memo.items() if v[0]() is not None}
+            self._limit = max(4096, 2 * len(self._memo))
+        self._memo[id(t)] = (weakref.ref(t), version, ptr, result)
+        return result
+
+    def fingerprint(self, obj: Any) -> str | None:
+        if isinstance(obj, torch.Tensor):
+            return self.digest(obj)
+        if isinstance(obj, nn.Module):
+            h = blake3()
+            for name, mod in obj.named_modules():
+                h.update(f"{name}:{type(mod).__qualname__}:{mod.training}\0".encode())
+            for name, t in obj.state_dict(keep_vars=True).items():
+                h.update(f"{name}={self.digest(t)}\0".encode())
+            return h.hexdigest()
+        return None
+
+
+class NdarrayCodec:
+    """numpy arrays (and numpy scalars) as data: keyed by dtype, shape and raw bytes."""
+
+    tag = "numpy.ndarray"
+
+    def accepts(self, value: Any) -> bool:
+        np = sys.modules.get("numpy")
+        return np is not None and isinstance(value, (np.ndarray, np.generic))
+
+    def check(self, value: Any) -> None:
+        if value.dtype.hasobject:
+            raise ValueConversionError(
+                "a numpy array of Python objects; convert it to a numeric dtype or to a list"
+            )
+
+    def chunks(self, value: Any) -> Iterable[bytes | memoryview]:
+        import numpy as np
+
+        self.check(value)
+        scalar = isinstance(value, np.generic)
+        arr = np.ascontiguousarray(value)
+        header = encode_data((arr.dtype.str, tuple(arr.shape), scalar))
+        raw = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+        return (_LEN.pack(len(header)) + header, raw)
+
+    def decode(self, payload: bytes) -> Any:
+        import numpy as np
+
+        (n,) = _LEN.unpack_from(payload)
+        dtype, shape, scalar = decode_data(payload[8 : 8 + n])
+        arr = np.frombuffer(payload[8 + n :], dtype=np.dtype(dtype)).reshape(shape).copy()
+        return arr[()] if scalar else arr
+
+    def fingerprint(self, obj: Any) -> str | None:
+        if self.accepts(obj):
+            return blake3(b"".join(bytes(c) for c in self.chunks(obj))).hexdigest()
+        return None
+
+
+def default_codecs() -> tuple[TensorCodec, NdarrayCodec]:
+    """The codecs ``module(g)`` and the Trainer give a graph: tensors and ndarrays."""
+    return (TensorCodec(), NdarrayCodec())
