@@ -4,13 +4,31 @@ Importing this module imports torch (the core ``somatize`` never does) but not
 lightning, tensorboard or dask: those load where they are used.
 """
 
+from .checkpoint import Checkpointing, load_checkpoint
 from .codecs import NdarrayCodec, TensorCodec
+from .metrics import accuracy
 from .module import GraphModule, load_state, module, parameters, state
+from .progress import Progress
+from .pruning import Patience, Pruner, Threshold
+from .result import TrainResult
+from .tensorboard import TensorBoard
+from .trainer import Options, Trainer
 
 __all__ = [
+    "Checkpointing",
     "GraphModule",
     "NdarrayCodec",
+    "Options",
+    "Patience",
+    "Progress",
+    "Pruner",
+    "TensorBoard",
     "TensorCodec",
+    "Threshold",
+    "TrainResult",
+    "Trainer",
+    "accuracy",
+    "load_checkpoint",
     "load_state",
     "module",
     "parameters",

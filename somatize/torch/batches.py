@@ -1,0 +1,99 @@
+"""Batches: what the Trainer accepts, how it orders, shards, splits and moves them.
+
+A batch is ``(x, y)``, a dict with ``"x"`` (and ``"y"``), or anything else (the
+whole batch is the input; the graph's output or ``loss(output)`` is the loss).
+``x`` and ``y`` may be tensors or nested tuples/lists/dicts of tensors.
+
+The Trainer owns the order: a sequence of batches is permuted per epoch by a
+generator seeded with ``(seed, epoch)``; a DataLoader with a random sampler gets
+its generator seeded the same way. That is what makes resuming mid-epoch exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["chunk", "epoch_batches", "num_examples", "split", "to_device"]
+
+
+def split(batch: Any) -> tuple[Any, Any]:
+    """``(x, y)`` of a batch; ``y`` is None when the batch carries no target."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, dict) and "x" in batch:
+        return batch["x"], batch.get("y")
+    return batch, None
+
+
+def _map(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map(fn, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _map(fn, v) for k, v in value.items()}
+    return value
+
+
+def to_device(value: Any, device: torch.device | None) -> Any:
+    """Move every tensor of a (nested) batch to ``device``."""
+    if device is None:
+        return value
+    return _map(lambda t: t.to(device, non_blocking=True), value)
+
+
+def _leaves(value: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    _map(out.append, value)
+    return out
+
+
+def num_examples(batch: Any) -> int:
+    """The batch size: the first dimension of the batch's first tensor (1 if it has none)."""
+    leaves = _leaves(split(batch)[0]) or _leaves(batch)
+    return int(leaves[0].shape[0]) if leaves and leaves[0].dim() > 0 else 1
+
+
+def chunk(value: Any, k: int) -> list[Any]:
+    """Split every tensor of a (nested) value into ``k`` chunks along dim 0 with ``torch.chunk``.
+
+    ``torch.chunk`` may return fewer than ``k`` chunks (for a batch smaller than ``k``,
+    or sizes that do not divide); every leaf is chunked alike, so the parts line up.
+    """
+    leaves = _leaves(value)
+    if not leaves:
+        return [value]
+    n = len(torch.chunk(leaves[0], k))
+    parts = []
+    for i in range(n):
+        parts.append(_map(lambda t, i=i: torch.chunk(t, k)[i], value))
+    return parts
+
+
+def epoch_batches(
+    data: Iterable[Any], epoch: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1
+) -> tuple[Sequence[int] | None, Iterator[Any]]:
+    """The batches of one epoch, in the Trainer's order, this rank's share.
+
+    Returns the order (indices into ``data`` for a sequence, else None) and an
+    iterator over the batches.
+    """
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    if isinstance(data, Sequence):
+        n = len(data)
+        order: list[int] = torch.randperm(n, generator=gen).tolist() if shuffle else list(range(n))
+        if world > 1:
+            order = order[: n - n % world][rank::world]
+        return order, (data[i] for i in order)
+    sampler = getattr(data, "sampler", None)
+    if isinstance(sampler, torch.utils.data.RandomSampler):
+        sampler.generator = gen
+    it: Iterator[Any] = iter(data)
+    if world > 1:  # every rank must take the same number of steps, or DDP waits forever
+        n = len(data) if hasattr(data, "__len__") else None
+        limit = n - n % world if n is not None else None
+        it = (b for i, b in enumerate(it) if i % world == rank and (limit is None or i < limit))
+    return None, it

@@ -1,0 +1,146 @@
+"""Checkpoints: written atomically, read with ``weights_only=True`` only.
+
+A checkpoint is a plain ``torch.save`` file of tensors, numbers, strings, lists and
+dicts — every RNG state included, stored as tensors and ints — so ``torch.load(...,
+weights_only=True)`` reads it and never executes code from it. Each file is written
+to a temp file in the same directory, fsynced, renamed into place, and the directory
+fsynced; then the ``last`` pointer is replaced the same way. A process killed at any
+instant leaves ``last`` naming a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import random
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+from ..keepers import atomic_write
+
+__all__ = ["Checkpointing", "load_checkpoint", "rng_state", "set_rng_state"]
+
+_FILE = re.compile(r"^step-(\d{9})\.ckpt$")
+FORMAT = "somatize.checkpoint/1"
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Where and how often the Trainer checkpoints.
+
+    Args:
+        dir: the checkpoint directory (created if missing).
+        every_steps: also checkpoint every N optimizer steps (always at each epoch end).
+        keep: how many of the most recent checkpoints to keep.
+
+    Example:
+        >>> Checkpointing("runs/digits/ckpt", every_steps=100, keep=3).keep
+        3
+    """
+
+    dir: str | os.PathLike[str]
+    every_steps: int | None = None
+    keep: int = 3
+
+    def __post_init__(self) -> None:
+        if self.keep < 1:
+            raise ValueError(f"Checkpointing keep must be at least 1, not {self.keep}")
+        if self.every_steps is not None and self.every_steps < 1:
+            raise ValueError(f"Checkpointing every_steps must be at least 1, not {self.every_steps}")
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+    def last(self) -> Path | None:
+        """The checkpoint ``last`` names, or None when there is none yet."""
+        try:
+            name = (self.path / "last").read_text().strip()
+        except FileNotFoundError:
+            return None
+        if not _FILE.match(name):
+            raise CheckpointError(
+                f"{self.path / 'last'} does not name a checkpoint ({name!r}); "
+                "delete it to start afresh, or resume from an explicit path"
+            )
+        return self.path / name
+
+    def save(self, payload: dict[str, Any], step: int) -> Path:
+        """Write ``payload`` as ``step-NNNNNNNNN.ckpt``, point ``last`` at it, drop old ones."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        file = self.path / f"step-{step:09d}.ckpt"
+        buf = io.BytesIO()
+        torch.save({"format": FORMAT, **payload}, buf)
+        atomic_write(file, buf.getbuffer())
+        atomic_write(self.path / "last", file.name.encode())
+        kept = sorted(f for f in os.listdir(self.path) if _FILE.match(f))
+        for old in kept[: -self.keep]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path / old)
+        return file
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a checkpoint written by the Trainer, with ``weights_only=True``.
+
+    Raises:
+        CheckpointError: the file is missing, truncated, corrupt, holds code
+            (a pickle that is not weights-only is refused, never executed), or is
+            not a somatize checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path} is not a weights-only checkpoint and was not loaded (its pickle asks for "
+            f"objects a checkpoint never holds — it may be malicious): {str(e).splitlines()[0]}"
+        ) from e
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+        raise CheckpointError(
+            f"{path} is truncated or corrupt and cannot be read ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); resume from an earlier checkpoint"
+        ) from e
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a somatize Trainer checkpoint")
+    return payload
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG state as tensors and ints (loadable with ``weights_only=True``)."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "python": [version, torch.tensor(internal, dtype=torch.int64), gauss],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    with contextlib.suppress(ImportError):
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``rng_state`` captured."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal.tolist()), gauss))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))

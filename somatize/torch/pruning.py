@@ -1,0 +1,114 @@
+"""Pruners: the Trainer asks, the pruner answers.
+
+A pruner is any object with ``report(value, step)`` and ``should_prune()``. The
+Trainer reports the monitored metric after each evaluation and asks whether to
+stop; the pruner never drives the loop. An Optuna ``Trial`` fits as it is.
+
+Pruners that keep state across evaluations (``Patience``) also offer
+``state_dict()``/``load_state_dict()`` so a resumed run decides exactly as an
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Protocol, runtime_checkable
+
+__all__ = ["Patience", "Pruner", "Threshold"]
+
+
+@runtime_checkable
+class Pruner(Protocol):
+    """The shape of a pruner (an ``optuna.trial.Trial`` matches it)."""
+
+    def report(self, value: float, step: int) -> None: ...
+
+    def should_prune(self) -> bool: ...
+
+
+class Patience:
+    """Early stopping: prune when ``metric`` has not improved for ``patience`` evaluations.
+
+    Args:
+        metric: the metric to watch (``"val_loss"``, ``"val_acc"``, ...).
+        patience: evaluations without improvement before stopping.
+        mode: ``"min"`` if lower is better, ``"max"`` if higher is better.
+        min_delta: the smallest change that counts as an improvement.
+
+    Example:
+        >>> p = Patience("val_loss", patience=2)
+        >>> for step, v in enumerate([1.0, 0.9, 0.95, 0.91]):
+        ...     p.report(v, step)
+        >>> p.should_prune()
+        True
+    """
+
+    def __init__(
+        self,
+        metric: str = "val_loss",
+        *,
+        patience: int = 3,
+        mode: Literal["min", "max"] = "min",
+        min_delta: float = 0.0,
+    ) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"Patience mode must be 'min' or 'max', not {mode!r}")
+        self.metric, self.patience, self.mode, self.min_delta = metric, patience, mode, min_delta
+        self.best: float | None = None
+        self.bad = 0
+
+    def report(self, value: float, step: int) -> None:
+        value = float(value)
+        better = (
+            self.best is None
+            or (self.mode == "min" and value < self.best - self.min_delta)
+            or (self.mode == "max" and value > self.best + self.min_delta)
+        )
+        if better and not math.isnan(value):
+            self.best, self.bad = value, 0
+        else:
+            self.bad += 1
+
+    def should_prune(self) -> bool:
+        return self.bad >= self.patience
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "bad": self.bad}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.bad = state["best"], state["bad"]
+
+
+class Threshold:
+    """Prune as soon as ``metric`` is worse than a bound (e.g. a diverging loss).
+
+    Args:
+        metric: the metric to watch.
+        upper: prune when the value exceeds it (or is NaN).
+        lower: prune when the value falls below it.
+    """
+
+    def __init__(
+        self, metric: str = "val_loss", *, upper: float | None = None, lower: float | None = None
+    ) -> None:
+        if upper is None and lower is None:
+            raise ValueError("Threshold needs an upper or a lower bound")
+        self.metric, self.upper, self.lower = metric, upper, lower
+        self.tripped = False
+
+    def report(self, value: float, step: int) -> None:
+        value = float(value)
+        self.tripped = self.tripped or (
+            math.isnan(value)
+            or (self.upper is not None and value > self.upper)
+            or (self.lower is not None and value < self.lower)
+        )
+
+    def should_prune(self) -> bool:
+        return self.tripped
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tripped": self.tripped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tripped = state["tripped"]

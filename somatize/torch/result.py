@@ -1,0 +1,80 @@
+"""TrainResult: what one training run returns — small, picklable, plain data and CPU tensors.
+
+Level 3 of the design is a list of these: ``fedavg(results)`` averages their
+states, ``summarize(results, "val_acc")`` their metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["TrainResult"]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """The outcome of ``Trainer.fit``.
+
+    Attributes:
+        state: the final state, name-keyed as ``module(g).state_dict()``, detached, on CPU.
+        num_examples: training examples in one epoch (the weight ``fedavg`` uses).
+        steps: optimizer steps taken in total.
+        epochs: epochs completed.
+        losses: the training loss of every step.
+        metrics: one dict per evaluation (``{"step": ..., "epoch": ..., "val_loss": ...}``).
+        monitor: the metric ``best`` refers to.
+        best: the best value of ``monitor`` seen, or None without evaluation.
+        pruned: whether a pruner stopped the run.
+        checkpoint: the last checkpoint written, if any.
+        seconds: wall-clock time of the ``fit`` call.
+        seed: the seed the run used.
+    """
+
+    state: Mapping[str, torch.Tensor]
+    num_examples: int
+    steps: int
+    epochs: int
+    losses: list[float] = field(default_factory=list)
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    monitor: str = "val_loss"
+    best: float | None = None
+    pruned: bool = False
+    checkpoint: str | None = None
+    seconds: float = 0.0
+    seed: int | None = None
+
+    def metric(self, name: str) -> float:
+        """The last evaluated value of ``name`` (``"val_acc"``...)."""
+        for record in reversed(self.metrics):
+            if name in record:
+                return float(record[name])
+        known = sorted({k for r in self.metrics for k in r} - {"step", "epoch"})
+        raise KeyError(
+            f"no metric {name!r} in this result; evaluated metrics: {', '.join(known) or 'none'} "
+            "(pass val= data and metrics= to the Trainer)"
+        )
+
+    def __repr__(self) -> str:
+        best = f", best {self.monitor}={self.best:.4g}" if self.best is not None else ""
+        last = f", last loss={self.losses[-1]:.4g}" if self.losses else ""
+        return (
+            f"TrainResult({self.steps} steps, {self.epochs} epochs, "
+            f"{self.num_examples} examples{last}{best}{', pruned' if self.pruned else ''})"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Everything but the state, as plain data (for logs and tables)."""
+        return {
+            "num_examples": self.num_examples,
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "final_loss": self.losses[-1] if self.losses else None,
+            "metrics": self.metrics[-1] if self.metrics else {},
+            "best": self.best,
+            "pruned": self.pruned,
+            "seconds": self.seconds,
+        }

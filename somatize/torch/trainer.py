@@ -1,0 +1,534 @@
+"""The Trainer: one training run, returned as a ``TrainResult``.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from somatize import Graph, Node, Done, Opaque
+    >>> import somatize.torch as st
+    >>> class Linear(Node):
+    ...     def __init__(self, i, o): self.lin = nn.Linear(i, o)
+    ...     def forward(self, x, ctx): return Done(Opaque(self.lin(x)))
+    >>> g = Graph.somatize(Linear(4, 1))
+    >>> data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
+    >>> trainer = st.Trainer(loss=nn.functional.mse_loss,
+    ...                      optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), epochs=2)
+    >>> result = trainer.fit(g, data)
+    >>> result.steps, result.num_examples
+    (8, 32)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+from ..graph import Graph
+from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
+from . import ddp
+from .batches import chunk, epoch_batches, num_examples, split, to_device
+from .checkpoint import Checkpointing, load_checkpoint, rng_state, set_rng_state
+from .module import GraphModule, module
+from .result import TrainResult
+
+__all__ = ["Options", "Trainer"]
+
+Loss = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Options:
+    """The Trainer's less common settings.
+
+    Args:
+        device: where to train (default: CUDA when available under torchrun, else CPU).
+        precision: ``"32"``, or ``"bf16"`` for bfloat16 autocast.
+        clip_grad_norm: clip the gradients' total norm to this value before each step.
+        shuffle: permute a sequence of batches every epoch (seeded by ``(seed, epoch)``).
+        eval_every_steps: evaluate every N steps instead of at each epoch end.
+        monitor: the metric ``TrainResult.best`` tracks (and pruners without a ``metric``).
+        mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
+        progress: show a progress bar; None: when standard error is a terminal.
+        scheduler_every: step the LR scheduler every ``"step"`` or every ``"epoch"``.
+    """
+
+    device: str | torch.device | None = None
+    precision: Literal["32", "bf16"] = "32"
+    clip_grad_norm: float | None = None
+    shuffle: bool = True
+    eval_every_steps: int | None = None
+    monitor: str = "val_loss"
+    mode: Literal["min", "max"] = "min"
+    progress: bool | None = None
+    scheduler_every: Literal["step", "epoch"] = "step"
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("32", "bf16"):
+            raise ValueError(f"precision must be '32' or 'bf16', not {self.precision!r}")
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', not {self.mode!r}")
+        if self.scheduler_every not in ("step", "epoch"):
+            raise ValueError(f"scheduler_every must be 'step' or 'epoch', not {self.scheduler_every!r}")
+
+
+class _State:
+    """Where a run stands: everything a checkpoint must restore besides modules and RNG."""
+
+    def __init__(self) -> None:
+        self.step = self.epoch = self.position = self.examples_seen = 0
+        self.losses: list[float] = []
+        self.pending: list[torch.Tensor] = []  # step losses not yet read back from the device
+        self.metrics: list[dict[str, float]] = []
+        self.best: float | None = None
+        self.pruned = False
+
+    def flush(self, world: int) -> None:
+        if self.pending:
+            values = torch.stack(self.pending).float()
+            if world > 1:
+                values = ddp.mean(values)
+            self.losses.extend(values.tolist())
+            self.pending.clear()
+
+
+class Trainer:
+    """One training run of a graph (or of the module ``module(g)``, or any ``nn.Module``).
+
+    Args:
+        loss: ``loss(output, target) -> scalar``; None when the graph's output is the loss.
+        optimizer: a factory ``params -> torch.optim.Optimizer``.
+        scheduler: a factory ``optimizer -> LR scheduler``, stepped per ``Options.scheduler_every``.
+        epochs: passes over the training data (default 1, or unbounded with ``max_steps``).
+        max_steps: stop after this many optimizer steps.
+        micro_batches: split each batch into this many chunks (``torch.chunk``) and
+            accumulate; the gradient equals the full batch's for a mean-reduced loss.
+        metrics: name → ``fn(output, target)`` evaluated on ``val`` (logged as ``val_<name>``).
+        checkpoint: a ``Checkpointing`` (directory, frequency, how many to keep).
+        watchers: told of every step, epoch and node metric (``TensorBoard``, ``Progress``...).
+        pruner: asked after each evaluation (``Patience``, ``Threshold``, an Optuna ``Trial``).
+        seed: seeds python, numpy and torch at the start of a fresh run, and the batch order.
+        options: the less common settings (device, precision, clipping...).
+    """
+
+    def __init__(
+        self,
+        *,
+        loss: Loss | None = None,
+        optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+        epochs: int | None = None,
+        max_steps: int | None = None,
+        micro_batches: int = 1,
+        metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
+        checkpoint: Checkpointing | None = None,
+        watchers: Iterable[Watcher] = (),
+        pruner: Any = None,
+        seed: int = 0,
+        options: Options = Options(),  # noqa: B008 -- frozen, so one shared default is safe
+    ) -> None:
+        if not callable(optimizer):
+            raise TypeError(
+                "optimizer must be a factory over parameters, e.g. "
+                "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
+            )
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches must be at least 1, not {micro_batches}")
+        if epochs is not None and epochs < 1:
+            raise ValueError(f"epochs must be at least 1, not {epochs}")
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, not {max_steps}")
+        if pruner is not None and not (hasattr(pruner, "report") and hasattr(pruner, "should_prune")):
+            raise TypeError("pruner must have report(value, step) and should_prune() (e.g. st.Patience)")
+        self.loss, self.optimizer, self.scheduler = loss, optimizer, scheduler
+        self.epochs = epochs if epochs is not None else (None if max_steps else 1)
+        self.max_steps, self.micro_batches = max_steps, micro_batches
+        self.metrics = dict(metrics or {})
+        self.checkpoint, self.pruner, self.seed, self.options = checkpoint, pruner, seed, options
+        self.watchers = list(watchers)
+
+    # -- one run ----------------------------------------------------------------------
+
+    def fit(
+        self,
+        model: Graph | nn.Module,
+        train: Iterable[Any],
+        val: Iterable[Any] | None = None,
+        *,
+        resume: str | os.PathLike[str] | None = None,
+    ) -> TrainResult:
+        """Train ``model`` on ``train`` (re-iterable batches), evaluating on ``val``.
+
+        Args:
+            model: a ``Graph``, ``module(g)``, or any ``nn.Module``.
+            train: a sequence of batches (the Trainer shuffles it) or a DataLoader.
+            val: batches to evaluate on, at each epoch end or every ``eval_every_steps``.
+            resume: ``"last"`` (the latest checkpoint, or a fresh start when there is none)
+                or a checkpoint path; the run continues bitwise identically.
+
+        Raises:
+            CheckpointError: the checkpoint to resume from is missing, torn or foreign.
+        """
+        started = time.perf_counter()
+        run_id = uuid.uuid4().hex[:12]
+        rank, world, own_group = ddp.setup()
+        try:
+            return self._fit(model, train, val, resume, run_id, rank, world, started)
+        finally:
+            if own_group:
+                ddp.teardown()
+
+    def _fit(
+        self, model: Graph | nn.Module, train: Iterable[Any], val: Iterable[Any] | None,
+        resume: Any, run_id: str, rank: int, world: int, started: float,
+    ) -> TrainResult:
+        net = _as_module(model)
+        device = ddp.device(self.options.device, world)
+        net.to(device)
+        params = _trainable(net)
+        wrapped = ddp.wrap(net, device) if world > 1 else net
+        opt = self.optimizer(params)
+        sched = self.scheduler(opt) if self.scheduler is not None else None
+        s = _State()
+        path = self._resume_path(resume)
+        if path is not None:
+            self._restore(load_checkpoint(path), net, opt, sched, s)
+        else:
+            _seed_everything(self.seed)
+        watchers = self._watchers() if rank == 0 else []
+        epochs = self.epochs if self.epochs is not None else sys.maxsize
+        notify(watchers, FitStart(run_id, self.epochs or 0, self.max_steps or 0, s.step))
+        n_train = _count_examples(train, world)
+        last_ckpt: Path | None = path
+        autocast = _autocast(self.options.precision, device)
+        net.train()
+        while s.epoch < epochs and not s.pruned and not self._done(s):
+            order, batches = epoch_batches(train, s.epoch, self.seed, self.options.shuffle, rank, world)
+            for i, batch in enumerate(batches):
+                if i < s.position:  # resuming mid-epoch: these batches were already trained on
+                    continue
+                if s.pruned or self._done(s):
+                    break
+                tick = time.perf_counter()
+                loss, n = self._step(wrapped, net, params, opt, batch, device, autocast, world)
+                if sched is not None and self.options.scheduler_every == "step":
+                    sched.step()
+                s.step += 1
+                s.position = i + 1
+                s.examples_seen += n
+                s.pending.append(loss)
+                if watchers:
+                    self._report_step(watchers, run_id, net, opt, s, loss, n, tick)
+                every = self.options.eval_every_steps
+                if val is not None and every and s.step % every == 0:
+                    self._evaluate_into(s, net, val, autocast, device, rank, world, watchers, run_id)
+                ckpt = self.checkpoint
+                if ckpt is not None and ckpt.every_steps and s.step % ckpt.every_steps == 0:
+                    last_ckpt = self._save(net, opt, sched, s, rank, world) or last_ckpt
+            else:  # the epoch ran to its end
+                if sched is not None and self.options.scheduler_every == "epoch":
+                    sched.step()
+                if val is not None and not self.options.eval_every_steps:
+                    self._evaluate_into(s, net, val, autocast, device, rank, world, watchers, run_id)
+                s.flush(world)
+                notify(watchers, EpochEnd(run_id, s.epoch, s.step, s.metrics[-1] if s.metrics else {}))
+                s.epoch, s.position = s.epoch + 1, 0
+                if self.checkpoint is not None:
+                    last_ckpt = self._save(net, opt, sched, s, rank, world) or last_ckpt
+                continue
+            break
+        s.flush(world)
+        if self.checkpoint is not None and s.step and (last_ckpt is None or not _at(last_ckpt, s.step)):
+            last_ckpt = self._save(net, opt, sched, s, rank, world) or last_ckpt
+        seconds = time.perf_counter() - started
+        notify(watchers, FitEnd(run_id, s.step, s.epoch, seconds, s.pruned))
+        _close(watchers)
+        return TrainResult(
+            state={k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()},
+            num_examples=n_train if n_train is not None else s.examples_seen,
+            steps=s.step,
+            epochs=s.epoch,
+            losses=list(s.losses),
+            metrics=[dict(m) for m in s.metrics],
+            monitor=self.options.monitor,
+            best=s.best,
+            pruned=s.pruned,
+            checkpoint=str(last_ckpt) if last_ckpt is not None else None,
+            seconds=seconds,
+            seed=self.seed,
+        )
+
+    def _done(self, s: _State) -> bool:
+        return self.max_steps is not None and s.step >= self.max_steps
+
+    def _step(
+        self, wrapped: nn.Module, net: nn.Module, params: list[nn.Parameter],
+        opt: torch.optim.Optimizer, batch: Any, device: torch.device,
+        autocast: Callable[[], Any], world: int,
+    ) -> tuple[torch.Tensor, int]:
+        """One optimizer step over a batch (in micro-batches); returns its loss and size."""
+        x, y = split(batch)
+        x, y = to_device(x, device), to_device(y, device)
+        n = num_examples(x)
+        opt.zero_grad(set_to_none=True)
+        if self.micro_batches == 1:
+            with autocast():
+                loss = self._loss(wrapped(x), y)
+            loss.backward()
+            total = loss.detach()
+        else:
+            xs = chunk(x, self.micro_batches)
+            ys = chunk(y, self.micro_batches) if y is not None else [None] * len(xs)
+            total = torch.zeros((), device=device)
+            for i, (xc, yc) in enumerate(zip(xs, ys)):
+                share = num_examples(xc) / n  # each chunk weighs by its size: exact for mean losses
+                sync = world == 1 or i == len(xs) - 1
+                with contextlib.nullcontext() if sync else wrapped.no_sync():  # type: ignore[operator]
+                    with autocast():
+                        loss = self._loss(wrapped(xc), yc)
+                    (loss * share).backward()
+                total += loss.detach().float() * share
+        if self.options.clip_grad_norm is not None:
+            nn.utils.clip_grad_norm_(params, self.options.clip_grad_norm)
+        opt.step()
+        return total, n
+
+    def _loss(self, output: Any, target: Any) -> torch.Tensor:
+        if self.loss is None:
+            loss = output
+        elif target is None:
+            loss = self.loss(output)
+        else:
+            loss = self.loss(output, target)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise TypeError(
+                f"the loss must be a scalar tensor, got {type(loss).__name__}"
+                f"{' of shape ' + str(tuple(loss.shape)) if isinstance(loss, torch.Tensor) else ''}; "
+                "pass loss=fn(output, target) returning a mean, or make the graph output the loss"
+            )
+        return loss
+
+    # -- evaluation ---------------------------------------------------------------------
+
+    def evaluate(self, model: Graph | nn.Module, data: Iterable[Any]) -> dict[str, float]:
+        """The loss and metrics of ``model`` on ``data``, averaged over examples.
+
+        Example:
+            >>> trainer.evaluate(g, data)["loss"] >= 0  # doctest: +SKIP
+            True
+        """
+        net = _as_module(model)
+        rank, world = ddp.rank_world()
+        device = next((p.device for p in net.parameters()), torch.device("cpu"))
+        return self._evaluate(net, data, _autocast(self.options.precision, device), device, rank, world)
+
+    def _evaluate(
+        self, net: nn.Module, data: Iterable[Any], autocast: Callable[[], Any],
+        device: torch.device, rank: int, world: int,
+    ) -> dict[str, float]:
+        was_training = net.training
+        net.eval()
+        names = (["loss"] if self.loss is not None else []) + list(self.metrics)
+        sums = torch.zeros(len(names) + 1, dtype=torch.float64)
+        _, batches = epoch_batches(data, 0, self.seed, False, rank, world)
+        with torch.no_grad():
+            for batch in batches:
+                x, y = split(batch)
+                x, y = to_device(x, device), to_device(y, device)
+                with autocast():
+                    out = net(x)
+                n = num_examples(x)
+                values = [self._loss(out, y)] if self.loss is not None else []
+                values += [fn(out, y) for fn in self.metrics.values()]
+                for j, v in enumerate(values):
+                    sums[j] += float(v) * n
+                sums[-1] += n
+        net.train(was_training)
+        if world > 1:
+            sums = ddp.total(sums)
+        if sums[-1] == 0:
+            raise ValueError("evaluation data is empty: pass at least one batch")
+        return {name: float(sums[j] / sums[-1]) for j, name in enumerate(names)}
+
+    def _evaluate_into(
+        self, s: _State, net: nn.Module, val: Iterable[Any], autocast: Callable[[], Any],
+        device: torch.device, rank: int, world: int, watchers: list[Watcher], run_id: str,
+    ) -> None:
+        record: dict[str, float] = {"step": s.step, "epoch": s.epoch}
+        evaluated = self._evaluate(net, val, autocast, device, rank, world)
+        record.update({f"val_{k}": v for k, v in evaluated.items()})
+        s.metrics.append(record)
+        monitor, mode = self.options.monitor, self.options.mode
+        if monitor in record:
+            v = record[monitor]
+            if s.best is None or (v < s.best if mode == "min" else v > s.best):
+                s.best = v
+        if self.options.eval_every_steps:
+            notify(watchers, EpochEnd(run_id, s.epoch, s.step, dict(record)))
+        if self.pruner is not None:
+            name = getattr(self.pruner, "metric", monitor)
+            if name not in record:
+                raise KeyError(
+                    f"the pruner watches {name!r}, which evaluation does not produce; "
+                    f"evaluated: {', '.join(k for k in record if k.startswith('val_'))}"
+                )
+            self.pruner.report(record[name], s.step)
+            s.pruned = bool(self.pruner.should_prune())
+
+    # -- reporting --------------------------------------------------------------------
+
+    def _watchers(self) -> list[Watcher]:
+        from .progress import Progress
+
+        watchers = list(self.watchers)
+        show = self.options.progress
+        if show is None:
+            show = sys.stderr.isatty()
+        if show and not any(isinstance(w, Progress) for w in watchers):
+            watchers.append(Progress())
+        return watchers
+
+    def _report_step(
+        self, watchers: list[Watcher], run_id: str, net: nn.Module,
+        opt: torch.optim.Optimizer, s: _State, loss: torch.Tensor, n: int, tick: float,
+    ) -> None:
+        lr = float(opt.param_groups[0]["lr"])
+        seconds = time.perf_counter() - tick
+        notify(watchers, StepEnd(run_id, s.step, s.epoch, float(loss), lr, n, seconds))
+        node_metrics = getattr(net, "metrics", None)
+        if node_metrics:
+            for node, values in node_metrics.items():
+                notify(watchers, Metrics(run_id, node, s.step, values))
+
+    # -- checkpoints --------------------------------------------------------------------
+
+    def _resume_path(self, resume: Any) -> Path | None:
+        if resume is None:
+            return None
+        if resume == "last":
+            if self.checkpoint is None:
+                raise CheckpointError(
+                    "resume='last' needs checkpoint=Checkpointing(dir) to know where to look"
+                )
+            return self.checkpoint.last()
+        return Path(resume)
+
+    def _save(
+        self, net: nn.Module, opt: torch.optim.Optimizer, sched: Any, s: _State, rank: int, world: int
+    ) -> Path | None:
+        assert self.checkpoint is not None
+        s.flush(world)
+        file = None
+        if rank == 0:
+            pruner_state = getattr(self.pruner, "state_dict", None)
+            file = self.checkpoint.save(
+                {
+                    "model": net.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict() if sched is not None else None,
+                    "step": s.step,
+                    "epoch": s.epoch,
+                    "position": s.position,
+                    "examples_seen": s.examples_seen,
+                    "losses": s.losses,
+                    "metrics": s.metrics,
+                    "best": s.best,
+                    "pruned": s.pruned,
+                    "pruner": pruner_state() if pruner_state is not None else None,
+                    "rng": rng_state(),
+                    "seed": self.seed,
+                },
+                s.step,
+            )
+        if world > 1:
+            ddp.barrier()
+        return file
+
+    def _restore(
+        self, payload: dict[str, Any], net: nn.Module, opt: torch.optim.Optimizer, sched: Any, s: _State
+    ) -> None:
+        try:
+            net.load_state_dict(payload["model"])
+            opt.load_state_dict(payload["optimizer"])
+            if sched is not None and payload["scheduler"] is not None:
+                sched.load_state_dict(payload["scheduler"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(
+                f"the checkpoint does not fit this model or optimizer ({e}); "
+                "resume with the same graph and optimizer it was written by"
+            ) from e
+        s.step, s.epoch, s.position = payload["step"], payload["epoch"], payload["position"]
+        s.examples_seen = payload["examples_seen"]
+        s.losses, s.metrics = list(payload["losses"]), list(payload["metrics"])
+        s.best, s.pruned = payload["best"], payload["pruned"]
+        loader = getattr(self.pruner, "load_state_dict", None)
+        if loader is not None and payload["pruner"] is not None:
+            loader(payload["pruner"])
+        set_rng_state(payload["rng"])
+
+
+def _as_module(model: Graph | nn.Module) -> nn.Module:
+    if isinstance(model, Graph):
+        return module(model)
+    if isinstance(model, nn.Module):
+        return model
+    raise TypeError(f"Trainer.fit takes a Graph or an nn.Module, got {type(model).__qualname__}")
+
+
+def _trainable(net: nn.Module) -> list[nn.Parameter]:
+    if isinstance(net, GraphModule) and net.graph.program() is not net._program:
+        net._sync()  # the graph changed since the module was made
+    params = [p for p in net.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(
+            "nothing to train: every node is frozen or holds no parameters "
+            "(unfreeze a node with g.freeze(id, False), or give a node an nn.Module)"
+        )
+    return params
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    with contextlib.suppress(ImportError):
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+
+
+def _autocast(precision: str, device: torch.device) -> Callable[[], Any]:
+    if precision == "bf16":
+        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def _count_examples(train: Iterable[Any], world: int) -> int | None:
+    if isinstance(train, Sequence):
+        return sum(num_examples(train[i]) for i in range(len(train) - len(train) % world)) // world
+    dataset = getattr(train, "dataset", None)
+    if dataset is not None and hasattr(dataset, "__len__"):
+        return len(dataset) // world
+    return None
+
+
+def _at(path: Path, step: int) -> bool:
+    return path.name == f"step-{step:09d}.ckpt"
+
+
+def _close(watchers: list[Watcher]) -> None:
+    for w in watchers:
+        close = getattr(w, "close", None)
+        if close is not None:
+            close()
+
