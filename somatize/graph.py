@@ -319,6 +319,12 @@ class Graph:
     def __repr__(self) -> str:
         return f"Graph({len(self._impls)} nodes, {len(self._edges)} edges)"
 
+    def __getstate__(self) -> dict[str, Any]:
+        # What is derived (program, keys) is rebuilt on the other side; a runtime's hook
+        # is not data and is installed again there (module(g) does it).
+        drop = {"_program", "_topology", "_keys", "wrap"}
+        return {k: (None if k in drop else v) for k, v in self.__dict__.items()}
+
     # -- composition --------------------------------------------------------------------
 
     def __rshift__(self, other: Any) -> Expr:

@@ -4,8 +4,10 @@ Importing this module imports torch (the core ``somatize`` never does) but not
 lightning, tensorboard or dask: those load where they are used.
 """
 
+from .campaign import Summary, executor, summarize
 from .checkpoint import Checkpointing, load_checkpoint
 from .codecs import NdarrayCodec, TensorCodec
+from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
 from .metrics import accuracy
 from .module import GraphModule, load_state, module, parameters, state
 from .progress import Progress
@@ -15,6 +17,7 @@ from .tensorboard import TensorBoard
 from .trainer import Options, Trainer
 
 __all__ = [
+    "Aggregate",
     "Checkpointing",
     "GraphModule",
     "NdarrayCodec",
@@ -22,15 +25,21 @@ __all__ = [
     "Patience",
     "Progress",
     "Pruner",
+    "Summary",
     "TensorBoard",
     "TensorCodec",
     "Threshold",
     "TrainResult",
     "Trainer",
     "accuracy",
+    "executor",
+    "fedavg",
+    "fedmedian",
     "load_checkpoint",
     "load_state",
     "module",
     "parameters",
     "state",
+    "summarize",
+    "trimmed_mean",
 ]

@@ -60,6 +60,9 @@ class TensorCodec:
         self.hashed = 0
         self._limit = 4096
 
+    def __getstate__(self) -> dict[str, Any]:  # the memo holds weak references: not data
+        return {**self.__dict__, "_memo": {}}
+
     def accepts(self, value: Any) -> bool:
         return isinstance(value, torch.Tensor)
 

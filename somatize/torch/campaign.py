@@ -1,0 +1,150 @@
+"""Many runs as plain Python: ``summarize`` over results, and a process pool fit for torch.
+
+A campaign is a list of ``TrainResult``s, made by any ``concurrent.futures.Executor``::
+
+    with st.executor(workers=2) as pool:
+        results = list(pool.map(train_one_seed, range(5)))
+    print(st.summarize(results, "val_acc"))
+
+``executor()`` returns a process pool configured for torch work; Dask's
+``Client(...).get_executor()`` works unchanged for many machines. Executors run
+whatever code they are sent (cloudpickle is used to ship functions defined in
+``__main__`` or interactively): use them only with machines and code you trust.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import cloudpickle
+
+__all__ = ["Summary", "executor", "summarize"]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Statistics of one metric over runs. ``str()`` gives a readable table.
+
+    Attributes:
+        metric: the metric summarised.
+        values: its value in each run, in run order.
+        n, mean, std (sample standard deviation; 0 for one run), min, max.
+        best: the index of the best run (by ``mode``).
+        mode: ``"min"`` or ``"max"`` — which way is better.
+    """
+
+    metric: str
+    values: tuple[float, ...]
+    n: int
+    mean: float
+    std: float
+    min: float
+    max: float
+    best: int
+    mode: str
+
+    def __str__(self) -> str:
+        width = max(len(str(self.n - 1)), 3)
+        rows = [f"{'run':>{width}}  {self.metric}"]
+        for i, v in enumerate(self.values):
+            rows.append(f"{i:>{width}}  {v:.4f}{'  <- best' if i == self.best else ''}")
+        rows.append(
+            f"{self.metric}: {self.mean:.4f} ± {self.std:.4f} over {self.n} runs "
+            f"(min {self.min:.4f}, max {self.max:.4f})"
+        )
+        return "\n".join(rows)
+
+
+def summarize(
+    results: Sequence[Any], metric: str, *, mode: Literal["min", "max"] | None = None
+) -> Summary:
+    """n, mean, std, min, max of ``metric`` over runs, and which run was best.
+
+    Args:
+        results: ``TrainResult``s (their last evaluated value of ``metric`` is used), or numbers.
+        metric: e.g. ``"val_acc"``, ``"val_loss"``.
+        mode: which way is better; by default ``"min"`` for names with "loss" or "err",
+            else ``"max"``.
+
+    Example:
+        >>> s = summarize([0.9, 0.95, 0.92], "val_acc")
+        >>> round(s.mean, 4), s.best
+        (0.9233, 1)
+    """
+    if not results:
+        raise ValueError(f"no results to summarize for {metric!r}")
+    values = tuple(float(r.metric(metric)) if hasattr(r, "metric") else float(r) for r in results)
+    if mode is None:
+        mode = "min" if ("loss" in metric or "err" in metric) else "max"
+    finite = [v for v in values if not math.isnan(v)]
+    pick = min if mode == "min" else max
+    best = values.index(pick(finite)) if finite else 0
+    return Summary(
+        metric=metric,
+        values=values,
+        n=len(values),
+        mean=statistics.fmean(values),
+        std=statistics.stdev(values) if len(values) > 1 else 0.0,
+        min=min(values),
+        max=max(values),
+        best=best,
+        mode=mode,
+    )
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _call(payload: bytes) -> Any:
+    fn, args, kwargs = cloudpickle.loads(payload)  # code the user sent to their own pool
+    return fn(*args, **kwargs)
+
+
+class TorchPool(ProcessPoolExecutor):
+    """A process pool for torch work: forkserver with torch preloaded, few threads per worker.
+
+    Functions and arguments are shipped with cloudpickle, so lambdas and classes
+    defined in ``__main__`` work. Results come back with pickle as usual.
+    """
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        return super().submit(_call, cloudpickle.dumps((fn, args, kwargs)))
+
+
+def executor(workers: int | None = None, *, threads_per_worker: int = 1) -> TorchPool:
+    """A process pool configured correctly for torch work.
+
+    * forkserver start method with torch preloaded (fast starts, no fork of a
+      threaded parent);
+    * ``torch.set_num_threads(threads_per_worker)`` in each worker — without it two
+      workers on two cores thrash, and runs get many times slower;
+    * use it as a context manager for a clean shutdown.
+
+    Args:
+        workers: worker processes (default: the number of CPUs).
+        threads_per_worker: torch intra-op threads in each worker.
+
+    Example:
+        >>> with executor(workers=2) as pool:  # doctest: +SKIP
+        ...     results = list(pool.map(train_one_seed, range(4)))
+    """
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload(["torch", "somatize.torch"])
+    return TorchPool(
+        max_workers=workers or os.cpu_count() or 1,
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(threads_per_worker,),
+    )

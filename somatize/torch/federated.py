@@ -1,0 +1,290 @@
+"""Aggregating client updates: ``fedavg``, ``fedmedian``, ``trimmed_mean``.
+
+Level 3 has no type of its own: a federated round is a ``for`` loop and these are
+functions over a list of ``TrainResult``s (or plain state dicts)::
+
+    global_state = st.state(g)
+    for round in range(20):
+        results = [train_client(global_state, shard) for shard in shards]
+        global_state = st.fedavg(results)
+
+Every aggregator matches tensors by *name*, accumulates in float64 and casts back
+to each tensor's dtype, and validates first — each error names the client index
+and the key. Integer buffers (BatchNorm's ``num_batches_tracked``) are counters,
+not weights: averaging them as floats is wrong, so ``int_buffers`` says what to do.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+
+from ..errors import AggregationError
+
+__all__ = ["Aggregate", "fedavg", "fedmedian", "trimmed_mean"]
+
+IntPolicy = Literal["max", "first", "error"]
+State = Mapping[str, torch.Tensor]
+
+
+class Aggregate(dict[str, torch.Tensor]):
+    """The aggregated state (a plain name → tensor dict) and what went into it.
+
+    Attributes:
+        weights: the normalised weight of each client that was used.
+        skipped: indices of clients left out for non-finite values (``nonfinite="skip"``).
+    """
+
+    weights: tuple[float, ...] = ()
+    skipped: tuple[int, ...] = ()
+
+
+def _states(results: Sequence[Any]) -> list[State]:
+    if isinstance(results, Mapping) or not isinstance(results, Sequence):
+        raise TypeError("aggregate a list of TrainResults or state dicts, e.g. fedavg([r1, r2])")
+    if not results:
+        raise AggregationError("nothing to aggregate: the list of client results is empty")
+    states = []
+    for i, r in enumerate(results):
+        s = getattr(r, "state", r)
+        if not isinstance(s, Mapping):
+            raise TypeError(
+                f"client {i} is a {type(r).__qualname__}, not a TrainResult or state dict"
+            )
+        states.append(s)
+    return states
+
+
+def _validate(states: list[State]) -> None:
+    ref = states[0]
+    for i, s in enumerate(states[1:], start=1):
+        if s.keys() != ref.keys():
+            missing, extra = sorted(set(ref) - set(s)), sorted(set(s) - set(ref))
+            raise AggregationError(
+                f"client {i} has different keys than client 0 — missing: {missing[:5]}, "
+                f"unexpected: {extra[:5]}; all clients must train the same graph"
+            )
+        for k, t in s.items():
+            if t.shape != ref[k].shape:
+                raise AggregationError(
+                    f"client {i}, key {k!r}: shape {tuple(t.shape)} differs from client 0's "
+                    f"{tuple(ref[k].shape)}; all clients must train the same graph"
+                )
+            if t.dtype != ref[k].dtype:
+                raise AggregationError(
+                    f"client {i}, key {k!r}: dtype {t.dtype} differs from client 0's {ref[k].dtype}"
+                )
+
+
+def _finite(states: list[State], nonfinite: str) -> list[int]:
+    """Indices of clients whose floating tensors are all finite (raise on the first bad one)."""
+    if nonfinite not in ("raise", "skip"):
+        raise ValueError(f"nonfinite must be 'raise' or 'skip', not {nonfinite!r}")
+    keep = []
+    for i, s in enumerate(states):
+        bad = next(
+            (
+                k
+                for k, t in s.items()
+                if t.is_floating_point() and not bool(torch.isfinite(t).all())
+            ),
+            None,
+        )
+        if bad is None:
+            keep.append(i)
+        elif nonfinite == "raise":
+            raise AggregationError(
+                f"client {i}, key {bad!r}: the update holds NaN or inf; drop that client, or pass "
+                "nonfinite='skip' to leave such clients out and report them"
+            )
+    if not keep:
+        raise AggregationError("every client's update holds NaN or inf; nothing left to aggregate")
+    if len(keep) < len(states):
+        skipped = sorted(set(range(len(states))) - set(keep))
+        warnings.warn(
+            f"clients {skipped} skipped: their updates hold NaN or inf",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return keep
+
+
+def _weights(results: Sequence[Any], weights: Any, keep: list[int]) -> list[float]:
+    if isinstance(weights, str):
+        if weights == "uniform":
+            raw = [1.0] * len(results)
+        elif weights == "num_examples":
+            raw = []
+            for i, r in enumerate(results):
+                n = getattr(r, "num_examples", None)
+                if n is None:
+                    raise AggregationError(
+                        f"client {i} is a plain state dict and has no num_examples; pass "
+                        "weights=[...] (one number per client) or weights='uniform'"
+                    )
+                raw.append(float(n))
+        else:
+            raise ValueError(
+                f"weights must be 'num_examples', 'uniform' or a list, not {weights!r}"
+            )
+    else:
+        raw = [float(w) for w in weights]
+        if len(raw) != len(results):
+            raise AggregationError(
+                f"{len(raw)} weights for {len(results)} clients; give one per client"
+            )
+    for i, w in enumerate(raw):
+        if w < 0 or math.isnan(w):
+            raise AggregationError(
+                f"client {i} has weight {w}; weights must be finite and non-negative"
+            )
+    used = [raw[i] for i in keep]
+    total = sum(used)
+    if total <= 0 or math.isinf(total):
+        raise AggregationError(
+            f"the clients' weights sum to {total}; at least one client must have examples"
+        )
+    return [w / total for w in used]
+
+
+def _integer(k: str, tensors: list[torch.Tensor], policy: str) -> torch.Tensor:
+    if policy == "max":
+        return (
+            torch.stack(tensors).amax(dim=0)
+            if tensors[0].dtype != torch.bool
+            else torch.stack(tensors).any(0)
+        )
+    if policy == "first":
+        return tensors[0].clone()
+    raise AggregationError(
+        f"key {k!r} is an integer tensor ({tensors[0].dtype}); averaging counters as floats is "
+        "wrong — pass int_buffers='max' (the most-trained client's count) or 'first'"
+    )
+
+
+def _prepare(
+    results: Sequence[Any], nonfinite: str, int_buffers: str
+) -> tuple[list[State], list[int]]:
+    if int_buffers not in ("max", "first", "error"):
+        raise ValueError(f"int_buffers must be 'max', 'first' or 'error', not {int_buffers!r}")
+    states = _states(results)
+    _validate(states)
+    return states, _finite(states, nonfinite)
+
+
+def fedavg(
+    results: Sequence[Any],
+    *,
+    weights: str | Sequence[float] = "num_examples",
+    int_buffers: IntPolicy = "max",
+    nonfinite: Literal["raise", "skip"] = "raise",
+) -> Aggregate:
+    """The weighted mean of client states, matched by name (FedAvg, McMahan et al. 2017).
+
+    Args:
+        results: ``TrainResult``s or plain state dicts, one per client.
+        weights: ``"num_examples"`` (each result's training-set size), ``"uniform"``, or
+            one non-negative number per client.
+        int_buffers: for integer/bool tensors (counters such as ``num_batches_tracked``):
+            ``"max"`` (default), ``"first"`` (client 0's), or ``"error"``.
+        nonfinite: ``"raise"`` on NaN/inf in a client's update, or ``"skip"`` that client
+            (a ``RuntimeWarning`` and ``Aggregate.skipped`` report it).
+
+    Returns:
+        An ``Aggregate``: a dict of tensors in each key's original dtype.
+
+    Raises:
+        AggregationError: mismatched keys, shapes or dtypes; NaN/inf; negative or zero
+            total weight — naming the client index and the key.
+
+    Example:
+        >>> a = {"w": torch.tensor([0.0, 2.0])}; b = {"w": torch.tensor([2.0, 4.0])}
+        >>> fedavg([a, b], weights=[1, 3])["w"]
+        tensor([1.5000, 3.5000])
+    """
+    states, keep = _prepare(results, nonfinite, int_buffers)
+    share = _weights(results, weights, keep)
+    out = Aggregate()
+    for k, ref in states[0].items():
+        tensors = [states[i][k] for i in keep]
+        if not ref.is_floating_point() and not ref.is_complex():
+            out[k] = _integer(k, tensors, int_buffers)
+            continue
+        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        for w, t in zip(share, tensors):
+            acc.add_(t, alpha=w)  # promoted to float64 element by element, no float64 copy of t
+        out[k] = acc.to(ref.dtype)
+    out.weights, out.skipped = tuple(share), tuple(sorted(set(range(len(states))) - set(keep)))
+    return out
+
+
+def _coordinatewise(
+    results: Sequence[Any], int_buffers: str, nonfinite: str, reduce: Any
+) -> Aggregate:
+    states, keep = _prepare(results, nonfinite, int_buffers)
+    out = Aggregate()
+    for k, ref in states[0].items():
+        tensors = [states[i][k] for i in keep]
+        if not ref.is_floating_point():
+            out[k] = _integer(k, tensors, int_buffers)
+            continue
+        stacked = torch.stack([t.to(torch.float64) for t in tensors])  # (clients, *shape)
+        out[k] = reduce(stacked.sort(dim=0).values).to(ref.dtype)
+    n = len(keep)
+    out.weights, out.skipped = (1.0 / n,) * n, tuple(sorted(set(range(len(states))) - set(keep)))
+    return out
+
+
+def fedmedian(
+    results: Sequence[Any],
+    *,
+    int_buffers: IntPolicy = "max",
+    nonfinite: Literal["raise", "skip"] = "raise",
+) -> Aggregate:
+    """The coordinate-wise median of client states (robust to a minority of bad clients).
+
+    With an even number of clients, the mean of the two middle values. Unweighted.
+
+    Example:
+        >>> s = [{"w": torch.tensor([v])} for v in (1.0, 2.0, 1e6)]
+        >>> fedmedian(s)["w"]
+        tensor([2.])
+    """
+
+    def median(sorted_: torch.Tensor) -> torch.Tensor:
+        n = sorted_.shape[0]
+        return (sorted_[(n - 1) // 2] + sorted_[n // 2]) / 2
+
+    return _coordinatewise(results, int_buffers, nonfinite, median)
+
+
+def trimmed_mean(
+    results: Sequence[Any],
+    beta: float,
+    *,
+    int_buffers: IntPolicy = "max",
+    nonfinite: Literal["raise", "skip"] = "raise",
+) -> Aggregate:
+    """The coordinate-wise mean after dropping the ``beta`` fraction of largest and smallest values.
+
+    Args:
+        beta: the fraction trimmed at each end, in [0, 0.5); ``floor(beta * n)`` values each.
+
+    Example:
+        >>> s = [{"w": torch.tensor([v])} for v in (1.0, 2.0, 3.0, 1e6)]
+        >>> trimmed_mean(s, 0.25)["w"]
+        tensor([2.5000])
+    """
+    if not 0 <= beta < 0.5:
+        raise ValueError(f"beta must be in [0, 0.5), not {beta}")
+
+    def trim(sorted_: torch.Tensor) -> torch.Tensor:
+        n = sorted_.shape[0]
+        cut = int(math.floor(beta * n))
+        return sorted_[cut : n - cut].mean(dim=0)
+
+    return _coordinatewise(results, int_buffers, nonfinite, trim)

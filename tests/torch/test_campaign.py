@@ -1,0 +1,164 @@
+"""Many runs: summarize, the torch process pool, and federated rounds on any executor."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import somatize.torch as st
+from recipes import federated as fed
+
+
+def test_summarize_numbers_and_results():
+    s = st.summarize([0.91, 0.95, 0.93], "val_acc")
+    assert (s.n, s.best, s.mode) == (3, 1, "max")
+    assert s.mean == pytest.approx(0.93)
+    assert s.std == pytest.approx(0.02)
+    assert (s.min, s.max) == (0.91, 0.95)
+    results = [
+        st.TrainResult(state={}, num_examples=1, steps=1, epochs=1, metrics=[{"val_loss": v}])
+        for v in (0.5, 0.2, 0.7)
+    ]
+    s = st.summarize(results, "val_loss")
+    assert s.mode == "min" and s.best == 1 and s.values == (0.5, 0.2, 0.7)
+    text = str(s)
+    assert "val_loss: 0.4667 ± 0.2517 over 3 runs" in text
+    assert "0.2000  <- best" in text
+    with pytest.raises(KeyError, match="no metric 'val_acc'.*val_loss"):
+        st.summarize(results, "val_acc")
+    with pytest.raises(ValueError, match="no results"):
+        st.summarize([], "val_acc")
+
+
+def test_summarize_one_run_has_zero_std():
+    assert st.summarize([0.5], "val_acc").std == 0.0
+
+
+def _worker_report(_):
+    return os.getpid(), torch.get_num_threads()
+
+
+def test_executor_workers_have_one_torch_thread_each_in_other_processes():
+    with st.executor(workers=2) as pool:
+        reports = list(pool.map(_worker_report, range(6)))
+    pids = {pid for pid, _ in reports}
+    assert os.getpid() not in pids
+    assert {threads for _, threads in reports} == {1}
+
+
+def test_executor_ships_lambdas_and_closures_with_cloudpickle():
+    offset = 10
+    with st.executor(workers=1) as pool:
+        assert list(pool.map(lambda x: x + offset, [1, 2])) == [11, 12]
+
+
+def test_classes_defined_in_main_train_on_the_pool(tmp_path):
+    script = tmp_path / "campaign_main.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch import nn
+            import somatize.torch as st
+            from somatize import Graph, Node, Done, Opaque
+
+            class Line(Node):  # defined in __main__: only cloudpickle can ship it
+                def __init__(self):
+                    self.lin = nn.Linear(2, 1)
+                def forward(self, x, ctx):
+                    return Done(Opaque(self.lin(x)))
+
+            def run(seed):
+                torch.manual_seed(seed)
+                g = Graph.somatize(Line())
+                data = [(torch.randn(8, 2), torch.randn(8, 1)) for _ in range(3)]
+                trainer = st.Trainer(loss=nn.functional.mse_loss,
+                                     optimizer=lambda p: torch.optim.SGD(p, lr=0.1), seed=seed)
+                return trainer.fit(g, data)
+
+            if __name__ == "__main__":
+                torch.set_num_threads(1)
+                with st.executor(workers=2) as pool:
+                    remote = list(pool.map(run, [0, 1]))
+                local = [run(0), run(1)]
+                same = all(torch.equal(a.state[k], b.state[k])
+                           for a, b in zip(remote, local) for k in a.state)
+                print("SAME" if same else "DIFFERENT", remote[0].steps)
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["SAME", "3"]
+
+
+def small_round(map_clients):
+    shards = fed.load_shards(clients=4, seed=1)
+    curve, state = fed.federate(
+        shards, rounds=2, local_epochs=1, batch_size=20, seed=1, map_clients=map_clients
+    )
+    return curve, state
+
+
+@pytest.fixture(scope="module")
+def serial_round():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return small_round(lambda fn, tasks: [fn(t) for t in tasks])
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_federated_round_on_the_process_pool_equals_the_serial_loop(serial_round):
+    with fed.clients_on("process") as map_clients:
+        curve, state = small_round(map_clients)
+    assert curve == serial_round[0]
+    assert state.keys() == serial_round[1].keys()
+    assert all(torch.equal(state[k], serial_round[1][k]) for k in state)
+
+
+def _pid(_):
+    return os.getpid()
+
+
+@pytest.mark.slow
+def test_federated_round_on_a_dask_cluster_equals_the_serial_loop(serial_round):
+    distributed = pytest.importorskip("dask.distributed")
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        pool = client.get_executor()
+        pids = set(pool.map(_pid, range(8)))
+        curve, state = small_round(lambda fn, tasks: list(pool.map(fn, tasks)))
+    assert os.getpid() not in pids and len(pids) >= 1
+    assert curve == serial_round[0]
+    assert all(torch.equal(state[k], serial_round[1][k]) for k in state)
+
+
+@pytest.mark.slow
+def test_fedavg_beats_fedsgd_at_equal_rounds():
+    shards = fed.load_shards(clients=10, seed=0)
+    fedavg_curve, _ = fed.federate(shards, rounds=8, local_epochs=5)
+    fedsgd_curve, _ = fed.federate(shards, rounds=8, local_epochs=0)
+    assert fedavg_curve[-1] > fedsgd_curve[-1] + 0.2
+    assert fedavg_curve[-1] > 0.5

@@ -1,0 +1,201 @@
+"""fedavg, fedmedian and trimmed_mean: against float64 references, and every error case."""
+
+import pickle
+import random
+
+import pytest
+import torch
+
+import somatize.torch as st
+from somatize.errors import AggregationError, SomatizeError
+
+
+def client(seed, scale=1.0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "enc.lin.weight": (torch.randn(6, 4, generator=g) * scale).to(dtype),
+        "enc.lin.bias": (torch.randn(6, generator=g) * scale).to(dtype),
+        "head.bn.running_mean": torch.randn(3, generator=g).to(dtype),
+        "head.bn.num_batches_tracked": torch.tensor(seed * 10, dtype=torch.int64),
+    }
+
+
+def result(state, n):
+    return st.TrainResult(state=state, num_examples=n, steps=1, epochs=1)
+
+
+def reference(states, weights):
+    """A straightforward float64 weighted mean, key by key."""
+    total = sum(weights)
+    return {
+        k: sum(s[k].double() * w for s, w in zip(states, weights)) / total
+        for k in states[0]
+        if states[0][k].is_floating_point()
+    }
+
+
+def test_fedavg_matches_a_float64_reference_weighted_by_num_examples():
+    states = [client(i) for i in range(5)]
+    sizes = [10, 250, 33, 7, 100]
+    out = st.fedavg([result(s, n) for s, n in zip(states, sizes)])
+    ref = reference(states, sizes)
+    for k, v in ref.items():
+        assert out[k].dtype == torch.float32
+        assert torch.allclose(out[k].double(), v, atol=1e-6, rtol=0)
+    assert out.weights == pytest.approx([n / sum(sizes) for n in sizes])
+
+
+def test_fedavg_is_independent_of_client_order():
+    states = [client(i) for i in range(6)]
+    sizes = [3, 1, 4, 1, 5, 9]
+    pairs = list(zip(states, sizes))
+    first = st.fedavg([s for s, _ in pairs], weights=[n for _, n in pairs])
+    random.Random(0).shuffle(pairs)
+    second = st.fedavg([s for s, _ in pairs], weights=[n for _, n in pairs])
+    for k in first:
+        torch.testing.assert_close(first[k], second[k], atol=1e-6, rtol=0)
+
+
+def test_fedavg_matches_by_name_not_position():
+    a, b = client(1), client(2)
+    b_reordered = dict(reversed(list(b.items())))
+    assert list(b_reordered) != list(a)
+    out = st.fedavg([a, b_reordered], weights="uniform")
+    torch.testing.assert_close(out["enc.lin.bias"], (a["enc.lin.bias"] + b["enc.lin.bias"]) / 2)
+    assert list(out) == list(a)
+
+
+def test_fedavg_keeps_each_dtype_and_accumulates_in_float64():
+    states = [client(i, dtype=torch.bfloat16) for i in range(3)]
+    out = st.fedavg(states, weights="uniform")
+    assert out["enc.lin.weight"].dtype == torch.bfloat16
+    expected = reference(states, [1, 1, 1])["enc.lin.weight"].to(torch.bfloat16)
+    assert torch.equal(out["enc.lin.weight"], expected)
+    # float64 accumulation: a sum float32 could not hold exactly
+    big = [
+        {"w": torch.tensor([2.0**24], dtype=torch.float64)},
+        {"w": torch.tensor([1.0], dtype=torch.float64)},
+    ]
+    assert st.fedavg(big, weights=[1, 1])["w"].item() == (2.0**24 + 1) / 2
+
+
+def test_integer_buffers_follow_an_explicit_policy():
+    states = [client(i) for i in (1, 4, 2)]  # counters 10, 40, 20
+    assert st.fedavg(states, weights="uniform")["head.bn.num_batches_tracked"].item() == 40
+    assert (
+        st.fedavg(states, weights="uniform", int_buffers="first")[
+            "head.bn.num_batches_tracked"
+        ].item()
+        == 10
+    )
+    out = st.fedavg(states, weights="uniform")
+    assert out["head.bn.num_batches_tracked"].dtype == torch.int64
+    with pytest.raises(AggregationError, match="num_batches_tracked.*counters"):
+        st.fedavg(states, weights="uniform", int_buffers="error")
+
+
+def test_mismatched_keys_name_the_client_and_the_key():
+    a, b = client(0), client(1)
+    del b["enc.lin.bias"]
+    with pytest.raises(AggregationError, match=r"client 1 .*missing: \['enc.lin.bias'\]"):
+        st.fedavg([a, b], weights="uniform")
+    c = client(2)
+    c["extra"] = torch.zeros(1)
+    with pytest.raises(AggregationError, match=r"client 1 .*unexpected: \['extra'\]"):
+        st.fedavg([a, c], weights="uniform")
+
+
+def test_mismatched_shapes_and_dtypes_name_the_client_and_the_key():
+    a, b = client(0), client(1)
+    b["enc.lin.weight"] = torch.zeros(6, 5)
+    with pytest.raises(AggregationError, match=r"client 1, key 'enc.lin.weight': shape \(6, 5\)"):
+        st.fedavg([a, b], weights="uniform")
+    c = client(2)
+    c["enc.lin.bias"] = c["enc.lin.bias"].double()
+    with pytest.raises(
+        AggregationError, match=r"client 1, key 'enc.lin.bias': dtype torch.float64"
+    ):
+        st.fedavg([a, c], weights="uniform")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_updates_raise_or_are_skipped_and_reported(bad):
+    states = [client(i) for i in range(3)]
+    states[2]["enc.lin.bias"][0] = bad
+    with pytest.raises(AggregationError, match=r"client 2, key 'enc.lin.bias'.*NaN or inf"):
+        st.fedavg(states, weights="uniform")
+    with pytest.warns(RuntimeWarning, match=r"clients \[2\] skipped"):
+        out = st.fedavg(states, weights="uniform", nonfinite="skip")
+    assert out.skipped == (2,)
+    ref = reference(states[:2], [1, 1])
+    torch.testing.assert_close(out["enc.lin.bias"].double(), ref["enc.lin.bias"], atol=1e-6, rtol=0)
+
+
+def test_weights_are_validated():
+    states = [client(i) for i in range(2)]
+    with pytest.raises(AggregationError, match="client 1 has weight -1"):
+        st.fedavg(states, weights=[1, -1])
+    with pytest.raises(AggregationError, match="sum to 0"):
+        st.fedavg(states, weights=[0, 0])
+    with pytest.raises(AggregationError, match="client 0 is a plain state dict"):
+        st.fedavg(states)  # no num_examples on plain dicts
+    with pytest.raises(AggregationError, match="3 weights for 2 clients"):
+        st.fedavg(states, weights=[1, 2, 3])
+    with pytest.raises(AggregationError, match="empty"):
+        st.fedavg([])
+    with pytest.raises(AggregationError, match="sum to 0"):
+        st.fedavg([result(s, 0) for s in states])
+
+
+def test_errors_are_somatize_errors_and_value_errors():
+    with pytest.raises(ValueError):
+        st.fedavg([])
+    with pytest.raises(SomatizeError):
+        st.fedavg([])
+
+
+def test_the_aggregate_is_a_picklable_state_dict():
+    out = st.fedavg([client(0), client(1)], weights="uniform")
+    back = pickle.loads(pickle.dumps(out))
+    assert back.keys() == out.keys() and back.weights == out.weights
+    assert all(torch.equal(back[k], out[k]) for k in out)
+
+
+def honest_and_malicious(n_honest=7, n_bad=2):
+    honest = [client(i) for i in range(n_honest)]
+    bad = [client(100 + i, scale=1e6) for i in range(n_bad)]
+    return honest, honest + bad
+
+
+@pytest.mark.parametrize(
+    "aggregate", [st.fedmedian, lambda s: st.trimmed_mean(s, 0.25)], ids=["median", "trimmed"]
+)
+def test_robust_aggregators_resist_a_minority_of_scaled_updates(aggregate):
+    honest, everyone = honest_and_malicious()
+    honest_mean = reference(honest, [1] * len(honest))["enc.lin.weight"]
+    spread = torch.stack([h["enc.lin.weight"].double() for h in honest]).std(0).max()
+    robust = aggregate(everyone)["enc.lin.weight"].double()
+    naive = st.fedavg(everyone, weights="uniform")["enc.lin.weight"].double()
+    assert (robust - honest_mean).abs().max() < 2 * spread  # stays near the honest clients
+    assert (naive - honest_mean).abs().max() > 1e4  # while the plain mean is dragged away
+
+
+def test_fedmedian_and_trimmed_mean_against_sorted_references():
+    states = [{"w": torch.tensor([v, -v])} for v in (5.0, 1.0, 3.0, 2.0)]
+    assert st.fedmedian(states)["w"].tolist() == [2.5, -2.5]  # even count: mean of the middle two
+    assert st.fedmedian(states[:3])["w"].tolist() == [3.0, -3.0]
+    assert st.trimmed_mean(states, 0.25)["w"].tolist() == [2.5, -2.5]
+    assert st.trimmed_mean(states, 0.0)["w"].tolist() == [2.75, -2.75]
+    with pytest.raises(ValueError, match="beta"):
+        st.trimmed_mean(states, 0.5)
+
+
+def test_robust_aggregators_validate_like_fedavg():
+    a, b = client(0), client(1)
+    b["enc.lin.weight"] = torch.zeros(2)
+    with pytest.raises(AggregationError, match="client 1, key 'enc.lin.weight'"):
+        st.fedmedian([a, b])
+    c = client(2)
+    c["enc.lin.bias"][1] = float("nan")
+    with pytest.raises(AggregationError, match="client 1, key 'enc.lin.bias'"):
+        st.trimmed_mean([a, c], 0.1)
