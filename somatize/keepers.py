@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from blake3 import blake3
 
@@ -176,18 +176,19 @@ _MAGIC = b"SMZK\x01"
 _HEADER = struct.Struct(">5s32sQ")  # magic, blake3 of the payload, payload length
 
 
-def atomic_write(path: Path, data: bytes | memoryview | list[bytes | memoryview]) -> None:
-    """Write ``path`` so that a reader sees the old file or the new one, never a torn one.
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file to write that appears at ``path`` whole, or not at all.
 
-    Temp file in the same directory, fsync, ``os.replace``, then fsync of the directory
-    so the rename itself survives a crash.
+    Writes go to a temp file in the same directory; on success it is fsynced,
+    renamed over ``path`` (``os.replace``), and the directory is fsynced so the
+    rename itself survives a crash. On an exception the temp file is removed.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            for chunk in data if isinstance(data, list) else [data]:
-                f.write(chunk)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -196,6 +197,13 @@ def atomic_write(path: Path, data: bytes | memoryview | list[bytes | memoryview]
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, data: bytes | memoryview | list[bytes | memoryview]) -> None:
+    """Write ``path`` so that a reader sees the old file or the new one, never a torn one."""
+    with atomic_file(path) as f:
+        for chunk in data if isinstance(data, list) else [data]:
+            f.write(chunk)
 
 
 def fsync_dir(directory: Path) -> None:

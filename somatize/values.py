@@ -71,6 +71,54 @@ class Opaque:
         )
 
 
+_LENS = [_LEN.pack(i) for i in range(1024)]
+
+
+class _Slow(Exception):
+    """Internal: the value needs the general encoder (a codec leaf, or an error to explain)."""
+
+
+def _plain(v: Any) -> bytes:
+    """The encoding of plain data, fast: bytes are built bottom-up, no codecs, no error paths."""
+    t = type(v)
+    if t is str:
+        b = v.encode("utf-8", "surrogatepass")
+        n = len(b)
+        return b"s" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b
+    if t is int:
+        small = _INT_SMALL.get(v)
+        if small is not None:
+            return small
+        b = v.to_bytes((v + (v < 0)).bit_length() // 8 + 1, "big", signed=True)
+        return b"i" + _LEN.pack(len(b)) + b
+    if t is float:
+        return _NAN if v != v else b"f" + _FLOAT.pack(v)
+    if v is None:
+        return b"N"
+    if t is bool:
+        return b"T" if v else b"F"
+    if t is list or t is tuple:
+        n = len(v)
+        head = (b"l" if t is list else b"t") + (_LENS[n] if n < 1024 else _LEN.pack(n))
+        return head + b"".join([_plain(x) for x in v])
+    if t is dict:
+        pairs = []
+        for k, x in v.items():
+            if type(k) is not str and type(k) is not int:
+                raise _Slow
+            pairs.append((_plain(k), _plain(x)))
+        pairs.sort(key=_first)
+        n = len(pairs)
+        return b"d" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b"".join([k + x for k, x in pairs])
+    if t is bytes:
+        return b"b" + _LEN.pack(len(v)) + v
+    raise _Slow
+
+
+def _first(pair: tuple[bytes, Any]) -> bytes:
+    return pair[0]
+
+
 class _Sink(Protocol):
     def __call__(self, chunk: bytes | memoryview, /) -> object: ...
 
@@ -147,22 +195,26 @@ def _encode(value: Any, out: _Sink, codecs: Sequence[Codec]) -> None:
     elif t is dict:
         pairs = []
         for k, v in value.items():
-            if type(k) is not str and type(k) is not int:
-                r = _Reject(
+            if type(k) is str:
+                kb = k.encode("utf-8", "surrogatepass")
+                kb = b"s" + _LEN.pack(len(kb)) + kb
+            elif type(k) is int:
+                key_chunks: list[bytes | memoryview] = []
+                _encode(k, key_chunks.append, codecs)
+                kb = bytes(key_chunks[0])
+            else:
+                raise _Reject(
                     f"a dict key {k!r} of type {type(k).__name__}; "
                     "dict keys must be str or int — convert the keys, or wrap the dict in Opaque(...)"
                 )
-                raise r
-            key_chunks: list[bytes | memoryview] = []
-            _encode(k, key_chunks.append, codecs)
             val_chunks: list[bytes | memoryview] = []
             try:
                 _encode(v, val_chunks.append, codecs)
             except _Reject as r:
                 r.path.append(f"[{k!r}]")
                 raise
-            pairs.append((b"".join(key_chunks), val_chunks))
-        pairs.sort(key=lambda p: p[0])
+            pairs.append((kb, val_chunks))
+        pairs.sort(key=_first)
         out(b"d" + _LEN.pack(len(pairs)))
         for kb, vcs in pairs:
             out(kb)
@@ -209,6 +261,10 @@ def encode(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> by
         >>> encode(1) != encode(1.0) != encode(True)
         True
     """
+    try:
+        return _plain(value)
+    except _Slow:
+        pass
     out: list[bytes | memoryview] = []
     _convert(lambda: _encode(value, out.append, codecs), where)
     return b"".join(out)
@@ -223,8 +279,24 @@ def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> st
         >>> digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})
         True
     """
+    try:
+        return blake3(_plain(value)).hexdigest()
+    except _Slow:
+        pass
+    out: list[bytes | memoryview] = []
+    _convert(lambda: _encode(value, out.append, codecs), where)
     h = blake3()
-    _convert(lambda: _encode(value, h.update, codecs), where)
+    small: list[bytes | memoryview] = []
+    for chunk in out:  # one update for runs of small chunks; large buffers go in uncopied
+        if isinstance(chunk, memoryview) and chunk.nbytes > 4096:
+            if small:
+                h.update(b"".join(small))
+                small.clear()
+            h.update(chunk)
+        else:
+            small.append(chunk)
+    if small:
+        h.update(b"".join(small))
     return h.hexdigest()
 
 

@@ -11,7 +11,6 @@ instant leaves ``last`` naming a complete checkpoint.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import pickle
 import random
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from ..keepers import atomic_write
+from ..keepers import atomic_file, atomic_write
 
 __all__ = ["Checkpointing", "load_checkpoint", "rng_state", "set_rng_state"]
 
@@ -77,9 +76,8 @@ class Checkpointing:
         """Write ``payload`` as ``step-NNNNNNNNN.ckpt``, point ``last`` at it, drop old ones."""
         self.path.mkdir(parents=True, exist_ok=True)
         file = self.path / f"step-{step:09d}.ckpt"
-        buf = io.BytesIO()
-        torch.save({"format": FORMAT, **payload}, buf)
-        atomic_write(file, buf.getbuffer())
+        with atomic_file(file) as f:
+            torch.save({"format": FORMAT, **payload}, f)
         atomic_write(self.path / "last", file.name.encode())
         kept = sorted(f for f in os.listdir(self.path) if _FILE.match(f))
         for old in kept[: -self.keep]:

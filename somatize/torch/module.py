@@ -14,6 +14,7 @@ module is put in train mode, run under ``torch.no_grad()``.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -65,6 +66,12 @@ class _Holdings(nn.Module):
         return self
 
 
+@functools.cache
+def _reserved() -> frozenset[str]:
+    """Names a node id cannot take: attributes every GraphModule has."""
+    return frozenset(dir(GraphModule))
+
+
 class _Nodes(nn.Module):
     """The holdings of every node of a (sub)graph, by node id."""
 
@@ -72,7 +79,7 @@ class _Nodes(nn.Module):
         super().__init__()
         for node_id in g.nodes():
             impl = g[node_id]
-            if "." in node_id or node_id in dir(GraphModule):
+            if "." in node_id or node_id in _reserved():
                 raise StateError(
                     f"node id {node_id!r} cannot name a module attribute "
                     "(no '.', and not a name nn.Module uses); rename the node"

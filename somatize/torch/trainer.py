@@ -193,7 +193,8 @@ class Trainer:
     ) -> TrainResult:
         net = _as_module(model)
         device = ddp.device(self.options.device, world)
-        net.to(device)
+        if any(t.device != device for t in (*net.parameters(), *net.buffers())):
+            net.to(device)
         params = _trainable(net)
         wrapped = ddp.wrap(net, device) if world > 1 else net
         opt = self.optimizer(params)
@@ -500,7 +501,9 @@ def _seed_everything(seed: int) -> None:
     import random
 
     random.seed(seed)
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)  # torch.manual_seed, minus its slow wrapper
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
     with contextlib.suppress(ImportError):
         import numpy as np
 

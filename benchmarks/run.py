@@ -1,0 +1,118 @@
+"""Run every benchmark side by side and report ratios: ``make bench`` (``python benchmarks/run.py``).
+
+Writes ``benchmarks/results/latest.json`` and ``benchmarks/results/latest.md``, and
+puts the table into ``docs/benchmarks.md``. A benchmark never fails the build: a
+missed target is reported as such, and a benchmark that crashes is reported too.
+
+    python benchmarks/run.py                 # everything (a few minutes on 2 cores)
+    python benchmarks/run.py --quick         # fewer repetitions, smaller sizes
+    python benchmarks/run.py --only dispatch training
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import Row, fmt  # noqa: E402
+
+BENCHMARKS = ["dispatch", "training", "caching", "compile", "checkpoint", "level3"]
+MARK_BEGIN, MARK_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| benchmark | case | somatize | baseline | ratio | target | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        base = f"{r.baseline}: {fmt(r.baseline_value, r.unit)}" if r.baseline else ""
+        met = {True: "yes", False: "**MISSED**", None: ""}[r.met]
+        value = fmt(r.value, r.unit) + (f" ({r.spread})" if r.spread else "")
+        note = f" — {r.note}" if r.note else ""
+        ratio = fmt(r.ratio, "x") if r.ratio is not None else ""
+        lines.append(f"| {r.benchmark} | {r.case}{note} | {value} | {base} | {ratio} | {r.target} | {met} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sizes")
+    parser.add_argument("--only", nargs="*", choices=BENCHMARKS, help="run only these")
+    parser.add_argument("--no-docs", action="store_true", help="do not update docs/benchmarks.md")
+    args = parser.parse_args()
+    import torch
+
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "command": "make bench" + (" (--quick)" if args.quick else ""),
+    }
+    rows: list[Row] = []
+    failures: dict[str, str] = {}
+    for name in args.only or BENCHMARKS:
+        start = time.perf_counter()
+        print(f"== {name}", flush=True)
+        try:
+            got = importlib.import_module(f"bench_{name}").run(args.quick)
+        except Exception:  # a benchmark reports, it never fails the build
+            failures[name] = traceback.format_exc()
+            print(failures[name], file=sys.stderr)
+            continue
+        rows.extend(got)
+        print(table(got), flush=True)
+        print(f"   ({time.perf_counter() - start:.0f} s)", flush=True)
+
+    out = HERE / "results"
+    out.mkdir(exist_ok=True)
+    header = (
+        f"Measured {meta['date']} on {meta['cpu']} ({meta['cores']} cores), torch {meta['torch']}, "
+        f"Python {meta['python']}, with `{meta['command']}`. Each figure is a median of "
+        "interleaved trials after a warm-up, with its min–max; ratios are against a baseline "
+        "measured in the same run."
+    )
+    md = header + "\n\n" + table(rows) + "\n"
+    if failures:
+        md += "\nBenchmarks that crashed: " + ", ".join(sorted(failures)) + "\n"
+    (out / "latest.json").write_text(
+        json.dumps({"meta": meta, "rows": [r.as_dict() for r in rows], "failures": failures}, indent=2)
+    )
+    (out / "latest.md").write_text(md)
+    print("\n" + md)
+    docs = HERE.parent / "docs" / "benchmarks.md"
+    if not args.no_docs and not args.only and docs.exists():
+        text = docs.read_text()
+        if MARK_BEGIN in text and MARK_END in text:
+            before, rest = text.split(MARK_BEGIN, 1)
+            after = rest.split(MARK_END, 1)[1]
+            docs.write_text(f"{before}{MARK_BEGIN}\n{md}{MARK_END}{after}")
+            print(f"updated {docs.relative_to(HERE.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
