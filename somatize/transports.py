@@ -21,17 +21,17 @@ with executors and clusters you control and trust.**
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import os
 import threading
-import uuid
 from typing import TYPE_CHECKING, Protocol, TypedDict, runtime_checkable
 
 from .errors import TransportError
 from .shipping import load_code
 
 if TYPE_CHECKING:
+    import concurrent.futures as cf
+
     from .keepers import Keeper
 
 __all__ = ["ExecutorTransport", "InProcess", "Job", "Reply", "Transport", "serve"]
@@ -260,6 +260,9 @@ class ExecutorTransport:
             return reply
 
     def _submit(self, job: Job, code: bytes | None) -> Reply | None:
+        import concurrent.futures as cf
+        import uuid
+
         if code is not None:
             self.shipped += 1
         future = self.executor.submit(serve, job, code, self.keeper, uuid.uuid4().hex)
@@ -271,6 +274,8 @@ class ExecutorTransport:
         return reply
 
     def _lost(self, job: Job, failures: list[BaseException]) -> TransportError:
+        import concurrent.futures as cf
+
         e = failures[-1]
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         if isinstance(e, cf.TimeoutError):

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,32 @@ class Importable(Node):
         return Done([x * self.k, found])
 
 
+class FractionCodec:
+    """Writes fractions down, so they cross edges (and hosts) as data."""
+
+    tag = "fraction"
+
+    def accepts(self, value):
+        return type(value) is Fraction
+
+    def check(self, value):
+        pass
+
+    def chunks(self, value):
+        return (f"{value.numerator}/{value.denominator}".encode(),)
+
+    def decode(self, payload):
+        return Fraction(payload.decode())
+
+    def fingerprint(self, obj):
+        return None
+
+
+class Half(Node):
+    def forward(self, x, ctx):
+        return Done([Fraction(v, 2) if isinstance(v, int) else v / 2 for v in x])
+
+
 def where_graph() -> Graph:
     g = Graph.somatize(Inc() >> Where(10).with_id("far") >> Finish())
     return g.place("far", host="box")
@@ -102,6 +129,14 @@ def test_a_process_pool_gives_the_in_process_result_from_another_process(pool):
     for _ in range(4):  # later runs send the digest alone; a worker lacking it gets the bytes
         assert where_graph().forward(2, transports={"box": t})[0] == 31
     assert 1 <= t.shipped <= 2  # once per worker at most
+
+
+def test_codec_values_cross_hosts_with_the_codecs_shipped_alongside(pool):
+    g = Graph.somatize(Half() >> Half().with_id("far") >> Half(), codecs=[FractionCodec()])
+    local = g.forward([1, 3])
+    g.place("far", host="box")
+    assert g.forward([1, 3], transports={"box": ExecutorTransport(pool)}) == local
+    assert local == [Fraction(1, 8), Fraction(3, 8)]
 
 
 def test_a_worker_dying_mid_slice_is_a_transport_error_naming_the_slice():
@@ -246,6 +281,8 @@ def dask_client():
             processes=True,
             host="127.0.0.1",
             dashboard_address=None,
+            # the scheduler's HTTP server would take port 8787, and warn if it is taken
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
@@ -304,22 +341,22 @@ def test_code_travels_by_value_to_a_dask_worker_that_cannot_import_the_test(tmp_
         common = {"cwd": tmp_path, "env": env, "stdout": log, "stderr": subprocess.STDOUT}
         scheduler = subprocess.Popen(
             [dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-             "--scheduler-file", str(scheduler_file)],
+             "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)],
             **common,
         )  # fmt: skip
         procs.append(scheduler)
         _wait_for(scheduler_file, scheduler)
         worker = subprocess.Popen(
             [dask, "worker", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
-             "--nthreads", "1", "--no-dashboard", "--no-nanny"],
+             "--name", "box", "--nthreads", "1", "--no-dashboard", "--no-nanny",
+             "--dashboard-address", "127.0.0.1:0"],
             **common,
         )  # fmt: skip
         procs.append(worker)
         with distributed.Client(scheduler_file=str(scheduler_file), timeout=60) as client:
             client.wait_for_workers(1, timeout=60)
-            (address,) = client.scheduler_info()["workers"]
             g = Graph.somatize(Inc() >> Importable(7).with_id("far")).place("far", host="box")
-            t = ExecutorTransport(client.get_executor(workers=[address]))
+            t = ExecutorTransport(client.get_executor(workers=["box"]))  # pinned by name
             assert g.forward(1, transports={"box": t}) == [14, False]
             assert Importable(7).forward(2, None).value == [14, True]  # importable here
     finally:
