@@ -4,7 +4,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from somatize import CacheError, Done, Graph, MemoryKeeper, Node, Opaque, Recorder, Topology
+from somatize import (
+    CacheError,
+    Done,
+    Graph,
+    MemoryKeeper,
+    Node,
+    Opaque,
+    Recorder,
+    Topology,
+    decode,
+)
 from somatize.errors import CrossingError, GraphError, TransportError, ValueConversionError
 from somatize.placement import LOCAL, Placement
 from somatize.plan import Crossing, Slice, compile, distribute
@@ -287,3 +297,33 @@ def test_caching_downstream_of_an_opaque_input_is_refused_on_any_host():
     g = Graph.somatize(Inc() >> Inc(2)).cache("inc_2").place("inc_2", host="box")
     with pytest.raises(CacheError, match="'inc_2'"):
         g.forward(Opaque(1), transports={"box": InProcess()})
+
+
+def test_a_cached_subgraph_on_another_host_keys_like_one_process():
+    def make():
+        g = Graph().node("pre", Inc()).node("sub", Graph.somatize(Inc(2) >> Inc(3)))
+        return g.edge("pre", "sub").cache("sub")
+
+    one = make()
+    expected = one.run(1)
+    keeper, rec = MemoryKeeper(), Recorder()
+    g = make().place("sub", host="box")
+    g.watchers.append(rec)
+    for _ in range(2):
+        out = g.run(1, transports={"box": InProcess(keeper)})
+        assert (out.value, out.key) == (expected.value, expected.key) == (7, expected.key)
+    assert list(keeper._entries) == list(one.keeper._entries)
+    assert [e.node for e in rec.of(CacheHit)] == ["sub"]
+
+
+def test_a_local_subgraph_beside_a_remote_node():
+    g = Graph().node("sub", Graph.somatize(Inc(2) >> Inc(3))).node("far", Inc(10))
+    g.edge("sub", "far").place("far", host="box")
+    assert g.forward(1, transports={"box": InProcess()}) == 16
+
+
+def test_a_named_node_on_another_host_is_named_in_that_hosts_keeper():
+    keeper = MemoryKeeper()
+    g = Graph.somatize(Inc() >> Inc(5).with_id("far")).name("far", "result")
+    g.place("far", host="box").forward(1, transports={"box": InProcess(keeper)})
+    assert decode(keeper.lookup("result")) == 7
