@@ -19,6 +19,7 @@ from .errors import (
     MissingNodeError,
     NodeError,
     SomatizeError,
+    TransportError,
     ValueConversionError,
 )
 from .graph import Graph
@@ -28,6 +29,7 @@ from .node import Ctx, Done, Mapped, Node, Run
 from .placement import Placement
 from .plan import Plan, Step
 from .topology import Topology
+from .transports import Transport
 from .values import Opaque, decode, digest, encode
 from .watchers import JsonLines, Recorder, Watcher
 
@@ -66,6 +68,8 @@ __all__ = [
     "SomatizeError",
     "Step",
     "Topology",
+    "Transport",
+    "TransportError",
     "ValueConversionError",
     "Watcher",
     "decode",

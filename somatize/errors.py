@@ -5,6 +5,7 @@ Each leaf also subclasses the nearest built-in, so ``except TypeError`` or
 
     SomatizeError (Exception)
     ├── ValueConversionError (TypeError)     a value cannot cross an edge as data
+    │   └── CrossingError                    an Opaque value would have to cross hosts
     ├── NodeError (TypeError)                a node broke its contract (returned no Done, ...)
     ├── DeclarationError (TypeError)         a cached node's arguments cannot enter its key
     ├── GraphError (ValueError)              the graph is malformed
@@ -14,7 +15,7 @@ Each leaf also subclasses the nearest built-in, so ``except TypeError`` or
     │   └── EmptyGraphError                  a graph with no nodes was run or compiled
     ├── CacheError (ValueError)              caching asked of something that cannot be cached
     ├── KeeperError (OSError)                a keeper could not store or read an entry
-    ├── TransportError (RuntimeError)        a slice of a plan failed on another host
+    ├── TransportError (RuntimeError)        a slice could not be carried to its host or run there
     ├── CheckpointError (ValueError)         a checkpoint is missing, torn or not ours
     ├── StateError (ValueError)              a state dict does not fit the graph
     ├── AggregationError (ValueError)        client updates cannot be combined
@@ -30,6 +31,10 @@ class SomatizeError(Exception):
 
 class ValueConversionError(SomatizeError, TypeError):
     """A value cannot cross an edge as data: convert it, or wrap it in ``Opaque``."""
+
+
+class CrossingError(ValueConversionError):
+    """An ``Opaque`` value would have to move to another host; the message names the edge."""
 
 
 class NodeError(SomatizeError, TypeError):
@@ -72,7 +77,8 @@ class KeeperError(SomatizeError, OSError):
 
 
 class TransportError(SomatizeError, RuntimeError):
-    """A slice of a plan failed where a transport sent it."""
+    """A slice of a plan could not be carried to its host (no transport, code that does not
+    pickle) or its worker was lost; the message names the slice and the host."""
 
 
 class CheckpointError(SomatizeError, ValueError):

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .codecs import Codec
     from .dsl import Expr
     from .keepers import Keeper
+    from .transports import Transport
     from .watchers import Watcher
 
 __all__ = ["Graph"]
@@ -238,11 +239,14 @@ class Graph:
         step: int = 0,
         training: bool = False,
         values: Mapping[str, Any] | None = None,
+        transports: Mapping[str, Transport] | None = None,
     ) -> Any:
         """Run the graph on ``inputs`` and return its output (Opaque unwrapped).
 
         Every root node receives the input (a tuple when several are given). With
         one sink the output is its value; with several, a tuple in node order.
+        Slices placed on other hosts go to ``transports``, by host name
+        (``somatize.transports``; see docs/distributed.md).
 
         Example:
             >>> from somatize import Node, Done
@@ -251,7 +255,9 @@ class Graph:
             >>> Graph.somatize(Neg()).forward(2)
             -2
         """
-        return self.run(*inputs, step=step, training=training, values=values).value
+        return self.run(
+            *inputs, step=step, training=training, values=values, transports=transports
+        ).value
 
     def run(
         self,
@@ -260,6 +266,7 @@ class Graph:
         training: bool = False,
         values: Mapping[str, Any] | None = None,
         run_id: str | None = None,
+        transports: Mapping[str, Transport] | None = None,
     ) -> Outcome:
         """Like ``forward``, but returns the ``Outcome``: value, key and node metrics."""
         program = self.program()
@@ -273,6 +280,10 @@ class Graph:
         run = Run(run_id or self.run_id, step, training, values or {})
         if not opaque:
             check(x, self.codecs, "the graph input")
+        if self.placement.hosts and self.placement.multi_host:  # nodes on other hosts
+            from .hosts import run_across
+
+            return run_across(self, program, x, opaque, run, transports)
         if not (program.keyed or self.watchers):
             value, metrics = program.run_fast(x, run)
             return Outcome(value, False, None, metrics)

@@ -1,15 +1,19 @@
 """Rendering a graph: Mermaid for pictures, plain text for terminals and logs.
 
 Memory marks (frozen, cached, named, pinned) are shown on each node; a subgraph
-is drawn nested inside its node; with several hosts, each host is a cluster.
+is drawn nested inside its node; with several hosts, each host is a cluster and
+every value that crosses hosts is marked (``<- enc (box -> local)``, a dashed edge).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .placement import LOCAL
+
 if TYPE_CHECKING:
     from .graph import Graph
+    from .plan import Plan
 
 __all__ = ["to_mermaid", "to_text"]
 
@@ -23,6 +27,28 @@ def _kind(impl: Any) -> str:
     if isinstance(impl, Mapped):
         return f"{type(impl.inner).__qualname__}.mapped()"
     return type(impl).__qualname__
+
+
+def _crossings(plan: Plan) -> set[tuple[str | None, str]]:
+    """(slot, target host) of every value that changes host; None is the graph input."""
+    if not plan.placement.multi_host:
+        return set()
+    from .plan import distribute
+
+    return {(c.slot, c.target) for c in distribute(plan).crossings}
+
+
+def _inputs(
+    plan: Plan, node: str, inputs: tuple[str, ...], crossed: set[tuple[str | None, str]]
+) -> str:
+    host = plan.placement.host(node)
+    names = []
+    for i in inputs or (None,):
+        name = "input" if i is None else i
+        if (i, host) in crossed:
+            name += f" ({plan.placement.host(i) if i is not None else LOCAL} -> {host})"
+        names.append(name)
+    return "<- " + ", ".join(names)
 
 
 def to_text(g: Graph, indent: str = "") -> str:
@@ -39,6 +65,7 @@ def to_text(g: Graph, indent: str = "") -> str:
     from .graph import Graph
 
     plan = g.plan()
+    crossed = _crossings(plan)
     rows = []
     for s in plan.steps:
         impl = g[s.node]
@@ -50,8 +77,13 @@ def to_text(g: Graph, indent: str = "") -> str:
         if device:
             marks.append(f"on {device}")
         rows.append(
-            (s.node, _kind(impl), f"[{', '.join(marks)}]" if marks else "",
-             "<- " + (", ".join(s.inputs) or "input"), impl if isinstance(impl, Graph) else None)
+            (
+                s.node,
+                _kind(impl),
+                f"[{', '.join(marks)}]" if marks else "",
+                _inputs(plan, s.node, s.inputs, crossed),
+                impl if isinstance(impl, Graph) else None,
+            )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = []
@@ -61,6 +93,9 @@ def to_text(g: Graph, indent: str = "") -> str:
         )
         if sub is not None:
             lines.append(to_text(sub, indent + "    "))
+    for sink in plan.output:
+        if (sink, LOCAL) in crossed:
+            lines.append(f"{indent}output <- {sink} ({plan.placement.host(sink)} -> {LOCAL})")
     return "\n".join(lines)
 
 
@@ -110,14 +145,17 @@ def to_mermaid(g: Graph) -> str:
                 entry[node] = exit_[node] = mid
             if clustered:
                 lines.append(f"{pad}end")
+        host_of = plan.placement.host
         for s in plan.steps:
             for i in s.inputs:
-                lines.append(f"{pad}{exit_[i]} --> {entry[s.node]}")
+                arrow = "-.->|crosses|" if host_of(i) != host_of(s.node) else "-->"
+                lines.append(f"{pad}{exit_[i]} {arrow} {entry[s.node]}")
         return entry, exit_
 
     entry, _ = emit(g, "  ", "")
     for root in g.topology.roots:
-        lines.append(f"  input --> {entry[root]}")
+        arrow = "-.->|crosses|" if g.placement.host(root) != LOCAL else "-->"
+        lines.append(f"  input {arrow} {entry[root]}")
     if classes:
         lines.append("  classDef frozen stroke-dasharray: 5 5")
         lines.append(f"  class {','.join(classes)} frozen")

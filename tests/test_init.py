@@ -33,6 +33,8 @@ def test_public_surface_is_sorted_and_exact():
         "SomatizeError",
         "Step",
         "Topology",
+        "Transport",
+        "TransportError",
         "ValueConversionError",
         "Watcher",
         "decode",

@@ -1,0 +1,300 @@
+"""Running a graph whose nodes are placed on several hosts.
+
+The caller walks the distributed plan: slices on ``LOCAL`` run here, with live values;
+every other slice goes to the transport of its host as a ``Job`` of plain values.
+Values between slices pass through the caller — encoded once, never pickled — so a
+worker keeps nothing between slices and any worker of an executor can take any slice.
+An ``Opaque`` value that would leave its process raises ``CrossingError`` naming the
+edge and the hosts.
+
+This path is taken only when the placement names another host; a graph on one host
+runs by ``Program.run_fast`` / ``run_keyed`` untouched.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from blake3 import blake3
+
+from .errors import CrossingError, TransportError
+from .execute import Outcome
+from .identity import state
+from .keepers import MemoryKeeper
+from .node import Mapped, Node, Run
+from .placement import LOCAL
+from .plan import DistributedPlan, distribute
+from .shipping import pack_code
+from .slices import Env, Values, replay, run_steps
+from .topology import Topology
+from .values import decode, digest, encode
+from .watchers import RunEnd, RunStart, notify
+
+if TYPE_CHECKING:
+    from .execute import Program
+    from .graph import Graph
+    from .memory import NodeKeys
+    from .slices import Forward
+    from .transports import Job, Transport
+
+__all__ = ["run_across"]
+
+
+@dataclass
+class _Prepared:
+    """What a program's distributed runs share; built once per program."""
+
+    dplan: DistributedPlan
+    steps: list[list[tuple[str, tuple[str, ...]]]]
+    jobs: list[dict[str, Any]]  # the fixed fields of each slice's Job
+    readers: dict[str, list[tuple[str | None, str]]]  # node -> (reader or None for output, host)
+    code: dict[int, tuple[tuple[str, ...] | None, str, bytes]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_prepared: weakref.WeakKeyDictionary[Program, _Prepared] = weakref.WeakKeyDictionary()
+
+
+def _prepare(program: Program) -> _Prepared:
+    prep = _prepared.get(program)
+    if prep is not None:
+        return prep
+    plan, memory = program.plan, program.memory
+    dplan = distribute(plan)
+    slices = dplan.slices
+    home = {s.node: sl.host for sl in slices for s in sl.steps}
+    readers: dict[str, list[tuple[str | None, str]]] = {}
+    for s in plan.steps:
+        for i in s.inputs:
+            readers.setdefault(i, []).append((s.node, home[s.node]))
+    for o in plan.output:
+        readers.setdefault(o, []).append((None, LOCAL))
+    steps, jobs = [], []
+    for index, sl in enumerate(slices):
+        steps.append([(s.node, s.inputs) for s in sl.steps])
+        nodes = sl.nodes
+        outside = tuple(i for i in sl.inputs if i is not None)
+        topology = Topology(
+            outside + nodes,
+            tuple(e for e in plan.topology.edges if e[1] in nodes),
+            {n: t for n, t in plan.topology.subgraphs.items() if n in nodes},
+        )
+        jobs.append(
+            {
+                "name": f"slice {index + 1} on host {sl.host!r} ({', '.join(nodes)})",
+                "host": sl.host,
+                "topology": topology.to_json(),
+                "nodes": list(nodes),
+                "outputs": list(sl.outputs),
+                "cached": [n for n in nodes if n in memory.cached],
+                "named": {n: memory.named[n] for n in nodes if n in memory.named},
+                "pinned": [n for n in nodes if n in memory.pinned],
+                "devices": {n: d for n in nodes if (d := plan.placement.device(n)) is not None},
+            }
+        )
+    prep = _prepared[program] = _Prepared(dplan, steps, jobs, readers)
+    return prep
+
+
+def _keys(program: Program, node_keys: NodeKeys, x_key: str | None) -> dict[str, str | None]:
+    """The key of every node that needs one, computed here so it is the same on every host."""
+    keys: dict[str, str | None] = {}
+    if not program.keyed:
+        return keys
+    need = program._needs_key
+    for s in program.plan.steps:
+        if s.node in need:
+            preds = [keys.get(i) for i in s.inputs] if s.inputs else [x_key]
+            known = [p for p in preds if p is not None]
+            # no key downstream of an Opaque graph input (a remembered node then refuses)
+            ok = len(known) == len(preds)
+            keys[s.node] = node_keys.of(program.catalog[s.node], known) if ok else None
+    return keys
+
+
+def _code(prep: _Prepared, index: int, program: Program, name: str) -> tuple[str, bytes]:
+    """The code bytes of a slice and their digest, pickled again only when a node changed."""
+    impls = [program.catalog[n] for n in prep.jobs[index]["nodes"]]
+    codecs = program.codecs
+    # A node's state (as its key sees it) tells whether it changed; subgraphs always re-pickle.
+    token = (
+        tuple(state(i, codecs) for i in impls) if all(isinstance(i, Node) for i in impls) else None
+    )
+    with prep.lock:
+        known = prep.code.get(index)
+        if known is not None and token is not None and known[0] == token:
+            return known[1], known[2]
+    data = pack_code(dict(zip(prep.jobs[index]["nodes"], impls, strict=True)), codecs, name)
+    code_digest = blake3(data).hexdigest()
+    with prep.lock:
+        prep.code[index] = (token, code_digest, data)
+    return code_digest, data
+
+
+def _crossing(
+    slot: str | None, source: str, readers: Sequence[tuple[str | None, str]]
+) -> CrossingError:
+    """The error for an Opaque value that would leave its process; names edge and hosts."""
+    reader, target = readers[0]
+    what = "the graph input" if slot is None else f"the output of node {slot!r}"
+    fix = "pass data (a detached tensor)" if slot is None else f"return data from {slot!r}"
+    if reader is None:
+        return CrossingError(
+            f"{what} is Opaque and cannot cross from host {source!r} to host {target!r} as the "
+            f"graph's output: an Opaque value exists only in the process that made it — {fix}"
+        )
+    edge = f"{'input' if slot is None else repr(slot)} -> {reader!r}"
+    if source == target:
+        return CrossingError(
+            f"{what} on host {source!r} is Opaque, but node {reader!r} reads it in a later slice "
+            f"on that host (edge {edge}); values leave a slice encoded — {fix}, or place the "
+            f"nodes that run between them on {source!r} so one slice holds both"
+        )
+    return CrossingError(
+        f"{what} is Opaque and cannot cross from host {source!r} to host {target!r} (edge "
+        f"{edge}): an Opaque value exists only in the process that made it — {fix}, or place "
+        f"{reader!r} on host {source!r}"
+    )
+
+
+def run_across(
+    graph: Graph,
+    program: Program,
+    x: Any,
+    x_opaque: bool,
+    run: Run,
+    transports: Mapping[str, Transport] | None,
+) -> Outcome:
+    """Run a program whose placement names other hosts; slices go to ``transports``.
+
+    Raises:
+        TransportError: a host has no transport (the message names it and the fix), or a
+            slice could not be carried or its worker was lost.
+        CrossingError: an Opaque value would have to change host.
+    """
+    prep = _prepare(program)
+    transports = transports or {}
+    for host in prep.dplan.hosts:
+        if host != LOCAL and host not in transports:
+            nodes = [n for sl in prep.dplan.slices if sl.host == host for n in sl.nodes]
+            raise TransportError(
+                f"node(s) {', '.join(map(repr, nodes))} are placed on host {host!r}, but no "
+                f"transport was given for it; pass one: g.forward(x, transports={{{host!r}: "
+                "ExecutorTransport(executor)}) — or transports.InProcess() to try it here"
+            )
+    keeper = graph.keeper
+    if keeper is None and program.keyed:
+        keeper = graph.keeper = MemoryKeeper()
+    codecs = program.codecs
+    x_key = None if x_opaque or not program.keyed else digest(x, codecs, "the graph input")
+    keys = _keys(program, graph.keys, x_key)
+    watchers = graph.watchers
+    notify(watchers, RunStart(run.id, len(program.plan)))
+    start = time.perf_counter()
+    wire: dict[str, bytes] = {}
+    values = Values(wire, codecs)
+    opaque: set[str] = set()
+    metrics: dict[str, Any] = {}
+    forwards = {n: f for n, f, *_ in program.fast}
+
+    def forward(node: str, impl: Any) -> Forward:  # the runtime's wrap applies here
+        return forwards[node] if impl is program.catalog[node] else program._forward(node, impl)
+
+    env = Env(
+        host=LOCAL,
+        impls=program.catalog,
+        forward=forward,
+        subprogram=program.subprograms.get,
+        parts=lambda node: graph.keys.parts(program.catalog[node]),
+        memory=program.memory,
+        codecs=codecs,
+        devices=program.plan.placement.devices,
+        keeper=keeper,
+        node_keys=graph.keys,
+        watchers=watchers,
+        run=run,
+    )
+    x_data: bytes | None = None  # the graph input, encoded once if a remote slice reads it
+    for index, sl in enumerate(prep.dplan.slices):
+        if sl.host == LOCAL:
+            run_steps(env, prep.steps[index], x, x_opaque, x_key, values, opaque, keys, metrics)
+            continue
+        inputs = {}
+        for slot in sl.inputs:
+            if slot is None:
+                if x_opaque:
+                    readers = [(s.node, sl.host) for s in sl.steps if not s.inputs]
+                    raise _crossing(None, LOCAL, readers)
+                if x_data is None:
+                    x_data = encode(x, codecs, "the graph input")
+                continue
+            if slot in opaque:
+                readers = [(r, h) for r, h in prep.readers[slot] if r in sl.nodes]
+                raise _crossing(slot, LOCAL, readers)
+            if slot not in wire:
+                wire[slot] = encode(values[slot], codecs, f"the output of node {slot!r}")
+            inputs[slot] = wire[slot]
+        x_in = x_data if None in sl.inputs else None
+        job = _job(prep, index, program, graph, inputs, x_in, x_key, keys, run)
+        job["code"], code = _code(prep, index, program, job["name"])
+        reply = transports[sl.host].run(job, code)
+        if reply["opaque"]:
+            slot = reply["opaque"][0]
+            later = [(r, h) for r, h in prep.readers[slot] if r is None or r not in sl.nodes]
+            raise _crossing(slot, sl.host, later)
+        wire.update(reply["outputs"])
+        metrics.update(decode(reply["metrics"], codecs))
+        if watchers:
+            replay(reply["events"], codecs, run.id, watchers)
+    out = program.output
+    notify(watchers, RunEnd(run.id, time.perf_counter() - start))
+    if len(out) == 1:
+        return Outcome(values[out[0]], out[0] in opaque, keys.get(out[0]), metrics)
+    ks = [keys.get(o) for o in out]
+    key = None if any(k is None for k in ks) else digest(tuple(ks))
+    return Outcome(tuple(values[o] for o in out), any(o in opaque for o in out), key, metrics)
+
+
+def _job(
+    prep: _Prepared,
+    index: int,
+    program: Program,
+    graph: Graph,
+    inputs: dict[str, bytes],
+    x_data: bytes | None,
+    x_key: str | None,
+    keys: Mapping[str, str | None],
+    run: Run,
+) -> Job:
+    """The Job of a remote slice: its fixed fields, and this run's values and keys."""
+    fixed = prep.jobs[index]
+    catalog, memory = program.catalog, program.memory
+    nodes: list[str] = fixed["nodes"]
+    injected = None
+    if run.values:
+        where = f"the injected values (values=...) sent to host {fixed['host']!r}"
+        injected = encode(dict(run.values), program.codecs, where)
+    job: Job = {
+        **fixed,  # type: ignore[typeddict-item]
+        "inputs": inputs,
+        "input": x_data,
+        "input_key": x_key,
+        "keys": {n: k for n in [*nodes, *inputs] if (k := keys.get(n)) is not None},
+        "parts": {
+            n: list(graph.keys.parts(catalog[n]))
+            for n in nodes
+            if n in memory.cached and isinstance(catalog[n], Mapped)
+        },
+        "run_id": run.id,
+        "step": run.step,
+        "training": run.training,
+        "values": injected,
+        "watched": bool(graph.watchers),
+        "code": "",
+    }
+    return job

@@ -1,0 +1,133 @@
+"""Shipping code: a slice's node implementations as explicit cloudpickle bytes.
+
+Classes and functions from the user's own modules (not the standard library,
+site-packages or somatize) are pickled *by value*, so a worker needs only somatize
+and the libraries the nodes use — not the user's code. A worker unpickles a given
+set of bytes once and keeps it by digest. Nothing but these code bytes, sent by the
+user's own caller to their own executor, is ever unpickled: values cross as codec
+bytes. **Unpickling runs code: ship only to executors you control.**
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from blake3 import blake3
+
+from .errors import TransportError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from .codecs import Codec
+
+__all__ = ["Bundle", "load_code", "pack_code"]
+
+
+class Bundle(NamedTuple):
+    """The code of a slice once loaded on a worker: node implementations and codecs."""
+
+    impls: dict[str, Any]
+    codecs: tuple[Codec, ...]
+
+
+_pack_lock = threading.Lock()
+_user: dict[str, bool] = {}
+
+
+def _user_modules() -> list[ModuleType]:
+    """Imported modules of the user's own code (not stdlib, site-packages or somatize)."""
+    from .identity import _is_user_module
+
+    found = []
+    for name, module in list(sys.modules.items()):
+        if name == "__main__" or module is None:
+            continue  # __main__ is always pickled by value
+        mine = _user.get(name)
+        if mine is None:
+            mine = _user[name] = _is_user_module(module)
+        if mine:
+            found.append(module)
+    return found
+
+
+def pack_code(impls: Mapping[str, Any], codecs: Sequence[Codec], name: str) -> bytes:
+    """Cloudpickle bytes of a slice's nodes and codecs, the user's own classes by value.
+
+    Raises:
+        TransportError: a node cannot be pickled; the message names it.
+
+    Example:
+        >>> load_code(blake3(b := pack_code({}, (), "s")).hexdigest(), b, "s")
+        Bundle(impls={}, codecs=())
+    """
+    import cloudpickle  # type: ignore[import-untyped]
+
+    with _pack_lock:
+        registered = cloudpickle.list_registry_pickle_by_value()
+        added = [m for m in _user_modules() if m.__name__ not in registered]
+        for m in added:
+            cloudpickle.register_pickle_by_value(m)
+        try:
+            data: bytes = cloudpickle.dumps((dict(impls), tuple(codecs)), pickle.HIGHEST_PROTOCOL)
+            return data
+        except Exception as e:
+            culprit = "its codecs"
+            for node, impl in impls.items():
+                try:
+                    cloudpickle.dumps(impl)
+                except Exception:
+                    culprit = f"node {node!r} ({type(impl).__qualname__})"
+                    break
+            raise TransportError(
+                f"{name}: {culprit} cannot be pickled to send it to its host "
+                f"({type(e).__name__}: {e}); a node that runs on another host must pickle — "
+                "hold no open files, locks or connections (make them in forward), or place it "
+                "on 'local'"
+            ) from e
+        finally:
+            for m in added:
+                cloudpickle.unregister_pickle_by_value(m)
+
+
+_bundles: OrderedDict[str, Bundle] = OrderedDict()
+_bundles_lock = threading.Lock()
+_MAX_BUNDLES = 32
+
+
+def load_code(digest: str, code: bytes | None, name: str) -> Bundle | None:
+    """The code of a slice on this worker: cached by digest, else unpickled from ``code``.
+
+    Returns None when the digest is unknown here and ``code`` was not sent. Only code
+    bytes shipped by the user's own caller are ever unpickled.
+
+    Raises:
+        TransportError: the bytes are damaged or name a module this worker lacks.
+    """
+    with _bundles_lock:
+        bundle = _bundles.get(digest)
+        if bundle is not None:
+            _bundles.move_to_end(digest)
+            return bundle
+    if code is None:
+        return None
+    if blake3(code).hexdigest() != digest:
+        raise TransportError(f"{name}: the code arrived damaged (its digest does not match)")
+    try:
+        impls, codecs = pickle.loads(code)  # code bytes the user sent to their own executor
+    except Exception as e:
+        raise TransportError(
+            f"{name}: the worker could not load the nodes ({type(e).__name__}: {e}); classes "
+            "from installed packages travel by reference — install that package on the workers"
+        ) from e
+    bundle = Bundle(impls, tuple(codecs))
+    with _bundles_lock:
+        _bundles[digest] = bundle
+        while len(_bundles) > _MAX_BUNDLES:
+            _bundles.popitem(last=False)
+    return bundle
