@@ -158,8 +158,9 @@ class Program:
             need_key: the caller needs the output's key, so every node is keyed.
         """
         values: dict[str, Any] = {}
-        vkeys: dict[str, str | None] = {}
+        vkeys: dict[str, str | None] = {}  # recipe keys; they run through Opaque values too
         opaque: set[str] = set()  # nodes whose output is Opaque
+        keyless: dict[str, str] = {}  # node -> where the Opaque graph input reached it from
         metrics: dict[str, Any] = {}
         memory = self.memory
         needs_key = frozenset(self.plan.topology.nodes) if need_key else self._needs_key
@@ -168,11 +169,16 @@ class Program:
             if not inputs:
                 inp, in_keys = x, [x_key]
                 source = _INPUT if x_opaque else None
+                if x_key is None and x_opaque:
+                    keyless[node] = _INPUT
             else:
                 got = [values[i] for i in inputs]
                 inp = got[0] if len(inputs) == 1 else tuple(got)
                 in_keys = [vkeys[i] for i in inputs]
                 source = next((f"node {prefix + i!r}" for i in inputs if i in opaque), None)
+                origin = next((keyless[i] for i in inputs if i in keyless), None)
+                if origin is not None:
+                    keyless[node] = origin
             impl = self.catalog[node]
             remembered = memory.remembers(node)
             if remembered and source is not None:
@@ -181,9 +187,15 @@ class Program:
                     f"Opaque values cannot enter a key — return data (a detached tensor) from "
                     f"{source}, or stop caching {label!r}"
                 )
+            if remembered and node in keyless:
+                raise CacheError(
+                    f"node {label!r} is cached but has no key: upstream, {keyless[node]} is Opaque, "
+                    "and keys start from the content of the graph input — pass data (a detached "
+                    f"tensor) as the input, or stop caching {label!r}"
+                )
             node_key = None
-            if node in needs_key and source is None:
-                node_key = keys.of(impl, [k for k in in_keys if k is not None])
+            if node in needs_key and node not in keyless:
+                node_key = keys.of(impl, in_keys)
             if node_key is not None and node in memory.cached:
                 hit = keeper.get(node_key) if keeper is not None else None
                 if hit is not None:
@@ -200,7 +212,7 @@ class Program:
             try:
                 if sub is not None:
                     sub_key = None
-                    if source is None and node_key is not None:
+                    if node_key is not None:
                         sub_key = in_keys[0] if len(in_keys) == 1 else digest(tuple(in_keys))
                     o = sub.run_keyed(
                         inp, source is not None, sub_key, run, keys, keeper, watchers,
@@ -232,7 +244,6 @@ class Program:
                         f"are never stored — return data (a detached tensor) or stop caching {label!r}"
                     )
                 opaque.add(node)
-                node_key = None
             elif remembered and node_key is not None and keeper is not None:
                 if not (isinstance(impl, Mapped) and node in memory.cached):
                     data = encode(value, self.codecs, _where(label))
