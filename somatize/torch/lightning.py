@@ -145,7 +145,11 @@ class LightningGraph(L.LightningModule):
         self._sums: dict[str, list[float]] = {}  # evaluation prefix → weighted sums, examples last
         self._started = 0.0
         params = parameters(g)
-        opt = optimizer(params) if params else None  # a probe, for its class name and lr only
+        opt = optimizer(params) if params else None  # probes, for class names and lr only
+        lr = float(opt.param_groups[0]["lr"]) if opt is not None else None
+        sched = scheduler(opt) if scheduler is not None and opt is not None else None
+        if isinstance(sched, Mapping):
+            sched = sched.get("scheduler")
         self.save_hyperparameters(
             {
                 "topology": g.topology.to_json(),
@@ -153,8 +157,8 @@ class LightningGraph(L.LightningModule):
                 "cached": sorted(g.memory.cached),
                 "loss_name": _name(loss),
                 "optimizer_name": type(opt).__qualname__ if opt is not None else None,
-                "lr": float(opt.param_groups[0]["lr"]) if opt is not None else None,
-                "scheduler_name": _name(scheduler),
+                "lr": lr,
+                "scheduler_name": type(sched).__qualname__ if sched is not None else None,
                 "metric_names": sorted(self._metrics),
             }
         )

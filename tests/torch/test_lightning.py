@@ -174,6 +174,9 @@ def test_lightning_graph_is_a_lightning_module_holding_the_graph_weights():
     assert lg.hparams["loss_name"] == "cross_entropy"
     assert (lg.hparams["optimizer_name"], lg.hparams["lr"]) == ("SGD", SGD)
     assert lg.hparams["metric_names"] == ["acc"]
+    assert lg.hparams["scheduler_name"] is None
+    scheduled = _lg(g, scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1))
+    assert scheduled.hparams["scheduler_name"] == "StepLR"
     with pytest.raises(TypeError, match="factory over parameters"):
         LightningGraph(
             g, loss=None, optimizer=torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1)
