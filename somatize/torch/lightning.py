@@ -8,14 +8,16 @@ watchers (``TensorBoard``, ``Progress``, ``JsonLines``...) what Lightning is doi
 Needs the ``lightning`` extra (``pip install 'somatize[lightning]'``); importing
 ``somatize`` or ``somatize.torch`` never imports lightning.
 
-Example:
-    >>> import lightning as L
-    >>> from somatize.torch.lightning import LightningGraph, result
-    >>> lg = LightningGraph(g, loss=nn.functional.cross_entropy,
-    ...                     optimizer=lambda ps: torch.optim.Adam(ps, 1e-3))  # doctest: +SKIP
-    >>> trainer = L.Trainer(max_epochs=10, callbacks=[ModelCheckpoint(monitor="val_loss")])
-    >>> trainer.fit(lg, train_loader, val_loader)  # doctest: +SKIP
-    >>> r = result(trainer, lg)  # doctest: +SKIP
+Example::
+
+    import lightning as L
+    from somatize.torch.lightning import LightningGraph, result
+
+    lg = LightningGraph(g, loss=nn.functional.cross_entropy,
+                        optimizer=lambda ps: torch.optim.Adam(ps, 1e-3))
+    trainer = L.Trainer(max_epochs=10, callbacks=[ModelCheckpoint(monitor="val_loss")])
+    trainer.fit(lg, train_loader, val_loader)
+    r = result(trainer, lg)                    # a TrainResult: feeds fedavg / summarize
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ Loss = Callable[..., torch.Tensor]
 
 
 def _name(obj: Any) -> str | None:
-    """A readable name of a loss, optimizer or scheduler factory (for the hyper-parameters)."""
+    """A readable name of a loss function (for the hyper-parameters)."""
     if obj is None:
         return None
     if isinstance(obj, functools.partial):

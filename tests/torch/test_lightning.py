@@ -459,6 +459,7 @@ def test_result_feeds_fedavg(tmp_path):
         assert r.metrics == lg.history and r.best == min(m["val_loss"] for m in r.metrics)
         assert not r.pruned and r.checkpoint is None and r.seconds > 0
         _assert_same_state(r.state, st.state(g), rtol=0, atol=0)
+        assert r.metric("val_acc") == lg.history[-1]["val_acc"]  # what summarize reads
         results.append(r)
     average = getattr(st, "fedavg", _weighted_average)(results)
     a, b = results[0].state, results[1].state
