@@ -502,3 +502,21 @@ def test_somatize_trainer_and_lightning_end_with_equal_weights(tmp_path):
     assert r.losses == pytest.approx(ref.losses, rel=1e-6)
     _assert_same_state(r.state, ref.state)
     assert not torch.equal(r.state["out.lin.weight"], start["out.lin.weight"])
+
+
+@pytest.mark.slow
+def test_the_recipe_runs(tmp_path):
+    pytest.importorskip("sklearn")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    recipe = ROOT / "recipes" / "lightning_callbacks.py"
+    done = subprocess.run(
+        [sys.executable, str(recipe), "--epochs", "2", "--out", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    best = next(line for line in done.stdout.splitlines() if line.startswith("best val_acc"))
+    assert 0.5 < float(best.split()[-1]) <= 1.0  # digits: well above chance (0.1) after 2 epochs
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
