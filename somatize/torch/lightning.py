@@ -1,0 +1,462 @@
+"""Lightning: a graph trained by ``lightning.Trainer``, every callback and logger working.
+
+``LightningGraph`` is a real ``LightningModule`` over ``module(g)``; ``result(trainer, lg)``
+turns a finished Lightning run into a ``TrainResult`` (so it feeds ``fedavg`` and
+``summarize``); ``Watch(watchers)`` is a Lightning ``Callback`` that tells somatize
+watchers (``TensorBoard``, ``Progress``, ``JsonLines``...) what Lightning is doing.
+
+Needs the ``lightning`` extra (``pip install 'somatize[lightning]'``); importing
+``somatize`` or ``somatize.torch`` never imports lightning.
+
+Example::
+
+    import lightning as L
+    from somatize.torch.lightning import LightningGraph, result
+
+    lg = LightningGraph(g, loss=nn.functional.cross_entropy,
+                        optimizer=lambda ps: torch.optim.Adam(ps, 1e-3))
+    trainer = L.Trainer(max_epochs=10, callbacks=[ModelCheckpoint(monitor="val_loss")])
+    trainer.fit(lg, train_loader, val_loader)
+    r = result(trainer, lg)                    # a TrainResult: feeds fedavg / summarize
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, require
+from ..graph import Graph
+from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
+from .batches import num_examples, split
+from .module import GraphModule, module, parameters
+from .result import TrainResult
+
+try:
+    import lightning as L
+except ImportError:
+    require("lightning", "lightning")  # raises MissingExtraError naming the extra
+    raise
+
+__all__ = ["LightningGraph", "Watch", "result"]
+
+Loss = Callable[..., torch.Tensor]
+
+
+def _name(obj: Any) -> str | None:
+    """A readable name of a loss function (for the hyper-parameters)."""
+    if obj is None:
+        return None
+    if isinstance(obj, functools.partial):
+        return _name(obj.func)
+    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return str(name)
+
+
+def _scalar(value: Any, where: str) -> torch.Tensor | float:
+    """A metric as ``self.log`` takes it: a detached one-element tensor or a float."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.detach().reshape(())
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
+    raise TypeError(
+        f"{where} is a {type(value).__name__}{shape}; Lightning logs scalars only — "
+        "report a float or a one-element tensor in Done(..., metrics=...)"
+    )
+
+
+class LightningGraph(L.LightningModule):
+    """A ``LightningModule`` over a graph: train it with ``lightning.Trainer``.
+
+    The graph's module (``module(g)``) is registered as the submodule ``net``, so
+    Lightning's checkpoints hold its weights (under ``net.<node>...``), ``.to()`` and
+    precision plugins reach it, frozen nodes stay frozen (no gradients, eval mode even
+    after ``.train()``) and cached nodes keep caching.
+
+    Batches are ``(x, y)`` or a dict with ``"x"`` (and ``"y"``), as for the somatize
+    Trainer. Logged with ``self.log`` (so ``ModelCheckpoint(monitor=...)``,
+    ``EarlyStopping(monitor=...)`` and every logger see them):
+
+    * ``train_loss`` every step; ``<node>/<name>`` for each metric a node returns in
+      ``Done(..., metrics=...)`` during training;
+    * ``val_loss``, ``val_<metric>`` and ``val_<node>/<name>`` per validation epoch
+      (averaged over examples); the same with ``test_`` under ``trainer.test``.
+
+    Args:
+        g: the graph.
+        loss: ``loss(output, target) -> scalar``; None when the graph's output is the loss.
+        optimizer: a factory ``params -> torch.optim.Optimizer`` (given ``parameters(g)``:
+            trainable, deduplicated, frozen nodes excluded).
+        scheduler: a factory ``optimizer -> LR scheduler``, stepped every optimizer step
+            like the somatize Trainer's default; or returning Lightning's
+            ``lr_scheduler`` dict (``{"scheduler": s, "interval": "epoch", ...}``).
+        metrics: name → ``fn(output, target)`` evaluated on validation and test data.
+
+    Attributes:
+        graph: the graph; ``net``: ``module(g)``.
+        losses: the training loss of every step (checkpointed: a resumed run keeps it).
+        history: one dict per validation, ``{"step", "epoch", "val_loss", "val_<metric>"...}``.
+        seconds: wall-clock time of the last ``fit``.
+
+    Example:
+        >>> lg = LightningGraph(g, loss=nn.functional.cross_entropy,
+        ...                     optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        ...                     metrics={"acc": st.accuracy})  # doctest: +SKIP
+        >>> L.Trainer(max_epochs=3).fit(lg, train_loader, val_loader)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        g: Graph,
+        *,
+        loss: Loss | None,
+        optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+        metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(g, Graph):
+            raise TypeError(f"LightningGraph takes a somatize Graph, got {type(g).__qualname__}")
+        if not callable(optimizer):
+            raise TypeError(
+                "optimizer must be a factory over parameters, e.g. "
+                "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
+            )
+        if scheduler is not None and not callable(scheduler):
+            raise TypeError(
+                "scheduler must be a factory over the optimizer, e.g. "
+                "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
+            )
+        self.graph = g
+        self.net: GraphModule = module(g)
+        self._loss, self._optimizer, self._scheduler = loss, optimizer, scheduler
+        self._metrics = dict(metrics or {})
+        self.history: list[dict[str, float]] = []
+        self.seconds = 0.0
+        self._losses: list[float] = []
+        self._pending: list[torch.Tensor] = []  # step losses not yet read back from the device
+        self._examples: dict[int, int] = {}  # epoch → training examples seen in it
+        self._sums: dict[str, list[float]] = {}  # evaluation prefix → weighted sums, examples last
+        self._started = 0.0
+        params = parameters(g)
+        opt = optimizer(params) if params else None  # probes, for class names and lr only
+        lr = float(opt.param_groups[0]["lr"]) if opt is not None else None
+        sched = scheduler(opt) if scheduler is not None and opt is not None else None
+        if isinstance(sched, Mapping):
+            sched = sched.get("scheduler")
+        self.save_hyperparameters(
+            {
+                "topology": g.topology.to_json(),
+                "frozen": sorted(g.memory.frozen),
+                "cached": sorted(g.memory.cached),
+                "loss_name": _name(loss),
+                "optimizer_name": type(opt).__qualname__ if opt is not None else None,
+                "lr": lr,
+                "scheduler_name": type(sched).__qualname__ if sched is not None else None,
+                "metric_names": sorted(self._metrics),
+            }
+        )
+
+    # -- the steps ------------------------------------------------------------------------
+
+    def forward(self, x: Any) -> Any:
+        return self.net(x)
+
+    def _loss_of(self, output: Any, target: Any) -> torch.Tensor:
+        if self._loss is None:
+            loss = output
+        elif target is None:
+            loss = self._loss(output)
+        else:
+            loss = self._loss(output, target)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            shape = f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else ""
+            raise TypeError(
+                f"the loss must be a scalar tensor, got {type(loss).__name__}{shape}; "
+                "pass loss=fn(output, target) returning a mean, or make the graph output the loss"
+            )
+        return loss
+
+    def _log_nodes(self, prefix: str, **how: Any) -> None:
+        for node, values in self.net.metrics.items():
+            for name, value in values.items():
+                where = f"node {node!r} metric {name!r}"
+                self.log(f"{prefix}{node}/{name}", _scalar(value, where), **how)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = split(batch)
+        n = num_examples(x)
+        self.net.step = self.global_step
+        loss = self._loss_of(self.net(x), y)
+        self.log(
+            "train_loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=n
+        )
+        self._log_nodes("", on_step=True, on_epoch=False, batch_size=n)
+        self._pending.append(loss.detach())
+        epoch = self.current_epoch
+        self._examples[epoch] = self._examples.get(epoch, 0) + n
+        return loss
+
+    def _evaluate_step(self, batch: Any, prefix: str) -> None:
+        x, y = split(batch)
+        n = num_examples(x)
+        out = self.net(x)
+        values: dict[str, Any] = {"loss": self._loss_of(out, y)} if self._loss is not None else {}
+        values.update({name: fn(out, y) for name, fn in self._metrics.items()})
+        sums = self._sums.setdefault(prefix, [0.0] * (len(values) + 1))
+        how = {"on_step": False, "on_epoch": True, "batch_size": n, "sync_dist": True}
+        for j, (name, value) in enumerate(values.items()):
+            v = _scalar(value, f"metric {name!r}")
+            self.log(f"{prefix}{name}", v, prog_bar=name == "loss", **how)
+            sums[j] += float(v) * n
+        sums[-1] += n
+        self._log_nodes(prefix, **how)
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate_step(batch, "val_")
+
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate_step(batch, "test_")
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return self.net(split(batch)[0])
+
+    def configure_optimizers(self) -> Any:
+        params = parameters(self.graph)
+        if not params:
+            raise ValueError(
+                "nothing to train: every node is frozen or holds no parameters "
+                "(unfreeze a node with g.freeze(id, False), or give a node an nn.Module)"
+            )
+        opt = self._optimizer(params)
+        if self._scheduler is None:
+            return opt
+        sched = self._scheduler(opt)
+        config = (
+            dict(sched) if isinstance(sched, Mapping) else {"scheduler": sched, "interval": "step"}
+        )
+        return {"optimizer": opt, "lr_scheduler": config}
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    @property
+    def losses(self) -> list[float]:
+        if self._pending:
+            self._losses.extend(torch.stack(self._pending).float().cpu().tolist())
+            self._pending.clear()
+        return self._losses
+
+    @property
+    def num_examples(self) -> int:
+        """Training examples in one epoch (the most seen in any epoch; a run shorter
+        than one epoch counts what it saw)."""
+        return max(self._examples.values(), default=0)
+
+    def on_fit_start(self) -> None:
+        self._started = time.perf_counter()
+
+    def on_fit_end(self) -> None:
+        self.seconds = time.perf_counter() - self._started
+        _ = self.losses  # flush
+
+    def on_validation_epoch_start(self) -> None:
+        self._sums.pop("val_", None)
+
+    def on_validation_epoch_end(self) -> None:
+        sums = self._sums.pop("val_", None)
+        if self.trainer.sanity_checking or not sums:
+            return
+        total = torch.tensor(sums, dtype=torch.float64)
+        if self.trainer.world_size > 1:
+            total = self.trainer.strategy.reduce(total.to(self.device), reduce_op="sum").cpu()
+        names = (["loss"] if self._loss is not None else []) + list(self._metrics)
+        record: dict[str, float] = {"step": self.global_step, "epoch": self.current_epoch}
+        record.update({f"val_{k}": float(total[j] / total[-1]) for j, k in enumerate(names)})
+        self.history.append(record)
+
+    def on_test_epoch_start(self) -> None:
+        self._sums.pop("test_", None)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["somatize"] = {
+            "losses": list(self.losses),
+            "history": [dict(r) for r in self.history],
+            "examples": dict(self._examples),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("hyper_parameters", {}).get("topology")
+        own = self.graph.topology.to_json()
+        if saved is not None and saved != own:
+            raise CheckpointError(
+                f"the checkpoint was written for a graph with topology {saved}, "
+                f"not this one ({own}); load it into the graph it was trained with"
+            )
+        state = checkpoint.get("somatize")
+        if state is not None:
+            self._pending.clear()
+            self._losses = list(state["losses"])
+            self.history = [dict(r) for r in state["history"]]
+            self._examples = dict(state["examples"])
+
+
+def _pruned(trainer: L.Trainer) -> bool:
+    return bool(trainer.should_stop)
+
+
+def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
+    """The ``TrainResult`` of a graph trained by ``trainer.fit(lg, ...)``.
+
+    ``state`` is named as ``module(g).state_dict()`` (no ``net.`` prefix), so results
+    from either trainer average together in ``fedavg``. ``monitor``/``best`` come from
+    the trainer's ``ModelCheckpoint`` when it monitors a metric, else ``val_loss``
+    over ``lg.history``; ``checkpoint`` is its last checkpoint (``save_last``) or its
+    best; ``pruned`` is whether a callback stopped the run (``EarlyStopping``...).
+
+    Example:
+        >>> trainer.fit(lg, train_loader, val_loader)  # doctest: +SKIP
+        >>> r = result(trainer, lg); r.steps == trainer.global_step  # doctest: +SKIP
+        True
+    """
+    if not isinstance(lg, LightningGraph):
+        raise TypeError(
+            f"result() takes the LightningGraph the trainer fit, got {type(lg).__qualname__}"
+        )
+    ckpt = trainer.checkpoint_callback
+    monitor = getattr(ckpt, "monitor", None)
+    best: float | None = None
+    if monitor is not None and ckpt is not None:
+        score = getattr(ckpt, "best_model_score", None)
+        best = float(score) if score is not None else None
+    else:
+        monitor = "val_loss"
+        seen = [r[monitor] for r in lg.history if monitor in r]
+        best = min(seen) if seen else None
+    path = (
+        (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", ""))
+        if ckpt
+        else ""
+    )
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    return TrainResult(
+        state={k: v.detach().to("cpu", copy=True) for k, v in lg.net.state_dict().items()},
+        num_examples=lg.num_examples,
+        steps=int(trainer.global_step),
+        epochs=int(trainer.current_epoch),
+        losses=list(lg.losses),
+        metrics=[dict(r) for r in lg.history],
+        monitor=monitor,
+        best=best,
+        pruned=_pruned(trainer),
+        checkpoint=path or None,
+        seconds=lg.seconds,
+        seed=int(seed) if seed is not None else None,
+    )
+
+
+class Watch(L.Callback):
+    """A Lightning callback telling somatize watchers what Lightning does.
+
+    Lightning's lifecycle becomes somatize events, so the watchers of the somatize
+    Trainer work unchanged: ``FitStart`` when training starts, ``StepEnd`` and node
+    ``Metrics`` after each training batch, ``EpochEnd`` (with that epoch's validation)
+    after each epoch, ``FitEnd`` when training ends. Only global rank 0 reports;
+    watchers with ``close()`` are closed at the end of ``fit``.
+
+    Args:
+        watchers: ``TensorBoard``, ``Progress``, ``JsonLines``, ``Recorder``...
+
+    Example:
+        >>> L.Trainer(callbacks=[Watch([st.TensorBoard("runs/x"), st.Progress()])])  # doctest: +SKIP
+    """
+
+    def __init__(self, watchers: Iterable[Watcher]) -> None:
+        self.watchers = list(watchers)
+        bad = [
+            type(w).__qualname__
+            for w in self.watchers
+            if not callable(getattr(w, "on_event", None))
+        ]
+        if bad:
+            raise TypeError(
+                f"Watch takes watchers (objects with on_event(event)); got {', '.join(bad)}"
+            )
+        self.run_id = ""
+        self._started = self._tick = 0.0
+        self._on = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.run_id = uuid.uuid4().hex[:12]
+        self._started = time.perf_counter()
+        self._on = trainer.is_global_zero
+        if self._on:
+            epochs, steps = trainer.max_epochs or 0, trainer.max_steps
+            event = FitStart(self.run_id, max(epochs, 0), max(steps, 0), trainer.global_step)
+            notify(self.watchers, event)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._tick = time.perf_counter()
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if not self._on:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        opt = trainer.optimizers[0] if trainer.optimizers else None
+        lr = float(opt.param_groups[0]["lr"]) if opt is not None else 0.0
+        step, epoch = trainer.global_step, trainer.current_epoch
+        seconds = time.perf_counter() - self._tick
+        n = num_examples(split(batch)[0])
+        notify(self.watchers, StepEnd(self.run_id, step, epoch, float(loss), lr, n, seconds))
+        if isinstance(pl_module, LightningGraph):
+            for node, values in pl_module.net.metrics.items():
+                notify(self.watchers, Metrics(self.run_id, node, step, dict(values)))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._on:
+            return
+        epoch, step = trainer.current_epoch, trainer.global_step
+        if isinstance(pl_module, LightningGraph):
+            last = pl_module.history[-1] if pl_module.history else {}
+            metrics = dict(last) if last.get("epoch") == epoch else {}
+        else:  # any other LightningModule: what it logged under val_
+            metrics = {
+                k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")
+            }
+        notify(self.watchers, EpochEnd(self.run_id, epoch, step, metrics))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._on:
+            seconds = time.perf_counter() - self._started
+            event = FitEnd(
+                self.run_id, trainer.global_step, trainer.current_epoch, seconds, _pruned(trainer)
+            )
+            notify(self.watchers, event)
+        self._close()
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        for w in self.watchers:
+            close = getattr(w, "close", None)
+            if close is not None:
+                close()

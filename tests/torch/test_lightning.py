@@ -1,0 +1,522 @@
+"""somatize.torch.lightning: a graph trained by the real lightning.Trainer (CPU, tiny data)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+L = pytest.importorskip("lightning")
+
+from lightning.pytorch.callbacks import (  # noqa: E402
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+)
+from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
+
+import somatize.torch as st  # noqa: E402
+from somatize import Done, Graph, JsonLines, Node, Opaque, Recorder  # noqa: E402
+from somatize.errors import CheckpointError  # noqa: E402
+from somatize.torch.lightning import LightningGraph, Watch, result  # noqa: E402
+from somatize.watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd  # noqa: E402
+
+pytestmark = [
+    # lightning 2.6's CombinedLoader uses torch.utils._pytree.LeafSpec, deprecated in the
+    # torch we run (2.13): every fit warns, whatever the module does.
+    pytest.mark.filterwarnings(
+        r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning"
+    ),
+    # our DataLoaders have num_workers=0 on purpose (tiny in-memory tensors); Lightning
+    # advises more workers on machines with more than two cores.
+    pytest.mark.filterwarnings("ignore:The '.*' does not have many workers"),
+    # fitting without validation data is a normal run here, as in the somatize Trainer.
+    pytest.mark.filterwarnings(
+        "ignore:You defined a `validation_step` but have no `val_dataloader`"
+    ),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+SGD = 0.5
+
+
+class Hidden(Node):
+    def __init__(self, i: int, o: int):
+        self.lin = nn.Linear(i, o)
+
+    def forward(self, x, ctx):
+        h = torch.relu(self.lin(x))
+        return Done(Opaque(h), metrics={"mean": h.detach().mean()})
+
+
+class Out(Node):
+    def __init__(self, i: int, o: int):
+        self.lin = nn.Linear(i, o)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+def _graph(seed: int = 0) -> Graph:
+    torch.manual_seed(seed)
+    return Graph.somatize(Hidden(8, 16) >> Out(16, 3))
+
+
+def _tensors(n: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=gen)
+    return x, x[:, :3].argmax(dim=1)
+
+
+def _loader(n: int = 64, seed: int = 0, batch: int = 16) -> DataLoader:
+    return DataLoader(TensorDataset(*_tensors(n, seed)), batch_size=batch)
+
+
+def _lg(g: Graph, lr: float = SGD, **kw) -> LightningGraph:
+    return LightningGraph(
+        g,
+        loss=nn.functional.cross_entropy,
+        optimizer=kw.pop("optimizer", lambda ps: torch.optim.SGD(ps, lr=lr)),
+        metrics={"acc": st.accuracy},
+        **kw,
+    )
+
+
+def _trainer(root: Path, **kw) -> L.Trainer:
+    callbacks = kw.pop("callbacks", [])
+    settings = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "logger": False,
+        "log_every_n_steps": 1,
+        "default_root_dir": str(root),
+        "enable_checkpointing": any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        "callbacks": callbacks,
+    }
+    settings.update(kw)
+    return L.Trainer(**settings)
+
+
+def _assert_same_state(a, b, **tol) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], **(tol or {"rtol": 1e-6, "atol": 1e-7}), msg=k)
+
+
+# -- the optional extra -----------------------------------------------------------------
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True
+    )
+
+
+@pytest.mark.slow
+def test_importing_somatize_and_somatize_torch_does_not_import_lightning():
+    done = _python(
+        """
+        import sys
+        import somatize, somatize.torch
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in
+                        ("lightning", "pytorch_lightning", "lightning_fabric"))
+        print(loaded)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_missing_lightning_raises_an_error_naming_the_extra():
+    done = _python(
+        """
+        import sys
+        sys.modules["lightning"] = None  # as if the package were not installed
+        from somatize.errors import MissingExtraError
+        try:
+            import somatize.torch.lightning
+        except MissingExtraError as e:
+            assert isinstance(e, ImportError)
+            print(e)
+        else:
+            raise SystemExit("no MissingExtraError")
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert "somatize[lightning]" in done.stdout
+
+
+# -- the adapter ------------------------------------------------------------------------
+
+
+def test_lightning_graph_is_a_lightning_module_holding_the_graph_weights():
+    g = _graph()
+    lg = _lg(g)
+    assert isinstance(lg, L.LightningModule)
+    assert lg.net is st.module(g)
+    assert sorted(lg.state_dict()) == sorted(f"net.{k}" for k in st.state(g))
+    x, _ = _tensors(4)
+    torch.testing.assert_close(lg(x), st.module(g)(x))
+    assert lg.hparams["topology"] == g.topology.to_json()
+    assert lg.hparams["loss_name"] == "cross_entropy"
+    assert (lg.hparams["optimizer_name"], lg.hparams["lr"]) == ("SGD", SGD)
+    assert lg.hparams["metric_names"] == ["acc"]
+    assert lg.hparams["scheduler_name"] is None
+    scheduled = _lg(g, scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1))
+    assert scheduled.hparams["scheduler_name"] == "StepLR"
+    with pytest.raises(TypeError, match="factory over parameters"):
+        LightningGraph(
+            g, loss=None, optimizer=torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1)
+        )
+
+
+def test_training_reduces_the_loss(tmp_path):
+    lg = _lg(_graph())
+    trainer = _trainer(tmp_path, max_epochs=4)
+    trainer.fit(lg, _loader(), _loader(seed=1))
+    assert len(lg.losses) == trainer.global_step == 16
+    assert [r["epoch"] for r in lg.history] == [0, 1, 2, 3]
+    assert lg.history[-1]["val_loss"] < lg.history[0]["val_loss"]
+    assert sum(lg.losses[-4:]) < sum(lg.losses[:4])
+    assert trainer.callback_metrics["val_loss"] == pytest.approx(
+        lg.history[-1]["val_loss"], rel=1e-5
+    )
+
+
+class _Dicts(Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "y": self.y[i]}
+
+
+def test_dict_batches_train_like_tuples(tmp_path):
+    tuples, dicts = _lg(_graph()), _lg(_graph())
+    _trainer(tmp_path, max_epochs=1).fit(tuples, _loader())
+    _trainer(tmp_path, max_epochs=1).fit(dicts, DataLoader(_Dicts(*_tensors()), batch_size=16))
+    _assert_same_state(st.state(tuples.graph), st.state(dicts.graph))
+
+
+def test_model_checkpoint_writes_files_and_monitors_somatize_metrics(tmp_path):
+    lg = _lg(_graph())
+    by_acc = ModelCheckpoint(
+        tmp_path / "acc", monitor="val_acc", mode="max", save_top_k=2, save_last=True
+    )
+    by_node = ModelCheckpoint(tmp_path / "node", monitor="val_hidden/mean", mode="max")
+    trainer = _trainer(tmp_path, max_epochs=3, callbacks=[by_acc, by_node])
+    trainer.fit(lg, _loader(), _loader(seed=1))
+    written = sorted(p.name for p in (tmp_path / "acc").glob("*.ckpt"))
+    assert "last.ckpt" in written and len(written) == 3
+    assert Path(by_acc.best_model_path).is_file()
+    best_acc = max(r["val_acc"] for r in lg.history)
+    assert float(by_acc.best_model_score) == pytest.approx(best_acc, rel=1e-6)
+    assert by_node.best_model_score is not None and Path(by_node.best_model_path).is_file()
+    r = result(trainer, lg)
+    assert (r.monitor, r.best) == ("val_acc", pytest.approx(best_acc, rel=1e-6))
+    assert r.checkpoint == by_acc.last_model_path
+
+
+def test_early_stopping_stops_a_run_whose_metric_stalls(tmp_path):
+    lg = _lg(_graph(), lr=0.0)  # nothing moves: val_loss is the same every epoch
+    stop = EarlyStopping("val_loss", patience=2)
+    trainer = _trainer(tmp_path, max_epochs=10, callbacks=[stop])
+    trainer.fit(lg, _loader(), _loader(seed=1))
+    assert stop.stopped_epoch == 2
+    assert len(lg.history) == 3
+    r = result(trainer, lg)
+    assert r.pruned and r.epochs < 10 and r.steps == 12
+
+
+# ckpt_path="last" looks in the ModelCheckpoint's directory, which the first run filled.
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_resume_from_last_continues_step_count_and_weights(tmp_path):
+    def momentum(ps):
+        return torch.optim.SGD(ps, lr=0.1, momentum=0.9)  # a state the checkpoint must carry
+
+    ckpt = tmp_path / "ckpt"
+    first = _lg(_graph(0), optimizer=momentum)
+    _trainer(tmp_path, max_epochs=2, callbacks=[ModelCheckpoint(ckpt, save_last=True)]).fit(
+        first, _loader()
+    )
+    assert (ckpt / "last.ckpt").is_file()
+
+    resumed = _lg(_graph(7), optimizer=momentum)  # other weights: the checkpoint must replace them
+    trainer = _trainer(tmp_path, max_epochs=4, callbacks=[ModelCheckpoint(ckpt, save_last=True)])
+    trainer.fit(resumed, _loader(), ckpt_path="last")
+
+    straight = _lg(_graph(0), optimizer=momentum)
+    _trainer(tmp_path, max_epochs=4).fit(straight, _loader())
+    assert trainer.global_step == 16
+    assert len(resumed.losses) == 16  # the first run's losses came back with the checkpoint
+    assert resumed.losses == pytest.approx(straight.losses, rel=1e-6)
+    _assert_same_state(st.state(resumed.graph), st.state(straight.graph))
+    assert result(trainer, resumed).num_examples == 64
+
+
+def test_load_from_checkpoint_restores_weights_and_refuses_another_graph(tmp_path):
+    lg = _lg(_graph(0))
+    ck = ModelCheckpoint(tmp_path / "ck")
+    _trainer(tmp_path, max_epochs=1, callbacks=[ck]).fit(lg, _loader())
+    g = _graph(3)
+    loaded = LightningGraph.load_from_checkpoint(
+        ck.best_model_path,
+        g=g,
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=SGD),
+    )
+    assert loaded.graph is g
+    _assert_same_state(st.state(g), st.state(lg.graph), rtol=0, atol=0)
+    other = Graph.somatize(Hidden(8, 16) >> Out(16, 3) >> Out(3, 3))
+    with pytest.raises(CheckpointError, match="topology"):
+        LightningGraph.load_from_checkpoint(
+            ck.best_model_path, g=other, loss=None, optimizer=lambda ps: torch.optim.SGD(ps, lr=1)
+        )
+
+
+def test_test_and_predict_steps(tmp_path):
+    lg = _lg(_graph())
+    trainer = _trainer(tmp_path, max_epochs=1)
+    trainer.fit(lg, _loader())
+    (tested,) = trainer.test(lg, _loader(seed=1), verbose=False)
+    assert {"test_loss", "test_acc", "test_hidden/mean"} <= set(tested)
+    assert 0.0 <= tested["test_acc"] <= 1.0
+    predicted = trainer.predict(lg, _loader(seed=1))
+    assert [p.shape for p in predicted] == [torch.Size([16, 3])] * 4
+    x, _ = _tensors(64, seed=1)
+    torch.testing.assert_close(torch.cat(predicted), st.module(lg.graph)(x))
+
+
+def test_a_node_metric_that_is_not_a_scalar_is_an_error_naming_the_node(tmp_path):
+    class Wide(Node):
+        def __init__(self):
+            self.lin = nn.Linear(8, 3)
+
+        def forward(self, x, ctx):
+            y = self.lin(x)
+            return Done(Opaque(y), metrics={"logits": y.detach()})
+
+    lg = _lg(Graph.somatize(Wide()))
+    with pytest.raises(TypeError, match="node 'wide' metric 'logits'"):
+        _trainer(tmp_path, max_steps=1).fit(lg, _loader())
+
+
+# -- frozen and cached nodes ------------------------------------------------------------
+
+CALLS: collections.Counter[str] = collections.Counter()  # not data: stays out of node keys
+MODES: list[bool] = []
+
+
+class Encoder(Node):
+    def __init__(self, i: int, o: int):
+        self.lin = nn.Linear(i, o)
+
+    def forward(self, x, ctx):
+        CALLS["encoder"] += 1
+        MODES.append(self.lin.training)
+        return Done(torch.relu(self.lin(x)))  # data (no grad: the node is frozen), so cacheable
+
+
+# Frozen nodes are in eval mode at the start of training on purpose; Lightning points it out.
+@pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
+def test_frozen_nodes_stay_frozen_and_cached_nodes_keep_caching(tmp_path):
+    torch.manual_seed(0)
+    g = Graph.somatize(Encoder(8, 16) >> Out(16, 3))
+    g.freeze("encoder").cache("encoder")
+    lg = _lg(g)
+    before = st.state(g)
+    CALLS.clear()
+    MODES.clear()
+    trainer = _trainer(tmp_path, max_epochs=2)
+    trainer.fit(lg, _loader())
+    assert trainer.global_step == 8
+    assert CALLS["encoder"] == 4  # 4 distinct batches, computed once each over two epochs
+    assert MODES == [False] * 4
+    after = st.state(g)
+    for k in ("encoder.lin.weight", "encoder.lin.bias"):
+        assert torch.equal(after[k], before[k])
+    assert not torch.equal(after["out.lin.weight"], before["out.lin.weight"])
+    encoder = lg.net.encoder.lin
+    assert not any(p.requires_grad for p in encoder.parameters())
+    lg.train()
+    assert not encoder.training and lg.net.out.lin.training
+    assert {id(p) for p in lg.trainer.optimizers[0].param_groups[0]["params"]} == {
+        id(p) for p in st.parameters(g)
+    }
+
+
+# -- loggers, LR monitor and the watcher bridge (one run, several checks) ----------------
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    root = tmp_path_factory.mktemp("logged")
+    lg = _lg(
+        _graph(), scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    )
+    recorder = Recorder()
+    watch = Watch([recorder, st.TensorBoard(root / "watcher"), JsonLines(root / "run.jsonl")])
+    logger = TensorBoardLogger(str(root), name="tb", version=0)
+    trainer = _trainer(
+        root,
+        max_epochs=2,
+        logger=logger,
+        callbacks=[LearningRateMonitor(logging_interval="step"), watch],
+    )
+    trainer.fit(lg, _loader(), _loader(seed=1))
+    return SimpleNamespace(root=root, lg=lg, trainer=trainer, recorder=recorder, logger=logger)
+
+
+def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def test_learning_rate_monitor_logs_the_scheduled_rate(logged):
+    lrs = [v for _, v in _scalars(Path(logged.logger.log_dir))["lr-SGD"]]
+    assert lrs == pytest.approx([SGD * 0.5 ** (i // 2) for i in range(8)])  # stepped every step
+
+
+def test_tensorboard_logger_event_file_holds_node_metrics(logged):
+    scalars = _scalars(Path(logged.logger.log_dir))
+    assert {"train_loss", "val_loss", "val_acc", "hidden/mean", "val_hidden/mean"} <= set(scalars)
+    assert len(scalars["hidden/mean"]) == logged.trainer.global_step == 8
+    assert all(v >= 0 for _, v in scalars["hidden/mean"])  # a mean of relu outputs
+    val_loss = [v for _, v in scalars["val_loss"]]
+    assert val_loss == pytest.approx([r["val_loss"] for r in logged.lg.history], rel=1e-5)
+
+
+def test_watch_forwards_lightnings_lifecycle_as_somatize_events(logged):
+    rec = logged.recorder
+    assert isinstance(rec.events[0], FitStart) and isinstance(rec.events[-1], FitEnd)
+    assert (rec.events[0].epochs, rec.events[0].start_step) == (2, 0)
+    steps = rec.of(StepEnd)
+    assert [e.step for e in steps] == list(range(1, 9))
+    assert [e.loss for e in steps] == pytest.approx(logged.lg.losses)
+    assert [e.examples for e in steps] == [16] * 8
+    assert steps[2].lr == pytest.approx(SGD * 0.5)
+    metrics = rec.of(Metrics)
+    assert {m.node for m in metrics} == {"hidden"} and len(metrics) == 8
+    epochs = rec.of(EpochEnd)
+    assert [e.epoch for e in epochs] == [0, 1]
+    assert [e.metrics["val_loss"] for e in epochs] == [r["val_loss"] for r in logged.lg.history]
+    end = rec.of(FitEnd)[0]
+    assert (end.step, end.epoch, end.pruned) == (8, 2, False)
+
+
+def test_somatize_watchers_write_under_lightning(logged):
+    scalars = _scalars(logged.root / "watcher")
+    assert {"train/loss", "train/lr", "val/loss", "val/acc", "node/hidden/mean"} <= set(scalars)
+    assert [s for s, _ in scalars["train/loss"]] == list(range(1, 9))
+    records = JsonLines.read(logged.root / "run.jsonl")
+    kinds = collections.Counter(r["event"] for r in records)
+    assert kinds == {"FitStart": 1, "StepEnd": 8, "Metrics": 8, "EpochEnd": 2, "FitEnd": 1}
+
+
+# -- level 3 ----------------------------------------------------------------------------
+
+
+def _weighted_average(results):
+    """The stand-in for st.fedavg while it is not on this branch: weighted by num_examples."""
+    total = sum(r.num_examples for r in results)
+    return {
+        k: sum(r.state[k] * (r.num_examples / total) for r in results) for k in results[0].state
+    }
+
+
+def test_result_feeds_fedavg(tmp_path):
+    start = st.state(_graph(0))
+    results = []
+    for n, seed in ((32, 1), (96, 2)):
+        g = _graph(9)
+        st.load_state(g, start)
+        lg = _lg(g)
+        trainer = _trainer(tmp_path, max_epochs=2)
+        trainer.fit(lg, _loader(n, seed), _loader(16, seed + 10))
+        r = result(trainer, lg)
+        assert isinstance(r, st.TrainResult)
+        assert (r.num_examples, r.steps, r.epochs) == (n, trainer.global_step, 2)
+        assert r.losses == lg.losses and len(r.losses) == r.steps
+        assert r.metrics == lg.history and r.best == min(m["val_loss"] for m in r.metrics)
+        assert not r.pruned and r.checkpoint is None and r.seconds > 0
+        _assert_same_state(r.state, st.state(g), rtol=0, atol=0)
+        assert r.metric("val_acc") == lg.history[-1]["val_acc"]  # what summarize reads
+        results.append(r)
+    average = getattr(st, "fedavg", _weighted_average)(results)
+    a, b = results[0].state, results[1].state
+    _assert_same_state(average, {k: (32 * a[k] + 96 * b[k]) / 128 for k in a}, rtol=1e-5, atol=1e-6)
+    g = _graph(5)
+    st.load_state(g, average)  # matched by name: the state of a Lightning run fits module(g)
+
+
+# -- the differential test --------------------------------------------------------------
+
+
+def test_somatize_trainer_and_lightning_end_with_equal_weights(tmp_path):
+    start = st.state(_graph(0))
+    ours, theirs = _graph(1), _graph(2)
+    st.load_state(ours, start)
+    st.load_state(theirs, start)
+
+    def sgd(ps):
+        return torch.optim.SGD(ps, lr=0.3)
+
+    def sched(opt):
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+
+    somatize_trainer = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=sgd,
+        scheduler=sched,
+        epochs=3,
+        seed=0,
+        options=st.Options(shuffle=False, progress=False),
+    )
+    ref = somatize_trainer.fit(ours, _loader())
+
+    lg = LightningGraph(theirs, loss=nn.functional.cross_entropy, optimizer=sgd, scheduler=sched)
+    trainer = _trainer(tmp_path, max_epochs=3)
+    trainer.fit(lg, _loader())
+    r = result(trainer, lg)
+
+    assert (r.steps, r.epochs, r.num_examples) == (ref.steps, ref.epochs, ref.num_examples)
+    assert r.losses == pytest.approx(ref.losses, rel=1e-6)
+    _assert_same_state(r.state, ref.state)
+    assert not torch.equal(r.state["out.lin.weight"], start["out.lin.weight"])
+
+
+@pytest.mark.slow
+def test_the_recipe_runs(tmp_path):
+    pytest.importorskip("sklearn")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    recipe = ROOT / "recipes" / "lightning_callbacks.py"
+    done = subprocess.run(
+        [sys.executable, str(recipe), "--epochs", "2", "--out", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    best = next(line for line in done.stdout.splitlines() if line.startswith("best val_acc"))
+    assert 0.5 < float(best.split()[-1]) <= 1.0  # digits: well above chance (0.1) after 2 epochs
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
