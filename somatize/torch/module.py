@@ -23,67 +23,144 @@ from torch import nn
 
 from ..errors import StateError
 from ..graph import Graph
-from ..node import Ctx, Done
+from ..node import Ctx, Done, Mapped, Node
 from ..values import Opaque
 from .codecs import NdarrayCodec, TensorCodec
 
 __all__ = ["GraphModule", "load_state", "module", "parameters", "state"]
 
-_modules: weakref.WeakKeyDictionary[Graph, GraphModule] = weakref.WeakKeyDictionary()
+# id(graph) -> its module. Weak on the module, which holds its graph: a registry keyed on
+# the graph would keep every graph (and its weights) alive for ever.
+_by_graph: weakref.WeakValueDictionary[int, GraphModule] = weakref.WeakValueDictionary()
 
 
 class _Holdings(nn.Module):
-    """The modules, parameters and tensors one node holds, registered under the node id."""
+    """The modules, parameters and tensors one node holds, registered under the node id.
 
-    def __init__(self, impl: Any) -> None:
+    Direct attributes: modules, parameters, and plain tensors (as buffers, written back
+    to the node after ``.to()``). Inside list, tuple and dict attributes (nested too):
+    modules, named by index or key (``heads.0``, ``heads.fr``). A node held by the node
+    (a ``Mapped`` node's inner node, a helper node) registers its own holdings nested.
+    """
+
+    def __init__(self, impl: Any, where: str, seen: frozenset[int] = frozenset()) -> None:
         super().__init__()
         object.__setattr__(self, "_impl", impl)
-        self._tensors: list[str] = []  # plain tensor attributes, written back after .to()
+        seen = seen | {id(impl)}
+        self._params: list[str] = []  # direct attributes, written back after .to()
+        self._tensors: list[str] = []
         for name, value in vars(impl).items():
             if name.startswith("_somatize"):
                 continue
-            if isinstance(value, nn.Module):
-                self.add_module(name, value)
-            elif isinstance(value, nn.Parameter):
+            if isinstance(value, nn.Parameter):
                 self.register_parameter(name, value)
+                self._params.append(name)
             elif isinstance(value, torch.Tensor):
                 self.register_buffer(name, value)
                 self._tensors.append(name)
-            elif isinstance(value, (list, tuple, dict)):
-                items = value.items() if isinstance(value, dict) else enumerate(value)
-                mods = {str(k): v for k, v in items if isinstance(v, nn.Module)}
-                if mods:
-                    box = nn.Module()
-                    for k, m in mods.items():
-                        box.add_module(k, m)
-                    self.add_module(name, box)
+            else:
+                held = _held(value, f"{where}.{name}", seen)
+                if held is not None:
+                    self.add_module(name, held)
+
+    def _get_name(self) -> str:  # printed as the node's class: Encode( (emb): Embedding(...) )
+        return type(self._impl).__qualname__
 
     def _apply(self, fn: Any, recurse: bool = True) -> _Holdings:
         super()._apply(fn, recurse)
-        for name in self._tensors:  # keep the node's own attribute pointing at the moved tensor
+        # Keep the node's own attributes pointing at the moved tensors (.to() makes new
+        # buffers, and new parameters when torch is set to overwrite them on conversion).
+        for name in self._params:
+            setattr(self._impl, name, self._parameters[name])
+        for name in self._tensors:
             setattr(self._impl, name, self._buffers[name])
         return self
+
+
+def _held(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Module | None:
+    """The module registering what ``value`` holds, or None when it holds no module."""
+    if isinstance(value, nn.Module):
+        return value
+    if isinstance(value, Mapped):  # a mapped node is its inner node, applied item by item
+        return _held(value.inner, where, seen)
+    if isinstance(value, Node):
+        if id(value) in seen:  # nodes holding each other: the first visit registers them
+            return None
+        held = _Holdings(value, where, seen)
+        return held if _holds_any(held) else None
+    if type(value) not in (list, tuple, dict):
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    box = nn.Module()
+    for k, v in items:
+        name = str(k)
+        inner = _held(v, f"{where}[{k!r}]", seen)
+        if inner is None:
+            continue
+        if not name or "." in name or name in box._modules:
+            raise StateError(
+                f"{where}[{k!r}] holds a module that cannot be registered under the name "
+                f"{name!r} (names must be non-empty, without '.', and distinct as strings); "
+                "use plain string keys without '.' or an nn.ModuleDict"
+            )
+        box.add_module(name, inner)
+    return box if box._modules else None
+
+
+def _holds_any(m: nn.Module) -> bool:
+    """Whether ``m`` registers anything: a parameterless module (dropout) counts, for its mode."""
+    return bool(m._modules or m._parameters or m._buffers)
+
+
+_RESERVED: dict[bool, frozenset[str]] = {}
+# GraphModule's plain attributes. They live in the instance dict, beside children of the
+# same name (a subgraph written into ``>>`` gets the id "graph"), reached by get_submodule.
+_OWN = frozenset({"graph", "step", "metrics"})
+
+
+def _reserved(top: bool) -> frozenset[str]:
+    """Names a node id holding modules may not take: attributes every module has (and,
+    at the top, those of ``GraphModule``)."""
+    if top not in _RESERVED:
+        names = frozenset(dir(nn.Module()))
+        _RESERVED[top] = names | (set(dir(GraphModule)) - _OWN) if top else names
+    return _RESERVED[top]
 
 
 class _Nodes(nn.Module):
     """The holdings of every node of a (sub)graph, by node id."""
 
-    def __init__(self, g: Graph) -> None:
+    def __init__(self, g: Graph, prefix: str = "") -> None:
         super().__init__()
         for node_id in g.nodes():
             impl = g[node_id]
-            if "." in node_id or node_id in dir(GraphModule):
-                raise StateError(
-                    f"node id {node_id!r} cannot name a module attribute "
-                    "(no '.', and not a name nn.Module uses); rename the node"
+            label = prefix + node_id
+            held = _Nodes(impl, label + ".") if isinstance(impl, Graph) else _held(impl, label)
+            reserved = _reserved(top=not prefix)
+            if held is None or not _holds_any(held):
+                continue
+            if "." in node_id or node_id in reserved:
+                why = (
+                    "a module name cannot contain '.'"
+                    if "." in node_id
+                    else f"{node_id!r} is already an attribute of the module registering it"
                 )
-            held = _Nodes(impl) if isinstance(impl, Graph) else _Holdings(impl)
-            if any(True for _ in held.parameters()) or any(True for _ in held.buffers()):
-                self.add_module(node_id, held)
+                raise StateError(
+                    f"node {label!r} holds modules, which are registered under its id, but {why}; "
+                    "give the node another id (g.node('other_id', ...) or node.with_id('other_id'))"
+                )
+            self._modules[node_id] = held  # (add_module refuses the ids of _OWN at the top)
+
+    def _get_name(self) -> str:
+        return "Graph"
 
 
-def _frozen_wrap(g: Graph) -> Callable[[str, Any, Callable[[Any, Ctx], Done]], Callable[[Any, Ctx], Done]]:
-    def wrap(node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]) -> Callable[[Any, Ctx], Done]:
+def _frozen_wrap(
+    g: Graph,
+) -> Callable[[str, Any, Callable[[Any, Ctx], Done]], Callable[[Any, Ctx], Done]]:
+    def wrap(
+        node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]
+    ) -> Callable[[Any, Ctx], Done]:
         if node_id not in g.memory.frozen:
             return forward
 
@@ -109,13 +186,14 @@ def equip(g: Graph) -> Graph:
     return g
 
 
-def _frozen_holdings(m: nn.Module, g: Graph) -> Iterator[nn.Module]:
+def _frozen_holdings(m: nn.Module, g: Graph, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
+    """(module path, holdings) of every frozen node, subgraphs included."""
     for node_id, held in m.named_children():
         impl = g[node_id]
         if node_id in g.memory.frozen:
-            yield held
+            yield prefix + node_id, held
         elif isinstance(impl, Graph):
-            yield from _frozen_holdings(held, impl)
+            yield from _frozen_holdings(held, impl, f"{prefix}{node_id}.")
 
 
 class GraphModule(nn.Module):
@@ -134,28 +212,48 @@ class GraphModule(nn.Module):
 
     def __init__(self, g: Graph) -> None:
         super().__init__()
-        object.__setattr__(self, "graph", equip(g))
+        object.__setattr__(self, "graph", g)
         self.step = 0
         self.metrics: Mapping[str, Any] = {}
         self._program: Any = None
+        self._frozen: frozenset[str] = frozenset()  # paths of the nodes frozen at the last sync
         self._sync()
 
     def _sync(self) -> None:
         """Register every node's modules and enforce frozen nodes (after any graph change)."""
-        g = self.graph
+        g = equip(self.graph)  # again: a subgraph may have been added since
         program = g.program()
         for name in list(self._modules):
             del self._modules[name]
-        for name, held in _Nodes(g).named_children():
-            self.add_module(name, held)
-        for held in _frozen_holdings(self, g):
-            held.requires_grad_(False)
+        self._modules.update(_Nodes(g)._modules)
+        frozen = dict(_frozen_holdings(self, g))
+        still = {id(p) for held in frozen.values() for p in held.parameters()}
+        now = dict(self.named_modules())
+        for path in self._frozen - frozen.keys():  # unfrozen since: back to the module's mode
+            if path in now:
+                now[path].train(self.training)
+        for p in self.parameters():
+            if getattr(p, "_somatize_frozen", False) and id(p) not in still:
+                p.requires_grad_(True)
+                del p._somatize_frozen
+        for held in frozen.values():
+            for p in held.parameters():
+                if p.requires_grad:  # marked, so unfreezing gives back only what freezing took
+                    p._somatize_frozen = True
+                    p.requires_grad_(False)
             held.eval()
+        self._frozen = frozenset(frozen)
         self._program = program
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OWN:  # never a child's slot, even when a node has this id
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
     def train(self, mode: bool = True) -> GraphModule:
         super().train(mode)
-        for held in _frozen_holdings(self, self.graph):
+        for _, held in _frozen_holdings(self, self.graph):
             held.eval()
         return self
 
@@ -164,6 +262,7 @@ class GraphModule(nn.Module):
         program = g.program()
         if program is not self._program:
             self._sync()
+            program = self._program
         as_data = program.keyed
         inputs = [
             a if not isinstance(a, torch.Tensor) or (as_data and not a.requires_grad) else Opaque(a)
@@ -178,7 +277,10 @@ class GraphModule(nn.Module):
 
 
 def module(g: Graph) -> GraphModule:
-    """The ``nn.Module`` over ``g`` (one per graph: calling again returns the same module).
+    """The ``nn.Module`` over ``g``.
+
+    One per graph: while the module is alive, calling again returns it. The weights live
+    in the nodes, so a module made again after the first was dropped holds the same ones.
 
     Example:
         >>> import torch
@@ -195,9 +297,10 @@ def module(g: Graph) -> GraphModule:
     """
     if not isinstance(g, Graph):
         raise TypeError(f"module() takes a somatize Graph, got {type(g).__qualname__}")
-    m = _modules.get(g)
-    if m is None:
-        m = _modules[g] = GraphModule(g)
+    m = _by_graph.get(id(g))
+    if m is None or m.graph is not g:
+        m = GraphModule(g)
+        _by_graph[id(g)] = m
     elif g.program() is not m._program:
         m._sync()
     return m
@@ -241,7 +344,9 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
     ]
     problems = []
     if missing:
-        problems.append(f"missing keys: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}")
+        problems.append(
+            f"missing keys: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}"
+        )
     if unexpected:
         problems.append(
             f"unexpected keys: {', '.join(unexpected[:10])}{' ...' if len(unexpected) > 10 else ''}"
@@ -250,7 +355,8 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
         problems.append("shape mismatches: " + "; ".join(shapes[:10]))
     if problems:
         raise StateError(
-            "the state does not fit the graph — " + " | ".join(problems)
+            "the state does not fit the graph — "
+            + " | ".join(problems)
             + " (was it saved from a different graph? compare sorted(state(g)) with the saved keys)"
         )
     m.load_state_dict(dict(snapshot), strict=True)
