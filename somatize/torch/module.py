@@ -1,7 +1,7 @@
 """A graph is an ``nn.Module``: ``module(g)``, ``parameters(g)``, ``state(g)``, ``load_state(g, s)``.
 
-Every ``nn.Module`` a node holds — as an attribute, or inside a list or dict
-attribute — is registered under the node's id, so ``parameters()``,
+Every ``nn.Module`` a node holds — as an attribute, inside a list, tuple or dict
+attribute, or in a node it holds — is registered under the node's id, so ``parameters()``,
 ``named_parameters()``, ``.to()``, ``.train()``/``.eval()``, ``state_dict()`` and
 ``load_state_dict()`` behave as for a hand-written module::
 
@@ -203,6 +203,11 @@ class GraphModule(nn.Module):
     through untouched), runs the graph and returns its output. When the graph caches
     a node, tensors that do not require grad enter as *data* instead, so they can be
     keyed. Metrics nodes return in ``Done`` are kept in ``.metrics`` after each call.
+
+    Node modules register under the node id (``enc.emb.weight``); a subgraph's nest under
+    its id (``sub.inner.lin.weight``). A node may be called ``graph``, ``step`` or
+    ``metrics``: its modules register under that name (reach them with
+    ``dict(m.named_children())[id]``) and the attributes below keep their meaning.
 
     Attributes:
         graph: the graph.
