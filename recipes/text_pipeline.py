@@ -200,6 +200,8 @@ def train(
     torch.manual_seed(seed)
     texts, labels = corpus(seed=seed)
     g = build(vocabulary(texts))
+    if log_every:
+        print(g.to_text(), end="\n\n")
     model = st.module(g).train()
     opt = torch.optim.Adam(st.parameters(g), lr=lr)
     rng = random.Random(seed)
