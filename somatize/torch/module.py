@@ -170,14 +170,18 @@ def _frozen_wrap(
 
         return frozen
 
+    wrap._somatize_graph = g  # type: ignore[attr-defined]  # which graph it was made for
     return wrap
 
 
 def equip(g: Graph) -> Graph:
     """Give a graph (and its subgraphs) the torch codecs and the frozen-node runtime."""
+    made_for = getattr(g.wrap, "_somatize_graph", None)
     if not any(isinstance(c, TensorCodec) for c in g.codecs):
         g.use(codecs=(*g.codecs, TensorCodec(), NdarrayCodec()), wrap=_frozen_wrap(g))
-    elif g.wrap is None:
+    elif g.wrap is None or (made_for is not None and made_for is not g):
+        # A deep copy of an equipped graph: its runtime (and the program built with it)
+        # still call the original's nodes. Remaking the runtime rebuilds the program.
         g.use(wrap=_frozen_wrap(g))
     for node_id in g.nodes():
         sub = g[node_id]
@@ -249,6 +253,10 @@ class GraphModule(nn.Module):
             held.eval()
         self._frozen = frozenset(frozen)
         self._program = program
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        equip(self.graph)  # a copy (copy.deepcopy(model)) runs its own nodes, not the original's
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _OWN:  # never a child's slot, even when a node has this id

@@ -3,6 +3,7 @@ modes, devices and dtypes, and the hot path staying free of keys."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
 
@@ -329,3 +330,24 @@ def test_hot_path_computes_no_key_and_hashes_nothing(monkeypatch):
     for _ in range(3):
         m(torch.ones(4, 2)).sum().backward()
     assert tensor_codec(g).hashed == 0
+
+
+def test_deep_copy_of_the_module_runs_its_own_nodes():
+    """An EMA or a Lightning copy: copy.deepcopy(model) must not call the original's nodes."""
+    torch.manual_seed(0)
+    sub = Graph().node("inner", Linear(2, 2))
+    g = Graph().node("a", Linear(2, 2)).node("sub", sub).node("z", Linear(2, 2))
+    g.edge("a", "sub").edge("sub", "z").freeze("z")
+    m = st.module(g)
+    x = torch.ones(1, 2)
+    before = m(x).detach()
+    twin = copy.deepcopy(m)
+    assert twin.graph is not g
+    with torch.no_grad():  # every node of the copy becomes the identity
+        for name, p in twin.named_parameters():
+            p.copy_(torch.eye(2) if name.endswith("weight") else torch.zeros(2))
+    x = torch.tensor([[1.0, -2.0]])
+    assert_close(twin(x), x)  # an original node in the path would have changed it
+    assert_close(m(torch.ones(1, 2)), before)
+    assert not twin.get_parameter("z.lin.weight").requires_grad  # still frozen
+    assert twin.get_parameter("z.lin.weight") is twin.graph["z"].lin.weight
