@@ -344,18 +344,24 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
     """Load a name-keyed state into the graph's modules (in place; keys then follow).
 
     Raises:
-        StateError: missing or unexpected keys, or shape mismatches, all listed.
+        StateError: missing or unexpected keys, values that are not tensors, shape
+            mismatches — all listed, before anything is loaded.
     """
     m = module(g)
     own = m.state_dict()
     missing = sorted(set(own) - set(snapshot))
     unexpected = sorted(set(snapshot) - set(own))
+    not_tensors = sorted(
+        k for k in own if k in snapshot and not isinstance(snapshot[k], torch.Tensor)
+    )
     shapes = [
         f"{k}: graph has {tuple(own[k].shape)}, state has {tuple(snapshot[k].shape)}"
         for k in own
-        if k in snapshot and tuple(own[k].shape) != tuple(snapshot[k].shape)
+        if k in snapshot and k not in not_tensors and own[k].shape != snapshot[k].shape
     ]
     problems = []
+    if not_tensors:
+        problems.append(f"not tensors: {', '.join(not_tensors[:10])}")
     if missing:
         problems.append(
             f"missing keys: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}"

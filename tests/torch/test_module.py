@@ -230,17 +230,22 @@ def test_load_state_round_trips_and_reports_every_problem():
     del bad["linear.lin.bias"]
     bad["nowhere.weight"] = torch.zeros(1)
     bad["linear_2.lin.weight"] = torch.zeros(5, 5)
+    bad["linear_2.lin.bias"] = [0.0]
     with pytest.raises(StateError) as e:
         st.load_state(g, bad)
     msg = str(e.value)
     assert "missing keys: linear.lin.bias" in msg
     assert "unexpected keys: nowhere.weight" in msg
     assert "linear_2.lin.weight: graph has (1, 3), state has (5, 5)" in msg
+    assert "not tensors: linear_2.lin.bias" in msg
     assert isinstance(e.value, ValueError)
-    # nothing was loaded: the state is unchanged
+    # nothing is loaded from a state that does not fit, not even the keys that do
+    before = st.state(g)
+    bad["linear.lin.weight"] = torch.zeros(3, 2)
+    with pytest.raises(StateError):
+        st.load_state(g, bad)
     for k, v in st.state(g).items():
-        if k in bad and bad[k].shape == v.shape:
-            assert_close(v, bad[k])
+        assert_close(v, before[k])
 
 
 def test_to_dtype_moves_node_modules_and_tensors():
