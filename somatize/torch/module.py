@@ -52,6 +52,13 @@ class _Holdings(nn.Module):
         for name, value in vars(impl).items():
             if name.startswith("_somatize"):
                 continue
+            if name in _reserved(top=False) and (
+                isinstance(value, torch.Tensor) or _held(value, where, seen) is not None
+            ):
+                raise StateError(
+                    f"node {where!r} holds modules or tensors in its attribute {name!r}, which "
+                    "every nn.Module already has; rename the attribute"
+                )
             if isinstance(value, nn.Parameter):
                 self.register_parameter(name, value)
                 self._params.append(name)
@@ -114,7 +121,7 @@ def _holds_any(m: nn.Module) -> bool:
 
 _RESERVED: dict[bool, frozenset[str]] = {}
 # GraphModule's plain attributes. They live in the instance dict, beside children of the
-# same name (a subgraph written into ``>>`` gets the id "graph"), reached by get_submodule.
+# same name (a subgraph written into ``>>`` gets the id "graph"), reached by named_children.
 _OWN = frozenset({"graph", "step", "metrics"})
 
 

@@ -135,6 +135,19 @@ def test_ids_that_cannot_name_modules_are_refused_only_when_they_hold_modules():
     assert st.module(Graph().node("a.b", Plain())).state_dict() == {}
 
 
+def test_attributes_that_cannot_name_modules_are_refused():
+    class Shadow(Node):
+        def __init__(self) -> None:
+            self.modules = [nn.Linear(2, 2)]  # nn.Module.modules() exists
+            self.training = True  # plain data under a module's name: fine
+
+        def forward(self, x, ctx):
+            return Done(Opaque(x))
+
+    with pytest.raises(StateError, match=r"node 'shadow'.*attribute 'modules'.*rename"):
+        st.module(Graph.somatize(Shadow()))
+
+
 def test_dict_keys_that_cannot_name_modules_are_refused():
     class Bad(Node):
         def __init__(self) -> None:
