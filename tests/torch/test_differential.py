@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensor_nodes import Concat
 from torch import nn
 from torch.testing import assert_close
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
+
+from .tensor_nodes import Concat
 
 
 class Dense(Node):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensor_nodes import Linear, tensor_codec
 from torch import nn
 from torch.testing import assert_close
 
 import somatize.torch as st
 from somatize import CacheError, Done, Graph, Node, Opaque, ValueConversionError
+
+from .tensor_nodes import Linear, tensor_codec
 
 
 class Encoder(Node):

@@ -9,7 +9,6 @@ import weakref
 
 import pytest
 import torch
-from tensor_nodes import Layer, Linear, tensor_codec
 from torch import nn
 from torch.testing import assert_close
 
@@ -17,6 +16,8 @@ import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
 from somatize.errors import StateError
 from somatize.execute import Program
+
+from .tensor_nodes import Layer, Linear, tensor_codec
 
 
 class Holder(Node):

@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-from tensor_nodes import Concat, Linear
 from torch import nn
 from torch.testing import assert_close
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
+
+from .tensor_nodes import Concat, Linear
 
 
 class Act(Node):
