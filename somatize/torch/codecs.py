@@ -9,7 +9,10 @@ autograd graph, or detach it"); it is never detached silently.
 The same codec fingerprints what nodes hold — modules, parameters, buffers — so
 a node's weights enter its key. Each tensor's digest is remembered with its
 version counter: re-keying an unchanged module costs a lookup per tensor, and
-any in-place change (an optimizer step, ``load_state``) is seen.
+any in-place change (an optimizer step, ``load_state``) is seen. Two writes move
+no version counter, so the memo cannot see them: batch norm's running statistics
+(hence the buffers of a module in training mode are hashed every time), and
+writes through ``.data`` (change weights under ``torch.no_grad()`` instead).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch import nn
 
 from ..errors import ValueConversionError
 from ..values import decode as decode_data
+from ..values import digest as digest_data
 from ..values import encode as encode_data
 
 __all__ = ["NdarrayCodec", "TensorCodec", "default_codecs"]
@@ -38,7 +42,7 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous().reshape(-1)
+    t = t.resolve_conj().resolve_neg().contiguous().reshape(-1)  # lazy conj/neg views: real bytes
     if t.numel() == 0:
         return memoryview(b"")
     return memoryview(t.view(torch.uint8).numpy()).cast("B")
@@ -54,9 +58,9 @@ class TensorCodec:
     tag = "torch.tensor"
 
     def __init__(self) -> None:
-        # id(tensor) -> (weak ref, version, data_ptr, digest). Keyed by id, checked by
-        # identity: tensors compare elementwise, so they cannot be dictionary keys.
-        self._memo: dict[int, tuple[weakref.ref[torch.Tensor], int, int, str]] = {}
+        # id(tensor) -> (weak ref, (version, data_ptr, dtype, shape, stride), digest). Keyed by
+        # id, checked by identity: tensors compare elementwise, so they cannot be dict keys.
+        self._memo: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], str]] = {}
         self.hashed = 0
         self._limit = 4096
 
@@ -86,18 +90,25 @@ class TensorCodec:
     def decode(self, payload: bytes) -> torch.Tensor:
         (n,) = _LEN.unpack_from(payload)
         dtype_name, shape = decode_data(payload[8 : 8 + n])
-        dtype = getattr(torch, dtype_name)
+        dtype = getattr(torch, dtype_name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"a tensor payload names {dtype_name!r}, which is not a torch dtype")
         raw = payload[8 + n :]
         if not raw:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
 
-    def digest(self, t: torch.Tensor) -> str:
-        """The content digest of a tensor (dtype, shape, bytes), memoised by version counter."""
-        version, ptr = t._version, t.data_ptr()
+    def digest(self, t: torch.Tensor, *, fresh: bool = False) -> str:
+        """The content digest of a tensor (dtype, shape, bytes), memoised by version counter.
+
+        Args:
+            t: the tensor.
+            fresh: hash the bytes even if the memo says they have not changed.
+        """
+        seen = (t._version, t.data_ptr(), t.dtype, t.shape, t.stride())
         memo = self._memo.get(id(t))
-        if memo is not None and memo[0]() is t and memo[1] == version and memo[2] == ptr:
-            return memo[3]
+        if not fresh and memo is not None and memo[0]() is t and memo[1] == seen:
+            return memo[2]
         h = blake3()
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
         h.update(_tensor_bytes(t))
@@ -106,20 +117,29 @@ class TensorCodec:
         if len(self._memo) > self._limit:  # forget tensors that no longer exist
             self._memo = {k: v for k, v in self._memo.items() if v[0]() is not None}
             self._limit = max(4096, 2 * len(self._memo))
-        self._memo[id(t)] = (weakref.ref(t), version, ptr, result)
+        self._memo[id(t)] = (weakref.ref(t), seen, result)
         return result
 
     def fingerprint(self, obj: Any) -> str | None:
         if isinstance(obj, torch.Tensor):
             return self.digest(obj)
-        if isinstance(obj, nn.Module):
-            h = blake3()
-            for name, mod in obj.named_modules():
-                h.update(f"{name}:{type(mod).__qualname__}:{mod.training}\0".encode())
-            for name, t in obj.state_dict(keep_vars=True).items():
-                h.update(f"{name}={self.digest(t)}\0".encode())
-            return h.hexdigest()
-        return None
+        if not isinstance(obj, nn.Module):
+            return None
+        h = blake3()
+        for name, mod in obj.named_modules():
+            h.update(f"{name}:{type(mod).__qualname__}:{mod.training}\0".encode())
+            for pname, p in mod._parameters.items():
+                if p is not None:
+                    h.update(f"{name}.{pname}={self.digest(p)}\0".encode())
+            for bname, b in mod._buffers.items():
+                if b is not None:
+                    # Batch norm updates its running statistics in place without moving their
+                    # version counter: buffers of a module in training mode are always hashed.
+                    h.update(f"{name}.{bname}={self.digest(b, fresh=mod.training)}\0".encode())
+            if type(mod).get_extra_state is not nn.Module.get_extra_state:
+                extra = digest_data(mod.get_extra_state(), (self,), f"the extra state of {name!r}")
+                h.update(f"{name}._extra_state={extra}\0".encode())
+        return h.hexdigest()
 
 
 class NdarrayCodec:
@@ -142,7 +162,9 @@ class NdarrayCodec:
 
         self.check(value)
         scalar = isinstance(value, np.generic)
-        arr = np.ascontiguousarray(value)
+        arr = np.asarray(value)
+        if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+            arr = arr.copy(order="C")
         header = encode_data((arr.dtype.str, tuple(arr.shape), scalar))
         raw = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
         return (_LEN.pack(len(header)) + header, raw)
@@ -156,9 +178,12 @@ class NdarrayCodec:
         return arr[()] if scalar else arr
 
     def fingerprint(self, obj: Any) -> str | None:
-        if self.accepts(obj):
-            return blake3(b"".join(bytes(c) for c in self.chunks(obj))).hexdigest()
-        return None
+        if not self.accepts(obj):
+            return None
+        h = blake3()
+        for chunk in self.chunks(obj):
+            h.update(chunk)
+        return h.hexdigest()
 
 
 def default_codecs() -> tuple[TensorCodec, NdarrayCodec]:

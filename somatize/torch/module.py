@@ -1,7 +1,7 @@
 """A graph is an ``nn.Module``: ``module(g)``, ``parameters(g)``, ``state(g)``, ``load_state(g, s)``.
 
-Every ``nn.Module`` a node holds — as an attribute, or inside a list or dict
-attribute — is registered under the node's id, so ``parameters()``,
+Every ``nn.Module`` a node holds — as an attribute, inside a list, tuple or dict
+attribute, or in a node it holds — is registered under the node's id, so ``parameters()``,
 ``named_parameters()``, ``.to()``, ``.train()``/``.eval()``, ``state_dict()`` and
 ``load_state_dict()`` behave as for a hand-written module::
 
@@ -14,7 +14,6 @@ module is put in train mode, run under ``torch.no_grad()``.
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -24,73 +23,151 @@ from torch import nn
 
 from ..errors import StateError
 from ..graph import Graph
-from ..node import Ctx, Done
+from ..node import Ctx, Done, Mapped, Node
 from ..values import Opaque
 from .codecs import NdarrayCodec, TensorCodec
 
 __all__ = ["GraphModule", "load_state", "module", "parameters", "state"]
 
-_modules: weakref.WeakKeyDictionary[Graph, GraphModule] = weakref.WeakKeyDictionary()
+# id(graph) -> its module. Weak on the module, which holds its graph: a registry keyed on
+# the graph would keep every graph (and its weights) alive for ever.
+_by_graph: weakref.WeakValueDictionary[int, GraphModule] = weakref.WeakValueDictionary()
 
 
 class _Holdings(nn.Module):
-    """The modules, parameters and tensors one node holds, registered under the node id."""
+    """The modules, parameters and tensors one node holds, registered under the node id.
 
-    def __init__(self, impl: Any) -> None:
+    Direct attributes: modules, parameters, and plain tensors (as buffers, written back
+    to the node after ``.to()``). Inside list, tuple and dict attributes (nested too):
+    modules, named by index or key (``heads.0``, ``heads.fr``). A node held by the node
+    (a ``Mapped`` node's inner node, a helper node) registers its own holdings nested.
+    """
+
+    def __init__(self, impl: Any, where: str, seen: frozenset[int] = frozenset()) -> None:
         super().__init__()
         object.__setattr__(self, "_impl", impl)
-        self._tensors: list[str] = []  # plain tensor attributes, written back after .to()
+        seen = seen | {id(impl)}
+        self._params: list[str] = []  # direct attributes, written back after .to()
+        self._tensors: list[str] = []
         for name, value in vars(impl).items():
             if name.startswith("_somatize"):
                 continue
-            if isinstance(value, nn.Module):
-                self.add_module(name, value)
-            elif isinstance(value, nn.Parameter):
+            if name in _reserved(top=False) and (
+                isinstance(value, torch.Tensor) or _held(value, where, seen) is not None
+            ):
+                raise StateError(
+                    f"node {where!r} holds modules or tensors in its attribute {name!r}, which "
+                    "every nn.Module already has; rename the attribute"
+                )
+            if isinstance(value, nn.Parameter):
                 self.register_parameter(name, value)
+                self._params.append(name)
             elif isinstance(value, torch.Tensor):
                 self.register_buffer(name, value)
                 self._tensors.append(name)
-            elif isinstance(value, (list, tuple, dict)):
-                items = value.items() if isinstance(value, dict) else enumerate(value)
-                mods = {str(k): v for k, v in items if isinstance(v, nn.Module)}
-                if mods:
-                    box = nn.Module()
-                    for k, m in mods.items():
-                        box.add_module(k, m)
-                    self.add_module(name, box)
+            else:
+                held = _held(value, f"{where}.{name}", seen)
+                if held is not None:
+                    self.add_module(name, held)
+
+    def _get_name(self) -> str:  # printed as the node's class: Encode( (emb): Embedding(...) )
+        return type(self._impl).__qualname__
 
     def _apply(self, fn: Any, recurse: bool = True) -> _Holdings:
         super()._apply(fn, recurse)
-        for name in self._tensors:  # keep the node's own attribute pointing at the moved tensor
+        # Keep the node's own attributes pointing at the moved tensors (.to() makes new
+        # buffers, and new parameters when torch is set to overwrite them on conversion).
+        for name in self._params:
+            setattr(self._impl, name, self._parameters[name])
+        for name in self._tensors:
             setattr(self._impl, name, self._buffers[name])
         return self
 
 
-@functools.cache
-def _reserved() -> frozenset[str]:
-    """Names a node id cannot take: attributes every GraphModule has."""
-    return frozenset(dir(GraphModule))
+def _held(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Module | None:
+    """The module registering what ``value`` holds, or None when it holds no module."""
+    if isinstance(value, nn.Module):
+        return value
+    if isinstance(value, Mapped):  # a mapped node is its inner node, applied item by item
+        return _held(value.inner, where, seen)
+    if isinstance(value, Node):
+        if id(value) in seen:  # nodes holding each other: the first visit registers them
+            return None
+        held = _Holdings(value, where, seen)
+        return held if _holds_any(held) else None
+    if type(value) not in (list, tuple, dict):
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    box = nn.Module()
+    for k, v in items:
+        name = str(k)
+        inner = _held(v, f"{where}[{k!r}]", seen)
+        if inner is None:
+            continue
+        if not name or "." in name or name in box._modules:
+            raise StateError(
+                f"{where}[{k!r}] holds a module that cannot be registered under the name "
+                f"{name!r} (names must be non-empty, without '.', and distinct as strings); "
+                "use plain string keys without '.' or an nn.ModuleDict"
+            )
+        box.add_module(name, inner)
+    return box if box._modules else None
+
+
+def _holds_any(m: nn.Module) -> bool:
+    """Whether ``m`` registers anything: a parameterless module (dropout) counts, for its mode."""
+    return bool(m._modules or m._parameters or m._buffers)
+
+
+_RESERVED: dict[bool, frozenset[str]] = {}
+# GraphModule's plain attributes. They live in the instance dict, beside children of the
+# same name (a subgraph written into ``>>`` gets the id "graph"), reached by named_children.
+_OWN = frozenset({"graph", "step", "metrics"})
+
+
+def _reserved(top: bool) -> frozenset[str]:
+    """Names a node id holding modules may not take: attributes every module has (and,
+    at the top, those of ``GraphModule``)."""
+    if top not in _RESERVED:
+        names = frozenset(dir(nn.Module()))
+        _RESERVED[top] = names | (set(dir(GraphModule)) - _OWN) if top else names
+    return _RESERVED[top]
 
 
 class _Nodes(nn.Module):
     """The holdings of every node of a (sub)graph, by node id."""
 
-    def __init__(self, g: Graph) -> None:
+    def __init__(self, g: Graph, prefix: str = "") -> None:
         super().__init__()
         for node_id in g.nodes():
             impl = g[node_id]
-            if "." in node_id or node_id in _reserved():
-                raise StateError(
-                    f"node id {node_id!r} cannot name a module attribute "
-                    "(no '.', and not a name nn.Module uses); rename the node"
+            label = prefix + node_id
+            held = _Nodes(impl, label + ".") if isinstance(impl, Graph) else _held(impl, label)
+            reserved = _reserved(top=not prefix)
+            if held is None or not _holds_any(held):
+                continue
+            if "." in node_id or node_id in reserved:
+                why = (
+                    "a module name cannot contain '.'"
+                    if "." in node_id
+                    else f"{node_id!r} is already an attribute of the module registering it"
                 )
-            held = _Nodes(impl) if isinstance(impl, Graph) else _Holdings(impl)
-            if any(True for _ in held.parameters()) or any(True for _ in held.buffers()):
-                self.add_module(node_id, held)
+                raise StateError(
+                    f"node {label!r} holds modules, which are registered under its id, but {why}; "
+                    "give the node another id (g.node('other_id', ...) or node.with_id('other_id'))"
+                )
+            self._modules[node_id] = held  # (add_module refuses the ids of _OWN at the top)
+
+    def _get_name(self) -> str:
+        return "Graph"
 
 
-def _frozen_wrap(g: Graph) -> Callable[[str, Any, Callable[[Any, Ctx], Done]], Callable[[Any, Ctx], Done]]:
-    def wrap(node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]) -> Callable[[Any, Ctx], Done]:
+def _frozen_wrap(
+    g: Graph,
+) -> Callable[[str, Any, Callable[[Any, Ctx], Done]], Callable[[Any, Ctx], Done]]:
+    def wrap(
+        node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]
+    ) -> Callable[[Any, Ctx], Done]:
         if node_id not in g.memory.frozen:
             return forward
 
@@ -100,14 +177,18 @@ def _frozen_wrap(g: Graph) -> Callable[[str, Any, Callable[[Any, Ctx], Done]], C
 
         return frozen
 
+    wrap._somatize_graph = g  # type: ignore[attr-defined]  # which graph it was made for
     return wrap
 
 
 def equip(g: Graph) -> Graph:
     """Give a graph (and its subgraphs) the torch codecs and the frozen-node runtime."""
+    made_for = getattr(g.wrap, "_somatize_graph", None)
     if not any(isinstance(c, TensorCodec) for c in g.codecs):
         g.use(codecs=(*g.codecs, TensorCodec(), NdarrayCodec()), wrap=_frozen_wrap(g))
-    elif g.wrap is None:
+    elif g.wrap is None or (made_for is not None and made_for is not g):
+        # A deep copy of an equipped graph: its runtime (and the program built with it)
+        # still call the original's nodes. Remaking the runtime rebuilds the program.
         g.use(wrap=_frozen_wrap(g))
     for node_id in g.nodes():
         sub = g[node_id]
@@ -116,13 +197,14 @@ def equip(g: Graph) -> Graph:
     return g
 
 
-def _frozen_holdings(m: nn.Module, g: Graph) -> Iterator[nn.Module]:
+def _frozen_holdings(m: nn.Module, g: Graph, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
+    """(module path, holdings) of every frozen node, subgraphs included."""
     for node_id, held in m.named_children():
         impl = g[node_id]
         if node_id in g.memory.frozen:
-            yield held
+            yield prefix + node_id, held
         elif isinstance(impl, Graph):
-            yield from _frozen_holdings(held, impl)
+            yield from _frozen_holdings(held, impl, f"{prefix}{node_id}.")
 
 
 class GraphModule(nn.Module):
@@ -133,6 +215,11 @@ class GraphModule(nn.Module):
     a node, tensors that do not require grad enter as *data* instead, so they can be
     keyed. Metrics nodes return in ``Done`` are kept in ``.metrics`` after each call.
 
+    Node modules register under the node id (``enc.emb.weight``); a subgraph's nest under
+    its id (``sub.inner.lin.weight``). A node may be called ``graph``, ``step`` or
+    ``metrics``: its modules register under that name (reach them with
+    ``dict(m.named_children())[id]``) and the attributes below keep their meaning.
+
     Attributes:
         graph: the graph.
         step: the step number nodes see as ``ctx.step`` (the Trainer sets it).
@@ -141,28 +228,52 @@ class GraphModule(nn.Module):
 
     def __init__(self, g: Graph) -> None:
         super().__init__()
-        object.__setattr__(self, "graph", equip(g))
+        object.__setattr__(self, "graph", g)
         self.step = 0
         self.metrics: Mapping[str, Any] = {}
         self._program: Any = None
+        self._frozen: frozenset[str] = frozenset()  # paths of the nodes frozen at the last sync
         self._sync()
 
     def _sync(self) -> None:
         """Register every node's modules and enforce frozen nodes (after any graph change)."""
-        g = self.graph
+        g = equip(self.graph)  # again: a subgraph may have been added since
         program = g.program()
         for name in list(self._modules):
             del self._modules[name]
-        for name, held in _Nodes(g).named_children():
-            self.add_module(name, held)
-        for held in _frozen_holdings(self, g):
-            held.requires_grad_(False)
+        self._modules.update(_Nodes(g)._modules)
+        frozen = dict(_frozen_holdings(self, g))
+        still = {id(p) for held in frozen.values() for p in held.parameters()}
+        now = dict(self.named_modules())
+        for path in self._frozen - frozen.keys():  # unfrozen since: back to the module's mode
+            if path in now:
+                now[path].train(self.training)
+        for p in self.parameters():
+            if getattr(p, "_somatize_frozen", False) and id(p) not in still:
+                p.requires_grad_(True)
+                del p._somatize_frozen
+        for held in frozen.values():
+            for p in held.parameters():
+                if p.requires_grad:  # marked, so unfreezing gives back only what freezing took
+                    p._somatize_frozen = True
+                    p.requires_grad_(False)
             held.eval()
+        self._frozen = frozenset(frozen)
         self._program = program
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        equip(self.graph)  # a copy (copy.deepcopy(model)) runs its own nodes, not the original's
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OWN:  # never a child's slot, even when a node has this id
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
     def train(self, mode: bool = True) -> GraphModule:
         super().train(mode)
-        for held in _frozen_holdings(self, self.graph):
+        for _, held in _frozen_holdings(self, self.graph):
             held.eval()
         return self
 
@@ -171,6 +282,7 @@ class GraphModule(nn.Module):
         program = g.program()
         if program is not self._program:
             self._sync()
+            program = self._program
         as_data = program.keyed
         inputs = [
             a if not isinstance(a, torch.Tensor) or (as_data and not a.requires_grad) else Opaque(a)
@@ -185,7 +297,10 @@ class GraphModule(nn.Module):
 
 
 def module(g: Graph) -> GraphModule:
-    """The ``nn.Module`` over ``g`` (one per graph: calling again returns the same module).
+    """The ``nn.Module`` over ``g``.
+
+    One per graph: while the module is alive, calling again returns it. The weights live
+    in the nodes, so a module made again after the first was dropped holds the same ones.
 
     Example:
         >>> import torch
@@ -202,9 +317,10 @@ def module(g: Graph) -> GraphModule:
     """
     if not isinstance(g, Graph):
         raise TypeError(f"module() takes a somatize Graph, got {type(g).__qualname__}")
-    m = _modules.get(g)
-    if m is None:
-        m = _modules[g] = GraphModule(g)
+    m = _by_graph.get(id(g))
+    if m is None or m.graph is not g:
+        m = GraphModule(g)
+        _by_graph[id(g)] = m
     elif g.program() is not m._program:
         m._sync()
     return m
@@ -235,20 +351,28 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
     """Load a name-keyed state into the graph's modules (in place; keys then follow).
 
     Raises:
-        StateError: missing or unexpected keys, or shape mismatches, all listed.
+        StateError: missing or unexpected keys, values that are not tensors, shape
+            mismatches — all listed, before anything is loaded.
     """
     m = module(g)
     own = m.state_dict()
     missing = sorted(set(own) - set(snapshot))
     unexpected = sorted(set(snapshot) - set(own))
+    not_tensors = sorted(
+        k for k in own if k in snapshot and not isinstance(snapshot[k], torch.Tensor)
+    )
     shapes = [
         f"{k}: graph has {tuple(own[k].shape)}, state has {tuple(snapshot[k].shape)}"
         for k in own
-        if k in snapshot and tuple(own[k].shape) != tuple(snapshot[k].shape)
+        if k in snapshot and k not in not_tensors and own[k].shape != snapshot[k].shape
     ]
     problems = []
+    if not_tensors:
+        problems.append(f"not tensors: {', '.join(not_tensors[:10])}")
     if missing:
-        problems.append(f"missing keys: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}")
+        problems.append(
+            f"missing keys: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}"
+        )
     if unexpected:
         problems.append(
             f"unexpected keys: {', '.join(unexpected[:10])}{' ...' if len(unexpected) > 10 else ''}"
@@ -257,7 +381,8 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
         problems.append("shape mismatches: " + "; ".join(shapes[:10]))
     if problems:
         raise StateError(
-            "the state does not fit the graph — " + " | ".join(problems)
+            "the state does not fit the graph — "
+            + " | ".join(problems)
             + " (was it saved from a different graph? compare sorted(state(g)) with the saved keys)"
         )
     m.load_state_dict(dict(snapshot), strict=True)
