@@ -44,7 +44,7 @@ def _cache(args: argparse.Namespace) -> int:
         print(f"freed {freed} bytes; {keeper.stats()}")
     else:
         names = {key: name for name, key in keeper.names().items()}
-        for key in keeper.keys():
+        for key in keeper.keys():  # noqa: SIM118 -- a keeper, not a dict
             size = (keeper.path / "objects" / key[:2] / key).stat().st_size
             print(f"{key}  {size:>10}  {names.get(key, '')}".rstrip())
     return 0
@@ -53,7 +53,10 @@ def _cache(args: argparse.Namespace) -> int:
 def _graph(args: argparse.Namespace) -> int:
     module_name, _, attr = args.target.partition(":")
     if not attr:
-        print("somatize: give the graph as MODULE:ATTR, e.g. recipes.text_pipeline:graph", file=sys.stderr)
+        print(
+            "somatize: give the graph as MODULE:ATTR, e.g. recipes.text_pipeline:graph",
+            file=sys.stderr,
+        )
         return 2
     sys.path.insert(0, os.getcwd())
     obj = importlib.import_module(module_name)
@@ -62,7 +65,9 @@ def _graph(args: argparse.Namespace) -> int:
     if callable(obj) and not isinstance(obj, Graph):
         obj = obj()
     if not isinstance(obj, Graph):
-        print(f"somatize: {args.target} is a {type(obj).__qualname__}, not a Graph", file=sys.stderr)
+        print(
+            f"somatize: {args.target} is a {type(obj).__qualname__}, not a Graph", file=sys.stderr
+        )
         return 2
     print(obj.to_mermaid() if args.format == "mermaid" else obj.to_text())
     return 0

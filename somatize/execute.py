@@ -62,7 +62,8 @@ class Program:
         memory: Memory,
         codecs: Sequence[Codec],
         subprograms: Mapping[str, Program],
-        wrap: Callable[[str, Any, Callable[[Any, Ctx], Any]], Callable[[Any, Ctx], Any]] | None = None,
+        wrap: Callable[[str, Any, Callable[[Any, Ctx], Any]], Callable[[Any, Ctx], Any]]
+        | None = None,
     ) -> None:
         self.plan = plan
         self.catalog = catalog
@@ -72,13 +73,17 @@ class Program:
         self.output = plan.output
         devices = plan.placement
         # The hot path's steps: (id, forward, inputs, device, where) — built once.
-        self.fast: list[tuple[str, Callable[[Any, Ctx], Any], tuple[str, ...], str | None, str]] = []
+        self.fast: list[
+            tuple[str, Callable[[Any, Ctx], Any], tuple[str, ...], str | None, str]
+        ] = []
         self.wrap = wrap
         for s in plan.steps:
             sub = self.subprograms.get(s.node)
-            forward = sub.as_forward() if sub is not None else self._forward(s.node, catalog[s.node])
+            forward = (
+                sub.as_forward() if sub is not None else self._forward(s.node, catalog[s.node])
+            )
             self.fast.append((s.node, forward, s.inputs, devices.device(s.node), _where(s.node)))
-        self.keyed = bool(memory.cached or memory.named) or any(
+        self.keyed: bool = bool(memory.cached or memory.named) or any(
             p.keyed for p in self.subprograms.values()
         )
         self._needs_key = self._keyed_ancestry()
@@ -203,8 +208,15 @@ class Program:
                     if source is None and node_key is not None:
                         sub_key = in_keys[0] if len(in_keys) == 1 else digest(tuple(in_keys))
                     o = sub.run_keyed(
-                        inp, source is not None, sub_key, run, keys, keeper, watchers,
-                        label + "/", need_key=node_key is not None,
+                        inp,
+                        source is not None,
+                        sub_key,
+                        run,
+                        keys,
+                        keeper,
+                        watchers,
+                        label + "/",
+                        need_key=node_key is not None,
                     )
                     value, is_opaque = o.value, o.opaque
                     metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
@@ -247,13 +259,11 @@ class Program:
                 notify(watchers, Metrics(run.id, label, run.step, node_metrics))
         out = self.output
         if len(out) == 1:
-            o = out[0]
-            return Outcome(values[o], o in opaque, vkeys[o], metrics)
+            sink = out[0]
+            return Outcome(values[sink], sink in opaque, vkeys[sink], metrics)
         ks = [vkeys[o] for o in out]
         key = None if any(k is None for k in ks) else digest(tuple(ks))
-        return Outcome(
-            tuple(values[o] for o in out), any(o in opaque for o in out), key, metrics
-        )
+        return Outcome(tuple(values[o] for o in out), any(o in opaque for o in out), key, metrics)
 
     def _mapped(
         self,
@@ -267,12 +277,16 @@ class Program:
     ) -> list[Any]:
         """A cached mapped node: each item keyed by its own content; only misses computed."""
         if type(items) is not list and type(items) is not tuple:
-            raise NodeError(f"mapped node {label!r} received a {type(items).__name__}; it takes a list")
+            raise NodeError(
+                f"mapped node {label!r} received a {type(items).__name__}; it takes a list"
+            )
         out = []
         pinned = ctx.node in self.memory.pinned
         inner = self._forward(ctx.node, impl.inner)
         for i, item in enumerate(items):
-            item_key = keys.of(impl, [digest(item, self.codecs, f"item {i} of the input of {label!r}")])
+            item_key = keys.of(
+                impl, [digest(item, self.codecs, f"item {i} of the input of {label!r}")]
+            )
             hit = keeper.get(item_key) if keeper is not None else None
             if hit is not None:
                 notify(watchers, CacheHit(ctx.run.id, f"{label}[{i}]", item_key))
@@ -289,7 +303,11 @@ class Program:
                     "cached items must be data — return data or stop caching it"
                 )
             if keeper is not None:
-                keeper.put(item_key, encode(value, self.codecs, f"item {i} of {_where(label)}"), pinned=pinned)
+                keeper.put(
+                    item_key,
+                    encode(value, self.codecs, f"item {i} of {_where(label)}"),
+                    pinned=pinned,
+                )
             out.append(value)
         return out
 

@@ -100,7 +100,9 @@ class Graph:
         if impl is self:
             raise ValueError(f"node {node_id!r}: a graph cannot contain itself")
         if node_id in self._impls:
-            raise DuplicateNodeError(f"node id {node_id!r} is already in the graph; choose another id")
+            raise DuplicateNodeError(
+                f"node id {node_id!r} is already in the graph; choose another id"
+            )
         self._impls[node_id] = impl
         self._changed()
         Topology((node_id,))  # validates the id

@@ -15,6 +15,7 @@ These are three of the four parts of a node's key (the fourth: its predecessors'
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib.metadata
 import inspect
@@ -138,9 +139,9 @@ def _describe(obj: Any, seen: set[int]) -> str:
 def _fingerprint(obj: Any, seen: set[int]) -> str:
     cached = _fingerprints.get(obj)
     if cached is not None:
-        return cached
+        return str(cached)
     if id(obj) in seen:  # recursion between helpers: the first visit covers it
-        return "cycle:" + obj.__qualname__
+        return "cycle:" + str(obj.__qualname__)
     seen.add(id(obj))
     h = blake3()
     h.update(f"{obj.__module__}.{obj.__qualname__}\0".encode())
@@ -165,7 +166,13 @@ def _fingerprint(obj: Any, seen: set[int]) -> str:
     if isinstance(obj, types.FunctionType):
         scope.update(obj.__globals__)
         if obj.__closure__:
-            scope.update(zip(obj.__code__.co_freevars, (c.cell_contents for c in obj.__closure__)))
+            scope.update(
+                zip(
+                    obj.__code__.co_freevars,
+                    (c.cell_contents for c in obj.__closure__),
+                    strict=True,
+                )
+            )
     done = set()
     for chain in names:
         if chain[0] not in scope or chain[0] in ("self", "cls"):
@@ -183,10 +190,8 @@ def _fingerprint(obj: Any, seen: set[int]) -> str:
         done.add(dotted)
         h.update(f"{dotted}={_describe(target, seen)}\0".encode())
     result = h.hexdigest()
-    try:
+    with contextlib.suppress(TypeError):  # objects that take no weak reference
         _fingerprints[obj] = result
-    except TypeError:
-        pass
     return result
 
 

@@ -67,14 +67,15 @@ class KeeperStats:
 
     def __str__(self) -> str:
         return (
-            f"{self.entries} entries, {self.bytes} bytes, "
-            f"{self.pinned} pinned, {self.names} names"
+            f"{self.entries} entries, {self.bytes} bytes, {self.pinned} pinned, {self.names} names"
         )
 
 
 def _check_key(key: str) -> None:
     if not _KEY.match(key):
-        raise KeeperError(f"invalid key {key!r}: keys are 64 lowercase hex digits (a blake3 digest)")
+        raise KeeperError(
+            f"invalid key {key!r}: keys are 64 lowercase hex digits (a blake3 digest)"
+        )
 
 
 def _check_name(name: str) -> None:
@@ -264,7 +265,9 @@ class DiskKeeper:
             if pinned:
                 self.pin(key)
         except OSError as e:
-            raise KeeperError(f"could not write cache entry {key[:12]}… under {self.path}: {e}") from e
+            raise KeeperError(
+                f"could not write cache entry {key[:12]}… under {self.path}: {e}"
+            ) from e
 
     def pin(self, key: str) -> None:
         """Keep ``key`` through ``gc``."""

@@ -57,6 +57,7 @@ class Opaque:
     """
 
     __slots__ = ("value",)
+    value: Any
 
     def __init__(self, value: Any) -> None:
         self.value = value.value if type(value) is Opaque else value
@@ -148,11 +149,10 @@ def _encode(value: Any, out: _Sink, codecs: Sequence[Codec]) -> None:
         pairs = []
         for k, v in value.items():
             if type(k) is not str and type(k) is not int:
-                r = _Reject(
+                raise _Reject(
                     f"a dict key {k!r} of type {type(k).__name__}; "
                     "dict keys must be str or int — convert the keys, or wrap the dict in Opaque(...)"
                 )
-                raise r
             key_chunks: list[bytes | memoryview] = []
             _encode(k, key_chunks.append, codecs)
             val_chunks: list[bytes | memoryview] = []
