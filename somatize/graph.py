@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .catalog import Catalog
-from .errors import DuplicateNodeError, MissingNodeError
+from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
 from .keepers import MemoryKeeper
 from .memory import Memory, NodeKeys
@@ -97,15 +97,18 @@ class Graph:
                 f"node {node_id!r}: {type(impl).__qualname__} is not a Node or Graph; "
                 "subclass somatize.Node and implement forward(self, x, ctx) -> Done"
             )
-        if impl is self:
-            raise ValueError(f"node {node_id!r}: a graph cannot contain itself")
+        if impl is self or (isinstance(impl, Graph) and impl._contains(self)):
+            raise GraphError(
+                f"node {node_id!r}: a graph cannot contain itself, directly or through a "
+                "subgraph; build a new Graph for the inner part"
+            )
         if node_id in self._impls:
             raise DuplicateNodeError(
                 f"node id {node_id!r} is already in the graph; choose another id"
             )
+        Topology((node_id,))  # validates the id before anything changes
         self._impls[node_id] = impl
         self._changed()
-        Topology((node_id,))  # validates the id
         return self
 
     def edge(self, source: str, target: str) -> Graph:
@@ -131,6 +134,9 @@ class Graph:
 
     def _subgraphs(self) -> dict[str, Graph]:
         return {n: i for n, i in self._impls.items() if isinstance(i, Graph)}
+
+    def _contains(self, other: Graph) -> bool:
+        return any(s is other or s._contains(other) for s in self._subgraphs().values())
 
     # -- the five facts ---------------------------------------------------------------
 
