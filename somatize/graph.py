@@ -72,7 +72,8 @@ class Graph:
         self._program: Program | None = None
         self._topology: Topology | None = None
         self._version = 0  # bumped on every change; graphs holding this one as a node watch it
-        self._built_from: tuple[int, ...] = ()
+        self._built_from: tuple[Any, ...] = ()  # subgraph stamps the program was built from
+        self._topology_from: tuple[Any, ...] = ()  # ... and the topology
         self._keys: NodeKeys | None = None
 
     # -- construction -----------------------------------------------------------------
@@ -135,6 +136,10 @@ class Graph:
     def _subgraphs(self) -> dict[str, Graph]:
         return {n: i for n, i in self._impls.items() if isinstance(i, Graph)}
 
+    def _stamp(self) -> tuple[Any, ...]:
+        """This graph's version and its subgraphs', at any depth: a change inside shows."""
+        return (self._version, *(s._stamp() for s in self._subgraphs().values()))
+
     def _contains(self, other: Graph) -> bool:
         return any(s is other or s._contains(other) for s in self._subgraphs().values())
 
@@ -142,9 +147,12 @@ class Graph:
 
     @property
     def topology(self) -> Topology:
-        if self._topology is None:
-            subs = {n: sub.topology for n, sub in self._subgraphs().items()}
+        subgraphs = self._subgraphs()
+        stamps = tuple(sub._stamp() for sub in subgraphs.values())
+        if self._topology is None or stamps != self._topology_from:
+            subs = {n: sub.topology for n, sub in subgraphs.items()}
             self._topology = Topology(tuple(self._impls), tuple(self._edges), subs)
+            self._topology_from = stamps
         return self._topology
 
     @property
@@ -212,11 +220,10 @@ class Graph:
     def program(self) -> Program:
         """The executable form of the graph, built once per change."""
         subgraphs = self._subgraphs()
-        versions = tuple(sub._version for sub in subgraphs.values())
-        if self._program is None or versions != self._built_from:
+        stamps = tuple(sub._stamp() for sub in subgraphs.values())
+        if self._program is None or stamps != self._built_from:
             subs = {n: sub.program() for n, sub in subgraphs.items()}
-            self._topology = None
-            self._built_from = versions
+            self._built_from = stamps
             self._program = Program(
                 self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
             )
