@@ -180,6 +180,8 @@ class Program:
                 source = next((f"node {prefix + i!r}" for i in inputs if i in opaque), None)
             impl = self.catalog[node]
             remembered = memory.remembers(node)
+            # a cached mapped node is cached item by item, never as a whole list
+            per_item = node in memory.cached and isinstance(impl, Mapped)
             if remembered and source is not None:
                 raise CacheError(
                     f"node {label!r} is cached but its input from {source} is Opaque; "
@@ -189,7 +191,7 @@ class Program:
             node_key = None
             if node in needs_key and source is None:
                 node_key = keys.of(impl, [k for k in in_keys if k is not None])
-            if node_key is not None and node in memory.cached:
+            if node_key is not None and node in memory.cached and not per_item:
                 hit = keeper.get(node_key) if keeper is not None else None
                 if hit is not None:
                     notify(watchers, CacheHit(run.id, label, node_key))
@@ -220,7 +222,7 @@ class Program:
                     )
                     value, is_opaque = o.value, o.opaque
                     metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
-                elif isinstance(impl, Mapped) and node in memory.cached:
+                elif per_item:
                     value = self._mapped(impl, inp, ctx, label, keys, keeper, watchers)
                     is_opaque = False
                 else:
@@ -246,7 +248,7 @@ class Program:
                 opaque.add(node)
                 node_key = None
             elif remembered and node_key is not None and keeper is not None:
-                if not (isinstance(impl, Mapped) and node in memory.cached):
+                if not per_item or node in memory.named:  # a name needs the whole list stored
                     data = encode(value, self.codecs, _where(label))
                     keeper.put(node_key, data, pinned=node in memory.pinned)
                 if node in memory.named:
