@@ -108,7 +108,8 @@ class Program:
         """This program as a node's forward (for a subgraph on the hot path)."""
 
         def forward(x: Any, ctx: Ctx) -> Done:
-            return Done(Opaque(self.run_fast(x, ctx.run)[0]))
+            value, metrics = self.run_fast(x, ctx.run)
+            return Done(Opaque(value), metrics or None)
 
         return forward
 
@@ -136,7 +137,10 @@ class Program:
                 check(value, codecs, where)
             values[node] = value
             if done[1]:
-                metrics[node] = done[1]
+                if node in self.subprograms:  # by inner node: named as on the keyed path
+                    metrics.update({f"{node}/{k}": v for k, v in done[1].items()})
+                else:
+                    metrics[node] = done[1]
         out = self.output
         if len(out) == 1:
             return values[out[0]], metrics
