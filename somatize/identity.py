@@ -39,7 +39,12 @@ if TYPE_CHECKING:
 
 __all__ = ["declaration", "fingerprint", "identity", "state"]
 
-_fingerprints: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# The code of each class or function, read once: (digest of it, dotted names it reads).
+# Only an object's own code is kept here: what its names resolve to is looked up on
+# every fingerprint, since a helper module may be reloaded under an unchanged class.
+_sources: weakref.WeakKeyDictionary[Any, tuple[bytes, list[list[str]]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @functools.cache
@@ -122,12 +127,12 @@ def _referenced(tree: ast.AST) -> list[list[str]]:
     return chains
 
 
-def _describe(obj: Any, seen: set[int]) -> str:
+def _describe(obj: Any, memo: dict[int, str]) -> str:
     """How a referenced global enters a fingerprint."""
     if isinstance(obj, (types.FunctionType, type)) and _is_user_module(
         sys.modules.get(obj.__module__)
     ):
-        return "code:" + _fingerprint(obj, seen)
+        return "code:" + _fingerprint(obj, memo)
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)):
         name = getattr(obj, "__qualname__", None) or obj.__name__
         return f"lib:{getattr(obj, '__module__', '') or ''}.{name}"
@@ -136,13 +141,11 @@ def _describe(obj: Any, seen: set[int]) -> str:
     return "obj:" + type(obj).__qualname__
 
 
-def _fingerprint(obj: Any, seen: set[int]) -> str:
-    cached = _fingerprints.get(obj)
+def _own(obj: Any) -> tuple[bytes, list[list[str]]]:
+    """The digest of ``obj``'s own code and the dotted names it reads (read once per object)."""
+    cached = _sources.get(obj)
     if cached is not None:
-        return str(cached)
-    if id(obj) in seen:  # recursion between helpers: the first visit covers it
-        return "cycle:" + str(obj.__qualname__)
-    seen.add(id(obj))
+        return cached
     h = blake3()
     h.update(f"{obj.__module__}.{obj.__qualname__}\0".encode())
     tree = _source_tree(obj)
@@ -161,6 +164,24 @@ def _fingerprint(obj: Any, seen: set[int]) -> str:
         _strip_docstrings(tree)
         h.update(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
         names = _referenced(tree)
+    result = (h.digest(), names)
+    with contextlib.suppress(TypeError):  # objects that take no weak reference
+        _sources[obj] = result
+    return result
+
+
+def _fingerprint(obj: Any, memo: dict[int, str]) -> str:
+    """``obj``'s code and, transitively, the user code it references.
+
+    ``memo`` holds what one top-level call has computed, so the result depends only on
+    the object fingerprinted, never on what was fingerprinted before it.
+    """
+    done_or_running = memo.get(id(obj))
+    if done_or_running is not None:
+        return done_or_running
+    memo[id(obj)] = "cycle:" + str(obj.__qualname__)  # recursion between helpers
+    own, names = _own(obj)
+    h = blake3(own)
     module = sys.modules.get(obj.__module__)
     scope = dict(vars(module)) if module else {}
     if isinstance(obj, types.FunctionType):
@@ -188,16 +209,15 @@ def _fingerprint(obj: Any, seen: set[int]) -> str:
         if dotted in done or target is obj:
             continue
         done.add(dotted)
-        h.update(f"{dotted}={_describe(target, seen)}\0".encode())
+        h.update(f"{dotted}={_describe(target, memo)}\0".encode())
     result = h.hexdigest()
-    with contextlib.suppress(TypeError):  # objects that take no weak reference
-        _fingerprints[obj] = result
+    memo[id(obj)] = result
     return result
 
 
 def fingerprint(obj: type | types.FunctionType) -> str:
     """A digest of a class's or function's code and of the user helpers it references."""
-    return _fingerprint(obj, set())
+    return _fingerprint(obj, {})
 
 
 def identity(impl: Any) -> str:
@@ -226,9 +246,9 @@ def _declare(value: Any, where: str, codecs: Sequence[Codec]) -> Any:
     if isinstance(value, Node):
         return {"node": identity(value), "args": declaration(value, codecs)}
     if isinstance(value, (types.FunctionType, type)):
-        return {"code": _describe(value, set())}
+        return {"code": _describe(value, {})}
     if isinstance(value, (types.BuiltinFunctionType, types.ModuleType)):
-        return {"lib": _describe(value, set())}
+        return {"lib": _describe(value, {})}
     for codec in codecs:
         fp = codec.fingerprint(value)
         if fp is not None:
