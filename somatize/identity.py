@@ -102,12 +102,35 @@ def _source_tree(obj: Any) -> ast.AST | None:
 def _code_digest(code: types.CodeType, h: Any) -> None:
     """Fallback when no source is available: the bytecode, constants and names."""
     h.update(code.co_code)
-    h.update(repr(code.co_names).encode())
+    h.update(repr((code.co_names, code.co_freevars)).encode())
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _code_digest(const, h)
+        elif isinstance(const, frozenset):  # `x in {"a", "b"}`: its repr follows hash order
+            h.update(repr(sorted(map(repr, const))).encode())
         else:
             h.update(repr(const).encode())
+
+
+def _code_names(code: types.CodeType) -> list[list[str]]:
+    """The global and closure names a code object (and code nested in it) reads."""
+    names = [[n] for n in (*code.co_names, *code.co_freevars)]
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _code_names(const)
+    return names
+
+
+def _functions(obj: Any) -> list[types.FunctionType]:
+    """A function itself, or the functions defined in a class's body."""
+    if isinstance(obj, types.FunctionType):
+        return [obj]
+    found = []
+    for member in vars(obj).values():
+        for f in (getattr(member, "__func__", member), getattr(member, "fget", None)):
+            if isinstance(f, types.FunctionType):
+                found.append(f)
+    return found
 
 
 def _referenced(tree: ast.AST) -> list[list[str]]:
@@ -148,18 +171,15 @@ def _own(obj: Any) -> tuple[bytes, list[list[str]]]:
         return cached
     h = blake3()
     h.update(f"{obj.__module__}.{obj.__qualname__}\0".encode())
-    tree = _source_tree(obj)
+    # The source of a lambda is the whole statement around it, shared by every lambda in
+    # it (`Apply(lambda x: x + 1) | Apply(lambda x: x * 2)`): a lambda is known by its code.
+    is_lambda = getattr(obj, "__name__", None) == "<lambda>"
+    tree = None if is_lambda else _source_tree(obj)
     if tree is None:
-        funcs = [obj] if isinstance(obj, types.FunctionType) else list(vars(obj).values())
-        for f in funcs:
-            f = getattr(f, "__func__", f)
-            if isinstance(f, types.FunctionType):
-                _code_digest(f.__code__, h)
         names: list[list[str]] = []
-        for f in funcs:
-            code = getattr(getattr(f, "__func__", f), "__code__", None)
-            if code is not None:
-                names.extend([n] for n in code.co_names)
+        for f in _functions(obj):
+            _code_digest(f.__code__, h)
+            names += _code_names(f.__code__)
     else:
         _strip_docstrings(tree)
         h.update(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
