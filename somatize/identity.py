@@ -206,14 +206,12 @@ def _fingerprint(obj: Any, memo: dict[int, str]) -> str:
     scope = dict(vars(module)) if module else {}
     if isinstance(obj, types.FunctionType):
         scope.update(obj.__globals__)
-        if obj.__closure__:
-            scope.update(
-                zip(
-                    obj.__code__.co_freevars,
-                    (c.cell_contents for c in obj.__closure__),
-                    strict=True,
-                )
-            )
+    # Closures: `def make(k): class Mul(Node): ... x * k` makes classes that differ by `k`
+    # alone; a closure variable shadows a global of the same name.
+    for f in _functions(obj):
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True):
+            with contextlib.suppress(ValueError):  # an empty cell: not assigned yet
+                scope[name] = cell.cell_contents
     done = set()
     for chain in names:
         if chain[0] not in scope or chain[0] in ("self", "cls"):
