@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import CacheError, NodeError
+from .errors import CacheError, DeclarationError, NodeError
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Mapped, Run
 from .values import Opaque, check, decode, digest, encode
@@ -194,7 +194,13 @@ class Program:
                 )
             node_key = None
             if node in needs_key and source is None:
-                node_key = keys.of(impl, [k for k in in_keys if k is not None])
+                try:
+                    node_key = keys.of(impl, [k for k in in_keys if k is not None])
+                except DeclarationError as e:
+                    raise DeclarationError(
+                        f"node {label!r} needs a key (it is cached or named, or feeds a node "
+                        f"that is) but {e}"
+                    ) from None
             if node_key is not None and node in memory.cached and not per_item:
                 hit = keeper.get(node_key) if keeper is not None else None
                 if hit is not None:

@@ -258,6 +258,13 @@ def _declare(value: Any, where: str, codecs: Sequence[Codec]) -> Any:
     if t is list or t is tuple:
         return t(_declare(v, f"{where}[{i}]", codecs) for i, v in enumerate(value))
     if t is dict:
+        for k in value:
+            if type(k) is not str and type(k) is not int:
+                raise DeclarationError(
+                    f"argument {where} has a dict key {k!r} of type {type(k).__qualname__}, "
+                    "which cannot be written into a key; use str or int keys, "
+                    "or do not cache this node"
+                )
         return {k: _declare(v, f"{where}[{k!r}]", codecs) for k, v in value.items()}
     if is_data(value, codecs):
         return value
