@@ -307,9 +307,13 @@ class DiskKeeper:
         return {f.name for f in (self.path / "pins").iterdir() if _KEY.match(f.name)}
 
     def stats(self) -> KeeperStats:
-        keys = list(self.keys())
-        size = sum(self._object(k).stat().st_size for k in keys)
-        return KeeperStats(len(keys), size, len(self._pins() & set(keys)), len(self.names()))
+        sizes = {}
+        for key in self.keys():
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another process
+                sizes[key] = self._object(key).stat().st_size
+        return KeeperStats(
+            len(sizes), sum(sizes.values()), len(self._pins() & set(sizes)), len(self.names())
+        )
 
     def verify(self) -> list[str]:
         """Check every entry's checksum; corrupt entries are removed and their keys returned."""
@@ -330,8 +334,11 @@ class DiskKeeper:
         freed = 0
         stale = time.time() - 3600  # a temp file this old belongs to no live writer
         for sub in (self.path / "objects").iterdir():
-            for f in sub.iterdir():
-                st = f.stat()
+            for f in sub.iterdir() if sub.is_dir() else ():
+                try:
+                    st = f.stat()
+                except FileNotFoundError:  # a temp file renamed, or an entry removed, meanwhile
+                    continue
                 if f.name.startswith("."):  # a temp file, left by a killed writer if old
                     if st.st_mtime < stale:
                         with contextlib.suppress(OSError):
