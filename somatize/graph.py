@@ -8,6 +8,7 @@ construction, ``forward``, introspection, rendering, memory settings.
 from __future__ import annotations
 
 import time
+import types
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
 from .keepers import MemoryKeeper
 from .memory import Memory, NodeKeys
-from .node import Ctx, Done, Node, Run
+from .node import _NO_VALUES, Ctx, Done, Node, Run
 from .placement import Placement
 from .plan import Plan, compile
 from .topology import Topology
@@ -267,7 +268,8 @@ class Graph:
         else:
             opaque = any(type(i) is Opaque for i in inputs)
             x = tuple(i.value if type(i) is Opaque else i for i in inputs)
-        run = Run(run_id or self.run_id, step, training, values or {})
+        injected = types.MappingProxyType(dict(values)) if values else _NO_VALUES  # read-only
+        run = Run(run_id or self.run_id, step, training, injected)
         if not opaque:
             check(x, self.codecs, "the graph input")
         if not (program.keyed or self.watchers):
