@@ -296,8 +296,10 @@ class Program:
         pinned = ctx.node in self.memory.pinned
         inner = self._forward(ctx.node, impl.inner)
         for i, item in enumerate(items):
+            # the recipe of one item: the inner node on that item's content (not the mapped
+            # node's own key, which a list whose item is a whole earlier input would share)
             item_key = keys.of(
-                impl, [digest(item, self.codecs, f"item {i} of the input of {label!r}")]
+                impl.inner, [digest(item, self.codecs, f"item {i} of the input of {label!r}")]
             )
             hit = keeper.get(item_key) if keeper is not None else None
             if hit is not None:
