@@ -58,10 +58,15 @@ def _graph(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    sys.path.insert(0, os.getcwd())
-    obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    if os.getcwd() not in sys.path:  # modules of the directory the command runs in
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        print(f"somatize: cannot load {args.target}: {e}", file=sys.stderr)
+        return 2
     if callable(obj) and not isinstance(obj, Graph):
         obj = obj()
     if not isinstance(obj, Graph):
