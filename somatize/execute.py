@@ -205,6 +205,8 @@ class Program:
                 hit = keeper.get(node_key) if keeper is not None else None
                 if hit is not None:
                     notify(watchers, CacheHit(run.id, label, node_key))
+                    if node in memory.named and keeper is not None:  # the name follows each run
+                        keeper.name(memory.named[node], node_key)
                     values[node], vkeys[node] = decode(hit, self.codecs), node_key
                     continue
                 notify(watchers, CacheMiss(run.id, label, node_key))

@@ -354,6 +354,15 @@ def test_named_output_is_recorded_under_the_name() -> None:
     assert g.memory.named == {}
 
 
+def test_a_cached_named_node_points_its_name_at_the_latest_run_also_on_a_hit() -> None:
+    g = Graph().node("a", Add(1, "a")).cache("a").name("a", "latest")
+    g.forward(1)
+    g.forward(5)
+    g.forward(1)  # a hit
+    assert CALLS["a"] == 2
+    assert g.keeper is not None and decode(g.keeper.lookup("latest")) == 2
+
+
 def test_pinned_entries_survive_eviction() -> None:
     keeper = MemoryKeeper(max_bytes=60)
     g = Graph(keeper=keeper).node("p", Add(0, "p")).cache("p").pin("p")
