@@ -73,8 +73,8 @@ class Graph:
         self._program: Program | None = None
         self._topology: Topology | None = None
         self._version = 0  # bumped on every change; graphs holding this one as a node watch it
-        self._built_from: tuple[Any, ...] = ()  # subgraph stamps the program was built from
-        self._topology_from: tuple[Any, ...] = ()  # ... and the topology
+        self._built_from: tuple[Any, ...] = ()  # the stamp the program was built from
+        self._topology_from: tuple[Any, ...] = ()  # subgraph stamps the topology was built from
         self._keys: NodeKeys | None = None
 
     # -- construction -----------------------------------------------------------------
@@ -138,8 +138,11 @@ class Graph:
         return {n: i for n, i in self._impls.items() if isinstance(i, Graph)}
 
     def _stamp(self) -> tuple[Any, ...]:
-        """This graph's version and its subgraphs', at any depth: a change inside shows."""
-        return (self._version, *(s._stamp() for s in self._subgraphs().values()))
+        """What this graph's program is built from, subgraphs' at any depth included: also
+        attributes assigned directly (``g.wrap = ...``, ``g.codecs = ...``), not only changes
+        made through methods."""
+        own = (self._version, self.memory, self.placement, self.codecs, self.wrap)
+        return (*own, *(s._stamp() for s in self._subgraphs().values()))
 
     def _contains(self, other: Graph) -> bool:
         return any(s is other or s._contains(other) for s in self._subgraphs().values())
@@ -220,11 +223,10 @@ class Graph:
 
     def program(self) -> Program:
         """The executable form of the graph, built once per change."""
-        subgraphs = self._subgraphs()
-        stamps = tuple(sub._stamp() for sub in subgraphs.values())
-        if self._program is None or stamps != self._built_from:
-            subs = {n: sub.program() for n, sub in subgraphs.items()}
-            self._built_from = stamps
+        stamp = self._stamp()
+        if self._program is None or stamp != self._built_from:
+            subs = {n: sub.program() for n, sub in self._subgraphs().items()}
+            self._built_from = stamp
             self._program = Program(
                 self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
             )

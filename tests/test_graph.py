@@ -228,6 +228,23 @@ def test_changes_deep_inside_subgraphs_are_seen() -> None:
     assert [e.node for e in rec.of(CacheHit)] == ["mid/deep/b"]
 
 
+def test_attributes_assigned_after_a_run_take_effect() -> None:
+    inner = Graph().node("a", Add(1))
+    g = Graph().node("blk", inner)
+    assert g.forward(1) == 2
+
+    def tenfold(node_id: str, impl: Any, forward: Any) -> Any:
+        return lambda x, ctx: Done(10 * forward(x, ctx).value)
+
+    inner.wrap = tenfold  # a runtime's hook, set on a subgraph after the outer graph ran
+    assert g.forward(1) == 20
+    g.wrap = tenfold
+    g.node("b", Add(0)).edge("blk", "b")
+    assert g.forward(1) == 200
+    inner.wrap = None
+    assert g.forward(1) == 20
+
+
 def test_placement_device_reaches_ctx_and_rebuilds() -> None:
     class Where(Node):
         def forward(self, x: Any, ctx: Ctx) -> Done:
