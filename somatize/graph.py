@@ -61,6 +61,7 @@ class Graph:
         watchers: Iterable[Watcher] = (),
     ) -> None:
         self._impls: dict[str, Any] = {}
+        self._subs: dict[str, Graph] = {}  # the nodes that are graphs (nodes are never removed)
         self._edges: list[tuple[str, str]] = []
         self.placement = Placement()
         self.memory = Memory()
@@ -110,6 +111,8 @@ class Graph:
             )
         Topology((node_id,))  # validates the id before anything changes
         self._impls[node_id] = impl
+        if isinstance(impl, Graph):
+            self._subs[node_id] = impl
         self._changed()
         return self
 
@@ -135,14 +138,14 @@ class Graph:
         self._version += 1
 
     def _subgraphs(self) -> dict[str, Graph]:
-        return {n: i for n, i in self._impls.items() if isinstance(i, Graph)}
+        return self._subs
 
     def _stamp(self) -> tuple[Any, ...]:
         """What this graph's program is built from, subgraphs' at any depth included: also
         attributes assigned directly (``g.wrap = ...``, ``g.codecs = ...``), not only changes
         made through methods."""
         own = (self._version, self.memory, self.placement, self.codecs, self.wrap)
-        return (*own, *(s._stamp() for s in self._subgraphs().values()))
+        return (*own, *(s._stamp() for s in self._subs.values())) if self._subs else own
 
     def _contains(self, other: Graph) -> bool:
         return any(s is other or s._contains(other) for s in self._subgraphs().values())
