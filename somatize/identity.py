@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dis
 import functools
 import importlib.metadata
 import inspect
 import linecache
 import os
+import symtable
 import sys
 import sysconfig
 import textwrap
@@ -112,9 +114,22 @@ def _code_digest(code: types.CodeType, h: Any) -> None:
             h.update(repr(const).encode())
 
 
+_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF"})
+
+
 def _code_names(code: types.CodeType) -> list[list[str]]:
-    """The global and closure names a code object (and code nested in it) reads."""
-    names = [[n] for n in (*code.co_names, *code.co_freevars)]
+    """Dotted chains of the global and closure names a code object (and code nested in it)
+    reads: ``helper``, ``mod.helper``. Locals, parameters and attribute names are not."""
+    names: list[list[str]] = []
+    chain: list[str] | None = None
+    for ins in dis.get_instructions(code):
+        if ins.opname in _LOADS:
+            chain = [str(ins.argval)]
+            names.append(chain)
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and chain is not None:
+            chain.append(str(ins.argval))
+        elif ins.opname not in ("CACHE", "PRECALL", "EXTENDED_ARG"):
+            chain = None
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names += _code_names(const)
@@ -133,8 +148,26 @@ def _functions(obj: Any) -> list[types.FunctionType]:
     return found
 
 
+def _outside_names(tree: ast.AST) -> set[str] | None:
+    """The names the code reads from outside itself (globals, builtins, closure cells), not
+    its parameters and locals; None if the code cannot be analysed on its own."""
+    try:
+        top = symtable.symtable(ast.unparse(tree), "<fingerprint>", "exec")
+    except SyntaxError:  # e.g. `nonlocal x` bound in a function around the snippet
+        return None
+    names: set[str] = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        names.update(s.get_name() for s in table.get_symbols() if s.is_global())
+        tables.extend(table.get_children())
+    return names
+
+
 def _referenced(tree: ast.AST) -> list[list[str]]:
-    """Dotted name chains the code reads: ``helper``, ``mod.helper``, ``pkg.mod.helper``."""
+    """Dotted name chains the code reads from outside itself: ``helper``, ``mod.helper``,
+    ``pkg.mod.helper``. A local that happens to share a global's name is not one of them."""
+    outside = _outside_names(tree)
     chains = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
@@ -147,7 +180,7 @@ def _referenced(tree: ast.AST) -> list[list[str]]:
                 chains.append([cur.id, *reversed(parts)])
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             chains.append([node.id])
-    return chains
+    return chains if outside is None else [c for c in chains if c[0] in outside]
 
 
 def _describe(obj: Any, memo: dict[int, str]) -> str:

@@ -238,6 +238,31 @@ def test_fresh_module_name_with_edited_helper_differs(user_module: Writer) -> No
     assert fingerprint(same.Embed) != f1  # module names differ, so identities differ too
 
 
+def test_module_variables_named_like_locals_stay_out_of_the_key(user_module: Writer) -> None:
+    mod = user_module(
+        "nodes_locals",
+        """
+        from somatize import Node, Done
+        word, total, y = "alpha", 0, 1  # a script's loop variables, say
+        class Count(Node):
+            def __init__(self, fn):
+                self.fn = fn
+            def forward(self, word, ctx):
+                total = len(word)
+                return Done([self.fn(total)] + [y for y in word])
+        def make():
+            return Count(lambda y: y + 1)
+        """,
+    )
+    node = mod.make()
+    before = identity(node), declaration(node)
+    mod.word, mod.total, mod.y = "beta", 5, 2
+    node = mod.make()
+    assert (identity(node), declaration(node)) == before
+    mod.Done = None  # a global it does read: the key follows
+    assert identity(mod.make()) != before[0]
+
+
 def test_library_code_enters_by_name(user_module: Writer) -> None:
     mod = user_module(
         "nodes_lib",
