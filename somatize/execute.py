@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import CacheError, DeclarationError, NodeError
-from .memory import Memory, NodeKeys
+from .memory import Memory, NodeKeys, key
 from .node import Ctx, Done, Mapped, Run
 from .values import Opaque, check, decode, digest, encode
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
@@ -276,8 +276,10 @@ class Program:
             sink = out[0]
             return Outcome(values[sink], sink in opaque, vkeys[sink], metrics)
         ks = [vkeys[o] for o in out]
-        key = None if any(k is None for k in ks) else digest(tuple(ks))
-        return Outcome(tuple(values[o] for o in out), any(o in opaque for o in out), key, metrics)
+        out_key = None if any(k is None for k in ks) else digest(tuple(ks))
+        return Outcome(
+            tuple(values[o] for o in out), any(o in opaque for o in out), out_key, metrics
+        )
 
     def _mapped(
         self,
@@ -297,11 +299,13 @@ class Program:
         out = []
         pinned = ctx.node in self.memory.pinned
         inner = self._forward(ctx.node, impl.inner)
+        # The recipe of one item: the inner node on that item's content (not the mapped
+        # node's own key, which a list whose item is a whole earlier input would share).
+        # The inner node's parts are read once per batch, not once per item.
+        parts = keys.parts(impl.inner)
         for i, item in enumerate(items):
-            # the recipe of one item: the inner node on that item's content (not the mapped
-            # node's own key, which a list whose item is a whole earlier input would share)
-            item_key = keys.of(
-                impl.inner, [digest(item, self.codecs, f"item {i} of the input of {label!r}")]
+            item_key = key(
+                *parts, [digest(item, self.codecs, f"item {i} of the input of {label!r}")]
             )
             hit = keeper.get(item_key) if keeper is not None else None
             if hit is not None:

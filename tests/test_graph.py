@@ -345,6 +345,25 @@ def test_mapped_computes_only_unseen_items() -> None:
     assert [e.node for e in rec.of(CacheMiss)] == ["sq[2]"]  # no whole-list miss
 
 
+def test_a_mapped_batch_reads_the_inner_nodes_state_once_not_per_item() -> None:
+    from fakes import FakeCodec, FakeTensor
+
+    class Weighted(Node):
+        def __init__(self) -> None:
+            self.weight = FakeTensor(b"\x02" * 8)
+
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            return Done(x * self.weight.data[0])
+
+    def state_reads(items: list[int]) -> int:
+        codec = FakeCodec()
+        g = Graph(codecs=[codec]).node("w", Weighted().mapped()).cache("w")
+        assert g.forward(items) == [2 * i for i in items]
+        return codec.hashed + codec.remembered
+
+    assert state_reads(list(range(3))) == state_reads(list(range(300)))
+
+
 def test_a_mapped_item_shares_its_entry_with_the_inner_node() -> None:
     class Square(Node):
         def forward(self, x: Any, ctx: Ctx) -> Done:
