@@ -45,7 +45,10 @@ def _cache(args: argparse.Namespace) -> int:
     else:
         names = {key: name for name, key in keeper.names().items()}
         for key in keeper.keys():  # noqa: SIM118 -- a keeper, not a dict
-            size = (keeper.path / "objects" / key[:2] / key).stat().st_size
+            try:
+                size = (keeper.path / "objects" / key[:2] / key).stat().st_size
+            except FileNotFoundError:  # removed meanwhile by another process
+                continue
             print(f"{key}  {size:>10}  {names.get(key, '')}".rstrip())
     return 0
 
