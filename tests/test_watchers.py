@@ -139,3 +139,13 @@ def test_json_lines_appends_and_pickles_without_its_file(tmp_path: Path) -> None
     first.close()
     copy.close()
     assert [r["run_id"] for r in JsonLines.read(path)] == ["a", "b"]
+
+
+def test_json_lines_that_cannot_open_its_directory_fails_cleanly(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(OSError):
+        JsonLines(blocker / "run.jsonl")
+    import gc
+
+    gc.collect()  # __del__ of the half-made object must not raise (warnings are errors)
