@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import pickle
@@ -146,6 +147,4 @@ def test_json_lines_that_cannot_open_its_directory_fails_cleanly(tmp_path: Path)
     blocker.write_text("")
     with pytest.raises(OSError):
         JsonLines(blocker / "run.jsonl")
-    import gc
-
     gc.collect()  # __del__ of the half-made object must not raise (warnings are errors)
