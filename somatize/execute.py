@@ -172,11 +172,12 @@ class Program:
         metrics: dict[str, Any] = {}
         memory = self.memory
         needs_key = frozenset(self.plan.topology.nodes) if need_key else self._needs_key
+        the_input = f"the input of subgraph {prefix[:-1]!r}" if prefix else _INPUT
         for node, forward, inputs, device, _ in self.fast:
             label = prefix + node
             if not inputs:
                 inp, in_keys = x, [x_key]
-                source = _INPUT if x_opaque else None
+                source = the_input if x_opaque else None
             else:
                 got = [values[i] for i in inputs]
                 inp = got[0] if len(inputs) == 1 else tuple(got)
@@ -193,7 +194,21 @@ class Program:
                     f"{source}, or stop caching {label!r}"
                 )
             node_key = None
-            if node in needs_key and source is None:
+            # Data computed from an Opaque value has no key: neither has what follows from it.
+            keyless = source is None and node in needs_key and None in in_keys
+            if keyless and remembered and (not per_item or node in memory.named):
+                origin = (
+                    the_input
+                    if not inputs
+                    else next(f"node {prefix + i!r}" for i in inputs if vkeys[i] is None)
+                )
+                raise CacheError(
+                    f"node {label!r} is cached or named but its input from {origin} has no "
+                    f"key: it was computed from an Opaque value upstream, which never enters "
+                    f"a key — pass data (a detached tensor) instead of Opaque upstream of "
+                    f"{label!r}, or stop caching {label!r}"
+                )
+            if node in needs_key and source is None and not keyless:
                 try:
                     node_key = keys.of(impl, [k for k in in_keys if k is not None])
                 except DeclarationError as e:

@@ -452,6 +452,31 @@ def test_a_cached_node_with_an_opaque_input_names_both_nodes() -> None:
         Graph().node("a", Unwrap()).cache("a").forward(Opaque([1]))
 
 
+def test_a_cached_node_fed_by_data_computed_from_opaque_raises_instead_of_a_blind_key() -> None:
+    class Len(Node):
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            return Done(len(x))
+
+    g = Graph.somatize(Len() >> Add(0)).cache("add")
+    with pytest.raises(CacheError) as info:
+        g.forward(Opaque([1, 2, 3]))
+    msg = str(info.value)
+    assert "node 'add' is cached or named but its input from node 'len' has no key" in msg
+    assert "stop caching 'add'" in msg
+    g = Graph.somatize(Wrap() >> Unwrap() >> Add(0) >> Add(1)).cache("add_2")
+    with pytest.raises(CacheError, match="input from node 'add' has no key"):
+        g.forward(1)
+    g = Graph().node("len", Len()).node("blk", Graph().node("a", Add(0)).cache("a"))
+    g.edge("len", "blk")
+    with pytest.raises(CacheError, match="input from the input of subgraph 'blk' has no key"):
+        g.forward(Opaque([1]))
+    # uncached, the same graphs run; and a cached mapped node keys its items by content
+    assert Graph.somatize(Len() >> Add(0)).forward(Opaque([1, 2])) == 2
+    g = Graph.somatize(Wrap() >> Unwrap() >> Add(1, "m").mapped()).cache("add")
+    assert g.forward([1, 2]) == [2, 3] and g.forward([2, 3]) == [3, 4]
+    assert CALLS["m"] == 3
+
+
 def test_a_cached_or_named_node_returning_opaque_raises() -> None:
     for setting in ("cache", "name"):
         g = Graph().node("w", Wrap())
