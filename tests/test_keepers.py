@@ -23,12 +23,12 @@ def k(i: int) -> str:
 # -- the protocol -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [MemoryKeeper, lambda: DiskKeeper(os.environ["_KEEPER_DIR"])])
-def test_both_keepers_fit_the_protocol(
-    make: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("_KEEPER_DIR", str(tmp_path / "store"))
-    keeper = make()  # type: ignore[operator]
+@pytest.fixture(params=["memory", "disk"])
+def keeper(request: pytest.FixtureRequest, tmp_path: Path) -> MemoryKeeper | DiskKeeper:
+    return MemoryKeeper() if request.param == "memory" else DiskKeeper(tmp_path / "store")
+
+
+def test_both_keepers_fit_the_protocol(keeper: MemoryKeeper | DiskKeeper) -> None:
     assert isinstance(keeper, Keeper)
     assert keeper.get(k(1)) is None
     keeper.put(k(1), b"one")
