@@ -94,8 +94,11 @@ def _strip_docstrings(tree: ast.AST) -> None:
 def _source_tree(obj: Any) -> ast.AST | None:
     try:
         file = inspect.getsourcefile(obj)
-        if file:
-            linecache.checkcache(file)  # the file may have been edited since it was first read
+        entry = linecache.cache.get(file or "")
+        if file and entry is not None and len(entry) == 4 and entry[1] is not None:
+            # A file read from disk (not a notebook cell, which has no mtime): read it again,
+            # since an edit of the same size within one mtime tick escapes checkcache().
+            del linecache.cache[file]
         return ast.parse(textwrap.dedent(inspect.getsource(obj)))
     except (OSError, TypeError, SyntaxError):
         return None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import importlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -208,6 +210,19 @@ def test_editing_a_helper_changes_the_key(user_module: Writer) -> None:
     after = node_key(mod.Embed())
     assert before != after
     assert mod.Embed().forward(1, Ctx("e")).value == [3, 2]  # the new code is running
+
+
+def test_an_edit_of_the_same_size_in_the_same_mtime_tick_is_seen(user_module: Writer) -> None:
+    user_module("shapes", SHAPES.format(factor=2))
+    mod = user_module("nodes_tick", NODE_MODULE.format(body="x + 1"))
+    before = node_key(mod.Embed())
+    file = Path(mod.__file__)
+    stamp = file.stat()
+    file.write_text(file.read_text().replace("x + 1", "x + 7"))  # same size
+    os.utime(file, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # as if in the same tick
+    mod = importlib.reload(mod)
+    assert mod.Embed().forward(1, Ctx("e")).value == [8, 2]
+    assert node_key(mod.Embed()) != before
 
 
 def test_editing_a_helper_module_reloaded_alone_changes_the_key(user_module: Writer) -> None:
