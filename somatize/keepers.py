@@ -231,27 +231,35 @@ class DiskKeeper:
         _check_key(key)
         return self.path / "objects" / key[:2] / key
 
-    def _read(self, file: Path) -> bytes | None:
-        """The verified payload of an object file, or None if absent, torn or corrupt."""
+    def _read(self, file: Path) -> tuple[bytes | None, int]:
+        """The verified payload of an object file (None if absent, torn or corrupt), and the
+        inode that was read (0 if the file was absent)."""
         try:
-            raw = file.read_bytes()
+            with open(file, "rb") as f:
+                raw, inode = f.read(), os.fstat(f.fileno()).st_ino
         except FileNotFoundError:
-            return None
+            return None, 0
         if len(raw) < _HEADER.size:
-            return None
+            return None, inode
         magic, checksum, size = _HEADER.unpack_from(raw)
         payload = raw[_HEADER.size :]
         if magic != _MAGIC or size != len(payload) or blake3(payload).digest() != checksum:
-            return None
-        return payload
+            return None, inode
+        return payload, inode
+
+    @staticmethod
+    def _discard(file: Path, inode: int) -> None:
+        """Remove a corrupt entry, unless another process has replaced it since it was read."""
+        with contextlib.suppress(OSError):
+            if os.stat(file).st_ino == inode:
+                os.unlink(file)
 
     def get(self, key: str) -> bytes | None:
         file = self._object(key)
-        payload = self._read(file)
-        if payload is None and file.exists():
-            # Corrupt: move it aside so the value is recomputed and written afresh.
-            with contextlib.suppress(OSError):
-                os.unlink(file)
+        payload, inode = self._read(file)
+        if payload is None and inode:
+            # Corrupt: remove it so the value is recomputed and written afresh.
+            self._discard(file, inode)
         elif payload is not None:
             with contextlib.suppress(OSError):
                 os.utime(file)  # recency, for gc
@@ -320,10 +328,10 @@ class DiskKeeper:
         bad = []
         for key in self.keys():
             file = self._object(key)
-            if self._read(file) is None and file.exists():
+            payload, inode = self._read(file)
+            if payload is None and inode:
                 bad.append(key)
-                with contextlib.suppress(OSError):
-                    os.unlink(file)
+                self._discard(file, inode)
         return bad
 
     def gc(self, max_bytes: int) -> int:

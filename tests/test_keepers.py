@@ -141,6 +141,32 @@ def test_a_corrupt_entry_is_a_miss_and_verify_removes_it(tmp_path: Path, damage:
     assert keeper.get(k(1)) == b"payload bytes"
 
 
+@pytest.mark.parametrize(
+    ("before", "call"), [("absent", "get"), ("corrupt", "get"), ("corrupt", "verify")]
+)
+def test_a_reader_never_removes_an_entry_another_process_just_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, before: str, call: str
+) -> None:
+    reader, writer = DiskKeeper(tmp_path / "store"), DiskKeeper(tmp_path / "store")
+    if before == "corrupt":
+        writer.put(k(1), b"good")
+        file = entry_file(writer, k(1))
+        file.write_bytes(file.read_bytes()[:-1])
+    real_read = reader._read
+
+    def read_then_race(file: Path) -> tuple[bytes | None, int]:
+        seen = real_read(file)
+        writer.put(k(1), b"good")  # lands between the reader's read and its clean-up
+        return seen
+
+    monkeypatch.setattr(reader, "_read", read_then_race)
+    if call == "get":
+        assert reader.get(k(1)) is None  # what it read was absent or corrupt...
+    else:
+        assert reader.verify() == [k(1)]
+    assert writer.get(k(1)) == b"good"  # ...but the entry written meanwhile stays
+
+
 def test_gc_removes_least_recently_used_unpinned_entries(tmp_path: Path) -> None:
     keeper = DiskKeeper(tmp_path / "store")
     for i in range(5):
