@@ -44,8 +44,11 @@ def _cache(args: argparse.Namespace) -> int:
         print(f"freed {freed} bytes; {keeper.stats()}")
     else:
         names = {key: name for name, key in keeper.names().items()}
-        for key in keeper.keys():
-            size = (keeper.path / "objects" / key[:2] / key).stat().st_size
+        for key in keeper.keys():  # noqa: SIM118 -- a keeper, not a dict
+            try:
+                size = (keeper.path / "objects" / key[:2] / key).stat().st_size
+            except FileNotFoundError:  # removed meanwhile by another process
+                continue
             print(f"{key}  {size:>10}  {names.get(key, '')}".rstrip())
     return 0
 
@@ -53,16 +56,26 @@ def _cache(args: argparse.Namespace) -> int:
 def _graph(args: argparse.Namespace) -> int:
     module_name, _, attr = args.target.partition(":")
     if not attr:
-        print("somatize: give the graph as MODULE:ATTR, e.g. recipes.text_pipeline:graph", file=sys.stderr)
+        print(
+            "somatize: give the graph as MODULE:ATTR, e.g. recipes.text_pipeline:graph",
+            file=sys.stderr,
+        )
         return 2
-    sys.path.insert(0, os.getcwd())
-    obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    if os.getcwd() not in sys.path:  # modules of the directory the command runs in
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        print(f"somatize: cannot load {args.target}: {e}", file=sys.stderr)
+        return 2
     if callable(obj) and not isinstance(obj, Graph):
         obj = obj()
     if not isinstance(obj, Graph):
-        print(f"somatize: {args.target} is a {type(obj).__qualname__}, not a Graph", file=sys.stderr)
+        print(
+            f"somatize: {args.target} is a {type(obj).__qualname__}, not a Graph", file=sys.stderr
+        )
         return 2
     print(obj.to_mermaid() if args.format == "mermaid" else obj.to_text())
     return 0

@@ -75,14 +75,14 @@ def lift(x: Any) -> Expr:
 
 
 def seq(a: Any, b: Any) -> Seq:
-    parts = []
+    parts: list[Expr] = []
     for x in (lift(a), lift(b)):
         parts.extend(x.parts if isinstance(x, Seq) else (x,))
     return Seq(tuple(parts))
 
 
 def par(a: Any, b: Any) -> Par:
-    parts = []
+    parts: list[Expr] = []
     for x in (lift(a), lift(b)):
         parts.extend(x.parts if isinstance(x, Par) else (x,))
     return Par(tuple(parts))

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import CacheError, NodeError
-from .memory import Memory, NodeKeys
+from .errors import CacheError, DeclarationError, NodeError
+from .memory import Memory, NodeKeys, key
 from .node import Ctx, Done, Mapped, Run
 from .values import Opaque, check, decode, digest, encode
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
@@ -62,7 +62,8 @@ class Program:
         memory: Memory,
         codecs: Sequence[Codec],
         subprograms: Mapping[str, Program],
-        wrap: Callable[[str, Any, Callable[[Any, Ctx], Any]], Callable[[Any, Ctx], Any]] | None = None,
+        wrap: Callable[[str, Any, Callable[[Any, Ctx], Any]], Callable[[Any, Ctx], Any]]
+        | None = None,
     ) -> None:
         self.plan = plan
         self.catalog = catalog
@@ -72,13 +73,17 @@ class Program:
         self.output = plan.output
         devices = plan.placement
         # The hot path's steps: (id, forward, inputs, device, where) — built once.
-        self.fast: list[tuple[str, Callable[[Any, Ctx], Any], tuple[str, ...], str | None, str]] = []
+        self.fast: list[
+            tuple[str, Callable[[Any, Ctx], Any], tuple[str, ...], str | None, str]
+        ] = []
         self.wrap = wrap
         for s in plan.steps:
             sub = self.subprograms.get(s.node)
-            forward = sub.as_forward() if sub is not None else self._forward(s.node, catalog[s.node])
+            forward = (
+                sub.as_forward() if sub is not None else self._forward(s.node, catalog[s.node])
+            )
             self.fast.append((s.node, forward, s.inputs, devices.device(s.node), _where(s.node)))
-        self.keyed = bool(memory.cached or memory.named) or any(
+        self.keyed: bool = bool(memory.cached or memory.named) or any(
             p.keyed for p in self.subprograms.values()
         )
         self._needs_key = self._keyed_ancestry()
@@ -103,7 +108,8 @@ class Program:
         """This program as a node's forward (for a subgraph on the hot path)."""
 
         def forward(x: Any, ctx: Ctx) -> Done:
-            return Done(Opaque(self.run_fast(x, ctx.run)[0]))
+            value, metrics = self.run_fast(x, ctx.run)
+            return Done(Opaque(value), metrics or None)
 
         return forward
 
@@ -131,7 +137,10 @@ class Program:
                 check(value, codecs, where)
             values[node] = value
             if done[1]:
-                metrics[node] = done[1]
+                if node in self.subprograms:  # by inner node: named as on the keyed path
+                    metrics.update({f"{node}/{k}": v for k, v in done[1].items()})
+                else:
+                    metrics[node] = done[1]
         out = self.output
         if len(out) == 1:
             return values[out[0]], metrics
@@ -150,27 +159,30 @@ class Program:
         watchers: Sequence[Watcher],
         prefix: str = "",
         need_key: bool = False,
+        keyless_from: str | None = None,
     ) -> Outcome:
         """Run with keys, the keeper and watchers.
 
         Args:
             x_key: the input's content key (None when Opaque or not needed).
             need_key: the caller needs the output's key, so every node is keyed.
+            keyless_from: for a subgraph whose input has no key, where that began.
         """
         values: dict[str, Any] = {}
         vkeys: dict[str, str | None] = {}  # recipe keys; they run through Opaque values too
         opaque: set[str] = set()  # nodes whose output is Opaque
-        keyless: dict[str, str] = {}  # node -> where the Opaque graph input reached it from
+        keyless: dict[str, str] = {}  # node -> the Opaque input its missing key traces back to
         metrics: dict[str, Any] = {}
         memory = self.memory
         needs_key = frozenset(self.plan.topology.nodes) if need_key else self._needs_key
+        the_input = f"the input of subgraph {prefix[:-1]!r}" if prefix else _INPUT
         for node, forward, inputs, device, _ in self.fast:
             label = prefix + node
             if not inputs:
                 inp, in_keys = x, [x_key]
-                source = _INPUT if x_opaque else None
-                if x_key is None and x_opaque:
-                    keyless[node] = _INPUT
+                source = the_input if x_opaque else None
+                if x_key is None and (x_opaque or keyless_from is not None):
+                    keyless[node] = keyless_from or the_input
             else:
                 got = [values[i] for i in inputs]
                 inp = got[0] if len(inputs) == 1 else tuple(got)
@@ -181,25 +193,37 @@ class Program:
                     keyless[node] = origin
             impl = self.catalog[node]
             remembered = memory.remembers(node)
+            # a cached mapped node is cached item by item, never as a whole list
+            per_item = node in memory.cached and isinstance(impl, Mapped)
             if remembered and source is not None:
                 raise CacheError(
                     f"node {label!r} is cached but its input from {source} is Opaque; "
                     f"Opaque values cannot enter a key — return data (a detached tensor) from "
                     f"{source}, or stop caching {label!r}"
                 )
-            if remembered and node in keyless:
-                raise CacheError(
-                    f"node {label!r} is cached but has no key: upstream, {keyless[node]} is Opaque, "
-                    "and keys start from the content of the graph input — pass data (a detached "
-                    f"tensor) as the input, or stop caching {label!r}"
-                )
             node_key = None
+            # Keys start from the content of the graph input; below an Opaque input there are none
+            # (a cached mapped node still keys each item by its content).
+            if node in keyless and remembered and (not per_item or node in memory.named):
+                raise CacheError(
+                    f"node {label!r} is cached or named but has no key: upstream, "
+                    f"{keyless[node]} is Opaque, and keys start from the content of the graph "
+                    f"input — pass data (a detached tensor) as the input, or stop caching {label!r}"
+                )
             if node in needs_key and node not in keyless:
-                node_key = keys.of(impl, in_keys)
-            if node_key is not None and node in memory.cached:
+                try:
+                    node_key = keys.of(impl, in_keys)
+                except DeclarationError as e:
+                    raise DeclarationError(
+                        f"node {label!r} needs a key (it is cached or named, or feeds a node "
+                        f"that is) but {e}"
+                    ) from None
+            if node_key is not None and node in memory.cached and not per_item:
                 hit = keeper.get(node_key) if keeper is not None else None
                 if hit is not None:
                     notify(watchers, CacheHit(run.id, label, node_key))
+                    if node in memory.named and keeper is not None:  # the name follows each run
+                        keeper.name(memory.named[node], node_key)
                     values[node], vkeys[node] = decode(hit, self.codecs), node_key
                     continue
                 notify(watchers, CacheMiss(run.id, label, node_key))
@@ -215,12 +239,20 @@ class Program:
                     if node_key is not None:
                         sub_key = in_keys[0] if len(in_keys) == 1 else digest(tuple(in_keys))
                     o = sub.run_keyed(
-                        inp, source is not None, sub_key, run, keys, keeper, watchers,
-                        label + "/", need_key=node_key is not None,
+                        inp,
+                        source is not None,
+                        sub_key,
+                        run,
+                        keys,
+                        keeper,
+                        watchers,
+                        label + "/",
+                        need_key=node_key is not None,
+                        keyless_from=keyless.get(node),
                     )
                     value, is_opaque = o.value, o.opaque
                     metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
-                elif isinstance(impl, Mapped) and node in memory.cached:
+                elif per_item:
                     value = self._mapped(impl, inp, ctx, label, keys, keeper, watchers)
                     is_opaque = False
                 else:
@@ -245,7 +277,7 @@ class Program:
                     )
                 opaque.add(node)
             elif remembered and node_key is not None and keeper is not None:
-                if not (isinstance(impl, Mapped) and node in memory.cached):
+                if not per_item or node in memory.named:  # a name needs the whole list stored
                     data = encode(value, self.codecs, _where(label))
                     keeper.put(node_key, data, pinned=node in memory.pinned)
                 if node in memory.named:
@@ -258,12 +290,12 @@ class Program:
                 notify(watchers, Metrics(run.id, label, run.step, node_metrics))
         out = self.output
         if len(out) == 1:
-            o = out[0]
-            return Outcome(values[o], o in opaque, vkeys[o], metrics)
+            sink = out[0]
+            return Outcome(values[sink], sink in opaque, vkeys[sink], metrics)
         ks = [vkeys[o] for o in out]
-        key = None if any(k is None for k in ks) else digest(tuple(ks))
+        out_key = None if any(k is None for k in ks) else digest(tuple(ks))
         return Outcome(
-            tuple(values[o] for o in out), any(o in opaque for o in out), key, metrics
+            tuple(values[o] for o in out), any(o in opaque for o in out), out_key, metrics
         )
 
     def _mapped(
@@ -278,12 +310,20 @@ class Program:
     ) -> list[Any]:
         """A cached mapped node: each item keyed by its own content; only misses computed."""
         if type(items) is not list and type(items) is not tuple:
-            raise NodeError(f"mapped node {label!r} received a {type(items).__name__}; it takes a list")
+            raise NodeError(
+                f"mapped node {label!r} received a {type(items).__name__}; it takes a list"
+            )
         out = []
         pinned = ctx.node in self.memory.pinned
         inner = self._forward(ctx.node, impl.inner)
+        # The recipe of one item: the inner node on that item's content (not the mapped
+        # node's own key, which a list whose item is a whole earlier input would share).
+        # The inner node's parts are read once per batch, not once per item.
+        parts = keys.parts(impl.inner)
         for i, item in enumerate(items):
-            item_key = keys.of(impl, [digest(item, self.codecs, f"item {i} of the input of {label!r}")])
+            item_key = key(
+                *parts, [digest(item, self.codecs, f"item {i} of the input of {label!r}")]
+            )
             hit = keeper.get(item_key) if keeper is not None else None
             if hit is not None:
                 notify(watchers, CacheHit(ctx.run.id, f"{label}[{i}]", item_key))
@@ -300,7 +340,11 @@ class Program:
                     "cached items must be data — return data or stop caching it"
                 )
             if keeper is not None:
-                keeper.put(item_key, encode(value, self.codecs, f"item {i} of {_where(label)}"), pinned=pinned)
+                keeper.put(
+                    item_key,
+                    encode(value, self.codecs, f"item {i} of {_where(label)}"),
+                    pinned=pinned,
+                )
             out.append(value)
         return out
 

@@ -8,16 +8,17 @@ construction, ``forward``, introspection, rendering, memory settings.
 from __future__ import annotations
 
 import time
+import types
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .catalog import Catalog
-from .errors import DuplicateNodeError, MissingNodeError
+from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
 from .keepers import MemoryKeeper
 from .memory import Memory, NodeKeys
-from .node import Ctx, Done, Node, Run
+from .node import _NO_VALUES, Ctx, Done, Node, Run
 from .placement import Placement
 from .plan import Plan, compile
 from .topology import Topology
@@ -61,6 +62,7 @@ class Graph:
         watchers: Iterable[Watcher] = (),
     ) -> None:
         self._impls: dict[str, Any] = {}
+        self._subs: dict[str, Graph] = {}  # the nodes that are graphs (nodes are never removed)
         self._edges: list[tuple[str, str]] = []
         self.placement = Placement()
         self.memory = Memory()
@@ -73,7 +75,8 @@ class Graph:
         self._program: Program | None = None
         self._topology: Topology | None = None
         self._version = 0  # bumped on every change; graphs holding this one as a node watch it
-        self._built_from: tuple[int, ...] = ()
+        self._built_from: tuple[Any, ...] = ()  # the stamp the program was built from
+        self._topology_from: tuple[Any, ...] = ()  # subgraph stamps the topology was built from
         self._keys: NodeKeys | None = None
 
     # -- construction -----------------------------------------------------------------
@@ -98,13 +101,20 @@ class Graph:
                 f"node {node_id!r}: {type(impl).__qualname__} is not a Node or Graph; "
                 "subclass somatize.Node and implement forward(self, x, ctx) -> Done"
             )
-        if impl is self:
-            raise ValueError(f"node {node_id!r}: a graph cannot contain itself")
+        if impl is self or (isinstance(impl, Graph) and impl._contains(self)):
+            raise GraphError(
+                f"node {node_id!r}: a graph cannot contain itself, directly or through a "
+                "subgraph; build a new Graph for the inner part"
+            )
         if node_id in self._impls:
-            raise DuplicateNodeError(f"node id {node_id!r} is already in the graph; choose another id")
+            raise DuplicateNodeError(
+                f"node id {node_id!r} is already in the graph; choose another id"
+            )
+        Topology((node_id,))  # validates the id before anything changes
         self._impls[node_id] = impl
+        if isinstance(impl, Graph):
+            self._subs[node_id] = impl
         self._changed()
-        Topology((node_id,))  # validates the id
         return self
 
     def edge(self, source: str, target: str) -> Graph:
@@ -129,7 +139,17 @@ class Graph:
         self._version += 1
 
     def _subgraphs(self) -> dict[str, Graph]:
-        return {n: i for n, i in self._impls.items() if isinstance(i, Graph)}
+        return self._subs
+
+    def _stamp(self) -> tuple[Any, ...]:
+        """What this graph's program is built from, subgraphs' at any depth included: also
+        attributes assigned directly (``g.wrap = ...``, ``g.codecs = ...``), not only changes
+        made through methods."""
+        own = (self._version, self.memory, self.placement, self.codecs, self.wrap)
+        return (*own, *(s._stamp() for s in self._subs.values())) if self._subs else own
+
+    def _contains(self, other: Graph) -> bool:
+        return any(s is other or s._contains(other) for s in self._subgraphs().values())
 
     def use(
         self,
@@ -153,9 +173,12 @@ class Graph:
 
     @property
     def topology(self) -> Topology:
-        if self._topology is None:
-            subs = {n: sub.topology for n, sub in self._subgraphs().items()}
+        subgraphs = self._subgraphs()
+        stamps = tuple(sub._stamp() for sub in subgraphs.values())
+        if self._topology is None or stamps != self._topology_from:
+            subs = {n: sub.topology for n, sub in subgraphs.items()}
             self._topology = Topology(tuple(self._impls), tuple(self._edges), subs)
+            self._topology_from = stamps
         return self._topology
 
     @property
@@ -222,12 +245,10 @@ class Graph:
 
     def program(self) -> Program:
         """The executable form of the graph, built once per change."""
-        subgraphs = self._subgraphs()
-        versions = tuple(sub._version for sub in subgraphs.values())
-        if self._program is None or versions != self._built_from:
-            subs = {n: sub.program() for n, sub in subgraphs.items()}
-            self._topology = None
-            self._built_from = versions
+        stamp = self._stamp()
+        if self._program is None or stamp != self._built_from:
+            subs = {n: sub.program() for n, sub in self._subgraphs().items()}
+            self._built_from = stamp
             self._program = Program(
                 self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
             )
@@ -277,7 +298,8 @@ class Graph:
         else:
             opaque = any(type(i) is Opaque for i in inputs)
             x = tuple(i.value if type(i) is Opaque else i for i in inputs)
-        run = Run(run_id or self.run_id, step, training, values or {})
+        injected = types.MappingProxyType(dict(values)) if values else _NO_VALUES  # read-only
+        run = Run(run_id or self.run_id, step, training, injected)
         if not opaque:
             check(x, self.codecs, "the graph input")
         if self.placement.hosts and self.placement.multi_host:  # nodes on other hosts

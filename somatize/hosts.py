@@ -286,7 +286,7 @@ def _job(
         "input_key": x_key,
         "keys": {n: k for n in [*nodes, *inputs] if (k := keys.get(n)) is not None},
         "parts": {
-            n: list(graph.keys.parts(catalog[n]))
+            n: list(graph.keys.parts(catalog[n].inner))  # items are keyed by the inner node
             for n in nodes
             if n in memory.cached and isinstance(catalog[n], Mapped)
         },

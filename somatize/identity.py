@@ -15,11 +15,14 @@ These are three of the four parts of a node's key (the fourth: its predecessors'
 from __future__ import annotations
 
 import ast
+import contextlib
+import dis
 import functools
 import importlib.metadata
 import inspect
 import linecache
 import os
+import symtable
 import sys
 import sysconfig
 import textwrap
@@ -38,7 +41,12 @@ if TYPE_CHECKING:
 
 __all__ = ["declaration", "fingerprint", "identity", "state"]
 
-_fingerprints: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# The code of each class or function, read once: (digest of it, dotted names it reads).
+# Only an object's own code is kept here: what its names resolve to is looked up on
+# every fingerprint, since a helper module may be reloaded under an unchanged class.
+_sources: weakref.WeakKeyDictionary[Any, tuple[bytes, list[list[str]]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @functools.cache
@@ -86,8 +94,11 @@ def _strip_docstrings(tree: ast.AST) -> None:
 def _source_tree(obj: Any) -> ast.AST | None:
     try:
         file = inspect.getsourcefile(obj)
-        if file:
-            linecache.checkcache(file)  # the file may have been edited since it was first read
+        entry = linecache.cache.get(file or "")
+        if file and entry is not None and len(entry) == 4 and entry[1] is not None:
+            # A file read from disk (not a notebook cell, which has no mtime): read it again,
+            # since an edit of the same size within one mtime tick escapes checkcache().
+            del linecache.cache[file]
         return ast.parse(textwrap.dedent(inspect.getsource(obj)))
     except (OSError, TypeError, SyntaxError):
         return None
@@ -96,16 +107,70 @@ def _source_tree(obj: Any) -> ast.AST | None:
 def _code_digest(code: types.CodeType, h: Any) -> None:
     """Fallback when no source is available: the bytecode, constants and names."""
     h.update(code.co_code)
-    h.update(repr(code.co_names).encode())
+    h.update(repr((code.co_names, code.co_freevars)).encode())
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _code_digest(const, h)
+        elif isinstance(const, frozenset):  # `x in {"a", "b"}`: its repr follows hash order
+            h.update(repr(sorted(map(repr, const))).encode())
         else:
             h.update(repr(const).encode())
 
 
+_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF"})
+
+
+def _code_names(code: types.CodeType) -> list[list[str]]:
+    """Dotted chains of the global and closure names a code object (and code nested in it)
+    reads: ``helper``, ``mod.helper``. Locals, parameters and attribute names are not."""
+    names: list[list[str]] = []
+    chain: list[str] | None = None
+    for ins in dis.get_instructions(code):
+        if ins.opname in _LOADS:
+            chain = [str(ins.argval)]
+            names.append(chain)
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and chain is not None:
+            chain.append(str(ins.argval))
+        elif ins.opname not in ("CACHE", "PRECALL", "EXTENDED_ARG"):
+            chain = None
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _code_names(const)
+    return names
+
+
+def _functions(obj: Any) -> list[types.FunctionType]:
+    """A function itself, or the functions defined in a class's body."""
+    if isinstance(obj, types.FunctionType):
+        return [obj]
+    found = []
+    for member in vars(obj).values():
+        for f in (getattr(member, "__func__", member), getattr(member, "fget", None)):
+            if isinstance(f, types.FunctionType):
+                found.append(f)
+    return found
+
+
+def _outside_names(tree: ast.AST) -> set[str] | None:
+    """The names the code reads from outside itself (globals, builtins, closure cells), not
+    its parameters and locals; None if the code cannot be analysed on its own."""
+    try:
+        top = symtable.symtable(ast.unparse(tree), "<fingerprint>", "exec")
+    except SyntaxError:  # e.g. `nonlocal x` bound in a function around the snippet
+        return None
+    names: set[str] = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        names.update(s.get_name() for s in table.get_symbols() if s.is_global())
+        tables.extend(table.get_children())
+    return names
+
+
 def _referenced(tree: ast.AST) -> list[list[str]]:
-    """Dotted name chains the code reads: ``helper``, ``mod.helper``, ``pkg.mod.helper``."""
+    """Dotted name chains the code reads from outside itself: ``helper``, ``mod.helper``,
+    ``pkg.mod.helper``. A local that happens to share a global's name is not one of them."""
+    outside = _outside_names(tree)
     chains = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
@@ -118,15 +183,15 @@ def _referenced(tree: ast.AST) -> list[list[str]]:
                 chains.append([cur.id, *reversed(parts)])
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             chains.append([node.id])
-    return chains
+    return chains if outside is None else [c for c in chains if c[0] in outside]
 
 
-def _describe(obj: Any, seen: set[int]) -> str:
+def _describe(obj: Any, memo: dict[int, str]) -> str:
     """How a referenced global enters a fingerprint."""
     if isinstance(obj, (types.FunctionType, type)) and _is_user_module(
         sys.modules.get(obj.__module__)
     ):
-        return "code:" + _fingerprint(obj, seen)
+        return "code:" + _fingerprint(obj, memo)
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)):
         name = getattr(obj, "__qualname__", None) or obj.__name__
         return f"lib:{getattr(obj, '__module__', '') or ''}.{name}"
@@ -135,37 +200,54 @@ def _describe(obj: Any, seen: set[int]) -> str:
     return "obj:" + type(obj).__qualname__
 
 
-def _fingerprint(obj: Any, seen: set[int]) -> str:
-    cached = _fingerprints.get(obj)
+def _own(obj: Any) -> tuple[bytes, list[list[str]]]:
+    """The digest of ``obj``'s own code and the dotted names it reads (read once per object)."""
+    cached = _sources.get(obj)
     if cached is not None:
         return cached
-    if id(obj) in seen:  # recursion between helpers: the first visit covers it
-        return "cycle:" + obj.__qualname__
-    seen.add(id(obj))
     h = blake3()
     h.update(f"{obj.__module__}.{obj.__qualname__}\0".encode())
-    tree = _source_tree(obj)
+    # The source of a lambda is the whole statement around it, shared by every lambda in
+    # it (`Apply(lambda x: x + 1) | Apply(lambda x: x * 2)`): a lambda is known by its code.
+    is_lambda = getattr(obj, "__name__", None) == "<lambda>"
+    tree = None if is_lambda else _source_tree(obj)
     if tree is None:
-        funcs = [obj] if isinstance(obj, types.FunctionType) else list(vars(obj).values())
-        for f in funcs:
-            f = getattr(f, "__func__", f)
-            if isinstance(f, types.FunctionType):
-                _code_digest(f.__code__, h)
         names: list[list[str]] = []
-        for f in funcs:
-            code = getattr(getattr(f, "__func__", f), "__code__", None)
-            if code is not None:
-                names.extend([n] for n in code.co_names)
+        for f in _functions(obj):
+            _code_digest(f.__code__, h)
+            names += _code_names(f.__code__)
     else:
         _strip_docstrings(tree)
         h.update(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
         names = _referenced(tree)
+    result = (h.digest(), names)
+    with contextlib.suppress(TypeError):  # objects that take no weak reference
+        _sources[obj] = result
+    return result
+
+
+def _fingerprint(obj: Any, memo: dict[int, str]) -> str:
+    """``obj``'s code and, transitively, the user code it references.
+
+    ``memo`` holds what one top-level call has computed, so the result depends only on
+    the object fingerprinted, never on what was fingerprinted before it.
+    """
+    done_or_running = memo.get(id(obj))
+    if done_or_running is not None:
+        return done_or_running
+    memo[id(obj)] = "cycle:" + str(obj.__qualname__)  # recursion between helpers
+    own, names = _own(obj)
+    h = blake3(own)
     module = sys.modules.get(obj.__module__)
     scope = dict(vars(module)) if module else {}
     if isinstance(obj, types.FunctionType):
         scope.update(obj.__globals__)
-        if obj.__closure__:
-            scope.update(zip(obj.__code__.co_freevars, (c.cell_contents for c in obj.__closure__)))
+    # Closures: `def make(k): class Mul(Node): ... x * k` makes classes that differ by `k`
+    # alone; a closure variable shadows a global of the same name.
+    for f in _functions(obj):
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True):
+            with contextlib.suppress(ValueError):  # an empty cell: not assigned yet
+                scope[name] = cell.cell_contents
     done = set()
     for chain in names:
         if chain[0] not in scope or chain[0] in ("self", "cls"):
@@ -181,18 +263,15 @@ def _fingerprint(obj: Any, seen: set[int]) -> str:
         if dotted in done or target is obj:
             continue
         done.add(dotted)
-        h.update(f"{dotted}={_describe(target, seen)}\0".encode())
+        h.update(f"{dotted}={_describe(target, memo)}\0".encode())
     result = h.hexdigest()
-    try:
-        _fingerprints[obj] = result
-    except TypeError:
-        pass
+    memo[id(obj)] = result
     return result
 
 
 def fingerprint(obj: type | types.FunctionType) -> str:
     """A digest of a class's or function's code and of the user helpers it references."""
-    return _fingerprint(obj, set())
+    return _fingerprint(obj, {})
 
 
 def identity(impl: Any) -> str:
@@ -215,15 +294,22 @@ def _declare(value: Any, where: str, codecs: Sequence[Codec]) -> Any:
     if t is list or t is tuple:
         return t(_declare(v, f"{where}[{i}]", codecs) for i, v in enumerate(value))
     if t is dict:
+        for k in value:
+            if type(k) is not str and type(k) is not int:
+                raise DeclarationError(
+                    f"argument {where} has a dict key {k!r} of type {type(k).__qualname__}, "
+                    "which cannot be written into a key; use str or int keys, "
+                    "or do not cache this node"
+                )
         return {k: _declare(v, f"{where}[{k!r}]", codecs) for k, v in value.items()}
     if is_data(value, codecs):
         return value
     if isinstance(value, Node):
         return {"node": identity(value), "args": declaration(value, codecs)}
     if isinstance(value, (types.FunctionType, type)):
-        return {"code": _describe(value, set())}
+        return {"code": _describe(value, {})}
     if isinstance(value, (types.BuiltinFunctionType, types.ModuleType)):
-        return {"lib": _describe(value, set())}
+        return {"lib": _describe(value, {})}
     for codec in codecs:
         fp = codec.fingerprint(value)
         if fp is not None:

@@ -67,14 +67,15 @@ class KeeperStats:
 
     def __str__(self) -> str:
         return (
-            f"{self.entries} entries, {self.bytes} bytes, "
-            f"{self.pinned} pinned, {self.names} names"
+            f"{self.entries} entries, {self.bytes} bytes, {self.pinned} pinned, {self.names} names"
         )
 
 
 def _check_key(key: str) -> None:
     if not _KEY.match(key):
-        raise KeeperError(f"invalid key {key!r}: keys are 64 lowercase hex digits (a blake3 digest)")
+        raise KeeperError(
+            f"invalid key {key!r}: keys are 64 lowercase hex digits (a blake3 digest)"
+        )
 
 
 def _check_name(name: str) -> None:
@@ -245,27 +246,35 @@ class DiskKeeper:
         _check_key(key)
         return self.path / "objects" / key[:2] / key
 
-    def _read(self, file: Path) -> bytes | None:
-        """The verified payload of an object file, or None if absent, torn or corrupt."""
+    def _read(self, file: Path) -> tuple[bytes | None, int]:
+        """The verified payload of an object file (None if absent, torn or corrupt), and the
+        inode that was read (0 if the file was absent)."""
         try:
-            raw = file.read_bytes()
+            with open(file, "rb") as f:
+                raw, inode = f.read(), os.fstat(f.fileno()).st_ino
         except FileNotFoundError:
-            return None
+            return None, 0
         if len(raw) < _HEADER.size:
-            return None
+            return None, inode
         magic, checksum, size = _HEADER.unpack_from(raw)
         payload = raw[_HEADER.size :]
         if magic != _MAGIC or size != len(payload) or blake3(payload).digest() != checksum:
-            return None
-        return payload
+            return None, inode
+        return payload, inode
+
+    @staticmethod
+    def _discard(file: Path, inode: int) -> None:
+        """Remove a corrupt entry, unless another process has replaced it since it was read."""
+        with contextlib.suppress(OSError):
+            if os.stat(file).st_ino == inode:
+                os.unlink(file)
 
     def get(self, key: str) -> bytes | None:
         file = self._object(key)
-        payload = self._read(file)
-        if payload is None and file.exists():
-            # Corrupt: move it aside so the value is recomputed and written afresh.
-            with contextlib.suppress(OSError):
-                os.unlink(file)
+        payload, inode = self._read(file)
+        if payload is None and inode:
+            # Corrupt: remove it so the value is recomputed and written afresh.
+            self._discard(file, inode)
         elif payload is not None:
             with contextlib.suppress(OSError):
                 os.utime(file)  # recency, for gc
@@ -279,7 +288,9 @@ class DiskKeeper:
             if pinned:
                 self.pin(key)
         except OSError as e:
-            raise KeeperError(f"could not write cache entry {key[:12]}… under {self.path}: {e}") from e
+            raise KeeperError(
+                f"could not write cache entry {key[:12]}… under {self.path}: {e}"
+            ) from e
 
     def pin(self, key: str) -> None:
         """Keep ``key`` through ``gc``."""
@@ -319,19 +330,23 @@ class DiskKeeper:
         return {f.name for f in (self.path / "pins").iterdir() if _KEY.match(f.name)}
 
     def stats(self) -> KeeperStats:
-        keys = list(self.keys())
-        size = sum(self._object(k).stat().st_size for k in keys)
-        return KeeperStats(len(keys), size, len(self._pins() & set(keys)), len(self.names()))
+        sizes = {}
+        for key in self.keys():
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another process
+                sizes[key] = self._object(key).stat().st_size
+        return KeeperStats(
+            len(sizes), sum(sizes.values()), len(self._pins() & set(sizes)), len(self.names())
+        )
 
     def verify(self) -> list[str]:
         """Check every entry's checksum; corrupt entries are removed and their keys returned."""
         bad = []
         for key in self.keys():
             file = self._object(key)
-            if self._read(file) is None and file.exists():
+            payload, inode = self._read(file)
+            if payload is None and inode:
                 bad.append(key)
-                with contextlib.suppress(OSError):
-                    os.unlink(file)
+                self._discard(file, inode)
         return bad
 
     def gc(self, max_bytes: int) -> int:
@@ -342,8 +357,11 @@ class DiskKeeper:
         freed = 0
         stale = time.time() - 3600  # a temp file this old belongs to no live writer
         for sub in (self.path / "objects").iterdir():
-            for f in sub.iterdir():
-                st = f.stat()
+            for f in sub.iterdir() if sub.is_dir() else ():
+                try:
+                    st = f.stat()
+                except FileNotFoundError:  # a temp file renamed, or an entry removed, meanwhile
+                    continue
                 if f.name.startswith("."):  # a temp file, left by a killed writer if old
                     if st.st_mtime < stale:
                         with contextlib.suppress(OSError):

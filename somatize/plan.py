@@ -59,7 +59,7 @@ class Plan:
         return len(self.steps)
 
 
-def compile(  # noqa: A001 -- the design's name for it; reached as somatize.plan.compile
+def compile(
     topology: Topology,
     placement: Placement | None = None,
     placements: Mapping[str, Placement] | None = None,

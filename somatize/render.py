@@ -66,7 +66,7 @@ def to_text(g: Graph, indent: str = "") -> str:
 
     plan = g.plan()
     crossed = _crossings(plan)
-    rows = []
+    rows: list[tuple[str, str, str, str, Graph | None]] = []
     for s in plan.steps:
         impl = g[s.node]
         marks = g.memory.marks(s.node)
@@ -85,11 +85,11 @@ def to_text(g: Graph, indent: str = "") -> str:
                 impl if isinstance(impl, Graph) else None,
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    widths = [max(len(cell) for cell in column) for column in list(zip(*rows, strict=True))[:3]]
     lines = []
-    for node, kind, marks, inputs, sub in rows:
+    for node, kind, labels, inputs, sub in rows:
         lines.append(
-            f"{indent}{node:<{widths[0]}}  {kind:<{widths[1]}}  {marks:<{widths[2]}}  {inputs}".rstrip()
+            f"{indent}{node:<{widths[0]}}  {kind:<{widths[1]}}  {labels:<{widths[2]}}  {inputs}".rstrip()
         )
         if sub is not None:
             lines.append(to_text(sub, indent + "    "))

@@ -48,9 +48,7 @@ class Topology:
             if not isinstance(n, str) or not n:
                 raise GraphError(f"node id {n!r} is not a non-empty string")
             if n in seen:
-                raise DuplicateNodeError(
-                    f"node id {n!r} is used twice; give each node its own id"
-                )
+                raise DuplicateNodeError(f"node id {n!r} is used twice; give each node its own id")
             seen.add(n)
         pairs: set[tuple[str, str]] = set()
         for a, b in self.edges:

@@ -57,6 +57,7 @@ class Opaque:
     """
 
     __slots__ = ("value",)
+    value: Any
 
     def __init__(self, value: Any) -> None:
         self.value = value.value if type(value) is Opaque else value

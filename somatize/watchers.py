@@ -205,10 +205,10 @@ class JsonLines:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
+        self._fd: int | None = None  # first: __del__ runs even if the mkdir below fails
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.nodes = nodes
-        self._fd: int | None = None
 
     def on_event(self, event: Event) -> None:
         if not self.nodes and isinstance(event, (NodeStart, NodeEnd)):

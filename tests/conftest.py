@@ -1,0 +1,58 @@
+"""Shared fixtures: user modules written to a temp dir, a subprocess environment, hypothesis."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import settings
+
+import somatize
+
+# No deadline: a slow shared machine must not fail a property (no timing thresholds).
+settings.register_profile("somatize", deadline=None, print_blob=True)
+settings.load_profile("somatize")
+
+ROOT = Path(somatize.__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def subprocess_env() -> dict[str, str]:
+    """The environment for a child Python that imports this checkout's somatize."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+@pytest.fixture
+def user_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[str, str], ModuleType]]:
+    """Write a module of "the user's own code" to a temp dir and import it.
+
+    Calling it again with the same name rewrites the file and reloads the module.
+    Modules are removed from ``sys.modules`` afterwards.
+    """
+    folder = tmp_path / "usercode"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # a same-second edit must not hit a .pyc
+    names: list[str] = []
+
+    def write(name: str, source: str) -> ModuleType:
+        (folder / f"{name}.py").write_text(textwrap.dedent(source))
+        importlib.invalidate_caches()
+        if name in sys.modules:
+            return importlib.reload(sys.modules[name])
+        names.append(name)
+        return importlib.import_module(name)
+
+    yield write
+    for name in names:
+        sys.modules.pop(name, None)

@@ -1,0 +1,164 @@
+"""The somatize command: cache stats|verify|gc|ls and graph MODULE:ATTR."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from somatize import DiskKeeper
+from somatize.cli import main
+
+Writer = Callable[[str, str], ModuleType]
+
+
+def k(i: int) -> str:
+    return f"{i:064x}"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> DiskKeeper:
+    keeper = DiskKeeper(tmp_path / "cache")
+    keeper.put(k(1), b"a" * 100)
+    keeper.put(k(2), b"b" * 100, pinned=True)
+    keeper.put(k(3), b"c" * 100)
+    keeper.name("best", k(2))
+    return keeper
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cache_stats(store: DiskKeeper, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(["cache", "stats", "--dir", str(store.path)], capsys)
+    assert rc == 0
+    assert out.strip() == str(store.stats())
+    assert out.startswith("3 entries,") and "1 pinned, 1 names" in out
+
+
+def test_cache_ls(store: DiskKeeper, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(["cache", "ls", "--dir", str(store.path)], capsys)
+    assert rc == 0
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines] == [k(1), k(2), k(3)]
+    assert lines[1].split()[-1] == "best"
+    assert int(lines[0].split()[1]) > 100  # size on disk, header included
+
+
+def test_cache_verify_reports_and_removes_corrupt_entries(
+    store: DiskKeeper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = store.path / "objects" / k(3)[:2] / k(3)
+    file.write_bytes(file.read_bytes()[:-5])
+    rc, out, _ = run(["cache", "verify", "--dir", str(store.path)], capsys)
+    assert rc == 1
+    assert f"removed corrupt entry {k(3)}" in out and "1 corrupt entries removed" in out
+    rc, out, _ = run(["cache", "verify", "--dir", str(store.path)], capsys)
+    assert rc == 0 and out.startswith("0 corrupt entries removed; 2 entries")
+
+
+def test_cache_gc_keeps_pinned(store: DiskKeeper, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(["cache", "gc", "--dir", str(store.path)], capsys)
+    assert rc == 2 and "--max-bytes" in err
+    rc, out, _ = run(["cache", "gc", "--max-bytes", "0", "--dir", str(store.path)], capsys)
+    assert rc == 0 and out.startswith("freed ")
+    assert list(store.keys()) == [k(2)]
+
+
+def test_cache_dir_from_environment_and_missing_dir(
+    store: DiskKeeper,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SOMATIZE_CACHE", str(store.path))
+    rc, out, _ = run(["cache", "stats"], capsys)
+    assert rc == 0 and out.startswith("3 entries")
+    rc, _, err = run(["cache", "stats", "--dir", str(tmp_path / "nope")], capsys)
+    assert rc == 2 and "no cache at" in err and "--dir" in err
+
+
+GRAPH_MODULE = """
+    from somatize import Graph, Node, Done
+
+    class Embed(Node):
+        def forward(self, x, ctx):
+            return Done(x)
+
+    class Head(Node):
+        def forward(self, x, ctx):
+            return Done(x)
+
+    graph = Graph.somatize(Embed() >> Head()).cache("embed")
+
+    def make():
+        return Graph.somatize(Head())
+
+    not_a_graph = 3
+"""
+
+
+def test_graph_text_and_mermaid(user_module: Writer, capsys: pytest.CaptureFixture[str]) -> None:
+    user_module("cli_graphs", GRAPH_MODULE)
+    rc, out, _ = run(["graph", "cli_graphs:graph"], capsys)
+    assert rc == 0
+    assert out.splitlines() == [
+        "embed  Embed  [cached]  <- input",
+        "head   Head             <- embed",
+    ]
+    rc, out, _ = run(["graph", "cli_graphs:graph", "--format", "mermaid"], capsys)
+    assert rc == 0 and out.startswith("flowchart LR") and '[("embed: Embed<br/>cached")]' in out
+    rc, out, _ = run(["graph", "cli_graphs:make", "--format", "text"], capsys)
+    assert rc == 0 and out.split() == ["head", "Head", "<-", "input"]
+
+
+def test_graph_errors(user_module: Writer, capsys: pytest.CaptureFixture[str]) -> None:
+    user_module("cli_graphs", GRAPH_MODULE)
+    rc, _, err = run(["graph", "cli_graphs"], capsys)
+    assert rc == 2 and "MODULE:ATTR" in err
+    rc, _, err = run(["graph", "cli_graphs:not_a_graph"], capsys)
+    assert rc == 2 and "is a int, not a Graph" in err
+    rc, _, err = run(["graph", "cli_graphs:missing"], capsys)
+    assert rc == 2 and "cannot load cli_graphs:missing" in err
+    rc, _, err = run(["graph", "no_such_module_here:g"], capsys)
+    assert rc == 2 and "No module named 'no_such_module_here'" in err
+    with pytest.raises(SystemExit):
+        main(["graph", "cli_graphs:graph", "--format", "svg"])
+    capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_the_installed_console_script(
+    tmp_path: Path, store: DiskKeeper, subprocess_env: dict[str, str]
+) -> None:
+    script = Path(sys.executable).with_name("somatize")
+    if not script.exists():
+        pytest.skip("the console script is not installed in this environment (pip install -e .)")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "shown.py").write_text(GRAPH_MODULE.replace("\n    ", "\n"))
+    out = subprocess.run(
+        [str(script), "graph", "shown:graph", "--format", "text"],
+        cwd=work,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "embed  Embed  [cached]  <- input"
+    out = subprocess.run(
+        [str(script), "cache", "stats", "--dir", str(store.path)],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and out.stdout.startswith("3 entries")

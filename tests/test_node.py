@@ -1,0 +1,128 @@
+"""Node, Done, Ctx, Mapped: the contract a node keeps and the channel it reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from somatize import Ctx, Done, Graph, Mapped, Node, NodeError, Opaque, Run
+
+
+class Echo(Node):
+    def forward(self, x: Any, ctx: Ctx) -> Done:
+        return Done(x)
+
+
+class Sees(Node):
+    """Returns what it was told through ctx."""
+
+    def forward(self, x: Any, ctx: Ctx) -> Done:
+        return Done([ctx.node, ctx.device, ctx.run_id, ctx.step, ctx.training, ctx.get("k")])
+
+
+def test_done_carries_value_and_metrics() -> None:
+    d = Done(1, metrics={"loss": 0.5})
+    assert d.value == 1 and d.metrics == {"loss": 0.5}
+    assert Done(2).metrics is None
+
+
+def test_ctx_is_read_only() -> None:
+    ctx = Ctx("n", "cpu", Run("r", 3, True, {"k": 1}))
+    with pytest.raises(AttributeError):
+        ctx.node = "m"  # type: ignore[misc]
+    assert (ctx.run_id, ctx.step, ctx.training, ctx.values["k"], ctx.get("absent", 7)) == (
+        "r",
+        3,
+        True,
+        1,
+        7,
+    )
+
+
+def test_ctx_brings_id_device_run_and_injected_values() -> None:
+    g = Graph().node("s", Sees()).place("s", device="cuda:1")
+    out = g.forward(0, step=5, training=True, values={"k": "v"})
+    assert out == ["s", "cuda:1", g.run_id, 5, True, "v"]
+
+
+def test_injected_values_cannot_be_changed_by_a_node() -> None:
+    class Writes(Node):
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            ctx.values["k"] = "changed"  # type: ignore[index]
+            return Done(x)
+
+    injected = {"k": "v"}
+    with pytest.raises(TypeError):
+        Graph.somatize(Writes()).forward(0, values=injected)
+    assert injected == {"k": "v"}
+
+
+def test_constructor_arguments_are_recorded_without_user_code() -> None:
+    class Embed(Node):
+        def __init__(self, dim: int, scale: float = 1.0) -> None:
+            self.dim = dim
+
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            return Done(x)
+
+    e = Embed(4, scale=2.0)
+    assert e._somatize_args == ((4,), {"scale": 2.0})
+
+
+def test_a_node_without_init_takes_no_arguments() -> None:
+    with pytest.raises(TypeError, match=r"Echo\(\) takes no arguments"):
+        Echo(1)  # type: ignore[call-arg]
+
+
+def test_a_node_without_forward_says_what_to_write() -> None:
+    class Lazy(Node):
+        pass
+
+    with pytest.raises(NodeError, match=r"Lazy must implement forward\(self, x, ctx\)"):
+        Graph.somatize(Lazy()).forward(1)
+
+
+def test_mapped_applies_item_by_item() -> None:
+    class Inc(Node):
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            return Done(x + 1)
+
+    m = Inc().mapped()
+    assert isinstance(m, Mapped)
+    assert repr(m).endswith("Inc().mapped()")
+    assert Graph.somatize(m).forward([1, 2, 3]) == [2, 3, 4]
+    assert Graph.somatize(Inc().mapped()).forward(()) == []
+
+
+def test_mapped_refuses_a_non_list_and_mapping_twice() -> None:
+    with pytest.raises(NodeError, match=r"mapped node 'echo' received a int; .* takes a list"):
+        Graph.somatize(Echo().mapped()).forward(3)
+    with pytest.raises(TypeError, match="only once"):
+        Echo().mapped().mapped()
+
+
+def test_mapped_opaque_items_give_one_opaque_list_and_mixing_is_an_error() -> None:
+    class Wrap(Node):
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            return Done(Opaque({x}))  # a set: fine inside Opaque
+
+    assert Graph.somatize(Wrap().mapped()).forward([1, 2]) == [{1}, {2}]
+
+    class Mixed(Node):
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            return Done(Opaque(x) if x else x)
+
+    with pytest.raises(NodeError, match="Opaque for some items and data for others"):
+        Graph.somatize(Mixed().mapped()).forward([0, 1])
+
+
+def test_mapped_item_returning_no_done_names_the_node() -> None:
+    class Bad(Node):
+        def forward(self, x: Any, ctx: Ctx) -> Any:
+            return x
+
+    with pytest.raises(
+        NodeError, match=r"node 'bad' \(.*Bad\) returned int instead of Done.*return Done\(value\)"
+    ):
+        Graph.somatize(Bad().mapped()).forward([1])
