@@ -17,10 +17,19 @@ import somatize
 from somatize.cli import main
 
 ROOT = Path(somatize.__file__).resolve().parent.parent
-PAGES = sorted((ROOT / "docs").glob("*.md"))
+# Pages with a test of their own, which runs their examples in subprocesses or checks
+# what they print: docs/distributed.md starts clusters; docs/torch.md checks its output.
+OWN_TEST = {"distributed.md", "torch.md"}
+# Pages that are references or tables, not examples.
+NO_EXAMPLES = {"api.md", "recipes.md", "benchmarks.md", "faq.md"}
+PAGES = sorted(
+    [p for p in (ROOT / "docs").glob("*.md") if p.name not in OWN_TEST] + [ROOT / "README.md"]
+)
 MODULES = sorted(
     m.name for m in pkgutil.iter_modules(somatize.__path__, "somatize.") if not m.ispkg
 )
+# ```python and ```bash fences run (bash: only `somatize ...` lines, through the CLI).
+# Any other info string — ```text, ```console, ```python not-run — is shown, not run.
 FENCE = re.compile(r"^```(python|bash)\n(.*?)^```", re.S | re.M)
 
 
@@ -31,15 +40,23 @@ def examples(page: Path) -> list[tuple[str, str, int]]:
 
 
 def test_the_docs_exist() -> None:
-    assert {p.name for p in PAGES} >= {"concepts.md", "caching.md"}
+    assert {p.name for p in PAGES} >= {"concepts.md", "caching.md", "tutorial.md", "README.md"}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+# lightning 2.6 uses torch's LeafSpec, deprecated in torch 2.13: every Lightning fit warns.
+@pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning")
+@pytest.mark.filterwarnings("ignore:The '.*' does not have many workers")
+# docs/lightning.md resumes a run into the directory it checkpointed to, on purpose.
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
 def test_docs_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The page's python examples run in order as one module of the user's own (so the
     engine can read their source); `# file: NAME` examples are written to NAME; the
     `somatize ...` lines of bash examples run through the CLI and must succeed."""
     found = examples(page)
+    if page.name in NO_EXAMPLES:
+        assert not found, f"{page.name} is listed as having no examples, but has some"
+        return
     assert any(lang == "python" for lang, _, _ in found), f"{page.name} has no examples"
     monkeypatch.chdir(tmp_path)  # examples write caches and files in the working directory
     monkeypatch.syspath_prepend(str(tmp_path))
