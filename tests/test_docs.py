@@ -21,7 +21,7 @@ ROOT = Path(somatize.__file__).resolve().parent.parent
 # what they print: docs/distributed.md starts clusters; docs/torch.md checks its output.
 OWN_TEST = {"distributed.md", "torch.md"}
 # Pages that are references or tables, not examples.
-NO_EXAMPLES = {"api.md", "recipes.md", "benchmarks.md", "faq.md"}
+NO_EXAMPLES = {"api.md", "recipes.md", "benchmarks.md", "faq.md", "index.md"}
 PAGES = sorted(
     [p for p in (ROOT / "docs").glob("*.md") if p.name not in OWN_TEST] + [ROOT / "README.md"]
 )
