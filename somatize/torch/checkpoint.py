@@ -29,6 +29,7 @@ from ..keepers import atomic_write
 __all__ = ["Checkpointing", "load_checkpoint", "rng_state", "set_rng_state"]
 
 _FILE = re.compile(r"^step-(\d{9})\.ckpt$")
+_TEMP = re.compile(r"^\.(step-\d{9}\.ckpt|last)\..*\.tmp$")  # atomic_write's temp names
 FORMAT = "somatize.checkpoint/1"
 
 
@@ -54,7 +55,9 @@ class Checkpointing:
         if self.keep < 1:
             raise ValueError(f"Checkpointing keep must be at least 1, not {self.keep}")
         if self.every_steps is not None and self.every_steps < 1:
-            raise ValueError(f"Checkpointing every_steps must be at least 1, not {self.every_steps}")
+            raise ValueError(
+                f"Checkpointing every_steps must be at least 1, not {self.every_steps}"
+            )
 
     @property
     def path(self) -> Path:
@@ -81,10 +84,15 @@ class Checkpointing:
         torch.save({"format": FORMAT, **payload}, buf)
         atomic_write(file, buf.getbuffer())
         atomic_write(self.path / "last", file.name.encode())
-        kept = sorted(f for f in os.listdir(self.path) if _FILE.match(f))
-        for old in kept[: -self.keep]:
+        names = os.listdir(self.path)
+        # the one just written always stays (``last`` names it), with the newest keep-1 others
+        older = sorted(f for f in names if _FILE.match(f) and f != file.name)
+        doomed = older[: max(len(older) - (self.keep - 1), 0)]
+        # temp files a killed writer left behind (one writer per directory)
+        doomed += [f for f in names if _TEMP.match(f)]
+        for name in doomed:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path / old)
+                os.unlink(self.path / name)
         return file
 
 
@@ -99,20 +107,33 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; nothing else is unpickled
+        raise CheckpointError(
+            f"{path} is truncated, corrupt or not a torch checkpoint (not a torch.save archive); "
+            "resume from an earlier checkpoint"
+        )
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        if "weights only" not in str(e).lower():
+            raise CheckpointError(
+                f"{path} is corrupt and cannot be unpickled ({str(e).splitlines()[0]}); "
+                "resume from an earlier checkpoint"
+            ) from e
         raise CheckpointError(
-            f"{path} is not a weights-only checkpoint and was not loaded (its pickle asks for "
-            f"objects a checkpoint never holds — it may be malicious): {str(e).splitlines()[0]}"
+            f"{path} was not loaded: its pickle asks for objects a checkpoint never holds "
+            f"(it may be malicious; weights_only=True refused it): {str(e).splitlines()[0]}"
         ) from e
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+    except Exception as e:  # a damaged archive fails in many ways inside torch.load
         raise CheckpointError(
             f"{path} is truncated or corrupt and cannot be read ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}); resume from an earlier checkpoint"
         ) from e
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a somatize Trainer checkpoint")
+        raise CheckpointError(
+            f"{path} is a torch file but not a somatize Trainer checkpoint (no format "
+            f"{FORMAT!r}); load it with torch.load, or resume from a Trainer checkpoint"
+        )
     return payload
 
 

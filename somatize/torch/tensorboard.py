@@ -1,8 +1,8 @@
 """A watcher writing TensorBoard event files: loss, learning rate, throughput, metrics.
 
 Tags: ``train/loss``, ``train/lr``, ``train/examples_per_second`` per step;
-``val/<metric>`` per evaluation; ``node/<node>/<metric>`` for metrics nodes return
-in ``Done``. Needs the ``tensorboard`` package (in the ``somatize[torch]`` extra).
+``val/<metric>`` per evaluation (``val/loss``, ``val/acc``...); ``train/epoch`` at
+each epoch end; ``node/<node>/<metric>`` for metrics nodes return in ``Done``. Needs the ``tensorboard`` package (in the ``somatize[torch]`` extra).
 """
 
 from __future__ import annotations
@@ -48,12 +48,17 @@ class TensorBoard:
             w.add_scalar("train/loss", event.loss, event.step)
             w.add_scalar("train/lr", event.lr, event.step)
             if event.seconds > 0:
-                w.add_scalar("train/examples_per_second", event.examples / event.seconds, event.step)
+                w.add_scalar(
+                    "train/examples_per_second", event.examples / event.seconds, event.step
+                )
         elif isinstance(event, EpochEnd):
-            for name, value in event.metrics.items():
-                if name.startswith("val_"):
-                    self._w().add_scalar(f"val/{name[4:]}", float(value), event.step)
+            self._w().add_scalar("train/epoch", event.epoch + 1, event.step)
         elif isinstance(event, Metrics):
+            if not event.node:  # the Trainer's evaluation: always written
+                for name, value in event.values.items():
+                    tag = f"val/{name[4:]}" if name.startswith("val_") else name
+                    self._w().add_scalar(tag, float(value), event.step)
+                return
             if event.step % self.every_steps:
                 return
             for name, value in event.values.items():

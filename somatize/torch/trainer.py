@@ -78,7 +78,9 @@ class Options:
         if self.mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', not {self.mode!r}")
         if self.scheduler_every not in ("step", "epoch"):
-            raise ValueError(f"scheduler_every must be 'step' or 'epoch', not {self.scheduler_every!r}")
+            raise ValueError(
+                f"scheduler_every must be 'step' or 'epoch', not {self.scheduler_every!r}"
+            )
 
 
 class _State:
@@ -134,7 +136,7 @@ class Trainer:
         watchers: Iterable[Watcher] = (),
         pruner: Any = None,
         seed: int = 0,
-        options: Options = Options(),  # noqa: B008 -- frozen, so one shared default is safe
+        options: Options = Options(),  # frozen, so one shared default is safe
     ) -> None:
         if not callable(optimizer):
             raise TypeError(
@@ -147,14 +149,21 @@ class Trainer:
             raise ValueError(f"epochs must be at least 1, not {epochs}")
         if max_steps is not None and max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, not {max_steps}")
-        if pruner is not None and not (hasattr(pruner, "report") and hasattr(pruner, "should_prune")):
-            raise TypeError("pruner must have report(value, step) and should_prune() (e.g. st.Patience)")
+        if pruner is not None and not (
+            hasattr(pruner, "report") and hasattr(pruner, "should_prune")
+        ):
+            raise TypeError(
+                "pruner must have report(value, step) and should_prune() (e.g. st.Patience)"
+            )
         self.loss, self.optimizer, self.scheduler = loss, optimizer, scheduler
         self.epochs = epochs if epochs is not None else (None if max_steps else 1)
         self.max_steps, self.micro_batches = max_steps, micro_batches
         self.metrics = dict(metrics or {})
         self.checkpoint, self.pruner, self.seed, self.options = checkpoint, pruner, seed, options
         self.watchers = list(watchers)
+        # a fresh fit starts the pruner from this state, so one Trainer can run many fits
+        snapshot = getattr(pruner, "state_dict", None)
+        self._pruner_start = snapshot() if snapshot is not None else None
 
     # -- one run ----------------------------------------------------------------------
 
@@ -179,6 +188,11 @@ class Trainer:
             CheckpointError: the checkpoint to resume from is missing, torn or foreign.
         """
         started = time.perf_counter()
+        if self.pruner is not None and val is None:
+            raise ValueError(
+                "a pruner is asked after each evaluation, but fit() got no val= data; "
+                "pass val=batches (or drop the pruner)"
+            )
         run_id = uuid.uuid4().hex[:12]
         rank, world, own_group = ddp.setup()
         try:
@@ -188,8 +202,15 @@ class Trainer:
                 ddp.teardown()
 
     def _fit(
-        self, model: Graph | nn.Module, train: Iterable[Any], val: Iterable[Any] | None,
-        resume: Any, run_id: str, rank: int, world: int, started: float,
+        self,
+        model: Graph | nn.Module,
+        train: Iterable[Any],
+        val: Iterable[Any] | None,
+        resume: Any,
+        run_id: str,
+        rank: int,
+        world: int,
+        started: float,
     ) -> TrainResult:
         net = _as_module(model)
         device = ddp.device(self.options.device, world)
@@ -203,51 +224,72 @@ class Trainer:
         if path is not None:
             self._restore(load_checkpoint(path), net, opt, sched, s)
         else:
-            _seed_everything(self.seed)
+            self._fresh_start()
         watchers = self._watchers() if rank == 0 else []
         epochs = self.epochs if self.epochs is not None else sys.maxsize
         notify(watchers, FitStart(run_id, self.epochs or 0, self.max_steps or 0, s.step))
         n_train = _count_examples(train, world)
         last_ckpt: Path | None = path
         autocast = _autocast(self.options.precision, device)
+        is_graph = isinstance(net, GraphModule)
         net.train()
+        step_sched = sched if self.options.scheduler_every == "step" else None
+        every = self.options.eval_every_steps
+        ckpt_every = self.checkpoint.every_steps if self.checkpoint is not None else None
         while s.epoch < epochs and not s.pruned and not self._done(s):
-            order, batches = epoch_batches(train, s.epoch, self.seed, self.options.shuffle, rank, world)
+            batches = epoch_batches(train, s.epoch, self.seed, self.options.shuffle, rank, world)
+            i = -1
             for i, batch in enumerate(batches):
                 if i < s.position:  # resuming mid-epoch: these batches were already trained on
                     continue
                 if s.pruned or self._done(s):
                     break
                 tick = time.perf_counter()
+                if is_graph:
+                    net.step = s.step + 1  # nodes see the number of the step they compute
+                lr = opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
                 loss, n = self._step(wrapped, net, params, opt, batch, device, autocast, world)
-                if sched is not None and self.options.scheduler_every == "step":
-                    sched.step()
+                if step_sched is not None:
+                    step_sched.step()
                 s.step += 1
                 s.position = i + 1
                 s.examples_seen += n
                 s.pending.append(loss)
                 if watchers:
-                    self._report_step(watchers, run_id, net, opt, s, loss, n, tick)
-                every = self.options.eval_every_steps
+                    self._report_step(watchers, run_id, net, s, loss, lr, n, tick)
                 if val is not None and every and s.step % every == 0:
-                    self._evaluate_into(s, net, val, autocast, device, rank, world, watchers, run_id)
-                ckpt = self.checkpoint
-                if ckpt is not None and ckpt.every_steps and s.step % ckpt.every_steps == 0:
+                    self._evaluate_into(
+                        s, net, val, autocast, device, rank, world, watchers, run_id
+                    )
+                if ckpt_every and s.step % ckpt_every == 0:
                     last_ckpt = self._save(net, opt, sched, s, rank, world) or last_ckpt
             else:  # the epoch ran to its end
-                if sched is not None and self.options.scheduler_every == "epoch":
+                if i < 0:
+                    raise ValueError(
+                        "the training data yielded no batches"
+                        + (f" for rank {rank} of {world}" if world > 1 else "")
+                        + "; pass a non-empty sequence of batches or DataLoader"
+                    )
+                if sched is not None and step_sched is None:
                     sched.step()
-                if val is not None and not self.options.eval_every_steps:
-                    self._evaluate_into(s, net, val, autocast, device, rank, world, watchers, run_id)
+                record = None
+                if val is not None and not every:
+                    record = self._evaluate_into(
+                        s, net, val, autocast, device, rank, world, watchers, run_id
+                    )
                 s.flush(world)
-                notify(watchers, EpochEnd(run_id, s.epoch, s.step, s.metrics[-1] if s.metrics else {}))
+                notify(watchers, EpochEnd(run_id, s.epoch, s.step, record or {}))
                 s.epoch, s.position = s.epoch + 1, 0
                 if self.checkpoint is not None:
                     last_ckpt = self._save(net, opt, sched, s, rank, world) or last_ckpt
                 continue
             break
         s.flush(world)
-        if self.checkpoint is not None and s.step and (last_ckpt is None or not _at(last_ckpt, s.step)):
+        if (
+            self.checkpoint is not None
+            and s.step
+            and (last_ckpt is None or not _at(last_ckpt, s.step))
+        ):
             last_ckpt = self._save(net, opt, sched, s, rank, world) or last_ckpt
         seconds = time.perf_counter() - started
         notify(watchers, FitEnd(run_id, s.step, s.epoch, seconds, s.pruned))
@@ -267,16 +309,33 @@ class Trainer:
             seed=self.seed,
         )
 
+    def _fresh_start(self) -> None:
+        ckpt = self.checkpoint
+        if ckpt is not None and (earlier := ckpt.last()) is not None:
+            raise CheckpointError(
+                f"{ckpt.path} already holds checkpoints of an earlier run (last: {earlier.name}); "
+                "continue it with fit(..., resume='last'), or checkpoint into an empty directory"
+            )
+        if self._pruner_start is not None:
+            self.pruner.load_state_dict(self._pruner_start)
+        _seed_everything(self.seed)
+
     def _done(self, s: _State) -> bool:
         return self.max_steps is not None and s.step >= self.max_steps
 
     def _step(
-        self, wrapped: nn.Module, net: nn.Module, params: list[nn.Parameter],
-        opt: torch.optim.Optimizer, batch: Any, device: torch.device,
-        autocast: Callable[[], Any], world: int,
+        self,
+        wrapped: nn.Module,
+        net: nn.Module,
+        params: list[nn.Parameter],
+        opt: torch.optim.Optimizer,
+        batch: Any,
+        device: torch.device,
+        autocast: Callable[[], Any],
+        world: int,
     ) -> tuple[torch.Tensor, int]:
         """One optimizer step over a batch (in micro-batches); returns its loss and size."""
-        x, y = split(batch)
+        x, y = self._split(batch)
         x, y = to_device(x, device), to_device(y, device)
         n = num_examples(x)
         opt.zero_grad(set_to_none=True)
@@ -284,12 +343,12 @@ class Trainer:
             with autocast():
                 loss = self._loss(wrapped(x), y)
             loss.backward()
-            total = loss.detach()
+            total = loss.detach().float()
         else:
             xs = chunk(x, self.micro_batches)
             ys = chunk(y, self.micro_batches) if y is not None else [None] * len(xs)
             total = torch.zeros((), device=device)
-            for i, (xc, yc) in enumerate(zip(xs, ys)):
+            for i, (xc, yc) in enumerate(zip(xs, ys, strict=True)):
                 share = num_examples(xc) / n  # each chunk weighs by its size: exact for mean losses
                 sync = world == 1 or i == len(xs) - 1
                 with contextlib.nullcontext() if sync else wrapped.no_sync():  # type: ignore[operator]
@@ -301,6 +360,10 @@ class Trainer:
             nn.utils.clip_grad_norm_(params, self.options.clip_grad_norm)
         opt.step()
         return total, n
+
+    def _split(self, batch: Any) -> tuple[Any, Any]:
+        # without a loss function the graph computes the loss, so it gets the whole batch
+        return split(batch) if self.loss is not None else (batch, None)
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
         if self.loss is None:
@@ -329,60 +392,80 @@ class Trainer:
         net = _as_module(model)
         rank, world = ddp.rank_world()
         device = next((p.device for p in net.parameters()), torch.device("cpu"))
-        return self._evaluate(net, data, _autocast(self.options.precision, device), device, rank, world)
+        return self._evaluate(
+            net, data, _autocast(self.options.precision, device), device, rank, world
+        )
 
     def _evaluate(
-        self, net: nn.Module, data: Iterable[Any], autocast: Callable[[], Any],
-        device: torch.device, rank: int, world: int,
+        self,
+        net: nn.Module,
+        data: Iterable[Any],
+        autocast: Callable[[], Any],
+        device: torch.device,
+        rank: int,
+        world: int,
     ) -> dict[str, float]:
         was_training = net.training
         net.eval()
-        names = (["loss"] if self.loss is not None else []) + list(self.metrics)
-        sums = torch.zeros(len(names) + 1, dtype=torch.float64)
-        _, batches = epoch_batches(data, 0, self.seed, False, rank, world)
-        with torch.no_grad():
-            for batch in batches:
-                x, y = split(batch)
-                x, y = to_device(x, device), to_device(y, device)
-                with autocast():
-                    out = net(x)
-                n = num_examples(x)
-                values = [self._loss(out, y)] if self.loss is not None else []
-                values += [fn(out, y) for fn in self.metrics.values()]
-                for j, v in enumerate(values):
-                    sums[j] += float(v) * n
-                sums[-1] += n
-        net.train(was_training)
+        names = ["loss", *self.metrics]
+        fns: list[Callable[[Any, Any], Any]] = [self._loss, *self.metrics.values()]
+        dtype = torch.float32 if device.type == "mps" else torch.float64
+        sums = torch.zeros(
+            len(names) + 1, dtype=dtype, device=device
+        )  # the last one counts examples
+        try:
+            with torch.no_grad():
+                # every batch counts once: shard without dropping a remainder
+                for batch in epoch_batches(data, 0, self.seed, False, rank, world, even=False):
+                    x, y = self._split(batch)
+                    x, y = to_device(x, device), to_device(y, device)
+                    with autocast():
+                        out = net(x)
+                    n = num_examples(x)
+                    for j, (name, fn) in enumerate(zip(names, fns, strict=True)):
+                        sums[j] += _scalar(fn(out, y), name) * n  # stays on the device: no sync
+                    sums[-1] += n
+        finally:
+            net.train(was_training)
         if world > 1:
             sums = ddp.total(sums)
-        if sums[-1] == 0:
-            raise ValueError("evaluation data is empty: pass at least one batch")
-        return {name: float(sums[j] / sums[-1]) for j, name in enumerate(names)}
+        values = sums.tolist()
+        if values[-1] == 0:
+            raise ValueError("the evaluation data yielded no batches: pass at least one batch")
+        return {name: values[j] / values[-1] for j, name in enumerate(names)}
 
     def _evaluate_into(
-        self, s: _State, net: nn.Module, val: Iterable[Any], autocast: Callable[[], Any],
-        device: torch.device, rank: int, world: int, watchers: list[Watcher], run_id: str,
-    ) -> None:
-        record: dict[str, float] = {"step": s.step, "epoch": s.epoch}
+        self,
+        s: _State,
+        net: nn.Module,
+        val: Iterable[Any],
+        autocast: Callable[[], Any],
+        device: torch.device,
+        rank: int,
+        world: int,
+        watchers: list[Watcher],
+        run_id: str,
+    ) -> dict[str, float]:
         evaluated = self._evaluate(net, val, autocast, device, rank, world)
-        record.update({f"val_{k}": v for k, v in evaluated.items()})
+        values = {f"val_{k}": v for k, v in evaluated.items()}
+        record: dict[str, float] = {"step": s.step, "epoch": s.epoch, **values}
         s.metrics.append(record)
         monitor, mode = self.options.monitor, self.options.mode
         if monitor in record:
             v = record[monitor]
             if s.best is None or (v < s.best if mode == "min" else v > s.best):
                 s.best = v
-        if self.options.eval_every_steps:
-            notify(watchers, EpochEnd(run_id, s.epoch, s.step, dict(record)))
+        notify(watchers, Metrics(run_id, "", s.step, values))  # node '' : the Trainer's own
         if self.pruner is not None:
             name = getattr(self.pruner, "metric", monitor)
             if name not in record:
                 raise KeyError(
                     f"the pruner watches {name!r}, which evaluation does not produce; "
-                    f"evaluated: {', '.join(k for k in record if k.startswith('val_'))}"
+                    f"evaluated: {', '.join(values)} (name a metric from Trainer(metrics=...))"
                 )
             self.pruner.report(record[name], s.step)
             s.pruned = bool(self.pruner.should_prune())
+        return record
 
     # -- reporting --------------------------------------------------------------------
 
@@ -398,12 +481,18 @@ class Trainer:
         return watchers
 
     def _report_step(
-        self, watchers: list[Watcher], run_id: str, net: nn.Module,
-        opt: torch.optim.Optimizer, s: _State, loss: torch.Tensor, n: int, tick: float,
+        self,
+        watchers: list[Watcher],
+        run_id: str,
+        net: nn.Module,
+        s: _State,
+        loss: torch.Tensor,
+        lr: Any,
+        n: int,
+        tick: float,
     ) -> None:
-        lr = float(opt.param_groups[0]["lr"])
         seconds = time.perf_counter() - tick
-        notify(watchers, StepEnd(run_id, s.step, s.epoch, float(loss), lr, n, seconds))
+        notify(watchers, StepEnd(run_id, s.step, s.epoch, float(loss), float(lr), n, seconds))
         node_metrics = getattr(net, "metrics", None)
         if node_metrics:
             for node, values in node_metrics.items():
@@ -423,7 +512,13 @@ class Trainer:
         return Path(resume)
 
     def _save(
-        self, net: nn.Module, opt: torch.optim.Optimizer, sched: Any, s: _State, rank: int, world: int
+        self,
+        net: nn.Module,
+        opt: torch.optim.Optimizer,
+        sched: Any,
+        s: _State,
+        rank: int,
+        world: int,
     ) -> Path | None:
         assert self.checkpoint is not None
         s.flush(world)
@@ -454,7 +549,12 @@ class Trainer:
         return file
 
     def _restore(
-        self, payload: dict[str, Any], net: nn.Module, opt: torch.optim.Optimizer, sched: Any, s: _State
+        self,
+        payload: dict[str, Any],
+        net: nn.Module,
+        opt: torch.optim.Optimizer,
+        sched: Any,
+        s: _State,
     ) -> None:
         try:
             net.load_state_dict(payload["model"])
@@ -466,6 +566,11 @@ class Trainer:
                 f"the checkpoint does not fit this model or optimizer ({e}); "
                 "resume with the same graph and optimizer it was written by"
             ) from e
+        if payload["seed"] != self.seed:
+            raise CheckpointError(
+                f"the checkpoint was written by a run with seed={payload['seed']}, this Trainer has "
+                f"seed={self.seed}; resume with the same seed (it fixes the batch order)"
+            )
         s.step, s.epoch, s.position = payload["step"], payload["epoch"], payload["position"]
         s.examples_seen = payload["examples_seen"]
         s.losses, s.metrics = list(payload["losses"]), list(payload["metrics"])
@@ -507,6 +612,17 @@ def _seed_everything(seed: int) -> None:
         np.random.seed(seed % 2**32)
 
 
+def _scalar(value: Any, name: str) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(
+                f"{name!r} must give one number per batch (a mean), got a tensor of shape "
+                f"{tuple(value.shape)}; reduce it, e.g. with .mean()"
+            )
+        return value.detach().reshape(())
+    return float(value)
+
+
 def _autocast(precision: str, device: torch.device) -> Callable[[], Any]:
     if precision == "bf16":
         return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -514,11 +630,12 @@ def _autocast(precision: str, device: torch.device) -> Callable[[], Any]:
 
 
 def _count_examples(train: Iterable[Any], world: int) -> int | None:
+    """Examples one epoch trains on, over all ranks (None when the data cannot say)."""
     if isinstance(train, Sequence):
-        return sum(num_examples(train[i]) for i in range(len(train) - len(train) % world)) // world
+        return sum(num_examples(train[i]) for i in range(len(train) - len(train) % world))
     dataset = getattr(train, "dataset", None)
     if dataset is not None and hasattr(dataset, "__len__"):
-        return len(dataset) // world
+        return len(dataset)
     return None
 
 
@@ -531,4 +648,3 @@ def _close(watchers: list[Watcher]) -> None:
         close = getattr(w, "close", None)
         if close is not None:
             close()
-
