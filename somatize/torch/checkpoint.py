@@ -115,14 +115,17 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        if "weights only" not in str(e).lower():
+        # torch wraps every unpickling failure in one preamble; the reason is a later line
+        lines = [ln for ln in str(e).splitlines()[1:] if ln.strip()]
+        reason = lines[0] if lines else str(e).splitlines()[0]
+        if "global" not in reason.lower():
             raise CheckpointError(
-                f"{path} is corrupt and cannot be unpickled ({str(e).splitlines()[0]}); "
+                f"{path} is corrupt and cannot be unpickled ({reason}); "
                 "resume from an earlier checkpoint"
             ) from e
         raise CheckpointError(
-            f"{path} was not loaded: its pickle asks for objects a checkpoint never holds "
-            f"(it may be malicious; weights_only=True refused it): {str(e).splitlines()[0]}"
+            f"{path} was not loaded: its pickle asks for code a checkpoint never holds "
+            f"(it may be malicious; weights_only=True refused it, nothing ran): {reason}"
         ) from e
     except Exception as e:  # a damaged archive fails in many ways inside torch.load
         raise CheckpointError(
