@@ -76,10 +76,14 @@ class Checkpointing:
             )
         return self.path / name
 
+    def file(self, step: int) -> Path:
+        """The checkpoint file of ``step``: ``step-NNNNNNNNN.ckpt`` in the directory."""
+        return self.path / f"step-{step:09d}.ckpt"
+
     def save(self, payload: dict[str, Any], step: int) -> Path:
         """Write ``payload`` as ``step-NNNNNNNNN.ckpt``, point ``last`` at it, drop old ones."""
         self.path.mkdir(parents=True, exist_ok=True)
-        file = self.path / f"step-{step:09d}.ckpt"
+        file = self.file(step)
         buf = io.BytesIO()
         torch.save({"format": FORMAT, **payload}, buf)
         atomic_write(file, buf.getbuffer())

@@ -262,7 +262,7 @@ class Trainer:
                         s, net, val, autocast, device, rank, world, watchers, run_id
                     )
                 if ckpt_every and s.step % ckpt_every == 0:
-                    last_ckpt = self._save(net, opt, sched, s, rank, world) or last_ckpt
+                    last_ckpt = self._save(net, opt, sched, s, rank, world)
             else:  # the epoch ran to its end
                 if i < 0:
                     raise ValueError(
@@ -281,16 +281,12 @@ class Trainer:
                 notify(watchers, EpochEnd(run_id, s.epoch, s.step, record or {}))
                 s.epoch, s.position = s.epoch + 1, 0
                 if self.checkpoint is not None:
-                    last_ckpt = self._save(net, opt, sched, s, rank, world) or last_ckpt
+                    last_ckpt = self._save(net, opt, sched, s, rank, world)
                 continue
             break
         s.flush(world)
-        if (
-            self.checkpoint is not None
-            and s.step
-            and (last_ckpt is None or not _at(last_ckpt, s.step))
-        ):
-            last_ckpt = self._save(net, opt, sched, s, rank, world) or last_ckpt
+        if self.checkpoint is not None and s.step and last_ckpt != self.checkpoint.file(s.step):
+            last_ckpt = self._save(net, opt, sched, s, rank, world)
         seconds = time.perf_counter() - started
         notify(watchers, FitEnd(run_id, s.step, s.epoch, seconds, s.pruned))
         _close(watchers)
@@ -519,13 +515,13 @@ class Trainer:
         s: _State,
         rank: int,
         world: int,
-    ) -> Path | None:
+    ) -> Path:
+        """Checkpoint (rank 0 writes; every rank waits for it and gets its path)."""
         assert self.checkpoint is not None
         s.flush(world)
-        file = None
         if rank == 0:
             pruner_state = getattr(self.pruner, "state_dict", None)
-            file = self.checkpoint.save(
+            self.checkpoint.save(
                 {
                     "model": net.state_dict(),
                     "optimizer": opt.state_dict(),
@@ -546,7 +542,7 @@ class Trainer:
             )
         if world > 1:
             ddp.barrier()
-        return file
+        return self.checkpoint.file(s.step)
 
     def _restore(
         self,
@@ -637,10 +633,6 @@ def _count_examples(train: Iterable[Any], world: int) -> int | None:
     if dataset is not None and hasattr(dataset, "__len__"):
         return len(dataset)
     return None
-
-
-def _at(path: Path, step: int) -> bool:
-    return path.name == f"step-{step:09d}.ckpt"
 
 
 def _close(watchers: list[Watcher]) -> None:
