@@ -44,7 +44,9 @@ def to_device(value: Any, device: torch.device | None) -> Any:
     """Move every tensor of a (nested) batch to ``device``."""
     if device is None:
         return value
-    return _map(lambda t: t.to(device, non_blocking=True), value)
+    if type(value) is torch.Tensor:  # the common case, without a call per tensor
+        return value if value.device == device else value.to(device, non_blocking=True)
+    return _map(lambda t: t if t.device == device else t.to(device, non_blocking=True), value)
 
 
 def _leaves(value: Any) -> list[torch.Tensor]:
@@ -55,6 +57,8 @@ def _leaves(value: Any) -> list[torch.Tensor]:
 
 def num_examples(batch: Any) -> int:
     """The batch size: the first dimension of the batch's first tensor (1 if it has none)."""
+    if type(batch) is torch.Tensor:
+        return int(batch.shape[0]) if batch.dim() > 0 else 1
     leaves = _leaves(split(batch)[0]) or _leaves(batch)
     return int(leaves[0].shape[0]) if leaves and leaves[0].dim() > 0 else 1
 
