@@ -1,11 +1,13 @@
-"""Checkpoints: written atomically, read with ``weights_only=True`` only.
+"""Checkpoints: what they hold, written atomically, read with ``weights_only=True`` only.
 
 A checkpoint is a plain ``torch.save`` file of tensors, numbers, strings, lists and
-dicts — every RNG state included, stored as tensors and ints — so ``torch.load(...,
-weights_only=True)`` reads it and never executes code from it. Each file is written
-to a temp file in the same directory, fsynced, renamed into place, and the directory
-fsynced; then the ``last`` pointer is replaced the same way. A process killed at any
-instant leaves ``last`` naming a complete checkpoint.
+dicts — the model, optimizer and scheduler states, the ``RunState`` (step, epoch,
+position inside the epoch, history), the pruner's state, and every RNG state
+stored as tensors and ints — so ``torch.load(..., weights_only=True)`` reads it and
+never executes code from it. Each file is written to a temp file in the same
+directory, fsynced, renamed into place, and the directory fsynced; then the
+``last`` pointer is replaced the same way. A process killed at any instant leaves
+``last`` naming a complete checkpoint.
 """
 
 from __future__ import annotations
@@ -22,11 +24,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..errors import CheckpointError
 from ..keepers import atomic_write
+from . import ddp
 
-__all__ = ["Checkpointing", "load_checkpoint", "rng_state", "set_rng_state"]
+__all__ = [
+    "Checkpointing",
+    "RunState",
+    "capture",
+    "load_checkpoint",
+    "restore",
+    "rng_state",
+    "set_rng_state",
+]
 
 _FILE = re.compile(r"^step-(\d{9})\.ckpt$")
 _TEMP = re.compile(r"^\.(step-\d{9}\.ckpt|last)\..*\.tmp$")  # atomic_write's temp names
@@ -142,6 +154,89 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{FORMAT!r}); load it with torch.load, or resume from a Trainer checkpoint"
         )
     return payload
+
+
+class RunState:
+    """Where a run stands: what a checkpoint restores besides modules, optimizer and RNG."""
+
+    def __init__(self) -> None:
+        self.step = self.epoch = self.position = self.examples_seen = 0
+        self.losses: list[float] = []
+        self.pending: list[torch.Tensor] = []  # step losses not yet read back from the device
+        self.metrics: list[dict[str, float]] = []
+        self.best: float | None = None
+        self.pruned = False
+
+    def flush(self, world: int) -> None:
+        """Read the pending step losses back (one transfer), averaged over ranks."""
+        if self.pending:
+            values = torch.stack(self.pending).float()
+            if world > 1:
+                values = ddp.mean(values)
+            self.losses.extend(values.tolist())
+            self.pending.clear()
+
+
+def capture(
+    s: RunState, net: nn.Module, opt: torch.optim.Optimizer, sched: Any, pruner: Any, seed: int
+) -> dict[str, Any]:
+    """Everything a checkpoint holds, as tensors, numbers, strings, lists and dicts."""
+    pruner_state = getattr(pruner, "state_dict", None)
+    return {
+        "model": net.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict() if sched is not None else None,
+        "step": s.step,
+        "epoch": s.epoch,
+        "position": s.position,
+        "examples_seen": s.examples_seen,
+        "losses": s.losses,
+        "metrics": s.metrics,
+        "best": s.best,
+        "pruned": s.pruned,
+        "pruner": pruner_state() if pruner_state is not None else None,
+        "rng": rng_state(),
+        "seed": seed,
+    }
+
+
+def restore(
+    payload: dict[str, Any],
+    s: RunState,
+    net: nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    pruner: Any,
+    seed: int,
+) -> None:
+    """Put a run back where ``capture`` found it (RNG states included).
+
+    Raises:
+        CheckpointError: it was written with another seed, model or optimizer.
+    """
+    if payload["seed"] != seed:
+        raise CheckpointError(
+            f"the checkpoint was written by a run with seed={payload['seed']}, this Trainer has "
+            f"seed={seed}; resume with the same seed (it fixes the batch order)"
+        )
+    try:
+        net.load_state_dict(payload["model"])
+        opt.load_state_dict(payload["optimizer"])
+        if sched is not None and payload["scheduler"] is not None:
+            sched.load_state_dict(payload["scheduler"])
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise CheckpointError(
+            f"the checkpoint does not fit this model or optimizer ({e}); "
+            "resume with the same graph and optimizer it was written by"
+        ) from e
+    s.step, s.epoch, s.position = payload["step"], payload["epoch"], payload["position"]
+    s.examples_seen = payload["examples_seen"]
+    s.losses, s.metrics = list(payload["losses"]), list(payload["metrics"])
+    s.best, s.pruned = payload["best"], payload["pruned"]
+    loader = getattr(pruner, "load_state_dict", None)
+    if loader is not None and payload["pruner"] is not None:
+        loader(payload["pruner"])
+    set_rng_state(payload["rng"])
 
 
 def rng_state() -> dict[str, Any]:

@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Done, Graph, JsonLines, Node, Opaque
+from somatize.watchers import StepEnd
 
 
 class Body(Node):
@@ -140,3 +141,21 @@ def test_the_progress_line_is_on_when_asked_and_says_pruned(capsys):
     trainer.fit(Graph.somatize(Body() >> Head()), data(), val=data(1))
     err = capsys.readouterr().err
     assert "step 3 · val_loss" in err and "(pruned)" in err
+
+
+def test_watchers_are_closed_when_training_fails(tmp_path):
+    class Boom(Exception):
+        pass
+
+    class FailAt:
+        def on_event(self, event):
+            if isinstance(event, StepEnd) and event.step == 2:
+                raise Boom
+
+    log = JsonLines(tmp_path / "run.jsonl")
+    tb = st.TensorBoard(tmp_path / "tb")
+    with pytest.raises(Boom):
+        fit([log, tb, FailAt()])
+    assert log._fd is None and tb._writer is None
+    assert [s for s, _ in scalars(tmp_path / "tb")["train/loss"]] == [1, 2]  # flushed
+    assert "FitEnd" not in [r["event"] for r in JsonLines.read(tmp_path / "run.jsonl")]
