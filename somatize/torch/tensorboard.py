@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from ..errors import require
-from ..watchers import EpochEnd, Event, FitEnd, Metrics, StepEnd
+from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
 
 __all__ = ["TensorBoard"]
 
@@ -31,17 +31,22 @@ class TensorBoard:
         self.log_dir = str(log_dir)
         self.every_steps = every_steps
         self._writer: Any = None
+        self._start = 0
 
     def _w(self) -> Any:
         if self._writer is None:
             require("tensorboard", "torch")
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(self.log_dir)
+            # a resumed run hides what the interrupted one logged after its checkpoint
+            purge = self._start + 1 if self._start else None
+            self._writer = SummaryWriter(self.log_dir, purge_step=purge)
         return self._writer
 
     def on_event(self, event: Event) -> None:
-        if isinstance(event, StepEnd):
+        if isinstance(event, FitStart):
+            self._start = event.start_step
+        elif isinstance(event, StepEnd):
             if event.step % self.every_steps:
                 return
             w = self._w()

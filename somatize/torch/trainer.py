@@ -319,9 +319,10 @@ class Trainer:
             else:  # the epoch ran to its end
                 if i < 0:
                     raise ValueError(
-                        "the training data yielded no batches"
+                        f"the training data yielded no batches in epoch {s.epoch}"
                         + (f" for rank {run.rank} of {run.world}" if run.world > 1 else "")
-                        + "; pass a non-empty sequence of batches or DataLoader"
+                        + "; pass a non-empty sequence of batches or a DataLoader (a generator"
+                        " is used up after one epoch)"
                     )
                 if run.sched is not None and step_sched is None:
                     run.sched.step()

@@ -159,3 +159,35 @@ def test_watchers_are_closed_when_training_fails(tmp_path):
     assert log._fd is None and tb._writer is None
     assert [s for s, _ in scalars(tmp_path / "tb")["train/loss"]] == [1, 2]  # flushed
     assert "FitEnd" not in [r["event"] for r in JsonLines.read(tmp_path / "run.jsonl")]
+
+
+def test_tensorboard_after_a_resume_shows_each_step_once(tmp_path):
+    class Crash(Exception):
+        pass
+
+    class CrashAt5:
+        def on_event(self, event):
+            if isinstance(event, StepEnd) and event.step == 5:
+                raise Crash
+
+    def trainer(watchers):
+        return st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            epochs=3,
+            checkpoint=st.Checkpointing(tmp_path / "ckpt", every_steps=2),
+            watchers=watchers,
+            options=st.Options(progress=False),
+        )
+
+    torch.manual_seed(0)
+    with pytest.raises(Crash):  # steps 1..5 logged, the checkpoint at step 4
+        trainer([st.TensorBoard(tmp_path / "tb"), CrashAt5()]).fit(
+            Graph.somatize(Body() >> Head()), data()
+        )
+    result = trainer([st.TensorBoard(tmp_path / "tb")]).fit(
+        Graph.somatize(Body() >> Head()), data(), resume="last"
+    )
+    got = scalars(tmp_path / "tb")["train/loss"]
+    assert [s for s, _ in got] == list(range(1, 10))
+    assert [v for _, v in got] == pytest.approx(result.losses)
