@@ -307,17 +307,20 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_run(tmp_p
         ("hook fsync", 3, 8),
     ]
     rng.shuffle(kinds)
-    codes, lasts = [], []
+    codes, lasts, torn = [], [], []
     for prefix, low, high in kinds:
         codes.append(trainings.run(ckpt, out, (prefix, rng.randint(low, high)), rng))
         lasts.append(check_checkpoints(ckpt))  # every kill leaves loadable checkpoints
+        torn.append(sorted(f.name for f in ckpt.glob(".*.tmp")))  # a write cut short
         if codes[-1] == 0:
             break
     assert codes.count(-signal.SIGKILL) >= 5, codes
     assert set(codes) <= {0, -signal.SIGKILL}
     assert lasts == sorted(lasts) and len(set(lasts)) >= 4, lasts  # progress, never lost
+    assert sum(map(bool, torn)) >= 2, torn  # some kills did land inside a checkpoint write
     while trainings.run(ckpt, out, None, rng) != 0:
         pass
+    assert not list(ckpt.glob(".*.tmp"))  # the finished run cleared what the killed ones left
     resumed = torch.load(out, weights_only=True)
     assert resumed["losses"] == reference["losses"]
     assert resumed["metrics"] == reference["metrics"]
