@@ -18,8 +18,8 @@ from somatize.cli import main
 
 ROOT = Path(somatize.__file__).resolve().parent.parent
 # Pages with a test of their own, which runs their examples in subprocesses or checks
-# what they print: docs/distributed.md starts clusters; docs/torch.md checks its output.
-OWN_TEST = {"distributed.md", "torch.md"}
+# what they print: docs/distributed.md starts clusters; torch.md, trainer.md check output.
+OWN_TEST = {"distributed.md", "torch.md", "trainer.md"}
 # Pages that are references or tables, not examples.
 NO_EXAMPLES = {"api.md", "recipes.md", "benchmarks.md", "faq.md", "index.md"}
 PAGES = sorted(

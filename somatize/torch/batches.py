@@ -1,12 +1,14 @@
 """Batches: what the Trainer accepts, how it orders, shards, splits and moves them.
 
-A batch is ``(x, y)``, a dict with ``"x"`` (and ``"y"``), or anything else (the
-whole batch is the input; the graph's output or ``loss(output)`` is the loss).
+With a loss function, a batch is ``(x, y)``, a dict with ``"x"`` (and ``"y"``), or
+anything else (the whole batch is the input and ``loss(output)`` the loss). Without
+one (``loss=None``) the whole batch is the graph's input and its output the loss.
 ``x`` and ``y`` may be tensors or nested tuples/lists/dicts of tensors.
 
 The Trainer owns the order: a sequence of batches is permuted per epoch by a
-generator seeded with ``(seed, epoch)``; a DataLoader with a random sampler gets
-its generator seeded the same way. That is what makes resuming mid-epoch exact.
+generator seeded with ``(seed, epoch)``; a DataLoader gets its random sampler's
+generator and its own (which seeds worker processes) seeded the same way. That is
+what makes resuming mid-epoch exact.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ def to_device(value: Any, device: torch.device | None) -> Any:
     """Move every tensor of a (nested) batch to ``device``."""
     if device is None:
         return value
-    return _map(lambda t: t.to(device, non_blocking=True), value)
+    if type(value) is torch.Tensor:  # the common case, without a call per tensor
+        return value if value.device == device else value.to(device, non_blocking=True)
+    return _map(lambda t: t if t.device == device else t.to(device, non_blocking=True), value)
 
 
 def _leaves(value: Any) -> list[torch.Tensor]:
@@ -53,6 +57,8 @@ def _leaves(value: Any) -> list[torch.Tensor]:
 
 def num_examples(batch: Any) -> int:
     """The batch size: the first dimension of the batch's first tensor (1 if it has none)."""
+    if type(batch) is torch.Tensor:
+        return int(batch.shape[0]) if batch.dim() > 0 else 1
     leaves = _leaves(split(batch)[0]) or _leaves(batch)
     return int(leaves[0].shape[0]) if leaves and leaves[0].dim() > 0 else 1
 
@@ -74,26 +80,42 @@ def chunk(value: Any, k: int) -> list[Any]:
 
 
 def epoch_batches(
-    data: Iterable[Any], epoch: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1
-) -> tuple[Sequence[int] | None, Iterator[Any]]:
-    """The batches of one epoch, in the Trainer's order, this rank's share.
+    data: Iterable[Any],
+    epoch: int,
+    seed: int,
+    shuffle: bool,
+    rank: int = 0,
+    world: int = 1,
+    *,
+    even: bool = True,
+) -> Iterator[Any]:
+    """The batches of one epoch, in the Trainer's order: this rank's share.
 
-    Returns the order (indices into ``data`` for a sequence, else None) and an
-    iterator over the batches.
+    Args:
+        data: a sequence of batches, or an iterable such as a DataLoader.
+        epoch, seed: seed the order (a sequence's permutation, a DataLoader's generators).
+        shuffle: permute a sequence (a DataLoader shuffles per its own sampler).
+        rank, world: take every ``world``-th batch, starting at ``rank``.
+        even: give every rank the same number of batches (dropping at most
+            ``world - 1``), as training needs — DDP waits on every rank each step.
     """
     gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     if isinstance(data, Sequence):
         n = len(data)
         order: list[int] = torch.randperm(n, generator=gen).tolist() if shuffle else list(range(n))
         if world > 1:
-            order = order[: n - n % world][rank::world]
-        return order, (data[i] for i in order)
+            order = order[: n - n % world if even else n][rank::world]
+        return (data[i] for i in order)
     sampler = getattr(data, "sampler", None)
     if isinstance(sampler, torch.utils.data.RandomSampler):
         sampler.generator = gen
+    if isinstance(data, torch.utils.data.DataLoader):
+        # iter() draws the workers' base seed from this generator, or else from the global
+        # torch RNG, which would then differ between a resumed run and an uninterrupted one
+        data.generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch + 500_009)
     it: Iterator[Any] = iter(data)
-    if world > 1:  # every rank must take the same number of steps, or DDP waits forever
+    if world > 1:
         n = len(data) if hasattr(data, "__len__") else None
-        limit = n - n % world if n is not None else None
+        limit = n - n % world if n is not None and even else None
         it = (b for i, b in enumerate(it) if i % world == rank and (limit is None or i < limit))
-    return None, it
+    return it

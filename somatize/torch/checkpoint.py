@@ -1,11 +1,13 @@
-"""Checkpoints: written atomically, read with ``weights_only=True`` only.
+"""Checkpoints: what they hold, written atomically, read with ``weights_only=True`` only.
 
 A checkpoint is a plain ``torch.save`` file of tensors, numbers, strings, lists and
-dicts — every RNG state included, stored as tensors and ints — so ``torch.load(...,
-weights_only=True)`` reads it and never executes code from it. Each file is written
-to a temp file in the same directory, fsynced, renamed into place, and the directory
-fsynced; then the ``last`` pointer is replaced the same way. A process killed at any
-instant leaves ``last`` naming a complete checkpoint.
+dicts — the model, optimizer and scheduler states, the ``RunState`` (step, epoch,
+position inside the epoch, history), the pruner's state, and every RNG state
+stored as tensors and ints — so ``torch.load(..., weights_only=True)`` reads it and
+never executes code from it. Each file is written to a temp file in the same
+directory, fsynced, renamed into place, and the directory fsynced; then the
+``last`` pointer is replaced the same way. A process killed at any instant leaves
+``last`` naming a complete checkpoint.
 """
 
 from __future__ import annotations
@@ -21,13 +23,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..errors import CheckpointError
 from ..keepers import atomic_file, atomic_write
+from . import ddp
 
-__all__ = ["Checkpointing", "load_checkpoint", "rng_state", "set_rng_state"]
+__all__ = [
+    "Checkpointing",
+    "RunState",
+    "capture",
+    "load_checkpoint",
+    "restore",
+    "rng_state",
+    "set_rng_state",
+]
 
 _FILE = re.compile(r"^step-(\d{9})\.ckpt$")
+_TEMP = re.compile(r"^\.(step-\d{9}\.ckpt|last)\..*\.tmp$")  # atomic_write's temp names
 FORMAT = "somatize.checkpoint/1"
 
 
@@ -53,7 +66,9 @@ class Checkpointing:
         if self.keep < 1:
             raise ValueError(f"Checkpointing keep must be at least 1, not {self.keep}")
         if self.every_steps is not None and self.every_steps < 1:
-            raise ValueError(f"Checkpointing every_steps must be at least 1, not {self.every_steps}")
+            raise ValueError(
+                f"Checkpointing every_steps must be at least 1, not {self.every_steps}"
+            )
 
     @property
     def path(self) -> Path:
@@ -72,17 +87,26 @@ class Checkpointing:
             )
         return self.path / name
 
+    def file(self, step: int) -> Path:
+        """The checkpoint file of ``step``: ``step-NNNNNNNNN.ckpt`` in the directory."""
+        return self.path / f"step-{step:09d}.ckpt"
+
     def save(self, payload: dict[str, Any], step: int) -> Path:
         """Write ``payload`` as ``step-NNNNNNNNN.ckpt``, point ``last`` at it, drop old ones."""
         self.path.mkdir(parents=True, exist_ok=True)
-        file = self.path / f"step-{step:09d}.ckpt"
-        with atomic_file(file) as f:
+        file = self.file(step)
+        with atomic_file(file) as f:  # straight to the temp file: no copy of the state in memory
             torch.save({"format": FORMAT, **payload}, f)
         atomic_write(self.path / "last", file.name.encode())
-        kept = sorted(f for f in os.listdir(self.path) if _FILE.match(f))
-        for old in kept[: -self.keep]:
+        names = os.listdir(self.path)
+        # the one just written always stays (``last`` names it), with the newest keep-1 others
+        older = sorted(f for f in names if _FILE.match(f) and f != file.name)
+        doomed = older[: max(len(older) - (self.keep - 1), 0)]
+        # temp files a killed writer left behind (one writer per directory)
+        doomed += [f for f in names if _TEMP.match(f)]
+        for name in doomed:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path / old)
+                os.unlink(self.path / name)
         return file
 
 
@@ -97,21 +121,120 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; nothing else is unpickled
+        raise CheckpointError(
+            f"{path} is truncated, corrupt or not a torch checkpoint (not a torch.save archive); "
+            "resume from an earlier checkpoint"
+        )
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        # torch wraps every unpickling failure in one preamble; the reason is a later line
+        lines = [ln for ln in str(e).splitlines()[1:] if ln.strip()]
+        reason = lines[0] if lines else str(e).splitlines()[0]
+        if "global" not in reason.lower():
+            raise CheckpointError(
+                f"{path} is corrupt and cannot be unpickled ({reason}); "
+                "resume from an earlier checkpoint"
+            ) from e
         raise CheckpointError(
-            f"{path} is not a weights-only checkpoint and was not loaded (its pickle asks for "
-            f"objects a checkpoint never holds — it may be malicious): {str(e).splitlines()[0]}"
+            f"{path} was not loaded: its pickle asks for code a checkpoint never holds "
+            f"(it may be malicious; weights_only=True refused it, nothing ran): {reason}"
         ) from e
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+    except Exception as e:  # a damaged archive fails in many ways inside torch.load
         raise CheckpointError(
             f"{path} is truncated or corrupt and cannot be read ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}); resume from an earlier checkpoint"
         ) from e
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a somatize Trainer checkpoint")
+        raise CheckpointError(
+            f"{path} is a torch file but not a somatize Trainer checkpoint (no format "
+            f"{FORMAT!r}); load it with torch.load, or resume from a Trainer checkpoint"
+        )
     return payload
+
+
+class RunState:
+    """Where a run stands: what a checkpoint restores besides modules, optimizer and RNG."""
+
+    def __init__(self) -> None:
+        self.step = self.epoch = self.position = self.examples_seen = 0
+        self.losses: list[float] = []
+        self.pending: list[torch.Tensor] = []  # step losses not yet read back from the device
+        self.metrics: list[dict[str, float]] = []
+        self.best: float | None = None
+        self.pruned = False
+
+    def flush(self, world: int) -> None:
+        """Read the pending step losses back (one transfer), averaged over ranks."""
+        if self.pending:
+            values = torch.stack(self.pending).float()
+            if world > 1:
+                values = ddp.mean(values)
+            self.losses.extend(values.tolist())
+            self.pending.clear()
+
+
+def capture(
+    s: RunState, net: nn.Module, opt: torch.optim.Optimizer, sched: Any, pruner: Any, seed: int
+) -> dict[str, Any]:
+    """Everything a checkpoint holds, as tensors, numbers, strings, lists and dicts."""
+    pruner_state = getattr(pruner, "state_dict", None)
+    return {
+        "model": net.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict() if sched is not None else None,
+        "step": s.step,
+        "epoch": s.epoch,
+        "position": s.position,
+        "examples_seen": s.examples_seen,
+        "losses": s.losses,
+        "metrics": s.metrics,
+        "best": s.best,
+        "pruned": s.pruned,
+        "pruner": pruner_state() if pruner_state is not None else None,
+        "rng": rng_state(),
+        "seed": seed,
+    }
+
+
+def restore(
+    payload: dict[str, Any],
+    s: RunState,
+    net: nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    pruner: Any,
+    seed: int,
+) -> None:
+    """Put a run back where ``capture`` found it (RNG states included).
+
+    Raises:
+        CheckpointError: it was written with another seed, model or optimizer.
+    """
+    if payload["seed"] != seed:
+        raise CheckpointError(
+            f"the checkpoint was written by a run with seed={payload['seed']}, this Trainer has "
+            f"seed={seed}; resume with the same seed (it fixes the batch order)"
+        )
+    try:
+        net.load_state_dict(payload["model"])
+        opt.load_state_dict(payload["optimizer"])
+        if sched is not None and payload["scheduler"] is not None:
+            sched.load_state_dict(payload["scheduler"])
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise CheckpointError(
+            f"the checkpoint does not fit this model or optimizer ({e}); "
+            "resume with the same graph and optimizer it was written by"
+        ) from e
+    s.step, s.epoch, s.position = payload["step"], payload["epoch"], payload["position"]
+    s.examples_seen = payload["examples_seen"]
+    s.losses, s.metrics = list(payload["losses"]), list(payload["metrics"])
+    s.best, s.pruned = payload["best"], payload["pruned"]
+    loader = getattr(pruner, "load_state_dict", None)
+    if loader is not None and payload["pruner"] is not None:
+        loader(payload["pruner"])
+    set_rng_state(payload["rng"])
 
 
 def rng_state() -> dict[str, Any]:

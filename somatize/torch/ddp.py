@@ -41,13 +41,14 @@ def rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def device(requested: Any, world: int) -> torch.device:
-    """The training device: as requested; under torchrun with CUDA, this rank's GPU."""
+def device(requested: Any, world: int, default: torch.device) -> torch.device:
+    """The training device: as requested; under torchrun with CUDA, this rank's GPU;
+    else ``default`` (where the model already is)."""
     if requested is not None:
         return torch.device(requested)
     if world > 1 and torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
+    return default
 
 
 def wrap(net: nn.Module, dev: torch.device) -> nn.Module:

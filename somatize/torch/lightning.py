@@ -439,6 +439,9 @@ class Watch(L.Callback):
             metrics = {
                 k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")
             }
+        evaluated = {k: v for k, v in metrics.items() if k.startswith("val_")}
+        if evaluated:  # as the somatize Trainer reports its evaluations: node ''
+            notify(self.watchers, Metrics(self.run_id, "", step, evaluated))
         notify(self.watchers, EpochEnd(self.run_id, epoch, step, metrics))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

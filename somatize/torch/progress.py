@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from ..watchers import EpochEnd, Event, FitEnd, FitStart, StepEnd
+from ..watchers import Event, FitEnd, FitStart, Metrics, StepEnd
 
 __all__ = ["Progress"]
 
@@ -42,9 +42,9 @@ class Progress:
             if now - self._last >= self.interval:
                 self._last = now
                 self._draw(event)
-        elif isinstance(event, EpochEnd) and event.metrics:
-            shown = " · ".join(f"{k} {v:.4g}" for k, v in event.metrics.items() if k.startswith("val_"))
-            self.stream.write(f"\r\x1b[2Kepoch {event.epoch + 1} · step {event.step} · {shown}\n")
+        elif isinstance(event, Metrics) and not event.node:  # an evaluation: one line kept
+            shown = " · ".join(f"{k} {float(v):.4g}" for k, v in event.values.items())
+            self.stream.write(f"\r\x1b[2Kstep {event.step} · {shown}\n")
             self.stream.flush()
         elif isinstance(event, FitEnd):
             end = " (pruned)" if event.pruned else ""

@@ -21,7 +21,8 @@ class TrainResult:
 
     Attributes:
         state: the final state, name-keyed as ``module(g).state_dict()``, detached, on CPU.
-        num_examples: training examples in one epoch (the weight ``fedavg`` uses).
+        num_examples: training examples in one epoch, over all ranks (the weight ``fedavg``
+            uses); examples seen, when the data has no length.
         steps: optimizer steps taken in total.
         epochs: epochs completed.
         losses: the training loss of every step.

@@ -414,8 +414,10 @@ def test_watch_forwards_lightnings_lifecycle_as_somatize_events(logged):
     assert [e.loss for e in steps] == pytest.approx(logged.lg.losses)
     assert [e.examples for e in steps] == [16] * 8
     assert steps[2].lr == pytest.approx(SGD * 0.5)
-    metrics = rec.of(Metrics)
+    metrics = [m for m in rec.of(Metrics) if m.node]
     assert {m.node for m in metrics} == {"hidden"} and len(metrics) == 8
+    evaluations = [m for m in rec.of(Metrics) if not m.node]  # as the somatize Trainer sends
+    assert [e.values["val_loss"] for e in evaluations] == [r["val_loss"] for r in logged.lg.history]
     epochs = rec.of(EpochEnd)
     assert [e.epoch for e in epochs] == [0, 1]
     assert [e.metrics["val_loss"] for e in epochs] == [r["val_loss"] for r in logged.lg.history]
@@ -429,7 +431,8 @@ def test_somatize_watchers_write_under_lightning(logged):
     assert [s for s, _ in scalars["train/loss"]] == list(range(1, 9))
     records = JsonLines.read(logged.root / "run.jsonl")
     kinds = collections.Counter(r["event"] for r in records)
-    assert kinds == {"FitStart": 1, "StepEnd": 8, "Metrics": 8, "EpochEnd": 2, "FitEnd": 1}
+    # 8 node metrics (one per step) and 2 evaluations (node "", as the somatize Trainer sends)
+    assert kinds == {"FitStart": 1, "StepEnd": 8, "Metrics": 10, "EpochEnd": 2, "FitEnd": 1}
 
 
 # -- level 3 ----------------------------------------------------------------------------

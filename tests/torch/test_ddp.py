@@ -1,0 +1,110 @@
+"""Data-parallel training under ``torchrun --nproc_per_node=2`` on CPU (gloo)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import ddp_train  # noqa: E402 -- the script the ranks run, imported for its model and data
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(out: Path, *args: str, nproc: int = 2) -> int:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc_per_node={nproc}", "--nnodes=1",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        str(SCRIPTS / "ddp_train.py"), str(out), *args,
+    ]  # fmt: skip
+    with (out / "torchrun.log").open("ab") as log:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:  # stop the launcher and its workers alike
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=60)
+    return code
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    assert torchrun(out) == 0, (out / "torchrun.log").read_text()
+    return out
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_train_as_one_process_on_twice_the_batch(uninterrupted):
+    tmp_path = uninterrupted
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert r0["world"] == r1["world"] == 2
+
+    # both ranks end with identical parameters, losses and (reduced) metrics
+    assert r0["state"].keys() == r1["state"].keys()
+    for name, value in r0["state"].items():
+        assert torch.equal(value, r1["state"][name]), name
+    assert r0["losses"] == r1["losses"] and len(r0["losses"]) == 8  # 8 batches / 2 ranks, 2 epochs
+    assert r0["metrics"] == r1["metrics"]
+    assert r0["num_examples"] == r1["num_examples"] == 32
+
+    # only rank 0 checkpoints and logs; every rank knows the checkpoint
+    assert (tmp_path / "saved-rank0").exists() and not (tmp_path / "saved-rank1").exists()
+    assert r0["checkpoint"] == r1["checkpoint"] == str(tmp_path / "ckpt" / "step-000000008.ckpt")
+    assert (tmp_path / "log-rank0.jsonl").exists() and not (tmp_path / "log-rank1.jsonl").exists()
+    assert (tmp_path / "tb-rank0").exists() and not (tmp_path / "tb-rank1").exists()
+
+    # the same as one process whose batches are the two ranks' batches together
+    train, val = ddp_train.data()
+    joined = [
+        (torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]]))
+        for a, b in zip(train[::2], train[1::2], strict=True)
+    ]
+    single = ddp_train.trainer(None, 0, micro_batches=1).fit(ddp_train.graph(), joined, val=val)
+    torch.testing.assert_close(torch.tensor(r0["losses"]), torch.tensor(single.losses))
+    for name, value in single.state.items():
+        torch.testing.assert_close(r0["state"][name], value)
+    # metrics are over the whole validation set: no rank dropped a batch
+    for got, want in zip(r0["metrics"], single.metrics, strict=True):
+        assert got["step"] == want["step"]
+        assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-5)
+        assert got["val_acc"] == pytest.approx(want["val_acc"])
+
+
+@pytest.mark.slow
+def test_torchrun_resume_after_a_crash_equals_the_uninterrupted_run(uninterrupted, tmp_path):
+    assert torchrun(tmp_path, "--crash-at", "7") != 0  # rank 0 fails; torchrun stops rank 1
+    assert "crashing at step 7" in (tmp_path / "torchrun.log").read_text()
+    payload = torch.load(tmp_path / "ckpt" / "step-000000006.ckpt", weights_only=True)
+    assert (payload["epoch"], payload["position"]) == (1, 2)  # mid-epoch
+    assert torchrun(tmp_path, "--resume") == 0, (tmp_path / "torchrun.log").read_text()
+    want = torch.load(uninterrupted / "rank0.pt", weights_only=True)
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert got["losses"] == want["losses"]
+        assert got["metrics"] == want["metrics"]
+        for name, value in want["state"].items():
+            assert torch.equal(got["state"][name], value), name

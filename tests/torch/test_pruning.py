@@ -1,0 +1,143 @@
+"""Pruners: the Trainer reports and asks; Patience, Threshold and any Optuna-like trial."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque, Recorder
+from somatize.watchers import FitEnd
+
+
+class Linear(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+def graph() -> Graph:
+    torch.manual_seed(0)
+    return Graph.somatize(Linear())
+
+
+def data(n: int = 2):
+    gen = torch.Generator().manual_seed(0)
+    return [
+        (torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen))
+        for _ in range(n)
+    ]
+
+
+class FakeTrial:
+    """Optuna's Trial as the Trainer sees it: report(value, step), should_prune()."""
+
+    def __init__(self, prune_at: int) -> None:
+        self.prune_at = prune_at
+        self.reports: list[tuple[float, int]] = []
+        self.asked = 0
+
+    def report(self, value, step):
+        self.reports.append((value, step))
+
+    def should_prune(self):
+        self.asked += 1
+        return self.asked >= self.prune_at
+
+
+def fit(pruner, lr=0.1, epochs=10, watchers=(), **options):
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=lr),
+        epochs=epochs,
+        metrics={"acc": st.accuracy},
+        pruner=pruner,
+        watchers=watchers,
+        options=st.Options(progress=False, **options),
+    )
+    return trainer.fit(graph(), data(), val=data(1))
+
+
+def test_a_fake_trial_is_asked_after_each_evaluation_and_stops_the_run():
+    trial = FakeTrial(prune_at=3)
+    assert isinstance(trial, st.Pruner)
+    rec = Recorder()
+    result = fit(trial, watchers=[rec], monitor="val_acc", mode="max")
+    assert result.pruned
+    assert (result.steps, result.epochs) == (6, 3)  # 2 batches an epoch, stopped after the 3rd
+    assert trial.reports == [(m["val_acc"], m["step"]) for m in result.metrics]
+    assert [step for _, step in trial.reports] == [2, 4, 6]
+    assert trial.asked == 3
+    assert rec.of(FitEnd)[0].pruned
+
+
+def test_a_trial_that_never_prunes_lets_the_run_finish():
+    trial = FakeTrial(prune_at=10**9)
+    result = fit(trial, epochs=4)
+    assert not result.pruned and result.steps == 8 and len(trial.reports) == 4
+
+
+def test_pruning_between_epochs_with_eval_every_steps():
+    trial = FakeTrial(prune_at=2)
+    result = fit(trial, eval_every_steps=3)
+    assert result.pruned and result.steps == 6 and [s for _, s in trial.reports] == [3, 6]
+
+
+def test_patience_stops_when_the_metric_stalls():
+    result = fit(st.Patience("val_loss", patience=2), lr=0.0)  # lr 0: val_loss never improves
+    assert result.pruned
+    assert len(result.metrics) == 3  # the first sets the best, then two without improvement
+    improving = fit(st.Patience("val_loss", patience=2), lr=0.1, epochs=5)
+    assert not improving.pruned and improving.epochs == 5
+
+
+def test_patience_by_hand():
+    p = st.Patience("val_acc", patience=2, mode="max", min_delta=0.05)
+    for v in [0.5, 0.52, 0.6, 0.61]:  # +0.02 and +0.01 are within min_delta
+        p.report(v, 0)
+    assert p.best == 0.6 and p.bad == 1 and not p.should_prune()
+    p.report(math.nan, 0)
+    assert p.should_prune()  # NaN is never an improvement
+    q = st.Patience("val_acc", patience=2, mode="max")
+    q.load_state_dict(p.state_dict())
+    assert (q.best, q.bad, q.should_prune()) == (0.6, 2, True)
+    with pytest.raises(ValueError, match="mode"):
+        st.Patience(mode="up")
+
+
+def test_threshold_prunes_past_a_bound_or_on_nan():
+    assert fit(st.Threshold("val_loss", upper=0.0)).pruned  # any loss is above 0
+    result = fit(st.Threshold("val_acc", lower=-1.0), epochs=3)
+    assert not result.pruned and result.epochs == 3
+    t = st.Threshold("val_loss", upper=10.0)
+    t.report(1.0, 1)
+    assert not t.should_prune()
+    t.report(math.nan, 2)
+    assert t.should_prune()
+    u = st.Threshold("val_loss", upper=10.0)
+    u.load_state_dict(t.state_dict())
+    assert u.should_prune()
+    with pytest.raises(ValueError, match="bound"):
+        st.Threshold("val_loss")
+
+
+def test_a_pruner_watching_a_metric_that_is_not_evaluated_names_it():
+    with pytest.raises(KeyError, match=r"val_f1.*val_loss, val_acc"):
+        fit(st.Patience("val_f1"))
+
+
+def test_optuna_trial_fits_as_it_is():
+    optuna = pytest.importorskip("optuna")
+    study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=0.0))
+    trial = study.ask()
+    result = fit(trial)
+    assert result.pruned and len(result.metrics) == 1
+    assert trial.storage.get_trial(trial._trial_id).intermediate_values == {
+        result.metrics[0]["step"]: result.metrics[0]["val_loss"]
+    }

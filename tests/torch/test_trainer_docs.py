@@ -1,0 +1,35 @@
+"""docs/trainer.md: every Python example runs, in order, in one namespace."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "trainer.md"
+
+
+def blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", DOC.read_text(), flags=re.S | re.M)
+
+
+def test_the_trainer_docs_examples_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the examples write under runs/
+    code = blocks()
+    assert len(code) >= 15
+    namespace: dict = {"__name__": "docs_trainer"}
+    ran = 0
+    for block in code:
+        needs = re.match(r"# requires: (\w+)", block)
+        if needs and importlib.util.find_spec(needs.group(1)) is None:
+            continue  # an optional package (optuna) that is not installed
+        exec(compile(block, f"{DOC}:block{ran}", "exec"), namespace)
+        ran += 1
+    assert ran >= len(code) - 1
+    out = capsys.readouterr()
+    assert "TrainResult(30 steps, 3 epochs, 160 examples" in out.out
+    assert "True 3" in out.out  # the Patience example stops where its comment says
+    assert "runs/example/ckpt/step-000000030.ckpt" in out.out
+    assert "done: 20 steps" in out.err  # the progress line
+    assert (tmp_path / "runs" / "example" / "run.jsonl").exists()
+    assert any((tmp_path / "runs" / "example" / "tb").iterdir())

@@ -1,0 +1,198 @@
+"""Watchers of a training run: TensorBoard, the progress line, the JSON-lines run log."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize import Done, Graph, JsonLines, Node, Opaque
+from somatize.watchers import StepEnd
+
+
+class Body(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 8)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(torch.relu(self.lin(x))))
+
+
+class Head(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(8, 3)
+
+    def forward(self, x, ctx):
+        out = self.lin(x)
+        return Done(Opaque(out), metrics={"logit_mean": out.detach().mean()})
+
+
+def data(n: int = 3):
+    gen = torch.Generator().manual_seed(0)
+    return [
+        (torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen))
+        for _ in range(n)
+    ]
+
+
+def fit(watchers, epochs=2, **options):
+    torch.manual_seed(0)
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5),
+        epochs=epochs,
+        metrics={"acc": st.accuracy},
+        watchers=watchers,
+        options=st.Options(**{"progress": False, **options}),
+    )
+    return trainer.fit(Graph.somatize(Body() >> Head()), data(), val=data(2))
+
+
+def scalars(log_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_writes_loss_lr_throughput_metrics_and_node_metrics(tmp_path):
+    result = fit([st.TensorBoard(tmp_path / "tb")])
+    got = scalars(tmp_path / "tb")
+    assert set(got) == {
+        "train/loss",
+        "train/lr",
+        "train/examples_per_second",
+        "train/epoch",
+        "val/loss",
+        "val/acc",
+        "node/head/logit_mean",
+    }
+    assert got["train/loss"] == [(i + 1, pytest.approx(v)) for i, v in enumerate(result.losses)]
+    assert [v for _, v in got["train/lr"]] == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025, 0.025])
+    assert got["val/loss"] == [(m["step"], pytest.approx(m["val_loss"])) for m in result.metrics]
+    assert [s for s, _ in got["val/acc"]] == [3, 6]
+    assert [s for s, _ in got["node/head/logit_mean"]] == [1, 2, 3, 4, 5, 6]
+    assert got["train/epoch"] == [(3, 1.0), (6, 2.0)]
+    assert all(v > 0 for _, v in got["train/examples_per_second"])
+
+
+def test_tensorboard_every_steps_thins_step_scalars_but_keeps_evaluations(tmp_path):
+    fit([st.TensorBoard(tmp_path / "tb", every_steps=2)], eval_every_steps=3)
+    got = scalars(tmp_path / "tb")
+    assert [s for s, _ in got["train/loss"]] == [2, 4, 6]
+    assert [s for s, _ in got["node/head/logit_mean"]] == [2, 4, 6]
+    assert [s for s, _ in got["val/loss"]] == [3, 6]
+
+
+def test_tensorboard_pickles_without_its_writer(tmp_path):
+    tb = st.TensorBoard(tmp_path / "tb")
+    fit([tb], epochs=1)
+    copy = pickle.loads(pickle.dumps(tb))
+    assert copy._writer is None and copy.log_dir == tb.log_dir
+
+
+def test_the_core_json_lines_log_is_a_trainer_watcher(tmp_path):
+    log = JsonLines(tmp_path / "run.jsonl")
+    result = fit([log])
+    records = JsonLines.read(tmp_path / "run.jsonl")
+    kinds = [r["event"] for r in records]
+    assert kinds[0] == "FitStart" and kinds[-1] == "FitEnd"
+    steps = [r for r in records if r["event"] == "StepEnd"]
+    assert [r["loss"] for r in steps] == pytest.approx(result.losses)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    evals = [r for r in records if r["event"] == "Metrics" and r["node"] == ""]
+    assert [r["values"]["val_loss"] for r in evals] == pytest.approx(
+        [m["val_loss"] for m in result.metrics]
+    )
+    assert [r["epoch"] for r in records if r["event"] == "EpochEnd"] == [0, 1]
+    node = [r for r in records if r["event"] == "Metrics" and r["node"] == "head"]
+    assert len(node) == 6 and isinstance(node[0]["values"]["logit_mean"], float)
+    assert log._fd is None  # the Trainer closed it at the end of the run
+
+
+def test_the_progress_line_writes_to_a_given_stream(capsys):
+    stream = io.StringIO()
+    fit([st.Progress(stream=stream, interval=0.0)])
+    text = stream.getvalue()
+    assert "epoch 1/2 · step 1 · loss " in text
+    assert "epoch 2/2 · step 6 · loss " in text and "lr 2.50e-02" in text
+    assert "step 3 · val_loss " in text and "val_acc " in text
+    assert re.search(r"done: 6 steps in [0-9.]+s\n$", text)
+    assert capsys.readouterr().err == ""  # not on standard error, which is not a terminal here
+
+
+def test_the_progress_line_is_on_when_asked_and_says_pruned(capsys):
+    torch.manual_seed(0)
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=3,
+        pruner=st.Threshold("val_loss", upper=0.0),
+        options=st.Options(progress=True),
+    )
+    trainer.fit(Graph.somatize(Body() >> Head()), data(), val=data(1))
+    err = capsys.readouterr().err
+    assert "step 3 · val_loss" in err and "(pruned)" in err
+
+
+def test_watchers_are_closed_when_training_fails(tmp_path):
+    class Boom(Exception):
+        pass
+
+    class FailAt:
+        def on_event(self, event):
+            if isinstance(event, StepEnd) and event.step == 2:
+                raise Boom
+
+    log = JsonLines(tmp_path / "run.jsonl")
+    tb = st.TensorBoard(tmp_path / "tb")
+    with pytest.raises(Boom):
+        fit([log, tb, FailAt()])
+    assert log._fd is None and tb._writer is None
+    assert [s for s, _ in scalars(tmp_path / "tb")["train/loss"]] == [1, 2]  # flushed
+    assert "FitEnd" not in [r["event"] for r in JsonLines.read(tmp_path / "run.jsonl")]
+
+
+def test_tensorboard_after_a_resume_shows_each_step_once(tmp_path):
+    class Crash(Exception):
+        pass
+
+    class CrashAt5:
+        def on_event(self, event):
+            if isinstance(event, StepEnd) and event.step == 5:
+                raise Crash
+
+    def trainer(watchers):
+        return st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            epochs=3,
+            checkpoint=st.Checkpointing(tmp_path / "ckpt", every_steps=2),
+            watchers=watchers,
+            options=st.Options(progress=False),
+        )
+
+    torch.manual_seed(0)
+    with pytest.raises(Crash):  # steps 1..5 logged, the checkpoint at step 4
+        trainer([st.TensorBoard(tmp_path / "tb"), CrashAt5()]).fit(
+            Graph.somatize(Body() >> Head()), data()
+        )
+    # tensorboard orders event files by name: timestamp (s), host, pid, then a per-process
+    # counter compared as text; a real restart comes later, so date the first file back
+    (first,) = (tmp_path / "tb").iterdir()
+    stamp = first.name.split(".")[3]
+    first.rename(first.with_name(first.name.replace(stamp, str(int(stamp) - 1), 1)))
+    result = trainer([st.TensorBoard(tmp_path / "tb")]).fit(
+        Graph.somatize(Body() >> Head()), data(), resume="last"
+    )
+    got = scalars(tmp_path / "tb")["train/loss"]
+    assert [s for s, _ in got] == list(range(1, 10))
+    assert [v for _, v in got] == pytest.approx(result.losses)
