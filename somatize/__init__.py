@@ -10,15 +10,21 @@ from importlib.metadata import PackageNotFoundError, version
 from .catalog import Catalog
 from .codecs import Codec, DataCodec
 from .errors import (
+    AggregationError,
     CacheError,
+    CheckpointError,
+    CrossingError,
     CycleError,
     DeclarationError,
     DuplicateNodeError,
     EmptyGraphError,
     GraphError,
+    KeeperError,
+    MissingExtraError,
     MissingNodeError,
     NodeError,
     SomatizeError,
+    StateError,
     TransportError,
     ValueConversionError,
 )
@@ -39,9 +45,12 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0.0.0"
 
 __all__ = [
+    "AggregationError",
     "CacheError",
     "Catalog",
+    "CheckpointError",
     "Codec",
+    "CrossingError",
     "Ctx",
     "CycleError",
     "DataCodec",
@@ -54,9 +63,11 @@ __all__ = [
     "GraphError",
     "JsonLines",
     "Keeper",
+    "KeeperError",
     "Mapped",
     "Memory",
     "MemoryKeeper",
+    "MissingExtraError",
     "MissingNodeError",
     "Node",
     "NodeError",
@@ -66,6 +77,7 @@ __all__ = [
     "Recorder",
     "Run",
     "SomatizeError",
+    "StateError",
     "Step",
     "Topology",
     "Transport",

@@ -99,3 +99,14 @@ def test_docstring_examples_run(name: str) -> None:
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+def test_the_api_reference_is_current() -> None:
+    """docs/api.md is generated from the docstrings: regenerate it after changing them."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_api.py"), "--check"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
