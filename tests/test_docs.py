@@ -27,6 +27,8 @@ PAGES = sorted(
 )
 MODULES = sorted(
     m.name for m in pkgutil.iter_modules(somatize.__path__, "somatize.") if not m.ispkg
+) + sorted(  # the torch layer's docstrings too (importing it is what needs torch)
+    m.name for m in pkgutil.iter_modules([str(ROOT / "somatize" / "torch")], "somatize.torch.")
 )
 # ```python and ```bash fences run (bash: only `somatize ...` lines, through the CLI).
 # Any other info string — ```text, ```console, ```python not-run — is shown, not run.
