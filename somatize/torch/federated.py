@@ -82,8 +82,6 @@ def _validate(states: list[State]) -> None:
 
 def _finite(states: list[State], nonfinite: str) -> list[int]:
     """Indices of clients whose floating tensors are all finite (raise on the first bad one)."""
-    if nonfinite not in ("raise", "skip"):
-        raise ValueError(f"nonfinite must be 'raise' or 'skip', not {nonfinite!r}")
     keep = []
     for i, s in enumerate(states):
         bad = next(
@@ -166,11 +164,17 @@ def _integer(k: str, tensors: list[torch.Tensor], policy: str) -> torch.Tensor:
     )
 
 
+def _check_policies(int_buffers: str, nonfinite: str) -> None:
+    if int_buffers not in ("max", "first", "error"):
+        raise ValueError(f"int_buffers must be 'max', 'first' or 'error', not {int_buffers!r}")
+    if nonfinite not in ("raise", "skip"):
+        raise ValueError(f"nonfinite must be 'raise' or 'skip', not {nonfinite!r}")
+
+
 def _prepare(
     results: Sequence[Any], nonfinite: str, int_buffers: str
 ) -> tuple[list[State], list[int]]:
-    if int_buffers not in ("max", "first", "error"):
-        raise ValueError(f"int_buffers must be 'max', 'first' or 'error', not {int_buffers!r}")
+    _check_policies(int_buffers, nonfinite)
     states = _states(results)
     _validate(states)
     return states, _finite(states, nonfinite)
@@ -206,20 +210,61 @@ def fedavg(
         >>> fedavg([a, b], weights=[1, 3])["w"]
         tensor([1.5000, 3.5000])
     """
-    states, keep = _prepare(results, nonfinite, int_buffers)
-    share = _weights(results, weights, keep)
+    _check_policies(int_buffers, nonfinite)
+    states = _states(results)
+    _validate(states)
+    keep = list(range(len(states)))
+    out = _average(states, keep, _weights(results, weights, keep), int_buffers)
+    if out is None:
+        # A NaN or inf reaches the float64 sum from any client that holds one, so one
+        # check of the result stands for a check of every update; only now find which.
+        keep = _finite(states, nonfinite)
+        out = _average(states, keep, _weights(results, weights, keep), int_buffers)
+        if out is None:
+            raise AggregationError("the weighted mean overflows float64; scale the updates")
+    out.skipped = tuple(sorted(set(range(len(states))) - set(keep)))
+    return out
+
+
+def _average(
+    states: list[State], keep: list[int], share: list[float], int_buffers: str
+) -> Aggregate | None:
+    """The weighted mean of the ``keep`` clients, or None if a float result is not finite."""
     out = Aggregate()
     for k, ref in states[0].items():
         tensors = [states[i][k] for i in keep]
-        if not ref.is_floating_point() and not ref.is_complex():
+        if not ref.is_floating_point():
             out[k] = _integer(k, tensors, int_buffers)
             continue
-        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
-        for w, t in zip(share, tensors):
-            acc.add_(t, alpha=w)  # promoted to float64 element by element, no float64 copy of t
-        out[k] = acc.to(ref.dtype)
-    out.weights, out.skipped = tuple(share), tuple(sorted(set(range(len(states))) - set(keep)))
+        acc = _weighted_sum(tensors, share)
+        if not bool(torch.isfinite(acc).all()):
+            return None
+        out[k] = acc.view(ref.shape).to(ref.dtype)
+    out.weights = tuple(share)
     return out
+
+
+_CHUNK = 1 << 18  # float64 elements per slice: the fastest of 2**14..2**18 measured on 2 cores
+
+
+def _weighted_sum(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """sum(w * t) accumulated in float64, a cache-sized slice at a time (flat result).
+
+    Converting each client's slice into one reused float64 buffer and adding it is
+    several times faster than a mixed-dtype ``add_`` over whole tensors, and never
+    holds a float64 copy of a whole tensor.
+    """
+    flat = [t.reshape(-1) for t in tensors]
+    n = flat[0].numel()
+    acc = torch.zeros(n, dtype=torch.float64, device=flat[0].device)
+    buf = torch.empty(min(n, _CHUNK), dtype=torch.float64, device=flat[0].device)
+    for start in range(0, n, _CHUNK):
+        part = acc[start : start + _CHUNK]
+        tmp = buf[: part.numel()]
+        for w, t in zip(weights, flat):
+            tmp.copy_(t[start : start + _CHUNK])
+            part.add_(tmp, alpha=w)
+    return acc
 
 
 def _coordinatewise(
