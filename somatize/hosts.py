@@ -26,11 +26,12 @@ from .errors import CrossingError, TransportError
 from .execute import Outcome
 from .identity import state
 from .keepers import MemoryKeeper
+from .keyed import Env, Walk, recipe_key, walk
 from .node import Mapped, Node, Run
 from .placement import LOCAL
 from .plan import DistributedPlan, distribute
 from .shipping import pack_code
-from .slices import Env, Values, replay, run_steps
+from .slices import Values, replay
 from .topology import Topology
 from .values import decode, digest, encode
 from .watchers import RunEnd, RunStart, notify
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from .execute import Program
     from .graph import Graph
     from .memory import NodeKeys
-    from .slices import Forward
     from .transports import Job, Transport
 
 __all__ = ["run_across"]
@@ -109,11 +109,9 @@ def _keys(program: Program, node_keys: NodeKeys, x_key: str | None) -> dict[str,
     need = program._needs_key
     for s in program.plan.steps:
         if s.node in need:
-            preds = [keys.get(i) for i in s.inputs] if s.inputs else [x_key]
-            known = [p for p in preds if p is not None]
             # no key downstream of an Opaque graph input (a remembered node then refuses)
-            ok = len(known) == len(preds)
-            keys[s.node] = node_keys.of(program.catalog[s.node], known) if ok else None
+            preds = [keys.get(i) for i in s.inputs] if s.inputs else [x_key]
+            keys[s.node] = recipe_key(node_keys, program.catalog[s.node], s.node, preds)
     return keys
 
 
@@ -197,20 +195,14 @@ def run_across(
     notify(watchers, RunStart(run.id, len(program.plan)))
     start = time.perf_counter()
     wire: dict[str, bytes] = {}
-    values = Values(wire, codecs)
-    opaque: set[str] = set()
-    metrics: dict[str, Any] = {}
-    forwards = {n: f for n, f, *_ in program.fast}
-
-    def forward(node: str, impl: Any) -> Forward:  # the runtime's wrap applies here
-        return forwards[node] if impl is program.catalog[node] else program._forward(node, impl)
-
+    done = Walk(Values(wire, codecs), dict(keys))
+    values, opaque, metrics = done.values, done.opaque, done.metrics
     env = Env(
-        host=LOCAL,
         impls=program.catalog,
-        forward=forward,
+        forward=program.forward_of,  # the runtime's wrap applies here
         subprogram=program.subprograms.get,
-        parts=lambda node: graph.keys.parts(program.catalog[node]),
+        key=lambda node, impl, in_keys: keys.get(node),
+        parts=lambda node: graph.keys.parts(program.catalog[node].inner),
         memory=program.memory,
         codecs=codecs,
         devices=program.plan.placement.devices,
@@ -218,11 +210,12 @@ def run_across(
         node_keys=graph.keys,
         watchers=watchers,
         run=run,
+        host=LOCAL,
     )
     x_data: bytes | None = None  # the graph input, encoded once if a remote slice reads it
     for index, sl in enumerate(prep.dplan.slices):
         if sl.host == LOCAL:
-            run_steps(env, prep.steps[index], x, x_opaque, x_key, values, opaque, keys, metrics)
+            walk(env, prep.steps[index], x, x_opaque, x_key, done)
             continue
         inputs = {}
         for slot in sl.inputs:
@@ -251,13 +244,8 @@ def run_across(
         metrics.update(decode(reply["metrics"], codecs))
         if watchers:
             replay(reply["events"], codecs, run.id, watchers)
-    out = program.output
     notify(watchers, RunEnd(run.id, time.perf_counter() - start))
-    if len(out) == 1:
-        return Outcome(values[out[0]], out[0] in opaque, keys.get(out[0]), metrics)
-    ks = [keys.get(o) for o in out]
-    key = None if any(k is None for k in ks) else digest(tuple(ks))
-    return Outcome(tuple(values[o] for o in out), any(o in opaque for o in out), key, metrics)
+    return program.outcome(done)
 
 
 def _job(

@@ -73,7 +73,7 @@ class Job(TypedDict):
     nodes: list[str]  # the nodes to run, in order
     inputs: dict[str, bytes]  # encoded values of the nodes it reads from
     input: bytes | None  # the encoded graph input, when a node of the slice is a root
-    input_key: str | None
+    input_key: str | None  # None: the graph input has no key (it was Opaque, or none is needed)
     outputs: list[str]  # nodes whose values to send back
     keys: dict[str, str]
     parts: dict[str, list[str]]

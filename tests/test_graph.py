@@ -466,10 +466,14 @@ def test_a_cached_node_below_an_opaque_graph_input_raises_instead_of_a_blind_key
     assert "stop caching 'add'" in msg
     g = Graph().node("len", Len()).node("blk", Graph().node("a", Add(0)).cache("a"))
     g.edge("len", "blk")
-    with pytest.raises(CacheError, match=r"node 'blk/a' is cached or named but has no key: upstream, the graph input"):
+    with pytest.raises(
+        CacheError,
+        match=r"node 'blk/a' is cached or named but has no key: upstream, the graph input",
+    ):
         g.forward(Opaque([1]))
     # uncached, the same graphs run; and a cached mapped node keys its items by content
     assert Graph.somatize(Len() >> Add(0)).forward(Opaque([1, 2])) == 2
+
     class AsData(Node):
         def forward(self, x: Any, ctx: Ctx) -> Done:
             return Done(list(x))
@@ -534,13 +538,13 @@ class _Forbidden:
 def no_hashing_or_timing(monkeypatch: pytest.MonkeyPatch) -> None:
     for module in ("values", "identity", "keepers"):
         monkeypatch.setattr(f"somatize.{module}.blake3", _Forbidden(f"{module}.blake3"))
-    for module in ("execute", "graph", "topology", "memory", "identity"):
+    for module in ("execute", "keyed", "graph", "topology", "memory", "identity"):
         monkeypatch.setattr(f"somatize.{module}.digest", _Forbidden(f"{module}.digest"))
     monkeypatch.setattr("somatize.memory.key", _Forbidden("memory.key"))
     monkeypatch.setattr("somatize.memory.NodeKeys.of", _Forbidden("NodeKeys.of"))
-    monkeypatch.setattr("somatize.execute.time", _Forbidden("execute.time"))
+    monkeypatch.setattr("somatize.keyed.time", _Forbidden("keyed.time"))
     monkeypatch.setattr("somatize.graph.time", _Forbidden("graph.time"))
-    monkeypatch.setattr("somatize.execute.notify", _Forbidden("execute.notify"))
+    monkeypatch.setattr("somatize.keyed.notify", _Forbidden("keyed.notify"))
 
 
 @pytest.mark.usefixtures("no_hashing_or_timing")

@@ -1,0 +1,257 @@
+"""The keyed path: walking steps with keys, the keeper and watchers.
+
+One loop serves every run that needs keys: ``Program.run_keyed`` (a graph on one
+host, and each subgraph node inside it) and each slice of a plan placed on several
+hosts (``hosts.py`` on the caller, ``slices.py`` on a worker). An ``Env`` says how they
+differ: where forwards come from, and how a node's key is obtained — computed as the
+walk goes, or looked up among the keys the caller sent with a slice.
+
+Keys are recipe keys, ``key(node) = H(identity, declaration, state, keys of its
+predecessors)``; they run through Opaque values too, and start from the content of the
+input: below an input without a key no node has one, and a cached or named node there
+raises ``CacheError`` (a cached mapped node still keys each item by its content).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import CacheError, DeclarationError, NodeError
+from .memory import Memory, NodeKeys, key
+from .node import Ctx, Done, Mapped, Run
+from .values import Opaque, check, decode, digest, encode
+from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
+
+if TYPE_CHECKING:
+    from .codecs import Codec
+    from .execute import Program
+    from .keepers import Keeper
+
+__all__ = ["Env", "Forward", "Walk", "recipe_key", "walk"]
+
+Forward = Callable[[Any, Ctx], Any]
+_INPUT = "the graph input"
+
+
+def _where(node: str) -> str:
+    return f"the output of node {node!r}"
+
+
+def recipe_key(keys: NodeKeys, impl: Any, label: str, in_keys: Sequence[str | None]) -> str | None:
+    """The key of node ``label`` from its inputs' keys; None when an input has none."""
+    known = [k for k in in_keys if k is not None]
+    if len(known) < len(in_keys):
+        return None
+    try:
+        return keys.of(impl, known)
+    except DeclarationError as e:
+        raise DeclarationError(
+            f"node {label!r} needs a key (it is cached or named, or feeds a node that is) but {e}"
+        ) from None
+
+
+@dataclass
+class Env:
+    """What walking steps with keys needs besides the values: one per run (or slice).
+
+    The single-process keyed path and a slice of a distributed plan differ only here:
+    where forwards and subprograms come from, and how a node's key is obtained —
+    computed as the walk goes, or looked up among the keys the caller sent with a slice.
+    """
+
+    impls: Mapping[str, Any]
+    forward: Callable[[str, Any], Forward]  # node id, implementation -> its forward
+    subprogram: Callable[[str], Program | None]
+    key: Callable[[str, Any, Sequence[str | None]], str | None]  # node, impl, input keys
+    parts: Callable[[str], tuple[str, str, str]]  # the inner node's, for a cached mapped node
+    memory: Memory
+    codecs: Sequence[Codec]
+    devices: Mapping[str, str]
+    keeper: Keeper | None
+    node_keys: NodeKeys  # keys inside subgraph nodes
+    watchers: Sequence[Watcher]
+    run: Run
+    host: str | None = None  # named in the note added to a node's error
+    prefix: str = ""  # of node labels: "sub/" inside subgraph node "sub"
+
+
+@dataclass
+class Walk:
+    """What a walk has made, by node id (slot); the slices of one run add to one Walk."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    keys: dict[str, str | None] = field(default_factory=dict)  # they run through Opaque too
+    opaque: set[str] = field(default_factory=set)  # nodes whose output is Opaque
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def walk(
+    env: Env,
+    steps: Sequence[tuple[str, tuple[str, ...]]],
+    x: Any,
+    x_opaque: bool,
+    x_key: str | None,
+    done: Walk,
+    keyless_from: str | None = None,
+) -> None:
+    """Run ``steps`` (node id, input slots) with keys, the keeper and watchers, into ``done``.
+
+    Args:
+        x_key: the input's content key (None when Opaque or not needed).
+        keyless_from: where a missing input key began, when it began above this walk.
+
+    Raises what the nodes raise, with a note naming the node (and the host, if set).
+    """
+    memory, codecs, keeper, run = env.memory, env.codecs, env.keeper, env.run
+    watchers, prefix = env.watchers, env.prefix
+    values, vkeys, opaque, metrics = done.values, done.keys, done.opaque, done.metrics
+    the_input = f"the input of subgraph {prefix[:-1]!r}" if prefix else _INPUT
+    # Keys start from the content of the input. Every node descends from a root, and every
+    # root reads the input: below an input without a key, no node has one, in any slice.
+    keyless = None
+    if x_key is None and (x_opaque or keyless_from is not None):
+        keyless = keyless_from or the_input
+    on_host = f" on host {env.host!r}" if env.host is not None else ""
+    for node, inputs in steps:
+        label = prefix + node
+        if not inputs:
+            inp, in_keys = x, [x_key]
+            source = the_input if x_opaque else None
+        else:
+            got = [values[i] for i in inputs]
+            inp = got[0] if len(inputs) == 1 else tuple(got)
+            in_keys = [vkeys.get(i) for i in inputs]
+            source = next((f"node {prefix + i!r}" for i in inputs if i in opaque), None)
+        impl = env.impls[node]
+        remembered = memory.remembers(node)
+        # a cached mapped node is cached item by item, never as a whole list
+        per_item = node in memory.cached and isinstance(impl, Mapped)
+        if remembered and source is not None:
+            raise CacheError(
+                f"node {label!r} is cached but its input from {source} is Opaque; "
+                f"Opaque values cannot enter a key — return data (a detached tensor) from "
+                f"{source}, or stop caching {label!r}"
+            )
+        # (a cached mapped node still keys each item by its content)
+        if keyless is not None and remembered and (not per_item or node in memory.named):
+            raise CacheError(
+                f"node {label!r} is cached or named but has no key: upstream, "
+                f"{keyless} is Opaque, and keys start from the content of the graph "
+                f"input — pass data (a detached tensor) as the input, or stop caching {label!r}"
+            )
+        node_key = env.key(node, impl, in_keys) if keyless is None else None
+        if node_key is not None and node in memory.cached and not per_item:
+            hit = keeper.get(node_key) if keeper is not None else None
+            if hit is not None:
+                notify(watchers, CacheHit(run.id, label, node_key))
+                if node in memory.named and keeper is not None:  # the name follows each run
+                    keeper.name(memory.named[node], node_key)
+                values[node], vkeys[node] = decode(hit, codecs), node_key
+                continue
+            notify(watchers, CacheMiss(run.id, label, node_key))
+
+        ctx = Ctx(node, env.devices.get(node), run)
+        sub = env.subprogram(node)
+        node_metrics = None
+        notify(watchers, NodeStart(run.id, label, run.step))
+        start = time.perf_counter()
+        try:
+            if sub is not None:
+                sub_key = None
+                if node_key is not None:
+                    sub_key = in_keys[0] if len(in_keys) == 1 else digest(tuple(in_keys))
+                o = sub.run_keyed(
+                    inp,
+                    source is not None,
+                    sub_key,
+                    run,
+                    env.node_keys,
+                    keeper,
+                    watchers,
+                    label + "/",
+                    need_key=node_key is not None,
+                    keyless_from=keyless,
+                )
+                value, is_opaque = o.value, o.opaque
+                metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
+            elif per_item:
+                value, is_opaque = _mapped(env, node, label, impl, inp, ctx), False
+            else:
+                result = env.forward(node, impl)(inp, ctx)
+                if type(result) is not Done:
+                    raise _not_done(label, impl, result)
+                value, node_metrics = result
+                is_opaque = type(value) is Opaque
+                if is_opaque:
+                    value = value.value
+        except Exception as e:
+            if hasattr(e, "add_note") and not isinstance(e, (NodeError, CacheError)):
+                e.add_note(f"raised by node {label!r} ({type(impl).__qualname__}){on_host}")
+            raise
+        notify(watchers, NodeEnd(run.id, label, run.step, time.perf_counter() - start))
+
+        if is_opaque:
+            if remembered:
+                raise CacheError(
+                    f"node {label!r} is cached or named but returned Opaque; Opaque values "
+                    f"are never stored — return data (a detached tensor) or stop caching {label!r}"
+                )
+            opaque.add(node)
+        elif remembered and node_key is not None and keeper is not None:
+            if not per_item or node in memory.named:  # a name needs the whole list stored
+                data = encode(value, codecs, _where(label))
+                keeper.put(node_key, data, pinned=node in memory.pinned)
+            if node in memory.named:
+                keeper.name(memory.named[node], node_key)
+        elif sub is None:
+            check(value, codecs, _where(label))
+        values[node], vkeys[node] = value, node_key
+        if node_metrics:
+            metrics[node] = node_metrics
+            notify(watchers, Metrics(run.id, label, run.step, node_metrics))
+
+
+def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx) -> list[Any]:
+    """A cached mapped node: each item keyed by its own content; only misses computed."""
+    if type(items) is not list and type(items) is not tuple:
+        raise NodeError(f"mapped node {label!r} received a {type(items).__name__}; it takes a list")
+    codecs, keeper, watchers, run = env.codecs, env.keeper, env.watchers, ctx.run
+    pinned = node in env.memory.pinned
+    inner = env.forward(node, impl.inner)
+    # The recipe of one item: the inner node on that item's content (not the mapped
+    # node's own key, which a list whose item is a whole earlier input would share).
+    # The inner node's parts are read once per batch, not once per item.
+    parts = env.parts(node)
+    out = []
+    for i, item in enumerate(items):
+        item_key = key(*parts, [digest(item, codecs, f"item {i} of the input of {label!r}")])
+        hit = keeper.get(item_key) if keeper is not None else None
+        if hit is not None:
+            notify(watchers, CacheHit(run.id, f"{label}[{i}]", item_key))
+            out.append(decode(hit, codecs))
+            continue
+        notify(watchers, CacheMiss(run.id, f"{label}[{i}]", item_key))
+        done = inner(item, ctx)
+        if type(done) is not Done:
+            raise _not_done(label, impl.inner, done)
+        value = done.value
+        if type(value) is Opaque:
+            raise CacheError(
+                f"cached mapped node {label!r} returned Opaque for item {i}; "
+                "cached items must be data — return data or stop caching it"
+            )
+        if keeper is not None:
+            data = encode(value, codecs, f"item {i} of {_where(label)}")
+            keeper.put(item_key, data, pinned=pinned)
+        out.append(value)
+    return out
+
+
+def _not_done(node: str, impl: Any, got: Any) -> NodeError:
+    return NodeError(
+        f"node {node!r} ({type(impl).__qualname__}) returned {type(got).__name__} instead of Done "
+        "— end forward with `return Done(value)`"
+    )
