@@ -23,8 +23,8 @@ test: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(PY) -m ruff check somatize tests recipes benchmarks
-	$(PY) -m ruff format --check somatize tests recipes benchmarks
+	$(PY) -m ruff check somatize tests recipes benchmarks tools
+	$(PY) -m ruff format --check somatize tests recipes benchmarks tools
 	$(PY) -m mypy
 
 bench: setup

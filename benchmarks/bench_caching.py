@@ -23,7 +23,9 @@ class Encoder(Node):
     def __init__(self, i: int, h: int) -> None:
         from torch import nn
 
-        self.net = nn.Sequential(nn.Linear(i, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, h))
+        self.net = nn.Sequential(
+            nn.Linear(i, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, h)
+        )
 
     def forward(self, x: Any, ctx: Any) -> Done:
         return Done(self.net(x))  # frozen: no grad, so a detached tensor — data, cacheable
@@ -46,7 +48,10 @@ def run(quick: bool) -> list[Row]:
 
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
-    data = [(torch.randn(64, 64, generator=gen), torch.randint(0, 10, (64,), generator=gen)) for _ in range(16)]
+    data = [
+        (torch.randn(64, 64, generator=gen), torch.randint(0, 10, (64,), generator=gen))
+        for _ in range(16)
+    ]
     epochs = 3 if quick else 6
 
     def fit(cached: bool, n_epochs: int) -> float:
@@ -56,8 +61,10 @@ def run(quick: bool) -> list[Row]:
         if cached:
             g.cache("enc")
         trainer = st.Trainer(
-            loss=nn.functional.cross_entropy, optimizer=lambda ps: torch.optim.Adam(ps, 1e-3),
-            epochs=n_epochs, options=st.Options(shuffle=False, progress=False),
+            loss=nn.functional.cross_entropy,
+            optimizer=lambda ps: torch.optim.Adam(ps, 1e-3),
+            epochs=n_epochs,
+            options=st.Options(shuffle=False, progress=False),
         )
         start = time.perf_counter()
         trainer.fit(g, data)
@@ -75,12 +82,25 @@ def run(quick: bool) -> list[Row]:
     per_epoch_cached = (t["cached N"].median - t["cached 1"].median) / (epochs - 1)
     per_epoch_plain = (t["recomputed N"].median - t["recomputed 1"].median) / (epochs - 1)
     rows = [
-        Row("caching", "frozen encoder, epochs 2..N: cached", per_epoch_cached * 1e3, "ms",
-            baseline="recomputed every epoch", baseline_value=per_epoch_plain * 1e3,
-            ratio=per_epoch_plain / per_epoch_cached, note="ratio = speed-up per epoch"),
-        Row("caching", "first epoch: cached (keys + writes)", t["cached 1"].median * 1e3, "ms",
-            baseline="recomputed", baseline_value=t["recomputed 1"].median * 1e3,
-            ratio=t["cached 1"].median / t["recomputed 1"].median),
+        Row(
+            "caching",
+            "frozen encoder, epochs 2..N: cached",
+            per_epoch_cached * 1e3,
+            "ms",
+            baseline="recomputed every epoch",
+            baseline_value=per_epoch_plain * 1e3,
+            ratio=per_epoch_plain / per_epoch_cached,
+            note="ratio = speed-up per epoch",
+        ),
+        Row(
+            "caching",
+            "first epoch: cached (keys + writes)",
+            t["cached 1"].median * 1e3,
+            "ms",
+            baseline="recomputed",
+            baseline_value=t["recomputed 1"].median * 1e3,
+            ratio=t["cached 1"].median / t["recomputed 1"].median,
+        ),
     ]
 
     sentence = "the quick brown fox jumps over the lazy dog"
@@ -96,9 +116,19 @@ def run(quick: bool) -> list[Row]:
     )
     for name, value in (("a 43-character str", "sentence"), ("a small dict", "dict")):
         us = k[value].median * 1e6
-        rows.append(Row("caching", f"key of {name}", us, "µs", baseline="raw blake3 of the str",
-                        baseline_value=k["raw"].median * 1e6, ratio=us / (k["raw"].median * 1e6),
-                        target="≤ 3 µs", met=us <= 3.0))
+        rows.append(
+            Row(
+                "caching",
+                f"key of {name}",
+                us,
+                "µs",
+                baseline="raw blake3 of the str",
+                baseline_value=k["raw"].median * 1e6,
+                ratio=us / (k["raw"].median * 1e6),
+                target="≤ 3 µs",
+                met=us <= 3.0,
+            )
+        )
 
     codecs = st.module(Graph.somatize(Head(4, 2))).graph.codecs
     tensor = torch.randn(8 * 1024 * 1024, generator=gen)  # 32 MiB
@@ -113,9 +143,18 @@ def run(quick: bool) -> list[Row]:
     )
     mib = tensor.numel() * 4 / 2**20
     throughput = mib / h["codec"].median
-    rows.append(Row("caching", "tensor hashing throughput (32 MiB)", throughput, "MiB/s",
-                    baseline="raw blake3, same bytes", baseline_value=mib / h["blake3"].median,
-                    ratio=h["blake3"].median / h["codec"].median,
-                    target="≥ 90% of raw blake3", met=h["blake3"].median / h["codec"].median >= 0.9,
-                    note="ratio = fraction of raw blake3 throughput"))
+    rows.append(
+        Row(
+            "caching",
+            "tensor hashing throughput (32 MiB)",
+            throughput,
+            "MiB/s",
+            baseline="raw blake3, same bytes",
+            baseline_value=mib / h["blake3"].median,
+            ratio=h["blake3"].median / h["codec"].median,
+            target="≥ 90% of raw blake3",
+            met=h["blake3"].median / h["codec"].median >= 0.9,
+            note="ratio = fraction of raw blake3 throughput",
+        )
+    )
     return rows

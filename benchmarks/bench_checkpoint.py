@@ -21,11 +21,17 @@ def run(quick: bool) -> list[Row]:
     from torch import nn
 
     torch.set_num_threads(1)
-    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.Linear(1024, 512))
+    model = nn.Sequential(
+        nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.Linear(1024, 512)
+    )
     opt = torch.optim.Adam(model.parameters())
     model(torch.randn(2, 1024)).sum().backward()
     opt.step()
-    payload: dict[str, Any] = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 1}
+    payload: dict[str, Any] = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "step": 1,
+    }
     mib = sum(p.numel() for p in model.parameters()) * 4 * 3 / 2**20
     root = tempfile.mkdtemp(prefix="somatize-bench-")
     ckpt = st.Checkpointing(os.path.join(root, "ckpt"), keep=2)
@@ -56,7 +62,17 @@ def run(quick: bool) -> list[Row]:
     rows = []
     for op in ("save", "load"):
         ours, base = t[f"{op} somatize"].median, t[f"{op} bare"].median
-        rows.append(Row("checkpoint", f"{op} {mib:.0f} MiB (model + Adam state)", ours * 1e3, "ms",
-                        baseline=f"bare torch.{op}", baseline_value=base * 1e3, ratio=ours / base,
-                        target="≤ 1.1×", met=ours / base <= 1.1))
+        rows.append(
+            Row(
+                "checkpoint",
+                f"{op} {mib:.0f} MiB (model + Adam state)",
+                ours * 1e3,
+                "ms",
+                baseline=f"bare torch.{op}",
+                baseline_value=base * 1e3,
+                ratio=ours / base,
+                target="≤ 1.1×",
+                met=ours / base <= 1.1,
+            )
+        )
     return rows

@@ -39,10 +39,16 @@ def run(quick: bool) -> list[Row]:
     x = torch.randn(64, 64)
     explain = torch._dynamo.explain(model)(x)
     rows = [
-        Row("compile", "graphs / breaks for 4 Opaque nodes", float(explain.graph_count), "graphs",
-            baseline="graph breaks", baseline_value=float(explain.graph_break_count),
+        Row(
+            "compile",
+            "graphs / breaks for 4 Opaque nodes",
+            float(explain.graph_count),
+            "graphs",
+            baseline="graph breaks",
+            baseline_value=float(explain.graph_break_count),
             target="1 graph, 0 breaks",
-            met=explain.graph_count == 1 and explain.graph_break_count == 0),
+            met=explain.graph_count == 1 and explain.graph_break_count == 0,
+        ),
     ]
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
@@ -57,11 +63,22 @@ def run(quick: bool) -> list[Row]:
         step(compiled)
     number = 50 if quick else 300
     t = interleave(
-        {"compiled": per_call(lambda: step(compiled), number), "eager": per_call(lambda: step(model), number)},
+        {
+            "compiled": per_call(lambda: step(compiled), number),
+            "eager": per_call(lambda: step(model), number),
+        },
         trials=3 if quick else 7,
     )
-    rows.append(Row("compile", "training step, compiled (inductor, CPU)", t["compiled"].median * 1e6, "µs",
-                    baseline="eager module(g)", baseline_value=t["eager"].median * 1e6,
-                    ratio=t["compiled"].median / t["eager"].median,
-                    note="ratio < 1: compiled is faster"))
+    rows.append(
+        Row(
+            "compile",
+            "training step, compiled (inductor, CPU)",
+            t["compiled"].median * 1e6,
+            "µs",
+            baseline="eager module(g)",
+            baseline_value=t["eager"].median * 1e6,
+            ratio=t["compiled"].median / t["eager"].median,
+            note="ratio < 1: compiled is faster",
+        )
+    )
     return rows

@@ -83,15 +83,35 @@ def run(quick: bool) -> list[Row]:
 
     som, py, mod = slope("somatize"), slope("python"), slope("module")
     rows = [
-        Row("dispatch", "per node, somatize hot path", som[0], "µs",
-            baseline="plain Python call", baseline_value=py[0], ratio=som[0] / py[0] if py[0] else None,
-            target="< 1 µs per node", met=som[0] < 1.0,
+        Row(
+            "dispatch",
+            "per node, somatize hot path",
+            som[0],
+            "µs",
+            baseline="plain Python call",
+            baseline_value=py[0],
+            ratio=som[0] / py[0] if py[0] else None,
+            target="< 1 µs per node",
+            met=som[0] < 1.0,
             spread=f"{som[1]:.2f} – {som[2]:.2f} µs",
-            note="a node's forward, its Done and Opaque included"),
-        Row("dispatch", "per link, nn.Module.__call__", mod[0], "µs",
-            baseline="somatize node", baseline_value=som[0], ratio=mod[0] / som[0] if som[0] else None,
-            spread=f"{mod[1]:.2f} – {mod[2]:.2f} µs"),
-        Row("dispatch", "whole call, 3-node graph", t["somatize 3"].median * 1e6, "µs",
-            spread=f"{t['somatize 3'].min * 1e6:.2f} – {t['somatize 3'].max * 1e6:.2f} µs"),
+            note="a node's forward, its Done and Opaque included",
+        ),
+        Row(
+            "dispatch",
+            "per link, nn.Module.__call__",
+            mod[0],
+            "µs",
+            baseline="somatize node",
+            baseline_value=som[0],
+            ratio=mod[0] / som[0] if som[0] else None,
+            spread=f"{mod[1]:.2f} – {mod[2]:.2f} µs",
+        ),
+        Row(
+            "dispatch",
+            "whole call, 3-node graph",
+            t["somatize 3"].median * 1e6,
+            "µs",
+            spread=f"{t['somatize 3'].min * 1e6:.2f} – {t['somatize 3'].max * 1e6:.2f} µs",
+        ),
     ]
     return rows

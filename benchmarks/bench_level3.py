@@ -47,8 +47,13 @@ def train_run(seed: int) -> st.TrainResult:
     torch.manual_seed(seed)
     g = Graph.somatize(Dense(64, 256) >> Dense(256, 256) >> Dense(256, 10))
     data = [(torch.randn(64, 64), torch.randint(0, 10, (64,))) for _ in range(32)]
-    trainer = st.Trainer(loss=nn.functional.cross_entropy, optimizer=lambda ps: torch.optim.Adam(ps),
-                         epochs=24, seed=seed, options=st.Options(progress=False))
+    trainer = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.Adam(ps),
+        epochs=24,
+        seed=seed,
+        options=st.Options(progress=False),
+    )
     return trainer.fit(g, data)
 
 
@@ -65,7 +70,10 @@ def run(quick: bool) -> list[Row]:
     clients, params = 10, (2_000_000 if quick else 10_000_000)
     gen = torch.Generator().manual_seed(0)
     states = [
-        {"a.weight": torch.randn(params // 2, generator=gen), "b.weight": torch.randn(params // 2, generator=gen)}
+        {
+            "a.weight": torch.randn(params // 2, generator=gen),
+            "b.weight": torch.randn(params // 2, generator=gen),
+        }
         for _ in range(clients)
     ]
     weights = [float(i + 1) for i in range(clients)]
@@ -79,14 +87,28 @@ def run(quick: bool) -> list[Row]:
     )
     mib = clients * params * 4 / 2**20
     rows = [
-        Row("level 3", f"fedavg {clients} clients × {params / 1e6:.0f}M float32", t["fedavg"].median * 1e3, "ms",
-            baseline="one float32 accumulation pass", baseline_value=t["float32 pass"].median * 1e3,
-            ratio=t["fedavg"].median / t["float32 pass"].median, target="≤ 2× one pass",
+        Row(
+            "level 3",
+            f"fedavg {clients} clients × {params / 1e6:.0f}M float32",
+            t["fedavg"].median * 1e3,
+            "ms",
+            baseline="one float32 accumulation pass",
+            baseline_value=t["float32 pass"].median * 1e3,
+            ratio=t["fedavg"].median / t["float32 pass"].median,
+            target="≤ 2× one pass",
             met=t["fedavg"].median / t["float32 pass"].median <= 2.0,
-            note=f"{mib:.0f} MiB read; fedavg accumulates in float64"),
-        Row("level 3", "fedavg against a float64 reference", t["fedavg"].median * 1e3, "ms",
-            baseline="sum(w * t.double()) / W", baseline_value=t["reference"].median * 1e3,
-            ratio=t["fedavg"].median / t["reference"].median, note="ratio < 1: fedavg is faster"),
+            note=f"{mib:.0f} MiB read; fedavg accumulates in float64",
+        ),
+        Row(
+            "level 3",
+            "fedavg against a float64 reference",
+            t["fedavg"].median * 1e3,
+            "ms",
+            baseline="sum(w * t.double()) / W",
+            baseline_value=t["reference"].median * 1e3,
+            ratio=t["fedavg"].median / t["reference"].median,
+            note="ratio < 1: fedavg is faster",
+        ),
     ]
 
     runs = 4
@@ -114,8 +136,18 @@ def run(quick: bool) -> list[Row]:
         samples["startup"].append(startup)
     med = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
     speedup = med["serial"] / med["pool"]
-    rows.append(Row("level 3", f"campaign of {runs} runs on 2 workers", med["pool"], "s",
-                    baseline="the same runs in series", baseline_value=med["serial"], ratio=speedup,
-                    target="≥ 1.7× speed-up", met=speedup >= 1.7,
-                    note=f"ratio = speed-up; the pool started beforehand, in {med['startup']:.1f} s"))
+    rows.append(
+        Row(
+            "level 3",
+            f"campaign of {runs} runs on 2 workers",
+            med["pool"],
+            "s",
+            baseline="the same runs in series",
+            baseline_value=med["serial"],
+            ratio=speedup,
+            target="≥ 1.7× speed-up",
+            met=speedup >= 1.7,
+            note=f"ratio = speed-up; the pool started beforehand, in {med['startup']:.1f} s",
+        )
+    )
     return rows

@@ -8,6 +8,7 @@ runs with logger, checkpointing, progress bar and model summary off.
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections.abc import Callable
@@ -35,7 +36,7 @@ class Dense(Node):
 
 def make_graph(sizes: list[int]) -> Graph:
     layers: Any = None
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         node = Dense(a, b, relu=i < len(sizes) - 2)
         layers = node if layers is None else layers >> node
     return Graph.somatize(layers)
@@ -45,7 +46,7 @@ def make_plain(sizes: list[int]) -> Any:
     import torch.nn as nn
 
     mods: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         mods.append(nn.Linear(a, b))
         if i < len(sizes) - 2:
             mods.append(nn.ReLU())
@@ -59,7 +60,10 @@ def candidates(sizes: list[int], batch: int) -> dict[str, Callable[[int], float]
 
     gen = torch.Generator().manual_seed(0)
     data = [
-        (torch.randn(batch, sizes[0], generator=gen), torch.randint(0, sizes[-1], (batch,), generator=gen))
+        (
+            torch.randn(batch, sizes[0], generator=gen),
+            torch.randint(0, sizes[-1], (batch,), generator=gen),
+        )
         for _ in range(64)
     ]
 
@@ -105,8 +109,14 @@ def candidates(sizes: list[int], batch: int) -> dict[str, Callable[[int], float]
     def lightning(n: int) -> float:
         start = time.perf_counter()
         trainer = L.Trainer(
-            max_steps=n, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, accelerator="cpu", devices=1, num_sanity_val_steps=0,
+            max_steps=n,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            devices=1,
+            num_sanity_val_steps=0,
         )
         loader = torch.utils.data.DataLoader(batches(n), batch_size=None, shuffle=False)
         trainer.fit(Module(), loader)
@@ -140,27 +150,60 @@ def run(quick: bool) -> list[Row]:
         for name in fns:
             a, b = t[f"{name} short"], t[f"{name} long"]
             d = n2 - n1
-            step[name] = Timing((b.median - a.median) / d, max(0.0, (b.min - a.max) / d), (b.max - a.min) / d, a.trials)
-        plain, som, light = step["plain PyTorch"], step["somatize Trainer"], step["Lightning Trainer"]
+            step[name] = Timing(
+                (b.median - a.median) / d,
+                max(0.0, (b.min - a.max) / d),
+                (b.max - a.min) / d,
+                a.trials,
+            )
+        plain, som, light = (
+            step["plain PyTorch"],
+            step["somatize Trainer"],
+            step["Lightning Trainer"],
+        )
         tiny = case.startswith("tiny")
-        rows.append(Row("training step", f"{case}: somatize vs plain", som.median * 1e6, "µs",
-                        baseline="plain PyTorch loop", baseline_value=plain.median * 1e6,
-                        ratio=som.median / plain.median,
-                        target="" if tiny else "≤ 1.05× plain",
-                        met=None if tiny else som.median / plain.median <= 1.05,
-                        spread=f"{som.min * 1e6:.0f} – {som.max * 1e6:.0f} µs"))
-        rows.append(Row("training step", f"{case}: Lightning vs somatize", light.median * 1e6, "µs",
-                        baseline="somatize Trainer", baseline_value=som.median * 1e6,
-                        ratio=light.median / som.median,
-                        target="≥ 2× (somatize faster)" if tiny else "",
-                        met=light.median / som.median >= 2 if tiny else None,
-                        spread=f"{light.min * 1e6:.0f} – {light.max * 1e6:.0f} µs"))
+        rows.append(
+            Row(
+                "training step",
+                f"{case}: somatize vs plain",
+                som.median * 1e6,
+                "µs",
+                baseline="plain PyTorch loop",
+                baseline_value=plain.median * 1e6,
+                ratio=som.median / plain.median,
+                target="" if tiny else "≤ 1.05× plain",
+                met=None if tiny else som.median / plain.median <= 1.05,
+                spread=f"{som.min * 1e6:.0f} – {som.max * 1e6:.0f} µs",
+            )
+        )
+        rows.append(
+            Row(
+                "training step",
+                f"{case}: Lightning vs somatize",
+                light.median * 1e6,
+                "µs",
+                baseline="somatize Trainer",
+                baseline_value=som.median * 1e6,
+                ratio=light.median / som.median,
+                target="≥ 2× (somatize faster)" if tiny else "",
+                met=light.median / som.median >= 2 if tiny else None,
+                spread=f"{light.min * 1e6:.0f} – {light.max * 1e6:.0f} µs",
+            )
+        )
         # Fixed cost beyond a plain loop's (which also builds the model and optimizer).
         fixed = t["plain PyTorch one"].median - plain.median
         setup = t["somatize Trainer one"].median - som.median - fixed
-        rows.append(Row("training step", f"{case}: somatize fit() set-up + tear-down", setup * 1e3, "ms",
-                        baseline="Lightning set-up + tear-down",
-                        baseline_value=(t["Lightning Trainer one"].median - light.median - fixed) * 1e3,
-                        target="< 1 ms", met=setup < 1e-3,
-                        note="a 1-step run minus one step, minus a plain loop's own fixed cost; no watchers"))
+        rows.append(
+            Row(
+                "training step",
+                f"{case}: somatize fit() set-up + tear-down",
+                setup * 1e3,
+                "ms",
+                baseline="Lightning set-up + tear-down",
+                baseline_value=(t["Lightning Trainer one"].median - light.median - fixed) * 1e3,
+                target="< 1 ms",
+                met=setup < 1e-3,
+                note="a 1-step run minus one step, minus a plain loop's own fixed cost; no watchers",
+            )
+        )
     return rows

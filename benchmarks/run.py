@@ -52,7 +52,9 @@ def table(rows: list[Row]) -> str:
         value = fmt(r.value, r.unit) + (f" ({r.spread})" if r.spread else "")
         note = f" — {r.note}" if r.note else ""
         ratio = fmt(r.ratio, "x") if r.ratio is not None else ""
-        lines.append(f"| {r.benchmark} | {r.case}{note} | {value} | {base} | {ratio} | {r.target} | {met} |")
+        lines.append(
+            f"| {r.benchmark} | {r.case}{note} | {value} | {base} | {ratio} | {r.target} | {met} |"
+        )
     return "\n".join(lines)
 
 
@@ -99,7 +101,9 @@ def main() -> int:
     if failures:
         md += "\nBenchmarks that crashed: " + ", ".join(sorted(failures)) + "\n"
     (out / "latest.json").write_text(
-        json.dumps({"meta": meta, "rows": [r.as_dict() for r in rows], "failures": failures}, indent=2)
+        json.dumps(
+            {"meta": meta, "rows": [r.as_dict() for r in rows], "failures": failures}, indent=2
+        )
     )
     (out / "latest.md").write_text(md)
     print("\n" + md)

@@ -83,7 +83,7 @@ def _plain(v: Any) -> bytes:
     """The encoding of plain data, fast: bytes are built bottom-up, no codecs, no error paths."""
     t = type(v)
     if t is str:
-        b = v.encode("utf-8", "surrogatepass")
+        b: bytes = v.encode("utf-8", "surrogatepass")
         n = len(b)
         return b"s" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b
     if t is int:
@@ -112,7 +112,7 @@ def _plain(v: Any) -> bytes:
         n = len(pairs)
         return b"d" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b"".join([k + x for k, x in pairs])
     if t is bytes:
-        return b"b" + _LEN.pack(len(v)) + v
+        return b"b" + _LEN.pack(len(v)) + bytes(v)
     raise _Slow
 
 

@@ -47,7 +47,9 @@ def test_the_docs_exist() -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 # lightning 2.6 uses torch's LeafSpec, deprecated in torch 2.13: every Lightning fit warns.
-@pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning")
+@pytest.mark.filterwarnings(
+    r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning"
+)
 @pytest.mark.filterwarnings("ignore:The '.*' does not have many workers")
 # docs/lightning.md resumes a run into the directory it checkpointed to, on purpose.
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
@@ -109,6 +111,8 @@ def test_the_api_reference_is_current() -> None:
 
     done = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "gen_api.py"), "--check"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr

@@ -15,7 +15,6 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from tests.fakes import FakeCodec, FakeTensor
 
 from somatize import (
     Ctx,
@@ -30,6 +29,7 @@ from somatize import (
 from somatize.identity import declaration, fingerprint, identity, state
 from somatize.memory import NodeKeys
 from somatize.watchers import CacheHit, CacheMiss
+from tests.fakes import FakeCodec, FakeTensor
 
 Writer = Callable[[str, str], ModuleType]
 

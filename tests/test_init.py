@@ -87,7 +87,9 @@ def test_the_core_runs_without_torch(tmp_path):
     )
     out = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "cache")],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "OK False"
@@ -99,8 +101,10 @@ def test_no_core_module_imports_torch():
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             names = (
-                [a.name for a in node.names] if isinstance(node, ast.Import)
-                else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
                 else []
             )
             assert not any(n.split(".")[0] in ("torch", "lightning") for n in names), path.name

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
-from tests.test_topology import dags
 
 from somatize import Ctx, Done, EmptyGraphError, Graph, Node, Placement, Topology
 from somatize.plan import compile
+from tests.test_topology import dags
 
 
 @settings(max_examples=300)

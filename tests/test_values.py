@@ -13,12 +13,12 @@ import sys
 from typing import Any
 
 import pytest
-from tests.fakes import FakeCodec, FakeTensor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from somatize import DataCodec, Opaque, ValueConversionError, decode, digest, encode
 from somatize.values import check, is_data
+from tests.fakes import FakeCodec, FakeTensor
 
 NAN_PAYLOAD = struct.unpack(">d", b"\x7f\xf8\x00\x00\x00\x00\x00\x2a")[0]
 NAN_SIGNALLING = struct.unpack(">d", b"\x7f\xf0\x00\x00\x00\x00\x00\x01")[0]

@@ -13,7 +13,7 @@ what makes resuming mid-epoch exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any
 
 import torch
@@ -73,10 +73,7 @@ def chunk(value: Any, k: int) -> list[Any]:
     if not leaves:
         return [value]
     n = len(torch.chunk(leaves[0], k))
-    parts = []
-    for i in range(n):
-        parts.append(_map(lambda t, i=i: torch.chunk(t, k)[i], value))
-    return parts
+    return [_map(lambda t, i=i: torch.chunk(t, k)[i], value) for i in range(n)]  # type: ignore[misc]
 
 
 def epoch_batches(
@@ -115,7 +112,7 @@ def epoch_batches(
         data.generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch + 500_009)
     it: Iterator[Any] = iter(data)
     if world > 1:
-        n = len(data) if hasattr(data, "__len__") else None
-        limit = n - n % world if n is not None and even else None
+        size = len(data) if isinstance(data, Sized) else None
+        limit = size - size % world if size is not None and even else None
         it = (b for i, b in enumerate(it) if i % world == rank and (limit is None or i < limit))
     return it

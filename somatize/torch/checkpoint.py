@@ -248,8 +248,9 @@ def rng_state() -> dict[str, Any]:
     with contextlib.suppress(ImportError):
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached]
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+        keys = np.asarray(keys, dtype="int64")
+        state["numpy"] = [kind, torch.from_numpy(keys), pos, has_gauss, cached]
     return state
 
 

@@ -45,7 +45,7 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     t = t.resolve_conj().resolve_neg().contiguous().reshape(-1)  # lazy conj/neg views: real bytes
     if t.numel() == 0:
         return memoryview(b"")
-    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
 
 
 class TensorCodec:
@@ -166,7 +166,8 @@ class NdarrayCodec:
         if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
             arr = arr.copy(order="C")
         header = encode_data((arr.dtype.str, tuple(arr.shape), scalar))
-        raw = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+        flat = arr.reshape(-1).view(np.uint8)
+        raw = memoryview(flat) if arr.size else memoryview(b"")  # type: ignore[arg-type]
         return (_LEN.pack(len(header)) + header, raw)
 
     def decode(self, payload: bytes) -> Any:

@@ -329,7 +329,7 @@ def trimmed_mean(
 
     def trim(sorted_: torch.Tensor) -> torch.Tensor:
         n = sorted_.shape[0]
-        cut = int(math.floor(beta * n))
+        cut = math.floor(beta * n)
         return sorted_[cut : n - cut].mean(dim=0)
 
     return _coordinatewise(results, int_buffers, nonfinite, trim)

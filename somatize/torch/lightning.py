@@ -212,7 +212,12 @@ class LightningGraph(L.LightningModule):
         values: dict[str, Any] = {"loss": self._loss_of(out, y)} if self._loss is not None else {}
         values.update({name: fn(out, y) for name, fn in self._metrics.items()})
         sums = self._sums.setdefault(prefix, [0.0] * (len(values) + 1))
-        how = {"on_step": False, "on_epoch": True, "batch_size": n, "sync_dist": True}
+        how: dict[str, Any] = {
+            "on_step": False,
+            "on_epoch": True,
+            "batch_size": n,
+            "sync_dist": True,
+        }
         for j, (name, value) in enumerate(values.items()):
             v = _scalar(value, f"metric {name!r}")
             self.log(f"{prefix}{name}", v, prog_bar=name == "loss", **how)
@@ -423,7 +428,7 @@ class Watch(L.Callback):
         step, epoch = trainer.global_step, trainer.current_epoch
         seconds = time.perf_counter() - self._tick
         n = num_examples(split(batch)[0])
-        notify(self.watchers, StepEnd(self.run_id, step, epoch, float(loss), lr, n, seconds))
+        notify(self.watchers, StepEnd(self.run_id, step, epoch, float(loss or 0.0), lr, n, seconds))
         if isinstance(pl_module, LightningGraph):
             for node, values in pl_module.net.metrics.items():
                 notify(self.watchers, Metrics(self.run_id, node, step, dict(values)))

@@ -74,7 +74,7 @@ class _Holdings(nn.Module):
         return type(self._impl).__qualname__
 
     def _apply(self, fn: Any, recurse: bool = True) -> _Holdings:
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         # Keep the node's own attributes pointing at the moved tensors (.to() makes new
         # buffers, and new parameters when torch is set to overwrite them on conversion).
         for name in self._params:
@@ -226,6 +226,10 @@ class GraphModule(nn.Module):
         metrics: node id → metrics of the last call.
     """
 
+    graph: Graph
+    step: int
+    metrics: Mapping[str, Any]
+
     def __init__(self, g: Graph) -> None:
         super().__init__()
         object.__setattr__(self, "graph", g)
@@ -251,18 +255,18 @@ class GraphModule(nn.Module):
         for p in self.parameters():
             if getattr(p, "_somatize_frozen", False) and id(p) not in still:
                 p.requires_grad_(True)
-                del p._somatize_frozen
+                delattr(p, "_somatize_frozen")
         for held in frozen.values():
             for p in held.parameters():
                 if p.requires_grad:  # marked, so unfreezing gives back only what freezing took
-                    p._somatize_frozen = True
+                    setattr(p, "_somatize_frozen", True)  # noqa: B010 -- not a declared attribute
                     p.requires_grad_(False)
             held.eval()
         self._frozen = frozenset(frozen)
         self._program = program
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
         equip(self.graph)  # a copy (copy.deepcopy(model)) runs its own nodes, not the original's
 
     def __setattr__(self, name: str, value: Any) -> None:

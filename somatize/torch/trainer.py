@@ -284,7 +284,6 @@ class Trainer:
         """The epochs: steps, evaluations, checkpoints, until done, pruned or out of steps."""
         s, net, watchers = run.state, run.net, run.watchers
         epochs = self.epochs if self.epochs is not None else sys.maxsize
-        is_graph = isinstance(net, GraphModule)
         step_sched = run.sched if self.options.scheduler_every == "step" else None
         every = self.options.eval_every_steps
         ckpt_every = self.checkpoint.every_steps if self.checkpoint is not None else None
@@ -300,7 +299,7 @@ class Trainer:
                 if s.pruned or self._done(s):
                     break
                 tick = time.perf_counter()
-                if is_graph:
+                if isinstance(net, GraphModule):
                     net.step = s.step + 1  # nodes see the number of the step they compute
                 lr = run.opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
                 loss, n = self._step(run, batch)
