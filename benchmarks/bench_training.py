@@ -134,7 +134,7 @@ def run(quick: bool) -> list[Row]:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="lightning")
     rows = []
-    n1, n2 = (20, 120) if quick else (50, 450)
+    n1, n2 = (20, 120) if quick else (50, 1050)
     for case, sizes, batch in (
         ("MLP 64-128-128-10, batch 64", [64, 128, 128, 10], 64),
         ("tiny 16-16-2, batch 8", [16, 16, 2], 8),

@@ -73,6 +73,7 @@ class Opaque:
 
 
 _LENS = [_LEN.pack(i) for i in range(1024)]
+_INT_TWO = b"i" + _LEN.pack(2)
 
 
 class _Slow(Exception):
@@ -87,9 +88,11 @@ def _plain(v: Any) -> bytes:
         n = len(b)
         return b"s" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b
     if t is int:
-        small = _INT_SMALL.get(v)
-        if small is not None:
-            return small
+        if -128 <= v < 128:
+            return _INT_SMALL[v]
+        if -32768 <= v < 32768:  # the minimal two's complement is exactly two bytes here
+            two: bytes = v.to_bytes(2, "big", signed=True)
+            return _INT_TWO + two
         b = v.to_bytes((v + (v < 0)).bit_length() // 8 + 1, "big", signed=True)
         return b"i" + _LEN.pack(len(b)) + b
     if t is float:
@@ -108,7 +111,7 @@ def _plain(v: Any) -> bytes:
             if type(k) is not str and type(k) is not int:
                 raise _Slow
             pairs.append((_plain(k), _plain(x)))
-        pairs.sort(key=_first)
+        pairs.sort()  # keys are distinct, so only the encoded keys are ever compared
         n = len(pairs)
         return b"d" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b"".join([k + x for k, x in pairs])
     if t is bytes:

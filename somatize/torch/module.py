@@ -23,7 +23,7 @@ from torch import nn
 
 from ..errors import StateError
 from ..graph import Graph
-from ..node import Ctx, Done, Mapped, Node
+from ..node import Ctx, Done, Mapped, Node, Run
 from ..values import Opaque
 from .codecs import NdarrayCodec, TensorCodec
 
@@ -287,6 +287,13 @@ class GraphModule(nn.Module):
         if program is not self._program:
             self._sync()
             program = self._program
+        if (
+            len(args) == 1
+            and isinstance(args[0], torch.Tensor)
+            and not (program.keyed or g.watchers or g.placement.hosts)
+        ):  # the training hot path: one tensor, Opaque, straight to the plan's loop
+            value, self.metrics = program.run_fast(args[0], Run(g.run_id, self.step, self.training))
+            return value
         as_data = program.keyed
         inputs = [
             a if not isinstance(a, torch.Tensor) or (as_data and not a.requires_grad) else Opaque(a)
