@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.somatize-installed
 
-.PHONY: setup demo test lint bench docs clean
+.PHONY: setup demo test lint bench clean
 
 setup: $(STAMP)
 

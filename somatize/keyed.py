@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import CacheError, DeclarationError, NodeError
 from .memory import Memory, NodeKeys, key
 from .node import Ctx, Done, Mapped, Run
-from .values import Opaque, check, decode, digest, encode
+from .values import Opaque, check, decode, digest, encode, is_data
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
 
 if TYPE_CHECKING:
@@ -193,12 +193,17 @@ def walk(
             raise
         notify(watchers, NodeEnd(run.id, label, run.step, time.perf_counter() - start))
 
-        if is_opaque:
-            if remembered:
+        if is_opaque and remembered:
+            # Caching was asked for: an Opaque that holds data (a frozen encoder's tensor,
+            # computed without grad) is stored as that data; anything else cannot be.
+            if not is_data(value, codecs):
                 raise CacheError(
-                    f"node {label!r} is cached or named but returned Opaque; Opaque values "
-                    f"are never stored — return data (a detached tensor) or stop caching {label!r}"
+                    f"node {label!r} is cached or named but returned Opaque holding a "
+                    f"{type(value).__qualname__} that is not data (a tensor that requires grad?); "
+                    f"freeze {label!r} or return data (a detached tensor), or stop caching it"
                 )
+            is_opaque = False
+        if is_opaque:
             opaque.add(node)
         elif remembered and node_key is not None and keeper is not None:
             if not per_item or node in memory.named:  # a name needs the whole list stored
@@ -238,11 +243,14 @@ def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx)
         if type(done) is not Done:
             raise _not_done(label, impl.inner, done)
         value = done.value
-        if type(value) is Opaque:
-            raise CacheError(
-                f"cached mapped node {label!r} returned Opaque for item {i}; "
-                "cached items must be data — return data or stop caching it"
-            )
+        if type(value) is Opaque:  # as for a whole node: an Opaque holding data is stored
+            value = value.value
+            if not is_data(value, codecs):
+                raise CacheError(
+                    f"cached mapped node {label!r} returned Opaque holding a "
+                    f"{type(value).__qualname__} for item {i}, which is not data; cached items "
+                    "must be data — return data or stop caching it"
+                )
         if keeper is not None:
             data = encode(value, codecs, f"item {i} of {_where(label)}")
             keeper.put(item_key, data, pinned=pinned)

@@ -116,3 +116,16 @@ def test_the_api_reference_is_current() -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_relative_links_in_the_docs_resolve() -> None:
+    """Every relative link of README.md and docs/*.md points at a file that exists."""
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in link.findall(page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken

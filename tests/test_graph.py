@@ -499,17 +499,37 @@ def test_recipe_keys_run_through_opaque_values_between_data() -> None:
     ]
 
 
-def test_a_cached_or_named_node_returning_opaque_raises() -> None:
+class Hold(Node):
+    """Returns Opaque around something that is not data."""
+
+    def forward(self, x: Any, ctx: Ctx) -> Done:
+        return Done(Opaque(object()))
+
+
+def test_a_cached_or_named_node_returning_opaque_that_is_not_data_raises() -> None:
     for setting in ("cache", "name"):
-        g = Graph().node("w", Wrap())
+        g = Graph().node("h", Hold())
         if setting == "cache":
-            g.cache("w")
+            g.cache("h")
         else:
-            g.name("w", "wrapped")
-        with pytest.raises(CacheError, match="node 'w' is cached or named but returned Opaque"):
+            g.name("h", "held")
+        with pytest.raises(
+            CacheError, match="node 'h' is cached or named but returned Opaque holding a object"
+        ):
             g.forward(1)
-    with pytest.raises(CacheError, match="returned Opaque for item 0"):
-        Graph().node("w", Wrap().mapped()).cache("w").forward([1])
+    with pytest.raises(CacheError, match="returned Opaque holding a object for item 0"):
+        Graph().node("h", Hold().mapped()).cache("h").forward([1])
+
+
+def test_a_cached_node_returning_opaque_around_data_stores_the_data() -> None:
+    # caching was asked for: a frozen encoder written to return Opaque still caches
+    g = Graph().node("w", Wrap()).cache("w").name("w", "wrapped")
+    assert g.forward(1) == [1] and g.forward(1) == [1]
+    assert CALLS["wrap"] == 1
+    assert g.keeper is not None and decode(g.keeper.lookup("wrapped")) == [1]
+    m = Graph().node("w", Wrap().mapped()).cache("w")
+    assert m.forward([1, 2]) == [[1], [2]] and m.forward([2, 3]) == [[2], [3]]
+    assert CALLS["wrap"] == 1 + 3
 
 
 def test_uncached_nodes_after_opaque_run_fine_with_a_cache_elsewhere() -> None:
