@@ -283,6 +283,7 @@ class Trainer:
     def _train(self, run: _Run, train: Iterable[Any], val: Iterable[Any] | None) -> None:
         """The epochs: steps, evaluations, checkpoints, until done, pruned or out of steps."""
         s, net, watchers = run.state, run.net, run.watchers
+        graph_net = net if isinstance(net, GraphModule) else None
         epochs = self.epochs if self.epochs is not None else sys.maxsize
         step_sched = run.sched if self.options.scheduler_every == "step" else None
         every = self.options.eval_every_steps
@@ -298,9 +299,9 @@ class Trainer:
                     continue
                 if s.pruned or self._done(s):
                     break
-                tick = time.perf_counter()
-                if isinstance(net, GraphModule):
-                    net.step = s.step + 1  # nodes see the number of the step they compute
+                tick = time.perf_counter() if watchers else 0.0
+                if graph_net is not None:
+                    graph_net.step = s.step + 1  # nodes see the number of the step they compute
                 lr = run.opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
                 loss, n = self._step(run, batch)
                 if step_sched is not None:
@@ -345,8 +346,11 @@ class Trainer:
         n = num_examples(x)
         opt.zero_grad(set_to_none=True)
         if self.micro_batches == 1:
-            with autocast():
+            if autocast is contextlib.nullcontext:  # full precision: no context to enter
                 loss = self._loss(wrapped(x), y)
+            else:
+                with autocast():
+                    loss = self._loss(wrapped(x), y)
             loss.backward()
             total = loss.detach()  # the history is made float32 when it is read back
         else:
