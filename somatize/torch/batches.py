@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["chunk", "epoch_batches", "num_examples", "split", "to_device"]
+__all__ = ["chunk", "epoch_batches", "loss_of", "num_examples", "split", "to_device"]
 
 
 def split(batch: Any) -> tuple[Any, Any]:
@@ -28,6 +28,28 @@ def split(batch: Any) -> tuple[Any, Any]:
     if isinstance(batch, dict) and "x" in batch:
         return batch["x"], batch.get("y")
     return batch, None
+
+
+def loss_of(loss: Callable[..., Any] | None, output: Any, target: Any) -> torch.Tensor:
+    """The scalar loss of a batch: ``loss(output, target)``, ``loss(output)`` without a
+    target, or the output itself when there is no loss function (the graph computes it).
+
+    Raises:
+        TypeError: the result is not a scalar tensor.
+    """
+    if loss is None:
+        value = output
+    elif target is None:
+        value = loss(output)
+    else:
+        value = loss(output, target)
+    if not isinstance(value, torch.Tensor) or value.dim() != 0:
+        shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
+        raise TypeError(
+            f"the loss must be a scalar tensor, got {type(value).__name__}{shape}; "
+            "pass loss=fn(output, target) returning a mean, or make the graph output the loss"
+        )
+    return value
 
 
 def _map(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:

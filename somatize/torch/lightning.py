@@ -35,7 +35,7 @@ from torch import nn
 from ..errors import CheckpointError, require
 from ..graph import Graph
 from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
-from .batches import num_examples, split
+from .batches import loss_of, num_examples, split
 from .module import GraphModule, module, parameters
 from .result import TrainResult
 
@@ -171,19 +171,7 @@ class LightningGraph(L.LightningModule):
         return self.net(x)
 
     def _loss_of(self, output: Any, target: Any) -> torch.Tensor:
-        if self._loss is None:
-            loss = output
-        elif target is None:
-            loss = self._loss(output)
-        else:
-            loss = self._loss(output, target)
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            shape = f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else ""
-            raise TypeError(
-                f"the loss must be a scalar tensor, got {type(loss).__name__}{shape}; "
-                "pass loss=fn(output, target) returning a mean, or make the graph output the loss"
-            )
-        return loss
+        return loss_of(self._loss, output, target)
 
     def _log_nodes(self, prefix: str, **how: Any) -> None:
         for node, values in self.net.metrics.items():

@@ -37,7 +37,7 @@ from ..errors import CheckpointError
 from ..graph import Graph
 from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
 from . import ddp
-from .batches import chunk, epoch_batches, num_examples, split, to_device
+from .batches import chunk, epoch_batches, loss_of, num_examples, split, to_device
 from .checkpoint import Checkpointing, RunState, capture, load_checkpoint, restore
 from .metrics import evaluate
 from .module import GraphModule, module
@@ -375,19 +375,7 @@ class Trainer:
         return split(batch) if self.loss is not None else (batch, None)
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
-        if self.loss is None:
-            loss = output
-        elif target is None:
-            loss = self.loss(output)
-        else:
-            loss = self.loss(output, target)
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            shape = f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else ""
-            raise TypeError(
-                f"the loss must be a scalar tensor, got {type(loss).__name__}{shape}; "
-                "pass loss=fn(output, target) returning a mean, or make the graph output the loss"
-            )
-        return loss
+        return loss_of(self.loss, output, target)
 
     # -- evaluation ---------------------------------------------------------------------
 
