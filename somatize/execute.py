@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .keyed import Env, Forward, Walk, _not_done, _where, recipe_key, walk
+from .keyed import Env, Forward, Walk, _where, recipe_key, walk
 from .memory import Memory, NodeKeys
-from .node import Ctx, Done, Run
+from .node import Ctx, Done, Run, not_done
 from .values import Opaque, check, digest
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class Program:
                 inp = tuple([values[i] for i in inputs])
             done = forward(inp, Ctx(node, device, run))
             if type(done) is not Done:
-                raise _not_done(node, self.catalog[node], done)
+                raise not_done(node, self.catalog[node], done)
             value = done[0]
             if type(value) is Opaque:
                 value = value.value

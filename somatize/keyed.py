@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import CacheError, DeclarationError, NodeError
 from .memory import Memory, NodeKeys, key
-from .node import Ctx, Done, Mapped, Run
+from .node import Ctx, Done, Mapped, Run, not_done
 from .values import Opaque, check, decode, digest, encode, is_data
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
 
@@ -182,7 +182,7 @@ def walk(
             else:
                 result = env.forward(node, impl)(inp, ctx)
                 if type(result) is not Done:
-                    raise _not_done(label, impl, result)
+                    raise not_done(label, impl, result)
                 value, node_metrics = result
                 is_opaque = type(value) is Opaque
                 if is_opaque:
@@ -241,7 +241,7 @@ def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx)
         notify(watchers, CacheMiss(run.id, f"{label}[{i}]", item_key))
         done = inner(item, ctx)
         if type(done) is not Done:
-            raise _not_done(label, impl.inner, done)
+            raise not_done(label, impl.inner, done)
         value = done.value
         if type(value) is Opaque:  # as for a whole node: an Opaque holding data is stored
             value = value.value
@@ -256,10 +256,3 @@ def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx)
             keeper.put(item_key, data, pinned=pinned)
         out.append(value)
     return out
-
-
-def _not_done(node: str, impl: Any, got: Any) -> NodeError:
-    return NodeError(
-        f"node {node!r} ({type(impl).__qualname__}) returned {type(got).__name__} instead of Done "
-        "— end forward with `return Done(value)`"
-    )

@@ -166,14 +166,19 @@ class Mapped(Node):
         return f"{self.inner!r}.mapped()"
 
 
+def not_done(node_id: str, impl: Any, got: Any) -> NodeError:
+    """The error for a node whose forward returned something other than ``Done``."""
+    return NodeError(
+        f"node {node_id!r} ({type(impl).__qualname__}) returned {type(got).__name__} "
+        "instead of Done — end forward with `return Done(value)`"
+    )
+
+
 def call(impl: Node, x: Any, ctx: Ctx, node_id: str) -> Done:
     """Call ``impl.forward`` and hold it to the contract: it must return ``Done``."""
     done = impl.forward(x, ctx)
     if type(done) is not Done:
-        raise NodeError(
-            f"node '{node_id}' ({type(impl).__qualname__}) returned "
-            f"{type(done).__name__} instead of Done — end forward with `return Done(value)`"
-        )
+        raise not_done(node_id, impl, done)
     return done
 
 
