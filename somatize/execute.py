@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .errors import CacheError
 from .keyed import Env, Forward, Walk, _where, recipe_key, walk
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Run, not_done
@@ -84,6 +85,20 @@ class Program:
             p.keyed for p in self.subprograms.values()
         )
         self._needs_key = self._keyed_ancestry()
+        #: whether a run needs the content key of the graph input (a root needs a key)
+        self.input_keyed = any(n in self._needs_key for n in plan.topology.roots) or any(
+            p.keyed for p in self.subprograms.values()
+        )
+        for node in memory.per_example:
+            impl = catalog[node]
+            if node not in memory.frozen and not getattr(impl, "rowwise", False):
+                raise CacheError(
+                    f"node {node!r} is cached per example but is neither frozen nor row-wise: "
+                    "in training mode its rows may interact (batch norm, attention across the "
+                    f"batch), so one row's output is not a function of that row — freeze it "
+                    f"(g.freeze({node!r})), set `rowwise = True` on {type(impl).__qualname__} if "
+                    f"each row is computed alone, or cache it per batch (g.cache({node!r}))"
+                )
 
     def _forward(self, node: str, impl: Any) -> Forward:
         forward: Forward = impl.forward
@@ -92,13 +107,16 @@ class Program:
     def _keyed_ancestry(self) -> frozenset[str]:
         """Nodes whose key is needed: remembered nodes and everything upstream of them."""
         need: set[str] = set()
-        todo = [n for n in self.plan.topology.nodes if self.memory.remembers(n)]
+        memory = self.memory
+        todo = [n for n in self.plan.topology.nodes if memory.remembers(n)]
         todo += [n for n, p in self.subprograms.items() if p.keyed]
         while todo:
             n = todo.pop()
             if n not in need:
                 need.add(n)
-                todo.extend(self.plan.topology.predecessors(n))
+                # a node cached per example keys its rows by content, not by its inputs' keys
+                if n not in memory.per_example or n in memory.named:
+                    todo.extend(self.plan.topology.predecessors(n))
         return frozenset(need)
 
     def as_forward(self) -> Callable[[Any, Ctx], Done]:
@@ -161,6 +179,7 @@ class Program:
         prefix: str = "",
         need_key: bool = False,
         keyless_from: str | None = None,
+        explained: list[Any] | None = None,
     ) -> Outcome:
         """Run with keys, the keeper and watchers.
 
@@ -168,6 +187,7 @@ class Program:
             x_key: the input's content key (None when Opaque or not needed).
             need_key: the caller needs the output's key, so every node is keyed.
             keyless_from: for a subgraph whose input has no key, where that began.
+            explained: collects each remembered node's lookup (``Graph.explain``).
         """
         needs_key = frozenset(self.plan.topology.nodes) if need_key else self._needs_key
 
@@ -188,6 +208,7 @@ class Program:
             watchers=watchers,
             run=run,
             prefix=prefix,
+            explained=explained,
         )
         done = Walk()
         walk(env, self.steps, x, x_opaque, x_key, done, keyless_from)

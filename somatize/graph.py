@@ -28,6 +28,7 @@ from .watchers import RunEnd, RunStart, notify
 if TYPE_CHECKING:
     from .codecs import Codec
     from .dsl import Expr
+    from .explain import Explanation
     from .keepers import Keeper
     from .transports import Transport
     from .watchers import Watcher
@@ -219,10 +220,24 @@ class Graph:
         self._require(node_id)
         return self._set(self.memory.freeze(node_id, on))
 
-    def cache(self, node_id: str, on: bool = True) -> Graph:
-        """Memoise the node's outputs in the keeper, by key."""
+    def cache(self, node_id: str, on: bool = True, *, per: str = "batch") -> Graph:
+        """Memoise the node's outputs in the keeper, by key.
+
+        Args:
+            per: ``"batch"`` keys the whole input (data that really repeats);
+                ``"example"`` keys each row of a tensor batch (every tensor of a tuple or
+                dict batch, along dim 0) by its content, so memory survives a shuffled
+                ``DataLoader``: only the rows not seen before are computed. A node cached
+                per example must be frozen (eval mode: its rows do not interact) or
+                declare ``rowwise = True``.
+        """
         self._require(node_id)
-        return self._set(self.memory.cache(node_id, on))
+        if per not in ("batch", "example"):
+            raise GraphError(
+                f"g.cache({node_id!r}, per={per!r}): per is 'batch' (key the whole input) "
+                "or 'example' (key each row of a tensor batch)"
+            )
+        return self._set(self.memory.cache(node_id, on, per_example=per == "example"))
 
     def name(self, node_id: str, name: str | None) -> Graph:
         """Also record the node's output under ``name`` in the keeper (None removes it)."""
@@ -312,12 +327,52 @@ class Graph:
         keeper = self.keeper
         if keeper is None and program.keyed:
             keeper = self.keeper = MemoryKeeper()
-        x_key = None if opaque or not program.keyed else digest(x, self.codecs, "the graph input")
+        x_key = (
+            None if opaque or not program.input_keyed else digest(x, self.codecs, "the graph input")
+        )
         notify(self.watchers, RunStart(run.id, len(program.plan)))
         start = time.perf_counter()
         outcome = program.run_keyed(x, opaque, x_key, run, self.keys, keeper, self.watchers)
         notify(self.watchers, RunEnd(run.id, time.perf_counter() - start))
         return outcome
+
+    def explain(
+        self, *inputs: Any, step: int = 0, values: Mapping[str, Any] | None = None
+    ) -> Explanation:
+        """Why each remembered node would hit or miss on ``inputs``, writing nothing.
+
+        Runs the graph (in eval mode) against a read-only view of the keeper and, for each
+        cached node that misses, says what changed since the last entry stored under it:
+        the code (naming the class or helper), the declaration, the state (weights) or the
+        input. See ``somatize/explain.py``.
+
+        Example:
+            >>> from somatize import Node, Done
+            >>> class Upper(Node):
+            ...     def forward(self, text, ctx): return Done(text.upper())
+            >>> g = Graph().node("up", Upper()).cache("up")
+            >>> _ = g.forward("hi"); print(g.explain("hi"))
+            up: hit
+        """
+        from .explain import ReadOnly, explain
+
+        program = self.program()
+        x: Any = inputs[0] if len(inputs) == 1 else tuple(inputs)
+        opaque = type(x) is Opaque
+        x = x.value if opaque else x
+        if not opaque:
+            check(x, self.codecs, "the graph input")
+        injected = types.MappingProxyType(dict(values)) if values else _NO_VALUES
+        run = Run(self.run_id, step, False, injected)
+        x_key = (
+            digest(x, self.codecs, "the graph input")
+            if program.input_keyed and not opaque
+            else None
+        )
+        looked: list[Any] = []
+        view = ReadOnly(self.keeper)
+        program.run_keyed(x, opaque, x_key, run, self.keys, view, (), explained=looked)
+        return explain(self.keeper, looked)
 
     @property
     def keys(self) -> NodeKeys:

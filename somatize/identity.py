@@ -39,7 +39,7 @@ from .values import digest, encode, is_data
 if TYPE_CHECKING:
     from .codecs import Codec
 
-__all__ = ["declaration", "fingerprint", "identity", "state"]
+__all__ = ["code_parts", "declaration", "fingerprint", "identity", "state"]
 
 # The code of each class or function, read once: (digest of it, dotted names it reads).
 # Only an object's own code is kept here: what its names resolve to is looked up on
@@ -236,8 +236,17 @@ def _fingerprint(obj: Any, memo: dict[int, str]) -> str:
     if done_or_running is not None:
         return done_or_running
     memo[id(obj)] = "cycle:" + str(obj.__qualname__)  # recursion between helpers
-    own, names = _own(obj)
-    h = blake3(own)
+    h = blake3(_own(obj)[0])
+    for dotted, target in _references(obj):
+        h.update(f"{dotted}={_describe(target, memo)}\0".encode())
+    result = h.hexdigest()
+    memo[id(obj)] = result
+    return result
+
+
+def _references(obj: Any) -> list[tuple[str, Any]]:
+    """(dotted name, object) of every global or closure name ``obj``'s code reads."""
+    names = _own(obj)[1]
     module = sys.modules.get(obj.__module__)
     scope = dict(vars(module)) if module else {}
     if isinstance(obj, types.FunctionType):
@@ -249,6 +258,7 @@ def _fingerprint(obj: Any, memo: dict[int, str]) -> str:
             with contextlib.suppress(ValueError):  # an empty cell: not assigned yet
                 scope[name] = cell.cell_contents
     done = set()
+    found = []
     for chain in names:
         if chain[0] not in scope or chain[0] in ("self", "cls"):
             continue
@@ -263,10 +273,33 @@ def _fingerprint(obj: Any, memo: dict[int, str]) -> str:
         if dotted in done or target is obj:
             continue
         done.add(dotted)
-        h.update(f"{dotted}={_describe(target, memo)}\0".encode())
-    result = h.hexdigest()
-    memo[id(obj)] = result
-    return result
+        found.append((dotted, target))
+    return found
+
+
+def code_parts(obj: type | types.FunctionType) -> dict[str, str]:
+    """The digest of ``obj``'s own code and of each user helper it reaches, by qualified
+    name: what ``Graph.explain`` compares to say *which* code changed.
+
+    Example:
+        >>> def f(x): return x + 1
+        >>> list(code_parts(f))  # doctest: +ELLIPSIS
+        ['...f']
+    """
+    out: dict[str, str] = {}
+    todo: list[Any] = [obj]
+    while todo:
+        o = todo.pop()
+        name = f"{o.__module__}.{o.__qualname__}"
+        if name in out:
+            continue
+        out[name] = _own(o)[0].hex()
+        for _, target in _references(o):
+            if isinstance(target, (types.FunctionType, type)) and _is_user_module(
+                sys.modules.get(target.__module__)
+            ):
+                todo.append(target)
+    return out
 
 
 def fingerprint(obj: type | types.FunctionType) -> str:

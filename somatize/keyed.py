@@ -19,7 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import rows
 from .errors import CacheError, DeclarationError, NodeError
+from .explain import note
 from .memory import Memory, NodeKeys, key
 from .node import Ctx, Done, Mapped, Run, not_done
 from .values import Opaque, check, decode, digest, encode, is_data
@@ -76,6 +78,8 @@ class Env:
     run: Run
     host: str | None = None  # named in the note added to a node's error
     prefix: str = ""  # of node labels: "sub/" inside subgraph node "sub"
+    # g.explain's record of what each remembered node looked up (None: not explaining)
+    explained: list[Any] | None = None
 
 
 @dataclass
@@ -127,8 +131,10 @@ def walk(
             source = next((f"node {prefix + i!r}" for i in inputs if i in opaque), None)
         impl = env.impls[node]
         remembered = memory.remembers(node)
-        # a cached mapped node is cached item by item, never as a whole list
-        per_item = node in memory.cached and isinstance(impl, Mapped)
+        # a cached mapped node is cached item by item, never as a whole list; a node cached
+        # per example, row by row of its batch: both key their input by its content
+        per_row = node in memory.per_example
+        per_item = per_row or (node in memory.cached and isinstance(impl, Mapped))
         if remembered and source is not None:
             raise CacheError(
                 f"node {label!r} is cached but its input from {source} is Opaque; "
@@ -142,14 +148,17 @@ def walk(
                 f"{keyless} is Opaque, and keys start from the content of the graph "
                 f"input — pass data (a detached tensor) as the input, or stop caching {label!r}"
             )
-        node_key = env.key(node, impl, in_keys) if keyless is None else None
+        node_key = env.key(node, impl, in_keys) if keyless is None and not per_row else None
         if node_key is not None and node in memory.cached and not per_item:
-            hit = keeper.get(node_key) if keeper is not None else None
+            hit = _recall(env, node_key, inp, env.devices.get(node))
+            if env.explained is not None:
+                parts = env.node_keys.parts(impl)
+                env.explained.append((label, impl, parts, digest(tuple(in_keys)), hit is not None))
             if hit is not None:
                 notify(watchers, CacheHit(run.id, label, node_key))
                 if node in memory.named and keeper is not None:  # the name follows each run
                     keeper.name(memory.named[node], node_key)
-                values[node], vkeys[node] = decode(hit, codecs), node_key
+                values[node], vkeys[node] = hit[0], node_key
                 continue
             notify(watchers, CacheMiss(run.id, label, node_key))
 
@@ -177,6 +186,12 @@ def walk(
                 )
                 value, is_opaque = o.value, o.opaque
                 metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
+            elif per_row:
+                forward = env.forward(node, impl)
+                value, node_key, node_metrics = rows.remember(
+                    env, node, label, impl, inp, ctx, forward
+                )
+                is_opaque = False
             elif per_item:
                 value, is_opaque = _mapped(env, node, label, impl, inp, ctx), False
             else:
@@ -209,6 +224,8 @@ def walk(
             if not per_item or node in memory.named:  # a name needs the whole list stored
                 data = encode(value, codecs, _where(label))
                 keeper.put(node_key, data, pinned=node in memory.pinned)
+                if not per_item:  # what explain compares a later miss with
+                    note(keeper, label, impl, env.node_keys.parts(impl), digest(tuple(in_keys)))
             if node in memory.named:
                 keeper.name(memory.named[node], node_key)
         elif sub is None:
@@ -219,10 +236,29 @@ def walk(
             notify(watchers, Metrics(run.id, label, run.step, node_metrics))
 
 
+def _recall(env: Env, node_key: str, inp: Any, device: str | None) -> tuple[Any] | None:
+    """A whole-node hit, decoded and moved where the node would have put its output (its
+    placement's device, else its input's); None on a miss. An entry that does not decode
+    is a miss: it is discarded, so the node runs and writes it afresh."""
+    keeper = env.keeper
+    data = keeper.get(node_key) if keeper is not None else None
+    if data is None:
+        return None
+    try:
+        value = decode(data, env.codecs)
+    except Exception:
+        rows.discard(keeper, node_key)
+        return None
+    return (rows.place(value, device or rows.device_of(inp, env.codecs), env.codecs),)
+
+
 def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx) -> list[Any]:
     """A cached mapped node: each item keyed by its own content; only misses computed."""
     if type(items) is not list and type(items) is not tuple:
-        raise NodeError(f"mapped node {label!r} received a {type(items).__name__}; it takes a list")
+        raise NodeError(
+            f"mapped node {label!r} received a {type(items).__name__}; it takes a list — for a "
+            f"tensor batch, cache the node itself per example: g.cache({label!r}, per='example')"
+        )
     codecs, keeper, watchers, run = env.codecs, env.keeper, env.watchers, ctx.run
     pinned = node in env.memory.pinned
     inner = env.forward(node, impl.inner)

@@ -3,7 +3,9 @@
 Four independent maps:
 
 * **frozen** — no gradients, eval mode, state fixed (``somatize.torch`` enforces it).
-* **cached** — outputs memoised in the keeper under the node's key.
+* **cached** — outputs memoised in the keeper under the node's key; a cached node may be
+  remembered *per example* instead (``per_example``, a subset of ``cached``): one entry
+  per row of its batch, keyed by the node and that row's content (``somatize/rows.py``).
 * **named** — the output is also recorded under a human name in the keeper.
 * **pinned** — the node's entries are never evicted by ``gc``.
 
@@ -50,12 +52,15 @@ class Memory:
     cached: frozenset[str] = frozenset()
     named: Mapping[str, str] = field(default_factory=dict)
     pinned: frozenset[str] = frozenset()
+    per_example: frozenset[str] = frozenset()  # cached row by row (a subset of cached)
 
     def freeze(self, node: str, on: bool = True) -> Memory:
         return replace(self, frozen=self.frozen | {node} if on else self.frozen - {node})
 
-    def cache(self, node: str, on: bool = True) -> Memory:
-        return replace(self, cached=self.cached | {node} if on else self.cached - {node})
+    def cache(self, node: str, on: bool = True, *, per_example: bool = False) -> Memory:
+        rows = self.per_example | {node} if on and per_example else self.per_example - {node}
+        cached = self.cached | {node} if on else self.cached - {node}
+        return replace(self, cached=cached, per_example=rows)
 
     def name(self, node: str, name: str | None) -> Memory:
         named = {k: v for k, v in self.named.items() if k != node}
@@ -73,6 +78,8 @@ class Memory:
     def marks(self, node: str) -> list[str]:
         """Human labels for rendering: frozen, cached, named 'x', pinned."""
         out = [m for m in ("frozen", "cached") if node in getattr(self, m)]
+        if node in self.per_example:
+            out[-1] = "cached per example"
         if node in self.named:
             out.append(f"named {self.named[node]!r}")
         if node in self.pinned:

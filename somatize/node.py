@@ -96,6 +96,10 @@ class Node:
     """
 
     _somatize_args: tuple[tuple[Any, ...], dict[str, Any]]
+    #: Whether each row of a batch is computed from that row alone (no batch norm in train
+    #: mode, no attention across the batch). Frozen nodes qualify anyway (eval mode); a
+    #: trainable node must say so to be cached per example (``g.cache(id, per="example")``).
+    rowwise: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if (args or kwargs) and cls.__init__ is object.__init__:

@@ -7,7 +7,7 @@ a watcher. Stock watchers: ``Recorder`` (in memory) and ``JsonLines`` (a run log
 ``somatize.torch`` adds ``TensorBoard`` and ``Progress``.
 
 Events of one graph execution: ``RunStart``, ``NodeStart``/``NodeEnd``,
-``CacheHit``/``CacheMiss``, ``Metrics``, ``RunEnd``. Events of a training run
+``CacheHit``/``CacheMiss``, ``CacheRows`` (per-example memory), ``Metrics``, ``RunEnd``. Events of a training run
 (emitted by the Trainer): ``FitStart``, ``StepEnd``, ``EpochEnd``, ``FitEnd``.
 """
 
@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 __all__ = [
     "CacheHit",
     "CacheMiss",
+    "CacheRows",
     "EpochEnd",
     "Event",
     "FitEnd",
@@ -99,6 +100,17 @@ class CacheMiss(Event):
 
     node: str
     key: str
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRows(Event):
+    """A node cached per example met a batch: ``hits`` rows were read from the keeper,
+    ``misses`` rows were computed (in one call of the node) and stored."""
+
+    node: str
+    step: int
+    hits: int
+    misses: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ writes through ``.data`` (change weights under ``torch.no_grad()`` instead).
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 import weakref
@@ -66,6 +67,11 @@ class TensorCodec:
 
     def __getstate__(self) -> dict[str, Any]:  # the memo holds weak references: not data
         return {**self.__dict__, "_memo": {}}
+
+    @property
+    def rows(self) -> Any:
+        """Rows along dim 0, for per-example memory (``somatize.torch.rows.TensorRows``)."""
+        return _rows()
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, torch.Tensor)
@@ -140,6 +146,13 @@ class TensorCodec:
                 extra = digest_data(mod.get_extra_state(), (self,), f"the extra state of {name!r}")
                 h.update(f"{name}._extra_state={extra}\0".encode())
         return h.hexdigest()
+
+
+@functools.cache
+def _rows() -> Any:
+    from .rows import TensorRows
+
+    return TensorRows()
 
 
 class NdarrayCodec:

@@ -1,0 +1,186 @@
+"""Why a remembered node hit or missed: ``g.explain(x)``.
+
+Whenever a cached node stores what it computed, the engine also leaves a small *record*
+of that node's key parts in the keeper — one slot per node id, overwritten: its identity,
+the digest of its own code and of each user helper it reaches, its declaration, its
+state and its input. ``g.explain(x)`` runs the graph on ``x`` against a read-only view of
+the keeper (nothing is written) and, for each remembered node that missed, compares the
+parts it has now with the record: which of code (and which helper), declaration, state
+(weights) or input changed since the last entry.
+
+Example:
+    >>> from somatize import Graph, Node, Done
+    >>> class Upper(Node):
+    ...     def forward(self, text, ctx): return Done(text.upper())
+    >>> g = Graph().node("up", Upper()).cache("up")
+    >>> print(g.explain("hi"))
+    up: miss — nothing stored under this node yet
+    >>> _ = g.forward("hi"); print(g.explain("hi"))
+    up: hit
+    >>> print(g.explain("ho"))
+    up: miss — input changed
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .identity import code_parts
+from .node import Mapped
+from .values import decode, digest, encode
+
+if TYPE_CHECKING:
+    from .keepers import Keeper
+
+__all__ = ["Explanation", "Why", "explain", "note"]
+
+RECORD = "somatize.explain/1"
+# What this process last wrote, by keeper and node: a record is written when it changes.
+_written: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def _slot(label: str) -> str:
+    return digest((RECORD, label))
+
+
+def _code(impl: Any) -> dict[str, str]:
+    cls = type(impl.inner if isinstance(impl, Mapped) else impl)
+    try:
+        return code_parts(cls)
+    except Exception:  # code that cannot be read: identity alone then tells the change
+        return {}
+
+
+def note(keeper: Keeper, label: str, impl: Any, parts: Sequence[str], input: str | None) -> None:
+    """Record the key parts of what node ``label`` just stored (skipped when unchanged)."""
+    record: dict[str, Any] = {
+        "identity": parts[0],
+        "declaration": parts[1],
+        "state": parts[2],
+        "input": input,
+    }
+    stamp = digest(record)
+    try:
+        seen = _written.setdefault(keeper, {})
+    except TypeError:  # a keeper that takes no weak reference: write every time
+        seen = {}
+    if seen.get(label) == stamp:
+        return
+    record["code"] = _code(impl)
+    keeper.put(_slot(label), encode(record))
+    seen[label] = stamp
+
+
+@dataclass(frozen=True)
+class Why:
+    """One remembered node's lookup: hit or miss, and on a miss what changed.
+
+    Attributes:
+        node: the node's id.
+        hit: whether everything was read from the keeper.
+        rows: for a node cached per example, (rows hit, rows missed).
+        changed: on a miss, what differs from the last entry stored under this node.
+    """
+
+    node: str
+    hit: bool
+    rows: tuple[int, int] | None
+    changed: tuple[str, ...]
+
+    def __str__(self) -> str:
+        counts = ""
+        if self.rows is not None:
+            counts = f" ({self.rows[0]} of {sum(self.rows)} examples hit)"
+        if self.hit:
+            return f"{self.node}: hit{counts}"
+        return f"{self.node}: miss{counts} — {', '.join(self.changed)}"
+
+
+class Explanation(tuple[Why, ...]):
+    """What ``g.explain(x)`` found, one ``Why`` per remembered node, in plan order."""
+
+    def __str__(self) -> str:
+        return "\n".join(map(str, self)) or "no node is cached"
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, str):  # by node id
+            for why in self:
+                if why.node == i:
+                    return why
+            raise KeyError(f"node {i!r} was not looked up; looked up: {[w.node for w in self]}")
+        return super().__getitem__(i)
+
+
+def _changed(
+    record: dict[str, Any] | None, impl: Any, parts: Sequence[str], input: str | None
+) -> list[str]:
+    if record is None:
+        return ["nothing stored under this node yet"]
+    out = []
+    if record.get("identity") != parts[0]:
+        before, now = record.get("code") or {}, _code(impl)
+        helpers = sorted(n for n in before.keys() | now.keys() if before.get(n) != now.get(n))
+        out += [f"code of {n}" for n in helpers] or ["identity (class, or somatize/torch version)"]
+    if record.get("declaration") != parts[1]:
+        out.append("declaration (constructor arguments)")
+    if record.get("state") != parts[2]:
+        out.append("state (weights or held data)")
+    if input is not None and record.get("input") != input:
+        out.append("input changed")
+    return out
+
+
+def explain(keeper: Keeper | None, looked: list[Any]) -> Explanation:
+    """Turn the walk's lookups into an Explanation (reading each node's record)."""
+    out = []
+    for label, impl, parts, input, found in looked:
+        rows = found if isinstance(found, tuple) else None
+        hit = (rows[1] == 0) if rows is not None else bool(found)
+        changed: list[str] = []
+        if not hit:
+            data = keeper.get(_slot(label)) if keeper is not None else None
+            record = None
+            if data is not None:
+                try:
+                    record = decode(data)
+                except Exception:  # a record that does not decode says nothing
+                    record = None
+            changed = _changed(record, impl, parts, None if rows is not None else input)
+            if not changed and rows is not None:
+                changed = [f"input: {rows[1]} examples not seen before"]
+            elif not changed:
+                changed = [
+                    "the entry was evicted or removed (code, declaration, state, input same)"
+                ]
+        out.append(Why(label, hit, rows, tuple(changed)))
+    return Explanation(out)
+
+
+class ReadOnly:
+    """A view of a keeper that reads and never writes (``g.explain`` changes nothing)."""
+
+    def __init__(self, keeper: Keeper | None) -> None:
+        self.keeper = keeper
+
+    def get(self, key: str) -> bytes | None:
+        return self.keeper.get(key) if self.keeper is not None else None
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        from .rows import get_many
+
+        return get_many(self.keeper, keys)
+
+    def put(self, key: str, data: bytes, *, pinned: bool = False) -> None:
+        pass
+
+    def put_many(self, items: Sequence[tuple[str, bytes]], *, pinned: bool = False) -> None:
+        pass
+
+    def name(self, name: str, key: str) -> None:
+        pass
+
+    def lookup(self, name: str) -> bytes | None:
+        return self.keeper.lookup(name) if self.keeper is not None else None

@@ -1,0 +1,357 @@
+"""Per-example memory: a cached node remembered row by row of its batch.
+
+``g.cache("enc", per="example")`` keys every row of the node's input batch by content::
+
+    key(example) = H(node identity, declaration, state, row layout; the row's bytes)
+
+so memory survives a shuffled ``DataLoader``, a sweep and a federated round. A batch
+costs one batched hash (one keyed blake3 per row, by the row codec), one keeper lookup
+for the whole batch (``get_many``), one call of the node on the stacked misses and one
+``put_many`` of the miss rows; outputs are assembled in batch order, on the device the
+node would have put them on.
+
+The engine knows no tensor: a codec offers rows through a ``rows`` attribute shaped like
+``RowCodec`` (``somatize.torch``: tensors, along dim 0). A batch is one such leaf, or a
+tuple, list or dict (str keys) of leaves with the same number of rows; so is the output.
+
+An entry holds one example's output: ``SMZR``, the layout's length, the layout (the
+output's structure, each leaf's codec, row dtype and shape, bytes per row — canonical
+data), then the leaves' row bytes. All entries of a node share the layout, so a batch of
+hits is checked by comparing prefixes and assembled with one join per leaf. An entry that
+does not match is a miss: it is discarded and computed again, never returned.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from blake3 import blake3
+
+from .errors import CacheError
+from .explain import note
+from .node import Ctx, Done, not_done
+from .values import Opaque, decode, encode, is_data
+from .watchers import CacheRows, notify
+
+if TYPE_CHECKING:
+    from .keepers import Keeper
+    from .keyed import Env, Forward
+
+__all__ = [
+    "ROWS_VERSION",
+    "RowCodec",
+    "device_of",
+    "discard",
+    "get_many",
+    "place",
+    "put_many",
+    "remember",
+]
+
+ROWS_VERSION = "somatize.rows/1"
+_MAGIC = b"SMZR"
+_LEN = struct.Struct(">I")
+
+
+class RowCodec(Protocol):
+    """What a codec offers per-example memory, as its ``rows`` attribute."""
+
+    def count(self, value: Any) -> int:
+        """Rows along the first dimension (``ValueError`` if the value has none)."""
+        ...
+
+    def layout(self, value: Any) -> Any:
+        """One row's dtype and shape, as plain data."""
+        ...
+
+    def keys(self, value: Any, salt: bytes) -> list[str]:
+        """One hex key per row: blake3 keyed by ``salt`` (32 bytes) over the row's bytes."""
+        ...
+
+    def digests(self, value: Any) -> list[bytes]:
+        """One 32-byte blake3 digest per row (for batches of several leaves)."""
+        ...
+
+    def rows(self, value: Any) -> tuple[memoryview, int]:
+        """Every row's bytes on the CPU, in order, and the bytes of one row."""
+        ...
+
+    def take(self, value: Any, index: Sequence[int]) -> Any:
+        """The rows at ``index``, stacked, where ``value`` lives."""
+        ...
+
+    def build(self, layout: Any, raw: bytearray, n: int, device: str | None) -> Any:
+        """``n`` rows of ``layout`` from their concatenated bytes, on ``device``."""
+        ...
+
+    def scatter(self, parts: Sequence[tuple[Sequence[int], Any]], n: int) -> Any:
+        """``n`` rows assembled from (positions, rows) parts."""
+        ...
+
+    def device(self, value: Any) -> str | None:
+        """Where the value lives."""
+        ...
+
+    def move(self, value: Any, device: str) -> Any:
+        """The value on ``device`` (itself if it is there already)."""
+        ...
+
+
+Leaf = tuple[str, RowCodec, Any]  # codec tag, its rows, the value
+
+
+def get_many(keeper: Keeper | None, keys: Sequence[str]) -> list[bytes | None]:
+    """Entries under ``keys`` in one call (a keeper without ``get_many``: one by one)."""
+    if keeper is None:
+        return [None] * len(keys)
+    many = getattr(keeper, "get_many", None)
+    return list(many(keys)) if many is not None else [keeper.get(k) for k in keys]
+
+
+def put_many(keeper: Keeper, items: Sequence[tuple[str, bytes]], pinned: bool) -> None:
+    """Store entries in one call (a keeper without ``put_many``: one by one)."""
+    many = getattr(keeper, "put_many", None)
+    if many is not None:
+        many(items, pinned=pinned)
+    else:
+        for k, data in items:
+            keeper.put(k, data, pinned=pinned)
+
+
+def _leaf(value: Any, codecs: Sequence[Any]) -> Leaf | None:
+    for c in codecs:
+        rows = getattr(c, "rows", None)
+        if rows is not None and c.accepts(value):
+            return c.tag, rows, value
+    return None
+
+
+def _split(
+    value: Any, codecs: Sequence[Any], label: str, what: str
+) -> tuple[str, tuple[Any, ...], list[Leaf], int]:
+    """(kind, field names, leaves, rows) of a batch; a clear error if it is not one."""
+    leaf = _leaf(value, codecs)
+    names: tuple[Any, ...] = ()
+    items: list[Any] = []
+    if leaf is not None:
+        kind, leaves = "leaf", [leaf]
+    else:
+        if type(value) in (tuple, list):
+            kind, items = type(value).__name__, list(value)
+        elif type(value) is dict and all(type(k) is str for k in value):
+            kind, names = "dict", tuple(sorted(value))
+            items = [value[k] for k in names]
+        else:
+            kind = ""
+        found = [_leaf(v, codecs) for v in items]
+        if not items or any(f is None for f in found):
+            raise CacheError(
+                f"node {label!r} is cached per example but its {what} is "
+                f"{_describe(value)}; per-example memory takes a tensor batch, or a tuple, "
+                f"list or dict of tensors with the same first dimension — use .mapped() for "
+                f"a list of items, or cache it per batch: g.cache({label!r})"
+            )
+        leaves = [f for f in found if f is not None]
+    counts = set()
+    for _, rows, v in leaves:
+        try:
+            counts.add(rows.count(v))
+        except ValueError as e:
+            raise CacheError(
+                f"node {label!r} is cached per example but its {what} has no rows ({e}); "
+                f"give it a batch dimension, or cache it per batch: g.cache({label!r})"
+            ) from None
+    if len(counts) != 1:
+        raise CacheError(
+            f"node {label!r} is cached per example but the tensors of its {what} have "
+            f"different numbers of rows ({sorted(counts)}); every tensor of a batch needs the "
+            f"same first dimension, or cache it per batch: g.cache({label!r})"
+        )
+    return kind, names, leaves, counts.pop()
+
+
+def _describe(value: Any) -> str:
+    if type(value) in (list, tuple) and value:
+        return f"a {type(value).__name__} of {type(value[0]).__name__}"
+    return f"a {type(value).__name__}"
+
+
+def _rebuild(kind: str, names: tuple[Any, ...], leaves: list[Any]) -> Any:
+    if kind == "leaf":
+        return leaves[0]
+    if kind == "dict":
+        return dict(zip(names, leaves))
+    return tuple(leaves) if kind == "tuple" else list(leaves)
+
+
+def _keys(leaves: list[Leaf], salt: bytes) -> list[str]:
+    if len(leaves) == 1:
+        _, rows, v = leaves[0]
+        return rows.keys(v, salt)
+    digests = [rows.digests(v) for _, rows, v in leaves]
+    return [blake3(b"".join(ds), key=salt).hexdigest() for ds in zip(*digests)]
+
+
+def _entries(kind: str, names: tuple[Any, ...], leaves: list[Leaf], n: int) -> list[bytes]:
+    """One entry per row of an output batch."""
+    blobs = [rows.rows(v) for _, rows, v in leaves]
+    infos = [(tag, rows.layout(v), nb) for (tag, rows, v), (_, nb) in zip(leaves, blobs)]
+    layout = encode((ROWS_VERSION, kind, names, infos))
+    prefix = _MAGIC + _LEN.pack(len(layout)) + layout
+    if len(blobs) == 1:
+        mv, nb = blobs[0]
+        return [prefix + mv[i : i + nb] for i in range(0, n * nb, nb)] if nb else [prefix] * n
+    return [b"".join([prefix, *(mv[i * nb : (i + 1) * nb] for mv, nb in blobs)]) for i in range(n)]
+
+
+class _Layout:
+    """The parsed layout of a node's entries: structure, and where each leaf's bytes lie."""
+
+    def __init__(self, entry: bytes, codecs: Sequence[Any]) -> None:
+        if entry[:4] != _MAGIC or len(entry) < 8:
+            raise ValueError("not a per-example entry")
+        (size,) = _LEN.unpack_from(entry, 4)
+        self.prefix = entry[: 8 + size]
+        version, self.kind, names, infos = decode(self.prefix[8:])
+        if version != ROWS_VERSION:
+            raise ValueError(f"entry written by {version!r}")
+        self.names = tuple(names)
+        by_tag = {c.tag: getattr(c, "rows", None) for c in codecs}
+        self.leaves: list[tuple[RowCodec, Any, int, int]] = []
+        start = len(self.prefix)
+        for tag, layout, nb in infos:
+            rows = by_tag.get(tag)
+            if rows is None:
+                raise ValueError(f"entry needs codec {tag!r}, which was not passed")
+            self.leaves.append((rows, layout, start, nb))
+            start += nb
+        self.size = start
+
+    def fits(self, entry: bytes) -> bool:
+        return len(entry) == self.size and entry.startswith(self.prefix)
+
+    def build(self, entries: list[bytes], device: str | None) -> list[Any]:
+        out = []
+        for rows, layout, start, nb in self.leaves:
+            raw = bytearray().join([memoryview(e)[start : start + nb] for e in entries])
+            out.append(rows.build(layout, raw, len(entries), device))
+        return out
+
+
+def discard(keeper: Keeper | None, key: str) -> None:
+    """Drop an entry that did not decode, so it is computed and written afresh."""
+    drop = getattr(keeper, "discard", None)
+    if drop is not None:
+        drop(key)
+
+
+def device_of(value: Any, codecs: Sequence[Any]) -> str | None:
+    """The device of the first leaf of ``value`` a row codec knows (None if none)."""
+    leaf = _leaf(value, codecs)
+    if leaf is not None:
+        return leaf[1].device(value)
+    if type(value) in (tuple, list):
+        return next((d for v in value if (d := device_of(v, codecs)) is not None), None)
+    if type(value) is dict:
+        return next((d for v in value.values() if (d := device_of(v, codecs)) is not None), None)
+    return None
+
+
+def place(value: Any, device: str | None, codecs: Sequence[Any]) -> Any:
+    """``value`` with every leaf a row codec knows moved to ``device`` (None: unchanged)."""
+    if device is None:
+        return value
+    leaf = _leaf(value, codecs)
+    if leaf is not None:
+        return leaf[1].move(value, device)
+    if type(value) in (tuple, list):
+        return type(value)(place(v, device, codecs) for v in value)
+    if type(value) is dict:
+        return {k: place(v, device, codecs) for k, v in value.items()}
+    return value
+
+
+def _recall(
+    found: list[bytes | None], keys: list[str], env: Env
+) -> tuple[_Layout | None, list[int], list[bytes]]:
+    """The layout, positions and entries of the hits that fit; the rest become misses."""
+    layout, where, entries = None, [], []
+    for i, e in enumerate(found):
+        if e is None:
+            continue
+        if layout is None:
+            try:
+                layout = _Layout(e, env.codecs)
+            except Exception:  # torn, foreign or undecodable: a miss, computed again
+                discard(env.keeper, keys[i])
+                continue
+        if layout.fits(e):
+            where.append(i)
+            entries.append(e)
+        else:
+            discard(env.keeper, keys[i])
+    return layout, where, entries
+
+
+def remember(
+    env: Env, node: str, label: str, impl: Any, inp: Any, ctx: Ctx, forward: Forward
+) -> tuple[Any, str, Any]:
+    """Run a node cached per example: (output in batch order, its key, the node's metrics)."""
+    codecs, keeper = env.codecs, env.keeper
+    kind, names, leaves, n = _split(inp, codecs, label, "input")
+    parts = env.node_keys.parts(impl)
+    layouts = [(tag, rows.layout(v)) for tag, rows, v in leaves]
+    salt = blake3(encode((ROWS_VERSION, parts, kind, names, layouts))).digest()
+    keys = _keys(leaves, salt)
+    node_key = blake3(salt + "".join(keys).encode()).hexdigest()
+    layout, hit, entries = _recall(get_many(keeper, keys), keys, env)
+    hits: list[Any] = []
+    if layout is not None and entries:
+        device = ctx.device or leaves[0][1].device(leaves[0][2])
+        try:
+            hits = layout.build(entries, device)
+        except Exception:  # a checksummed entry that does not decode: recompute them all
+            for i in hit:
+                discard(keeper, keys[i])
+            hit, entries = [], []
+    hit_set = set(hit)
+    miss = [i for i in range(n) if i not in hit_set] if hit else list(range(n))
+    if env.watchers:
+        notify(env.watchers, CacheRows(ctx.run.id, label, ctx.run.step, len(hit), len(miss)))
+    if env.explained is not None:
+        env.explained.append((label, impl, parts, f"{n} examples", (len(hit), len(miss))))
+    if not miss:
+        return _rebuild(layout.kind, layout.names, hits), node_key, None  # type: ignore[union-attr]
+
+    batch = (
+        inp if len(miss) == n else _rebuild(kind, names, [r.take(v, miss) for _, r, v in leaves])
+    )
+    done = forward(batch, ctx)
+    if type(done) is not Done:
+        raise not_done(label, impl, done)
+    value, metrics = done
+    if type(value) is Opaque:
+        value = value.value
+    if not is_data(value, codecs):
+        raise CacheError(
+            f"node {label!r} is cached per example but returned a {type(value).__qualname__} "
+            f"that is not data (a tensor that requires grad?); freeze {label!r} or return "
+            "detached tensors, or stop caching it"
+        )
+    okind, onames, oleaves, m = _split(value, codecs, label, "output")
+    if m != len(miss):
+        raise CacheError(
+            f"node {label!r} is cached per example but returned {m} rows for {len(miss)} input "
+            f"rows; per-example memory needs one output row per input row — cache it per "
+            f"batch instead: g.cache({label!r})"
+        )
+    if keeper is not None:
+        rows = _entries(okind, onames, oleaves, m)
+        put_many(keeper, [(keys[i], e) for i, e in zip(miss, rows)], node in env.memory.pinned)
+        note(keeper, label, impl, parts, None)
+    if not hits:
+        return value, node_key, metrics
+    merged = [rows.scatter([(miss, v), (hit, h)], n) for (_, rows, v), h in zip(oleaves, hits)]
+    return _rebuild(okind, onames, merged), node_key, metrics

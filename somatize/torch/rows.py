@@ -1,0 +1,75 @@
+"""Tensor rows for per-example memory: the ``rows`` of ``TensorCodec`` (see ``somatize/rows.py``).
+
+A row is ``t[i]`` along dim 0. Hashing a batch is one keyed blake3 call per row over a
+zero-copy view of the batch's bytes (no per-row tensor is made); stored rows are rebuilt
+with one ``torch.frombuffer`` over their joined bytes, then moved to the target device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from blake3 import blake3
+
+from .codecs import _tensor_bytes
+
+__all__ = ["TensorRows"]
+
+
+class TensorRows:
+    """Rows along dim 0 of tensors: keys, bytes, selection and assembly."""
+
+    def count(self, t: torch.Tensor) -> int:
+        if t.dim() == 0:
+            raise ValueError("a 0-d tensor has no rows")
+        return int(t.shape[0])
+
+    def layout(self, t: torch.Tensor) -> Any:
+        return (str(t.dtype).removeprefix("torch."), tuple(t.shape[1:]))
+
+    def rows(self, t: torch.Tensor) -> tuple[memoryview, int]:
+        n = int(t.shape[0])
+        view = _tensor_bytes(t)
+        return view, (len(view) // n if n else 0)
+
+    def keys(self, t: torch.Tensor, salt: bytes) -> list[str]:
+        view, nb = self.rows(t)
+        if not nb:
+            return [blake3(b"", key=salt).hexdigest()] * int(t.shape[0])
+        return [blake3(view[i : i + nb], key=salt).hexdigest() for i in range(0, len(view), nb)]
+
+    def digests(self, t: torch.Tensor) -> list[bytes]:
+        view, nb = self.rows(t)
+        if not nb:
+            return [blake3(b"").digest()] * int(t.shape[0])
+        return [blake3(view[i : i + nb]).digest() for i in range(0, len(view), nb)]
+
+    def take(self, t: torch.Tensor, index: Sequence[int]) -> torch.Tensor:
+        return t.index_select(0, torch.as_tensor(index, dtype=torch.long, device=t.device))
+
+    def build(self, layout: Any, raw: bytearray, n: int, device: str | None) -> torch.Tensor:
+        name, shape = layout
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"a row layout names {name!r}, which is not a torch dtype")
+        if raw:
+            out = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(n, *shape)
+        else:
+            out = torch.empty((n, *shape), dtype=dtype)
+        return self.move(out, device) if device is not None else out
+
+    def scatter(self, parts: Sequence[tuple[Sequence[int], torch.Tensor]], n: int) -> torch.Tensor:
+        first = parts[0][1]
+        out = torch.empty((n, *first.shape[1:]), dtype=first.dtype, device=first.device)
+        for index, rows in parts:
+            at = torch.as_tensor(index, dtype=torch.long, device=out.device)
+            out.index_copy_(0, at, rows.to(device=out.device, dtype=out.dtype))
+        return out
+
+    def device(self, t: torch.Tensor) -> str:
+        return str(t.device)
+
+    def move(self, t: torch.Tensor, device: str) -> torch.Tensor:
+        return t if str(t.device) == device else t.to(device)
