@@ -209,18 +209,15 @@ def _entries(kind: str, names: tuple[Any, ...], leaves: list[Leaf], n: int) -> l
 class _Layout:
     """The parsed layout of a node's entries: structure, and where each leaf's bytes lie."""
 
-    def __init__(self, entry: bytes, codecs: Sequence[Any]) -> None:
-        if entry[:4] != _MAGIC or len(entry) < 8:
-            raise ValueError("not a per-example entry")
-        (size,) = _LEN.unpack_from(entry, 4)
-        self.prefix = entry[: 8 + size]
-        version, self.kind, names, infos = decode(self.prefix[8:])
+    def __init__(self, prefix: bytes, codecs: Sequence[Any]) -> None:
+        self.prefix = prefix
+        version, self.kind, names, infos = decode(prefix[8:])
         if version != ROWS_VERSION:
             raise ValueError(f"entry written by {version!r}")
         self.names = tuple(names)
         by_tag = {c.tag: getattr(c, "rows", None) for c in codecs}
         self.leaves: list[tuple[RowCodec, Any, int, int]] = []
-        start = len(self.prefix)
+        start = len(prefix)
         for tag, layout, nb in infos:
             rows = by_tag.get(tag)
             if rows is None:
@@ -229,15 +226,30 @@ class _Layout:
             start += nb
         self.size = start
 
-    def fits(self, entry: bytes) -> bool:
-        return len(entry) == self.size and entry.startswith(self.prefix)
-
     def build(self, entries: list[bytes], device: str | None) -> list[Any]:
         out = []
         for rows, layout, start, nb in self.leaves:
-            raw = bytearray().join([memoryview(e)[start : start + nb] for e in entries])
+            end = start + nb
+            raw = bytearray().join([e[start:end] for e in entries])
             out.append(rows.build(layout, raw, len(entries), device))
         return out
+
+
+# Parsed layouts by (entry prefix, codec tags): a node's entries share one, parsed once.
+_layouts: dict[tuple[bytes, tuple[str, ...]], _Layout] = {}
+
+
+def _layout(entry: bytes, codecs: Sequence[Any]) -> _Layout:
+    if entry[:4] != _MAGIC or len(entry) < 8:
+        raise ValueError("not a per-example entry")
+    (size,) = _LEN.unpack_from(entry, 4)
+    memo = (entry[: 8 + size], tuple(c.tag for c in codecs))
+    layout = _layouts.get(memo)
+    if layout is None:
+        if len(_layouts) > 256:
+            _layouts.clear()
+        layout = _layouts[memo] = _Layout(memo[0], codecs)
+    return layout
 
 
 def discard(keeper: Keeper | None, key: str) -> None:
@@ -277,21 +289,27 @@ def _recall(
     found: list[bytes | None], keys: list[str], env: Env
 ) -> tuple[_Layout | None, list[int], list[bytes]]:
     """The layout, positions and entries of the hits that fit; the rest become misses."""
-    layout, where, entries = None, [], []
+    layout = None
     for i, e in enumerate(found):
-        if e is None:
-            continue
-        if layout is None:
+        if e is not None:
             try:
-                layout = _Layout(e, env.codecs)
+                layout = _layout(e, env.codecs)
+                break
             except Exception:  # torn, foreign or undecodable: a miss, computed again
                 discard(env.keeper, keys[i])
-                continue
-        if layout.fits(e):
-            where.append(i)
-            entries.append(e)
-        else:
-            discard(env.keeper, keys[i])
+                found[i] = None
+    if layout is None:
+        return None, [], []
+    size, prefix = layout.size, layout.prefix
+    where = [
+        i for i, e in enumerate(found) if e is not None and len(e) == size and e.startswith(prefix)
+    ]
+    entries: list[bytes] = [found[i] for i in where]  # type: ignore[misc]
+    if len(where) < len(found) - found.count(None):
+        fits = set(where)
+        for i, e in enumerate(found):
+            if e is not None and i not in fits:
+                discard(env.keeper, keys[i])
     return layout, where, entries
 
 

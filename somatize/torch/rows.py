@@ -38,7 +38,12 @@ class TensorRows:
         view, nb = self.rows(t)
         if not nb:
             return [blake3(b"", key=salt).hexdigest()] * int(t.shape[0])
-        return [blake3(view[i : i + nb], key=salt).hexdigest() for i in range(0, len(view), nb)]
+        # one hex conversion for the whole batch: cheaper than a hexdigest() per row
+        raw = b"".join(
+            [blake3(view[i : i + nb], key=salt).digest() for i in range(0, len(view), nb)]
+        )
+        text = raw.hex()
+        return [text[i : i + 64] for i in range(0, len(text), 64)]
 
     def digests(self, t: torch.Tensor) -> list[bytes]:
         view, nb = self.rows(t)
