@@ -195,7 +195,9 @@ def run(quick: bool) -> list[Row]:
             trainer(lr, epochs=2).fit(g, sweep_loader)
         return time.perf_counter() - start
 
-    s = interleave({"uncached": lambda: sweep(False), "shared": lambda: sweep(True)}, trials=1, warmup=0)
+    s = interleave(
+        {"uncached": lambda: sweep(False), "shared": lambda: sweep(True)}, trials=1, warmup=0
+    )
     rows.append(
         Row(
             "memory",

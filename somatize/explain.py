@@ -1,7 +1,9 @@
 """Why a remembered node hit or missed: ``g.explain(x)``.
 
 Whenever a cached node stores what it computed, the engine also leaves a small *record*
-of that node's key parts in the keeper — one slot per node id, overwritten: its identity,
+of that node's key parts beside the keeper — not an entry: a file under ``notes/`` of a
+``DiskKeeper``'s directory, in this process for other keepers; one per node, replaced
+when it changes: identity,
 the digest of its own code and of each user helper it reaches, its declaration, its
 state and its input. ``g.explain(x)`` runs the graph on ``x`` against a read-only view of
 the keeper (nothing is written) and, for each remembered node that missed, compares the
@@ -23,12 +25,15 @@ Example:
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .identity import code_parts
+from .keepers import atomic_write
 from .node import Mapped
 from .values import decode, digest, encode
 
@@ -43,7 +48,9 @@ _written: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictio
 
 
 def _slot(label: str) -> str:
-    return digest((RECORD, label))
+    """The file name of node ``label``'s record."""
+    safe = re.sub(r"[^A-Za-z0-9_.\-]", "_", label)[:120]
+    return f"{safe}.{digest((RECORD, label))[:16]}"
 
 
 def _code(impl: Any) -> dict[str, str]:
@@ -52,6 +59,34 @@ def _code(impl: Any) -> dict[str, str]:
         return code_parts(cls)
     except Exception:  # code that cannot be read: identity alone then tells the change
         return {}
+
+
+# Records of keepers that are not on disk, by keeper (and of keepers taking no weak ref).
+_kept: weakref.WeakKeyDictionary[Any, dict[str, bytes]] = weakref.WeakKeyDictionary()
+
+
+def _notes(keeper: Any) -> Path | dict[str, bytes]:
+    path = getattr(keeper, "path", None)
+    if isinstance(path, Path):
+        return path / "notes"
+    try:
+        return _kept.setdefault(keeper, {})
+    except TypeError:
+        return {}
+
+
+def _read(keeper: Any, label: str) -> dict[str, Any] | None:
+    notes = _notes(keeper)
+    try:
+        data = (
+            (notes / _slot(label)).read_bytes()
+            if isinstance(notes, Path)
+            else notes.get(_slot(label))
+        )
+        record = decode(data) if data is not None else None
+    except (OSError, ValueError):  # absent, unreadable or torn: it says nothing
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def note(keeper: Keeper, label: str, impl: Any, parts: Sequence[str], input: str | None) -> None:
@@ -70,7 +105,14 @@ def note(keeper: Keeper, label: str, impl: Any, parts: Sequence[str], input: str
     if seen.get(label) == stamp:
         return
     record["code"] = _code(impl)
-    keeper.put(_slot(label), encode(record))
+    notes = _notes(keeper)
+    if isinstance(notes, Path):
+        try:
+            atomic_write(notes / _slot(label), encode(record))
+        except OSError:  # a record is a diagnosis: never fail a run for it
+            return
+    else:
+        notes[_slot(label)] = encode(record)
     seen[label] = stamp
 
 
@@ -141,13 +183,7 @@ def explain(keeper: Keeper | None, looked: list[Any]) -> Explanation:
         hit = (rows[1] == 0) if rows is not None else bool(found)
         changed: list[str] = []
         if not hit:
-            data = keeper.get(_slot(label)) if keeper is not None else None
-            record = None
-            if data is not None:
-                try:
-                    record = decode(data)
-                except Exception:  # a record that does not decode says nothing
-                    record = None
+            record = _read(keeper, label) if keeper is not None else None
             changed = _changed(record, impl, parts, None if rows is not None else input)
             if not changed and rows is not None:
                 changed = [f"input: {rows[1]} examples not seen before"]

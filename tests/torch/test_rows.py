@@ -341,3 +341,47 @@ def test_hits_arrive_on_cuda_where_the_node_runs():  # pragma: no cover - GPU ma
     again = m(x)
     assert again.device.type == "cuda"
     assert_close(again, first)
+
+
+def test_a_cached_prefix_with_a_compiled_head_compiles_once_without_breaks():
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+
+    class CompiledHead(Node):
+        def __init__(self):
+            self.lin = nn.Linear(16, 3)
+            # the trainable part compiled alone: the keyed path (hashing, keeper) stays outside
+            self.run = torch.compile(
+                lambda h: self.lin(h).log_softmax(-1), backend=counter, fullgraph=True
+            )
+
+        def forward(self, h, ctx):
+            return Done(Opaque(self.run(h)))
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    g = Graph.somatize(Encoder().with_id("enc") >> CompiledHead().with_id("head"))
+    g.freeze("enc").cache("enc", per="example")
+    loader = DataLoader(data(), batch_size=16, shuffle=True, drop_last=True)
+    result = trainer(epochs=3).fit(g, loader)  # epoch 1 computes the encoder, 2-3 hit
+    assert result.steps == 18
+    assert counter.frame_count == 1  # one graph, traced once: no recompile step after step
+
+
+def test_federated_clients_compute_each_example_once_across_rounds():
+    keeper = MemoryKeeper()
+    x, y = data().tensors
+    shards = [range(0, 32), range(32, 64), range(64, 96)]
+    global_state = None
+    Encoder.rows = 0
+    for _ in range(3):  # rounds: a for loop over clients, fedavg over their results
+        results = []
+        for shard in shards:
+            g = graph(keeper=keeper)
+            if global_state is not None:
+                st.load_state(g, global_state)
+            loader = DataLoader(TensorDataset(x[shard], y[shard]), batch_size=8, shuffle=True)
+            results.append(trainer(epochs=1).fit(g, loader))
+        global_state = st.fedavg(results)
+    assert Encoder.rows == 96  # each client's examples computed in round 1 only
