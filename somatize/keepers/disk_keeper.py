@@ -28,7 +28,17 @@ from typing import Any
 from ..errors import KeeperError
 from . import loose, upkeep
 from .atomic import replace_with
-from .packs import FLAG_PINNED, MAX_PACK_BYTES, NotRegular, PackIndex, build, entries, open_regular
+from .packs import (
+    CHECK,
+    FLAG_PINNED,
+    MAX_PACK_BYTES,
+    SLOT,
+    NotRegular,
+    PackIndex,
+    build,
+    entries,
+    open_regular,
+)
 from .protocol import KeeperStats, check_key, check_name, is_key
 from .upkeep import packs_holding, rewrite
 
@@ -339,6 +349,17 @@ class DiskKeeper:
         self._index.refresh(force=True)
         found = {e.name for e in loose.scan(self._root) if is_key(e.name)}
         yield from sorted(found | self._index.where.keys())
+
+    def sizes(self) -> Iterator[tuple[str, int]]:
+        """Every entry's key and the bytes it takes, sorted by key: a loose entry's file
+        size, or a packed entry's payload with its checksum and index slot."""
+        loose_sizes, _ = self._sizes()
+        packed = {}
+        for pack in self._index.packs.values():
+            for key, (_, n) in zip(pack.keys, pack.slots, strict=True):
+                packed[key] = CHECK + SLOT.size + n
+        packed.update(loose_sizes)
+        yield from sorted(packed.items())
 
     def _sizes(self) -> tuple[dict[str, int], int]:
         """Loose entries' sizes, and the bytes of every pack (one stat per file)."""
