@@ -203,17 +203,22 @@ def test_gc_and_stats_tolerate_files_vanishing(
 ) -> None:
     keeper = DiskKeeper(tmp_path / "store")
     keeper.put(k(1), b"x")
-    ghost = entry_file(keeper, k(1)).parent / k(9)  # listed, but gone before its stat()
-    real_iterdir = Path.iterdir
+    real_scan = loose.scan
 
-    def iterdir(self: Path):  # type: ignore[no-untyped-def]
-        yield from real_iterdir(self)
-        if self.name == k(1)[:2]:
-            yield ghost
+    class Ghost:  # listed, but removed by another process before its stat()
+        name, path = k(9), str(entry_file(keeper, k(9)))
 
-    monkeypatch.setattr(Path, "iterdir", iterdir)
+        def stat(self, follow_symlinks: bool = True) -> os.stat_result:
+            raise FileNotFoundError(self.path)
+
+    def scan(root: str):  # type: ignore[no-untyped-def]
+        yield from real_scan(root)
+        yield Ghost()
+
+    monkeypatch.setattr(loose, "scan", scan)
     assert keeper.stats().entries == 1
     assert keeper.gc(1 << 30) == 0
+    assert keeper.gc(0) > 0 and keeper.stats().entries == 0
 
 
 # -- several processes --------------------------------------------------------------------

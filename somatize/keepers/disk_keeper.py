@@ -32,6 +32,7 @@ from .packs import (
     CHECK,
     FLAG_PINNED,
     MAX_PACK_BYTES,
+    RACY_NS,
     SLOT,
     NotRegular,
     PackIndex,
@@ -123,19 +124,15 @@ class DiskKeeper:
     def get(self, key: str) -> bytes | None:
         payload = self._get_loose(key)
         if payload is None:
-            where = self._index.where
-            if key in where or (self._index.refresh() and key in where):
+            self._index.refresh()  # one stat of packs/, unless another process wrote
+            if key in self._index.where:
                 payload = self._get_packed([key])[0]
         return payload
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        self._index.refresh()  # packs others wrote or removed: one stat of packs/ if none
         out = self._get_packed(keys)
         missing = [i for i, got in enumerate(out) if got is None]
-        if missing and self._index.refresh():
-            again = self._get_packed([keys[i] for i in missing])
-            for i, got in zip(missing, again, strict=True):
-                out[i] = got
-            missing = [i for i in missing if out[i] is None]
         if missing:
             folders = self._fanout()
             for i in missing:
@@ -154,7 +151,7 @@ class DiskKeeper:
         except FileNotFoundError:
             return frozenset()
         seen, listed_ns, folders = self._folders
-        if st.st_mtime_ns == seen and listed_ns - st.st_mtime_ns > 2_000_000_000:
+        if st.st_mtime_ns == seen and listed_ns - st.st_mtime_ns > RACY_NS:
             return folders
         now = time.time_ns()
         with os.scandir(f"{self._root}/objects") as it:
@@ -172,32 +169,35 @@ class DiskKeeper:
             if loc is not None:
                 groups[loc[0].name].append((i, loc[1]))
         vanished: list[int] = []
+        index = self._index
         for name, wanted in groups.items():
-            pack = self._index.packs.get(name)
+            pack = index.packs.get(name)
             if pack is None:
                 continue
-            try:
-                fd, st = open_regular(self._index.path(name))
-            except FileNotFoundError:  # removed or rewritten by another process's gc
-                vanished.extend(i for i, _ in wanted)
-                continue
-            except NotRegular:
-                self._index.drop([name])
-                continue
-            try:
-                slots = [pack.slots[s] for _, s in wanted]
-                corrupt = []
-                for (i, s), (payload, bad) in zip(wanted, entries(fd, st.st_size, slots)):
-                    out[i] = payload
-                    if bad:
-                        corrupt.append(pack.keys[s])
-                if st.st_mtime < time.time() - loose.TOUCH_AFTER:
-                    with contextlib.suppress(OSError):
-                        os.utime(fd)  # recency, for gc
-            except OSError as e:
-                raise _fail("read cache pack", self._index.path(name), e) from e
-            finally:
-                os.close(fd)
+            corrupt = []
+            with index.lock:
+                try:
+                    held = index.opened(name)
+                except FileNotFoundError:  # removed or rewritten by another process's gc
+                    vanished.extend(i for i, _ in wanted)
+                    continue
+                except NotRegular:
+                    index.drop([name])
+                    continue
+                fd, st, touched = held
+                try:
+                    slots = [pack.slots[s] for _, s in wanted]
+                    for (i, s), payload in zip(wanted, entries(fd, st.st_size, slots)):
+                        out[i] = payload
+                        if payload is None:
+                            corrupt.append(pack.keys[s])
+                    now = time.time()
+                    if touched < now - loose.TOUCH_AFTER:
+                        held[2] = now
+                        with contextlib.suppress(OSError):
+                            os.utime(fd)  # recency, for gc
+                except OSError as e:
+                    raise _fail("read cache pack", index.path(name), e) from e
             if corrupt:
                 rewrite(self._index, self._root, name, drop=set(corrupt))
         if vanished and retry:
@@ -366,8 +366,10 @@ class DiskKeeper:
         sizes = {}
         for e in loose.scan(self._root):
             if len(e.name) == 64 and e.name[0] != ".":
-                with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+                try:  # noqa: SIM105 -- suppress() would cost a µs an entry
                     sizes[e.name] = e.stat().st_size
+                except FileNotFoundError:  # removed meanwhile
+                    pass
         self._index.refresh(force=True)
         return sizes, sum(st.st_size for _, st in self._index.sizes())
 

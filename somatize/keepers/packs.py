@@ -14,7 +14,11 @@ without reading the rest. ``FLAG_PINNED`` marks a pack that ``gc`` keeps.
 
 ``PackIndex`` is one process's view of a ``packs/`` directory: which pack holds which
 key. It rereads the directory only when it may have changed (its mtime moved, or was
-too recent to trust at the last listing), and reads only the index of a new pack.
+too recent to trust at the last listing), and reads only the index of a new pack. It
+keeps the last ``MAX_OPEN`` packs it read from open (up to 1024), so a shuffled batch, whose rows
+lie in many packs, costs one ``pread`` a row rather than an open and a close; a pack
+removed by another process's gc is closed at the next relisting (every read
+checks the directory's mtime first, one ``stat``).
 """
 
 from __future__ import annotations
@@ -23,13 +27,16 @@ import contextlib
 import os
 import stat
 import struct
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from blake3 import blake3
 
-__all__ = ["FLAG_PINNED", "MAX_PACK_BYTES", "Pack", "PackIndex", "build", "open_regular"]
+__all__ = ["FLAG_PINNED", "MAX_PACK_BYTES", "RACY_NS", "Pack", "PackIndex", "build", "open_regular"]
 
 MAGIC = b"SMZP\x01"
 HEAD = struct.Struct(">5sBI32s")
@@ -38,7 +45,24 @@ SLOT = struct.Struct(">32sQQ")
 CHECK = 32
 FLAG_PINNED = 1
 MAX_PACK_BYTES = 64 << 20  # a bigger batch is split: gc frees whole packs
-_RACY_NS = 2_000_000_000  # a directory mtime this close to a listing may hide a change
+# A directory's mtime this close to a listing may hide a later change in the same clock
+# tick (file times are taken from a coarse clock, a few ms on Linux). Relisting within
+# it is the safe side; a change missed on a coarser filesystem costs a recomputed
+# entry (a miss, then a put that moves the mtime again), never a wrong one.
+RACY_NS = 100_000_000
+
+
+def _max_open() -> int:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 64
+    return 1024 if soft == resource.RLIM_INFINITY else max(16, min(1024, soft // 8))
+
+
+MAX_OPEN = _max_open()  # packs kept open per keeper: an eighth of the fd limit, at most 1024
 _NONBLOCK = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -147,32 +171,31 @@ def read_index(fd: int, name: str, st: os.stat_result) -> Pack:
     return Pack(name, flags, keys, slots, st.st_ino)
 
 
-def entries(
-    fd: int, size: int, wanted: Sequence[tuple[int, int]]
-) -> Iterator[tuple[bytes | None, bool]]:
-    """The verified payload of each (offset, length), or (None, True) where it is corrupt.
+def entries(fd: int, size: int, wanted: Sequence[tuple[int, int]]) -> list[bytes | None]:
+    """The verified payload of each (offset, length); None where it is corrupt.
 
     Reads the span of the wanted entries in one call when they lie close together
     (a batch written together is read together), else one call per entry.
     """
-    if not wanted:
-        return
-    lo = min(off for off, _ in wanted)
-    hi = max(off + CHECK + n for off, n in wanted)
-    need = sum(CHECK + n for _, n in wanted)
-    whole = memoryview(read_exact(fd, hi - lo, lo)) if hi - lo <= 2 * need + 65536 else None
+    out: list[bytes | None] = []
+    whole = None
+    if len(wanted) > 1:
+        lo = min(off for off, _ in wanted)
+        hi = max(off + CHECK + n for off, n in wanted)
+        if hi - lo <= 2 * sum(CHECK + n for _, n in wanted) + 65536:
+            whole = memoryview(read_exact(fd, hi - lo, lo))
     for off, n in wanted:
         if off + CHECK + n > size:
-            yield None, True
+            out.append(None)
             continue
         if whole is not None:
             view = whole[off - lo : off - lo + CHECK + n]
         else:
             view = memoryview(read_exact(fd, CHECK + n, off))
-        if len(view) != CHECK + n or blake3(view[CHECK:]).digest() != view[:CHECK]:
-            yield None, True
-        else:
-            yield bytes(view[CHECK:]), False
+        payload = view[CHECK:]
+        ok = len(view) == CHECK + n and blake3(payload).digest() == view[:CHECK]
+        out.append(bytes(payload) if ok else None)
+    return out
 
 
 class PackIndex:
@@ -185,6 +208,31 @@ class PackIndex:
         self.bad: dict[str, tuple[int, bool]] = {}  # name -> (inode, regular) of unreadable
         self._seen: tuple[int, int] | None = None  # (mtime_ns, inode) of the directory
         self._listed_ns = 0
+        self._open: OrderedDict[str, list[Any]] = OrderedDict()  # name -> [fd, stat, touched]
+        #: held while an open pack is read, so no other thread closes it meanwhile
+        self.lock = threading.RLock()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every pack file kept open."""
+        with self.lock:
+            while self._open:
+                os.close(self._open.popitem()[1][0])
+
+    def opened(self, name: str) -> list[Any]:
+        """``[fd, stat, touched]`` of a pack, opened if need be (hold ``lock`` while
+        reading it). Raises ``FileNotFoundError`` or ``NotRegular``."""
+        got = self._open.get(name)
+        if got is not None:
+            self._open.move_to_end(name)
+            return got
+        fd, st = open_regular(self.path(name))
+        got = self._open[name] = [fd, st, st.st_mtime]
+        while len(self._open) > MAX_OPEN:
+            os.close(self._open.popitem(last=False)[1][0])
+        return got
 
     def path(self, name: str) -> str:
         return f"{self.directory}/{name}"
@@ -198,15 +246,20 @@ class PackIndex:
 
     def drop(self, names: Sequence[str]) -> None:
         """Forget packs (removed, or rewritten); keys also held elsewhere stay indexed."""
+        with self.lock:
+            for name in names:
+                held = self._open.pop(name, None)
+                if held is not None:
+                    os.close(held[0])
         gone = [self.packs.pop(n) for n in names if n in self.packs]
         if gone:
             orphans = [k for p in gone for k in p.keys if self.where.get(k, (p,))[0] is p]
             for key in orphans:
                 del self.where[key]
-            held = set(orphans)
+            homeless = set(orphans)
             for pack in self.packs.values():  # another copy of an orphan: index it again
                 for i, key in enumerate(pack.keys):
-                    if key in held:
+                    if key in homeless:
                         self.where[key] = (pack, i)
 
     def refresh(self, force: bool = False) -> bool:
@@ -218,7 +271,7 @@ class PackIndex:
             self.drop(list(self.packs))
             return changed
         seen = (st.st_mtime_ns, st.st_ino)
-        if not force and seen == self._seen and self._listed_ns - st.st_mtime_ns > _RACY_NS:
+        if not force and seen == self._seen and self._listed_ns - st.st_mtime_ns > RACY_NS:
             return False
         listed_ns = time.time_ns()
         names = set()

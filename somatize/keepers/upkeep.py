@@ -85,7 +85,7 @@ def rewrite(
         return [], 0
     try:
         pack = read_index(fd, name, st)
-        got = list(entries(fd, st.st_size, pack.slots))
+        got = entries(fd, st.st_size, pack.slots)
     except CorruptPack:
         pack, got = None, []
     finally:
@@ -96,8 +96,8 @@ def rewrite(
         return [f"packs/{name}"], st.st_size
     bad: list[str] = []
     stay, loosen = [], []
-    for key, (payload, corrupt) in zip(pack.keys, got, strict=True):
-        if corrupt or payload is None or (decode is not None and not decodes(decode, payload)):
+    for key, payload in zip(pack.keys, got, strict=True):
+        if payload is None or (decode is not None and not decodes(decode, payload)):
             bad.append(key)
         elif key in drop or (keep_only is not None and key not in keep_only):
             continue
@@ -188,9 +188,11 @@ def gc(root: str, index: PackIndex, max_bytes: int) -> int:
         if e.name[0] == ".":
             freed += _stale_temp(e, stale)
         elif len(e.name) == 64:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 st = e.stat(follow_symlinks=False)
-                ranked.append((st.st_mtime, st.st_size, e.path))
+            except FileNotFoundError:  # removed meanwhile
+                continue
+            ranked.append((st.st_mtime, st.st_size, e.path))
     with contextlib.suppress(FileNotFoundError), os.scandir(index.directory) as it:
         for e in it:
             if e.name[0] == "." and e.name.endswith(".tmp"):
