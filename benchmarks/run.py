@@ -27,7 +27,16 @@ sys.path.insert(0, str(HERE))
 
 from common import Row, fmt  # noqa: E402
 
-BENCHMARKS = ["dispatch", "training", "caching", "memory", "compile", "checkpoint", "level3"]
+BENCHMARKS = [
+    "dispatch",
+    "training",
+    "caching",
+    "memory",
+    "keepers",
+    "compile",
+    "checkpoint",
+    "level3",
+]
 MARK_BEGIN, MARK_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 

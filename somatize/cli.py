@@ -15,40 +15,75 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from .errors import KeeperError
 from .graph import Graph
 from .keepers import DiskKeeper
+from .values import decode
 
 __all__ = ["main"]
 
 
+def _decoder() -> Callable[[bytes], object]:
+    """What ``cache verify`` decodes each payload with: the data codecs, and the torch
+    codecs when torch is importable. A payload written by a codec that is not here (a
+    user's own) cannot be judged, so it is kept."""
+    codecs: tuple[Any, ...] = ()
+    try:
+        from .torch.codecs import default_codecs
+    except ImportError:  # torch not installed: tensor entries are kept unjudged
+        pass
+    else:
+        codecs = default_codecs()
+
+    def check(payload: bytes) -> object:
+        try:
+            return decode(payload, codecs)
+        except ValueError as e:
+            if "which was not passed" in str(e):  # values.decode: an unknown codec's value
+                return None
+            raise
+
+    return check
+
+
 def _cache(args: argparse.Namespace) -> int:
-    if not os.path.isdir(args.dir):
-        print(f"somatize: no cache at {args.dir!r} (set --dir or $SOMATIZE_CACHE)", file=sys.stderr)
+    if args.action == "gc" and args.max_bytes is None:
+        print("somatize: cache gc needs --max-bytes N", file=sys.stderr)
         return 2
-    keeper = DiskKeeper(args.dir)
+    try:
+        # Nothing is created: a directory that is not a cache is an error, not a new cache.
+        keeper = DiskKeeper(args.dir, create=False)
+    except KeeperError as e:
+        print(
+            f"somatize: no cache at {args.dir!r}: {e} (set --dir or $SOMATIZE_CACHE)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return _tend(keeper, args)
+    except KeeperError as e:
+        print(f"somatize: {e}", file=sys.stderr)
+        return 1
+
+
+def _tend(keeper: DiskKeeper, args: argparse.Namespace) -> int:
     if args.action == "stats":
         print(keeper.stats())
     elif args.action == "verify":
-        bad = keeper.verify()
+        bad = keeper.verify(decode=_decoder())
         for key in bad:
             print(f"removed corrupt entry {key}")
         print(f"{len(bad)} corrupt entries removed; {keeper.stats()}")
         return 1 if bad else 0
     elif args.action == "gc":
-        if args.max_bytes is None:
-            print("somatize: cache gc needs --max-bytes N", file=sys.stderr)
-            return 2
         freed = keeper.gc(args.max_bytes)
         print(f"freed {freed} bytes; {keeper.stats()}")
     else:
         names = {key: name for name, key in keeper.names().items()}
-        for key in keeper.keys():  # noqa: SIM118 -- a keeper, not a dict
-            try:
-                size = (keeper.path / "objects" / key[:2] / key).stat().st_size
-            except FileNotFoundError:  # removed meanwhile by another process
-                continue
+        for key, size in keeper.sizes():
             print(f"{key}  {size:>10}  {names.get(key, '')}".rstrip())
     return 0
 

@@ -17,6 +17,7 @@ from .catalog import Catalog
 from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
 from .keepers import MemoryKeeper
+from .keepers.pins import PinLog, unpin
 from .memory import Memory, NodeKeys
 from .node import _NO_VALUES, Ctx, Done, Node, Run
 from .placement import Placement
@@ -79,6 +80,7 @@ class Graph:
         self._built_from: tuple[Any, ...] = ()  # the stamp the program was built from
         self._topology_from: tuple[Any, ...] = ()  # subgraph stamps the topology was built from
         self._keys: NodeKeys | None = None
+        self._pins = PinLog()
 
     # -- construction -----------------------------------------------------------------
 
@@ -245,8 +247,11 @@ class Graph:
         return self._set(self.memory.name(node_id, name))
 
     def pin(self, node_id: str, on: bool = True) -> Graph:
-        """Keep the node's keeper entries through ``gc``."""
+        """Keep the node's keeper entries through ``gc``; ``on=False`` unpins the entries
+        this graph met for it in this process (see ``somatize.keepers.pins``)."""
         self._require(node_id)
+        if not on:
+            unpin(self.keeper, self._pins.take(node_id))
         return self._set(self.memory.pin(node_id, on))
 
     def place(self, node_id: str, *, host: str | None = None, device: str | None = None) -> Graph:
@@ -332,7 +337,10 @@ class Graph:
         )
         notify(self.watchers, RunStart(run.id, len(program.plan)))
         start = time.perf_counter()
-        outcome = program.run_keyed(x, opaque, x_key, run, self.keys, keeper, self.watchers)
+        watchers = self.watchers
+        if self.memory.pinned:  # the keys of pinned nodes' entries, for pin(node, False)
+            watchers = [*watchers, self._pins.watching(self.memory.pinned)]
+        outcome = program.run_keyed(x, opaque, x_key, run, self.keys, keeper, watchers)
         notify(self.watchers, RunEnd(run.id, time.perf_counter() - start))
         return outcome
 

@@ -12,6 +12,7 @@ import pytest
 
 from somatize import DiskKeeper
 from somatize.cli import main
+from somatize.values import encode
 
 Writer = Callable[[str, str], ModuleType]
 
@@ -23,9 +24,9 @@ def k(i: int) -> str:
 @pytest.fixture
 def store(tmp_path: Path) -> DiskKeeper:
     keeper = DiskKeeper(tmp_path / "cache")
-    keeper.put(k(1), b"a" * 100)
-    keeper.put(k(2), b"b" * 100, pinned=True)
-    keeper.put(k(3), b"c" * 100)
+    keeper.put(k(1), encode("a" * 100))  # entries as the engine writes them: encoded values
+    keeper.put(k(2), encode("b" * 100), pinned=True)
+    keeper.put(k(3), encode("c" * 100))
     keeper.name("best", k(2))
     return keeper
 
@@ -83,6 +84,49 @@ def test_cache_dir_from_environment_and_missing_dir(
     assert rc == 0 and out.startswith("3 entries")
     rc, _, err = run(["cache", "stats", "--dir", str(tmp_path / "nope")], capsys)
     assert rc == 2 and "no cache at" in err and "--dir" in err
+
+
+@pytest.mark.parametrize("action", ["stats", "ls", "verify", "gc"])
+def test_cache_commands_never_create_a_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], action: str
+) -> None:
+    plain = tmp_path / "photos"
+    plain.mkdir()
+    (plain / "cat.jpg").write_bytes(b"jpeg")
+    rc, out, err = run(["cache", action, "--max-bytes", "0", "--dir", str(plain)], capsys)
+    assert rc == 2 and out == ""
+    assert str(plain) in err and "is not a cache" in err
+    assert [p.name for p in plain.iterdir()] == ["cat.jpg"]  # nothing written into it
+    rc, _, err = run(["cache", action, "--max-bytes", "0", "--dir", str(tmp_path / "no")], capsys)
+    assert rc == 2 and "does not exist" in err and not (tmp_path / "no").exists()
+
+
+def test_cache_stats_of_a_store_without_packs_creates_none(
+    store: DiskKeeper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (store.path / "packs").rmdir()  # a store written before packs existed
+    before = sorted(p.relative_to(store.path) for p in store.path.rglob("*"))
+    for action in ("stats", "ls", "verify"):
+        rc, _, _ = run(["cache", action, "--dir", str(store.path)], capsys)
+        assert rc == 0
+    assert sorted(p.relative_to(store.path) for p in store.path.rglob("*")) == before
+
+
+def test_cache_verify_decodes_tensors_and_removes_what_does_not_decode(
+    store: DiskKeeper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch = pytest.importorskip("torch")
+    from somatize.torch.codecs import default_codecs
+
+    good = encode(torch.arange(6.0).reshape(2, 3), default_codecs())
+    store.put(k(4), good)
+    store.put_many([(k(5), good), (k(6), good.replace(b"\x02", b"\x07", 1))])  # a bad shape
+    store.put(k(7), b"\xff not an encoded value")  # its checksum holds all the same
+    rc, out, _ = run(["cache", "verify", "--dir", str(store.path)], capsys)
+    assert rc == 1
+    removed = sorted(line.split()[-1] for line in out.splitlines() if line.startswith("removed"))
+    assert removed == [k(6), k(7)]
+    assert store.get(k(4)) == good and store.get_many([k(5), k(6)]) == [good, None]
 
 
 GRAPH_MODULE = """

@@ -556,7 +556,7 @@ class _Forbidden:
 
 @pytest.fixture
 def no_hashing_or_timing(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in ("values", "identity", "keepers"):
+    for module in ("values", "identity", "keepers.loose", "keepers.packs"):
         monkeypatch.setattr(f"somatize.{module}.blake3", _Forbidden(f"{module}.blake3"))
     for module in ("execute", "keyed", "graph", "topology", "memory", "identity"):
         monkeypatch.setattr(f"somatize.{module}.digest", _Forbidden(f"{module}.digest"))

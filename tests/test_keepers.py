@@ -14,6 +14,7 @@ import pytest
 
 from somatize import DiskKeeper, Keeper, MemoryKeeper
 from somatize.errors import KeeperError
+from somatize.keepers import loose
 
 
 def k(i: int) -> str:
@@ -78,7 +79,8 @@ def test_memory_keeper_keeps_pinned_entries_and_gc() -> None:
     assert len(keeper) == 2 and k(0) in keeper and k(5) in keeper
     stats = keeper.stats()
     assert (stats.entries, stats.bytes, stats.pinned) == (2, 20, 2)
-    assert str(stats) == "2 entries, 20 bytes, 2 pinned, 0 names"
+    assert (stats.evicted, stats.evicted_bytes) == (4, 40)  # 1, 2, 3 for the budget; 4 by gc
+    assert str(stats) == "2 entries, 20 bytes, 2 pinned, 0 names, 4 evicted (40 bytes)"
 
 
 def test_memory_keeper_stores_a_copy_of_the_bytes() -> None:
@@ -152,14 +154,14 @@ def test_a_reader_never_removes_an_entry_another_process_just_wrote(
         writer.put(k(1), b"good")
         file = entry_file(writer, k(1))
         file.write_bytes(file.read_bytes()[:-1])
-    real_read = reader._read
+    real_read = loose.read
 
-    def read_then_race(file: Path) -> tuple[bytes | None, int]:
+    def read_then_race(file: str) -> tuple[bytes | None, int]:
         seen = real_read(file)
         writer.put(k(1), b"good")  # lands between the reader's read and its clean-up
         return seen
 
-    monkeypatch.setattr(reader, "_read", read_then_race)
+    monkeypatch.setattr(loose, "read", read_then_race)
     if call == "get":
         assert reader.get(k(1)) is None  # what it read was absent or corrupt...
     else:
@@ -201,17 +203,22 @@ def test_gc_and_stats_tolerate_files_vanishing(
 ) -> None:
     keeper = DiskKeeper(tmp_path / "store")
     keeper.put(k(1), b"x")
-    ghost = entry_file(keeper, k(1)).parent / k(9)  # listed, but gone before its stat()
-    real_iterdir = Path.iterdir
+    real_scan = loose.scan
 
-    def iterdir(self: Path):  # type: ignore[no-untyped-def]
-        yield from real_iterdir(self)
-        if self.name == k(1)[:2]:
-            yield ghost
+    class Ghost:  # listed, but removed by another process before its stat()
+        name, path = k(9), str(entry_file(keeper, k(9)))
 
-    monkeypatch.setattr(Path, "iterdir", iterdir)
+        def stat(self, follow_symlinks: bool = True) -> os.stat_result:
+            raise FileNotFoundError(self.path)
+
+    def scan(root: str):  # type: ignore[no-untyped-def]
+        yield from real_scan(root)
+        yield Ghost()
+
+    monkeypatch.setattr(loose, "scan", scan)
     assert keeper.stats().entries == 1
     assert keeper.gc(1 << 30) == 0
+    assert keeper.gc(0) > 0 and keeper.stats().entries == 0
 
 
 # -- several processes --------------------------------------------------------------------

@@ -1,0 +1,115 @@
+"""Atomic writes: a file appears whole under its name, or not at all.
+
+Every write goes to a temp file in the target's directory, is fsynced, and is
+renamed over the target (``os.replace``, atomic on POSIX). A reader therefore sees
+the old file or the new one, never a torn one, whatever instant a writer is killed.
+On an error the temp file is removed and what existed is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["atomic_file", "atomic_write", "fsync_dir", "replace_with"]
+
+_tmp_serial = itertools.count()
+_SMALL = 1 << 20  # below this, chunks are joined and written with one call
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file to write that appears at ``path`` whole, or not at all.
+
+    Writes go to a temp file in the same directory; on success it is fsynced,
+    renamed over ``path`` (``os.replace``), and the directory is fsynced so the
+    rename itself survives a crash. On an exception the temp file is removed.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, data: bytes | memoryview | list[bytes | memoryview]) -> None:
+    """Write ``path`` so that a reader sees the old file or the new one, never a torn one."""
+    with atomic_file(path) as f:
+        for chunk in data if isinstance(data, list) else [data]:
+            f.write(chunk)
+
+
+def fsync_dir(directory: Path | str) -> None:
+    """fsync a directory so renames inside it are durable (a no-op where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, chunks: Sequence[bytes | memoryview]) -> None:
+    if len(chunks) > 1 and sum(len(c) for c in chunks) < _SMALL:
+        chunks = [b"".join(chunks)]
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+def replace_with(path: str, chunks: Sequence[bytes | memoryview], *, durable: bool = True) -> None:
+    """The lean form of ``atomic_write`` for the keepers' hot path (plain ``str`` paths).
+
+    Temp file ``.<name>.<pid>-<n>.tmp`` beside ``path`` (created exclusively, so no two
+    writers share one), written, fsynced and renamed over ``path``; the directory is
+    created if missing. ``durable=False`` skips the fsync of the directory: the rename
+    is atomic at once but may be lost by a power failure — right for cache entries,
+    where a lost entry is a miss.
+
+    Raises:
+        OSError: as the OS reported it; the temp file is removed and ``path`` untouched.
+    """
+    directory, name = os.path.split(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = f"{directory}/.{name}.{os.getpid()}-{next(_tmp_serial)}.tmp"
+        try:
+            fd = os.open(tmp, flags, 0o644)
+            break
+        except FileExistsError:  # left by a dead process that had our pid: take the next
+            continue
+        except FileNotFoundError:
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(tmp, flags, 0o644)
+            break
+    try:
+        try:
+            _write_all(fd, chunks)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(directory)

@@ -1,0 +1,421 @@
+"""DiskKeeper: a content store on disk, shared by several processes at once.
+
+Layout under the store's directory::
+
+    objects/ab/<key>     one entry per file (single ``put``): checksummed header, bytes
+    packs/<digest>.pack  many entries per file (``put_many``): an index, each entry
+                         checksummed (see ``somatize.keepers.packs``)
+    names/<name>         a key, as text
+    pins/<key>           an empty marker: ``gc`` keeps this entry
+    quarantine/          what was found where an entry should be and was not a file
+
+Every file appears whole or not at all (temp file, fsync, rename), so a process killed
+at any instant leaves the old state or the new one; every read is verified, so a
+torn or altered entry is a miss, never returned. Processes append packs and loose
+files; a reader finds what others wrote by relisting ``packs/`` when it changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import KeeperError
+from . import loose, upkeep
+from .atomic import replace_with
+from .packs import (
+    CHECK,
+    FLAG_PINNED,
+    MAX_PACK_BYTES,
+    RACY_NS,
+    SLOT,
+    NotRegular,
+    PackIndex,
+    build,
+    entries,
+    open_regular,
+)
+from .protocol import KeeperStats, check_key, check_name, is_key
+from .upkeep import packs_holding, rewrite
+
+__all__ = ["DiskKeeper"]
+
+
+def _fail(what: str, path: str, e: OSError) -> KeeperError:
+    return KeeperError(f"could not {what} {path}: {e.strerror or e}")
+
+
+class DiskKeeper:
+    """A content store on disk, safe for several processes at once.
+
+    Single ``put``s write one file per entry; ``put_many`` writes a batch as one pack
+    file (one write, one fsync, one rename for the whole batch) and ``get_many`` reads
+    a batch with one read per pack. ``get`` and ``get_many`` see both kinds.
+
+    A key names one value (it is a recipe's digest). Writing other bytes under a stored
+    key replaces them for ``get`` when both are loose files; where a loose copy and a
+    packed copy differ, ``get`` prefers the loose one and ``get_many`` the packed one.
+
+    Args:
+        path: the store's directory.
+        create: make the directory and its layout if missing (default). With
+            ``create=False`` nothing is created, and a directory that is not a store
+            raises ``KeeperError`` — for tools that only look.
+
+    Raises:
+        KeeperError: the layout cannot be created, or (``create=False``) ``path`` is
+            not a store.
+
+    Example:
+        >>> import tempfile
+        >>> k = DiskKeeper(tempfile.mkdtemp())
+        >>> k.put("a" * 64, b"xyz"); k.get("a" * 64)
+        b'xyz'
+        >>> k.put_many([("b" * 64, b"row 1"), ("c" * 64, b"row 2")])
+        >>> k.get_many(["c" * 64, "d" * 64, "b" * 64])
+        [b'row 2', None, b'row 1']
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
+        self.path = Path(path)
+        self._root = os.fspath(self.path)
+        if create:
+            for sub in ("objects", "names", "pins", "packs"):
+                try:
+                    os.makedirs(f"{self._root}/{sub}", exist_ok=True)
+                except OSError as e:
+                    raise _fail("create the cache directory", f"{self._root}/{sub}", e) from e
+        elif not os.path.isdir(f"{self._root}/objects"):
+            what = "does not exist" if not os.path.exists(self._root) else "is not a cache"
+            raise KeeperError(
+                f"{self._root} {what} (a somatize cache holds objects/, names/ and pins/); "
+                "give the directory a DiskKeeper wrote, e.g. --dir or $SOMATIZE_CACHE"
+            )
+        self._index = PackIndex(f"{self._root}/packs")
+        self._folders: tuple[int, int, frozenset[str]] = (0, 0, frozenset())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (DiskKeeper, (self.path,))
+
+    def _object(self, key: str) -> str:
+        check_key(key)
+        return f"{self._root}/objects/{key[:2]}/{key}"
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _get_loose(self, key: str) -> bytes | None:
+        path = self._object(key)
+        try:
+            payload, inode = loose.read(path)
+        except loose.Hostile as e:
+            loose.quarantine(self._root, path, e.inode)
+            return None
+        except OSError as e:
+            raise _fail("read cache entry", path, e) from e
+        if payload is None and inode:
+            loose.remove_if_same(path, inode)  # corrupt: recomputed and written afresh
+        return payload
+
+    def get(self, key: str) -> bytes | None:
+        payload = self._get_loose(key)
+        if payload is None:
+            self._index.refresh()  # one stat of packs/, unless another process wrote
+            if key in self._index.where:
+                payload = self._get_packed([key])[0]
+        return payload
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        self._index.refresh()  # packs others wrote or removed: one stat of packs/ if none
+        out = self._get_packed(keys)
+        missing = [i for i, got in enumerate(out) if got is None]
+        if missing:
+            folders = self._fanout()
+            for i in missing:
+                key = keys[i]
+                if key[:2] in folders:
+                    out[i] = self._get_loose(key)
+                else:
+                    check_key(key)
+        return out
+
+    def _fanout(self) -> frozenset[str]:
+        """The folders of ``objects/`` (a miss in a folder that does not exist costs no
+        open), relisted only when ``objects/`` may have changed, as ``packs/`` is."""
+        try:
+            st = os.stat(f"{self._root}/objects")
+        except FileNotFoundError:
+            return frozenset()
+        seen, listed_ns, folders = self._folders
+        if st.st_mtime_ns == seen and listed_ns - st.st_mtime_ns > RACY_NS:
+            return folders
+        now = time.time_ns()
+        with os.scandir(f"{self._root}/objects") as it:
+            folders = frozenset(e.name for e in it if len(e.name) == 2)
+        self._folders = (st.st_mtime_ns, now, folders)
+        return folders
+
+    def _get_packed(self, keys: Sequence[str], retry: bool = True) -> list[bytes | None]:
+        """Entries found in packs (None elsewhere): one open and one read per pack."""
+        out: list[bytes | None] = [None] * len(keys)
+        where = self._index.where
+        groups: dict[str, list[tuple[int, int]]] = defaultdict(list)  # pack -> (i, slot)
+        for i, key in enumerate(keys):
+            loc = where.get(key)
+            if loc is not None:
+                groups[loc[0].name].append((i, loc[1]))
+        vanished: list[int] = []
+        index = self._index
+        for name, wanted in groups.items():
+            pack = index.packs.get(name)
+            if pack is None:
+                continue
+            corrupt = []
+            with index.lock:
+                try:
+                    held = index.opened(name)
+                except FileNotFoundError:  # removed or rewritten by another process's gc
+                    vanished.extend(i for i, _ in wanted)
+                    continue
+                except NotRegular:
+                    index.drop([name])
+                    continue
+                fd, st, touched = held
+                try:
+                    slots = [pack.slots[s] for _, s in wanted]
+                    for (i, s), payload in zip(wanted, entries(fd, st.st_size, slots)):
+                        out[i] = payload
+                        if payload is None:
+                            corrupt.append(pack.keys[s])
+                    now = time.time()
+                    if touched < now - loose.TOUCH_AFTER:
+                        held[2] = now
+                        with contextlib.suppress(OSError):
+                            os.utime(fd)  # recency, for gc
+                except OSError as e:
+                    raise _fail("read cache pack", index.path(name), e) from e
+            if corrupt:
+                rewrite(self._index, self._root, name, drop=set(corrupt))
+        if vanished and retry:
+            self._index.refresh(force=True)
+            again = self._get_packed([keys[i] for i in vanished], retry=False)
+            for i, got in zip(vanished, again, strict=True):
+                out[i] = got
+        return out
+
+    def lookup(self, name: str) -> bytes | None:
+        check_name(name)
+        key = self._read_small(f"{self._root}/names/{name}")
+        return self.get(key) if key is not None and is_key(key) else None
+
+    @staticmethod
+    def _read_small(path: str) -> str | None:
+        """A small text file's content; None if absent or not a regular file."""
+        try:
+            fd, _ = open_regular(path)
+        except (FileNotFoundError, NotRegular):
+            return None
+        try:
+            return os.read(fd, 4096).decode("ascii", "replace").strip()
+        finally:
+            os.close(fd)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes, *, pinned: bool = False) -> None:
+        path = self._object(key)
+        if pinned:
+            self.pin(key)  # first: gc never sees the new entry unpinned
+        try:
+            replace_with(path, [loose.header(data), data], durable=False)
+        except OSError as e:
+            raise _fail("write cache entry", path, e) from e
+
+    def put_many(self, items: Sequence[tuple[str, bytes]], *, pinned: bool = False) -> None:
+        """Store a batch as pack files (one per 64 MiB), each written atomically.
+
+        Raises:
+            KeeperError: the pack could not be written (the cause chained); nothing
+                already stored is touched.
+        """
+        latest = {}
+        for key, data in items:
+            check_key(key)
+            latest[key] = data  # the last of repeated keys wins
+        batch: list[tuple[str, bytes]] = []
+        size = 0
+        for item in latest.items():
+            if batch and size + len(item[1]) > MAX_PACK_BYTES:
+                self._write_pack(batch, pinned)
+                batch, size = [], 0
+            batch.append(item)
+            size += len(item[1])
+        if batch:
+            self._write_pack(batch, pinned)
+
+    def _write_pack(self, items: Sequence[tuple[str, bytes]], pinned: bool) -> None:
+        pack, chunks = build(items, FLAG_PINNED if pinned else 0)
+        path = self._index.path(pack.name)
+        try:
+            replace_with(path, chunks, durable=False)
+        except OSError as e:
+            raise _fail("write cache pack", path, e) from e
+        self._index.add(pack)
+
+    def _marker(self, what: str, path: str, content: bytes) -> None:
+        try:
+            replace_with(path, [content])
+        except OSError as e:
+            raise _fail(what, path, e) from e
+
+    def name(self, name: str, key: str) -> None:
+        check_name(name)
+        check_key(key)
+        self._marker("record cache name", f"{self._root}/names/{name}", key.encode())
+
+    def pin(self, key: str) -> None:
+        """Keep ``key`` through ``gc``."""
+        check_key(key)
+        self._marker("pin cache entry", f"{self._root}/pins/{key}", b"")
+
+    def unpin(self, key: str) -> None:
+        """Let ``gc`` remove ``key`` again (its marker goes; a pinned pack is rewritten)."""
+        self.unpin_many([key])
+
+    def unpin_many(self, keys: Iterable[str]) -> None:
+        """``unpin`` for many keys: each pinned pack holding some is rewritten once."""
+        keys = list(keys)
+        for key in keys:
+            check_key(key)
+            path = f"{self._root}/pins/{key}"
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise _fail("unpin cache entry", path, e) from e
+        self._index.refresh()
+        by_pack: dict[str, set[str]] = defaultdict(set)
+        for key in keys:
+            for pack in packs_holding(self._index, key):
+                if pack.pinned:
+                    by_pack[pack.name].add(key)
+        for name, unpinned in by_pack.items():
+            rewrite(self._index, self._root, name, unpin=unpinned)
+
+    def discard(self, key: str) -> None:
+        """Forget ``key`` (its bytes verified but did not decode): it is recomputed.
+
+        Raises:
+            KeeperError: a file could not be removed or a pack rewritten.
+        """
+        path = self._object(key)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            loose.quarantine(self._root, path, os.stat(path).st_ino)
+        except OSError as e:
+            raise _fail("remove cache entry", path, e) from e
+        self._index.refresh()
+        for pack in packs_holding(self._index, key):
+            rewrite(self._index, self._root, pack.name, drop={key})
+
+    # -- listing ------------------------------------------------------------------------
+
+    def _markers(self, sub: str) -> list[str]:
+        try:
+            with os.scandir(f"{self._root}/{sub}") as it:
+                return [e.name for e in it if not e.name.startswith(".")]
+        except FileNotFoundError:
+            return []
+
+    def names(self) -> dict[str, str]:
+        """Every recorded name and the key it points to."""
+        out = {}
+        for name in sorted(self._markers("names")):
+            key = self._read_small(f"{self._root}/names/{name}")
+            if key is not None:
+                out[name] = key
+        return out
+
+    def keys(self) -> Iterator[str]:
+        """The keys of every entry, sorted (temp files excluded)."""
+        self._index.refresh(force=True)
+        found = {e.name for e in loose.scan(self._root) if is_key(e.name)}
+        yield from sorted(found | self._index.where.keys())
+
+    def sizes(self) -> Iterator[tuple[str, int]]:
+        """Every entry's key and the bytes it takes, sorted by key: a loose entry's file
+        size, or a packed entry's payload with its checksum and index slot."""
+        loose_sizes, _ = self._sizes()
+        packed = {}
+        for pack in self._index.packs.values():
+            for key, (_, n) in zip(pack.keys, pack.slots, strict=True):
+                packed[key] = CHECK + SLOT.size + n
+        packed.update(loose_sizes)
+        yield from sorted(packed.items())
+
+    def _sizes(self) -> tuple[dict[str, int], int]:
+        """Loose entries' sizes, and the bytes of every pack (one stat per file)."""
+        sizes = {}
+        for e in loose.scan(self._root):
+            if len(e.name) == 64 and e.name[0] != ".":
+                try:  # noqa: SIM105 -- suppress() would cost a µs an entry
+                    sizes[e.name] = e.stat().st_size
+                except FileNotFoundError:  # removed meanwhile
+                    pass
+        self._index.refresh(force=True)
+        return sizes, sum(st.st_size for _, st in self._index.sizes())
+
+    def stats(self) -> KeeperStats:
+        """Counts read from one listing: a stat per loose entry, a stat per pack."""
+        sizes, pack_bytes = self._sizes()
+        keys = sizes.keys() | self._index.where.keys()
+        pins = set(self._markers("pins"))
+        pinned = {k for p in self._index.packs.values() if p.pinned for k in p.keys}
+        return KeeperStats(
+            entries=len(keys),
+            bytes=sum(sizes.values()) + pack_bytes,
+            pinned=len((pins & keys) | pinned),
+            names=len(self._markers("names")),
+            packs=len(self._index.packs),
+        )
+
+    def __repr__(self) -> str:
+        return f"DiskKeeper({self._root!r})"
+
+    # -- verify and gc ----------------------------------------------------------------
+
+    def verify(self, decode: Callable[[bytes], object] | None = None) -> list[str]:
+        """Check every entry; remove the bad ones and return their keys.
+
+        Bad: a checksum that fails (torn, truncated, altered), something other than a
+        regular file where an entry should be (moved to ``quarantine/``), or, given
+        ``decode``, a payload it raises on. A pack is checked entry by entry and
+        rewritten without its bad entries; a pack whose index is damaged is removed
+        and reported as ``packs/<name>``.
+        """
+        return upkeep.verify(self._root, self._index, decode)
+
+    def gc(self, max_bytes: int) -> int:
+        """Remove the least recently used unpinned entries until at most ``max_bytes``
+        remain; returns the bytes freed.
+
+        Loose entries and packs are ranked together by mtime (a hit refreshes it, at
+        most once a minute). A loose entry goes as one file. A pack goes whole: an
+        unpinned pack is removed, or — when some of its entries carry a pin marker —
+        rewritten as a pinned pack of just those; a pinned pack stays. Temp files over
+        an hour old (left by killed writers) and packs whose index is damaged go too.
+        One listing and one stat per file: no entry is opened.
+
+        Raises:
+            KeeperError: a file could not be removed (read-only disk); what was
+                removed before stays removed, nothing else is touched.
+        """
+        return upkeep.gc(self._root, self._index, max_bytes)

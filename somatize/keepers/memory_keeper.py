@@ -1,0 +1,185 @@
+"""MemoryKeeper: entries in this process, bounded by bytes, least recently used evicted."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .protocol import KeeperStats, check_key, check_name
+
+__all__ = ["DEFAULT_MAX_BYTES", "MemoryKeeper"]
+
+#: The default budget: 1 GiB. Large enough for the features of a typical frozen
+#: backbone over a dataset that fits in RAM, small enough that a long run on a
+#: laptop cannot grow without bound; past it, entries are evicted and counted.
+DEFAULT_MAX_BYTES = 1 << 30
+
+
+class MemoryKeeper:
+    """Entries kept in this process, bounded by bytes; least recently used evicted first.
+
+    ``get`` and ``put`` cost O(1) whatever the number of entries: unpinned entries sit
+    in one recency-ordered dict, pinned ones in another, and eviction pops from the
+    old end. What was evicted is counted in ``stats()`` (``evicted``, ``evicted_bytes``).
+
+    Args:
+        max_bytes: the most bytes kept (default 1 GiB). Pinned entries are never
+            evicted, so they may hold more than this on their own.
+
+    Example:
+        >>> k = MemoryKeeper(max_bytes=1 << 20)
+        >>> k.put("0" * 64, b"abc"); k.get("0" * 64)
+        b'abc'
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._lru: OrderedDict[str, bytes] = OrderedDict()  # unpinned, oldest first
+        self._held: dict[str, bytes] = {}  # pinned entries
+        self._pins: set[str] = set()  # pinned keys, stored or not yet
+        self._names: dict[str, str] = {}
+        self._size = 0
+        self._evicted = 0
+        self._evicted_bytes = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # -- reading ------------------------------------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        with self._lock:
+            data = self._lru.get(key)
+            if data is not None:
+                self._lru.move_to_end(key)
+                return data
+            return self._held.get(key)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        with self._lock:
+            lru, held = self._lru, self._held
+            for key in keys:
+                data = lru.get(key)
+                if data is not None:
+                    lru.move_to_end(key)
+                else:
+                    data = held.get(key)
+                out.append(data)
+        return out
+
+    def lookup(self, name: str) -> bytes | None:
+        key = self._names.get(name)
+        return self.get(key) if key is not None else None
+
+    # -- writing ------------------------------------------------------------------------
+
+    def _store(self, key: str, data: bytes, pinned: bool) -> None:
+        old = self._lru.pop(key, None)
+        if old is None:
+            old = self._held.pop(key, None)
+        if old is not None:
+            self._size -= len(old)
+        data = bytes(data)  # a copy of a bytearray or memoryview; bytes are shared as they are
+        if pinned:
+            self._pins.add(key)
+        if key in self._pins:
+            self._held[key] = data
+        else:
+            self._lru[key] = data
+        self._size += len(data)
+
+    def put(self, key: str, data: bytes, *, pinned: bool = False) -> None:
+        check_key(key)
+        with self._lock:
+            self._store(key, data, pinned)
+            self._evict(self.max_bytes)
+
+    def put_many(self, items: Sequence[tuple[str, bytes]], *, pinned: bool = False) -> None:
+        for key, _ in items:
+            check_key(key)
+        with self._lock:
+            for key, data in items:
+                self._store(key, data, pinned)
+            self._evict(self.max_bytes)
+
+    def _evict(self, max_bytes: int) -> int:
+        freed = 0
+        lru = self._lru
+        while self._size > max_bytes and lru:
+            _, data = lru.popitem(last=False)
+            self._size -= len(data)
+            freed += len(data)
+            self._evicted += 1
+            self._evicted_bytes += len(data)
+        return freed
+
+    def discard(self, key: str) -> None:
+        """Forget ``key`` (its bytes did not decode): the next run recomputes it."""
+        with self._lock:
+            data = self._lru.pop(key, None)
+            if data is None:
+                data = self._held.pop(key, None)
+            if data is not None:
+                self._size -= len(data)
+
+    def name(self, name: str, key: str) -> None:
+        check_name(name)
+        with self._lock:
+            self._names[name] = key
+
+    def pin(self, key: str) -> None:
+        """Keep ``key`` through eviction and ``gc`` (also if it is stored later)."""
+        with self._lock:
+            self._pins.add(key)
+            data = self._lru.pop(key, None)
+            if data is not None:
+                self._held[key] = data
+
+    def unpin(self, key: str) -> None:
+        """Let ``key`` be evicted again (as the most recently used entry)."""
+        self.unpin_many((key,))
+
+    def unpin_many(self, keys: Iterable[str]) -> None:
+        """``unpin`` for many keys at once."""
+        with self._lock:
+            for key in keys:
+                self._pins.discard(key)
+                data = self._held.pop(key, None)
+                if data is not None:
+                    self._lru[key] = data
+            self._evict(self.max_bytes)
+
+    def gc(self, max_bytes: int) -> int:
+        """Evict unpinned entries until at most ``max_bytes`` remain; returns bytes freed."""
+        with self._lock:
+            return self._evict(max_bytes)
+
+    # -- counting -----------------------------------------------------------------------
+
+    def stats(self) -> KeeperStats:
+        with self._lock:
+            return KeeperStats(
+                entries=len(self._lru) + len(self._held),
+                bytes=self._size,
+                pinned=len(self._held),
+                names=len(self._names),
+                evicted=self._evicted,
+                evicted_bytes=self._evicted_bytes,
+            )
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._lru or key in self._held
+
+    def __len__(self) -> int:
+        return len(self._lru) + len(self._held)
+
+    def __repr__(self) -> str:
+        return f"MemoryKeeper(max_bytes={self.max_bytes})"

@@ -1,0 +1,102 @@
+"""The Keeper protocol, its counts, and the rules for keys and names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ..errors import KeeperError
+
+__all__ = ["Keeper", "KeeperStats", "check_key", "check_name"]
+
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+
+
+@runtime_checkable
+class Keeper(Protocol):
+    """The shape of a keeper: bytes in, bytes out, under 64-hex-digit keys.
+
+    Optional, used where present: ``discard(key)`` (forget an entry whose bytes held
+    but did not decode, so it is recomputed) and ``unpin(key)``.
+    """
+
+    def get(self, key: str) -> bytes | None:
+        """The bytes stored under ``key``, or None (absent or corrupt)."""
+        ...
+
+    def put(self, key: str, data: bytes, *, pinned: bool = False) -> None:
+        """Store ``data`` under ``key``; ``pinned`` entries survive ``gc``."""
+        ...
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The bytes under each key, in the same order; None where absent or corrupt."""
+        ...
+
+    def put_many(self, items: Sequence[tuple[str, bytes]], *, pinned: bool = False) -> None:
+        """Store every ``(key, data)`` pair at once (a batch of per-example entries)."""
+        ...
+
+    def name(self, name: str, key: str) -> None:
+        """Record ``name`` as a human handle for ``key``."""
+        ...
+
+    def lookup(self, name: str) -> bytes | None:
+        """The bytes of the entry last recorded under ``name``, or None."""
+        ...
+
+
+@dataclass(frozen=True)
+class KeeperStats:
+    """Counts of a keeper.
+
+    Attributes:
+        entries: distinct keys stored.
+        bytes: bytes held (on disk: file sizes, headers and indexes included).
+        pinned: entries that ``gc`` keeps.
+        names: names recorded.
+        evicted: entries a ``MemoryKeeper`` dropped to stay within its budget (or gc).
+        evicted_bytes: the bytes of those entries.
+        packs: pack files of a ``DiskKeeper`` (each holds many entries).
+    """
+
+    entries: int
+    bytes: int
+    pinned: int
+    names: int
+    evicted: int = 0
+    evicted_bytes: int = 0
+    packs: int = 0
+
+    def __str__(self) -> str:
+        out = (
+            f"{self.entries} entries, {self.bytes} bytes, {self.pinned} pinned, {self.names} names"
+        )
+        if self.packs:
+            out += f", {self.packs} packs"
+        if self.evicted:
+            out += f", {self.evicted} evicted ({self.evicted_bytes} bytes)"
+        return out
+
+
+def check_key(key: str) -> None:
+    """Raise ``KeeperError`` unless ``key`` is 64 lowercase hex digits."""
+    if not (type(key) is str and len(key) == 64 and _KEY.match(key)):
+        raise KeeperError(
+            f"invalid key {key!r}: keys are 64 lowercase hex digits (a blake3 digest)"
+        )
+
+
+def check_name(name: str) -> None:
+    """Raise ``KeeperError`` unless ``name`` is a safe file name."""
+    if not (type(name) is str and _NAME.match(name)):
+        raise KeeperError(
+            f"invalid name {name!r}: use letters, digits, '.', '_' or '-' (at most 200)"
+        )
+
+
+def is_key(name: str) -> bool:
+    """Whether a file name is a key (cheap: for directory listings)."""
+    return len(name) == 64 and _KEY.match(name) is not None

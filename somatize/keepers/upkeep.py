@@ -1,0 +1,228 @@
+"""Upkeep of a DiskKeeper: verifying entries, gc, and rewriting packs.
+
+A pack never changes once written. To drop an entry (corrupt, undecodable, discarded)
+or to change whose entries are pinned, the pack is *rewritten*: the entries that stay
+are written as new packs (atomically, under new names), then the old file is removed
+— only if it is still the very file that was read (same inode), so a concurrent
+rewrite by another process never loses what that one wrote. A reader that had the old
+pack open keeps reading it; one that looks later finds the new packs on relisting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Collection
+
+from ..errors import KeeperError
+from . import loose
+from .atomic import replace_with
+from .packs import (
+    FLAG_PINNED,
+    CorruptPack,
+    NotRegular,
+    Pack,
+    PackIndex,
+    build,
+    entries,
+    open_regular,
+    read_index,
+)
+from .protocol import is_key
+
+_STALE = 3600.0  # seconds: a temp file this old belongs to no live writer
+
+__all__ = ["decodes", "gc", "packs_holding", "remove_bad", "rewrite", "verify"]
+
+
+def packs_holding(index: PackIndex, key: str) -> list[Pack]:
+    """Every indexed pack that holds ``key`` (usually one)."""
+    loc = index.where.get(key)
+    if loc is None:
+        return []
+    return [p for p in index.packs.values() if p is loc[0] or key in p.keys]
+
+
+def _write(index: PackIndex, items: list[tuple[str, bytes]], flags: int) -> int:
+    """Write ``items`` as one pack; the bytes written."""
+    if not items:
+        return 0
+    pack, chunks = build(items, flags)
+    path = index.path(pack.name)
+    try:
+        replace_with(path, chunks, durable=False)
+    except OSError as e:
+        raise KeeperError(f"could not write cache pack {path}: {e.strerror or e}") from e
+    index.add(pack)
+    return sum(len(c) for c in chunks)
+
+
+def rewrite(
+    index: PackIndex,
+    root: str,
+    name: str,
+    *,
+    drop: Collection[str] = (),
+    unpin: Collection[str] = (),
+    keep_only: Collection[str] | None = None,
+    decode: Callable[[bytes], object] | None = None,
+) -> tuple[list[str], int]:
+    """Rewrite pack ``name`` without ``drop`` (and without entries that fail their
+    checksum or ``decode``), moving ``unpin`` out of its pinned set; with
+    ``keep_only``, only those keys stay (pinned). Returns the keys found bad and the
+    bytes freed (the old size less what was written again).
+    """
+    path = index.path(name)
+    try:
+        fd, st = open_regular(path)
+    except FileNotFoundError:
+        index.drop([name])
+        return [], 0
+    except NotRegular as e:
+        loose.quarantine(root, path, e.inode)
+        index.drop([name])
+        return [], 0
+    try:
+        pack = read_index(fd, name, st)
+        got = entries(fd, st.st_size, pack.slots)
+    except CorruptPack:
+        pack, got = None, []
+    finally:
+        os.close(fd)
+    if pack is None:
+        if loose.remove_if_same(path, st.st_ino):
+            index.drop([name])
+        return [f"packs/{name}"], st.st_size
+    bad: list[str] = []
+    stay, loosen = [], []
+    for key, payload in zip(pack.keys, got, strict=True):
+        if payload is None or (decode is not None and not decodes(decode, payload)):
+            bad.append(key)
+        elif key in drop or (keep_only is not None and key not in keep_only):
+            continue
+        elif key in unpin:
+            loosen.append((key, payload))
+        else:
+            stay.append((key, payload))
+    if not bad and not loosen and len(stay) == len(pack.keys) and keep_only is None:
+        return [], 0  # nothing to change
+    flags = pack.flags | (FLAG_PINNED if keep_only is not None else 0)
+    written = _write(index, stay, flags) + _write(index, loosen, flags & ~FLAG_PINNED)
+    if loose.remove_if_same(path, st.st_ino):
+        index.drop([name])
+    return bad, st.st_size - written
+
+
+def decodes(decode: Callable[[bytes], object], payload: bytes) -> bool:
+    """Whether ``decode`` accepts ``payload`` (any exception: it does not)."""
+    try:
+        decode(payload)
+    except Exception:
+        return False
+    return True
+
+
+def remove_bad(index: PackIndex, root: str) -> list[str]:
+    """Remove (or quarantine) packs whose index was unreadable; their names, as reported."""
+    out = []
+    for name, (inode, regular) in list(index.bad.items()):
+        path = index.path(name)
+        done = loose.remove_if_same(path, inode) if regular else loose.quarantine(root, path, inode)
+        if done:
+            del index.bad[name]
+        out.append(f"packs/{name}")
+    return out
+
+
+def verify(root: str, index: PackIndex, decode: Callable[[bytes], object] | None) -> list[str]:
+    """``DiskKeeper.verify``: every loose entry, then every pack; the bad removed."""
+    bad = []
+    for e in list(loose.scan(root)):
+        if not is_key(e.name):
+            continue
+        try:
+            payload, inode = loose.read(e.path)
+        except loose.Hostile as h:
+            loose.quarantine(root, e.path, h.inode)
+            bad.append(e.name)
+            continue
+        if (payload is None and inode) or (
+            payload is not None and decode is not None and not decodes(decode, payload)
+        ):
+            bad.append(e.name)
+            loose.remove_if_same(e.path, inode)
+    index.refresh(force=True)
+    bad += remove_bad(index, root)
+    for name in list(index.packs):
+        bad += rewrite(index, root, name, decode=decode)[0]
+    return bad
+
+
+def _remove(path: str) -> bool:
+    """Remove a file gc chose; False if it was gone already."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:  # removed meanwhile by another process
+        return False
+    except OSError as e:
+        raise KeeperError(f"could not remove cache file {path}: {e.strerror or e}") from e
+    return True
+
+
+def _stale_temp(e: os.DirEntry[str], stale: float) -> int:
+    """Remove a temp file left by a killed writer (over an hour old); its size, or 0."""
+    with contextlib.suppress(FileNotFoundError):
+        st = e.stat(follow_symlinks=False)
+        if st.st_mtime < stale and _remove(e.path):
+            return st.st_size
+    return 0
+
+
+def gc(root: str, index: PackIndex, max_bytes: int) -> int:
+    """``DiskKeeper.gc``: one listing and one stat per file; no entry is opened."""
+    stale = time.time() - _STALE
+    freed = 0
+    ranked: list[tuple[float, int, str]] = []  # (mtime, size, path of a loose entry or pack)
+    for e in loose.scan(root):
+        if e.name[0] == ".":
+            freed += _stale_temp(e, stale)
+        elif len(e.name) == 64:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:  # removed meanwhile
+                continue
+            ranked.append((st.st_mtime, st.st_size, e.path))
+    with contextlib.suppress(FileNotFoundError), os.scandir(index.directory) as it:
+        for e in it:
+            if e.name[0] == "." and e.name.endswith(".tmp"):
+                freed += _stale_temp(e, stale)
+    index.refresh(force=True)
+    remove_bad(index, root)
+    ranked += [(st.st_mtime, st.st_size, index.path(p.name)) for p, st in index.sizes()]
+    total = sum(size for _, size, _ in ranked)
+    if total <= max_bytes:
+        return freed
+    pins: set[str] = set()
+    with contextlib.suppress(FileNotFoundError), os.scandir(f"{root}/pins") as it:
+        pins = {e.name for e in it}
+    for _, size, path in sorted(ranked):
+        if total <= max_bytes:
+            break
+        name = os.path.basename(path)
+        if not name.endswith(".pack"):
+            if name in pins or not _remove(path):
+                continue
+        else:
+            pack = index.packs.get(name)
+            if pack is None or pack.pinned:
+                continue
+            keep = {k for k in pack.keys if k in pins}
+            if keep:  # pinned one by one: those stay, as a pinned pack
+                size = rewrite(index, root, name, keep_only=keep)[1]
+            elif not _remove(path):
+                index.drop([name])
+                continue
+            index.drop([name])
+        total, freed = total - size, freed + size
+    return freed

@@ -1,0 +1,66 @@
+"""Graph.pin(node, False) unpins that node's entries, and only that node's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from somatize import Ctx, DiskKeeper, Done, Graph, MemoryKeeper, Node
+from somatize.keepers.pins import PinLog
+
+
+class Add(Node):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def forward(self, x: Any, ctx: Ctx) -> Done:
+        return Done(x + self.n)
+
+
+@pytest.fixture(params=["memory", "disk"])
+def keeper(request: pytest.FixtureRequest, tmp_path: Path) -> MemoryKeeper | DiskKeeper:
+    return MemoryKeeper() if request.param == "memory" else DiskKeeper(tmp_path / "store")
+
+
+def test_unpinning_a_node_lets_gc_take_its_entries(keeper: MemoryKeeper | DiskKeeper) -> None:
+    g = Graph(keeper=keeper).node("a", Add(1)).node("b", Add(2)).edge("a", "b")
+    g.cache("a").cache("b").pin("a").pin("b")
+    assert g.forward(1) == 4 and g.forward(10) == 13
+    assert keeper.stats().pinned == 4
+    g.pin("a", False)
+    assert keeper.stats().pinned == 2  # b's two entries keep their pins
+    keeper.gc(0)
+    assert keeper.stats().entries == 2
+    g.pin("b", False)
+    keeper.gc(0)
+    assert keeper.stats().entries == 0
+    if isinstance(keeper, DiskKeeper):
+        assert not list((keeper.path / "pins").iterdir())  # the markers went too
+
+
+def test_unpinning_a_mapped_node_unpins_each_item(keeper: MemoryKeeper | DiskKeeper) -> None:
+    g = Graph.somatize(Add(1).mapped().with_id("m"), keeper=keeper).cache("m").pin("m")
+    assert g.forward([1, 2, 3]) == [2, 3, 4]
+    assert keeper.stats().pinned == 3
+    g.pin("m", False)
+    keeper.gc(0)
+    assert keeper.stats().entries == 0
+
+
+def test_a_hit_of_an_entry_pinned_elsewhere_is_unpinned_too(tmp_path: Path) -> None:
+    first = Graph(keeper=DiskKeeper(tmp_path / "s")).node("a", Add(1)).cache("a").pin("a")
+    assert first.forward(1) == 2
+    keeper = DiskKeeper(tmp_path / "s")  # another process: it only reads the entry
+    again = Graph(keeper=keeper).node("a", Add(1)).cache("a").pin("a")
+    assert again.forward(1) == 2
+    again.pin("a", False)
+    assert keeper.stats().pinned == 0
+
+
+def test_the_pin_log_records_only_pinned_nodes() -> None:
+    log = PinLog().watching({"a"})
+    for node, key in [("a", "k1"), ("a[3]", "k2"), ("b", "k3")]:
+        log.on_event(type("CacheHit", (), {"node": node, "key": key})())
+    assert log.take("a") == {"k1", "k2"} and log.take("b") == set() and log.take("a") == set()
