@@ -235,6 +235,8 @@ class _Layout:
         return out
 
 
+# The key salt of a node's rows by (node parts, batch structure, row layouts).
+_salts: dict[tuple[Any, ...], bytes] = {}
 # Parsed layouts by (entry prefix, codec tags): a node's entries share one, parsed once.
 _layouts: dict[tuple[bytes, tuple[str, ...]], _Layout] = {}
 
@@ -320,8 +322,12 @@ def remember(
     codecs, keeper = env.codecs, env.keeper
     kind, names, leaves, n = _split(inp, codecs, label, "input")
     parts = env.node_keys.parts(impl)
-    layouts = [(tag, rows.layout(v)) for tag, rows, v in leaves]
-    salt = blake3(encode((ROWS_VERSION, parts, kind, names, layouts))).digest()
+    recipe = (parts, kind, names, tuple((tag, rows.layout(v)) for tag, rows, v in leaves))
+    salt = _salts.get(recipe)
+    if salt is None:  # the same node on batches of one layout: one salt, encoded once
+        if len(_salts) > 1024:
+            _salts.clear()
+        salt = _salts[recipe] = blake3(encode((ROWS_VERSION, *recipe))).digest()
     keys = _keys(leaves, salt)
     node_key = blake3(salt + "".join(keys).encode()).hexdigest()
     layout, hit, entries = _recall(get_many(keeper, keys), keys, env)
