@@ -4,6 +4,7 @@
     somatize cache verify [--dir DIR]
     somatize cache gc --max-bytes N [--dir DIR]
     somatize cache ls     [--dir DIR]
+    somatize cache explain GRAPH INPUT [--dir DIR]     # GRAPH, INPUT: MODULE:ATTR
     somatize graph MODULE:ATTR [--format mermaid|text]
 
 ``--dir`` defaults to ``$SOMATIZE_CACHE`` or ``.somatize-cache``.
@@ -49,7 +50,34 @@ def _decoder() -> Callable[[bytes], object]:
     return check
 
 
+def _explain(args: argparse.Namespace) -> int:
+    """Why each cached node of GRAPH would hit or miss on INPUT (``Graph.explain``)."""
+    if len(args.targets) != 2:
+        print("somatize: cache explain needs GRAPH and INPUT, each MODULE:ATTR", file=sys.stderr)
+        return 2
+    g, x = _load(args.targets[0]), _load(args.targets[1], graph=False)
+    if g is None or x is None:
+        return 2
+    if g.keeper is None:  # a graph without its own keeper is explained against --dir
+        try:
+            g.keeper = DiskKeeper(args.dir, create=False)
+        except KeeperError as e:
+            print(f"somatize: no cache at {args.dir!r}: {e}", file=sys.stderr)
+            return 2
+    if "torch" in sys.modules:  # the graph's module uses torch: give it the torch runtime
+        from .torch import module
+
+        module(g)
+    print(g.explain(x))
+    return 0
+
+
 def _cache(args: argparse.Namespace) -> int:
+    if args.action == "explain":
+        return _explain(args)
+    if args.targets:
+        print(f"somatize: cache {args.action} takes no MODULE:ATTR arguments", file=sys.stderr)
+        return 2
     if args.action == "gc" and args.max_bytes is None:
         print("somatize: cache gc needs --max-bytes N", file=sys.stderr)
         return 2
@@ -88,14 +116,16 @@ def _tend(keeper: DiskKeeper, args: argparse.Namespace) -> int:
     return 0
 
 
-def _graph(args: argparse.Namespace) -> int:
-    module_name, _, attr = args.target.partition(":")
+def _load(target: str, graph: bool = True) -> Any:
+    """The object MODULE:ATTR names (called if it is a function); None after an error."""
+    module_name, _, attr = target.partition(":")
     if not attr:
         print(
-            "somatize: give the graph as MODULE:ATTR, e.g. recipes.text_pipeline:graph",
+            f"somatize: give {'the graph' if graph else 'the input'} as MODULE:ATTR, "
+            "e.g. recipes.text_pipeline:graph",
             file=sys.stderr,
         )
-        return 2
+        return None
     if os.getcwd() not in sys.path:  # modules of the directory the command runs in
         sys.path.insert(0, os.getcwd())
     try:
@@ -103,14 +133,19 @@ def _graph(args: argparse.Namespace) -> int:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
-        print(f"somatize: cannot load {args.target}: {e}", file=sys.stderr)
-        return 2
+        print(f"somatize: cannot load {target}: {e}", file=sys.stderr)
+        return None
     if callable(obj) and not isinstance(obj, Graph):
         obj = obj()
-    if not isinstance(obj, Graph):
-        print(
-            f"somatize: {args.target} is a {type(obj).__qualname__}, not a Graph", file=sys.stderr
-        )
+    if graph and not isinstance(obj, Graph):
+        print(f"somatize: {target} is a {type(obj).__qualname__}, not a Graph", file=sys.stderr)
+        return None
+    return obj
+
+
+def _graph(args: argparse.Namespace) -> int:
+    obj = _load(args.target)
+    if obj is None:
         return 2
     print(obj.to_mermaid() if args.format == "mermaid" else obj.to_text())
     return 0
@@ -120,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="somatize", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     cache = sub.add_parser("cache", help="inspect or tend a DiskKeeper cache")
-    cache.add_argument("action", choices=["stats", "verify", "gc", "ls"])
+    cache.add_argument("action", choices=["stats", "verify", "gc", "ls", "explain"])
+    cache.add_argument("targets", nargs="*", help="for explain: GRAPH and INPUT as MODULE:ATTR")
     cache.add_argument("--dir", default=os.environ.get("SOMATIZE_CACHE", ".somatize-cache"))
     cache.add_argument("--max-bytes", type=int, default=None, help="for gc: the size to shrink to")
     graph = sub.add_parser("graph", help="draw a graph defined in a module")

@@ -178,6 +178,54 @@ def test_graph_errors(user_module: Writer, capsys: pytest.CaptureFixture[str]) -
     capsys.readouterr()
 
 
+EXPLAIN_MODULE = """
+from somatize import Done, Graph, Node
+
+
+class Embed(Node):
+    def __init__(self, dim):
+        self.dim = dim
+
+    def forward(self, word, ctx):
+        return Done([len(word) * (i + 1) for i in range(self.dim)])
+
+
+def graph():
+    return Graph().node("embed", Embed(DIM)).cache("embed")
+
+
+DIM = 3
+word = "hello"
+other = "bye"
+"""
+
+
+def test_cache_explain_says_why_a_graph_misses_against_a_cache(
+    tmp_path: Path, user_module: Writer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mod = user_module("cli_explain", EXPLAIN_MODULE)
+    cache = str(tmp_path / "cache")
+    rc, out, _ = run(
+        ["cache", "explain", "cli_explain:graph", "cli_explain:word", "--dir", cache], capsys
+    )
+    assert rc == 2  # no cache there yet: nothing is created
+    g = mod.graph()
+    g.keeper = DiskKeeper(cache)
+    g.forward("hello")
+    args = ["--dir", cache]
+    rc, out, _ = run(["cache", "explain", "cli_explain:graph", "cli_explain:word", *args], capsys)
+    assert (rc, out) == (0, "embed: hit\n")
+    rc, out, _ = run(["cache", "explain", "cli_explain:graph", "cli_explain:other", *args], capsys)
+    assert out == "embed: miss — input changed\n"
+    user_module("cli_explain", EXPLAIN_MODULE.replace("DIM = 3", "DIM = 4"))
+    rc, out, _ = run(["cache", "explain", "cli_explain:graph", "cli_explain:word", *args], capsys)
+    assert "embed: miss" in out and "declaration (constructor arguments)" in out
+    rc, _, err = run(["cache", "explain", "cli_explain:graph", *args], capsys)
+    assert rc == 2 and "needs GRAPH and INPUT" in err
+    rc, _, err = run(["cache", "stats", "cli_explain:graph", *args], capsys)
+    assert rc == 2 and "takes no MODULE:ATTR" in err
+
+
 @pytest.mark.slow
 def test_the_installed_console_script(
     tmp_path: Path, store: DiskKeeper, subprocess_env: dict[str, str]
