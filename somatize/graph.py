@@ -21,7 +21,7 @@ from .memory import Memory, NodeKeys
 from .node import _NO_VALUES, Ctx, Done, Node, Run
 from .placement import Placement
 from .plan import Plan, compile
-from .topology import Topology
+from .topology import Builder, Topology
 from .values import Opaque, check, digest
 from .watchers import RunEnd, RunStart, notify
 
@@ -63,7 +63,7 @@ class Graph:
     ) -> None:
         self._impls: dict[str, Any] = {}
         self._subs: dict[str, Graph] = {}  # the nodes that are graphs (nodes are never removed)
-        self._edges: list[tuple[str, str]] = []
+        self._shape = Builder()  # node ids and edges, checked edge by edge
         self.placement = Placement()
         self.memory = Memory()
         self.keeper = keeper
@@ -110,7 +110,7 @@ class Graph:
             raise DuplicateNodeError(
                 f"node id {node_id!r} is already in the graph; choose another id"
             )
-        Topology((node_id,))  # validates the id before anything changes
+        self._shape.add_node(node_id)  # validates the id before anything changes
         self._impls[node_id] = impl
         if isinstance(impl, Graph):
             self._subs[node_id] = impl
@@ -121,9 +121,7 @@ class Graph:
         """Add an edge; a node with several inputs receives them in the order edges were added."""
         self._require(source)
         self._require(target)
-        edges = [*self._edges, (source, target)]
-        Topology(tuple(self._impls), tuple(edges))  # validate before changing anything
-        self._edges = edges
+        self._shape.add_edge(source, target)  # checks it, changing nothing if it is invalid
         self._changed()
         return self
 
@@ -177,7 +175,7 @@ class Graph:
         stamps = tuple(sub._stamp() for sub in subgraphs.values())
         if self._topology is None or stamps != self._topology_from:
             subs = {n: sub.topology for n, sub in subgraphs.items()}
-            self._topology = Topology(tuple(self._impls), tuple(self._edges), subs)
+            self._topology = Topology(tuple(self._impls), tuple(self._shape.edges), subs)
             self._topology_from = stamps
         return self._topology
 
@@ -195,7 +193,7 @@ class Graph:
         return tuple(self._impls)
 
     def edges(self) -> tuple[tuple[str, str], ...]:
-        return tuple(self._edges)
+        return tuple(self._shape.edges)
 
     def __getitem__(self, node_id: str) -> Any:
         self._require(node_id)
@@ -350,7 +348,7 @@ class Graph:
         return to_text(self)
 
     def __repr__(self) -> str:
-        return f"Graph({len(self._impls)} nodes, {len(self._edges)} edges)"
+        return f"Graph({len(self._impls)} nodes, {len(self._shape.edges)} edges)"
 
     def __getstate__(self) -> dict[str, Any]:
         # What is derived (program, keys) is rebuilt on the other side; a runtime's hook

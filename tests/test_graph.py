@@ -24,6 +24,7 @@ from somatize import (
     NodeError,
     Opaque,
     Recorder,
+    Topology,
     ValueConversionError,
     decode,
 )
@@ -106,6 +107,37 @@ def test_builder_errors_leave_the_graph_unchanged() -> None:
         g.cache("q")
     assert (g.nodes(), g.edges(), g.topology.digest) == before
     assert g.forward(0) == 3
+
+
+def test_building_a_long_chain_never_sorts_the_topology_until_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each edge is checked incrementally: 1,000 edges, built forwards, backwards and by the
+    DSL, make no Topology and sort nothing; running compiles (and sorts) once."""
+    built: list[int] = []
+    real = Topology.__post_init__
+    monkeypatch.setattr(Topology, "__post_init__", lambda t: (built.append(1), real(t))[1])
+    n = 1_000
+    forwards = Graph()
+    for i in range(n):
+        forwards.node(f"n{i}", Add(1))
+    for i in range(n - 1):
+        forwards.edge(f"n{i}", f"n{i + 1}")
+    backwards = Graph()  # each edge goes against insertion order: the kept order must move
+    for i in range(n):
+        backwards.node(f"n{i}", Add(1))
+    for i in reversed(range(n - 1)):
+        backwards.edge(f"n{i + 1}", f"n{i}")
+    expr: Any = Add(1)
+    for _ in range(n - 1):
+        expr = expr >> Add(1)
+    dsl = Graph.somatize(expr)
+    assert built == []
+    assert forwards.forward(0) == n and backwards.forward(0) == n and dsl.forward(0) == n
+    assert len(built) == 3  # one Topology (one sort) per graph
+    with pytest.raises(CycleError, match=r"cycle: n0 -> n999 -> n998 .* -> n1 -> n0"):
+        backwards.edge("n0", "n999")
+    assert len(dsl.nodes()) == n and dsl.nodes()[-1] == f"add_{n}"
 
 
 def test_a_graph_cannot_contain_itself() -> None:
