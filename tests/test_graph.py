@@ -221,6 +221,23 @@ def test_errors_inside_a_node_say_which_node_on_the_keyed_path() -> None:
     assert any("node 'boom'" in note for note in getattr(info.value, "__notes__", []))
 
 
+def test_errors_inside_a_node_say_which_node_on_the_hot_path() -> None:
+    class Boom(Node):
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            raise RuntimeError("boom")
+
+    g = Graph().node("a", Add(1)).node("boom", Boom()).edge("a", "boom")
+    assert not g.program().keyed and not g.watchers  # the hot path
+    with pytest.raises(RuntimeError, match="boom") as info:
+        g.forward(1)
+    boom = f"raised by node 'boom' ({Boom.__qualname__})"
+    assert getattr(info.value, "__notes__", []) == [boom]
+    outer = Graph().node("sub", g)  # inside a subgraph: the inner node, then the subgraph
+    with pytest.raises(RuntimeError, match="boom") as info:
+        outer.forward(1)
+    assert info.value.__notes__ == [boom, "raised by node 'sub' (Graph)"]
+
+
 def test_metrics_travel_up_on_both_paths_also_from_subgraphs() -> None:
     for watchers in ([], [Recorder()]):
         g = Graph(watchers=watchers)
