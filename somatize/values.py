@@ -73,6 +73,7 @@ class Opaque:
 
 
 _LENS = [_LEN.pack(i) for i in range(1024)]
+_CONTAINERS = frozenset({list, tuple, dict})
 _INT_TWO = b"i" + _LEN.pack(2)
 
 
@@ -80,20 +81,31 @@ class _Slow(Exception):
     """Internal: the value needs the general encoder (a codec leaf, or an error to explain)."""
 
 
+_KEYS: dict[str, bytes] = {}  # encodings of dict keys seen: the same few names recur
+
+
+def _str(v: str) -> bytes:
+    b = v.encode("utf-8", "surrogatepass")
+    n = len(b)
+    return b"s" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b
+
+
 def _plain(v: Any) -> bytes:
-    """The encoding of plain data, fast: bytes are built bottom-up, no codecs, no error paths."""
+    """The encoding of plain data, fast: bytes are built bottom-up, no codecs, no error paths.
+
+    The common leaves inside a list, tuple or dict (small ints, strings, floats) are written
+    in place rather than through a call each; ``_encode`` is the reference it must match.
+    """
     t = type(v)
     if t is str:
-        b: bytes = v.encode("utf-8", "surrogatepass")
-        n = len(b)
-        return b"s" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b
+        return _str(v)
     if t is int:
         if -128 <= v < 128:
             return _INT_SMALL[v]
         if -32768 <= v < 32768:  # the minimal two's complement is exactly two bytes here
             two: bytes = v.to_bytes(2, "big", signed=True)
             return _INT_TWO + two
-        b = v.to_bytes((v + (v < 0)).bit_length() // 8 + 1, "big", signed=True)
+        b: bytes = v.to_bytes((v + (v < 0)).bit_length() // 8 + 1, "big", signed=True)
         return b"i" + _LEN.pack(len(b)) + b
     if t is float:
         return _NAN if v != v else b"f" + _FLOAT.pack(v)
@@ -103,17 +115,41 @@ def _plain(v: Any) -> bytes:
         return b"T" if v else b"F"
     if t is list or t is tuple:
         n = len(v)
-        head = (b"l" if t is list else b"t") + (_LENS[n] if n < 1024 else _LEN.pack(n))
-        return head + b"".join([_plain(x) for x in v])
+        out = [(b"l" if t is list else b"t") + (_LENS[n] if n < 1024 else _LEN.pack(n))]
+        for x in v:
+            tx = type(x)
+            if tx is int and -128 <= x < 128:
+                out.append(_INT_SMALL[x])
+            elif tx is float and x == x:
+                out.append(b"f" + _FLOAT.pack(x))
+            else:
+                out.append(_plain(x))
+        return b"".join(out)
     if t is dict:
         pairs = []
         for k, x in v.items():
-            if type(k) is not str and type(k) is not int:
+            if type(k) is str:
+                kb = _KEYS.get(k)
+                if kb is None:
+                    kb = _str(k)
+                    if len(_KEYS) < 4096 and len(k) <= 64:
+                        _KEYS[k] = kb
+            elif type(k) is int:
+                kb = _plain(k)
+            else:
                 raise _Slow
-            pairs.append((_plain(k), _plain(x)))
-        pairs.sort()  # keys are distinct, so only the encoded keys are ever compared
+            tx = type(x)
+            if tx is str:
+                pairs.append(kb + _str(x))
+            elif tx is float and x == x:
+                pairs.append(kb + b"f" + _FLOAT.pack(x))
+            else:
+                pairs.append(kb + _plain(x))
+        # Sorting key+value strings orders them by key: distinct keys' encodings differ
+        # within their common length (tag, then length prefix, then bytes), never by prefix.
+        pairs.sort()
         n = len(pairs)
-        return b"d" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b"".join([k + x for k, x in pairs])
+        return b"d" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b"".join(pairs)
     if t is bytes:
         return b"b" + _LEN.pack(len(v)) + bytes(v)
     raise _Slow
@@ -287,6 +323,22 @@ def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> st
         return blake3(_plain(value)).hexdigest()
     except _Slow:
         pass
+    if type(value) not in _CONTAINERS:  # one codec leaf (a tensor): straight to its chunks
+        for codec in codecs:
+            if codec.accepts(value):
+                try:
+                    chunks = list(codec.chunks(value))
+                except ValueConversionError:
+                    break  # the general path below words the error
+                tag = codec.tag.encode()
+                size = sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in chunks)
+                head = b"c" + _LEN.pack(len(tag)) + tag + _LEN.pack(size)
+                if size <= 65536:  # one update: copying a small payload costs less than a call
+                    return blake3(b"".join([head, *chunks])).hexdigest()
+                h = blake3(head)
+                for c in chunks:
+                    h.update(c)
+                return h.hexdigest()
     out: list[bytes | memoryview] = []
     _convert(lambda: _encode(value, out.append, codecs), where)
     h = blake3()

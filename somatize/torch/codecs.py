@@ -35,10 +35,27 @@ from ..values import encode as encode_data
 __all__ = ["NdarrayCodec", "TensorCodec", "default_codecs"]
 
 _LEN = struct.Struct(">Q")
+_HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], bytes] = {}  # (dtype, shape) -> header
+
+
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+        torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+    }
+)  # fmt: skip
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw bytes of a tensor as a flat byte view, without a copy when it is contiguous on CPU."""
+    if (
+        t.is_cpu
+        and not t.requires_grad
+        and t.dtype in _NUMPY_DTYPES
+        and t.is_contiguous()
+        and not (t.is_conj() or t.is_neg())
+    ):  # the common case, without making views: numpy's buffer is the tensor's memory
+        return memoryview(t.numpy()).cast("B") if t.numel() else memoryview(b"")  # type: ignore[arg-type]
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -71,6 +88,13 @@ class TensorCodec:
         return isinstance(value, torch.Tensor)
 
     def check(self, value: torch.Tensor) -> None:
+        if (
+            value.is_cpu
+            and not value.requires_grad
+            and value.layout is torch.strided
+            and not value.is_quantized
+        ):
+            return  # the common case, in four attribute reads
         if value.requires_grad:
             raise ValueConversionError(
                 f"a tensor of shape {tuple(value.shape)} that requires grad; wrap it in Opaque(...) "
@@ -84,8 +108,14 @@ class TensorCodec:
 
     def chunks(self, value: torch.Tensor) -> Iterable[bytes | memoryview]:
         self.check(value)
-        header = encode_data((str(value.dtype).removeprefix("torch."), tuple(value.shape)))
-        return (_LEN.pack(len(header)) + header, _tensor_bytes(value))
+        shape = tuple(value.shape)
+        header = _HEADERS.get((value.dtype, shape))
+        if header is None:
+            encoded = encode_data((str(value.dtype).removeprefix("torch."), shape))
+            header = _LEN.pack(len(encoded)) + encoded
+            if len(_HEADERS) < 4096:
+                _HEADERS[value.dtype, shape] = header
+        return (header, _tensor_bytes(value))
 
     def decode(self, payload: bytes) -> torch.Tensor:
         (n,) = _LEN.unpack_from(payload)
