@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Outcome", "Program", "name_node"]
 
+_new_ctx = tuple.__new__
+
 
 def name_node(e: BaseException, label: str, impl: Any, on_host: str = "") -> None:
     """Add a note to ``e`` naming the node that raised it (as the keyed path does), unless
@@ -125,6 +127,7 @@ class Program:
         values: dict[str, Any] = {}
         metrics: dict[str, Any] = {}
         codecs = self.codecs
+        ctx = _new_ctx  # Ctx(...) without NamedTuple's Python-level __new__ (half the cost)
         for node, forward, inputs, device, where in self.fast:
             if not inputs:
                 inp = x
@@ -133,7 +136,7 @@ class Program:
             else:
                 inp = tuple([values[i] for i in inputs])
             try:  # (free in Python >= 3.11 while nothing raises)
-                done = forward(inp, Ctx(node, device, run))
+                done = forward(inp, ctx(Ctx, (node, device, run)))
             except Exception as e:
                 name_node(e, node, self.catalog[node])
                 raise
