@@ -73,7 +73,8 @@ class Opaque:
 
 
 _LENS = [_LEN.pack(i) for i in range(1024)]
-_CONTAINERS = frozenset({list, tuple, dict})
+_TAGS: dict[str, bytes] = {}  # a codec's tag -> the start of every value it writes
+_DATA = frozenset({str, int, float, bool, bytes, list, tuple, dict, type(None)})
 _INT_TWO = b"i" + _LEN.pack(2)
 
 
@@ -118,8 +119,12 @@ def _plain(v: Any) -> bytes:
         out = [(b"l" if t is list else b"t") + (_LENS[n] if n < 1024 else _LEN.pack(n))]
         for x in v:
             tx = type(x)
-            if tx is int and -128 <= x < 128:
-                out.append(_INT_SMALL[x])
+            if tx is int and -32768 <= x < 32768:
+                out.append(
+                    _INT_SMALL[x]
+                    if -128 <= x < 128
+                    else _INT_TWO + x.to_bytes(2, "big", signed=True)
+                )
             elif tx is float and x == x:
                 out.append(b"f" + _FLOAT.pack(x))
             else:
@@ -319,23 +324,29 @@ def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> st
         >>> digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})
         True
     """
-    try:
-        return blake3(_plain(value)).hexdigest()
-    except _Slow:
-        pass
-    if type(value) not in _CONTAINERS:  # one codec leaf (a tensor): straight to its chunks
+    if type(value) in _DATA:
+        try:
+            return blake3(_plain(value)).hexdigest()
+        except _Slow:
+            pass
+    else:  # one codec leaf (a tensor): straight to its chunks
         for codec in codecs:
             if codec.accepts(value):
                 try:
-                    chunks = list(codec.chunks(value))
+                    chunks = [b"", *codec.chunks(value)]
                 except ValueConversionError:
                     break  # the general path below words the error
-                tag = codec.tag.encode()
-                size = sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in chunks)
-                head = b"c" + _LEN.pack(len(tag)) + tag + _LEN.pack(size)
+                size = 0
+                for c in chunks:
+                    size += c.nbytes if type(c) is memoryview else len(c)
+                tag = _TAGS.get(codec.tag)
+                if tag is None:
+                    raw_tag = codec.tag.encode()
+                    tag = _TAGS[codec.tag] = b"c" + _LEN.pack(len(raw_tag)) + raw_tag
+                chunks[0] = tag + _LEN.pack(size)
                 if size <= 65536:  # one update: copying a small payload costs less than a call
-                    return blake3(b"".join([head, *chunks])).hexdigest()
-                h = blake3(head)
+                    return blake3(b"".join(chunks)).hexdigest()
+                h = blake3(chunks.pop(0))
                 for c in chunks:
                     h.update(c)
                 return h.hexdigest()

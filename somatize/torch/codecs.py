@@ -38,24 +38,12 @@ _LEN = struct.Struct(">Q")
 _HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], bytes] = {}  # (dtype, shape) -> header
 
 
-_NUMPY_DTYPES = frozenset(
-    {
-        torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
-        torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
-    }
-)  # fmt: skip
-
-
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw bytes of a tensor as a flat byte view, without a copy when it is contiguous on CPU."""
-    if (
-        t.is_cpu
-        and not t.requires_grad
-        and t.dtype in _NUMPY_DTYPES
-        and t.is_contiguous()
-        and not (t.is_conj() or t.is_neg())
-    ):  # the common case, without making views: numpy's buffer is the tensor's memory
-        return memoryview(t.numpy()).cast("B") if t.numel() else memoryview(b"")  # type: ignore[arg-type]
+    try:  # the common case, without making views: numpy's buffer is the tensor's own memory
+        return memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]
+    except (TypeError, RuntimeError):
+        pass  # not on CPU, requires grad, conj/neg bit, no numpy dtype, not C-contiguous, empty
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -108,13 +96,13 @@ class TensorCodec:
 
     def chunks(self, value: torch.Tensor) -> Iterable[bytes | memoryview]:
         self.check(value)
-        shape = tuple(value.shape)
+        shape = value.shape  # (a torch.Size hashes and compares as the tuple it is)
         header = _HEADERS.get((value.dtype, shape))
         if header is None:
-            encoded = encode_data((str(value.dtype).removeprefix("torch."), shape))
+            encoded = encode_data((str(value.dtype).removeprefix("torch."), tuple(shape)))
             header = _LEN.pack(len(encoded)) + encoded
             if len(_HEADERS) < 4096:
-                _HEADERS[value.dtype, shape] = header
+                _HEADERS[value.dtype, tuple(shape)] = header
         return (header, _tensor_bytes(value))
 
     def decode(self, payload: bytes) -> torch.Tensor:
