@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .bulk import paused_gc
 from .catalog import Catalog
 from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
@@ -87,11 +88,12 @@ class Graph:
         from .dsl import build
 
         g = cls(**kwargs)
-        nodes, edges = build(expr)
-        for nid, impl in nodes:
-            g.node(nid, impl)
-        for a, b in edges:
-            g.edge(a, b)
+        with paused_gc():  # many small objects, no cycles to reclaim (see bulk.py)
+            nodes, edges = build(expr)
+            for nid, impl in nodes:
+                g.node(nid, impl)
+            for a, b in edges:
+                g.edge(a, b)
         return g
 
     def node(self, node_id: str, impl: Node | Graph) -> Graph:
@@ -245,11 +247,12 @@ class Graph:
         """The executable form of the graph, built once per change."""
         stamp = self._stamp()
         if self._program is None or stamp != self._built_from:
-            subs = {n: sub.program() for n, sub in self._subgraphs().items()}
-            self._built_from = stamp
-            self._program = Program(
-                self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
-            )
+            with paused_gc():
+                subs = {n: sub.program() for n, sub in self._subgraphs().items()}
+                self._built_from = stamp
+                self._program = Program(
+                    self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
+                )
         return self._program
 
     def forward(

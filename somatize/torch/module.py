@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..bulk import paused_gc
 from ..errors import StateError
 from ..graph import Graph
 from ..node import Ctx, Done, Mapped, Node, Run
@@ -259,6 +260,10 @@ class GraphModule(nn.Module):
 
     def _sync(self) -> None:
         """Register every node's modules and enforce frozen nodes (after any graph change)."""
+        with paused_gc():  # one nn.Module per node: many objects, no cycles (see bulk.py)
+            self._register()
+
+    def _register(self) -> None:
         global _marked_any
         g = equip(self.graph)  # again: a subgraph may have been added since
         for name in list(self._modules):
