@@ -2,7 +2,8 @@
 
 * fedavg against a straightforward float64 reference (``sum(w * t.double()) / W``)
   and against one pass over the memory (reading every client tensor once, a sum).
-* Four training runs on ``st.executor(workers=2)`` against the same four in series.
+* Eight training runs on ``st.executor(workers=2)``, the pool's start included, against the
+  same eight in series.
 """
 
 from __future__ import annotations
@@ -57,14 +58,6 @@ def train_run(seed: int, epochs: int = 24) -> st.TrainResult:
     return trainer.fit(g, data)
 
 
-def _ready(seed: int) -> int:
-    """Warm a worker as the parent process is warm: a first run pays one-time costs
-    (lazy imports on the first optimizer step, allocator growth) that a campaign's
-    long runs amortise."""
-    train_run(seed, epochs=1)
-    return torch.get_num_threads()
-
-
 def run(quick: bool) -> list[Row]:
     import torch
 
@@ -113,43 +106,61 @@ def run(quick: bool) -> list[Row]:
         ),
     ]
 
-    runs = 4
+    rows.append(campaign(quick))
+    return rows
 
-    def serial() -> float:
-        start = time.perf_counter()
+
+def _stop_forkserver() -> None:
+    """Stop the process's forkserver, so the next pool starts cold (preload included)."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)  # type: ignore[attr-defined]
+    if stop is not None:
+        stop()
+
+
+def campaign(quick: bool) -> Row:
+    """Eight runs on ``st.executor(workers=2)``, the pool's start-up included (a cold
+    forkserver each time: its preload, the workers' start, their first runs), against
+    the same eight in series in this process, warmed by one run first."""
+    runs = 8
+    train_run(0, epochs=1)  # the serial side at its best: imports and allocator warm
+
+    def serial() -> tuple[float, float]:
+        cpu, start = time.process_time(), time.perf_counter()
         for seed in range(runs):
             train_run(seed)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
-    def pooled() -> tuple[float, float]:
+    def pooled() -> float:
+        _stop_forkserver()
         start = time.perf_counter()
         with st.executor(workers=2) as pool:
-            list(pool.map(_ready, range(2)))  # both workers up and warm, one thread each
-            warm = time.perf_counter()
             list(pool.map(train_run, range(runs)))
-            done = time.perf_counter()
-        return done - warm, warm - start
+        return time.perf_counter() - start
 
-    samples: dict[str, list[float]] = {"serial": [], "pool": [], "startup": []}
+    samples: dict[str, list[float]] = {"serial": [], "serial cpu": [], "pool": []}
     for _ in range(1 if quick else 3):  # interleaved: serial, pool, serial, pool...
-        samples["serial"].append(serial())
-        work, startup = pooled()
-        samples["pool"].append(work)
-        samples["startup"].append(startup)
+        wall, cpu = serial()
+        samples["serial"].append(wall)
+        samples["serial cpu"].append(cpu)
+        samples["pool"].append(pooled())
     med = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
     speedup = med["serial"] / med["pool"]
-    rows.append(
-        Row(
-            "level 3",
-            f"campaign of {runs} runs on 2 workers",
-            med["pool"],
-            "s",
-            baseline="the same runs in series",
-            baseline_value=med["serial"],
-            ratio=speedup,
-            target="≥ 1.7× speed-up",
-            met=speedup >= 1.7,
-            note=f"ratio = speed-up; the pool was started and warmed first ({med['startup']:.1f} s)",
-        )
+    loaded = med["serial"] / med["serial cpu"] if med["serial cpu"] else 1.0
+    return Row(
+        "level 3",
+        f"campaign of {runs} runs on st.executor(workers=2), pool start included",
+        med["pool"],
+        "s",
+        baseline="the same runs in series",
+        baseline_value=med["serial"],
+        ratio=speedup,
+        target="≥ 1.5× speed-up",
+        met=speedup >= 1.5,
+        spread=f"{min(samples['pool']):.2f} – {max(samples['pool']):.2f} s",
+        note=(
+            "ratio = speed-up; each pool starts a cold forkserver (its preload included); "
+            f"serial wall/CPU = {loaded:.2f} (1.00 on an idle machine)"
+        ),
     )
-    return rows

@@ -29,6 +29,8 @@ from common import Row, fmt  # noqa: E402
 
 BENCHMARKS = [
     "dispatch",
+    "scaling",
+    "keys",
     "training",
     "caching",
     "memory",
@@ -38,6 +40,8 @@ BENCHMARKS = [
     "level3",
 ]
 MARK_BEGIN, MARK_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+# Tables a benchmark prints beside its rows (``TABLES`` in its module: the scaling grid)
+TABLES_BEGIN, TABLES_END = "<!-- bench:tables:begin -->", "<!-- bench:tables:end -->"
 
 
 def cpu_name() -> str:
@@ -52,8 +56,8 @@ def cpu_name() -> str:
 
 def table(rows: list[Row]) -> str:
     lines = [
-        "| benchmark | case | somatize | baseline | ratio | target | met |",
-        "|---|---|---|---|---|---|---|",
+        "| benchmark | case | somatize | baseline | ratio | ratio (CPU time) | target | met |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         base = f"{r.baseline}: {fmt(r.baseline_value, r.unit)}" if r.baseline else ""
@@ -61,8 +65,10 @@ def table(rows: list[Row]) -> str:
         value = fmt(r.value, r.unit) + (f" ({r.spread})" if r.spread else "")
         note = f" — {r.note}" if r.note else ""
         ratio = fmt(r.ratio, "x") if r.ratio is not None else ""
+        cpu = fmt(r.cpu_ratio, "x") if r.cpu_ratio is not None else ""
         lines.append(
-            f"| {r.benchmark} | {r.case}{note} | {value} | {base} | {ratio} | {r.target} | {met} |"
+            f"| {r.benchmark} | {r.case}{note} | {value} | {base} | {ratio} | {cpu} "
+            f"| {r.target} | {met} |"
         )
     return "\n".join(lines)
 
@@ -84,17 +90,20 @@ def main() -> int:
         "command": "make bench" + (" (--quick)" if args.quick else ""),
     }
     rows: list[Row] = []
+    tables: list[str] = []
     failures: dict[str, str] = {}
     for name in args.only or BENCHMARKS:
         start = time.perf_counter()
         print(f"== {name}", flush=True)
         try:
-            got = importlib.import_module(f"bench_{name}").run(args.quick)
+            bench = importlib.import_module(f"bench_{name}")
+            got = bench.run(args.quick)
         except Exception:  # a benchmark reports, it never fails the build
             failures[name] = traceback.format_exc()
             print(failures[name], file=sys.stderr)
             continue
         rows.extend(got)
+        tables.extend(getattr(bench, "TABLES", {}).values())
         print(table(got), flush=True)
         print(f"   ({time.perf_counter() - start:.0f} s)", flush=True)
 
@@ -104,9 +113,12 @@ def main() -> int:
         f"Measured {meta['date']} on {meta['cpu']} ({meta['cores']} cores), torch {meta['torch']}, "
         f"Python {meta['python']}, with `{meta['command']}`. Each figure is a median of "
         "interleaved trials after a warm-up, with its min–max; ratios are against a baseline "
-        "measured in the same run."
+        "measured in the same run, in wall time and (where read) in CPU time "
+        "(`time.process_time`): on a loaded machine the two differ, and the CPU-time ratio "
+        "is the one the load moves less."
     )
     md = header + "\n\n" + table(rows) + "\n"
+    extra = "\n\n".join(tables)
     if failures:
         md += "\nBenchmarks that crashed: " + ", ".join(sorted(failures)) + "\n"
     (out / "latest.json").write_text(
@@ -114,16 +126,21 @@ def main() -> int:
             {"meta": meta, "rows": [r.as_dict() for r in rows], "failures": failures}, indent=2
         )
     )
-    (out / "latest.md").write_text(md)
-    print("\n" + md)
+    (out / "latest.md").write_text(md + (f"\n{extra}\n" if extra else ""))
+    print("\n" + md + (f"\n{extra}\n" if extra else ""))
     docs = HERE.parent / "docs" / "benchmarks.md"
     if not args.no_docs and not args.only and docs.exists():
         text = docs.read_text()
         if MARK_BEGIN in text and MARK_END in text:
             before, rest = text.split(MARK_BEGIN, 1)
             after = rest.split(MARK_END, 1)[1]
-            docs.write_text(f"{before}{MARK_BEGIN}\n{md}{MARK_END}{after}")
-            print(f"updated {docs.relative_to(HERE.parent)}")
+            text = f"{before}{MARK_BEGIN}\n{md}{MARK_END}{after}"
+        if extra and TABLES_BEGIN in text and TABLES_END in text:
+            before, rest = text.split(TABLES_BEGIN, 1)
+            after = rest.split(TABLES_END, 1)[1]
+            text = f"{before}{TABLES_BEGIN}\n{extra}\n{TABLES_END}{after}"
+        docs.write_text(text)
+        print(f"updated {docs.relative_to(HERE.parent)}")
     return 0
 
 

@@ -17,11 +17,14 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import DuplicateNodeError
+from .graph import Graph
+from .node import Mapped, Node
 
 __all__ = ["Expr", "Par", "Ref", "Seq", "build", "par", "seq"]
 
@@ -50,20 +53,58 @@ class Ref(Expr):
     id: str | None = None
 
 
-@dataclass(frozen=True, eq=False)
-class Seq(Expr):
-    parts: tuple[Expr, ...]
+class _Parts(Expr):
+    """A flat run of parts. ``x >> y`` on a long run links to it instead of copying it,
+    so writing a chain of N nodes one ``>>`` at a time costs O(N), not O(N²); the parts
+    are flattened once, when first read."""
+
+    __slots__ = ("_base", "_more", "_parts")
+
+    def __init__(self, parts: tuple[Expr, ...] = (), _base: _Parts | None = None) -> None:
+        self._base = _base  # parts come after the base's
+        self._more = parts
+        self._parts: tuple[Expr, ...] | None = None if _base is not None else parts
+
+    @property
+    def parts(self) -> tuple[Expr, ...]:
+        if self._parts is None:
+            runs = []
+            link: _Parts | None = self
+            while link is not None and link._parts is None:
+                runs.append(link._more)
+                link = link._base
+            flat = list(link.parts) if link is not None else []  # (already flat)
+            for run in reversed(runs):
+                flat.extend(run)
+            self._parts = tuple(flat)
+            self._base = None  # the chain can go
+        return self._parts
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.parts!r})"
+
+    @classmethod
+    def of(cls, a: Any, b: Any) -> _Parts:
+        left, right = lift(a), lift(b)
+        more = right.parts if type(right) is cls else (right,)
+        if type(left) is cls:
+            return cls(tuple(more), _base=left)
+        return cls((left, *more))
 
 
-@dataclass(frozen=True, eq=False)
-class Par(Expr):
-    parts: tuple[Expr, ...]
+class Seq(_Parts):
+    """``a >> b >> c``: each part runs on the previous one's output."""
+
+    __slots__ = ()
+
+
+class Par(_Parts):
+    """``a | b | c``: the parts run side by side on the same input."""
+
+    __slots__ = ()
 
 
 def lift(x: Any) -> Expr:
-    from .graph import Graph
-    from .node import Node
-
     if isinstance(x, Expr):
         return x
     if isinstance(x, (Node, Graph)):
@@ -75,25 +116,22 @@ def lift(x: Any) -> Expr:
 
 
 def seq(a: Any, b: Any) -> Seq:
-    parts: list[Expr] = []
-    for x in (lift(a), lift(b)):
-        parts.extend(x.parts if isinstance(x, Seq) else (x,))
-    return Seq(tuple(parts))
+    return Seq.of(a, b)  # type: ignore[return-value]
 
 
 def par(a: Any, b: Any) -> Par:
-    parts: list[Expr] = []
-    for x in (lift(a), lift(b)):
-        parts.extend(x.parts if isinstance(x, Par) else (x,))
-    return Par(tuple(parts))
+    return Par.of(a, b)  # type: ignore[return-value]
 
 
 def default_id(impl: Any) -> str:
     """``ClassifyHead`` → ``classify_head``; a mapped node takes its inner node's name."""
-    from .node import Mapped
-
     cls = type(impl.inner if isinstance(impl, Mapped) else impl)
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", cls.__name__).lower()
+    return _snake(cls.__name__)
+
+
+@functools.lru_cache(maxsize=1024)
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
 
 
 def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
@@ -119,17 +157,24 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
         ids[id(r.impl)] = r.id
         taken.add(r.id)
     nodes: list[tuple[str, Any]] = []
+    added: set[str] = set()
+    # base id -> the suffix it last got: every earlier one is taken (taken only grows), so
+    # the search resumes there and N nodes of one class cost O(N), not O(N²)
+    tried: dict[str, int] = {}
     for r in refs:  # then defaults, and every node once, in written order
         nid = ids.get(id(r.impl))
         if nid is None:
-            base = nid = default_id(r.impl)
-            n = 1
+            base = default_id(r.impl)
+            n = tried.get(base, 1)
+            nid = base if n == 1 else f"{base}_{n}"
             while nid in taken:
                 n += 1
                 nid = f"{base}_{n}"
+            tried[base] = n
             ids[id(r.impl)] = nid
             taken.add(nid)
-        if all(nid != existing for existing, _ in nodes):
+        if nid not in added:
+            added.add(nid)
             nodes.append((nid, r.impl))
 
     edges: list[tuple[str, str]] = []

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import CacheError
+from .errors import CacheError, NodeError
 from .keyed import Env, Forward, Walk, _where, recipe_key, walk
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Run, not_done
@@ -32,7 +32,16 @@ if TYPE_CHECKING:
     from .plan import Plan
     from .watchers import Watcher
 
-__all__ = ["Outcome", "Program"]
+__all__ = ["Outcome", "Program", "name_node"]
+
+_new_ctx = tuple.__new__
+
+
+def name_node(e: BaseException, label: str, impl: Any, on_host: str = "") -> None:
+    """Add a note to ``e`` naming the node that raised it (as the keyed path does), unless
+    it is one of ours that names the node already."""
+    if hasattr(e, "add_note") and not isinstance(e, (NodeError, CacheError)):
+        e.add_note(f"raised by node {label!r} ({type(impl).__qualname__}){on_host}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +144,7 @@ class Program:
         values: dict[str, Any] = {}
         metrics: dict[str, Any] = {}
         codecs = self.codecs
+        ctx = _new_ctx  # Ctx(...) without NamedTuple's Python-level __new__ (half the cost)
         for node, forward, inputs, device, where in self.fast:
             if not inputs:
                 inp = x
@@ -142,7 +152,11 @@ class Program:
                 inp = values[inputs[0]]
             else:
                 inp = tuple([values[i] for i in inputs])
-            done = forward(inp, Ctx(node, device, run))
+            try:  # (free in Python >= 3.11 while nothing raises)
+                done = forward(inp, ctx(Ctx, (node, device, run)))
+            except Exception as e:
+                name_node(e, node, self.catalog[node])
+                raise
             if type(done) is not Done:
                 raise not_done(node, self.catalog[node], done)
             value = done[0]

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .bulk import paused_gc
 from .catalog import Catalog
 from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
@@ -22,7 +23,7 @@ from .memory import Memory, NodeKeys
 from .node import _NO_VALUES, Ctx, Done, Node, Run
 from .placement import Placement
 from .plan import Plan, compile
-from .topology import Topology
+from .topology import Builder, Topology
 from .values import Opaque, check, digest
 from .watchers import RunEnd, RunStart, notify
 
@@ -65,7 +66,7 @@ class Graph:
     ) -> None:
         self._impls: dict[str, Any] = {}
         self._subs: dict[str, Graph] = {}  # the nodes that are graphs (nodes are never removed)
-        self._edges: list[tuple[str, str]] = []
+        self._shape = Builder()  # node ids and edges, checked edge by edge
         self.placement = Placement()
         self.memory = Memory()
         self.keeper = keeper
@@ -90,11 +91,12 @@ class Graph:
         from .dsl import build
 
         g = cls(**kwargs)
-        nodes, edges = build(expr)
-        for nid, impl in nodes:
-            g.node(nid, impl)
-        for a, b in edges:
-            g.edge(a, b)
+        with paused_gc():  # many small objects, no cycles to reclaim (see bulk.py)
+            nodes, edges = build(expr)
+            for nid, impl in nodes:
+                g.node(nid, impl)
+            for a, b in edges:
+                g.edge(a, b)
         return g
 
     def node(self, node_id: str, impl: Node | Graph) -> Graph:
@@ -113,7 +115,7 @@ class Graph:
             raise DuplicateNodeError(
                 f"node id {node_id!r} is already in the graph; choose another id"
             )
-        Topology((node_id,))  # validates the id before anything changes
+        self._shape.add_node(node_id)  # validates the id before anything changes
         self._impls[node_id] = impl
         if isinstance(impl, Graph):
             self._subs[node_id] = impl
@@ -124,9 +126,7 @@ class Graph:
         """Add an edge; a node with several inputs receives them in the order edges were added."""
         self._require(source)
         self._require(target)
-        edges = [*self._edges, (source, target)]
-        Topology(tuple(self._impls), tuple(edges))  # validate before changing anything
-        self._edges = edges
+        self._shape.add_edge(source, target)  # checks it, changing nothing if it is invalid
         self._changed()
         return self
 
@@ -180,7 +180,7 @@ class Graph:
         stamps = tuple(sub._stamp() for sub in subgraphs.values())
         if self._topology is None or stamps != self._topology_from:
             subs = {n: sub.topology for n, sub in subgraphs.items()}
-            self._topology = Topology(tuple(self._impls), tuple(self._edges), subs)
+            self._topology = Topology(tuple(self._impls), tuple(self._shape.edges), subs)
             self._topology_from = stamps
         return self._topology
 
@@ -198,7 +198,7 @@ class Graph:
         return tuple(self._impls)
 
     def edges(self) -> tuple[tuple[str, str], ...]:
-        return tuple(self._edges)
+        return tuple(self._shape.edges)
 
     def __getitem__(self, node_id: str) -> Any:
         self._require(node_id)
@@ -267,11 +267,12 @@ class Graph:
         """The executable form of the graph, built once per change."""
         stamp = self._stamp()
         if self._program is None or stamp != self._built_from:
-            subs = {n: sub.program() for n, sub in self._subgraphs().items()}
-            self._built_from = stamp
-            self._program = Program(
-                self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
-            )
+            with paused_gc():
+                subs = {n: sub.program() for n, sub in self._subgraphs().items()}
+                self._built_from = stamp
+                self._program = Program(
+                    self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
+                )
         return self._program
 
     def forward(
@@ -413,7 +414,7 @@ class Graph:
         return to_text(self)
 
     def __repr__(self) -> str:
-        return f"Graph({len(self._impls)} nodes, {len(self._edges)} edges)"
+        return f"Graph({len(self._impls)} nodes, {len(self._shape.edges)} edges)"
 
     def __getstate__(self) -> dict[str, Any]:
         # What is derived (program, keys) is rebuilt on the other side; a runtime's hook

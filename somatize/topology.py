@@ -21,7 +21,13 @@ from typing import Any
 from .errors import CycleError, DuplicateNodeError, EmptyGraphError, GraphError, MissingNodeError
 from .values import digest
 
-__all__ = ["Topology"]
+__all__ = ["Builder", "Topology", "check_id"]
+
+
+def check_id(node_id: object) -> None:
+    """Raise ``GraphError`` unless ``node_id`` is a non-empty string."""
+    if not isinstance(node_id, str) or not node_id:
+        raise GraphError(f"node id {node_id!r} is not a non-empty string")
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,7 @@ class Topology:
     def __post_init__(self) -> None:
         seen: set[str] = set()
         for n in self.nodes:
-            if not isinstance(n, str) or not n:
-                raise GraphError(f"node id {n!r} is not a non-empty string")
+            check_id(n)
             if n in seen:
                 raise DuplicateNodeError(f"node id {n!r} is used twice; give each node its own id")
             seen.add(n)
@@ -195,3 +200,74 @@ class Topology:
             and self.edges == other.edges
             and dict(self.subgraphs) == dict(other.subgraphs)
         )
+
+
+class Builder:
+    """A topology under construction, for ``Graph.node`` and ``Graph.edge``.
+
+    Each edge is checked (self-loop, duplicate, cycle) in time proportional to the part
+    of the graph it reorders, not to the whole graph: a topological order is kept as
+    edges arrive (Pearce and Kelly's incremental algorithm), so an edge that agrees with
+    it — every edge of a chain or fork built in written order — costs a comparison.
+    Nothing here sorts the whole graph; ``Topology`` does that once, when it is built.
+    """
+
+    __slots__ = ("_ord", "_pairs", "_preds", "_succs", "edges")
+
+    def __init__(self) -> None:
+        self._ord: dict[str, int] = {}  # node -> its position in a topological order
+        self._succs: dict[str, list[str]] = {}
+        self._preds: dict[str, list[str]] = {}
+        self._pairs: set[tuple[str, str]] = set()
+        self.edges: list[tuple[str, str]] = []
+
+    def add_node(self, node: str) -> None:
+        """Add a node (the caller has checked its id is new)."""
+        check_id(node)
+        self._ord[node] = len(self._ord)
+
+    def add_edge(self, a: str, b: str) -> None:
+        """Add ``a -> b`` between known nodes; raises, changing nothing, if it is invalid."""
+        if a == b:
+            raise CycleError(f"edge {a!r} -> {b!r} connects a node to itself")
+        if (a, b) in self._pairs:
+            raise GraphError(f"edge {a!r} -> {b!r} is given twice")
+        order = self._ord
+        if order[b] < order[a]:
+            self._reorder(a, b)
+        self._pairs.add((a, b))
+        self._succs.setdefault(a, []).append(b)
+        self._preds.setdefault(b, []).append(a)
+        self.edges.append((a, b))
+
+    def _reorder(self, a: str, b: str) -> None:
+        """Make room for ``a -> b`` where ``b`` comes first; CycleError if ``b`` reaches ``a``."""
+        order = self._ord
+        low, high = order[b], order[a]
+        ahead: dict[str, str | None] = {b: None}  # reached from b (within the window) -> parent
+        todo = [b]
+        while todo:
+            n = todo.pop()
+            for s in self._succs.get(n, ()):
+                if s == a:
+                    path = [n]
+                    while (up := ahead[path[-1]]) is not None:
+                        path.append(up)
+                    raise CycleError(
+                        f"the graph has a cycle: {' -> '.join([a, *reversed(path), a])}"
+                    )
+                if s not in ahead and order[s] < high:
+                    ahead[s] = n
+                    todo.append(s)
+        behind = {a}  # reaching a (within the window)
+        todo = [a]
+        while todo:
+            n = todo.pop()
+            for p in self._preds.get(n, ()):
+                if p not in behind and order[p] > low:
+                    behind.add(p)
+                    todo.append(p)
+        moved = sorted(behind, key=order.__getitem__) + sorted(ahead, key=order.__getitem__)
+        slots = sorted(order[n] for n in moved)
+        for n, slot in zip(moved, slots):
+            order[n] = slot

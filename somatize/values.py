@@ -73,6 +73,8 @@ class Opaque:
 
 
 _LENS = [_LEN.pack(i) for i in range(1024)]
+_TAGS: dict[str, bytes] = {}  # a codec's tag -> the start of every value it writes
+_DATA = frozenset({str, int, float, bool, bytes, list, tuple, dict, type(None)})
 _INT_TWO = b"i" + _LEN.pack(2)
 
 
@@ -80,20 +82,31 @@ class _Slow(Exception):
     """Internal: the value needs the general encoder (a codec leaf, or an error to explain)."""
 
 
+_KEYS: dict[str, bytes] = {}  # encodings of dict keys seen: the same few names recur
+
+
+def _str(v: str) -> bytes:
+    b = v.encode("utf-8", "surrogatepass")
+    n = len(b)
+    return b"s" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b
+
+
 def _plain(v: Any) -> bytes:
-    """The encoding of plain data, fast: bytes are built bottom-up, no codecs, no error paths."""
+    """The encoding of plain data, fast: bytes are built bottom-up, no codecs, no error paths.
+
+    The common leaves inside a list, tuple or dict (small ints, strings, floats) are written
+    in place rather than through a call each; ``_encode`` is the reference it must match.
+    """
     t = type(v)
     if t is str:
-        b: bytes = v.encode("utf-8", "surrogatepass")
-        n = len(b)
-        return b"s" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b
+        return _str(v)
     if t is int:
         if -128 <= v < 128:
             return _INT_SMALL[v]
         if -32768 <= v < 32768:  # the minimal two's complement is exactly two bytes here
             two: bytes = v.to_bytes(2, "big", signed=True)
             return _INT_TWO + two
-        b = v.to_bytes((v + (v < 0)).bit_length() // 8 + 1, "big", signed=True)
+        b: bytes = v.to_bytes((v + (v < 0)).bit_length() // 8 + 1, "big", signed=True)
         return b"i" + _LEN.pack(len(b)) + b
     if t is float:
         return _NAN if v != v else b"f" + _FLOAT.pack(v)
@@ -103,17 +116,45 @@ def _plain(v: Any) -> bytes:
         return b"T" if v else b"F"
     if t is list or t is tuple:
         n = len(v)
-        head = (b"l" if t is list else b"t") + (_LENS[n] if n < 1024 else _LEN.pack(n))
-        return head + b"".join([_plain(x) for x in v])
+        out = [(b"l" if t is list else b"t") + (_LENS[n] if n < 1024 else _LEN.pack(n))]
+        for x in v:
+            tx = type(x)
+            if tx is int and -32768 <= x < 32768:
+                out.append(
+                    _INT_SMALL[x]
+                    if -128 <= x < 128
+                    else _INT_TWO + x.to_bytes(2, "big", signed=True)
+                )
+            elif tx is float and x == x:
+                out.append(b"f" + _FLOAT.pack(x))
+            else:
+                out.append(_plain(x))
+        return b"".join(out)
     if t is dict:
         pairs = []
         for k, x in v.items():
-            if type(k) is not str and type(k) is not int:
+            if type(k) is str:
+                kb = _KEYS.get(k)
+                if kb is None:
+                    kb = _str(k)
+                    if len(_KEYS) < 4096 and len(k) <= 64:
+                        _KEYS[k] = kb
+            elif type(k) is int:
+                kb = _plain(k)
+            else:
                 raise _Slow
-            pairs.append((_plain(k), _plain(x)))
-        pairs.sort()  # keys are distinct, so only the encoded keys are ever compared
+            tx = type(x)
+            if tx is str:
+                pairs.append(kb + _str(x))
+            elif tx is float and x == x:
+                pairs.append(kb + b"f" + _FLOAT.pack(x))
+            else:
+                pairs.append(kb + _plain(x))
+        # Sorting key+value strings orders them by key: distinct keys' encodings differ
+        # within their common length (tag, then length prefix, then bytes), never by prefix.
+        pairs.sort()
         n = len(pairs)
-        return b"d" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b"".join([k + x for k, x in pairs])
+        return b"d" + (_LENS[n] if n < 1024 else _LEN.pack(n)) + b"".join(pairs)
     if t is bytes:
         return b"b" + _LEN.pack(len(v)) + bytes(v)
     raise _Slow
@@ -283,10 +324,32 @@ def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> st
         >>> digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})
         True
     """
-    try:
-        return blake3(_plain(value)).hexdigest()
-    except _Slow:
-        pass
+    if type(value) in _DATA:
+        try:
+            return blake3(_plain(value)).hexdigest()
+        except _Slow:
+            pass
+    else:  # one codec leaf (a tensor): straight to its chunks
+        for codec in codecs:
+            if codec.accepts(value):
+                try:
+                    chunks = [b"", *codec.chunks(value)]
+                except ValueConversionError:
+                    break  # the general path below words the error
+                size = 0
+                for c in chunks:
+                    size += c.nbytes if type(c) is memoryview else len(c)
+                tag = _TAGS.get(codec.tag)
+                if tag is None:
+                    raw_tag = codec.tag.encode()
+                    tag = _TAGS[codec.tag] = b"c" + _LEN.pack(len(raw_tag)) + raw_tag
+                chunks[0] = tag + _LEN.pack(size)
+                if size <= 65536:  # one update: copying a small payload costs less than a call
+                    return blake3(b"".join(chunks)).hexdigest()
+                h = blake3(chunks.pop(0))
+                for c in chunks:
+                    h.update(c)
+                return h.hexdigest()
     out: list[bytes | memoryview] = []
     _convert(lambda: _encode(value, out.append, codecs), where)
     h = blake3()

@@ -24,6 +24,7 @@ from somatize import (
     NodeError,
     Opaque,
     Recorder,
+    Topology,
     ValueConversionError,
     decode,
 )
@@ -108,6 +109,37 @@ def test_builder_errors_leave_the_graph_unchanged() -> None:
     assert g.forward(0) == 3
 
 
+def test_building_a_long_chain_never_sorts_the_topology_until_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each edge is checked incrementally: 1,000 edges, built forwards, backwards and by the
+    DSL, make no Topology and sort nothing; running compiles (and sorts) once."""
+    built: list[int] = []
+    real = Topology.__post_init__
+    monkeypatch.setattr(Topology, "__post_init__", lambda t: (built.append(1), real(t))[1])
+    n = 1_000
+    forwards = Graph()
+    for i in range(n):
+        forwards.node(f"n{i}", Add(1))
+    for i in range(n - 1):
+        forwards.edge(f"n{i}", f"n{i + 1}")
+    backwards = Graph()  # each edge goes against insertion order: the kept order must move
+    for i in range(n):
+        backwards.node(f"n{i}", Add(1))
+    for i in reversed(range(n - 1)):
+        backwards.edge(f"n{i + 1}", f"n{i}")
+    expr: Any = Add(1)
+    for _ in range(n - 1):
+        expr = expr >> Add(1)
+    dsl = Graph.somatize(expr)
+    assert built == []
+    assert forwards.forward(0) == n and backwards.forward(0) == n and dsl.forward(0) == n
+    assert len(built) == 3  # one Topology (one sort) per graph
+    with pytest.raises(CycleError, match=r"cycle: n0 -> n999 -> n998 .* -> n1 -> n0"):
+        backwards.edge("n0", "n999")
+    assert len(dsl.nodes()) == n and dsl.nodes()[-1] == f"add_{n}"
+
+
 def test_a_graph_cannot_contain_itself() -> None:
     g = Graph().node("a", Add(1))
     with pytest.raises(GraphError, match="cannot contain itself"):
@@ -187,6 +219,23 @@ def test_errors_inside_a_node_say_which_node_on_the_keyed_path() -> None:
     with pytest.raises(RuntimeError, match="boom") as info:
         g.forward(1)
     assert any("node 'boom'" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_errors_inside_a_node_say_which_node_on_the_hot_path() -> None:
+    class Boom(Node):
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            raise RuntimeError("boom")
+
+    g = Graph().node("a", Add(1)).node("boom", Boom()).edge("a", "boom")
+    assert not g.program().keyed and not g.watchers  # the hot path
+    with pytest.raises(RuntimeError, match="boom") as info:
+        g.forward(1)
+    boom = f"raised by node 'boom' ({Boom.__qualname__})"
+    assert getattr(info.value, "__notes__", []) == [boom]
+    outer = Graph().node("sub", g)  # inside a subgraph: the inner node, then the subgraph
+    with pytest.raises(RuntimeError, match="boom") as info:
+        outer.forward(1)
+    assert info.value.__notes__ == [boom, "raised by node 'sub' (Graph)"]
 
 
 def test_metrics_travel_up_on_both_paths_also_from_subgraphs() -> None:

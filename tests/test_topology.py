@@ -18,6 +18,7 @@ from somatize import (
     MissingNodeError,
     Topology,
 )
+from somatize.topology import Builder
 
 
 @st.composite
@@ -111,3 +112,40 @@ def test_adding_a_back_edge_always_raises_a_cycle_naming_it(
     assert named[0] == named[-1]
     for x, y in itertools.pairwise(named):
         assert (x, y) in {*t.edges, (b, a)}
+
+
+@settings(max_examples=200)
+@given(st.integers(2, 9), st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8)), max_size=30))
+def test_the_incremental_builder_accepts_exactly_what_topology_accepts(
+    n: int, tries: list[tuple[int, int]]
+) -> None:
+    """Edge by edge, in any order: the builder (what Graph.edge uses) keeps an edge exactly
+    when the whole Topology with it is valid, and raises the same error class otherwise."""
+    nodes = tuple(f"n{i}" for i in range(n))
+    b = Builder()
+    for node in nodes:
+        b.add_node(node)
+    kept: list[tuple[str, str]] = []
+    for i, j in tries:
+        e = (f"n{i % n}", f"n{j % n}")
+        try:
+            Topology(nodes, (*kept, e))
+            expected: type[Exception] | None = None
+        except GraphError as err:
+            expected = type(err)
+        try:
+            b.add_edge(*e)
+            got: type[Exception] | None = None
+        except GraphError as err:
+            got = type(err)
+            if "has a cycle" in str(err):  # the cycle named is one that the edge closes
+                named = str(err).split(": ", 1)[1].split(" -> ")
+                assert named[0] == named[-1] == e[0] and named[1] == e[1]
+                assert all(p in {*kept, e} for p in itertools.pairwise(named))
+        assert got == expected
+        if got is None:
+            kept.append(e)
+        assert b.edges == kept
+        # the kept order is a topological order of what was kept
+        position = b._ord
+        assert all(position[x] < position[y] for x, y in kept)

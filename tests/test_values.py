@@ -146,6 +146,16 @@ def test_digest_is_blake3_of_encoding(a: Any) -> None:
     assert digest(a) == blake3(encode(a)).hexdigest()
 
 
+@settings(max_examples=500)
+@given(wide)
+def test_the_fast_encoder_writes_what_the_reference_encoder_writes(a: Any) -> None:
+    from somatize.values import _encode, _plain
+
+    out: list[Any] = []
+    _encode(a, out.append, ())
+    assert _plain(a) == b"".join(bytes(c) for c in out)
+
+
 # -- the cases the design names -----------------------------------------------------------
 
 

@@ -99,10 +99,29 @@ def summarize(
     )
 
 
+#: Imported once in the forkserver, so that every worker starts with them: torch, somatize,
+#: and what a first run would otherwise import lazily in each fresh worker — the first
+#: optimizer step loads torch's compiler stack (``torch._dynamo``, with sympy: some 800
+#: modules, over a second of CPU), which made a pool of short runs slower than a loop.
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "torch.profiler",
+    "torch.optim",
+    "somatize",
+    "somatize.dsl",
+    "somatize.torch",
+)
+
+
 def _init_worker(threads: int) -> None:
+    import importlib
+
     import torch
 
     torch.set_num_threads(threads)
+    for name in PRELOAD:  # already there under forkserver; under spawn, imported here
+        importlib.import_module(name)
 
 
 def _call(payload: bytes) -> Any:
@@ -124,8 +143,9 @@ class TorchPool(ProcessPoolExecutor):
 def executor(workers: int | None = None, *, threads_per_worker: int = 1) -> TorchPool:
     """A process pool configured correctly for torch work.
 
-    * forkserver start method with torch preloaded (fast starts, no fork of a
-      threaded parent);
+    * forkserver start method with torch, somatize and what a first optimizer step
+      imports preloaded (``PRELOAD``): fast starts, no fork of a threaded parent, and a
+      worker's first run as fast as its later ones;
     * ``torch.set_num_threads(threads_per_worker)`` in each worker — without it two
       workers on two cores thrash, and runs get many times slower;
     * use it as a context manager for a clean shutdown.
@@ -141,7 +161,7 @@ def executor(workers: int | None = None, *, threads_per_worker: int = 1) -> Torc
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(["torch", "somatize.torch"])
+        ctx.set_forkserver_preload(list(PRELOAD))
     return TorchPool(
         max_workers=workers or os.cpu_count() or 1,
         mp_context=ctx,

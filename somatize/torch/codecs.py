@@ -36,10 +36,15 @@ from ..values import encode as encode_data
 __all__ = ["NdarrayCodec", "TensorCodec", "default_codecs"]
 
 _LEN = struct.Struct(">Q")
+_HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], bytes] = {}  # (dtype, shape) -> header
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw bytes of a tensor as a flat byte view, without a copy when it is contiguous on CPU."""
+    try:  # the common case, without making views: numpy's buffer is the tensor's own memory
+        return memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]
+    except (TypeError, RuntimeError):
+        pass  # not on CPU, requires grad, conj/neg bit, no numpy dtype, not C-contiguous, empty
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -77,6 +82,13 @@ class TensorCodec:
         return isinstance(value, torch.Tensor)
 
     def check(self, value: torch.Tensor) -> None:
+        if (
+            value.is_cpu
+            and not value.requires_grad
+            and value.layout is torch.strided
+            and not value.is_quantized
+        ):
+            return  # the common case, in four attribute reads
         if value.requires_grad:
             raise ValueConversionError(
                 f"a tensor of shape {tuple(value.shape)} that requires grad; wrap it in Opaque(...) "
@@ -90,8 +102,14 @@ class TensorCodec:
 
     def chunks(self, value: torch.Tensor) -> Iterable[bytes | memoryview]:
         self.check(value)
-        header = encode_data((str(value.dtype).removeprefix("torch."), tuple(value.shape)))
-        return (_LEN.pack(len(header)) + header, _tensor_bytes(value))
+        shape = value.shape  # (a torch.Size hashes and compares as the tuple it is)
+        header = _HEADERS.get((value.dtype, shape))
+        if header is None:
+            encoded = encode_data((str(value.dtype).removeprefix("torch."), tuple(shape)))
+            header = _LEN.pack(len(encoded)) + encoded
+            if len(_HEADERS) < 4096:
+                _HEADERS[value.dtype, tuple(shape)] = header
+        return (header, _tensor_bytes(value))
 
     def decode(self, payload: bytes) -> torch.Tensor:
         (n,) = _LEN.unpack_from(payload)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..bulk import paused_gc
 from ..errors import StateError
 from ..graph import Graph
 from ..node import Ctx, Done, Mapped, Node, Run
@@ -47,28 +48,39 @@ class _Holdings(nn.Module):
         super().__init__()
         object.__setattr__(self, "_impl", impl)
         seen = seen | {id(impl)}
-        self._params: list[str] = []  # direct attributes, written back after .to()
-        self._tensors: list[str] = []
+        self._params: list[str]  # direct attributes, written back after .to()
+        self._tensors: list[str]
+        object.__setattr__(self, "_params", [])  # (plain lists: nn.Module's checks not needed)
+        object.__setattr__(self, "_tensors", [])
+        reserved = _reserved(top=False)
+        modules = self._modules
         for name, value in vars(impl).items():
-            if name.startswith("_somatize"):
-                continue
-            if name in _reserved(top=False) and (
+            if type(value) in _PLAIN or name.startswith("_somatize"):
+                continue  # (most attributes: numbers, strings, flags)
+            if name in reserved and (
                 isinstance(value, torch.Tensor) or _held(value, where, seen) is not None
             ):
                 raise StateError(
                     f"node {where!r} holds modules or tensors in its attribute {name!r}, which "
                     "every nn.Module already has; rename the attribute"
                 )
-            if isinstance(value, nn.Parameter):
-                self.register_parameter(name, value)
-                self._params.append(name)
-            elif isinstance(value, torch.Tensor):
-                self.register_buffer(name, value)
-                self._tensors.append(name)
+            if isinstance(value, torch.Tensor):
+                if isinstance(value, nn.Parameter):
+                    self.register_parameter(name, value)
+                    self._params.append(name)
+                else:
+                    self.register_buffer(name, value)
+                    self._tensors.append(name)
             else:
-                held = _held(value, f"{where}.{name}", seen)
-                if held is not None:
-                    self.add_module(name, held)
+                held = (
+                    value if isinstance(value, nn.Module) else _held(value, f"{where}.{name}", seen)
+                )
+                if held is None:
+                    continue
+                if name and "." not in name and name not in _HOLDINGS_OWN:
+                    modules[name] = held  # what add_module checks, checked above
+                else:
+                    self.add_module(name, held)  # raises its own error
 
     def _get_name(self) -> str:  # printed as the node's class: Encode( (emb): Embedding(...) )
         return type(self._impl).__qualname__
@@ -119,6 +131,9 @@ def _holds_any(m: nn.Module) -> bool:
     return bool(m._modules or m._parameters or m._buffers)
 
 
+_marked_any = False  # whether any parameter was ever marked frozen (in this process)
+_PLAIN = frozenset({int, float, str, bool, type(None), bytes})
+_HOLDINGS_OWN = frozenset({"_impl", "_params", "_tensors"})  # _Holdings' own attributes
 _RESERVED: dict[bool, frozenset[str]] = {}
 # GraphModule's plain attributes. They live in the instance dict, beside children of the
 # same name (a subgraph written into ``>>`` gets the id "graph"), reached by named_children.
@@ -139,11 +154,11 @@ class _Nodes(nn.Module):
 
     def __init__(self, g: Graph, prefix: str = "") -> None:
         super().__init__()
+        reserved = _reserved(top=not prefix)
         for node_id in g.nodes():
             impl = g[node_id]
             label = prefix + node_id
             held = _Nodes(impl, label + ".") if isinstance(impl, Graph) else _held(impl, label)
-            reserved = _reserved(top=not prefix)
             if held is None or not _holds_any(held):
                 continue
             if "." in node_id or node_id in reserved:
@@ -199,12 +214,15 @@ def equip(g: Graph) -> Graph:
 
 def _frozen_holdings(m: nn.Module, g: Graph, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
     """(module path, holdings) of every frozen node, subgraphs included."""
-    for node_id, held in m.named_children():
-        impl = g[node_id]
-        if node_id in g.memory.frozen:
+    children = m._modules
+    for node_id in g.nodes() if g.memory.frozen else ():
+        held = children.get(node_id)
+        if node_id in g.memory.frozen and held is not None:
             yield prefix + node_id, held
-        elif isinstance(impl, Graph):
-            yield from _frozen_holdings(held, impl, f"{prefix}{node_id}.")
+    for node_id, sub in g._subgraphs().items():
+        held = children.get(node_id)
+        if node_id not in g.memory.frozen and held is not None:
+            yield from _frozen_holdings(held, sub, f"{prefix}{node_id}.")
 
 
 class GraphModule(nn.Module):
@@ -235,35 +253,48 @@ class GraphModule(nn.Module):
         object.__setattr__(self, "graph", g)
         self.step = 0
         self.metrics: Mapping[str, Any] = {}
-        self._program: Any = None
+        self._program: Any = None  # the graph's program this module last ran (or was synced to)
+        self._synced: tuple[Any, ...] = ()  # the graph's stamp at the last sync
         self._frozen: frozenset[str] = frozenset()  # paths of the nodes frozen at the last sync
         self._sync()
 
     def _sync(self) -> None:
         """Register every node's modules and enforce frozen nodes (after any graph change)."""
+        with paused_gc():  # one nn.Module per node: many objects, no cycles (see bulk.py)
+            self._register()
+
+    def _register(self) -> None:
+        global _marked_any
         g = equip(self.graph)  # again: a subgraph may have been added since
-        program = g.program()
         for name in list(self._modules):
             del self._modules[name]
         self._modules.update(_Nodes(g)._modules)
         frozen = dict(_frozen_holdings(self, g))
         still = {id(p) for held in frozen.values() for p in held.parameters()}
-        now = dict(self.named_modules())
-        for path in self._frozen - frozen.keys():  # unfrozen since: back to the module's mode
-            if path in now:
-                now[path].train(self.training)
-        for p in self.parameters():
-            if getattr(p, "_somatize_frozen", False) and id(p) not in still:
-                p.requires_grad_(True)
-                delattr(p, "_somatize_frozen")
+        unfrozen = self._frozen - frozen.keys()
+        if unfrozen:  # unfrozen since: back to the module's mode
+            now = dict(self.named_modules())
+            for path in unfrozen:
+                if path in now:
+                    now[path].train(self.training)
+        if _marked_any:  # (a walk over every parameter, only once something was frozen)
+            for p in self.parameters():
+                if getattr(p, "_somatize_frozen", False) and id(p) not in still:
+                    p.requires_grad_(True)
+                    delattr(p, "_somatize_frozen")
         for held in frozen.values():
             for p in held.parameters():
                 if p.requires_grad:  # marked, so unfreezing gives back only what freezing took
                     setattr(p, "_somatize_frozen", True)  # noqa: B010 -- not a declared attribute
+                    _marked_any = True
                     p.requires_grad_(False)
             held.eval()
         self._frozen = frozenset(frozen)
-        self._program = program
+        # The plan is compiled on the first forward, not here: registering the modules does
+        # not need it. The stamp tells a later call whether the graph changed since.
+        self._synced = g._stamp()
+        current = g._program is not None and g._built_from == self._synced
+        self._program = g._program if current else None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[no-untyped-call]
@@ -284,9 +315,11 @@ class GraphModule(nn.Module):
     def forward(self, *args: Any) -> Any:
         g = self.graph
         program = g.program()
-        if program is not self._program:
-            self._sync()
-            program = self._program
+        if program is not self._program:  # built since the last call: did the graph change?
+            if g._built_from != self._synced:
+                self._sync()
+                program = g.program()
+            self._program = program
         if (
             len(args) == 1
             and isinstance(args[0], torch.Tensor)
@@ -332,7 +365,7 @@ def module(g: Graph) -> GraphModule:
     if m is None or m.graph is not g:
         m = GraphModule(g)
         _by_graph[id(g)] = m
-    elif g.program() is not m._program:
+    elif g._stamp() != m._synced:
         m._sync()
     return m
 

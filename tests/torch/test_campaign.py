@@ -176,3 +176,38 @@ def test_the_campaign_recipe_trains_seeds_on_the_pool(tmp_path):
     assert (tmp_path / "seed-1" / "ckpt" / "last").exists()
     summary = st.summarize(results, "val_acc")
     assert summary.n == 2 and summary.min == min(r.metric("val_acc") for r in results)
+
+
+def _modules_a_first_run_imports(_):
+    from torch import nn
+
+    from somatize import Done, Graph, Node, Opaque
+
+    before = set(sys.modules)
+
+    class Dense(Node):
+        def __init__(self) -> None:
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.lin(x)))
+
+    data = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(2)]
+    trainer = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.Adam(ps),
+        epochs=1,
+        options=st.Options(progress=False),
+    )
+    trainer.fit(Graph.somatize(Dense()), data)
+    return sorted(set(sys.modules) - before)
+
+
+@pytest.mark.slow
+def test_a_workers_first_run_imports_almost_nothing():
+    """The forkserver preloads what a first optimizer step imports (torch._dynamo: ~800
+    modules before), so a fresh worker's first run is as cheap as its later ones."""
+    with st.executor(workers=1) as pool:
+        new = pool.submit(_modules_a_first_run_imports, 0).result()
+    assert not any(m.startswith(("torch._dynamo", "sympy")) for m in new), new
+    assert len(new) <= 10, new

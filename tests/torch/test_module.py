@@ -13,7 +13,7 @@ from torch import nn
 from torch.testing import assert_close
 
 import somatize.torch as st
-from somatize import Done, Graph, Node, Opaque
+from somatize import Done, Graph, Node, Opaque, Recorder
 from somatize.errors import StateError
 from somatize.execute import Program
 
@@ -368,3 +368,18 @@ def test_deep_copy_of_the_module_runs_its_own_nodes():
     assert_close(m(torch.ones(1, 2)), before)
     assert not twin.get_parameter("z.lin.weight").requires_grad  # still frozen
     assert twin.get_parameter("z.lin.weight") is twin.graph["z"].lin.weight
+
+
+def test_a_shape_error_inside_a_node_names_the_node_on_every_path():
+    """torch's own message is kept; a note names the node: on the module's one-tensor path,
+    through the graph's hot path with several inputs, and on the keyed path."""
+    g = Graph.somatize(Linear(4, 3).with_id("first") >> Linear(2, 1).with_id("second"))
+    m = st.module(g)
+    for call in (lambda: m(torch.ones(5, 4)), lambda: g.forward(Opaque(torch.ones(5, 4)))):
+        with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied") as e:
+            call()
+        assert e.value.__notes__ == ["raised by node 'second' (Linear)"]
+    g.watchers.append(Recorder())  # the keyed path
+    with pytest.raises(RuntimeError, match="mat1 and mat2") as e:
+        m(torch.ones(5, 4))
+    assert e.value.__notes__ == ["raised by node 'second' (Linear)"]

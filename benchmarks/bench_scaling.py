@@ -1,0 +1,366 @@
+"""Scaling: chains and forks of 10, 100, 1,000 and 10,000 nodes, each against a baseline.
+
+For each shape and size, in the same run and interleaved:
+
+* **build** — writing the expression (``a >> b >> ...``; ``src >> (b1 | b2 | ...) >> join``)
+  and ``Graph.somatize`` over node instances made beforehand, against ``nn.Sequential``
+  over as many modules made beforehand;
+* **first forward** — the first ``g.forward`` of a fresh graph (it compiles the plan),
+  against the first call of the same walk written as plain Python functions;
+* **forward** — a steady ``g.forward`` (identity nodes, Opaque), against the plain walk;
+  the per-node cost is the time over the node count;
+* **module(g)** — ``somatize.torch.module(g)`` over nodes that each hold an
+  ``nn.Linear(4, 4)``, against ``nn.Sequential`` over the same number of ``nn.Linear``.
+
+The growth factor per 10× (time at 10 N over time at N) is ~10 for linear cost; the
+target ≤ 12× makes super-linear growth visible. A size is skipped (and said so) when
+the one before it took over a second to build: quadratic code would take minutes.
+Also: the forward of a 100-branch fork of ``nn.Linear`` nodes joined, through
+``module(g)``, against the same network as a plain ``nn.Module``.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from common import Row, Sample, Timing, cpu_ratio, fmt, interleave, per_call
+
+from somatize import Done, Graph, Node, Opaque
+
+SIZES = (10, 100, 1_000, 10_000)
+GROWTH_TARGET = 12.0
+#: the tables of the last run, by shape, for docs/benchmarks.md (run.py writes them)
+TABLES: dict[str, str] = {}
+
+
+class Identity(Node):
+    def forward(self, x: Any, ctx: Any) -> Done:
+        return Done(Opaque(x))
+
+
+class Join(Node):
+    def forward(self, xs: Any, ctx: Any) -> Done:
+        return Done(Opaque(xs[0]))
+
+
+class Lin(Node):
+    def __init__(self) -> None:
+        import torch
+
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: Any, ctx: Any) -> Done:
+        return Done(Opaque(self.lin(x)))
+
+
+def expression(shape: str, nodes: list[Any]) -> Any:
+    """``n0 >> n1 >> ...`` or ``n0 >> (n1 | ... | n_{N-2}) >> n_{N-1}``, one operator at a time."""
+    if shape == "chain":
+        e = nodes[0]
+        for n in nodes[1:]:
+            e = e >> n
+        return e
+    src, *branches, join = nodes
+    fork = branches[0]
+    for b in branches[1:]:
+        fork = fork | b
+    return src >> fork >> join
+
+
+def make_nodes(shape: str, n: int, kind: type[Node] = Identity) -> list[Any]:
+    nodes: list[Any] = [kind() for _ in range(n)]
+    if shape == "fork" and kind is Identity:
+        nodes[-1] = Join()
+    return nodes
+
+
+def plain_walk(shape: str, n: int) -> Callable[[Any], Any]:
+    """The same walk as plain Python: one function call per node."""
+
+    def ident(v: Any) -> Any:
+        return v
+
+    def join(vs: Any) -> Any:
+        return vs[0]
+
+    fns = [ident] * n
+    if shape == "chain":
+
+        def chain(x: Any) -> Any:
+            v = x
+            for f in fns:
+                v = f(v)
+            return v
+
+        return chain
+    branches = fns[1:-1]
+
+    def fork(x: Any) -> Any:
+        h = ident(x)
+        return join(tuple([b(h) for b in branches]))
+
+    return fork
+
+
+def fresh(make: Callable[[], Any], run: Callable[[Any], Any], count: int) -> Callable[[], float]:
+    """A candidate timing ``run`` once on each of ``count`` objects made (untimed) before."""
+
+    def candidate() -> float:
+        objs = [make() for _ in range(count)]
+        gc.collect()
+        cpu, start = time.process_time(), time.perf_counter()
+        for o in objs:
+            run(o)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        return Sample(wall / count, cpu / count)
+
+    return candidate
+
+
+def measure(shape: str, n: int, quick: bool) -> dict[str, tuple[Timing, Timing]]:
+    import torch
+    from torch import nn
+
+    import somatize.torch as st
+
+    x = Opaque(torch.zeros(1))
+    reps = max(1, (200 if quick else 2_000) // n)
+    trials = 3 if quick or n >= 10_000 else 5
+    nodes = make_nodes(shape, n)
+    idents = [nn.Identity() for _ in range(n)]
+    linears = [nn.Linear(4, 4) for _ in range(n)]
+    g = Graph.somatize(expression(shape, nodes))
+    plain = plain_walk(shape, n)
+    assert g.forward(x) is x.value and plain(x.value) is x.value
+
+    def fresh_graph() -> Graph:
+        return Graph.somatize(expression(shape, make_nodes(shape, n)))
+
+    def fresh_lin_graph() -> Graph:
+        return Graph.somatize(expression(shape, make_nodes(shape, n, Lin)), codecs=())
+
+    t = interleave(
+        {
+            "build": per_call(lambda: Graph.somatize(expression(shape, nodes)), reps),
+            "build base": per_call(lambda: nn.Sequential(*idents), reps),
+            "first": fresh(fresh_graph, lambda h: h.forward(x), reps),
+            "first base": fresh(lambda: plain_walk(shape, n), lambda f: f(x.value), reps),
+            "forward": per_call(lambda: g.forward(x), reps * 5),
+            "forward base": per_call(lambda: plain(x.value), reps * 5),
+            "module": fresh(fresh_lin_graph, st.module, max(1, reps // 4)),
+            "module base": per_call(lambda: nn.Sequential(*linears), reps),
+        },
+        trials=trials,
+    )
+    return {m: (t[m], t[f"{m} base"]) for m in ("build", "first", "forward", "module")}
+
+
+MEASURES = {
+    "build": ("build", "nn.Sequential of N modules"),
+    "first": ("first forward", "plain Python walk, first call"),
+    "forward": ("forward", "plain Python walk"),
+    "module": ("module(g), N nn.Linear nodes", "nn.Sequential of N nn.Linear"),
+}
+
+
+def growth(values: list[float]) -> list[float]:
+    return [b / a for a, b in itertools.pairwise(values) if a > 0]
+
+
+def table(shape: str, got: dict[int, dict[str, tuple[Timing, Timing]]], skipped: str) -> str:
+    sizes = sorted(got)
+    head = " | ".join(f"{n:,}" for n in sizes)
+    lines = [
+        f"**{shape}** (median wall time; ratio to the baseline in brackets){skipped}",
+        "",
+        f"| measure | {head} | growth per 10× | target |",
+        "|---|" + "---|" * len(sizes) + "---|---|",
+    ]
+    for m, (label, base) in MEASURES.items():
+        cells = []
+        for n in sizes:
+            ours, ref = got[n][m]
+            cells.append(f"{fmt(ours.median * 1e6, 'µs')} ({ours.median / ref.median:.2f}×)")
+        g = growth([got[n][m][0].median for n in sizes])
+        met = "yes" if g and max(g) <= GROWTH_TARGET else "**MISSED**"
+        lines.append(
+            f"| {label} vs {base} | {' | '.join(cells)} | "
+            f"{', '.join(f'{v:.1f}×' for v in g)} | ≤ {GROWTH_TARGET:.0f}× {met} |"
+        )
+    per_node = [f"{got[n]['forward'][0].median / n * 1e6:.2f} µs" for n in sizes]
+    lines.append(f"| forward per node | {' | '.join(per_node)} | | |")
+    return "\n".join(lines)
+
+
+def fork_forward(quick: bool) -> Row:
+    """A 100-branch fork of nn.Linear nodes, joined: module(g) against a plain nn.Module."""
+    import torch
+    from torch import nn
+
+    import somatize.torch as st
+
+    torch.set_num_threads(1)
+
+    class Sum(Node):
+        def forward(self, xs: Any, ctx: Any) -> Done:
+            return Done(Opaque(torch.stack(xs).sum(0)))
+
+    src, branches = Lin(), [Lin() for _ in range(100)]
+    m = st.module(Graph.somatize(expression("fork", [src, *branches, Sum()])))
+
+    class Plain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.src = src.lin
+            self.branches = nn.ModuleList([b.lin for b in branches])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.src(x)
+            return torch.stack([b(h) for b in self.branches]).sum(0)
+
+    plain = Plain()
+    x = torch.randn(8, 4)
+    torch.testing.assert_close(m(x), plain(x))
+    number = 50 if quick else 300
+    t = interleave(
+        {"somatize": per_call(lambda: m(x), number), "plain": per_call(lambda: plain(x), number)},
+        trials=5 if quick else 9,
+    )
+    ours, ref = t["somatize"], t["plain"]
+    ratio = ours.median / ref.median
+    return Row(
+        "scaling",
+        "forward of a 100-branch fork joined (nn.Linear nodes), module(g)",
+        ours.median * 1e6,
+        "µs",
+        baseline="the same as a plain nn.Module",
+        baseline_value=ref.median * 1e6,
+        ratio=ratio,
+        cpu_ratio=cpu_ratio(ours, ref),
+        target="≤ 1.1× plain",
+        met=ratio <= 1.1,
+        spread=f"{fmt(ours.min * 1e6, 'µs')} – {fmt(ours.max * 1e6, 'µs')}",
+        note=f"{(ours.median - ref.median) / 102 * 1e6:.2f} µs per node over plain",
+    )
+
+
+def model_end_to_end(quick: bool) -> Row:
+    """A 1,000-layer model made from nothing: nodes holding nn.Linear, the graph, module(g);
+    against the layers and nn.Sequential."""
+    from torch import nn
+
+    import somatize.torch as st
+
+    n = 1_000
+
+    def ours() -> Any:
+        return st.module(Graph.somatize(expression("chain", make_nodes("chain", n, Lin))))
+
+    def base() -> Any:
+        return nn.Sequential(*[nn.Linear(4, 4) for _ in range(n)])
+
+    t = interleave(
+        {"somatize": per_call(ours, 1), "base": per_call(base, 1)}, trials=3 if quick else 7
+    )
+    a, b = t["somatize"], t["base"]
+    ratio = a.median / b.median
+    return Row(
+        "scaling",
+        "a 1,000-layer model end to end: Linear nodes + Graph.somatize + module(g)",
+        a.median * 1e3,
+        "ms",
+        baseline="nn.Linear layers + nn.Sequential",
+        baseline_value=b.median * 1e3,
+        ratio=ratio,
+        cpu_ratio=cpu_ratio(a, b),
+        target="≤ 1.5×",
+        met=ratio <= 1.5,
+        spread=f"{fmt(a.min * 1e3, 'ms')} – {fmt(a.max * 1e3, 'ms')}",
+    )
+
+
+def run(quick: bool) -> list[Row]:
+    import torch
+
+    torch.set_num_threads(1)
+    sizes = SIZES[:3] if quick else SIZES
+    rows: list[Row] = []
+    for shape in ("chain", "fork"):
+        got: dict[int, dict[str, tuple[Timing, Timing]]] = {}
+        skipped = ""
+        for n in sizes:
+            if got and got[max(got)]["build"][0].median > 1.0:
+                skipped = f" — {n:,} nodes and more skipped: {max(got):,} took over 1 s to build"
+                break
+            got[n] = measure(shape, n, quick)
+        TABLES[shape] = table(shape, got, skipped)
+        print(TABLES[shape], flush=True)
+        for m, (label, _) in MEASURES.items():
+            values = [got[n][m][0].median for n in sorted(got)]
+            g = growth(values)
+            rows.append(
+                Row(
+                    "scaling",
+                    f"{shape} {label}: growth per 10× nodes ({', '.join(f'{n:,}' for n in got)})",
+                    max(g) if g else float("nan"),
+                    "x",
+                    target=f"≤ {GROWTH_TARGET:.0f}× per 10×",
+                    met=bool(g) and max(g) <= GROWTH_TARGET and not skipped,
+                    note=", ".join(f"{v:.1f}×" for v in g) + skipped,
+                )
+            )
+        if 1_000 in got:
+            ours, ref = got[1_000]["build"]
+            rows.append(
+                Row(
+                    "scaling",
+                    f"build a 1,000-node {shape}",
+                    ours.median * 1e3,
+                    "ms",
+                    baseline="nn.Sequential of 1,000 modules",
+                    baseline_value=ref.median * 1e3,
+                    ratio=ours.median / ref.median,
+                    cpu_ratio=cpu_ratio(ours, ref),
+                    target="≤ 10×",
+                    met=ours.median / ref.median <= 10,
+                    spread=f"{fmt(ours.min * 1e3, 'ms')} – {fmt(ours.max * 1e3, 'ms')}",
+                )
+            )
+            ours, ref = got[1_000]["module"]
+            rows.append(
+                Row(
+                    "scaling",
+                    f"module(g) of a 1,000-node {shape} of nn.Linear nodes",
+                    ours.median * 1e3,
+                    "ms",
+                    baseline="nn.Sequential of 1,000 nn.Linear",
+                    baseline_value=ref.median * 1e3,
+                    ratio=ours.median / ref.median,
+                    cpu_ratio=cpu_ratio(ours, ref),
+                    target="≤ 1.5×",
+                    met=ours.median / ref.median <= 1.5,
+                    spread=f"{fmt(ours.min * 1e3, 'ms')} – {fmt(ours.max * 1e3, 'ms')}",
+                    note="registration only; its floor is one nn.Module per node (the node id "
+                    "level of the names), ~3× an add_module",
+                )
+            )
+        if 10_000 in got:
+            ours, _ = got[10_000]["build"]
+            rows.append(
+                Row(
+                    "scaling",
+                    f"build a 10,000-node {shape}",
+                    ours.median * 1e3,
+                    "ms",
+                    target="< 1 s",
+                    met=ours.median < 1.0,
+                    spread=f"{fmt(ours.min * 1e3, 'ms')} – {fmt(ours.max * 1e3, 'ms')}",
+                )
+            )
+    rows.append(model_end_to_end(quick))
+    rows.append(fork_forward(quick))
+    return rows
