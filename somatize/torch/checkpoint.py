@@ -89,12 +89,12 @@ class Checkpointing:
             name = (self.path / "last").read_text().strip()
         except FileNotFoundError:
             return None
-        if not _FILE.match(name):
+        if name and not _FILE.match(name):
             raise CheckpointError(
                 f"{self.path / 'last'} does not name a checkpoint ({name!r}); "
                 "delete it to start afresh, or resume from an explicit path"
             )
-        return newest_intact(self.path, name)
+        return newest_intact(self.path, name or None)  # empty: lost to a power cut
 
     def file(self, step: int) -> Path:
         """The checkpoint file of ``step``: ``step-NNNNNNNNN.ckpt`` in the directory."""
@@ -122,15 +122,24 @@ class Checkpointing:
         return file
 
 
-def newest_intact(directory: Path, name: str) -> Path:
-    """``directory / name`` if its checksum holds, else the newest older one that does."""
+def newest_intact(directory: Path, name: str | None) -> Path | None:
+    """``directory / name`` if its checksum holds, else the newest older one that does.
+
+    ``name=None`` (an empty ``last``): the newest intact checkpoint of the directory,
+    or None when it holds none.
+    """
+    files = sorted((f for f in os.listdir(directory) if _FILE.match(f)), reverse=True)
+    if name is None:
+        if not files:
+            return None
+        name, files = files[0], files[1:]
     first = directory / name
     try:
         integrity.verify_file(first)
         return first
     except CheckpointError as e:
         damage = e
-    older = sorted((f for f in os.listdir(directory) if _FILE.match(f) and f < name), reverse=True)
+    older = [f for f in files if f < name]
     for other in older:
         try:
             integrity.verify_file(directory / other)

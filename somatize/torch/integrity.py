@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import tempfile
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
@@ -33,7 +34,7 @@ import torch
 from blake3 import blake3
 
 from ..errors import CheckpointError
-from ..keepers import atomic_file, atomic_write
+from ..keepers import fsync_dir
 
 __all__ = [
     "MAGIC",
@@ -106,8 +107,33 @@ def _write_error(path: Path, e: BaseException, cause: OSError) -> CheckpointErro
     )
 
 
-def write_checkpoint(path: Path, payload: Mapping[str, Any]) -> None:
+@contextlib.contextmanager
+def renamed_into(path: Path, *, sync: bool) -> Iterator[BinaryIO]:
+    """A temp file beside ``path``, renamed over it when the block succeeds (removed if not).
+
+    Like ``keepers.atomic_file`` but without its directory fsync: a checkpoint save
+    renames two files (the checkpoint, then ``last``) and syncs the directory once, after
+    both (``write_pointer``). ``sync`` fsyncs the file's data before the rename.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_checkpoint(path: Path, payload: Mapping[str, Any], *, sync_dir: bool = False) -> None:
     """``torch.save`` ``payload`` to ``path`` atomically, with the blake3 trailer.
+
+    The data is fsynced before the rename; the directory is not (``write_pointer``
+    syncs it after ``last`` is renamed too) unless ``sync_dir``.
 
     Raises:
         CheckpointError: the disk is full, read-only, or refuses the write; names
@@ -116,11 +142,13 @@ def write_checkpoint(path: Path, payload: Mapping[str, Any]) -> None:
     writer: _Hashing | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path) as f:  # straight to the temp file: no copy of the state
+        with renamed_into(path, sync=True) as f:  # straight to the temp file: no state copy
             writer = _Hashing(f)
             with _without_crc32():
                 torch.save(dict(payload), writer)  # type: ignore[arg-type]
             f.write(MAGIC + writer.hash.digest())
+        if sync_dir:
+            fsync_dir(path.parent)
     except (OSError, RuntimeError) as e:
         cause = (writer.error if writer is not None else None) or _os_error(e)
         if cause is None:
@@ -129,9 +157,19 @@ def write_checkpoint(path: Path, payload: Mapping[str, Any]) -> None:
 
 
 def write_pointer(path: Path, name: str) -> None:
-    """Atomically write a pointer file (``last``); OS errors become ``CheckpointError``."""
+    """Point ``path`` (``last``) at ``name`` by a rename, then fsync the directory once.
+
+    The one directory fsync makes this rename and the checkpoint's durable together.
+    The pointer's few bytes are not fsynced themselves: a power loss can leave it
+    empty, and an empty pointer means "the newest intact checkpoint" (``last()``).
+
+    Raises:
+        CheckpointError: an OS error (full or read-only disk), naming ``path``.
+    """
     try:
-        atomic_write(path, name.encode())
+        with renamed_into(path, sync=False) as f:
+            f.write(name.encode())
+        fsync_dir(path.parent)
     except OSError as e:
         raise _write_error(path, e, e) from e
 

@@ -207,14 +207,14 @@ def test_a_full_disk_is_a_checkpoint_error_naming_the_file_and_nothing_is_damage
     payload.pop("format")
     ckpt.save(payload, 6)
     before = {p.name: p.read_bytes() for p in ckpt.path.iterdir()}
-    real = integrity.atomic_file
+    real = integrity.renamed_into
 
     @contextlib.contextmanager
-    def full(path):
-        with real(path) as f:
+    def full(path, sync):
+        with real(path, sync=sync) as f:
             yield FullDisk(f, room)
 
-    monkeypatch.setattr(integrity, "atomic_file", full)
+    monkeypatch.setattr(integrity, "renamed_into", full)
     with pytest.raises(CheckpointError, match=r"step-000000007\.ckpt: No space left") as e:
         ckpt.save(payload, 7)
     assert isinstance(e.value.__cause__, OSError) and e.value.__cause__.errno == errno.ENOSPC
@@ -250,3 +250,15 @@ def test_the_cli_verifies_and_the_core_cli_does_not_import_torch(run, subprocess
     )
     assert out.returncode == 0, out.stderr
     assert "ok         " in out.stdout and "0 damaged" in out.stdout
+
+
+def test_an_empty_last_pointer_means_the_newest_intact_checkpoint(run, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for f in run[0].iterdir():
+        (ckpt / f.name).write_bytes(f.read_bytes())
+    (ckpt / "last").write_bytes(b"")  # what a power cut can leave of an unsynced pointer
+    assert st.Checkpointing(ckpt).last() == ckpt / "step-000000006.ckpt"
+    for f in ckpt.glob("step-*"):
+        f.unlink()
+    assert st.Checkpointing(ckpt).last() is None
