@@ -229,8 +229,16 @@ class ExecutorTransport:
         retries: int = 0,
         timeout: float | None = None,
     ) -> None:
-        if retries < 0:
-            raise ValueError(f"retries={retries}: give 0 or more")
+        if not callable(getattr(executor, "submit", None)):
+            raise TypeError(
+                f"ExecutorTransport takes a concurrent.futures.Executor (something with "
+                f"submit), not {executor!r:.60}; e.g. a ProcessPoolExecutor or "
+                "client.get_executor(workers=[address])"
+            )
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries={retries!r}: give 0 or more")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout={timeout!r}: give seconds above 0, or None for no limit")
         self.executor = executor
         self.keeper = os.fspath(keeper) if keeper is not None else None
         self.retries = retries

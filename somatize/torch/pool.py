@@ -118,6 +118,8 @@ class TorchPool(Executor):
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries={retries!r}: give an int of 0 or more")
+        if max_workers is not None and (isinstance(max_workers, bool) or max_workers < 1):
+            raise ValueError(f"workers={max_workers!r}: give 1 or more (None: one per CPU)")
         self._workers = max_workers or os.cpu_count() or 1
         self._ctx = mp_context or multiprocessing.get_context()
         self._init = (initializer, tuple(initargs))
@@ -251,6 +253,11 @@ def run_all(pool: Executor, fn: Callable[[Any], Any], items: Iterable[Any]) -> R
         >>> runs.lost                           # doctest: +SKIP
         {}
     """
+    if not callable(getattr(pool, "submit", None)):
+        raise TypeError(
+            f"run_all takes an executor (st.executor(), a ProcessPoolExecutor, "
+            f"client.get_executor()), not {pool!r:.60}"
+        )
     futures: Sequence[Future[Any]] = [pool.submit(fn, item) for item in items]
     wait(futures)
     results: list[Any] = []
