@@ -98,10 +98,10 @@ def _os_error(e: BaseException) -> OSError | None:
     return None
 
 
-def _write_error(path: Path, e: BaseException, cause: OSError) -> CheckpointError:
+def _write_error(path: Path, cause: OSError, what: str = "checkpoint") -> CheckpointError:
     why = cause.strerror or str(cause)
     return CheckpointError(
-        f"could not write checkpoint {path}: {why} ({type(cause).__name__}, errno "
+        f"could not write {what} {path}: {why} ({type(cause).__name__}, errno "
         f"{cause.errno}); free space or permissions on {path.parent}, or checkpoint "
         "elsewhere — earlier checkpoints and 'last' are untouched"
     )
@@ -153,7 +153,7 @@ def write_checkpoint(path: Path, payload: Mapping[str, Any], *, sync_dir: bool =
         cause = (writer.error if writer is not None else None) or _os_error(e)
         if cause is None:
             raise
-        raise _write_error(path, e, cause) from cause
+        raise _write_error(path, cause) from cause
 
 
 def write_pointer(path: Path, name: str) -> None:
@@ -171,7 +171,7 @@ def write_pointer(path: Path, name: str) -> None:
             f.write(name.encode())
         fsync_dir(path.parent)
     except OSError as e:
-        raise _write_error(path, e, e) from e
+        raise _write_error(path, e, "checkpoint pointer") from e
 
 
 def verify_file(path: Path) -> bool:
