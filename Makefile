@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.somatize-installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test faults lint bench clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# many more trials of the fault-injection suite (make test runs a few of each)
+FAULT_TRIALS ?= 40
+faults: setup
+	SOMATIZE_FAULT_TRIALS=$(FAULT_TRIALS) $(PY) -m pytest -q -m faults tests/faults
 
 lint: setup
 	$(PY) -m ruff check somatize tests recipes benchmarks tools

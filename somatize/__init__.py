@@ -27,6 +27,7 @@ from .errors import (
     StateError,
     TransportError,
     ValueConversionError,
+    WorkerLostError,
 )
 from .graph import Graph
 from .keepers import DiskKeeper, Keeper, MemoryKeeper
@@ -84,6 +85,7 @@ __all__ = [
     "TransportError",
     "ValueConversionError",
     "Watcher",
+    "WorkerLostError",
     "decode",
     "digest",
     "encode",

@@ -6,6 +6,7 @@
     somatize cache ls     [--dir DIR]
     somatize cache explain GRAPH INPUT [--dir DIR]     # GRAPH, INPUT: MODULE:ATTR
     somatize graph MODULE:ATTR [--format mermaid|text]
+    somatize checkpoint verify DIR|FILE
 
 ``--dir`` defaults to ``$SOMATIZE_CACHE`` or ``.somatize-cache``.
 """
@@ -151,6 +152,19 @@ def _graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint(args: argparse.Namespace) -> int:
+    """``checkpoint verify``: torch is imported here, never by the core command."""
+    try:
+        from .torch.verify import verify_command
+    except ImportError as e:
+        print(
+            f"somatize: checkpoint commands need torch ({e}); pip install 'somatize[torch]'",
+            file=sys.stderr,
+        )
+        return 2
+    return verify_command(args.path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="somatize", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -162,7 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     graph = sub.add_parser("graph", help="draw a graph defined in a module")
     graph.add_argument("target", help="MODULE:ATTR naming a Graph, or a function returning one")
     graph.add_argument("--format", choices=["mermaid", "text"], default="text")
+    checkpoint = sub.add_parser("checkpoint", help="verify Trainer checkpoints")
+    checkpoint.add_argument("action", choices=["verify"])
+    checkpoint.add_argument("path", help="a checkpoint directory, or one checkpoint file")
     args = parser.parse_args(argv)
+    if args.command == "checkpoint":
+        return _checkpoint(args)
     return _cache(args) if args.command == "cache" else _graph(args)
 
 

@@ -16,6 +16,7 @@ Each leaf also subclasses the nearest built-in, so ``except TypeError`` or
     ├── CacheError (ValueError)              caching asked of something that cannot be cached
     ├── KeeperError (OSError)                a keeper could not store or read an entry
     ├── TransportError (RuntimeError)        a slice could not be carried to its host or run there
+    │   └── WorkerLostError (also BrokenExecutor)  a worker died running a call, past its retries
     ├── CheckpointError (ValueError)         a checkpoint is missing, torn or not ours
     ├── StateError (ValueError)              a state dict does not fit the graph
     ├── AggregationError (ValueError)        client updates cannot be combined
@@ -23,6 +24,8 @@ Each leaf also subclasses the nearest built-in, so ``except TypeError`` or
 """
 
 from __future__ import annotations
+
+from concurrent.futures import BrokenExecutor
 
 
 class SomatizeError(Exception):
@@ -79,6 +82,11 @@ class KeeperError(SomatizeError, OSError):
 class TransportError(SomatizeError, RuntimeError):
     """A slice of a plan could not be carried to its host (no transport, code that does not
     pickle) or its worker was lost; the message names the slice and the host."""
+
+
+class WorkerLostError(TransportError, BrokenExecutor):
+    """A pool's worker died (killed, out of memory, crashed) while running a call, more
+    times than the pool re-runs it; ``except BrokenExecutor`` still catches it."""
 
 
 class CheckpointError(SomatizeError, ValueError):

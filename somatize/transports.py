@@ -197,7 +197,9 @@ class ExecutorTransport:
     **Retries.** An exception a node raises comes back unchanged and is never retried
     (it would fail again). Any other failure — the worker died, the connection was
     lost, no reply within ``timeout`` — is retried up to ``retries`` times, then raised
-    as ``TransportError`` naming the slice. Retrying helps executors that replace lost
+    as ``TransportError`` naming the slice. With Dask pinned to workers, a slice whose
+    workers have all left the cluster (for a few seconds: a nanny's restart is
+    awaited) fails too, so the defaults never wait forever. Retrying helps executors that replace lost
     workers (Dask); a ``ProcessPoolExecutor`` whose worker died stays broken.
 
     Args:
@@ -227,8 +229,16 @@ class ExecutorTransport:
         retries: int = 0,
         timeout: float | None = None,
     ) -> None:
-        if retries < 0:
-            raise ValueError(f"retries={retries}: give 0 or more")
+        if not callable(getattr(executor, "submit", None)):
+            raise TypeError(
+                f"ExecutorTransport takes a concurrent.futures.Executor (something with "
+                f"submit), not {executor!r:.60}; e.g. a ProcessPoolExecutor or "
+                "client.get_executor(workers=[address])"
+            )
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries={retries!r}: give 0 or more")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout={timeout!r}: give seconds above 0, or None for no limit")
         self.executor = executor
         self.keeper = os.fspath(keeper) if keeper is not None else None
         self.retries = retries
@@ -261,17 +271,35 @@ class ExecutorTransport:
 
     def _submit(self, job: Job, code: bytes | None) -> Reply | None:
         import concurrent.futures as cf
+        import time
         import uuid
 
         if code is not None:
             self.shipped += 1
         future = self.executor.submit(serve, job, code, self.keeper, uuid.uuid4().hex)
-        try:
-            reply: Reply | None = future.result(timeout=self.timeout)
-        except cf.TimeoutError:
-            future.cancel()
-            raise
-        return reply
+        pinned = _pinned(self.executor)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        gone_since: float | None = None
+        while True:
+            wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if pinned is not None:  # look at the cluster every so often while waiting
+                wait = _POLL if wait is None else min(wait, _POLL)
+            try:
+                reply: Reply | None = future.result(timeout=wait)
+                return reply
+            except cf.TimeoutError:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    future.cancel()
+                    raise
+                assert pinned is not None
+                if _all_gone(*pinned):
+                    gone_since = gone_since if gone_since is not None else now
+                    if now - gone_since >= _LOST_AFTER:  # not coming back (a nanny restarts fast)
+                        future.cancel()
+                        raise _PinnedWorkerGone(pinned[1]) from None
+                else:
+                    gone_since = None
 
     def _lost(self, job: Job, failures: list[BaseException]) -> TransportError:
         import concurrent.futures as cf
@@ -280,6 +308,11 @@ class ExecutorTransport:
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         if isinstance(e, cf.TimeoutError):
             why = f"no reply within timeout={self.timeout}s"
+        if isinstance(e, _PinnedWorkerGone):
+            why = (
+                f"the worker it is pinned to ({', '.join(e.workers)}) left the cluster and "
+                f"did not come back within {_LOST_AFTER:g}s"
+            )
         hint = (
             " A ProcessPoolExecutor whose worker died stays broken: make a new one, or use "
             "Dask, which replaces lost workers."
@@ -293,3 +326,39 @@ class ExecutorTransport:
 
     def __repr__(self) -> str:
         return f"ExecutorTransport({type(self.executor).__name__}, retries={self.retries})"
+
+
+# -- a Dask executor pinned to workers: noticing when they are gone ----------------------
+
+_POLL = 1.0  # seconds between looks at the cluster while a pinned slice runs
+_LOST_AFTER = 3.0  # how long every pinned worker must be missing before the slice is lost
+
+
+class _PinnedWorkerGone(Exception):
+    def __init__(self, workers: list[str]) -> None:
+        super().__init__(f"pinned worker(s) {workers} left the cluster")
+        self.workers = workers
+
+
+def _pinned(executor: object) -> tuple[object, list[str]] | None:
+    """(client, workers) for a Dask executor restricted to workers, else None."""
+    client, kwargs = getattr(executor, "_client", None), getattr(executor, "_kwargs", None)
+    if client is None or not isinstance(kwargs, dict) or kwargs.get("allow_other_workers"):
+        return None
+    workers = kwargs.get("workers")
+    if not workers:
+        return None
+    return client, [workers] if isinstance(workers, str) else [str(w) for w in workers]
+
+
+def _all_gone(client: object, workers: list[str]) -> bool:
+    """Whether no worker of the cluster answers to any of ``workers`` (address, name, host)."""
+    try:
+        info = client.scheduler_info()["workers"]  # type: ignore[attr-defined]
+    except Exception:  # the scheduler itself is unreachable: the future's own error will say
+        return False
+    for address, w in info.items():
+        host = address.split("://")[-1].rsplit(":", 1)[0]
+        if any(x in (address, str(w.get("name")), host) for x in workers):
+            return False
+    return True

@@ -281,9 +281,19 @@ def _encode(value: Any, out: _Sink, codecs: Sequence[Codec]) -> None:
         raise _Reject(_reason(value))
 
 
+def _too_deep(where: str) -> ValueConversionError:
+    return ValueConversionError(
+        f"{where}: cannot pass a value that contains itself or is nested too deeply "
+        "(a list, tuple or dict reached again inside itself); pass a copy without the "
+        "cycle, or wrap it in Opaque(...)"
+    )
+
+
 def _convert(fn: Callable[[], Any], where: str) -> Any:
     try:
         return fn()
+    except RecursionError:
+        raise _too_deep(where) from None
     except _Reject as r:
         at = "".join(reversed(r.path))
         raise ValueConversionError(
@@ -310,6 +320,8 @@ def encode(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> by
         return _plain(value)
     except _Slow:
         pass
+    except RecursionError:
+        raise _too_deep(where) from None
     out: list[bytes | memoryview] = []
     _convert(lambda: _encode(value, out.append, codecs), where)
     return b"".join(out)
@@ -329,6 +341,8 @@ def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> st
             return blake3(_plain(value)).hexdigest()
         except _Slow:
             pass
+        except RecursionError:
+            raise _too_deep(where) from None
     else:  # one codec leaf (a tensor): straight to its chunks
         for codec in codecs:
             if codec.accepts(value):
@@ -371,7 +385,7 @@ def is_data(value: Any, codecs: Sequence[Codec] = ()) -> bool:
     """Whether ``value`` can cross an edge as data (with ``codecs`` for non-plain leaves)."""
     try:
         _check(value, codecs)
-    except _Reject:
+    except (_Reject, RecursionError):
         return False
     return True
 

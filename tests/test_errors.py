@@ -26,6 +26,7 @@ BUILTIN = {
     "AggregationError": ValueError,
     "MissingExtraError": ImportError,
     "CrossingError": TypeError,
+    "WorkerLostError": RuntimeError,
 }
 
 

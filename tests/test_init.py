@@ -49,6 +49,7 @@ def test_public_surface_is_sorted_and_exact():
         "TransportError",
         "ValueConversionError",
         "Watcher",
+        "WorkerLostError",
         "decode",
         "digest",
         "encode",

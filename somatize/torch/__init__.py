@@ -10,6 +10,7 @@ from .codecs import NdarrayCodec, TensorCodec
 from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
 from .metrics import accuracy
 from .module import GraphModule, load_state, module, parameters, state
+from .pool import Runs, run_all
 from .progress import Progress
 from .pruning import Patience, Pruner, Threshold
 from .result import TrainResult
@@ -25,6 +26,7 @@ __all__ = [
     "Patience",
     "Progress",
     "Pruner",
+    "Runs",
     "Summary",
     "TensorBoard",
     "TensorCodec",
@@ -39,6 +41,7 @@ __all__ = [
     "load_state",
     "module",
     "parameters",
+    "run_all",
     "state",
     "summarize",
     "trimmed_mean",

@@ -18,12 +18,11 @@ import math
 import multiprocessing
 import os
 import statistics
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import cloudpickle
+from .pool import TorchPool
 
 __all__ = ["Summary", "executor", "summarize"]
 
@@ -124,23 +123,9 @@ def _init_worker(threads: int) -> None:
         importlib.import_module(name)
 
 
-def _call(payload: bytes) -> Any:
-    fn, args, kwargs = cloudpickle.loads(payload)  # code the user sent to their own pool
-    return fn(*args, **kwargs)
-
-
-class TorchPool(ProcessPoolExecutor):
-    """A process pool for torch work: forkserver with torch preloaded, few threads per worker.
-
-    Functions and arguments are shipped with cloudpickle, so lambdas and classes
-    defined in ``__main__`` work. Results come back with pickle as usual.
-    """
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        return super().submit(_call, cloudpickle.dumps((fn, args, kwargs)))
-
-
-def executor(workers: int | None = None, *, threads_per_worker: int = 1) -> TorchPool:
+def executor(
+    workers: int | None = None, *, threads_per_worker: int = 1, retries: int = 1
+) -> TorchPool:
     """A process pool configured correctly for torch work.
 
     * forkserver start method with torch, somatize and what a first optimizer step
@@ -148,11 +133,14 @@ def executor(workers: int | None = None, *, threads_per_worker: int = 1) -> Torc
       worker's first run as fast as its later ones;
     * ``torch.set_num_threads(threads_per_worker)`` in each worker — without it two
       workers on two cores thrash, and runs get many times slower;
+    * a worker that dies (killed, out of memory) costs one re-run of the call it was
+      running, on a fresh worker, not the pool (``TorchPool``);
     * use it as a context manager for a clean shutdown.
 
     Args:
         workers: worker processes (default: the number of CPUs).
         threads_per_worker: torch intra-op threads in each worker.
+        retries: how often a call whose worker died is re-run on a fresh worker.
 
     Example:
         >>> with executor(workers=2) as pool:  # doctest: +SKIP
@@ -167,4 +155,5 @@ def executor(workers: int | None = None, *, threads_per_worker: int = 1) -> Torc
         mp_context=ctx,
         initializer=_init_worker,
         initargs=(threads_per_worker,),
+        retries=retries,
     )

@@ -7,7 +7,9 @@ stored as tensors and ints — so ``torch.load(..., weights_only=True)`` reads i
 never executes code from it. Each file is written to a temp file in the same
 directory, fsynced, renamed into place, and the directory fsynced; then the
 ``last`` pointer is replaced the same way. A process killed at any instant leaves
-``last`` naming a complete checkpoint.
+``last`` naming a complete checkpoint. Every file ends in a blake3 checksum of its
+bytes (``integrity.py``), verified before anything is unpickled; ``last()`` falls
+back to the newest intact checkpoint when the one ``last`` names is damaged.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import pickle
 import random
 import re
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from ..keepers import atomic_file, atomic_write
-from . import ddp
+from . import ddp, integrity
 
 __all__ = [
     "Checkpointing",
@@ -75,29 +77,39 @@ class Checkpointing:
         return Path(self.dir)
 
     def last(self) -> Path | None:
-        """The checkpoint ``last`` names, or None when there is none yet."""
+        """The newest intact checkpoint: the one ``last`` names, or None when there is none yet.
+
+        When that file fails its checksum, the newest older checkpoint that passes is
+        returned instead, with a warning naming both.
+
+        Raises:
+            CheckpointError: ``last`` names no checkpoint, or no checkpoint is intact.
+        """
         try:
             name = (self.path / "last").read_text().strip()
         except FileNotFoundError:
             return None
-        if not _FILE.match(name):
+        if name and not _FILE.match(name):
             raise CheckpointError(
                 f"{self.path / 'last'} does not name a checkpoint ({name!r}); "
                 "delete it to start afresh, or resume from an explicit path"
             )
-        return self.path / name
+        return newest_intact(self.path, name or None)  # empty: lost to a power cut
 
     def file(self, step: int) -> Path:
         """The checkpoint file of ``step``: ``step-NNNNNNNNN.ckpt`` in the directory."""
         return self.path / f"step-{step:09d}.ckpt"
 
     def save(self, payload: dict[str, Any], step: int) -> Path:
-        """Write ``payload`` as ``step-NNNNNNNNN.ckpt``, point ``last`` at it, drop old ones."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Write ``payload`` as ``step-NNNNNNNNN.ckpt``, point ``last`` at it, drop old ones.
+
+        Raises:
+            CheckpointError: the disk is full or read-only (names the file, chains the
+                OS error); earlier checkpoints and ``last`` are left as they were.
+        """
         file = self.file(step)
-        with atomic_file(file) as f:  # straight to the temp file: no copy of the state in memory
-            torch.save({"format": FORMAT, **payload}, f)
-        atomic_write(self.path / "last", file.name.encode())
+        integrity.write_checkpoint(file, {"format": FORMAT, **payload})  # checksummed
+        integrity.write_pointer(self.path / "last", file.name)
         names = os.listdir(self.path)
         # the one just written always stays (``last`` names it), with the newest keep-1 others
         older = sorted(f for f in names if _FILE.match(f) and f != file.name)
@@ -110,24 +122,67 @@ class Checkpointing:
         return file
 
 
+def newest_intact(directory: Path, name: str | None) -> Path | None:
+    """``directory / name`` if its checksum holds, else the newest older one that does.
+
+    ``name=None`` (an empty ``last``): the newest intact checkpoint of the directory,
+    or None when it holds none.
+    """
+    files = sorted((f for f in os.listdir(directory) if _FILE.match(f)), reverse=True)
+    if name is None:
+        if not files:
+            return None
+        name, files = files[0], files[1:]
+    first = directory / name
+    try:
+        integrity.verify_file(first)
+        return first
+    except CheckpointError as e:
+        damage = e
+    older = [f for f in files if f < name]
+    for other in older:
+        try:
+            integrity.verify_file(directory / other)
+        except CheckpointError:
+            continue
+        warnings.warn(
+            f"{first} is damaged ({damage}); falling back to the newest intact checkpoint, "
+            f"{directory / other}",
+            UserWarning,
+            stacklevel=3,
+        )
+        return directory / other
+    raise CheckpointError(
+        f"no intact checkpoint in {directory}: {damage}; "
+        + (f"the {len(older)} older one(s) are damaged too" if older else "there is no older one")
+        + " — delete the directory to start afresh"
+    ) from damage
+
+
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint written by the Trainer, with ``weights_only=True``.
 
+    Its blake3 checksum is verified first; then the file is loaded memory-mapped (its
+    tensors are copy-on-write views of the file, never written back) and its payload
+    checked key by key. A file from before checksums loads with a warning.
+
     Raises:
-        CheckpointError: the file is missing, truncated, corrupt, holds code
-            (a pickle that is not weights-only is refused, never executed), or is
-            not a somatize checkpoint.
+        CheckpointError: the file is missing, truncated, corrupt (checksum mismatch),
+            holds code (a pickle that is not weights-only is refused, never executed),
+            is not a somatize checkpoint, or its payload lacks a key, has one of the
+            wrong type or out of range (each named).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; nothing else is unpickled
+    verified = integrity.verify_file(path)
+    if not verified and not zipfile.is_zipfile(path):
         raise CheckpointError(
             f"{path} is truncated, corrupt or not a torch checkpoint (not a torch.save archive); "
             "resume from an earlier checkpoint"
         )
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
         # torch wraps every unpickling failure in one preamble; the reason is a later line
         lines = [ln for ln in str(e).splitlines()[1:] if ln.strip()]
@@ -151,6 +206,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path} is a torch file but not a somatize Trainer checkpoint (no format "
             f"{FORMAT!r}); load it with torch.load, or resume from a Trainer checkpoint"
         )
+    integrity.check_payload(payload, path)
+    if not verified:
+        integrity.warn_unverified(path)
     return payload
 
 
@@ -183,6 +241,7 @@ def capture(
     return {
         "model": net.state_dict(),
         "optimizer": opt.state_dict(),
+        "optimizer_class": integrity.optimizer_class(opt),
         "scheduler": sched.state_dict() if sched is not None else None,
         "step": s.step,
         "epoch": s.epoch,
@@ -210,13 +269,17 @@ def restore(
     """Put a run back where ``capture`` found it (RNG states included).
 
     Raises:
-        CheckpointError: it was written with another seed, model or optimizer.
+        CheckpointError: it was written with another seed, model or optimizer class.
+
+    Warns:
+        UserWarning: an optimizer hyper-parameter differs (the checkpoint's is kept).
     """
     if payload["seed"] != seed:
         raise CheckpointError(
             f"the checkpoint was written by a run with seed={payload['seed']}, this Trainer has "
             f"seed={seed}; resume with the same seed (it fixes the batch order)"
         )
+    integrity.check_optimizer(payload, opt)
     try:
         net.load_state_dict(payload["model"])
         opt.load_state_dict(payload["optimizer"])

@@ -396,8 +396,19 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
 
     Raises:
         StateError: missing or unexpected keys, values that are not tensors, shape
-            mismatches — all listed, before anything is loaded.
+            mismatches — all listed, before anything is loaded; or ``snapshot`` is not
+            a state dict at all (a ``TrainResult``: pass ``result.state``).
     """
+    if not isinstance(snapshot, Mapping):
+        hint = (
+            f"a {type(snapshot).__qualname__} holds one in .state — pass "
+            f"load_state(g, result.state)"
+            if hasattr(snapshot, "state")
+            else "pass st.state(g), TrainResult.state or a checkpoint's ['model']"
+        )
+        raise StateError(
+            f"load_state takes a state dict (name -> tensor), not {snapshot!r:.80}; {hint}"
+        )
     m = module(g)
     own = m.state_dict()
     missing = sorted(set(own) - set(snapshot))

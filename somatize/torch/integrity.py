@@ -1,0 +1,390 @@
+"""Checkpoint integrity: a blake3 checksum over every byte, and a payload that fits.
+
+A checkpoint file is the ``torch.save`` archive followed by a 48-byte trailer::
+
+    <zip archive written by torch.save>  b"somatize-blake3\\n"  <32-byte blake3 of the archive>
+
+The digest is computed while ``torch.save`` writes (each chunk is hashed as it goes to
+the file), so saving reads nothing back. torch's own per-record CRC32 — which
+``torch.load`` never checks — is switched off for these files: blake3 replaces it, and
+costs less. ``torch.load`` reads the archive with the trailer in place (zip readers
+find the archive's end record by searching backwards), so a checkpoint stays a plain
+torch file.
+
+Reading verifies the checksum before anything is unpickled. A file that ends in a zip
+end record and has no trailer was written before checksums existed: it is loaded
+unverified, with a warning (save again to protect it). Anything else — a trailer that
+does not match, a file cut short, a damaged trailer — is a ``CheckpointError`` naming
+the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+from blake3 import blake3
+
+from ..errors import CheckpointError
+from ..keepers import fsync_dir
+
+__all__ = [
+    "MAGIC",
+    "check_optimizer",
+    "check_payload",
+    "verify_file",
+    "write_checkpoint",
+    "write_pointer",
+]
+
+MAGIC = b"somatize-blake3\n"
+TRAILER = len(MAGIC) + 32
+_EOCD = b"PK\x05\x06"  # a zip archive's end-of-central-directory record (22 bytes, no comment)
+_CHUNK = 1 << 22
+_crc_lock = threading.Lock()
+
+
+class _Hashing:
+    """A write-only file for ``torch.save`` that hashes every chunk on its way to ``f``."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.hash = f, blake3()
+        self.error: OSError | None = None
+
+    def write(self, chunk: bytes | memoryview) -> int:
+        self.hash.update(chunk)
+        try:
+            return self.f.write(chunk)
+        except OSError as e:  # torch wraps it in a RuntimeError; keep the cause
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+@contextlib.contextmanager
+def _without_crc32() -> Iterator[None]:
+    """torch.save without its per-record CRC32 (blake3 covers every byte instead)."""
+    get = getattr(torch.serialization, "get_crc32_options", None)
+    set_ = getattr(torch.serialization, "set_crc32_options", None)
+    if get is None or set_ is None:  # an older torch: it computes the CRC, no harm
+        yield
+        return
+    with _crc_lock:
+        before = get()
+        set_(False)
+        try:
+            yield
+        finally:
+            set_(before)
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError behind ``e`` (torch hides a failed write inside a RuntimeError)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _write_error(path: Path, cause: OSError, what: str = "checkpoint") -> CheckpointError:
+    why = cause.strerror or str(cause)
+    return CheckpointError(
+        f"could not write {what} {path}: {why} ({type(cause).__name__}, errno "
+        f"{cause.errno}); free space or permissions on {path.parent}, or checkpoint "
+        "elsewhere — earlier checkpoints and 'last' are untouched"
+    )
+
+
+@contextlib.contextmanager
+def renamed_into(path: Path, *, sync: bool) -> Iterator[BinaryIO]:
+    """A temp file beside ``path``, renamed over it when the block succeeds (removed if not).
+
+    Like ``keepers.atomic_file`` but without its directory fsync: a checkpoint save
+    renames two files (the checkpoint, then ``last``) and syncs the directory once, after
+    both (``write_pointer``). ``sync`` fsyncs the file's data before the rename.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_checkpoint(path: Path, payload: Mapping[str, Any], *, sync_dir: bool = False) -> None:
+    """``torch.save`` ``payload`` to ``path`` atomically, with the blake3 trailer.
+
+    The data is fsynced before the rename; the directory is not (``write_pointer``
+    syncs it after ``last`` is renamed too) unless ``sync_dir``.
+
+    Raises:
+        CheckpointError: the disk is full, read-only, or refuses the write; names
+            ``path`` and chains the OS error. Nothing existing is changed.
+    """
+    writer: _Hashing | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with renamed_into(path, sync=True) as f:  # straight to the temp file: no state copy
+            writer = _Hashing(f)
+            with _without_crc32():
+                torch.save(dict(payload), writer)  # type: ignore[arg-type]
+            f.write(MAGIC + writer.hash.digest())
+        if sync_dir:
+            fsync_dir(path.parent)
+    except (OSError, RuntimeError) as e:
+        cause = (writer.error if writer is not None else None) or _os_error(e)
+        if cause is None:
+            raise
+        raise _write_error(path, cause) from cause
+
+
+def write_pointer(path: Path, name: str) -> None:
+    """Point ``path`` (``last``) at ``name`` by a rename, then fsync the directory once.
+
+    The one directory fsync makes this rename and the checkpoint's durable together.
+    The pointer's few bytes are not fsynced themselves: a power loss can leave it
+    empty, and an empty pointer means "the newest intact checkpoint" (``last()``).
+
+    Raises:
+        CheckpointError: an OS error (full or read-only disk), naming ``path``.
+    """
+    try:
+        with renamed_into(path, sync=False) as f:
+            f.write(name.encode())
+        fsync_dir(path.parent)
+    except OSError as e:
+        raise _write_error(path, e, "checkpoint pointer") from e
+
+
+def verify_file(path: Path) -> bool:
+    """Check ``path``'s checksum without unpickling anything.
+
+    Returns:
+        True when the checksum matches; False for a file written before checksums
+        (a complete zip archive with no trailer), which is then unverified.
+
+    Raises:
+        CheckpointError: the checksum does not match, the file is cut short, or it is
+            neither a checkpoint with a trailer nor a zip archive.
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            tail = b""
+            if size >= TRAILER:
+                f.seek(size - TRAILER)
+                tail = f.read(TRAILER)
+            elif size:
+                tail = f.read()
+            if tail[: len(MAGIC)] != MAGIC:
+                if len(tail) >= 22 and tail[-22:-18] == _EOCD and tail[-2:] == b"\0\0":
+                    return False  # a complete archive from before checksums
+                raise CheckpointError(
+                    f"{path} is truncated, corrupt or not a torch checkpoint (no checksum "
+                    "trailer and not a torch.save archive); resume from an earlier checkpoint"
+                )
+            f.seek(0)
+            h, left, buf = blake3(), size - TRAILER, bytearray(min(_CHUNK, size))
+            view = memoryview(buf)
+            while left:
+                n = f.readinto(view[: min(left, len(buf))])
+                if not n:
+                    break
+                h.update(view[:n])
+                left -= n
+    except FileNotFoundError as e:
+        raise CheckpointError(f"no checkpoint at {path}") from e
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
+    if left or h.digest() != tail[len(MAGIC) :]:
+        raise CheckpointError(
+            f"{path} is corrupt: its contents do not match its blake3 checksum "
+            f"(expected {tail[len(MAGIC) :].hex()[:16]}…, got {h.hexdigest()[:16]}…); "
+            "resume from an earlier checkpoint"
+        )
+    return True
+
+
+def warn_unverified(path: Path) -> None:
+    warnings.warn(
+        f"{path} has no checksum (written before somatize checksummed checkpoints); it was "
+        "loaded unverified — save it again to protect it",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+# -- the payload's schema ---------------------------------------------------------------
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_TYPES: dict[str, tuple[str, Any]] = {
+    "model": ("a state dict (name -> tensor)", lambda v: isinstance(v, Mapping)),
+    "optimizer": ("an optimizer state dict", lambda v: isinstance(v, Mapping)),
+    "scheduler": ("a scheduler state dict or None", lambda v: v is None or isinstance(v, Mapping)),
+    "step": ("an int", _is_int),
+    "epoch": ("an int", _is_int),
+    "position": ("an int", _is_int),
+    "examples_seen": ("an int", _is_int),
+    "losses": ("a list of numbers", lambda v: isinstance(v, list) and all(map(_is_number, v))),
+    "metrics": (
+        "a list of dicts",
+        lambda v: isinstance(v, list) and all(isinstance(m, Mapping) for m in v),
+    ),
+    "best": ("a number or None", lambda v: v is None or _is_number(v)),
+    "pruned": ("a bool", lambda v: isinstance(v, bool)),
+    "pruner": ("a state dict or None", lambda v: v is None or isinstance(v, Mapping)),
+    "rng": ("a dict of RNG states", lambda v: isinstance(v, Mapping)),
+    "seed": ("an int", _is_int),
+}
+
+
+def check_payload(payload: Mapping[str, Any], path: Path) -> None:
+    """Every key a checkpoint holds is there, of its type, in range.
+
+    Raises:
+        CheckpointError: naming the file and every problem found.
+    """
+    problems = [f"missing {k!r}" for k in _TYPES if k not in payload]
+    for key, (what, ok) in _TYPES.items():
+        if key in payload and not ok(payload[key]):
+            problems.append(f"{key!r} is {_show(payload[key])}, not {what}")
+    if not problems:
+        problems += _ranges(payload)
+    if problems:
+        raise CheckpointError(
+            f"{path} is not a complete Trainer checkpoint: {'; '.join(problems)}; "
+            "resume from a checkpoint the Trainer wrote"
+        )
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return f"{type(v).__name__} {text[:60]}{'…' if len(text) > 60 else ''}"
+
+
+def _ranges(p: Mapping[str, Any]) -> list[str]:
+    problems = [f"{k!r}={p[k]} is negative" for k in ("step", "epoch", "examples_seen") if p[k] < 0]
+    if not 0 <= p["position"] <= max(p["step"], 0):  # one batch per step so far
+        problems.append(
+            f"'position'={p['position']} is out of range: a run at step {p['step']} has "
+            f"trained on 0 to {p['step']} batches of its epoch"
+        )
+    if not all(isinstance(t, torch.Tensor) for t in p["model"].values()):
+        bad = next(k for k, t in p["model"].items() if not isinstance(t, torch.Tensor))
+        problems.append(f"'model' entry {bad!r} is not a tensor")
+    opt = p["optimizer"]
+    if not isinstance(opt.get("state"), Mapping) or not isinstance(opt.get("param_groups"), list):
+        problems.append("'optimizer' lacks 'state' or 'param_groups' (not an optimizer state)")
+    rng = p["rng"]
+    python = rng.get("python")
+    if (
+        not isinstance(python, (list, tuple))
+        or len(python) != 3
+        or not isinstance(python[1], torch.Tensor)
+        or not isinstance(rng.get("torch"), torch.Tensor)
+        or not isinstance(rng.get("cuda"), list)
+    ):
+        problems.append("'rng' lacks the python, torch or cuda RNG state")
+    return problems
+
+
+# -- the optimizer a run resumes with ---------------------------------------------------
+
+# keys a scheduler writes into param groups as it runs: they change without the user
+_SCHEDULED = {"lr", "initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"}
+_SCHEDULED_MOMENTUM = {"momentum", "betas"}
+
+
+def optimizer_class(opt: torch.optim.Optimizer) -> str:
+    t = type(opt)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def check_optimizer(payload: Mapping[str, Any], opt: torch.optim.Optimizer) -> None:
+    """The checkpoint's optimizer is this run's class; changed hyper-parameters warn.
+
+    Raises:
+        CheckpointError: the checkpoint was written with another optimizer class (both
+            named), or its param groups are of another kind or number.
+
+    Warns:
+        UserWarning: a hyper-parameter differs (old and new values named); the
+            checkpoint's value is kept, so the run resumes exactly.
+    """
+    ours = optimizer_class(opt)
+    theirs = payload.get("optimizer_class")
+    groups = payload["optimizer"]["param_groups"]
+    if theirs is not None and theirs != ours:
+        raise CheckpointError(
+            f"the checkpoint was written with optimizer {theirs}, this run uses {ours}; "
+            "resume with the optimizer it was written with, or start a fresh run from its "
+            "weights: st.load_state(g, st.load_checkpoint(path)['model'])"
+        )
+    if len(groups) != len(opt.param_groups):
+        raise CheckpointError(
+            f"the checkpoint's optimizer has {len(groups)} parameter group(s), this run's "
+            f"{ours} has {len(opt.param_groups)}; resume with the optimizer it was written with"
+        )
+    for i, (old, new) in enumerate(zip(groups, opt.param_groups)):
+        scheduled = "initial_lr" in old or "initial_lr" in new
+        keys = (set(old) | set(new)) - {"params"} - _SCHEDULED
+        if theirs is None and {k for k in keys if (k in old) != (k in new)}:
+            raise CheckpointError(
+                f"the checkpoint's optimizer is not this run's {ours}: its parameter group "
+                f"{i} has settings {sorted(set(old) - {'params'})}, this one "
+                f"{sorted(set(new) - {'params'})}; resume with the optimizer it was written with"
+            )
+        # a scheduler moves lr as it runs: compare where it started, or not at all
+        compare = ["initial_lr"] if scheduled else [] if payload.get("scheduler") else ["lr"]
+        compare += sorted(k for k in keys if k in old and k in new)
+        if "max_momentum" in old:  # OneCycleLR cycles the momentum too
+            compare = [k for k in compare if k not in _SCHEDULED_MOMENTUM]
+        for key in compare:
+            if key in old and key in new and not _same(old[key], new[key]):
+                warnings.warn(
+                    f"optimizer hyper-parameter {key!r} of group {i} changed: the checkpoint "
+                    f"has {_plain(old[key])}, this run's optimizer {_plain(new[key])}; the "
+                    "checkpoint's value is kept so the run resumes exactly (start a fresh run "
+                    "from its weights to train with the new value)",
+                    UserWarning,
+                    stacklevel=3,
+                )
+
+
+def _plain(v: Any) -> Any:
+    return v.tolist() if isinstance(v, torch.Tensor) else v
+
+
+def _same(a: Any, b: Any) -> bool:
+    a, b = _plain(a), _plain(b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)

@@ -1,0 +1,274 @@
+"""A process pool that outlives its workers: a killed worker costs one re-run, not the pool.
+
+A plain ``ProcessPoolExecutor`` whose worker dies (SIGKILL, the OOM killer, a
+segfault) is broken for good: every queued and running call fails with
+``BrokenProcessPool``. ``TorchPool`` keeps going, as Dask does: it starts a fresh pool
+and resubmits every call that had not finished. A call that was *running on the worker
+that died* is charged one attempt; after ``retries`` re-runs (default 1) it fails with
+``WorkerLostError`` naming it. Calls that were queued, or running on workers the broken
+pool took down with it, are resubmitted without charge (at most a few times).
+
+Which call ran where: each worker claims a slot in a small shared array when it starts
+and writes the id of the call it is running into it; the dead worker is the one whose
+process has exited when the pool reports the break.
+
+``run_all(pool, fn, items)`` runs a campaign over any executor and returns every run
+that finished, with the lost ones reported by index.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from ..errors import WorkerLostError
+
+__all__ = ["Runs", "TorchPool", "run_all"]
+
+_FREE_RESUBMITS = 5  # a call is resubmitted this often for others' deaths, then given up
+_worker: dict[str, Any] = {}  # in a worker process: its slot
+
+
+def _start(slots: Any, claimed: Any, initializer: Callable[..., Any] | None, args: tuple[Any, ...]) -> None:  # fmt: skip
+    with claimed.get_lock():
+        index = claimed.value
+        claimed.value += 1
+    if 2 * index + 1 < len(slots):
+        slots[2 * index], slots[2 * index + 1] = os.getpid(), -1
+        _worker["slots"], _worker["index"] = slots, index
+    if initializer is not None:
+        initializer(*args)
+
+
+def _call(payload: bytes, task: int) -> Any:
+    slots, index = _worker.get("slots"), _worker.get("index", 0)
+    if slots is not None:
+        slots[2 * index + 1] = task
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload)  # code the user sent to their own pool
+        return fn(*args, **kwargs)
+    finally:
+        if slots is not None:
+            slots[2 * index + 1] = -1
+
+
+class _Generation:
+    """One ``ProcessPoolExecutor`` and the slots its workers write into."""
+
+    def __init__(self, workers: int, ctx: Any, initializer: Any, initargs: tuple[Any, ...]):
+        self.slots = ctx.RawArray("q", 8 * workers)  # room for workers started over time
+        claimed = ctx.Value("i", 0)
+        self.pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=ctx,
+            initializer=_start,
+            initargs=(self.slots, claimed, initializer, initargs),
+        )
+
+    def killed(self, task: int) -> bool:
+        """Whether ``task`` was running on a worker that has exited."""
+        processes = getattr(self.pool, "_processes", None) or {}
+        for i in range(len(self.slots) // 2):
+            pid, running = self.slots[2 * i], self.slots[2 * i + 1]
+            if pid and running == task:
+                p = processes.get(pid)
+                return p is None or p.exitcode is not None
+        return False
+
+
+@dataclass(eq=False)
+class _Task:
+    id: int
+    payload: bytes
+    future: Future[Any] = field(default_factory=Future)
+    deaths: int = 0
+    spared: int = 0
+    inner: Future[Any] | None = None
+
+
+class TorchPool(Executor):
+    """A process pool for torch work that replaces lost workers and re-runs their calls.
+
+    Functions and arguments are shipped with cloudpickle, so lambdas and classes defined
+    in ``__main__`` work; results come back with pickle as usual. Made by
+    ``st.executor()``, which sets the start method and the workers' torch threads.
+
+    Args:
+        max_workers, mp_context, initializer, initargs: as for ``ProcessPoolExecutor``.
+        retries: how many times a call whose worker died is re-run on a fresh worker
+            before its future fails with ``WorkerLostError`` (0: never re-run).
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        mp_context: Any = None,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
+        *,
+        retries: int = 1,
+    ) -> None:
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries={retries!r}: give an int of 0 or more")
+        if max_workers is not None and (isinstance(max_workers, bool) or max_workers < 1):
+            raise ValueError(f"workers={max_workers!r}: give 1 or more (None: one per CPU)")
+        self._workers = max_workers or os.cpu_count() or 1
+        self._ctx = mp_context or multiprocessing.get_context()
+        self._init = (initializer, tuple(initargs))
+        self.retries = retries
+        self._lock = threading.RLock()
+        self._gen: _Generation | None = None
+        self._ids = itertools.count()
+        self._closed = False
+        #: How many fresh pools were started after a worker died.
+        self.restarts = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            task = _Task(next(self._ids), cloudpickle.dumps((fn, args, kwargs)))
+            task.future.add_done_callback(lambda f: _cancel(task) if f.cancelled() else None)
+            self._send(task)
+        return task.future
+
+    def _send(self, task: _Task) -> None:
+        with self._lock:
+            for _ in range(3):
+                if self._gen is None:
+                    self._gen = _Generation(self._workers, self._ctx, *self._init)
+                gen = self._gen
+                try:
+                    task.inner = gen.pool.submit(_call, task.payload, task.id)
+                except BrokenExecutor:  # it broke since: a fresh one
+                    self._retire(gen)
+                    continue
+                task.inner.add_done_callback(
+                    lambda inner, gen=gen: self._settle(task, gen, inner)  # type: ignore[misc]
+                )
+                return
+        task.future.set_exception(WorkerLostError(f"call {task.id}: no worker could be started"))
+
+    def _retire(self, gen: _Generation) -> None:
+        # a broken pool terminates and joins its own workers; the next send starts another
+        if self._gen is gen:
+            self._gen = None
+            self.restarts += 1
+
+    def _settle(self, task: _Task, gen: _Generation, inner: Future[Any]) -> None:
+        if task.future.done():  # cancelled by the caller
+            return
+        if inner.cancelled():
+            task.future.cancel()
+            return
+        error = inner.exception()
+        if error is None:
+            task.future.set_result(inner.result())
+            return
+        if not isinstance(error, BrokenExecutor):
+            task.future.set_exception(error)
+            return
+        killed = gen.killed(task.id)  # read now: the survivors are terminated right after
+        if killed:
+            task.deaths += 1
+        else:
+            task.spared += 1
+        with self._lock:
+            self._retire(gen)
+            if self._closed or task.deaths > self.retries or task.spared > _FREE_RESUBMITS:
+                why = (
+                    "the pool was shut down"
+                    if self._closed
+                    else f"its worker died {task.deaths} time(s) with retries={self.retries}"
+                    if task.deaths > self.retries
+                    else f"the pool broke {task.spared} times around it"
+                )
+                lost = WorkerLostError(
+                    f"call {task.id} was lost: {why} (killed, out of memory, or crashed); "
+                    "raise retries=, or look for what kills the worker"
+                )
+                lost.__cause__ = error
+                task.future.set_exception(lost)
+                return
+            self._send(task)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            gen = self._gen
+        if gen is not None:
+            gen.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    def __repr__(self) -> str:
+        return f"TorchPool(workers={self._workers}, retries={self.retries})"
+
+
+def _cancel(task: _Task) -> None:
+    if task.inner is not None:
+        task.inner.cancel()
+
+
+@dataclass(frozen=True)
+class Runs:
+    """The outcome of ``run_all``: what finished, and what was lost.
+
+    Attributes:
+        results: one entry per item, in item order; None where the run was lost.
+        lost: item index -> why its run was lost (its worker died, more than retried).
+    """
+
+    results: list[Any]
+    lost: dict[int, str]
+
+    @property
+    def finished(self) -> list[Any]:
+        """The results of the runs that finished, in item order (for ``summarize``, ``fedavg``)."""
+        return [r for i, r in enumerate(self.results) if i not in self.lost]
+
+
+def _is_loss(e: BaseException) -> bool:
+    # BrokenProcessPool and WorkerLostError are BrokenExecutors; Dask gives up with KilledWorker
+    return isinstance(e, BrokenExecutor) or type(e).__name__ == "KilledWorker"
+
+
+def run_all(pool: Executor, fn: Callable[[Any], Any], items: Iterable[Any]) -> Runs:
+    """Run ``fn`` over ``items`` on ``pool``; return every run that finishes.
+
+    A run whose worker is lost (and is not re-run by the pool: ``st.executor`` re-runs it
+    once, Dask reschedules it) is reported in ``Runs.lost`` by index; the other runs are
+    unaffected. An exception ``fn`` raises is raised (the first, by index) once every run
+    has settled.
+
+    Example:
+        >>> with executor(workers=2) as pool:  # doctest: +SKIP
+        ...     runs = run_all(pool, train_one_seed, range(8))
+        >>> runs.lost                           # doctest: +SKIP
+        {}
+    """
+    if not callable(getattr(pool, "submit", None)):
+        raise TypeError(
+            f"run_all takes an executor (st.executor(), a ProcessPoolExecutor, "
+            f"client.get_executor()), not {pool!r:.60}"
+        )
+    futures: Sequence[Future[Any]] = [pool.submit(fn, item) for item in items]
+    wait(futures)
+    results: list[Any] = []
+    lost: dict[int, str] = {}
+    for i, f in enumerate(futures):
+        e = f.exception()
+        if e is None:
+            results.append(f.result())
+        elif _is_loss(e):
+            results.append(None)
+            lost[i] = f"{type(e).__name__}: {e}"
+        else:
+            raise e
+    return Runs(results, lost)

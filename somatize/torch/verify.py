@@ -1,0 +1,86 @@
+"""``somatize checkpoint verify DIR``: check every checkpoint of a directory.
+
+Each ``*.ckpt`` file is checked as ``load_checkpoint`` would (checksum, then the
+payload key by key, nothing executed); the pointers ``last`` and ``best`` must name a
+file that passed. Nothing is written or removed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CheckpointError
+from .checkpoint import load_checkpoint
+
+__all__ = ["Verdict", "verify_checkpoints", "verify_command"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One file's verdict: ``"ok"``, ``"unverified"`` (no checksum) or ``"damaged"``."""
+
+    path: Path
+    status: str
+    detail: str = ""
+
+
+def verify_checkpoints(path: str | os.PathLike[str]) -> list[Verdict]:
+    """Verify a checkpoint file, or every ``*.ckpt`` file and pointer of a directory.
+
+    Raises:
+        CheckpointError: ``path`` is neither a checkpoint file nor a directory.
+    """
+    path = Path(path)
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix == ".ckpt" and p.is_file())
+    else:
+        raise CheckpointError(f"no checkpoint or checkpoint directory at {path}")
+    verdicts = [_verify(f) for f in files]
+    if path.is_dir():
+        passed = {v.path.name for v in verdicts if v.status != "damaged"}
+        for pointer in ("last", "best"):
+            try:
+                name = (path / pointer).read_text().strip()
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                verdicts.append(Verdict(path / pointer, "damaged", f"unreadable: {e}"))
+                continue
+            if name not in passed:
+                why = "a damaged checkpoint" if (path / name).is_file() else "no checkpoint"
+                verdicts.append(Verdict(path / pointer, "damaged", f"names {name!r}: {why}"))
+    return verdicts
+
+
+def _verify(file: Path) -> Verdict:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            load_checkpoint(file)
+        except CheckpointError as e:
+            return Verdict(file, "damaged", str(e))
+    unverified = any("no checksum" in str(w.message) for w in caught)
+    return Verdict(file, "unverified" if unverified else "ok", "no checksum" if unverified else "")
+
+
+def verify_command(path: str) -> int:
+    """Print a verdict per file; exit status 1 when any file is damaged, 2 when none exist."""
+    try:
+        verdicts = verify_checkpoints(path)
+    except CheckpointError as e:
+        print(f"somatize: {e}", file=sys.stderr)
+        return 2
+    for v in verdicts:
+        print(f"{v.status:<10} {v.path}" + (f": {v.detail}" if v.detail else ""))
+    damaged = sum(v.status == "damaged" for v in verdicts)
+    print(
+        f"{len(verdicts)} checked: {damaged} damaged, "
+        f"{sum(v.status == 'unverified' for v in verdicts)} without a checksum"
+    )
+    return 1 if damaged else 0

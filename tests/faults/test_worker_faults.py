@@ -1,0 +1,123 @@
+"""Workers killed mid-campaign: st.executor's pool and a Dask cluster lose no run.
+
+A worker is SIGKILLed at a random instant while runs are queued and running; every
+run must come back with its own, right value. A Dask slice pinned to a worker that
+dies must fail with a clear ``TransportError``, never hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import somatize.torch as st
+from somatize import Done, Graph, Node
+from somatize.errors import TransportError
+from somatize.transports import ExecutorTransport
+
+from .conftest import TRIALS
+
+
+def work(x: int) -> tuple[int, int]:
+    """A run of a few tens of milliseconds: x², and the worker's pid."""
+    total = 0
+    for i in range(150_000):
+        total += i % 7
+    return x * x + 0 * total, os.getpid()
+
+
+def _kill_one(pids: list[int], rng) -> int:
+    pid = rng.choice(sorted(pids))
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+@pytest.mark.slow
+def test_a_pool_worker_killed_at_random_instants_loses_no_run(rng):
+    n = 8
+    with st.executor(workers=2) as pool:
+        assert pool.submit(work, 0).result()[0] == 0  # workers up
+
+        def kill() -> None:
+            gen = pool._gen
+            if gen is not None and gen.pool._processes:
+                _kill_one(list(gen.pool._processes), rng)
+
+        for _trial in range(TRIALS):
+            killer = threading.Timer(rng.uniform(0, 0.15), kill)  # a random instant
+            killer.start()
+            try:
+                runs = st.run_all(pool, work, range(n))
+            finally:
+                killer.cancel()
+            assert runs.lost == {}
+            assert [r[0] for r in runs.results] == [i * i for i in range(n)]
+        assert 1 <= pool.restarts <= TRIALS
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed")
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+        ) as c,
+        distributed.Client(c) as client,
+    ):
+        yield client
+
+
+def _workers(client, count: int = 2, seconds: float = 60) -> dict[str, int]:
+    """address -> pid of the cluster's workers, once ``count`` are up."""
+    client.wait_for_workers(count, timeout=seconds)
+    return client.run(os.getpid)
+
+
+@pytest.mark.slow
+def test_a_dask_worker_killed_at_random_instants_loses_no_run(cluster, rng):
+    pool = cluster.get_executor(pure=False)
+    for trial in range(TRIALS):
+        pids = _workers(cluster)
+        items = list(range(10 * trial, 10 * trial + 10))
+        killer = threading.Timer(rng.uniform(0, 0.2), _kill_one, (list(pids.values()), rng))
+        killer.start()
+        try:
+            runs = st.run_all(pool, work, items)  # Dask reschedules the dead worker's runs
+        finally:
+            killer.cancel()
+        assert runs.lost == {}
+        assert [r[0] for r in runs.results] == [i * i for i in items]
+
+
+class Far(Node):
+    def forward(self, x, ctx):
+        deadline = time.monotonic() + 120  # long enough for the worker to be killed under it
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        return Done(x)
+
+
+@pytest.mark.slow
+def test_a_slice_pinned_to_a_dask_worker_that_dies_fails_clearly_and_never_hangs(cluster):
+    pids = _workers(cluster)
+    address = sorted(pids)[0]
+    g = Graph.somatize(Far().with_id("far")).place("far", host="box")
+    transport = ExecutorTransport(cluster.get_executor(workers=[address]))  # the defaults
+    killer = threading.Timer(2.0, os.kill, (pids[address], signal.SIGKILL))
+    killer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(TransportError, match=r"far.*pinned to \(.*\) left the cluster"):
+            g.forward(1, transports={"box": transport})
+    finally:
+        killer.cancel()
+    assert time.monotonic() - start < 60

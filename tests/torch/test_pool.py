@@ -1,0 +1,66 @@
+"""TorchPool: a killed worker costs a re-run of its call, never the campaign."""
+
+from __future__ import annotations
+
+import os
+import signal
+from concurrent.futures import BrokenExecutor
+
+import pytest
+
+import somatize.torch as st
+from somatize.errors import WorkerLostError
+
+
+def square_or_die(job):
+    """Square ``x``; kill this worker first if asked (once, or every time)."""
+    x, marker, always = job
+    if marker is not None and (always or not os.path.exists(marker)):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x * x, os.getpid()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_once_costs_one_rerun_and_every_run_finishes(tmp_path):
+    marker = str(tmp_path / "died")
+    jobs = [(i, marker if i == 3 else None, False) for i in range(8)]
+    with st.executor(workers=2) as pool:
+        runs = st.run_all(pool, square_or_die, jobs)
+        assert pool.restarts == 1
+        assert pool.submit(square_or_die, (9, None, False)).result()[0] == 81  # still usable
+    assert runs.lost == {}
+    assert [r[0] for r in runs.results] == [i * i for i in range(8)]
+    assert os.path.exists(marker)
+
+
+@pytest.mark.slow
+def test_a_run_that_always_kills_its_worker_is_reported_lost_and_the_others_finish(tmp_path):
+    marker = str(tmp_path / "died")
+    jobs = [(i, marker if i == 2 else None, True) for i in range(6)]
+    with st.executor(workers=2) as pool:
+        runs = st.run_all(pool, square_or_die, jobs)
+        future = pool.submit(square_or_die, (5, marker, True))
+        with pytest.raises(WorkerLostError, match=r"call \d+ was lost: its worker died 2 time"):
+            future.result()
+        assert isinstance(future.exception(), BrokenExecutor)  # old except clauses still work
+    assert list(runs.lost) == [2] and "WorkerLostError" in runs.lost[2]
+    assert runs.results[2] is None
+    assert [r[0] for r in runs.finished] == [0, 1, 9, 16, 25]
+
+
+@pytest.mark.slow
+def test_retries_zero_loses_only_the_run_whose_worker_died(tmp_path):
+    marker = str(tmp_path / "died")
+    jobs = [(i, marker if i == 1 else None, False) for i in range(5)]
+    with st.executor(workers=2, retries=0) as pool:
+        runs = st.run_all(pool, square_or_die, jobs)
+    assert list(runs.lost) == [1]
+    assert [r[0] for r in runs.finished] == [0, 4, 9, 16]
+
+
+def test_an_exception_the_run_raises_is_raised_not_counted_as_lost():
+    with st.executor(workers=1) as pool, pytest.raises(ZeroDivisionError):
+        st.run_all(pool, lambda x: 1 / x, [1, 0, 2])
+    with pytest.raises(ValueError, match="retries=-1"):
+        st.executor(retries=-1)
