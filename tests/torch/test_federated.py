@@ -10,13 +10,13 @@ import somatize.torch as st
 from somatize.errors import AggregationError, SomatizeError
 
 
-def client(seed, scale=1.0, dtype=torch.float32):
+def client(seed, scale=1.0, dtype=torch.float32, count=10):
     g = torch.Generator().manual_seed(seed)
     return {
         "enc.lin.weight": (torch.randn(6, 4, generator=g) * scale).to(dtype),
         "enc.lin.bias": (torch.randn(6, generator=g) * scale).to(dtype),
         "head.bn.running_mean": torch.randn(3, generator=g).to(dtype),
-        "head.bn.num_batches_tracked": torch.tensor(seed * 10, dtype=torch.int64),
+        "head.bn.num_batches_tracked": torch.tensor(count, dtype=torch.int64),
     }
 
 
@@ -80,15 +80,22 @@ def test_fedavg_keeps_each_dtype_and_accumulates_in_float64():
 
 
 def test_integer_buffers_follow_an_explicit_policy():
-    states = [client(i) for i in (1, 4, 2)]  # counters 10, 40, 20
-    assert st.fedavg(states, weights="uniform")["head.bn.num_batches_tracked"].item() == 40
+    states = [client(i, count=10 * i) for i in (1, 4, 2)]  # counters 10, 40, 20
+    with pytest.warns(RuntimeWarning, match="num_batches_tracked.*differ.*int_buffers='max'"):
+        assert st.fedavg(states, weights="uniform")["head.bn.num_batches_tracked"].item() == 40
+    assert (
+        st.fedavg(states, weights="uniform", int_buffers="max")[
+            "head.bn.num_batches_tracked"
+        ].item()
+        == 40
+    )  # said explicitly: no warning
     assert (
         st.fedavg(states, weights="uniform", int_buffers="first")[
             "head.bn.num_batches_tracked"
         ].item()
         == 10
     )
-    out = st.fedavg(states, weights="uniform")
+    out = st.fedavg(states, weights="uniform", int_buffers="max")
     assert out["head.bn.num_batches_tracked"].dtype == torch.int64
     with pytest.raises(AggregationError, match="num_batches_tracked.*counters"):
         st.fedavg(states, weights="uniform", int_buffers="error")
