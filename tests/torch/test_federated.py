@@ -206,3 +206,57 @@ def test_robust_aggregators_validate_like_fedavg():
     c["enc.lin.bias"][1] = float("nan")
     with pytest.raises(AggregationError, match="client 1, key 'enc.lin.bias'"):
         st.trimmed_mean([a, c], 0.1)
+
+
+def test_a_value_that_is_not_a_tensor_names_the_client_the_key_and_the_fix():
+    a, b = client(0), client(1)
+    b["head.scale"] = 0.5
+    a["head.scale"] = torch.tensor(0.5)
+    with pytest.raises(
+        AggregationError, match=r"client 1, key 'head.scale': a float .*torch.tensor"
+    ):
+        st.fedavg([a, b], weights="uniform")
+
+
+def test_complex_tensors_are_refused_with_the_fix():
+    states = [{"w": torch.randn(3, dtype=torch.complex64)} for _ in range(2)]
+    with pytest.raises(AggregationError, match=r"client 0, key 'w': a complex.*view_as_real"):
+        st.fedavg(states, weights="uniform")
+    with pytest.raises(AggregationError, match="complex"):
+        st.fedmedian(states)
+
+
+def test_weights_given_as_a_set_are_refused():
+    states = [client(i) for i in range(2)]
+    with pytest.raises(AggregationError, match="weights is a set.*list"):
+        st.fedavg(states, weights={1.0, 3.0})
+
+
+def test_parameters_in_plain_tensors_out():
+    states = [{"w": torch.nn.Parameter(torch.randn(3))} for _ in range(3)]
+    for aggregate in (lambda s: st.fedavg(s, weights="uniform"), st.fedmedian):
+        out = aggregate(states)
+        assert not out["w"].requires_grad and type(out["w"]) is torch.Tensor
+    ref = sum(s["w"].detach().double() for s in states) / 3
+    torch.testing.assert_close(st.fedavg(states, weights="uniform")["w"].double(), ref)
+
+
+def test_summarize_names_nan_runs_or_omits_them():
+    with pytest.raises(ValueError, match=r"'val_loss' is NaN in run\(s\) \[1\].*nan='omit'"):
+        st.summarize([0.5, float("nan"), 0.4], "val_loss")
+    s = st.summarize([0.5, float("nan"), 0.4], "val_loss", nan="omit")
+    assert (s.n, s.best, s.min, s.max) == (2, 2, 0.4, 0.5)
+    assert s.mean == pytest.approx(0.45)
+    with pytest.raises(ValueError, match="every run"):
+        st.summarize([float("nan")], "val_acc", nan="omit")
+
+
+def test_the_submodules_docstring_examples_run():
+    import doctest
+    import importlib
+
+    names = ["aggregation", "robust", "partitions", "sampling", "server", "privacy"]
+    names += ["regularizers", "metrics", "clients"]
+    for name in names:
+        module = importlib.import_module(f"somatize.torch.federated.{name}")
+        assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0, name

@@ -102,8 +102,10 @@ def dirichlet(
     """Label skew (Hsu et al. 2019): each class is split over clients in proportions
     drawn from Dirichlet(α); small α gives each client few classes, α → ∞ approaches IID.
 
-    Draws again (up to 1,000 times, deterministically) until every client holds at
-    least ``min_size`` examples.
+    As in the common implementation (Wang et al. 2020's NIID-Bench), a client that
+    already holds its 1/clients share of the data takes nothing from later classes,
+    and the split is drawn again (up to 1,000 times, deterministically) until every
+    client holds at least ``min_size`` examples.
 
     Example:
         >>> y = [i % 10 for i in range(1000)]
@@ -117,13 +119,18 @@ def dirichlet(
         raise ValueError(f"alpha must be positive, not {alpha!r} (small: skewed, large: IID)")
     rng = _rng(seed)
     classes = [np.flatnonzero(y == k) for k in np.unique(y)]
+    cap = len(y) / clients
     for _ in range(_TRIES):
         owner = np.empty(len(y), dtype=np.int64)
+        held = np.zeros(clients, dtype=np.int64)
         for idx in classes:
             share = rng.dirichlet(np.full(clients, float(alpha)))
+            share = share * (held < cap)  # a full client takes no more (as NIID-Bench does)
+            share = share / share.sum()
             ends = np.round(np.cumsum(share) * len(idx)).astype(np.int64)
             counts: np.ndarray[Any, Any] = np.diff(ends, prepend=0)
             owner[rng.permutation(idx)] = np.repeat(np.arange(clients), counts)
+            held += counts
         sizes = np.bincount(owner, minlength=clients)
         if sizes.min() >= min_size:
             order = np.argsort(owner, kind="stable")

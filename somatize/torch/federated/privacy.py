@@ -85,6 +85,13 @@ class DPFedAvg:
         if global_state.keys() != states[0].keys():
             diff = sorted(set(global_state) ^ set(states[0]))
             raise AggregationError(f"the clients' states and the global state differ in {diff[:5]}")
+        for k, x in global_state.items():
+            t = states[0][k]
+            if t.dtype != x.dtype or t.shape != x.shape:
+                raise AggregationError(
+                    f"key {k!r}: the clients hold {t.dtype} {tuple(t.shape)}, the global state's "
+                    f"{x.dtype} {tuple(x.shape)}; clients must return the state they were sent"
+                )
         expected = self.per_round
         keys = [k for k, t in global_state.items() if t.is_floating_point()]
         with torch.no_grad():

@@ -157,8 +157,6 @@ def FedYogi(
     return ServerOptimizer("yogi", lr, beta1, beta2, tau)
 
 
-def FedAdagrad(
-    *, lr: float = 1e-2, beta1: float = 0.0, tau: float = 1e-3
-) -> ServerOptimizer:
+def FedAdagrad(*, lr: float = 1e-2, beta1: float = 0.0, tau: float = 1e-3) -> ServerOptimizer:
     """FedAdagrad: m ← β₁m + (1−β₁)Δ; v ← v + Δ²; x ← x + η m / (√v + τ)."""
     return ServerOptimizer("adagrad", lr, beta1, tau=tau)
