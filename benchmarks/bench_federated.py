@@ -433,7 +433,7 @@ def partition_rows(per_round: dict[int, float]) -> list[Row]:
 def run(quick: bool) -> list[Row]:
     torch.set_num_threads(1)
     sizes = [10, 100] if quick else [10, 100, 1000]
-    rows, per_round = rounds_rows(sizes, trials=1 if quick else 3)
+    rows, per_round = rounds_rows(sizes, trials=1 if quick else 2)
     if quick:  # Ray's start-up alone takes longer than the whole quick run
         rows.append(Row("federated", "Flower simulation: skipped with --quick", float("nan"), "s"))
     else:
