@@ -52,11 +52,8 @@ def load_digits(seed: int = 0) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
 
     x, y = load(return_X_y=True)
     xa, xb, ya, yb = train_test_split(x / 16.0, y, test_size=0.25, random_state=seed, stratify=y)
-    f, i = torch.float32, torch.long
-    return (torch.tensor(xa, dtype=f), torch.tensor(ya, dtype=i)), (
-        torch.tensor(xb, dtype=f),
-        torch.tensor(yb, dtype=i),
-    )
+    t, f = torch.tensor, torch.float32
+    return (t(xa, dtype=f), t(ya)), (t(xb, dtype=f), t(yb))
 
 
 def train_client(global_state: dict[str, torch.Tensor], task: tuple[Any, ...]) -> st.TrainResult:
@@ -84,16 +81,9 @@ def accuracy(state: dict[str, torch.Tensor], test: tuple[torch.Tensor, torch.Ten
         return float(st.accuracy(st.module(g).eval()(test[0]), test[1]))
 
 
-def federate(
-    clients: int = 10,
-    *,
-    rounds: int,
-    local_epochs: int,
-    batch_size: int = 10,
-    lr: float = 0.05,
-    seed: int = 0,
-    pool: Executor | None = None,
-) -> tuple[list[float], dict[str, torch.Tensor]]:
+def federate(clients: int = 10, *, rounds: int, local_epochs: int, batch_size: int = 10,
+             lr: float = 0.05, seed: int = 0, pool: Executor | None = None
+             ) -> tuple[list[float], dict[str, torch.Tensor]]:  # fmt: skip
     """``rounds`` of FedAvg over shard-split digits; test accuracy per round and the final state."""
     (x, y), test = load_digits(seed)
     parts = fl.shards(y, clients=clients, per_client=2, seed=seed)

@@ -165,10 +165,11 @@ def multi_krum(
     with torch.no_grad():
         chosen = _krum_order(states, attackers)[:keep]
     picked = [results[i] for i in chosen]
-    if isinstance(weights, str):
-        w: str | list[float] = weights
-    else:
-        w = [float(list(weights)[i]) for i in chosen]
+    w: str | list[float] = weights if isinstance(weights, str) else list(weights)
+    if not isinstance(w, str):
+        if len(w) != n:
+            raise AggregationError(f"{len(w)} weights for {n} clients; give one per client")
+        w = [float(w[i]) for i in chosen]
     out = fedavg(picked, weights=w, int_buffers=int_buffers)
     out.selected = tuple(chosen)
     return out
