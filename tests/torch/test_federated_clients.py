@@ -193,27 +193,4 @@ def test_map_clients_ships_the_shared_value_once_per_batch_in_task_order():
         fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), sizes=[1])
 
 
-def train_client(global_state, task):
-    part, seed = task
-    g = make_graph()
-    st.load_state(g, global_state)
-    trainer = st.Trainer(
-        loss=nn.functional.cross_entropy,
-        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
-        epochs=1,
-        seed=seed,
-        options=st.Options(progress=False),
-    )
-    return trainer.fit(g, [BATCHES[i] for i in part])
-
-
-@pytest.mark.slow
-def test_map_clients_on_the_torch_pool_equals_the_serial_round():
-    tasks = [([i % 5, (i + 2) % 5], i) for i in range(12)]
-    shared = st.state(make_graph())
-    serial = fl.map_clients(None, train_client, tasks, shared=shared)
-    with st.executor(workers=2) as pool:
-        pooled = fl.map_clients(pool, train_client, tasks, shared=shared)
-    a, b = st.fedavg(serial), st.fedavg(pooled)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [r.losses for r in serial] == [r.losses for r in pooled]
+# map_clients on st.executor and on Dask, bitwise against the serial round: test_federated_recipes.py
