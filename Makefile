@@ -33,6 +33,8 @@ lint: setup
 	$(PY) -m mypy
 
 bench: setup
+	# Flower only to compare against, never a dependency of somatize (bench_federated says when it is missing)
+	$(PY) -m pip install --quiet "flwr[simulation]" || echo "flwr[simulation] not installed: the Flower rows are skipped"
 	$(PY) benchmarks/run.py
 
 clean:

@@ -38,6 +38,7 @@ BENCHMARKS = [
     "compile",
     "checkpoint",
     "level3",
+    "federated",
 ]
 MARK_BEGIN, MARK_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 # Tables a benchmark prints beside its rows (``TABLES`` in its module: the scaling grid)

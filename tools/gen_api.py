@@ -4,7 +4,7 @@
     python tools/gen_api.py --check  # exit 1 if docs/api.md is out of date (tests run this)
 
 The reference lists every name in ``somatize.__all__``, ``somatize.torch.__all__``,
-``somatize.transports`` and ``somatize.torch.lightning``: its signature and its
+``somatize.transports``, ``somatize.torch.federated`` and ``somatize.torch.lightning``: its signature and its
 docstring's summary, arguments and example.
 """
 
@@ -21,6 +21,7 @@ MODULES = [
     ("somatize", "The engine (no torch)"),
     ("somatize.transports", "Transports: plan slices on other hosts"),
     ("somatize.torch", "somatize.torch: modules, the Trainer, many runs"),
+    ("somatize.torch.federated", "somatize.torch.federated: federated experiments"),
     ("somatize.torch.lightning", "somatize.torch.lightning (the `lightning` extra)"),
 ]
 

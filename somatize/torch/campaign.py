@@ -62,7 +62,11 @@ class Summary:
 
 
 def summarize(
-    results: Sequence[Any], metric: str, *, mode: Literal["min", "max"] | None = None
+    results: Sequence[Any],
+    metric: str,
+    *,
+    mode: Literal["min", "max"] | None = None,
+    nan: Literal["raise", "omit"] = "raise",
 ) -> Summary:
     """n, mean, std, min, max of ``metric`` over runs, and which run was best.
 
@@ -71,6 +75,12 @@ def summarize(
         metric: e.g. ``"val_acc"``, ``"val_loss"``.
         mode: which way is better; by default ``"min"`` for names with "loss" or "err",
             else ``"max"``.
+        nan: a run whose value is NaN (a diverged run) raises by default; ``"omit"``
+            leaves such runs out of the statistics (``values`` still lists them, ``n``
+            counts the rest).
+
+    Raises:
+        ValueError: no results, or a NaN value with ``nan="raise"`` (naming the runs).
 
     Example:
         >>> s = summarize([0.9, 0.95, 0.92], "val_acc")
@@ -82,18 +92,27 @@ def summarize(
     values = tuple(float(r.metric(metric)) if hasattr(r, "metric") else float(r) for r in results)
     if mode is None:
         mode = "min" if ("loss" in metric or "err" in metric) else "max"
-    finite = [v for v in values if not math.isnan(v)]
+    if nan not in ("raise", "omit"):
+        raise ValueError(f"nan must be 'raise' or 'omit', not {nan!r}")
+    bad = [i for i, v in enumerate(values) if math.isnan(v)]
+    if bad and nan == "raise":
+        raise ValueError(
+            f"{metric!r} is NaN in run(s) {bad[:10]} (diverged?); fix those runs or pass "
+            "nan='omit' to summarize the others"
+        )
+    used = [v for v in values if not math.isnan(v)]
+    if not used:
+        raise ValueError(f"{metric!r} is NaN in every run; nothing to summarize")
     pick = min if mode == "min" else max
-    best = values.index(pick(finite)) if finite else 0
     return Summary(
         metric=metric,
         values=values,
-        n=len(values),
-        mean=statistics.fmean(values),
-        std=statistics.stdev(values) if len(values) > 1 else 0.0,
-        min=min(values),
-        max=max(values),
-        best=best,
+        n=len(used),
+        mean=statistics.fmean(used),
+        std=statistics.stdev(used) if len(used) > 1 else 0.0,
+        min=min(used),
+        max=max(used),
+        best=values.index(pick(used)),
         mode=mode,
     )
 

@@ -131,6 +131,11 @@ class TorchPool(Executor):
         #: How many fresh pools were started after a worker died.
         self.restarts = 0
 
+    @property
+    def max_workers(self) -> int:
+        """How many worker processes run calls at once."""
+        return self._workers
+
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         with self._lock:
             if self._closed:

@@ -1,4 +1,4 @@
-"""Many runs: summarize, the torch process pool, and federated rounds on any executor."""
+"""Many runs: summarize and the torch process pool (federated rounds: test_federated_recipes.py)."""
 
 import os
 import subprocess
@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import somatize.torch as st
-from recipes import federated as fed
 
 
 def test_summarize_numbers_and_results():
@@ -101,67 +100,6 @@ def test_classes_defined_in_main_train_on_the_pool(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["SAME", "3"]
-
-
-def small_round(map_clients):
-    shards = fed.load_shards(clients=4, seed=1)
-    curve, state = fed.federate(
-        shards, rounds=2, local_epochs=1, batch_size=20, seed=1, map_clients=map_clients
-    )
-    return curve, state
-
-
-@pytest.fixture(scope="module")
-def serial_round():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return small_round(lambda fn, tasks: [fn(t) for t in tasks])
-    finally:
-        torch.set_num_threads(before)
-
-
-@pytest.mark.slow
-def test_federated_round_on_the_process_pool_equals_the_serial_loop(serial_round):
-    with fed.clients_on("process") as map_clients:
-        curve, state = small_round(map_clients)
-    assert curve == serial_round[0]
-    assert state.keys() == serial_round[1].keys()
-    assert all(torch.equal(state[k], serial_round[1][k]) for k in state)
-
-
-def _pid(_):
-    return os.getpid()
-
-
-@pytest.mark.slow
-def test_federated_round_on_a_dask_cluster_equals_the_serial_loop(serial_round):
-    distributed = pytest.importorskip("dask.distributed")
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=None,
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
-        pool = client.get_executor()
-        pids = set(pool.map(_pid, range(8)))
-        curve, state = small_round(lambda fn, tasks: list(pool.map(fn, tasks)))
-    assert os.getpid() not in pids and len(pids) >= 1
-    assert curve == serial_round[0]
-    assert all(torch.equal(state[k], serial_round[1][k]) for k in state)
-
-
-@pytest.mark.slow
-def test_fedavg_beats_fedsgd_at_equal_rounds():
-    shards = fed.load_shards(clients=10, seed=0)
-    fedavg_curve, _ = fed.federate(shards, rounds=8, local_epochs=5)
-    fedsgd_curve, _ = fed.federate(shards, rounds=8, local_epochs=0)
-    assert fedavg_curve[-1] > fedsgd_curve[-1] + 0.2
-    assert fedavg_curve[-1] > 0.5
 
 
 @pytest.mark.slow

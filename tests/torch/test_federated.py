@@ -10,13 +10,13 @@ import somatize.torch as st
 from somatize.errors import AggregationError, SomatizeError
 
 
-def client(seed, scale=1.0, dtype=torch.float32):
+def client(seed, scale=1.0, dtype=torch.float32, count=10):
     g = torch.Generator().manual_seed(seed)
     return {
         "enc.lin.weight": (torch.randn(6, 4, generator=g) * scale).to(dtype),
         "enc.lin.bias": (torch.randn(6, generator=g) * scale).to(dtype),
         "head.bn.running_mean": torch.randn(3, generator=g).to(dtype),
-        "head.bn.num_batches_tracked": torch.tensor(seed * 10, dtype=torch.int64),
+        "head.bn.num_batches_tracked": torch.tensor(count, dtype=torch.int64),
     }
 
 
@@ -80,15 +80,22 @@ def test_fedavg_keeps_each_dtype_and_accumulates_in_float64():
 
 
 def test_integer_buffers_follow_an_explicit_policy():
-    states = [client(i) for i in (1, 4, 2)]  # counters 10, 40, 20
-    assert st.fedavg(states, weights="uniform")["head.bn.num_batches_tracked"].item() == 40
+    states = [client(i, count=10 * i) for i in (1, 4, 2)]  # counters 10, 40, 20
+    with pytest.warns(RuntimeWarning, match="num_batches_tracked.*differ.*int_buffers='max'"):
+        assert st.fedavg(states, weights="uniform")["head.bn.num_batches_tracked"].item() == 40
+    assert (
+        st.fedavg(states, weights="uniform", int_buffers="max")[
+            "head.bn.num_batches_tracked"
+        ].item()
+        == 40
+    )  # said explicitly: no warning
     assert (
         st.fedavg(states, weights="uniform", int_buffers="first")[
             "head.bn.num_batches_tracked"
         ].item()
         == 10
     )
-    out = st.fedavg(states, weights="uniform")
+    out = st.fedavg(states, weights="uniform", int_buffers="max")
     assert out["head.bn.num_batches_tracked"].dtype == torch.int64
     with pytest.raises(AggregationError, match="num_batches_tracked.*counters"):
         st.fedavg(states, weights="uniform", int_buffers="error")
@@ -199,3 +206,57 @@ def test_robust_aggregators_validate_like_fedavg():
     c["enc.lin.bias"][1] = float("nan")
     with pytest.raises(AggregationError, match="client 1, key 'enc.lin.bias'"):
         st.trimmed_mean([a, c], 0.1)
+
+
+def test_a_value_that_is_not_a_tensor_names_the_client_the_key_and_the_fix():
+    a, b = client(0), client(1)
+    b["head.scale"] = 0.5
+    a["head.scale"] = torch.tensor(0.5)
+    with pytest.raises(
+        AggregationError, match=r"client 1, key 'head.scale': a float .*torch.tensor"
+    ):
+        st.fedavg([a, b], weights="uniform")
+
+
+def test_complex_tensors_are_refused_with_the_fix():
+    states = [{"w": torch.randn(3, dtype=torch.complex64)} for _ in range(2)]
+    with pytest.raises(AggregationError, match=r"client 0, key 'w': a complex.*view_as_real"):
+        st.fedavg(states, weights="uniform")
+    with pytest.raises(AggregationError, match="complex"):
+        st.fedmedian(states)
+
+
+def test_weights_given_as_a_set_are_refused():
+    states = [client(i) for i in range(2)]
+    with pytest.raises(AggregationError, match="weights is a set.*list"):
+        st.fedavg(states, weights={1.0, 3.0})
+
+
+def test_parameters_in_plain_tensors_out():
+    states = [{"w": torch.nn.Parameter(torch.randn(3))} for _ in range(3)]
+    for aggregate in (lambda s: st.fedavg(s, weights="uniform"), st.fedmedian):
+        out = aggregate(states)
+        assert not out["w"].requires_grad and type(out["w"]) is torch.Tensor
+    ref = sum(s["w"].detach().double() for s in states) / 3
+    torch.testing.assert_close(st.fedavg(states, weights="uniform")["w"].double(), ref)
+
+
+def test_summarize_names_nan_runs_or_omits_them():
+    with pytest.raises(ValueError, match=r"'val_loss' is NaN in run\(s\) \[1\].*nan='omit'"):
+        st.summarize([0.5, float("nan"), 0.4], "val_loss")
+    s = st.summarize([0.5, float("nan"), 0.4], "val_loss", nan="omit")
+    assert (s.n, s.best, s.min, s.max) == (2, 2, 0.4, 0.5)
+    assert s.mean == pytest.approx(0.45)
+    with pytest.raises(ValueError, match="every run"):
+        st.summarize([float("nan")], "val_acc", nan="omit")
+
+
+def test_the_submodules_docstring_examples_run():
+    import doctest
+    import importlib
+
+    names = ["aggregation", "robust", "partitions", "sampling", "server", "privacy"]
+    names += ["regularizers", "metrics", "clients"]
+    for name in names:
+        module = importlib.import_module(f"somatize.torch.federated.{name}")
+        assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0, name

@@ -1,12 +1,4 @@
-"""Aggregating client updates: ``fedavg``, ``fedmedian``, ``trimmed_mean``.
-
-Level 3 has no type of its own: a federated round is a ``for`` loop and these are
-functions over a list of ``TrainResult``s (or plain state dicts)::
-
-    global_state = st.state(g)
-    for round in range(20):
-        results = [train_client(global_state, shard) for shard in shards]
-        global_state = st.fedavg(results)
+"""``fedavg``: the weighted mean of client states, and the validation every aggregator shares.
 
 Every aggregator matches tensors by *name*, accumulates in float64 and casts back
 to each tensor's dtype, and validates first — each error names the client index
@@ -23,11 +15,11 @@ from typing import Any, Literal
 
 import torch
 
-from ..errors import AggregationError
+from ...errors import AggregationError
 
-__all__ = ["Aggregate", "fedavg", "fedmedian", "trimmed_mean"]
+__all__ = ["Aggregate", "fedavg"]
 
-IntPolicy = Literal["max", "first", "error"]
+IntPolicy = Literal["max", "first", "error"] | None
 State = Mapping[str, torch.Tensor]
 
 
@@ -37,10 +29,12 @@ class Aggregate(dict[str, torch.Tensor]):
     Attributes:
         weights: the normalised weight of each client that was used.
         skipped: indices of clients left out for non-finite values (``nonfinite="skip"``).
+        selected: indices of the clients that went into it (Krum and Bulyan choose some).
     """
 
     weights: tuple[float, ...] = ()
     skipped: tuple[int, ...] = ()
+    selected: tuple[int, ...] = ()
 
 
 def _states(results: Sequence[Any]) -> list[State]:
@@ -59,7 +53,25 @@ def _states(results: Sequence[Any]) -> list[State]:
     return states
 
 
+def _tensors_only(states: list[State]) -> None:
+    for i, s in enumerate(states):
+        for k, t in s.items():
+            if not isinstance(t, torch.Tensor):
+                raise AggregationError(
+                    f"client {i}, key {k!r}: a {type(t).__qualname__} ({t!r:.40}), not a tensor; "
+                    "aggregators average state dicts of tensors — store it as torch.tensor(...) "
+                    "or leave it out of the state"
+                )
+            if t.is_complex():
+                raise AggregationError(
+                    f"client {i}, key {k!r}: a complex tensor ({t.dtype}); aggregators average "
+                    "real tensors — store torch.view_as_real(t) and turn it back with "
+                    "torch.view_as_complex after aggregating"
+                )
+
+
 def _validate(states: list[State]) -> None:
+    _tensors_only(states)
     ref = states[0]
     for i, s in enumerate(states[1:], start=1):
         if s.keys() != ref.keys():
@@ -129,6 +141,11 @@ def _weights(results: Sequence[Any], weights: Any, keep: list[int]) -> list[floa
             raise ValueError(
                 f"weights must be 'num_examples', 'uniform' or a list, not {weights!r}"
             )
+    elif isinstance(weights, (set, frozenset, Mapping)):
+        raise AggregationError(
+            f"weights is a {type(weights).__qualname__}: its order is not the clients' order — "
+            "pass a list with one number per client, in the order of results"
+        )
     else:
         raw = [float(w) for w in weights]
         if len(raw) != len(results):
@@ -149,7 +166,17 @@ def _weights(results: Sequence[Any], weights: Any, keep: list[int]) -> list[floa
     return [w / total for w in used]
 
 
-def _integer(k: str, tensors: list[torch.Tensor], policy: str) -> torch.Tensor:
+def _integer(k: str, tensors: list[torch.Tensor], policy: str | None) -> torch.Tensor:
+    if policy is None:
+        if any(not torch.equal(t, tensors[0]) for t in tensors[1:]):
+            warnings.warn(
+                f"key {k!r}: the clients' integer tensors differ; keeping their maximum — pass "
+                "int_buffers='max' to say so (BatchNorm's num_batches_tracked: the most-trained "
+                "client's count), 'first', or 'error'",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        policy = "max"
     if policy == "max":
         return (
             torch.stack(tensors).amax(dim=0)
@@ -164,15 +191,15 @@ def _integer(k: str, tensors: list[torch.Tensor], policy: str) -> torch.Tensor:
     )
 
 
-def _check_policies(int_buffers: str, nonfinite: str) -> None:
-    if int_buffers not in ("max", "first", "error"):
+def _check_policies(int_buffers: str | None, nonfinite: str) -> None:
+    if int_buffers not in (None, "max", "first", "error"):
         raise ValueError(f"int_buffers must be 'max', 'first' or 'error', not {int_buffers!r}")
     if nonfinite not in ("raise", "skip"):
         raise ValueError(f"nonfinite must be 'raise' or 'skip', not {nonfinite!r}")
 
 
 def _prepare(
-    results: Sequence[Any], nonfinite: str, int_buffers: str
+    results: Sequence[Any], nonfinite: str, int_buffers: str | None
 ) -> tuple[list[State], list[int]]:
     _check_policies(int_buffers, nonfinite)
     states = _states(results)
@@ -184,7 +211,7 @@ def fedavg(
     results: Sequence[Any],
     *,
     weights: str | Sequence[float] = "num_examples",
-    int_buffers: IntPolicy = "max",
+    int_buffers: IntPolicy = None,
     nonfinite: Literal["raise", "skip"] = "raise",
 ) -> Aggregate:
     """The weighted mean of client states, matched by name (FedAvg, McMahan et al. 2017).
@@ -194,7 +221,8 @@ def fedavg(
         weights: ``"num_examples"`` (each result's training-set size), ``"uniform"``, or
             one non-negative number per client.
         int_buffers: for integer/bool tensors (counters such as ``num_batches_tracked``):
-            ``"max"`` (default), ``"first"`` (client 0's), or ``"error"``.
+            ``"max"``, ``"first"`` (client 0's), or ``"error"``. By default (None) the
+            maximum, with a ``RuntimeWarning`` naming the key when the clients' values differ.
         nonfinite: ``"raise"`` on NaN/inf in a client's update, or ``"skip"`` that client
             (a ``RuntimeWarning`` and ``Aggregate.skipped`` report it).
 
@@ -202,8 +230,9 @@ def fedavg(
         An ``Aggregate``: a dict of tensors in each key's original dtype.
 
     Raises:
-        AggregationError: mismatched keys, shapes or dtypes; NaN/inf; negative or zero
-            total weight — naming the client index and the key.
+        AggregationError: a value that is not a real tensor; mismatched keys, shapes or
+            dtypes; NaN/inf; weights given as a set, negative or summing to zero — naming
+            the client index and the key.
 
     Example:
         >>> a = {"w": torch.tensor([0.0, 2.0])}; b = {"w": torch.tensor([2.0, 4.0])}
@@ -214,20 +243,22 @@ def fedavg(
     states = _states(results)
     _validate(states)
     keep = list(range(len(states)))
-    out = _average(states, keep, _weights(results, weights, keep), int_buffers)
-    if out is None:
-        # A NaN or inf reaches the float64 sum from any client that holds one, so one
-        # check of the result stands for a check of every update; only now find which.
-        keep = _finite(states, nonfinite)
+    with torch.no_grad():  # nn.Parameters in, plain tensors out
         out = _average(states, keep, _weights(results, weights, keep), int_buffers)
         if out is None:
-            raise AggregationError("the weighted mean overflows float64; scale the updates")
+            # A NaN or inf reaches the float64 sum from any client that holds one, so one
+            # check of the result stands for a check of every update; only now find which.
+            keep = _finite(states, nonfinite)
+            out = _average(states, keep, _weights(results, weights, keep), int_buffers)
+            if out is None:
+                raise AggregationError("the weighted mean overflows float64; scale the updates")
     out.skipped = tuple(sorted(set(range(len(states))) - set(keep)))
+    out.selected = tuple(keep)
     return out
 
 
 def _average(
-    states: list[State], keep: list[int], share: list[float], int_buffers: str
+    states: list[State], keep: list[int], share: list[float], int_buffers: str | None
 ) -> Aggregate | None:
     """The weighted mean of the ``keep`` clients, or None if a float result is not finite."""
     out = Aggregate()
@@ -265,71 +296,3 @@ def _weighted_sum(tensors: list[torch.Tensor], weights: list[float]) -> torch.Te
             tmp.copy_(t[start : start + _CHUNK])
             part.add_(tmp, alpha=w)
     return acc
-
-
-def _coordinatewise(
-    results: Sequence[Any], int_buffers: str, nonfinite: str, reduce: Any
-) -> Aggregate:
-    states, keep = _prepare(results, nonfinite, int_buffers)
-    out = Aggregate()
-    for k, ref in states[0].items():
-        tensors = [states[i][k] for i in keep]
-        if not ref.is_floating_point():
-            out[k] = _integer(k, tensors, int_buffers)
-            continue
-        stacked = torch.stack([t.to(torch.float64) for t in tensors])  # (clients, *shape)
-        out[k] = reduce(stacked.sort(dim=0).values).to(ref.dtype)
-    n = len(keep)
-    out.weights, out.skipped = (1.0 / n,) * n, tuple(sorted(set(range(len(states))) - set(keep)))
-    return out
-
-
-def fedmedian(
-    results: Sequence[Any],
-    *,
-    int_buffers: IntPolicy = "max",
-    nonfinite: Literal["raise", "skip"] = "raise",
-) -> Aggregate:
-    """The coordinate-wise median of client states (robust to a minority of bad clients).
-
-    With an even number of clients, the mean of the two middle values. Unweighted.
-
-    Example:
-        >>> s = [{"w": torch.tensor([v])} for v in (1.0, 2.0, 1e6)]
-        >>> fedmedian(s)["w"]
-        tensor([2.])
-    """
-
-    def median(sorted_: torch.Tensor) -> torch.Tensor:
-        n = sorted_.shape[0]
-        return (sorted_[(n - 1) // 2] + sorted_[n // 2]) / 2
-
-    return _coordinatewise(results, int_buffers, nonfinite, median)
-
-
-def trimmed_mean(
-    results: Sequence[Any],
-    beta: float,
-    *,
-    int_buffers: IntPolicy = "max",
-    nonfinite: Literal["raise", "skip"] = "raise",
-) -> Aggregate:
-    """The coordinate-wise mean after dropping the ``beta`` fraction of largest and smallest values.
-
-    Args:
-        beta: the fraction trimmed at each end, in [0, 0.5); ``floor(beta * n)`` values each.
-
-    Example:
-        >>> s = [{"w": torch.tensor([v])} for v in (1.0, 2.0, 3.0, 1e6)]
-        >>> trimmed_mean(s, 0.25)["w"]
-        tensor([2.5000])
-    """
-    if not 0 <= beta < 0.5:
-        raise ValueError(f"beta must be in [0, 0.5), not {beta}")
-
-    def trim(sorted_: torch.Tensor) -> torch.Tensor:
-        n = sorted_.shape[0]
-        cut = math.floor(beta * n)
-        return sorted_[cut : n - cut].mean(dim=0)
-
-    return _coordinatewise(results, int_buffers, nonfinite, trim)

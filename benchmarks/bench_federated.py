@@ -1,0 +1,383 @@
+"""Federated rounds: N = 10, 100, 1,000 clients on 2 workers against serial and Flower; fedavg's
+cost; partition and sampling cost.
+
+* A round: digits (scikit-learn's bundled copy) split IID over N clients, a 64-64-10
+  MLP, one local epoch of SGD (batch 10) per client, then ``fedavg``. Serial is
+  ``fl.map_clients(None, ...)``; the pool is ``st.executor(workers=2)`` warmed up,
+  through ``fl.map_clients`` (the global state once per worker), and for reference
+  the plain ``pool.map`` with the state in every task.
+* Flower's simulation engine (``flwr[simulation]``, Ray) on identical work — the
+  same client function, the same partitions, 2 CPUs — in a subprocess: start-up,
+  per-round time and peak memory of the process tree. Flower is never a dependency
+  of somatize: when it is not installed the benchmark says so.
+* ``fedavg`` of 100 clients × 1M float32 parameters against one float32 accumulation
+  pass and a float64 reference.
+* Partition (Dirichlet α = 0.5) and sampling cost for 100k examples × 1,000 clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from common import Row, interleave, per_call
+
+HERE = Path(__file__).resolve().parent
+
+
+def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits as load
+
+    x, y = load(return_X_y=True)
+    return torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y, dtype=torch.long)
+
+
+_DATA: dict[str, Any] = {}
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    if "xy" not in _DATA:
+        _DATA["xy"] = load_digits()
+    return _DATA["xy"]  # type: ignore[no-any-return]
+
+
+def make_graph() -> Any:
+    from torch import nn
+
+    from somatize import Done, Graph, Node, Opaque
+
+    class Dense(Node):
+        def __init__(self, i: int, o: int, relu: bool) -> None:
+            self.lin, self.relu = nn.Linear(i, o), relu
+
+        def forward(self, x: Any, ctx: Any) -> Done:
+            h = self.lin(x)
+            return Done(Opaque(torch.relu(h) if self.relu else h))
+
+    torch.manual_seed(0)
+    return Graph.somatize(Dense(64, 64, True) >> Dense(64, 10, False))
+
+
+def train_client(global_state: dict[str, torch.Tensor], task: tuple[Any, ...]) -> Any:
+    """One client: load the global state, one epoch of SGD on its examples, a TrainResult."""
+    from torch import nn
+
+    import somatize.torch as st
+
+    torch.set_num_threads(1)
+    x, y, seed = task
+    g = make_graph()
+    st.load_state(g, global_state)
+    trainer = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.05),
+        epochs=1,
+        seed=seed,
+        options=st.Options(progress=False),
+    )
+    return trainer.fit(g, list(zip(x.split(10), y.split(10))))
+
+
+def tasks_for(n: int) -> list[tuple[Any, ...]]:
+    from somatize.torch import federated as fl
+
+    x, y = data()
+    parts = fl.iid(len(y), clients=n, seed=0)
+    return [(x[p], y[p], c) for c, p in enumerate(parts)]
+
+
+def _naive(task: tuple[Any, ...]) -> Any:
+    return train_client(task[0], task[1:])
+
+
+def _warm(_: int) -> int:
+    train_client(_state(), tasks_for(2)[0])
+    return os.getpid()
+
+
+def _state() -> dict[str, torch.Tensor]:
+    import somatize.torch as st
+
+    return st.state(make_graph())
+
+
+class PeakRSS:
+    """The peak resident memory of this process and its descendants, sampled every 50 ms."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.proc, self.peak, self._stop = psutil.Process(), 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            total = 0
+            for p in [self.proc, *self.proc.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):  # a process that just ended
+                    total += p.memory_info().rss
+            self.peak = max(self.peak, total)
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def timed_client(global_state: dict[str, torch.Tensor], task: tuple[Any, ...]) -> Any:
+    """``train_client`` and the CPU seconds it took in whichever process ran it."""
+    start = time.process_time()
+    result = train_client(global_state, task)
+    return result, time.process_time() - start
+
+
+def rounds_rows(sizes: list[int], trials: int) -> tuple[list[Row], dict[int, float]]:
+    """Wall time of each round (interleaved trials), and its CPU time: serial's is the
+    parent's process time; the pool's critical path is the parent's process time plus
+    the busiest batch's (``map_clients`` deals tasks round-robin to the 2 batches), which
+    is what the wall time would be on an idle machine."""
+    import somatize.torch as st
+    from somatize.torch import federated as fl
+
+    state = _state()
+    tasks = {n: tasks_for(n) for n in sizes}
+    cpu: dict[str, list[float]] = {}
+
+    def record(name: str, parent: float, out: list[Any], batches: int) -> Any:
+        per_batch = [sum(dt for _, dt in out[b::batches]) for b in range(batches)]
+        cpu.setdefault(name, []).append(parent + (max(per_batch) if batches > 1 else 0.0))
+        return st.fedavg([r for r, _ in out])
+
+    def serial(n: int) -> Any:
+        def go() -> Any:
+            start = time.process_time()
+            out = fl.map_clients(None, timed_client, tasks[n], shared=state)
+            return record(f"serial {n}", time.process_time() - start, out, 1)
+
+        return go
+
+    def pooled(n: int) -> Any:
+        def go() -> Any:
+            start = time.process_time()
+            out = fl.map_clients(pool, timed_client, tasks[n], shared=state)
+            return record(f"pool {n}", time.process_time() - start, out, 2)
+
+        return go
+
+    def naive(n: int) -> Any:
+        return lambda: st.fedavg(list(pool.map(_naive, [(state, *t) for t in tasks[n]])))
+
+    with PeakRSS() as mem:
+        start = time.perf_counter()
+        pool = st.executor(workers=2)
+        list(pool.map(_warm, range(2)))  # both workers up and past their first run
+        startup = time.perf_counter() - start
+        cands: dict[str, Any] = {}
+        for n in sizes:
+            cands[f"serial {n}"] = per_call(serial(n), 1)
+            cands[f"pool {n}"] = per_call(pooled(n), 1)
+        cands[f"naive {sizes[-1]}"] = per_call(naive(sizes[-1]), 1)
+        t = interleave(cands, trials=trials, warmup=1)
+        pool.shutdown()
+    load = os.getloadavg()[0]
+    rows, per_round = [], {}
+    for n in sizes:
+        s, p = t[f"serial {n}"], t[f"pool {n}"]
+        cs, cp = (statistics.median(cpu[f"{k} {n}"][1:]) for k in ("serial", "pool"))  # no warm-up
+        per_round[n] = p.median
+        target = "≥ 1.6× serial" if n == 1000 else ""
+        rows.append(
+            Row(
+                "federated",
+                f"a round of {n} clients on 2 workers (map_clients)",
+                p.median,
+                "s",
+                baseline="the same round in series",
+                baseline_value=s.median,
+                ratio=s.median / p.median,
+                target=target,
+                met=(s.median / p.median >= 1.6) if target else None,
+                spread=f"{p.min:.3f} – {p.max:.3f} s",
+                note=(
+                    f"wall-time speed-up; CPU critical path {cp:.3f} s against serial's "
+                    f"{cs:.3f} s ({cs / cp:.2f}×); load average {load:.1f} on {os.cpu_count()} cores"
+                ),
+            )
+        )
+    n = sizes[-1]
+    nv = t[f"naive {n}"]
+    rows.append(
+        Row(
+            "federated",
+            f"a round of {n} clients: map_clients against pool.map with the state in every task",
+            t[f"pool {n}"].median,
+            "s",
+            baseline="pool.map",
+            baseline_value=nv.median,
+            ratio=nv.median / t[f"pool {n}"].median,
+            note=(
+                f"ratio: speed-up; pool start-up and warm-up {startup:.1f} s, "
+                f"peak memory {mem.peak / 2**20:.0f} MiB (parent + 2 workers)"
+            ),
+        )
+    )
+    return rows, per_round
+
+
+def flower_rows(sizes: list[int], per_round: dict[int, float]) -> list[Row]:
+    try:
+        import flwr  # noqa: F401
+        import ray  # noqa: F401
+    except ImportError:
+        return [
+            Row(
+                "federated",
+                "Flower simulation: not installed (pip install 'flwr[simulation]')",
+                float("nan"),
+                "s",
+                note="Flower is never a dependency of somatize; the rows above stand alone",
+            )
+        ]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), str(HERE), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, str(HERE / "flower_round.py"), ",".join(map(str, sizes))]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return [
+            Row(
+                "federated",
+                "Flower simulation: could not run on this machine",
+                float("nan"),
+                "s",
+                note=" / ".join(tail)[:300],
+            )
+        ]
+    got = json.loads(lines[-1])
+    rows = []
+    for n in sizes:
+        flwr_s = next(s for m, s in got["rounds"] if m == n)
+        target = "≤ 1/5 of Flower" if n >= 100 else ""
+        rows.append(
+            Row(
+                "federated",
+                f"a round of {n} clients against Flower's simulation engine (2 CPUs)",
+                per_round[n],
+                "s",
+                baseline="Flower (Ray)",
+                baseline_value=flwr_s,
+                ratio=per_round[n] / flwr_s,
+                target=target,
+                met=(per_round[n] / flwr_s <= 0.2) if target else None,
+                note=(
+                    f"Flower {got['version']}: start-up {got['startup']:.1f} s, "
+                    f"peak memory {got['peak'] / 2**20:.0f} MiB"
+                ),
+            )
+        )
+    return rows
+
+
+def fedavg_rows(quick: bool) -> list[Row]:
+    import somatize.torch as st
+
+    clients, params = (20, 1_000_000) if quick else (100, 1_000_000)
+    gen = torch.Generator().manual_seed(0)
+    states = [{"w": torch.randn(params, generator=gen)} for _ in range(clients)]
+    weights = [float(i + 1) for i in range(clients)]
+
+    def float32_pass() -> None:
+        total = sum(weights)
+        acc = torch.zeros(params)
+        for s, w in zip(states, weights):
+            acc.add_(s["w"], alpha=w / total)
+
+    t = interleave(
+        {
+            "fedavg": per_call(lambda: st.fedavg(states, weights=weights), 1),
+            "float32 pass": per_call(float32_pass, 1),
+        },
+        trials=3 if quick else 5,
+    )
+    exact = st.fedavg(states, weights=weights)["w"].double()
+    ref = sum(s["w"].double() * w for s, w in zip(states, weights)) / sum(weights)
+    err = float((exact - ref).abs().max())
+    ratio = t["fedavg"].median / t["float32 pass"].median
+    return [
+        Row(
+            "federated",
+            f"fedavg {clients} clients × {params / 1e6:.0f}M float32",
+            t["fedavg"].median * 1e3,
+            "ms",
+            baseline="one float32 accumulation pass",
+            baseline_value=t["float32 pass"].median * 1e3,
+            ratio=ratio,
+            target="≤ 1.5× one pass",
+            met=ratio <= 1.5,
+            note=f"float64 accumulation; max error against a float64 reference {err:.1e}",
+        )
+    ]
+
+
+def partition_rows(per_round: dict[int, float]) -> list[Row]:
+    from somatize.torch import federated as fl
+
+    labels = torch.randint(0, 10, (100_000,), generator=torch.Generator().manual_seed(0))
+    t = interleave(
+        {
+            "dirichlet": per_call(lambda: fl.dirichlet(labels, clients=1000, alpha=0.5), 1),
+            "sample": per_call(lambda: fl.sample(1000, fraction=0.1, round=7), 100),
+        },
+        trials=3,
+    )
+    cost = t["dirichlet"].median + t["sample"].median
+    base = per_round[max(per_round)]
+    return [
+        Row(
+            "federated",
+            "Dirichlet(0.5) partition of 100k examples × 1,000 clients, and one round's sample",
+            cost * 1e3,
+            "ms",
+            baseline=f"one round of {max(per_round)} clients on 2 workers",
+            baseline_value=base * 1e3,
+            ratio=cost / base,
+            target="negligible (≤ 0.1× a round)",
+            met=cost / base <= 0.1,
+            note=f"sample alone {t['sample'].median * 1e6:.0f} µs",
+        )
+    ]
+
+
+def run(quick: bool) -> list[Row]:
+    torch.set_num_threads(1)
+    sizes = [10, 100] if quick else [10, 100, 1000]
+    rows, per_round = rounds_rows(sizes, trials=1 if quick else 2)
+    if quick:  # Ray's start-up alone takes longer than the whole quick run
+        rows.append(Row("federated", "Flower simulation: skipped with --quick", float("nan"), "s"))
+    else:
+        rows += flower_rows(sizes, per_round)
+    rows += fedavg_rows(quick)
+    rows += partition_rows(per_round)
+    return rows
+
+
+if __name__ == "__main__":
+    from run import table
+
+    print(table(run("--quick" in sys.argv)))

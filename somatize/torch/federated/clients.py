@@ -1,0 +1,152 @@
+"""Running a round's clients on any ``concurrent.futures.Executor``, the global state sent once
+per worker.
+
+``pool.map(train_client, [(global_state, part) for part in parts])`` pickles the
+global state into every client task: with 1,000 small clients the round spends its
+time shipping copies of the model (and holds all of them in the queue at once).
+``map_clients`` batches the tasks instead — one batch per worker, each carrying the
+shared value once — and returns the results in task order::
+
+    results = fl.map_clients(pool, train_client, parts, shared=global_state)
+    # == [train_client(global_state, part) for part in parts]
+
+It works on ``st.executor(...)``, any ``ProcessPoolExecutor`` and Dask's
+``Client(...).get_executor()``; ``pool=None`` runs the same calls in this process.
+Each batch returns its results at once, so peak memory is the inputs of one round
+plus its results; return only what the server needs (a ``TrainResult`` is small; a
+state dict is the model's size).
+
+A batch's inputs and results cross as one byte string each, CPU tensors written as
+numpy buffers: returned as they are, each tensor of a result would go through
+torch's multiprocessing reducer, which moves its storage to a shared-memory file —
+about a millisecond per tensor, most of a 1,000-client round. The bytes are
+unpickled by the parent as the executor's own results are: executors run and
+return whatever they are sent, so use them with machines and code you trust.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+
+import cloudpickle
+import numpy as np
+import torch
+
+__all__ = ["map_clients"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# dtypes numpy holds exactly; others (bfloat16, float8...) take torch's own pickling
+_NUMPY = {
+    torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+}  # fmt: skip
+
+
+def _tensor(array: np.ndarray[Any, Any]) -> torch.Tensor:
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle (lambdas, ``__main__`` classes) with CPU tensors as numpy buffers."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            type(obj) is torch.Tensor
+            and obj.dtype in _NUMPY
+            and obj.device.type == "cpu"
+            and obj.layout == torch.strided
+            and not obj.requires_grad
+        ):
+            return _tensor, (obj.resolve_conj().resolve_neg().numpy(),)
+        return super().reducer_override(obj)
+
+
+def _dumps(value: Any) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buf.getvalue()
+
+
+def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes) -> bytes:
+    shared, tasks = pickle.loads(payload)  # what the caller sent this batch
+    return _dumps([fn(shared, t) for t in tasks])
+
+
+def _workers(pool: Executor) -> int:
+    n = getattr(pool, "max_workers", None)  # st.executor's TorchPool
+    if not isinstance(n, int):
+        n = getattr(pool, "_max_workers", None)  # ProcessPoolExecutor, ThreadPoolExecutor
+    if isinstance(n, int) and n > 0:
+        return n
+    client = getattr(pool, "_client", None)  # dask.distributed's ClientExecutor
+    if client is not None and hasattr(client, "nthreads"):
+        return max(1, int(sum(client.nthreads().values())))
+    raise ValueError(
+        f"cannot tell how many workers a {type(pool).__qualname__} has; pass batches=N "
+        "(one batch per worker)"
+    )
+
+
+def _batches(n: int, count: int, sizes: Sequence[float] | None) -> list[list[int]]:
+    """Task indices in ``count`` batches: round-robin, or balanced by ``sizes`` (largest first)."""
+    if sizes is None:
+        return [list(range(b, n, count)) for b in range(count) if b < n]
+    if len(sizes) != n:
+        raise ValueError(f"{len(sizes)} sizes for {n} tasks; give one per task")
+    loads, out = [0.0] * count, [[] for _ in range(count)]  # type: list[float], list[list[int]]
+    for i in sorted(range(n), key=lambda i: (-float(sizes[i]), i)):
+        b = min(range(count), key=lambda b: (loads[b], b))
+        out[b].append(i)
+        loads[b] += float(sizes[i])
+    return [sorted(b) for b in out if b]
+
+
+def map_clients(
+    pool: Executor | None,
+    fn: Callable[[Any, T], R],
+    tasks: Sequence[T],
+    *,
+    shared: Any = None,
+    batches: int | None = None,
+    sizes: Sequence[float] | None = None,
+) -> list[R]:
+    """``[fn(shared, task) for task in tasks]`` on ``pool``, ``shared`` shipped once per batch.
+
+    Args:
+        pool: any ``concurrent.futures.Executor``, or None to run here.
+        fn: ``fn(shared, task) -> result``; it must not modify ``shared`` (the tasks of a
+            batch see the same object).
+        tasks: one per client (its partition, its seed...).
+        shared: what every client needs (the global state).
+        batches: how many batches (default: the pool's worker count).
+        sizes: optional cost of each task (e.g. its number of examples), to balance the
+            batches; without it tasks are dealt round-robin.
+
+    Returns:
+        The results, in the order of ``tasks``.
+
+    Example:
+        >>> map_clients(None, lambda s, t: s + t, [1, 2, 3], shared=10)
+        [11, 12, 13]
+    """
+    tasks = list(tasks)
+    if pool is None:
+        return [fn(shared, t) for t in tasks]
+    if not tasks:
+        return []
+    count = batches if batches is not None else _workers(pool)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"batches must be a positive int, not {count!r}")
+    groups = _batches(len(tasks), min(count, len(tasks)), sizes)
+    futures = [pool.submit(_run_batch, fn, _dumps((shared, [tasks[i] for i in g]))) for g in groups]
+    out: list[Any] = [None] * len(tasks)
+    for g, f in zip(groups, futures):
+        for i, r in zip(g, pickle.loads(f.result())):  # the results our own batch returned
+            out[i] = r
+    return out

@@ -1,0 +1,187 @@
+"""Client-side corrections without rewriting the loss: FedProx and SCAFFOLD.
+
+Both wrap the Trainer's optimizer factory. The wrapped optimizer gets a step
+pre-hook (``Optimizer.register_step_pre_hook``) that adds a term to each gradient
+just before the update, after backward (and after gradient clipping and AMP
+unscaling), so the loss, the graph and the Trainer stay as they are::
+
+    trainer = st.Trainer(loss=..., optimizer=fl.prox(lambda ps: SGD(ps, lr=0.05), mu=0.01))
+
+* **FedProx** (Li et al. 2020) adds μ(w − w_global): exactly the gradient of the
+  proximal term μ/2‖w − w_global‖². The anchor w_global is the weights the optimizer
+  is made over — the global state the client loaded before ``fit``.
+* **SCAFFOLD** (Karimireddy et al. 2020) adds c − cᵢ, the server's control variate
+  minus the client's. Variates are dicts keyed by parameter name, so the wrapper
+  needs the graph to name the parameters it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...errors import AggregationError
+from ...graph import Graph
+from ..module import module as graph_module
+
+__all__ = ["control_variate", "prox", "scaffold", "server_variate", "variates"]
+
+Factory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+Variates = Mapping[str, torch.Tensor]
+
+
+def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+def prox(optimizer: Factory, mu: float) -> Factory:
+    """FedProx: an optimizer factory whose steps add μ(w − w₀) to each parameter's gradient.
+
+    w₀ is each parameter's value when the optimizer is made (the Trainer makes it at
+    the start of ``fit``, after the client loaded the global state, before any resume).
+
+    Args:
+        optimizer: the factory the Trainer would take, ``params -> Optimizer``.
+        mu: the proximal weight μ ≥ 0 (0 is FedAvg).
+
+    Example:
+        >>> w = nn.Parameter(torch.tensor([1.0]))
+        >>> opt = prox(lambda ps: torch.optim.SGD(ps, lr=0.5), mu=1.0)([w])
+        >>> with torch.no_grad(): _ = w.add_(2.0)   # the client moved away from w₀ = 1
+        >>> w.grad = torch.zeros(1); opt.step(); w   # the proximal pull: 3 - 0.5 * (3 - 1)
+        Parameter containing:
+        tensor([2.], requires_grad=True)
+    """
+    if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not mu >= 0:
+        raise ValueError(f"mu must be a non-negative number (0 is FedAvg), not {mu!r}")
+    if not callable(optimizer):
+        raise TypeError(
+            "prox wraps an optimizer factory, e.g. prox(lambda ps: SGD(ps, 0.1), mu=0.01)"
+        )
+
+    def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        opt = optimizer(params)
+        anchors = [(p, p.detach().clone()) for p in _params(opt)]
+
+        def pull(_opt: Any, _args: Any, _kwargs: Any) -> None:
+            with torch.no_grad():
+                for p, w0 in anchors:
+                    term = (p - w0).mul_(mu)
+                    if p.grad is None:
+                        p.grad = term
+                    else:
+                        p.grad.add_(term)
+
+        opt.register_step_pre_hook(pull)
+        return opt
+
+    return make
+
+
+def variates(g: Graph) -> dict[str, torch.Tensor]:
+    """Zero control variates, one per trainable parameter of ``g`` (SCAFFOLD's start)."""
+    return {
+        name: torch.zeros_like(p.detach())
+        for name, p in graph_module(g).named_parameters()
+        if p.requires_grad
+    }
+
+
+def scaffold(optimizer: Factory, g: Graph, c: Variates, c_client: Variates) -> Factory:
+    """SCAFFOLD: an optimizer factory whose steps add c − cᵢ to each parameter's gradient.
+
+    Args:
+        optimizer: the factory the Trainer would take (SCAFFOLD's analysis is for SGD).
+        g: the client's graph, to name the parameters the Trainer passes.
+        c: the server's control variate; ``c_client``: this client's (both by name).
+    """
+    names = {id(p): n for n, p in graph_module(g).named_parameters()}
+    for label, var in (("c", c), ("c_client", c_client)):
+        missing = sorted(n for n in names.values() if n not in var)
+        if missing:
+            raise AggregationError(
+                f"the control variate {label} has no entry for {missing[:5]}; start from "
+                "fl.variates(g) and keep one entry per trainable parameter"
+            )
+
+    def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        opt = optimizer(params)
+        pairs = []
+        for p in _params(opt):
+            if id(p) not in names:
+                raise AggregationError("scaffold: the optimizer holds a parameter not in g")
+            n = names[id(p)]
+            pairs.append(
+                (
+                    p,
+                    (c[n].to(p.device, torch.float64) - c_client[n].to(p.device, torch.float64)).to(
+                        p.dtype
+                    ),
+                )
+            )
+
+        def correct(_opt: Any, _args: Any, _kwargs: Any) -> None:
+            with torch.no_grad():
+                for p, d in pairs:
+                    if p.grad is None:
+                        p.grad = d.clone()
+                    else:
+                        p.grad.add_(d)
+
+        opt.register_step_pre_hook(correct)
+        return opt
+
+    return make
+
+
+def control_variate(
+    global_state: Mapping[str, torch.Tensor],
+    result: Any,
+    c: Variates,
+    c_client: Variates,
+    *,
+    lr: float,
+) -> dict[str, torch.Tensor]:
+    """The client's new variate, SCAFFOLD's option II: cᵢ⁺ = cᵢ − c + (x − yᵢ) / (K·η).
+
+    Args:
+        result: the client's ``TrainResult`` (its ``state`` is yᵢ and ``steps`` is K).
+        lr: η, the client's learning rate.
+    """
+    steps = getattr(result, "steps", None)
+    if not steps:
+        raise AggregationError(
+            "control_variate needs the client's TrainResult with at least one step "
+            f"(got {type(result).__qualname__} with steps={steps!r})"
+        )
+    y = result.state
+    return {
+        n: (
+            c_client[n].to(torch.float64)
+            - c[n].to(torch.float64)
+            + (global_state[n].to(torch.float64) - y[n].to(torch.float64)) / (steps * lr)
+        ).to(c_client[n].dtype)
+        for n in c_client
+    }
+
+
+def server_variate(
+    c: Variates, deltas: Sequence[Variates], clients: int
+) -> dict[str, torch.Tensor]:
+    """The server's new variate: c + (1/N)·Σ (cᵢ⁺ − cᵢ) over this round's clients.
+
+    Args:
+        deltas: each sampled client's cᵢ⁺ − cᵢ.
+        clients: N, how many clients there are in all.
+    """
+    if not deltas:
+        raise AggregationError("no client variates to aggregate")
+    return {
+        n: (c[n].to(torch.float64) + sum(d[n].to(torch.float64) for d in deltas) / clients).to(
+            c[n].dtype
+        )
+        for n in c
+    }

@@ -1,0 +1,280 @@
+"""Byzantine-robust aggregation: median, trimmed mean, Krum, multi-Krum, Bulyan, norm clipping.
+
+All of them validate exactly as ``fedavg`` does (names, shapes, dtypes, NaN/inf) and
+are unweighted unless said otherwise: a client that lies about its updates can lie
+about its ``num_examples`` too. Each works on client *states*; distances and
+coordinate-wise statistics are the same on states as on updates (the global state
+subtracted from each), so no global state is needed — except to clip, which measures
+each update's norm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+
+from ...errors import AggregationError
+from .aggregation import Aggregate, IntPolicy, State, _integer, _prepare, _states, _validate, fedavg
+
+__all__ = ["bulyan", "clip", "fedmedian", "krum", "multi_krum", "trimmed_mean"]
+
+NonFinite = Literal["raise", "skip"]
+
+
+def _coordinatewise(
+    results: Sequence[Any],
+    int_buffers: IntPolicy,
+    nonfinite: str,
+    reduce: Callable[[torch.Tensor], torch.Tensor],
+) -> Aggregate:
+    states, keep = _prepare(results, nonfinite, int_buffers)
+    out = Aggregate()
+    with torch.no_grad():
+        for k, ref in states[0].items():
+            tensors = [states[i][k] for i in keep]
+            if not ref.is_floating_point():
+                out[k] = _integer(k, tensors, int_buffers)
+                continue
+            stacked = torch.stack([t.to(torch.float64) for t in tensors])  # (clients, *shape)
+            out[k] = reduce(stacked.sort(dim=0).values).to(ref.dtype)
+    n = len(keep)
+    out.weights, out.skipped = (1.0 / n,) * n, tuple(sorted(set(range(len(states))) - set(keep)))
+    out.selected = tuple(keep)
+    return out
+
+
+def fedmedian(
+    results: Sequence[Any], *, int_buffers: IntPolicy = None, nonfinite: NonFinite = "raise"
+) -> Aggregate:
+    """The coordinate-wise median of client states (robust to a minority of bad clients).
+
+    With an even number of clients, the mean of the two middle values. Unweighted.
+
+    Example:
+        >>> s = [{"w": torch.tensor([v])} for v in (1.0, 2.0, 1e6)]
+        >>> fedmedian(s)["w"]
+        tensor([2.])
+    """
+
+    def median(sorted_: torch.Tensor) -> torch.Tensor:
+        n = sorted_.shape[0]
+        return (sorted_[(n - 1) // 2] + sorted_[n // 2]) / 2
+
+    return _coordinatewise(results, int_buffers, nonfinite, median)
+
+
+def trimmed_mean(
+    results: Sequence[Any],
+    beta: float,
+    *,
+    int_buffers: IntPolicy = None,
+    nonfinite: NonFinite = "raise",
+) -> Aggregate:
+    """The coordinate-wise mean after dropping the ``beta`` fraction of largest and smallest values.
+
+    Args:
+        beta: the fraction trimmed at each end, in [0, 0.5) (Flower's range);
+            ``int(beta * n)`` values each, as Flower and ``scipy.stats.trim_mean`` cut.
+
+    Example:
+        >>> s = [{"w": torch.tensor([v])} for v in (1.0, 2.0, 3.0, 1e6)]
+        >>> trimmed_mean(s, 0.25)["w"]
+        tensor([2.5000])
+    """
+    if isinstance(beta, bool) or not 0 <= beta < 0.5:
+        raise ValueError(f"beta must be in [0, 0.5), not {beta!r}; for beta → 0.5 use fedmedian")
+
+    def trim(sorted_: torch.Tensor) -> torch.Tensor:
+        n = sorted_.shape[0]
+        cut = int(beta * n)
+        return sorted_[cut : n - cut].mean(dim=0)
+
+    return _coordinatewise(results, int_buffers, nonfinite, trim)
+
+
+def _flat(states: list[State]) -> torch.Tensor:
+    """Every floating tensor of each client, flattened in float64: (clients, params)."""
+    keys = [k for k, t in states[0].items() if t.is_floating_point()]
+    if not keys:
+        raise AggregationError("no floating-point tensors to measure distances between")
+    return torch.stack(
+        [torch.cat([s[k].detach().reshape(-1).to(torch.float64) for k in keys]) for s in states]
+    )
+
+
+def _check_attackers(name: str, n: int, attackers: int, needed: int, rule: str) -> None:
+    if isinstance(attackers, bool) or not isinstance(attackers, int) or attackers < 0:
+        raise ValueError(f"attackers must be a non-negative int, not {attackers!r}")
+    if n < needed:
+        raise AggregationError(
+            f"{name} with attackers={attackers} needs at least {needed} clients ({rule}), but "
+            f"got {n}; sample more clients per round or assume fewer attackers"
+        )
+
+
+def _krum_scores(flat: torch.Tensor, attackers: int) -> torch.Tensor:
+    """Each client's Krum score: the summed squared distances to its n − f − 2 nearest others."""
+    n = flat.shape[0]
+    d = torch.cdist(flat, flat, compute_mode="donot_use_mm_for_euclid_dist") ** 2  # (n, n)
+    closest = max(1, n - attackers - 2)
+    d.fill_diagonal_(math.inf)
+    return d.topk(min(closest, n - 1), dim=1, largest=False).values.sum(dim=1)
+
+
+def _krum_order(states: list[State], attackers: int) -> list[int]:
+    scores = _krum_scores(_flat(states), attackers)
+    return sorted(range(len(states)), key=lambda i: (float(scores[i]), i))
+
+
+def multi_krum(
+    results: Sequence[Any],
+    attackers: int,
+    keep: int,
+    *,
+    weights: str | Sequence[float] = "uniform",
+    int_buffers: IntPolicy = None,
+) -> Aggregate:
+    """The mean of the ``keep`` clients with the best Krum scores (Blanchard et al. 2017).
+
+    A client's score is the sum of squared distances to its n − f − 2 nearest
+    neighbours (f = ``attackers``); updates far from the crowd score badly.
+
+    Args:
+        attackers: the number f of Byzantine clients assumed; needs n ≥ 2f + 3.
+        keep: how many of the best-scoring clients to average (1 is Krum).
+        weights: passed to ``fedavg`` over the kept clients (``"uniform"`` by default:
+            a Byzantine client can claim any ``num_examples``).
+
+    Returns:
+        An ``Aggregate`` whose ``selected`` lists the kept clients, best first.
+
+    Example:
+        >>> s = [{"w": torch.tensor([v])} for v in (1.0, 1.1, 0.9, 1.2, 50.0)]
+        >>> multi_krum(s, attackers=1, keep=2).selected
+        (0, 1)
+    """
+    states, _ = _prepare(results, "raise", int_buffers)  # NaN/inf: every distance meaningless
+    n = len(states)
+    _check_attackers("Krum", n, attackers, 2 * attackers + 3, "n ≥ 2f + 3")
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= n:
+        raise ValueError(f"keep must be an int in [1, {n}] (the number of clients), not {keep!r}")
+    with torch.no_grad():
+        chosen = _krum_order(states, attackers)[:keep]
+    picked = [results[i] for i in chosen]
+    w: str | list[float] = weights if isinstance(weights, str) else list(weights)
+    if not isinstance(w, str):
+        if len(w) != n:
+            raise AggregationError(f"{len(w)} weights for {n} clients; give one per client")
+        w = [float(w[i]) for i in chosen]
+    out = fedavg(picked, weights=w, int_buffers=int_buffers)
+    out.selected = tuple(chosen)
+    return out
+
+
+def krum(results: Sequence[Any], attackers: int, *, int_buffers: IntPolicy = None) -> Aggregate:
+    """The one client whose update is closest to its n − f − 2 nearest others (Krum).
+
+    Example:
+        >>> s = [{"w": torch.tensor([v])} for v in (1.0, 1.1, 0.9, 1.2, 50.0)]
+        >>> krum(s, attackers=1)["w"]
+        tensor([1.])
+    """
+    return multi_krum(results, attackers, 1, int_buffers=int_buffers)
+
+
+def bulyan(results: Sequence[Any], attackers: int, *, int_buffers: IntPolicy = None) -> Aggregate:
+    """Bulyan (El Mhamdi et al. 2018): Krum picks θ = n − 2f clients one at a time, then
+    each coordinate is the mean of the β = θ − 2f values closest to their median.
+
+    Args:
+        attackers: the number f of Byzantine clients assumed; needs n ≥ 4f + 3.
+
+    Example:
+        >>> s = [{"w": torch.tensor([v])} for v in (1.0, 1.1, 0.9, 1.2, 1.05, 1.15, 50.0)]
+        >>> round(bulyan(s, attackers=1)["w"].item(), 4)
+        1.15
+    """
+    states, _ = _prepare(results, "raise", int_buffers)
+    n = len(states)
+    _check_attackers("Bulyan", n, attackers, 4 * attackers + 3, "n ≥ 4f + 3")
+    theta, beta = n - 2 * attackers, n - 4 * attackers
+    with torch.no_grad():
+        flat = _flat(states)
+        left, chosen = list(range(n)), []
+        for _ in range(theta):  # Krum again on the clients not chosen yet
+            scores = _krum_scores(flat[left], attackers)
+            best = left[min(range(len(left)), key=lambda j: (float(scores[j]), j))]
+            chosen.append(best)
+            left.remove(best)
+        out = Aggregate()
+        for k, ref in states[0].items():
+            tensors = [states[i][k] for i in chosen]
+            if not ref.is_floating_point():
+                out[k] = _integer(k, tensors, int_buffers)
+                continue
+            stacked = torch.stack([t.to(torch.float64) for t in tensors])  # (θ, *shape)
+            median = stacked.median(dim=0, keepdim=True).values
+            if theta % 2 == 0:  # the mean of the middle two, as fedmedian
+                srt = stacked.sort(dim=0).values
+                median = (srt[theta // 2 - 1] + srt[theta // 2]).unsqueeze(0) / 2
+            nearest = (stacked - median).abs().topk(beta, dim=0, largest=False).indices
+            out[k] = stacked.gather(0, nearest).mean(dim=0).to(ref.dtype)
+    out.weights, out.selected = (1.0 / theta,) * theta, tuple(chosen)
+    return out
+
+
+def clip(
+    results: Sequence[Any], global_state: Mapping[str, torch.Tensor], max_norm: float
+) -> list[Any]:
+    """Each client's update (state − global) scaled down to L2 norm ``max_norm`` at most.
+
+    The norm is taken over every floating tensor of the state together. Returns the
+    same kind of thing it was given (``TrainResult``s keep their ``num_examples``), to
+    pass on to ``fedavg`` or any aggregator: norm clipping bounds what one client can
+    move the model (Sun et al. 2019, "Can you really backdoor federated learning?").
+
+    Example:
+        >>> g = {"w": torch.zeros(2)}
+        >>> clip([{"w": torch.tensor([3.0, 4.0])}], g, max_norm=1.0)[0]["w"]
+        tensor([0.6000, 0.8000])
+    """
+    if isinstance(max_norm, bool) or not max_norm > 0 or math.isinf(max_norm):
+        raise ValueError(f"max_norm must be a positive finite number, not {max_norm!r}")
+    states = _states(results)
+    _validate(states)
+    if global_state.keys() != states[0].keys():
+        missing = sorted(set(states[0]) ^ set(global_state))
+        raise AggregationError(
+            f"the global state and the clients' states differ in keys {missing[:5]}; clip "
+            "updates of the global state the clients started from"
+        )
+    out: list[Any] = []
+    with torch.no_grad():
+        for r, s in zip(results, states):
+            clipped, _ = clip_state(s, global_state, max_norm)
+            out.append(
+                dataclasses.replace(r, state=clipped)
+                if dataclasses.is_dataclass(r) and not isinstance(r, type)
+                else clipped
+            )
+    return out
+
+
+def clip_state(
+    state: State, global_state: Mapping[str, torch.Tensor], max_norm: float
+) -> tuple[dict[str, torch.Tensor], float]:
+    """``state`` with its update clipped to ``max_norm``, and the update's norm before clipping."""
+    keys = [k for k, t in global_state.items() if t.is_floating_point()]
+    deltas = {
+        k: state[k].detach().to(torch.float64) - global_state[k].to(torch.float64) for k in keys
+    }
+    norm = math.sqrt(sum(float(d.pow(2).sum()) for d in deltas.values()))
+    scale = min(1.0, max_norm / norm) if norm > 0 else 1.0
+    clipped = dict(state)
+    for k, d in deltas.items():
+        clipped[k] = (global_state[k].to(torch.float64) + d * scale).to(global_state[k].dtype)
+    return clipped, norm

@@ -1,0 +1,162 @@
+"""Server optimizers (Reddi et al. 2021, "Adaptive Federated Optimization"): FedAvgM,
+FedAdam, FedYogi, FedAdagrad.
+
+The aggregate of a round minus the global state is a *pseudo-gradient* Δ; a server
+optimizer turns it into the next global state::
+
+    server = fl.FedAdam(lr=1e-2)
+    for r in range(rounds):
+        ...
+        global_state = server.step(global_state, st.fedavg(results))
+
+Everything is matched by name and computed in float64; moments are kept in float64
+and each result is cast back to the global tensor's dtype. Integer tensors
+(counters) are taken from the aggregate as they are. ``state_dict()`` /
+``load_state_dict()`` checkpoint the moments and the step count, so a resumed loop
+continues bitwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from ...errors import AggregationError
+
+__all__ = ["FedAdagrad", "FedAdam", "FedAvgM", "FedYogi", "ServerOptimizer"]
+
+Rule = Literal["avgm", "adam", "yogi", "adagrad"]
+
+
+@dataclass
+class ServerOptimizer:
+    """One of Reddi et al.'s server updates; make one with ``FedAdam(...)`` and friends.
+
+    Attributes:
+        rule: ``"avgm"``, ``"adam"``, ``"yogi"`` or ``"adagrad"``.
+        lr: the server learning rate η.
+        beta1: momentum (β for FedAvgM).
+        beta2: second-moment decay (FedAdam, FedYogi).
+        tau: adaptivity τ: the second moment starts at τ², and √v + τ divides.
+        steps: rounds taken so far.
+    """
+
+    rule: Rule
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+    steps: int = 0
+    m: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    v: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.rule not in ("avgm", "adam", "yogi", "adagrad"):
+            raise ValueError(f"rule must be avgm, adam, yogi or adagrad, not {self.rule!r}")
+        for name in ("lr", "tau"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive finite number, not {value!r}")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ValueError(f"{name} must be in [0, 1), not {value!r}")
+
+    def step(
+        self, global_state: Mapping[str, torch.Tensor], aggregate: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """The next global state from this round's aggregate (``fedavg`` of the clients)."""
+        if global_state.keys() != aggregate.keys():
+            diff = sorted(set(global_state) ^ set(aggregate))
+            raise AggregationError(
+                f"the aggregate and the global state differ in keys {diff[:5]}; step the global "
+                "state the clients started from with the aggregate of their results"
+            )
+        out: dict[str, torch.Tensor] = {}
+        b1, b2 = self.beta1, self.beta2
+        with torch.no_grad():
+            for k, x in global_state.items():
+                a = aggregate[k]
+                if a.shape != x.shape or a.dtype != x.dtype:
+                    raise AggregationError(
+                        f"key {k!r}: the aggregate is {a.dtype} {tuple(a.shape)}, the global "
+                        f"state {x.dtype} {tuple(x.shape)}; they must match"
+                    )
+                if not x.is_floating_point():
+                    out[k] = a.detach().clone()
+                    continue
+                x64 = x.detach().to(torch.float64)
+                delta = a.detach().to(torch.float64) - x64  # the pseudo-gradient
+                m = self.m.get(k)
+                if m is None:
+                    m = torch.zeros_like(x64)
+                if self.rule == "avgm":  # Hsu et al. 2019: v ← βv + Δ; x ← x + ηv
+                    m = b1 * m + delta
+                    out[k] = (x64 + self.lr * m).to(x.dtype)
+                    self.m[k] = m
+                    continue
+                m = b1 * m + (1 - b1) * delta
+                v = self.v.get(k)
+                if v is None:
+                    v = torch.full_like(x64, self.tau**2)
+                sq = delta * delta
+                if self.rule == "adagrad":
+                    v = v + sq
+                elif self.rule == "yogi":
+                    v = v - (1 - b2) * sq * torch.sign(v - sq)
+                else:
+                    v = b2 * v + (1 - b2) * sq
+                out[k] = (x64 + self.lr * m / (v.sqrt() + self.tau)).to(x.dtype)
+                self.m[k], self.v[k] = m, v
+        self.steps += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The moments and step count (tensors and numbers: ``torch.save`` them)."""
+        return {
+            "rule": self.rule,
+            "steps": self.steps,
+            "m": {k: t.clone() for k, t in self.m.items()},
+            "v": {k: t.clone() for k, t in self.v.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict()`` returned."""
+        missing = {"rule", "steps", "m", "v"} - set(state)
+        if missing:
+            raise ValueError(f"not a server optimizer state: missing {sorted(missing)}")
+        if state["rule"] != self.rule:
+            raise ValueError(
+                f"this state is of a {state['rule']!r} server optimizer, not {self.rule!r}"
+            )
+        self.steps = int(state["steps"])
+        self.m = {k: t.clone() for k, t in state["m"].items()}
+        self.v = {k: t.clone() for k, t in state["v"].items()}
+
+
+def FedAvgM(*, lr: float = 1.0, momentum: float = 0.9) -> ServerOptimizer:
+    """Server momentum (Hsu et al. 2019): v ← βv + Δ; x ← x + ηv. ``lr=1, momentum=0`` is FedAvg."""
+    return ServerOptimizer("avgm", lr, beta1=momentum)
+
+
+def FedAdam(
+    *, lr: float = 1e-2, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3
+) -> ServerOptimizer:
+    """FedAdam: m ← β₁m + (1−β₁)Δ; v ← β₂v + (1−β₂)Δ²; x ← x + η m / (√v + τ)."""
+    return ServerOptimizer("adam", lr, beta1, beta2, tau)
+
+
+def FedYogi(
+    *, lr: float = 1e-2, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3
+) -> ServerOptimizer:
+    """FedYogi: as FedAdam, with v ← v − (1−β₂)Δ² sign(v − Δ²)."""
+    return ServerOptimizer("yogi", lr, beta1, beta2, tau)
+
+
+def FedAdagrad(*, lr: float = 1e-2, beta1: float = 0.0, tau: float = 1e-3) -> ServerOptimizer:
+    """FedAdagrad: m ← β₁m + (1−β₁)Δ; v ← v + Δ²; x ← x + η m / (√v + τ)."""
+    return ServerOptimizer("adagrad", lr, beta1, tau=tau)

@@ -1,0 +1,196 @@
+"""Client side: FedProx and SCAFFOLD against hand-written steps; map_clients; weighted metrics."""
+
+import concurrent.futures
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.errors import AggregationError
+from somatize.torch import federated as fl
+
+
+class Linear(Node):
+    def __init__(self, i, o):
+        self.lin = nn.Linear(i, o)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+def make_graph(seed=0):
+    torch.manual_seed(seed)
+    return Graph.somatize(Linear(4, 3))
+
+
+GEN = torch.Generator().manual_seed(0)
+BATCHES = [
+    (torch.randn(8, 4, generator=GEN), torch.randint(0, 3, (8,), generator=GEN)) for _ in range(5)
+]
+
+
+def moved(model):
+    """The model after the client moved away from the global weights (so the term matters)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3)
+    return model
+
+
+@pytest.mark.parametrize(
+    "make_opt",
+    [lambda ps: torch.optim.SGD(ps, lr=0.1), lambda ps: torch.optim.Adam(ps, lr=0.05)],
+    ids=["sgd", "adam"],
+)
+def test_prox_equals_a_hand_written_fedprox_loss(make_opt):
+    mu = 0.5
+    torch.manual_seed(0)
+    ours, theirs = nn.Linear(4, 3), nn.Linear(4, 3)
+    theirs.load_state_dict(ours.state_dict())
+    anchor = [p.detach().clone() for p in theirs.parameters()]
+    opt_ours = fl.prox(make_opt, mu=mu)(list(ours.parameters()))
+    opt_theirs = make_opt(list(theirs.parameters()))
+    moved(ours), moved(theirs)
+    for x, y in BATCHES:
+        opt_ours.zero_grad()
+        nn.functional.cross_entropy(ours(x), y).backward()
+        opt_ours.step()
+        opt_theirs.zero_grad()  # FedProx as Li et al. write it: the proximal term in the loss
+        prox_term = sum((p - a).pow(2).sum() for p, a in zip(theirs.parameters(), anchor))
+        (nn.functional.cross_entropy(theirs(x), y) + mu / 2 * prox_term).backward()
+        opt_theirs.step()
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_prox_in_the_trainer_pulls_the_client_towards_the_global_state():
+    distance = {}
+    for mu in (0.0, 1.0):
+        g = make_graph()
+        start = st.state(g)
+        trainer = st.Trainer(
+            loss=nn.functional.cross_entropy,
+            optimizer=fl.prox(lambda ps: torch.optim.SGD(ps, lr=0.5), mu=mu),
+            epochs=5,
+            seed=0,
+            options=st.Options(progress=False),
+        )
+        end = trainer.fit(g, BATCHES).state
+        distance[mu] = sum(float((end[k] - start[k]).norm()) for k in start)
+    assert distance[1.0] < 0.8 * distance[0.0]
+    with pytest.raises(ValueError, match="mu must be a non-negative"):
+        fl.prox(lambda ps: torch.optim.SGD(ps, lr=0.1), mu=-1)
+
+
+def test_scaffold_adds_c_minus_c_client_and_option_two_variates():
+    lr = 0.1
+    g, ref = make_graph(), nn.Linear(4, 3)
+    ref.load_state_dict({k.split("lin.")[1]: v for k, v in st.state(g).items()})
+    gen = torch.Generator().manual_seed(1)
+    c = {k: torch.randn(v.shape, generator=gen) for k, v in fl.variates(g).items()}
+    ci = {k: torch.randn(v.shape, generator=gen) for k, v in c.items()}
+    start = st.state(g)
+    trainer = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=fl.scaffold(lambda ps: torch.optim.SGD(ps, lr=lr), g, c, ci),
+        epochs=1,
+        seed=0,
+        options=st.Options(progress=False, shuffle=False),
+    )
+    result = trainer.fit(g, BATCHES)
+    corr = {"weight": c["linear.lin.weight"] - ci["linear.lin.weight"]}
+    corr["bias"] = c["linear.lin.bias"] - ci["linear.lin.bias"]
+    for x, y in BATCHES:  # SCAFFOLD's local step, by hand: y ← y − η (g(y) − cᵢ + c)
+        ref.zero_grad()
+        nn.functional.cross_entropy(ref(x), y).backward()
+        with torch.no_grad():
+            for name, p in ref.named_parameters():
+                p -= lr * (p.grad + corr[name])
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(result.state[f"linear.lin.{name}"], p.detach())
+    new = fl.control_variate(start, result, c, ci, lr=lr)
+    k = "linear.lin.weight"
+    expected = ci[k] - c[k] + (start[k] - result.state[k]) / (len(BATCHES) * lr)
+    torch.testing.assert_close(new[k], expected)
+    server = fl.server_variate(c, [{n: new[n] - ci[n] for n in c}], clients=4)
+    torch.testing.assert_close(server[k], c[k] + (new[k] - ci[k]) / 4)
+    with pytest.raises(AggregationError, match=r"no entry for \['linear.lin.bias'\]"):
+        fl.scaffold(lambda ps: torch.optim.SGD(ps, lr=lr), g, {k: c[k]}, ci)
+
+
+def test_weighted_metrics_weigh_by_examples_as_flower_does():
+    results = [
+        st.TrainResult(
+            state={}, num_examples=10, steps=1, epochs=1, metrics=[{"step": 1, "val_loss": 1.0}]
+        ),
+        st.TrainResult(
+            state={},
+            num_examples=30,
+            steps=1,
+            epochs=1,
+            metrics=[{"step": 1, "val_loss": 2.0, "val_acc": 0.5}],
+        ),
+    ]
+    out = fl.weighted_metrics(results)
+    assert out == {"val_loss": pytest.approx(1.75), "val_acc": 0.5}
+    flower = sum(n * v for n, v in [(10, 1.0), (30, 2.0)]) / 40  # flwr's weighted_loss_avg
+    assert fl.weighted_metrics([(10, {"loss": 1.0}), (30, {"loss": 2.0})])["loss"] == flower
+    with pytest.raises(AggregationError, match="client 1's 'loss' is NaN"):
+        fl.weighted_metrics([(10, {"loss": 1.0}), (30, {"loss": float("nan")})])
+    with pytest.raises(AggregationError, match="client 0 is a str"):
+        fl.weighted_metrics(["x"])
+
+
+PICKLED = []
+
+
+class Shared:
+    """A shared value that counts how often it is pickled."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __reduce__(self):
+        PICKLED.append(1)
+        return (Shared, (self.value,))
+
+
+class PicklingPool(concurrent.futures.Executor):
+    """An executor that pickles every call, as a process pool does, and runs it here."""
+
+    _max_workers = 3
+
+    def submit(self, fn, /, *args, **kwargs):
+        fn, args = pickle.loads(pickle.dumps((fn, args)))
+        f = concurrent.futures.Future()
+        f.set_result(fn(*args, **kwargs))
+        return f
+
+
+def plus(shared, task):
+    return shared.value + task
+
+
+def test_map_clients_ships_the_shared_value_once_per_batch_in_task_order():
+    PICKLED.clear()
+    tasks = list(range(100))
+    out = fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(1000))
+    assert out == [1000 + t for t in tasks]
+    assert len(PICKLED) == 3  # one per worker, not one per client task
+    PICKLED.clear()
+    sizes = [1] * 99 + [100]
+    assert (
+        fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), batches=2, sizes=sizes)
+        == tasks
+    )
+    assert len(PICKLED) == 2
+    assert fl.map_clients(None, plus, tasks, shared=Shared(5)) == [5 + t for t in tasks]
+    with pytest.raises(ValueError, match="sizes for 100 tasks"):
+        fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), sizes=[1])
+
+
+# map_clients on st.executor and on Dask, bitwise against the serial round: test_federated_recipes.py

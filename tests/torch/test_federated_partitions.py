@@ -1,0 +1,132 @@
+"""Partitions and client sampling: deterministic, disjoint, complete; the skew each promises."""
+
+import numpy as np
+import pytest
+import torch
+
+from somatize.torch import federated as fl
+
+LABELS = np.repeat(np.arange(10), 200)  # 2,000 examples, 10 balanced classes
+np.random.default_rng(0).shuffle(LABELS)
+
+
+def covers_once(parts, n):
+    flat = [i for p in parts for i in p]
+    assert len(flat) == n and sorted(flat) == list(range(n))  # disjoint and complete
+
+
+SPLITS = {
+    "iid": lambda seed: fl.iid(LABELS, clients=20, seed=seed),
+    "iid_n": lambda seed: fl.iid(len(LABELS), clients=20, seed=seed),
+    "shards": lambda seed: fl.shards(LABELS, clients=20, per_client=2, seed=seed),
+    "dirichlet": lambda seed: fl.dirichlet(LABELS, clients=20, alpha=0.5, seed=seed),
+    "quantity": lambda seed: fl.quantity_skew(LABELS, clients=20, alpha=0.5, seed=seed),
+}
+
+
+@pytest.mark.parametrize("name", SPLITS)
+def test_partitions_are_deterministic_disjoint_and_complete(name):
+    split = SPLITS[name]
+    a, b, c = split(0), split(0), split(1)
+    assert a == b and a != c
+    covers_once(a, len(LABELS))
+    assert len(a) == 20 and all(isinstance(i, int) for i in a[0])
+
+
+def mean_classes(parts):
+    return np.mean([len(set(LABELS[p].tolist())) for p in parts])
+
+
+def label_distance_from_global(parts):
+    """Mean total-variation distance between each client's label mix and the global one."""
+    h = np.array(fl.histogram(LABELS, parts).counts, dtype=float)
+    h /= h.sum(1, keepdims=True)
+    return float(np.abs(h - 0.1).sum(1).mean() / 2)
+
+
+def test_dirichlet_small_alpha_concentrates_labels_large_alpha_approaches_iid():
+    skewed = fl.dirichlet(LABELS, clients=20, alpha=0.05, seed=0)
+    mild = fl.dirichlet(LABELS, clients=20, alpha=1.0, seed=0)
+    flat = fl.dirichlet(LABELS, clients=20, alpha=1e4, seed=0)
+    iid = label_distance_from_global(fl.iid(LABELS, clients=20, seed=0))
+    d = [label_distance_from_global(p) for p in (skewed, mild, flat)]
+    assert d[0] > 0.6 > d[1] > d[2]  # fixed seed: small α → a few classes per client
+    assert mean_classes(skewed) < 4 and mean_classes(flat) == 10
+    assert d[2] < 2 * iid + 0.02  # α → ∞ is as close to the global mix as an IID split
+
+
+def test_dirichlet_min_size_and_its_error():
+    parts = fl.dirichlet(LABELS, clients=20, alpha=0.5, seed=3, min_size=50)
+    assert min(len(p) for p in parts) >= 50
+    covers_once(parts, len(LABELS))
+    with pytest.raises(ValueError, match="raise alpha, lower min_size"):
+        fl.dirichlet(LABELS, clients=200, alpha=0.01, seed=0, min_size=9)
+    with pytest.raises(ValueError, match="cannot give 300 clients 10 each"):
+        fl.dirichlet(LABELS, clients=300, alpha=1.0, min_size=10)
+    with pytest.raises(ValueError, match="alpha must be positive"):
+        fl.dirichlet(LABELS, clients=2, alpha=0)
+
+
+def test_shards_give_each_client_few_classes():
+    parts = fl.shards(LABELS, clients=20, per_client=2, seed=0)
+    assert max(len(set(LABELS[p].tolist())) for p in parts) <= 4  # two shards, each ≤ 2 labels
+    assert {len(p) for p in parts} == {100}
+
+
+def test_quantity_skew_varies_sizes_not_labels():
+    parts = fl.quantity_skew(LABELS, clients=20, alpha=0.3, seed=0, min_size=5)
+    sizes = [len(p) for p in parts]
+    assert min(sizes) >= 5 and max(sizes) > 4 * np.median(sizes)
+    big = max(parts, key=len)
+    assert len(set(LABELS[big].tolist())) == 10
+
+
+def test_histogram_counts_and_prints_a_table():
+    parts = fl.dirichlet(LABELS, clients=30, alpha=0.5, seed=0)
+    h = fl.histogram(torch.as_tensor(LABELS), parts)
+    assert h.classes == tuple(range(10))
+    for p, row in zip(parts, h.counts):
+        assert list(row) == np.bincount(LABELS[p], minlength=10).tolist()
+    text = str(h)
+    assert text.splitlines()[0].split()[:3] == ["client", "0", "1"]
+    assert "… 10 more clients" in text and "30 clients, 2000 examples" in text
+
+
+def test_bad_labels_are_named():
+    with pytest.raises(ValueError, match="integers"):
+        fl.dirichlet([0.5, 1.5], clients=1, alpha=1)
+    with pytest.raises(ValueError, match="1-d"):
+        fl.shards(np.zeros((2, 2), dtype=int), clients=1)
+    with pytest.raises(ValueError, match="clients must be a positive int"):
+        fl.iid(10, clients=0)
+
+
+def test_sample_is_deterministic_in_seed_and_round():
+    a = fl.sample(100, fraction=0.1, round=5, seed=0)
+    assert a == fl.sample(100, fraction=0.1, round=5, seed=0)
+    assert a == sorted(set(a)) and len(a) == 10 and all(0 <= c < 100 for c in a)
+    rounds = [tuple(fl.sample(100, fraction=0.1, round=r, seed=0)) for r in range(20)]
+    assert len(set(rounds)) == 20
+    assert fl.sample(100, fraction=0.1, round=5, seed=1) != a
+    assert len(fl.sample(100, fraction=0.29, round=0)) == 29  # not 28.999999999999996
+    assert len(fl.sample(10, fraction=0.01, round=0)) == 1  # at least one client
+    assert len(fl.sample(10, count=3, round=0)) == 3
+
+
+def test_sample_weighted_by_size_prefers_big_clients():
+    sizes = [1] * 90 + [1000] * 10
+    picks = [c for r in range(50) for c in fl.sample(100, count=10, round=r, weights=sizes)]
+    assert np.mean([c >= 90 for c in picks]) > 0.7  # 10 big clients hold ~99% of the weight
+    with pytest.raises(ValueError, match="only 2 clients have a positive weight"):
+        fl.sample(3, count=3, round=0, weights=[1, 1, 0])
+
+
+def test_sample_errors():
+    with pytest.raises(ValueError, match="exactly one of fraction"):
+        fl.sample(10, round=0)
+    with pytest.raises(ValueError, match="fraction must be in"):
+        fl.sample(10, fraction=1.5, round=0)
+    with pytest.raises(ValueError, match=r"count must be an int in \[1, 10\]"):
+        fl.sample(10, count=11, round=0)
+    with pytest.raises(ValueError, match="round must be"):
+        fl.sample(10, count=1, round=-1)

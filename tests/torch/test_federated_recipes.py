@@ -1,0 +1,76 @@
+"""The federated recipes: FedAvg beats FedSGD, any executor gives the serial round, strategies run."""
+
+import os
+
+import pytest
+import torch
+
+from recipes import federated as fed
+from recipes import federated_strategies as strategies
+
+
+def small_round(pool):
+    return fed.federate(4, rounds=2, local_epochs=1, batch_size=20, seed=1, pool=pool)
+
+
+@pytest.fixture(scope="module")
+def serial_round():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return small_round(None)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_federated_round_on_the_process_pool_equals_the_serial_loop(serial_round):
+    with fed.executor("process") as pool:
+        curve, state = small_round(pool)
+    assert curve == serial_round[0]
+    assert state.keys() == serial_round[1].keys()
+    assert all(torch.equal(state[k], serial_round[1][k]) for k in state)
+
+
+def _pid(_):
+    return os.getpid()
+
+
+@pytest.mark.slow
+def test_federated_round_on_a_dask_cluster_equals_the_serial_loop(serial_round):
+    pytest.importorskip("dask.distributed")
+    with fed.executor("dask") as pool:
+        pids = set(pool.map(_pid, range(8)))
+        curve, state = small_round(pool)
+    assert os.getpid() not in pids and len(pids) >= 1
+    assert curve == serial_round[0]
+    assert all(torch.equal(state[k], serial_round[1][k]) for k in state)
+
+
+@pytest.mark.slow
+def test_fedavg_beats_fedsgd_at_equal_rounds():
+    fedavg_curve, _ = fed.federate(10, rounds=8, local_epochs=5)
+    fedsgd_curve, _ = fed.federate(10, rounds=8, local_epochs=0)
+    assert fedavg_curve[-1] > fedsgd_curve[-1] + 0.2
+    assert fedavg_curve[-1] > 0.5
+
+
+def test_the_strategies_recipe_logs_one_tensorboard_run_per_strategy(tmp_path, capsys):
+    names = ["fedavg", "fedprox", "fedadam", "scaffold"]
+    assert strategies.main(["--rounds", "4", "--only", *names, "--logdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "100 clients, 1347 examples" in out  # the Dirichlet(0.5) histogram
+    table = out.split("strategy")[-1].splitlines()
+    assert [line.split()[0] for line in table[1:]] == names
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    finals = {}
+    for name in names:
+        acc = EventAccumulator(str(tmp_path / name))
+        acc.Reload()
+        logged = [e.value for e in acc.Scalars("test/acc")]
+        assert len(logged) == 4 and len(acc.Scalars("train/loss")) == 4
+        finals[name] = float(next(line for line in table if line.startswith(name)).split()[1])
+        assert logged[-1] == pytest.approx(finals[name], abs=5e-4)  # the table's final accuracy
+    assert max(finals.values()) > 0.2  # above chance (0.1) after four rounds of ten clients
+    assert len(set(finals.values())) > 1  # the strategies differ

@@ -1,0 +1,107 @@
+"""Krum, multi-Krum, Bulyan and norm clipping: honest clients chosen, preconditions named."""
+
+import numpy as np
+import pytest
+import torch
+
+import somatize.torch as st
+from somatize.errors import AggregationError
+from somatize.torch import federated as fl
+
+
+def crowd(honest=8, bad=2, seed=0):
+    """Honest updates near a common point, and attackers planted far away (two kinds)."""
+    g = torch.Generator().manual_seed(seed)
+    centre = torch.randn(20, generator=g)
+    states = [{"w": centre + 0.1 * torch.randn(20, generator=g)} for _ in range(honest)]
+    for i in range(bad):
+        far = centre + (50.0 if i % 2 else -30.0) * torch.randn(20, generator=g)
+        states.append({"w": far})
+    return states, centre
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_krum_and_multi_krum_pick_honest_clients(seed):
+    states, centre = crowd(seed=seed)
+    perm = torch.randperm(len(states), generator=torch.Generator().manual_seed(seed)).tolist()
+    shuffled = [states[i] for i in perm]
+    honest = {j for j, i in enumerate(perm) if i < 8}
+    k = fl.krum(shuffled, attackers=2)
+    assert set(k.selected) <= honest and len(k.selected) == 1
+    assert torch.equal(k["w"], shuffled[k.selected[0]]["w"])
+    m = fl.multi_krum(shuffled, attackers=2, keep=5)
+    assert set(m.selected) <= honest and len(m.selected) == 5
+    mean = torch.stack([shuffled[i]["w"].double() for i in m.selected]).mean(0)
+    torch.testing.assert_close(m["w"].double(), mean, atol=1e-6, rtol=0)
+    assert (m["w"] - centre).abs().max() < 0.3
+
+
+def test_bulyan_stays_with_the_honest_clients():
+    states, centre = crowd(honest=9, bad=2)
+    out = fl.bulyan(states, attackers=2)  # n = 11 = 4f + 3
+    assert set(out.selected) <= set(range(9)) and len(out.selected) == 7  # θ = n − 2f
+    assert (out["w"] - centre).abs().max() < 0.3
+    naive = st.fedavg(states, weights="uniform")["w"]
+    assert (naive - centre).abs().max() > 3
+
+
+def test_bulyan_and_krum_preconditions_name_both_numbers():
+    states, _ = crowd(honest=8, bad=2)  # 10 clients
+    with pytest.raises(
+        AggregationError, match=r"Bulyan with attackers=2 needs at least 11 clients.*got 10"
+    ):
+        fl.bulyan(states, attackers=2)
+    with pytest.raises(
+        AggregationError, match=r"Krum with attackers=4 needs at least 11 clients.*got 10"
+    ):
+        fl.krum(states, attackers=4)
+    with pytest.raises(ValueError, match=r"keep must be an int in \[1, 10\]"):
+        fl.multi_krum(states, attackers=1, keep=11)
+    with pytest.raises(ValueError, match="attackers must be a non-negative int"):
+        fl.krum(states, attackers=-1)
+    states[3] = {"w": torch.full((20,), float("nan"))}
+    with pytest.raises(AggregationError, match="client 3, key 'w'.*NaN"):
+        fl.krum(states, attackers=1)
+
+
+def test_clip_bounds_every_update_and_keeps_small_ones():
+    g = torch.Generator().manual_seed(0)
+    global_state = {"a": torch.randn(10, generator=g), "b": torch.randn(3, generator=g)}
+    results = [
+        st.TrainResult(
+            state={k: v + s * torch.randn(v.shape, generator=g) for k, v in global_state.items()},
+            num_examples=10 + i,
+            steps=1,
+            epochs=1,
+        )
+        for i, s in enumerate([0.01, 1.0, 100.0])
+    ]
+    clipped = fl.clip(results, global_state, max_norm=1.0)
+    norms = []
+    for before, after in zip(results, clipped):
+        assert after.num_examples == before.num_examples
+        d = torch.cat([(after.state[k] - global_state[k]).double() for k in global_state])
+        norms.append(float(d.norm()))
+    assert max(norms) <= 1.0 + 1e-6 and norms[2] == pytest.approx(1.0, abs=1e-5)
+    assert all(torch.equal(clipped[0].state[k], results[0].state[k]) for k in global_state)
+    with pytest.raises(ValueError, match="max_norm must be a positive"):
+        fl.clip(results, global_state, max_norm=0)
+
+
+def flower_trim_mean(array, beta):
+    """Flower's ``_trim_mean`` (flwr.server.strategy.aggregate), as published."""
+    n = array.shape[0]
+    low = int(beta * n)
+    return np.mean(np.sort(array, axis=0)[low : n - low], axis=0)
+
+
+@pytest.mark.parametrize("n", [3, 4, 7, 10])
+def test_trimmed_mean_accepts_every_beta_flower_accepts(n):
+    values = np.random.default_rng(n).normal(size=(n, 6))
+    states = [{"w": torch.tensor(v)} for v in values]
+    for beta in [0.0, 0.1, 0.2, 0.25, 0.3, 1 / 3, 0.4, 0.45, 0.49, 0.4999]:
+        out = fl.trimmed_mean(states, beta)["w"].numpy()
+        np.testing.assert_allclose(out, flower_trim_mean(values, beta), rtol=0, atol=1e-12)
+    for beta in [0.5, -0.1, 1.0]:
+        with pytest.raises(ValueError, match=r"beta must be in \[0, 0.5\)"):
+            fl.trimmed_mean(states, beta)

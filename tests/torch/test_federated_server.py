@@ -1,0 +1,166 @@
+"""Server optimizers against float64 references written from Reddi et al.'s rules; an exact resume."""
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.errors import AggregationError
+from somatize.torch import federated as fl
+
+
+def states(seed, rounds=4):
+    g = torch.Generator().manual_seed(seed)
+    x = {"w": torch.randn(5, 3, generator=g), "b": torch.randn(3, generator=g)}
+    aggs = [{k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in x.items()}]
+    for _ in range(rounds - 1):
+        aggs.append({k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in aggs[-1].items()})
+    return x, aggs
+
+
+def reference(rule, x, aggs, lr, b1, b2, tau):
+    """Reddi et al. 2021, Algorithm 2 (and Hsu et al. 2019 for FedAvgM), in float64."""
+    x = {k: v.double() for k, v in x.items()}
+    m = {k: torch.zeros_like(v) for k, v in x.items()}
+    v = {k: torch.full_like(t, tau**2) for k, t in x.items()}
+    out = []
+    for agg in aggs:
+        new = {}
+        for k in x:
+            d = agg[k].double() - x[k]
+            if rule == "avgm":
+                m[k] = b1 * m[k] + d
+                new[k] = x[k] + lr * m[k]
+                continue
+            m[k] = b1 * m[k] + (1 - b1) * d
+            if rule == "adagrad":
+                v[k] = v[k] + d**2
+            elif rule == "yogi":
+                v[k] = v[k] - (1 - b2) * d**2 * torch.sign(v[k] - d**2)
+            else:
+                v[k] = b2 * v[k] + (1 - b2) * d**2
+            new[k] = x[k] + lr * m[k] / (v[k].sqrt() + tau)
+        x = {k: t.float().double() for k, t in new.items()}  # the global state is float32
+        out.append(new)
+    return out
+
+
+CASES = {
+    "avgm": (lambda: fl.FedAvgM(lr=0.7, momentum=0.9), 0.7, 0.9, 0.0, 0.0),
+    "adam": (lambda: fl.FedAdam(lr=0.05, tau=1e-2), 0.05, 0.9, 0.99, 1e-2),
+    "yogi": (lambda: fl.FedYogi(lr=0.05, beta2=0.9, tau=1e-3), 0.05, 0.9, 0.9, 1e-3),
+    "adagrad": (lambda: fl.FedAdagrad(lr=0.1, tau=1e-3), 0.1, 0.0, 0.0, 1e-3),
+}
+
+
+@pytest.mark.parametrize("rule", CASES)
+def test_server_optimizers_follow_the_papers_rule_in_float64(rule):
+    make, lr, b1, b2, tau = CASES[rule]
+    x, aggs = states(0)
+    server = make()
+    refs = reference(rule, x, aggs, lr, b1, b2, tau)
+    for agg, ref in zip(aggs, refs):
+        x = server.step(x, agg)
+        for k in x:
+            assert x[k].dtype == torch.float32
+            torch.testing.assert_close(x[k], ref[k].float(), atol=1e-6, rtol=0)
+    assert server.steps == len(aggs)
+
+
+def test_fedavgm_without_momentum_at_lr_1_is_fedavg():
+    x, aggs = states(1, rounds=1)
+    out = fl.FedAvgM(lr=1.0, momentum=0.0).step(x, aggs[0])
+    assert all(torch.equal(out[k], aggs[0][k]) for k in x)
+
+
+def test_server_state_dict_resumes_exactly_and_integer_buffers_pass_through():
+    x, aggs = states(2, rounds=4)
+    x["count"] = torch.tensor(3)
+    aggs = [{**a, "count": torch.tensor(3 + i)} for i, a in enumerate(aggs)]
+    a, b = fl.FedYogi(lr=0.1), fl.FedYogi(lr=0.1)
+    xa = xb = x
+    for agg in aggs[:2]:
+        xa = a.step(xa, agg)
+    xb = xa
+    b.load_state_dict(a.state_dict())
+    for agg in aggs[2:]:
+        xa, xb = a.step(xa, agg), b.step(xb, agg)
+    assert all(torch.equal(xa[k], xb[k]) for k in xa) and xa["count"].item() == 6
+    with pytest.raises(ValueError, match="'yogi' server optimizer, not 'adam'"):
+        fl.FedAdam().load_state_dict(a.state_dict())
+
+
+def test_server_step_errors_name_the_key():
+    x, aggs = states(3, rounds=1)
+    with pytest.raises(AggregationError, match=r"differ in keys \['b'\]"):
+        fl.FedAdam().step(x, {"w": aggs[0]["w"]})
+    with pytest.raises(AggregationError, match="key 'b'.*float64"):
+        fl.FedAdam().step(x, {**aggs[0], "b": aggs[0]["b"].double()})
+    with pytest.raises(ValueError, match="lr must be a positive"):
+        fl.FedAdam(lr=0)
+    with pytest.raises(ValueError, match=r"beta2 must be in \[0, 1\)"):
+        fl.FedYogi(beta2=1.0)
+
+
+class Linear(Node):
+    def __init__(self, i, o):
+        self.lin = nn.Linear(i, o)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+def make_graph():
+    torch.manual_seed(0)
+    return Graph.somatize(Linear(4, 3))
+
+
+DATA = torch.Generator().manual_seed(0)
+X, Y = torch.randn(60, 4, generator=DATA), torch.randint(0, 3, (60,), generator=DATA)
+PARTS = fl.dirichlet(Y, clients=6, alpha=0.5, seed=0)
+
+
+def train_client(global_state, task):
+    part, seed = task
+    g = make_graph()
+    st.load_state(g, global_state)
+    trainer = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=fl.prox(lambda ps: torch.optim.SGD(ps, lr=0.1), mu=0.1),
+        epochs=1,
+        seed=seed,
+        options=st.Options(progress=False),
+    )
+    return trainer.fit(g, [(X[part], Y[part])])
+
+
+def rounds(start, stop, global_state, server, gen):
+    for r in range(start, stop):
+        chosen = fl.sample(len(PARTS), count=3, round=r, seed=0)
+        seeds = torch.randint(0, 2**31, (len(chosen),), generator=gen).tolist()
+        tasks = [(PARTS[c], s) for c, s in zip(chosen, seeds)]
+        results = fl.map_clients(None, train_client, tasks, shared=global_state)
+        global_state = server.step(global_state, st.fedavg(results))
+    return global_state
+
+
+def test_a_round_loop_resumed_from_a_checkpoint_is_bitwise_equal(tmp_path):
+    start = st.state(make_graph())
+    whole = rounds(0, 4, start, fl.FedAdam(lr=0.05), torch.Generator().manual_seed(7))
+
+    server, gen = fl.FedAdam(lr=0.05), torch.Generator().manual_seed(7)
+    half = rounds(0, 2, start, server, gen)
+    path = tmp_path / "round.pt"
+    torch.save(
+        {"global": half, "server": server.state_dict(), "round": 2, "rng": gen.get_state()}, path
+    )
+    del server, gen, half
+    ckpt = torch.load(path, weights_only=True)
+    server, gen = fl.FedAdam(lr=0.05), torch.Generator()
+    server.load_state_dict(ckpt["server"])
+    gen.set_state(ckpt["rng"])
+    resumed = rounds(ckpt["round"], 4, ckpt["global"], server, gen)
+    assert whole.keys() == resumed.keys()
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    assert not all(torch.equal(whole[k], start[k]) for k in whole)  # it did train
