@@ -26,83 +26,27 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
 from ..graph import Graph
-from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
+from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp
-from .batches import chunk, epoch_batches, loss_of, num_examples, split, to_device
-from .checkpoint import Checkpointing, RunState, capture, load_checkpoint, restore
+from .batches import loss_of, num_examples, split
+from .checkpoint import Checkpointing, load_checkpoint, restore
+from .loop import train as train_loop
 from .metrics import evaluate
 from .module import GraphModule, module
+from .options import Options
+from .policy import check_fresh, resume_path, save
 from .result import TrainResult
+from .run import ActiveRun
 
 __all__ = ["Options", "Trainer"]
 
 Loss = Callable[..., torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Options:
-    """The Trainer's less common settings.
-
-    Args:
-        device: where to train (default: where the model's parameters are; under
-            torchrun with CUDA, this rank's GPU).
-        precision: ``"32"``, or ``"bf16"`` for bfloat16 autocast.
-        clip_grad_norm: clip the gradients' total norm to this value before each step.
-        shuffle: permute a sequence of batches every epoch (seeded by ``(seed, epoch)``).
-        eval_every_steps: evaluate every N steps instead of at each epoch end.
-        monitor: the metric ``TrainResult.best`` tracks (and pruners without a ``metric``).
-        mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
-        progress: show a progress bar; None: when standard error is a terminal.
-        scheduler_every: step the LR scheduler every ``"step"`` or every ``"epoch"``.
-    """
-
-    device: str | torch.device | None = None
-    precision: Literal["32", "bf16"] = "32"
-    clip_grad_norm: float | None = None
-    shuffle: bool = True
-    eval_every_steps: int | None = None
-    monitor: str = "val_loss"
-    mode: Literal["min", "max"] = "min"
-    progress: bool | None = None
-    scheduler_every: Literal["step", "epoch"] = "step"
-
-    def __post_init__(self) -> None:
-        if self.precision not in ("32", "bf16"):
-            raise ValueError(f"precision must be '32' or 'bf16', not {self.precision!r}")
-        if self.mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', not {self.mode!r}")
-        if self.scheduler_every not in ("step", "epoch"):
-            raise ValueError(
-                f"scheduler_every must be 'step' or 'epoch', not {self.scheduler_every!r}"
-            )
-
-
-@dataclass(slots=True)
-class _Run:
-    """What one ``fit`` works with."""
-
-    id: str
-    net: nn.Module  # the module trained
-    wrapped: nn.Module  # the same, in DDP under torchrun
-    params: list[nn.Parameter]
-    opt: torch.optim.Optimizer
-    sched: Any
-    device: torch.device
-    autocast: Callable[[], Any]
-    rank: int
-    world: int
-    watchers: list[Watcher] = field(default_factory=list)
-    state: RunState = field(default_factory=RunState)
-    checkpoint: Path | None = None  # the last checkpoint written, or resumed from
 
 
 class Trainer:
@@ -219,14 +163,14 @@ class Trainer:
         n_train = _count_examples(train, world)
         try:
             notify(run.watchers, FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step))
-            self._train(run, train, val)
+            train_loop(self, run, train, val)
             s.flush(world)
             if (
                 self.checkpoint is not None
                 and s.step
                 and run.checkpoint != self.checkpoint.file(s.step)
             ):
-                self._save(run)
+                save(self, run)
             seconds = time.perf_counter() - started
             notify(run.watchers, FitEnd(run.id, s.step, s.epoch, seconds, s.pruned))
         finally:
@@ -248,7 +192,7 @@ class Trainer:
 
     def _start(
         self, model: Graph | nn.Module, resume: Any, run_id: str, rank: int, world: int
-    ) -> _Run:
+    ) -> ActiveRun:
         """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh."""
         net = _as_module(model)
         default = next((p.device for p in net.parameters()), torch.device("cpu"))
@@ -258,7 +202,7 @@ class Trainer:
             net.to(device)
         params = _trainable(net)
         opt = self.optimizer(params)
-        run = _Run(
+        run = ActiveRun(
             id=run_id,
             net=net,
             wrapped=ddp.wrap(net, device) if world > 1 else net,
@@ -270,105 +214,18 @@ class Trainer:
             rank=rank,
             world=world,
         )
-        path = self._resume_path(resume)
+        path = resume_path(self, resume)
         if path is not None:
             payload = load_checkpoint(path)
             restore(payload, run.state, net, opt, run.sched, self.pruner, self.seed)
             run.checkpoint = path
         else:
-            self._fresh_start()
+            check_fresh(self)
+            if self._pruner_start is not None:
+                self.pruner.load_state_dict(self._pruner_start)
+            _seed_everything(self.seed)
         run.watchers = self._watchers() if rank == 0 else []
         return run
-
-    def _train(self, run: _Run, train: Iterable[Any], val: Iterable[Any] | None) -> None:
-        """The epochs: steps, evaluations, checkpoints, until done, pruned or out of steps."""
-        s, net, watchers = run.state, run.net, run.watchers
-        graph_net = net if isinstance(net, GraphModule) else None
-        epochs = self.epochs if self.epochs is not None else sys.maxsize
-        step_sched = run.sched if self.options.scheduler_every == "step" else None
-        every = self.options.eval_every_steps
-        ckpt_every = self.checkpoint.every_steps if self.checkpoint is not None else None
-        net.train()
-        while s.epoch < epochs and not s.pruned and not self._done(s):
-            batches = epoch_batches(
-                train, s.epoch, self.seed, self.options.shuffle, run.rank, run.world
-            )
-            i = -1
-            for i, batch in enumerate(batches):
-                if i < s.position:  # resuming mid-epoch: these batches were already trained on
-                    continue
-                if s.pruned or self._done(s):
-                    break
-                tick = time.perf_counter() if watchers else 0.0
-                if graph_net is not None:
-                    graph_net.step = s.step + 1  # nodes see the number of the step they compute
-                lr = run.opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
-                loss, n = self._step(run, batch)
-                if step_sched is not None:
-                    step_sched.step()
-                s.step += 1
-                s.position = i + 1
-                s.examples_seen += n
-                s.pending.append(loss)
-                if watchers:
-                    self._report_step(run, loss, lr, n, tick)
-                if val is not None and every and s.step % every == 0:
-                    self._evaluate_into(run, val)
-                if ckpt_every and s.step % ckpt_every == 0:
-                    self._save(run)
-            else:  # the epoch ran to its end
-                if i < 0:
-                    raise ValueError(
-                        f"the training data yielded no batches in epoch {s.epoch}"
-                        + (f" for rank {run.rank} of {run.world}" if run.world > 1 else "")
-                        + "; pass a non-empty sequence of batches or a DataLoader (a generator"
-                        " is used up after one epoch)"
-                    )
-                if run.sched is not None and step_sched is None:
-                    run.sched.step()
-                record = self._evaluate_into(run, val) if val is not None and not every else None
-                s.flush(run.world)
-                notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}))
-                s.epoch, s.position = s.epoch + 1, 0
-                if self.checkpoint is not None:
-                    self._save(run)
-                continue
-            break
-
-    def _done(self, s: RunState) -> bool:
-        return self.max_steps is not None and s.step >= self.max_steps
-
-    def _step(self, run: _Run, batch: Any) -> tuple[torch.Tensor, int]:
-        """One optimizer step over a batch (in micro-batches); returns its loss and size."""
-        wrapped, opt, device, autocast = run.wrapped, run.opt, run.device, run.autocast
-        x, y = self._split(batch)
-        x, y = to_device(x, device), to_device(y, device)
-        n = num_examples(x)
-        opt.zero_grad(set_to_none=True)
-        if self.micro_batches == 1:
-            if autocast is contextlib.nullcontext:  # full precision: no context to enter
-                loss = self._loss(wrapped(x), y)
-            else:
-                with autocast():
-                    loss = self._loss(wrapped(x), y)
-            loss.backward()
-            total = loss.detach()  # the history is made float32 when it is read back
-        else:
-            xs = chunk(x, self.micro_batches)
-            ys = chunk(y, self.micro_batches) if y is not None else [None] * len(xs)
-            total = torch.zeros((), device=device)
-            for i, (xc, yc) in enumerate(zip(xs, ys, strict=True)):
-                share = num_examples(xc) / n  # each chunk weighs by its size: exact for mean losses
-                sync = run.world == 1 or i == len(xs) - 1  # all-reduce gradients once, at the end
-                with contextlib.nullcontext() if sync else wrapped.no_sync():  # type: ignore[operator]
-                    with autocast():
-                        loss = self._loss(wrapped(xc), yc)
-                    (loss * share).backward()
-                total += loss.detach().float() * share
-        if self.options.clip_grad_norm is not None:
-            nn.utils.clip_grad_norm_(run.params, self.options.clip_grad_norm)
-        opt.step()
-        return total, n
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
         # without a loss function the graph computes the loss, so it gets the whole batch
@@ -414,30 +271,6 @@ class Trainer:
             world=world,
         )
 
-    def _evaluate_into(self, run: _Run, val: Iterable[Any]) -> dict[str, float]:
-        """Evaluate, record, tell the watchers, and ask the pruner."""
-        s = run.state
-        evaluated = self._evaluate(run.net, val, run.device, run.autocast, run.rank, run.world)
-        values = {f"val_{k}": v for k, v in evaluated.items()}
-        record: dict[str, float] = {"step": s.step, "epoch": s.epoch, **values}
-        s.metrics.append(record)
-        monitor, mode = self.options.monitor, self.options.mode
-        if monitor in record:
-            v = record[monitor]
-            if s.best is None or (v < s.best if mode == "min" else v > s.best):
-                s.best = v
-        notify(run.watchers, Metrics(run.id, "", s.step, values))  # node '': the Trainer's own
-        if self.pruner is not None:
-            name = getattr(self.pruner, "metric", monitor)
-            if name not in record:
-                raise KeyError(
-                    f"the pruner watches {name!r}, which evaluation does not produce; "
-                    f"evaluated: {', '.join(values)} (name a metric from Trainer(metrics=...))"
-                )
-            self.pruner.report(record[name], s.step)
-            s.pruned = bool(self.pruner.should_prune())
-        return record
-
     # -- reporting --------------------------------------------------------------------
 
     def _watchers(self) -> list[Watcher]:
@@ -450,50 +283,6 @@ class Trainer:
         if show and not any(isinstance(w, Progress) for w in watchers):
             watchers.append(Progress())
         return watchers
-
-    def _report_step(self, run: _Run, loss: torch.Tensor, lr: Any, n: int, tick: float) -> None:
-        s, seconds = run.state, time.perf_counter() - tick
-        notify(run.watchers, StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds))
-        node_metrics = getattr(run.net, "metrics", None)
-        if node_metrics:
-            for node, values in node_metrics.items():
-                notify(run.watchers, Metrics(run.id, node, s.step, values))
-
-    # -- checkpoints --------------------------------------------------------------------
-
-    def _resume_path(self, resume: Any) -> Path | None:
-        if resume is None:
-            return None
-        if resume == "last":
-            if self.checkpoint is None:
-                raise CheckpointError(
-                    "resume='last' needs checkpoint=Checkpointing(dir) to know where to look"
-                )
-            return self.checkpoint.last()
-        return Path(resume)
-
-    def _fresh_start(self) -> None:
-        ckpt = self.checkpoint
-        if ckpt is not None and (earlier := ckpt.last()) is not None:
-            raise CheckpointError(
-                f"{ckpt.path} already holds checkpoints of an earlier run (last: {earlier.name}); "
-                "continue it with fit(..., resume='last'), or checkpoint into an empty directory"
-            )
-        if self._pruner_start is not None:
-            self.pruner.load_state_dict(self._pruner_start)
-        _seed_everything(self.seed)
-
-    def _save(self, run: _Run) -> None:
-        """Checkpoint: rank 0 writes, every rank waits for it and records its path."""
-        assert self.checkpoint is not None
-        s = run.state
-        s.flush(run.world)
-        if run.rank == 0:
-            payload = capture(s, run.net, run.opt, run.sched, self.pruner, self.seed)
-            self.checkpoint.save(payload, s.step)
-        if run.world > 1:
-            ddp.barrier()
-        run.checkpoint = self.checkpoint.file(s.step)
 
 
 def _as_module(model: Graph | nn.Module) -> nn.Module:

@@ -103,7 +103,7 @@ def test_micro_batch_gradient_equals_full_batch_gradient(k):
 
 def test_micro_batches_with_nested_batches_split_every_leaf_alike():
     x = {"a": torch.arange(10), "b": (torch.arange(10) * 2, torch.arange(20).view(10, 2))}
-    parts = st.trainer.chunk(x, 4)
+    parts = st.batches.chunk(x, 4)
     assert [len(p["a"]) for p in parts] == [3, 3, 3, 1]
     for p in parts:
         assert torch.equal(p["b"][0], p["a"] * 2)

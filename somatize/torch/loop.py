@@ -1,0 +1,90 @@
+"""The Trainer's loop: epochs of steps, with evaluations and checkpoints between them."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..watchers import EpochEnd, Metrics, StepEnd, notify
+from .batches import epoch_batches
+from .evaluation import evaluate_into
+from .module import GraphModule
+from .policy import save
+from .step import step
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    import torch
+
+    from .run import ActiveRun
+    from .trainer import Trainer
+
+__all__ = ["train"]
+
+
+def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[Any] | None) -> None:
+    """The epochs: steps, evaluations, checkpoints, until done, pruned or out of steps."""
+    s, net, watchers = run.state, run.net, run.watchers
+    graph_net = net if isinstance(net, GraphModule) else None
+    epochs = trainer.epochs if trainer.epochs is not None else sys.maxsize
+    max_steps = trainer.max_steps if trainer.max_steps is not None else sys.maxsize
+    step_sched = run.sched if trainer.options.scheduler_every == "step" else None
+    every = trainer.options.eval_every_steps
+    ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
+    net.train()
+    while s.epoch < epochs and not s.pruned and s.step < max_steps:
+        batches = epoch_batches(
+            data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world
+        )
+        i = -1
+        for i, batch in enumerate(batches):
+            if i < s.position:  # resuming mid-epoch: these batches were already trained on
+                continue
+            if s.pruned or s.step >= max_steps:
+                break
+            tick = time.perf_counter() if watchers else 0.0
+            if graph_net is not None:
+                graph_net.step = s.step + 1  # nodes see the number of the step they compute
+            lr = run.opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
+            loss, n = step(trainer, run, batch)
+            if step_sched is not None:
+                step_sched.step()
+            s.step += 1
+            s.position = i + 1
+            s.examples_seen += n
+            s.pending.append(loss)
+            if watchers:
+                _report_step(run, loss, lr, n, tick)
+            if val is not None and every and s.step % every == 0:
+                evaluate_into(trainer, run, val)
+            if ckpt_every and s.step % ckpt_every == 0:
+                save(trainer, run)
+        else:  # the epoch ran to its end
+            if i < 0:
+                raise ValueError(
+                    f"the training data yielded no batches in epoch {s.epoch}"
+                    + (f" for rank {run.rank} of {run.world}" if run.world > 1 else "")
+                    + "; pass a non-empty sequence of batches or a DataLoader (a generator"
+                    " is used up after one epoch)"
+                )
+            if run.sched is not None and step_sched is None:
+                run.sched.step()
+            record = evaluate_into(trainer, run, val) if val is not None and not every else None
+            s.flush(run.world)
+            notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}))
+            s.epoch, s.position = s.epoch + 1, 0
+            if trainer.checkpoint is not None:
+                save(trainer, run)
+            continue
+        break
+
+
+def _report_step(run: ActiveRun, loss: torch.Tensor, lr: Any, n: int, tick: float) -> None:
+    s, seconds = run.state, time.perf_counter() - tick
+    notify(run.watchers, StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds))
+    node_metrics = getattr(run.net, "metrics", None)
+    if node_metrics:
+        for node, values in node_metrics.items():
+            notify(run.watchers, Metrics(run.id, node, s.step, values))

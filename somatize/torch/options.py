@@ -1,0 +1,48 @@
+"""The Trainer's less common settings, as small frozen dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+__all__ = ["Options"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """The Trainer's less common settings.
+
+    Args:
+        device: where to train (default: where the model's parameters are; under
+            torchrun with CUDA, this rank's GPU).
+        precision: ``"32"``, or ``"bf16"`` for bfloat16 autocast.
+        clip_grad_norm: clip the gradients' total norm to this value before each step.
+        shuffle: permute a sequence of batches every epoch (seeded by ``(seed, epoch)``).
+        eval_every_steps: evaluate every N steps instead of at each epoch end.
+        monitor: the metric ``TrainResult.best`` tracks (and pruners without a ``metric``).
+        mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
+        progress: show a progress bar; None: when standard error is a terminal.
+        scheduler_every: step the LR scheduler every ``"step"`` or every ``"epoch"``.
+    """
+
+    device: str | torch.device | None = None
+    precision: Literal["32", "bf16"] = "32"
+    clip_grad_norm: float | None = None
+    shuffle: bool = True
+    eval_every_steps: int | None = None
+    monitor: str = "val_loss"
+    mode: Literal["min", "max"] = "min"
+    progress: bool | None = None
+    scheduler_every: Literal["step", "epoch"] = "step"
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("32", "bf16"):
+            raise ValueError(f"precision must be '32' or 'bf16', not {self.precision!r}")
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', not {self.mode!r}")
+        if self.scheduler_every not in ("step", "epoch"):
+            raise ValueError(
+                f"scheduler_every must be 'step' or 'epoch', not {self.scheduler_every!r}"
+            )

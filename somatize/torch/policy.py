@@ -1,0 +1,53 @@
+"""The Trainer's checkpoint policy: where to resume from, a fresh start, when and what to save."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CheckpointError
+from . import ddp
+from .checkpoint import capture
+
+if TYPE_CHECKING:
+    from .run import ActiveRun
+    from .trainer import Trainer
+
+__all__ = ["check_fresh", "resume_path", "save"]
+
+
+def resume_path(trainer: Trainer, resume: Any) -> Path | None:
+    """The checkpoint ``fit(resume=...)`` names (None: a fresh start)."""
+    if resume is None:
+        return None
+    if resume == "last":
+        if trainer.checkpoint is None:
+            raise CheckpointError(
+                "resume='last' needs checkpoint=Checkpointing(dir) to know where to look"
+            )
+        return trainer.checkpoint.last()
+    return Path(resume)
+
+
+def check_fresh(trainer: Trainer) -> None:
+    """Refuse to start afresh over an earlier run's checkpoints."""
+    ckpt = trainer.checkpoint
+    if ckpt is not None and (earlier := ckpt.last()) is not None:
+        raise CheckpointError(
+            f"{ckpt.path} already holds checkpoints of an earlier run (last: {earlier.name}); "
+            "continue it with fit(..., resume='last'), or checkpoint into an empty directory"
+        )
+
+
+def save(trainer: Trainer, run: ActiveRun) -> None:
+    """Checkpoint: rank 0 writes, every rank waits for it and records its path."""
+    ckpt = trainer.checkpoint
+    assert ckpt is not None
+    s = run.state
+    s.flush(run.world)
+    if run.rank == 0:
+        payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
+        ckpt.save(payload, s.step)
+    if run.world > 1:
+        ddp.barrier()
+    run.checkpoint = ckpt.file(s.step)
