@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from .run import ActiveRun
     from .trainer import Trainer
 
-__all__ = ["evaluate_into"]
+__all__ = ["evaluate_into", "rank_checkpoint"]
 
 
 def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[str, float]:
@@ -23,10 +23,13 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[
     record: dict[str, float] = {"step": s.step, "epoch": s.epoch, **values}
     s.metrics.append(record)
     monitor, mode = trainer.options.monitor, trainer.options.mode
-    if monitor in record:
-        v = record[monitor]
+    v = record.get(monitor)
+    if v is not None and v == v:  # NaN never ranks
         if s.best is None or (v < s.best if mode == "min" else v > s.best):
             s.best = v
+        keep = trainer.checkpoint.best if trainer.checkpoint is not None else 0
+        if keep:
+            run.due = rank_checkpoint(s.ranked, v, s.step, keep, mode)
     notify(run.watchers, Metrics(run.id, "", s.step, values))  # node '': the Trainer's own
     pruner = trainer.pruner
     if pruner is not None:
@@ -39,3 +42,18 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[
         pruner.report(record[name], s.step)
         s.pruned = bool(pruner.should_prune())
     return record
+
+
+def rank_checkpoint(
+    ranked: list[list[float]], value: float, step: int, keep: int, mode: str
+) -> bool:
+    """Enter ``[value, step]`` into the ``keep`` best (best first); whether it ranks.
+
+    Ties keep the earlier checkpoint ahead, as Lightning's ``ModelCheckpoint`` does.
+    """
+    ranked[:] = [r for r in ranked if r[1] != step]  # a step evaluated again counts once
+    sign = 1.0 if mode == "min" else -1.0
+    ranked.append([value, step])
+    ranked.sort(key=lambda r: (sign * r[0], r[1]))
+    del ranked[keep:]
+    return any(r[1] == step for r in ranked)

@@ -59,7 +59,7 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                 _report_step(run, loss, lr, n, tick)
             if val is not None and every and s.step % every == 0:
                 evaluate_into(trainer, run, val)
-            if ckpt_every and s.step % ckpt_every == 0:
+            if run.due or (ckpt_every and s.step % ckpt_every == 0):
                 save(trainer, run)
         else:  # the epoch ran to its end
             if i < 0:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from . import ddp
-from .checkpoint import capture
+from .checkpoint import RunState, capture, finite
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -45,9 +45,20 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     assert ckpt is not None
     s = run.state
     s.flush(run.world)
+    run.due = False
     if run.rank == 0:
+        if finite(run.net.state_dict()):
+            s.last_finite = s.step
         payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
-        ckpt.save(payload, s.step)
+        protect = [int(r[1]) for r in s.ranked]
+        if s.last_finite is not None:
+            protect.append(s.last_finite)
+        ckpt.save(payload, s.step, protect=protect, best=best_step(s))
     if run.world > 1:
         ddp.barrier()
     run.checkpoint = ckpt.file(s.step)
+
+
+def best_step(s: RunState) -> int | None:
+    """The step of the best checkpoint, or None when none is ranked."""
+    return int(s.ranked[0][1]) if s.ranked else None

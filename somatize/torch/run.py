@@ -33,3 +33,4 @@ class ActiveRun:
     watchers: list[Watcher] = field(default_factory=list)
     state: RunState = field(default_factory=RunState)
     checkpoint: Path | None = None  # the last checkpoint written, or resumed from
+    due: bool = False  # an evaluation ranked among the best: checkpoint it now

@@ -40,7 +40,7 @@ from .loop import train as train_loop
 from .metrics import evaluate
 from .module import GraphModule, module
 from .options import Options
-from .policy import check_fresh, resume_path, save
+from .policy import best_step, check_fresh, resume_path, save
 from .result import TrainResult
 from .run import ActiveRun
 
@@ -186,6 +186,12 @@ class Trainer:
             best=s.best,
             pruned=s.pruned,
             checkpoint=str(run.checkpoint) if run.checkpoint is not None else None,
+            best_checkpoint=(
+                str(self.checkpoint.file(b))
+                if self.checkpoint is not None and (b := best_step(s)) is not None
+                else None
+            ),
+            skipped=s.skipped,
             seconds=seconds,
             seed=self.seed,
         )
