@@ -34,7 +34,7 @@ from torch import nn
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp
-from .batches import loss_of, num_examples, split
+from .batches import loss_of, num_examples, split, to_device
 from .checkpoint import Checkpointing, load_checkpoint, restore
 from .loop import train as train_loop
 from .metrics import evaluate
@@ -54,7 +54,8 @@ class Trainer:
 
     Args:
         loss: ``loss(output, target) -> scalar``; None when the graph's output is the loss.
-        optimizer: a factory ``params -> torch.optim.Optimizer``.
+        optimizer: a factory ``params -> torch.optim.Optimizer``; ``fit`` needs it,
+            ``evaluate`` and ``predict`` do not.
         scheduler: a factory ``optimizer -> LR scheduler``, stepped per ``Options.scheduler_every``.
         epochs: passes over the training data (default 1, or unbounded with ``max_steps``).
         max_steps: stop after this many optimizer steps.
@@ -72,7 +73,7 @@ class Trainer:
         self,
         *,
         loss: Loss | None = None,
-        optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
         scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
         epochs: int | None = None,
         max_steps: int | None = None,
@@ -84,7 +85,7 @@ class Trainer:
         seed: int = 0,
         options: Options = Options(),  # frozen, so one shared default is safe
     ) -> None:
-        if not callable(optimizer):
+        if optimizer is not None and not callable(optimizer):
             raise TypeError(
                 "optimizer must be a factory over parameters, e.g. "
                 "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
@@ -134,6 +135,12 @@ class Trainer:
             CheckpointError: the checkpoint to resume from is missing, torn or foreign.
         """
         started = time.perf_counter()
+        if self.optimizer is None:
+            raise TypeError(
+                "fit() trains, so the Trainer needs an optimizer factory: "
+                "st.Trainer(..., optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)) "
+                "(evaluate() and predict() do without one)"
+            )
         if self.pruner is not None and val is None:
             raise ValueError(
                 "a pruner is asked after each evaluation, but fit() got no val= data; "
@@ -207,6 +214,7 @@ class Trainer:
         if any(t.device != device for t in tensors):  # .to() walks every module even when idle
             net.to(device)
         params = _trainable(net)
+        assert self.optimizer is not None  # fit() checked
         opt = self.optimizer(params)
         run = ActiveRun(
             id=run_id,
@@ -255,6 +263,30 @@ class Trainer:
         return self._evaluate(
             net, data, device, _autocast(self.options.precision, device), rank, world
         )
+
+    def predict(self, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
+        """The model's output for each batch of ``data``, in order, in eval mode, without grad.
+
+        A batch ``(x, y)`` (or ``{"x": ..., "y": ...}``) is predicted from ``x``; any other
+        batch is the input. The module's mode is restored afterwards.
+
+        Example:
+            >>> logits = torch.cat(trainer.predict(g, batches))  # doctest: +SKIP
+        """
+        net = _as_module(model)
+        device = next((p.device for p in net.parameters()), torch.device("cpu"))
+        autocast = _autocast(self.options.precision, device)
+        was_training, out = net.training, []
+        net.eval()
+        try:
+            with torch.no_grad():
+                for batch in data:
+                    x = to_device(split(batch)[0], device)
+                    with autocast():
+                        out.append(net(x))
+        finally:
+            net.train(was_training)
+        return out
 
     def _evaluate(
         self,
