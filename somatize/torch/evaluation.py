@@ -30,6 +30,14 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[
         keep = trainer.checkpoint.best if trainer.checkpoint is not None else 0
         if keep:
             run.due = rank_checkpoint(s.ranked, v, s.step, keep, mode)
+    if run.plateau:
+        if v is None:
+            raise KeyError(
+                f"ReduceLROnPlateau is stepped with Options(monitor={monitor!r}), which "
+                f"evaluation does not produce; evaluated: {', '.join(values)} "
+                "(set Options(monitor=...) to one of them)"
+            )
+        run.sched.step(v)
     notify(run.watchers, Metrics(run.id, "", s.step, values))  # node '': the Trainer's own
     pruner = trainer.pruner
     if pruner is not None:

@@ -95,9 +95,10 @@ class LightningGraph(L.LightningModule):
         loss: ``loss(output, target) -> scalar``; None when the graph's output is the loss.
         optimizer: a factory ``params -> torch.optim.Optimizer`` (given ``parameters(g)``:
             trainable, deduplicated, frozen nodes excluded).
-        scheduler: a factory ``optimizer -> LR scheduler``, stepped every optimizer step
-            like the somatize Trainer's default; or returning Lightning's
-            ``lr_scheduler`` dict (``{"scheduler": s, "interval": "epoch", ...}``).
+        scheduler: a factory ``optimizer -> LR scheduler``, stepped once per epoch as
+            Lightning steps a plain scheduler (a ``ReduceLROnPlateau`` with
+            ``monitor="val_loss"``); or returning Lightning's ``lr_scheduler`` dict
+            (``{"scheduler": s, "interval": "step", ...}``) to choose.
         metrics: name → ``fn(output, target)`` evaluated on validation and test data.
 
     Attributes:
@@ -233,9 +234,12 @@ class LightningGraph(L.LightningModule):
         if self._scheduler is None:
             return opt
         sched = self._scheduler(opt)
-        config = (
-            dict(sched) if isinstance(sched, Mapping) else {"scheduler": sched, "interval": "step"}
-        )
+        if isinstance(sched, Mapping):
+            config = dict(sched)
+        else:  # Lightning's default for a plain scheduler: once per epoch
+            config = {"scheduler": sched, "interval": "epoch"}
+            if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                config["monitor"] = "val_loss"
         return {"optimizer": opt, "lr_scheduler": config}
 
     # -- bookkeeping ----------------------------------------------------------------------
@@ -383,7 +387,7 @@ class Watch(L.Callback):
                 f"Watch takes watchers (objects with on_event(event)); got {', '.join(bad)}"
             )
         self.run_id = ""
-        self._started = self._tick = 0.0
+        self._started = self._tick = self._lr = 0.0
         self._on = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -399,6 +403,8 @@ class Watch(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._tick = time.perf_counter()
+        opt = trainer.optimizers[0] if trainer.optimizers else None
+        self._lr = float(opt.param_groups[0]["lr"]) if opt is not None else 0.0  # the step's rate
 
     def on_train_batch_end(
         self,
@@ -411,8 +417,7 @@ class Watch(L.Callback):
         if not self._on:
             return
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        opt = trainer.optimizers[0] if trainer.optimizers else None
-        lr = float(opt.param_groups[0]["lr"]) if opt is not None else 0.0
+        lr = self._lr
         step, epoch = trainer.global_step, trainer.current_epoch
         seconds = time.perf_counter() - self._tick
         n = num_examples(split(batch)[0])

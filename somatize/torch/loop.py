@@ -30,7 +30,9 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     graph_net = net if isinstance(net, GraphModule) else None
     epochs = trainer.epochs if trainer.epochs is not None else sys.maxsize
     max_steps = trainer.max_steps if trainer.max_steps is not None else sys.maxsize
-    step_sched = run.sched if trainer.options.scheduler_every == "step" else None
+    per_step = trainer.options.scheduler_every == "step"
+    sched = None if run.plateau else run.sched  # a plateau scheduler is stepped by evaluations
+    step_sched, epoch_sched = (sched, None) if per_step else (None, sched)
     every = trainer.options.eval_every_steps
     ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
     net.train()
@@ -69,9 +71,9 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                     + "; pass a non-empty sequence of batches or a DataLoader (a generator"
                     " is used up after one epoch)"
                 )
-            if run.sched is not None and step_sched is None:
-                run.sched.step()
             record = evaluate_into(trainer, run, val) if val is not None and not every else None
+            if epoch_sched is not None:  # after the epoch's evaluation, as torch documents
+                epoch_sched.step()
             s.flush(run.world)
             notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}))
             s.epoch, s.position = s.epoch + 1, 0

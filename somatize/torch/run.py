@@ -33,4 +33,5 @@ class ActiveRun:
     watchers: list[Watcher] = field(default_factory=list)
     state: RunState = field(default_factory=RunState)
     checkpoint: Path | None = None  # the last checkpoint written, or resumed from
+    plateau: bool = False  # the scheduler is stepped with the monitored metric (ReduceLROnPlateau)
     due: bool = False  # an evaluation ranked among the best: checkpoint it now

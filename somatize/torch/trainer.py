@@ -166,6 +166,11 @@ class Trainer:
         started: float,
     ) -> TrainResult:
         run = self._start(model, resume, run_id, rank, world)
+        if run.plateau and val is None:
+            raise ValueError(
+                "ReduceLROnPlateau is stepped with the monitored metric after each evaluation, "
+                "but fit() got no val= data; pass val=batches (and Options(monitor=...))"
+            )
         s = run.state
         n_train = _count_examples(train, world)
         try:
@@ -228,6 +233,7 @@ class Trainer:
             rank=rank,
             world=world,
         )
+        run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
         path = resume_path(self, resume)
         if path is not None:
             payload = load_checkpoint(path)

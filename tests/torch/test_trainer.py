@@ -465,3 +465,69 @@ def test_a_pruner_without_validation_data_is_an_error():
     trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, pruner=st.Patience(), options=quiet())
     with pytest.raises(ValueError, match="val="):
         trainer.fit(make_graph(), batches(1))
+
+
+# -- metric-driven schedulers ------------------------------------------------------------
+
+
+def test_reduce_lr_on_plateau_steps_with_the_monitored_metric_after_each_evaluation():
+    made = []
+    scores = iter([0.5, 0.4, 0.4, 0.4])
+
+    def sched(opt):
+        made.append(
+            torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=0)
+        )
+        return made[-1]
+
+    rec = Recorder()
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.8),
+        scheduler=sched,
+        epochs=4,
+        metrics={"score": lambda out, y: torch.tensor(next(scores))},
+        watchers=[rec],
+        options=quiet(monitor="val_score", mode="max"),
+    )
+    trainer.fit(make_graph(), batches(2), val=batches(1))
+    # epoch 1: 0.5 is the best so far; epoch 2: worse (patience 0) halves; then again twice
+    assert [e.lr for e in rec.of(StepEnd)] == pytest.approx([0.8] * 4 + [0.4] * 2 + [0.2] * 2)
+    assert made[0].optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_reduce_lr_on_plateau_needs_validation_data_and_a_known_metric():
+    def plateau(opt):
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+
+    trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, scheduler=plateau, options=quiet())
+    with pytest.raises(ValueError, match="ReduceLROnPlateau .* no val= data"):
+        trainer.fit(make_graph(), batches(1))
+    trainer = st.Trainer(
+        loss=F.cross_entropy, optimizer=sgd, scheduler=plateau, options=quiet(monitor="val_f1")
+    )
+    with pytest.raises(KeyError, match="monitor='val_f1'"):
+        trainer.fit(make_graph(), batches(1), val=batches(1))
+
+
+def test_a_per_epoch_scheduler_steps_after_the_epochs_evaluation():
+    seen = []
+
+    class Spy(torch.optim.lr_scheduler.StepLR):
+        def step(self, *a, **k):
+            seen.append("sched")
+            super().step(*a, **k)
+
+    def metric(out, y):
+        seen.append("eval")
+        return torch.tensor(0.0)
+
+    st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=sgd,
+        scheduler=lambda opt: Spy(opt, 1),
+        epochs=2,
+        metrics={"m": metric},
+        options=quiet(scheduler_every="epoch"),
+    ).fit(make_graph(), batches(1), val=batches(1))
+    assert seen[-4:] == ["eval", "sched", "eval", "sched"]
