@@ -17,6 +17,7 @@ Each leaf also subclasses the nearest built-in, so ``except TypeError`` or
     ├── KeeperError (OSError)                a keeper could not store or read an entry
     ├── TransportError (RuntimeError)        a slice could not be carried to its host or run there
     ├── CheckpointError (ValueError)         a checkpoint is missing, torn or not ours
+    ├── NonFiniteError (FloatingPointError)  a training step's loss is NaN or infinite
     ├── StateError (ValueError)              a state dict does not fit the graph
     ├── AggregationError (ValueError)        client updates cannot be combined
     └── MissingExtraError (ImportError)      an optional dependency is not installed
@@ -83,6 +84,10 @@ class TransportError(SomatizeError, RuntimeError):
 
 class CheckpointError(SomatizeError, ValueError):
     """A checkpoint is missing, truncated, corrupt or not written by somatize."""
+
+
+class NonFiniteError(SomatizeError, FloatingPointError):
+    """A training step's loss is NaN or infinite; the message names the step, epoch and batch."""
 
 
 class StateError(SomatizeError, ValueError):

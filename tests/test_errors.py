@@ -23,6 +23,7 @@ BUILTIN = {
     "TransportError": RuntimeError,
     "CheckpointError": ValueError,
     "StateError": ValueError,
+    "NonFiniteError": FloatingPointError,
     "AggregationError": ValueError,
     "MissingExtraError": ImportError,
     "CrossingError": TypeError,

@@ -50,7 +50,11 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             if graph_net is not None:
                 graph_net.step = s.step + 1  # nodes see the number of the step they compute
             lr = run.opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
-            loss, n = step(trainer, run, batch)
+            loss, n, stepped = step(trainer, run, batch, i)
+            if not stepped:  # a non-finite loss, skipped: no step taken, the batch consumed
+                s.skipped += 1
+                s.position = i + 1
+                continue
             if step_sched is not None:
                 step_sched.step()
             s.step += 1

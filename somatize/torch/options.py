@@ -25,6 +25,11 @@ class Options:
         mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
         progress: show a progress bar; None: when standard error is a terminal.
         scheduler_every: step the LR scheduler every ``"step"`` or every ``"epoch"``.
+        nonfinite: what a NaN or infinite loss does — ``"raise"`` a ``NonFiniteError``
+            naming the step, epoch and batch before the optimizer steps (so no non-finite
+            weights are ever checkpointed); ``"skip"`` the step (counted in
+            ``TrainResult.skipped``); ``"ignore"``: step anyway. ``"raise"`` and ``"skip"``
+            read the loss back every step (a device synchronisation on a GPU).
     """
 
     device: str | torch.device | None = None
@@ -36,12 +41,17 @@ class Options:
     mode: Literal["min", "max"] = "min"
     progress: bool | None = None
     scheduler_every: Literal["step", "epoch"] = "step"
+    nonfinite: Literal["raise", "skip", "ignore"] = "raise"
 
     def __post_init__(self) -> None:
         if self.precision not in ("32", "bf16"):
             raise ValueError(f"precision must be '32' or 'bf16', not {self.precision!r}")
         if self.mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', not {self.mode!r}")
+        if self.nonfinite not in ("raise", "skip", "ignore"):
+            raise ValueError(
+                f"nonfinite must be 'raise', 'skip' or 'ignore', not {self.nonfinite!r}"
+            )
         if self.scheduler_every not in ("step", "epoch"):
             raise ValueError(
                 f"scheduler_every must be 'step' or 'epoch', not {self.scheduler_every!r}"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from ..errors import NonFiniteError
+from . import ddp
 from .batches import chunk, num_examples, to_device
 
 if TYPE_CHECKING:
@@ -17,8 +20,15 @@ if TYPE_CHECKING:
 __all__ = ["step"]
 
 
-def step(trainer: Trainer, run: ActiveRun, batch: Any) -> tuple[torch.Tensor, int]:
-    """One optimizer step over a batch (in micro-batches); returns its loss and size."""
+def step(
+    trainer: Trainer, run: ActiveRun, batch: Any, index: int
+) -> tuple[torch.Tensor, int, bool]:
+    """One optimizer step over a batch (in micro-batches): its loss, size, and whether the
+    optimizer stepped (False: skipped for a non-finite loss).
+
+    Raises:
+        NonFiniteError: the loss is NaN or infinite under ``Options(nonfinite="raise")``.
+    """
     wrapped, opt, device, autocast = run.wrapped, run.opt, run.device, run.autocast
     x, y = trainer._split(batch)
     x, y = to_device(x, device), to_device(y, device)
@@ -45,7 +55,27 @@ def step(trainer: Trainer, run: ActiveRun, batch: Any) -> tuple[torch.Tensor, in
                     loss = trainer._loss(wrapped(xc), yc)
                 (loss * share).backward()
             total += loss.detach().float() * share
+    policy = trainer.options.nonfinite
+    if policy != "ignore" and not _finite(total, run.world):
+        if policy == "raise":
+            s = run.state
+            raise NonFiniteError(
+                f"the loss is {float(total)} at step {s.step + 1} (epoch {s.epoch}, batch "
+                f"{index} of the epoch); nothing was stepped or checkpointed with it. Look for "
+                "a too-high learning rate or bad data, clip gradients (Options(clip_grad_norm=...)),"
+                " or skip such steps with Options(nonfinite='skip')"
+            )
+        opt.zero_grad(set_to_none=True)
+        return total, n, False
     if trainer.options.clip_grad_norm is not None:
         nn.utils.clip_grad_norm_(run.params, trainer.options.clip_grad_norm)
     opt.step()
-    return total, n
+    return total, n, True
+
+
+def _finite(loss: torch.Tensor, world: int) -> bool:
+    """Whether the loss is finite (on every rank: they all skip, or none does)."""
+    if world == 1:
+        return math.isfinite(loss.item())
+    bad = torch.tensor(0.0 if math.isfinite(loss.item()) else 1.0, device=loss.device)
+    return float(ddp.total(bad)) == 0.0
