@@ -36,6 +36,7 @@ from ..errors import CheckpointError, require
 from ..graph import Graph
 from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
 from .batches import loss_of, num_examples, split
+from .metrics import is_metric
 from .module import GraphModule, module, parameters
 from .result import TrainResult
 
@@ -199,7 +200,9 @@ class LightningGraph(L.LightningModule):
         n = num_examples(x)
         out = self.net(x)
         values: dict[str, Any] = {"loss": self._loss_of(out, y)} if self._loss is not None else {}
-        values.update({name: fn(out, y) for name, fn in self._metrics.items()})
+        values.update({name: fn(out, y) for name, fn in self._metrics.items() if not is_metric(fn)})
+        for m in self._metric_objects():
+            m.update(out, y)
         sums = self._sums.setdefault(prefix, [0.0] * (len(values) + 1))
         how: dict[str, Any] = {
             "on_step": False,
@@ -264,23 +267,52 @@ class LightningGraph(L.LightningModule):
         self.seconds = time.perf_counter() - self._started
         _ = self.losses  # flush
 
+    def _metric_objects(self) -> list[Any]:
+        return [m for m in self._metrics.values() if is_metric(m)]
+
+    def _reset_metric_objects(self) -> None:
+        for m in self._metric_objects():
+            m.reset()
+            if isinstance(m, nn.Module):
+                m.to(self.device)
+
+    def _compute_metric_objects(self, prefix: str) -> dict[str, float]:
+        """Each metric object over the whole evaluation, logged as ``<prefix><name>``."""
+        out = {}
+        m: Any
+        for name, m in self._metrics.items():
+            if is_metric(m):
+                out[name] = float(m.compute())  # torchmetrics reduces over ranks itself
+                self.log(f"{prefix}{name}", out[name], prog_bar=False)
+                m.reset()
+        return out
+
     def on_validation_epoch_start(self) -> None:
         self._sums.pop("val_", None)
+        self._reset_metric_objects()
 
     def on_validation_epoch_end(self) -> None:
         sums = self._sums.pop("val_", None)
+        computed = self._compute_metric_objects("val_")
         if self.trainer.sanity_checking or not sums:
             return
         total = torch.tensor(sums, dtype=torch.float64)
         if self.trainer.world_size > 1:
             total = self.trainer.strategy.reduce(total.to(self.device), reduce_op="sum").cpu()
-        names = (["loss"] if self._loss is not None else []) + list(self._metrics)
+        names = (["loss"] if self._loss is not None else []) + [
+            k for k, f in self._metrics.items() if not is_metric(f)
+        ]
         record: dict[str, float] = {"step": self.global_step, "epoch": self.current_epoch}
         record.update({f"val_{k}": float(total[j] / total[-1]) for j, k in enumerate(names)})
+        record.update({f"val_{k}": v for k, v in computed.items()})
         self.history.append(record)
 
     def on_test_epoch_start(self) -> None:
         self._sums.pop("test_", None)
+        self._reset_metric_objects()
+
+    def on_test_epoch_end(self) -> None:
+        self._compute_metric_objects("test_")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["somatize"] = {

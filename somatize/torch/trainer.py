@@ -37,7 +37,7 @@ from . import ddp
 from .batches import loss_of, num_examples, split, to_device
 from .checkpoint import Checkpointing, load_checkpoint, restore
 from .loop import train as train_loop
-from .metrics import evaluate
+from .metrics import Metric, evaluate
 from .module import GraphModule, module
 from .options import Options
 from .policy import best_step, check_fresh, resume_path, save
@@ -61,7 +61,9 @@ class Trainer:
         max_steps: stop after this many optimizer steps.
         micro_batches: split each batch into this many chunks (``torch.chunk``) and
             accumulate; the gradient equals the full batch's for a mean-reduced loss.
-        metrics: name → ``fn(output, target)`` evaluated on ``val`` (logged as ``val_<name>``).
+        metrics: name → ``fn(output, target)`` (a batch mean, averaged over examples) or a
+            metric object with ``reset``/``update``/``compute`` (a ``torchmetrics.Metric``),
+            evaluated on ``val`` and logged as ``val_<name>``.
         checkpoint: a ``Checkpointing`` (directory, frequency, how many to keep).
         watchers: told of every step, epoch and node metric (``TensorBoard``, ``Progress``...).
         pruner: asked after each evaluation (``Patience``, ``Threshold``, an Optuna ``Trial``).
@@ -78,7 +80,7 @@ class Trainer:
         epochs: int | None = None,
         max_steps: int | None = None,
         micro_batches: int = 1,
-        metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
+        metrics: Mapping[str, Callable[[Any, Any], Any] | Metric] | None = None,
         checkpoint: Checkpointing | None = None,
         watchers: Iterable[Watcher] = (),
         pruner: Any = None,

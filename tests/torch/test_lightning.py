@@ -524,3 +524,24 @@ def test_the_recipe_runs(tmp_path):
     assert 0.5 < float(best.split()[-1]) <= 1.0  # digits: well above chance (0.1) after 2 epochs
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+def test_a_metric_object_is_computed_over_the_whole_validation_set(tmp_path):
+    torchmetrics = pytest.importorskip("torchmetrics")
+    f1 = torchmetrics.classification.MulticlassF1Score(num_classes=3, average="macro")
+    g = _graph()
+    lg = LightningGraph(
+        g,
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        metrics={"f1": f1},
+    )
+    val = _loader(seed=1)
+    trainer = _trainer(tmp_path, max_epochs=1)
+    trainer.fit(lg, _loader(), val)
+    ref = torchmetrics.classification.MulticlassF1Score(num_classes=3, average="macro")
+    with torch.no_grad():
+        for x, y in val:
+            ref.update(st.module(g)(x), y)
+    assert lg.history[-1]["val_f1"] == pytest.approx(float(ref.compute()))
+    assert float(trainer.callback_metrics["val_f1"]) == pytest.approx(float(ref.compute()))
