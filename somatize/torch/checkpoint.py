@@ -37,8 +37,10 @@ __all__ = [
     "finite",
     "load_checkpoint",
     "restore",
+    "restore_scaler",
     "rng_state",
     "rotate",
+    "scaler_state",
     "set_rng_state",
 ]
 
@@ -292,6 +294,28 @@ def restore(
     if loader is not None and payload["pruner"] is not None:
         loader(payload["pruner"])
     set_rng_state(payload["rng"])
+
+
+def scaler_state(scaler: Any) -> dict[str, Any] | None:
+    """A gradient scaler's state (scale, growth tracker...) for a checkpoint; None without one."""
+    return dict(scaler.state_dict()) if scaler is not None else None
+
+
+def restore_scaler(payload: dict[str, Any], scaler: Any) -> None:
+    """Put a gradient scaler back as ``scaler_state`` found it.
+
+    Raises:
+        CheckpointError: the run uses a scaler (fp16) and the checkpoint holds none.
+    """
+    if scaler is None:
+        return
+    state = payload.get("scaler")
+    if state is None:
+        raise CheckpointError(
+            "this run trains in fp16 with a gradient scaler, but the checkpoint was written "
+            "without one (another precision); resume with the precision it was written with"
+        )
+    scaler.load_state_dict(state)
 
 
 def rng_state() -> dict[str, Any]:

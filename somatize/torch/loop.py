@@ -14,7 +14,7 @@ from .policy import save
 from .step import step
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
 
     import torch
 
@@ -34,6 +34,7 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     sched = None if run.plateau else run.sched  # a plateau scheduler is stepped by evaluations
     step_sched, epoch_sched = (sched, None) if per_step else (None, sched)
     every = trainer.options.eval_every_steps
+    accumulate = trainer.options.accumulate
     ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
     net.train()
     while s.epoch < epochs and not s.pruned and s.step < max_steps:
@@ -41,16 +42,14 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world
         )
         i = -1
-        for i, batch in enumerate(batches):
-            if i < s.position:  # resuming mid-epoch: these batches were already trained on
-                continue
+        for i, group in _groups(batches, s.position, accumulate):
             if s.pruned or s.step >= max_steps:
                 break
             tick = time.perf_counter() if watchers else 0.0
             if graph_net is not None:
                 graph_net.step = s.step + 1  # nodes see the number of the step they compute
             lr = run.opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
-            loss, n, stepped = step(trainer, run, batch, i)
+            loss, n, stepped = step(trainer, run, group, i)
             if not stepped:  # a non-finite loss, skipped: no step taken, the batch consumed
                 s.skipped += 1
                 s.position = i + 1
@@ -68,7 +67,7 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             if run.due or (ckpt_every and s.step % ckpt_every == 0):
                 save(trainer, run)
         else:  # the epoch ran to its end
-            if i < 0:
+            if i < 0 and s.position == 0:
                 raise ValueError(
                     f"the training data yielded no batches in epoch {s.epoch}"
                     + (f" for rank {run.rank} of {run.world}" if run.world > 1 else "")
@@ -85,6 +84,25 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                 save(trainer, run)
             continue
         break
+
+
+def _groups(batches: Iterator[Any], start: int, k: int) -> Iterator[tuple[int, list[Any]]]:
+    """(index of the last batch, the batches) of each optimizer step, from batch ``start``.
+
+    Groups of ``k`` batches counted from the epoch's first, so a resumed epoch (``start``
+    a multiple of ``k``) groups as the uninterrupted one did; the last may be smaller.
+    """
+    group: list[Any] = []
+    i = -1
+    for i, batch in enumerate(batches):
+        if i < start:  # resuming mid-epoch: these batches were already trained on
+            continue
+        group.append(batch)
+        if len(group) == k:
+            yield i, group
+            group = []
+    if group:
+        yield i, group
 
 
 def _report_step(run: ActiveRun, loss: torch.Tensor, lr: Any, n: int, tick: float) -> None:

@@ -7,7 +7,9 @@ from typing import Literal
 
 import torch
 
-__all__ = ["Options"]
+__all__ = ["PRECISIONS", "Options"]
+
+PRECISIONS = ("32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -17,7 +19,8 @@ class Options:
     Args:
         device: where to train (default: where the model's parameters are; under
             torchrun with CUDA, this rank's GPU).
-        precision: ``"32"``, or ``"bf16"`` for bfloat16 autocast.
+        precision: ``"32"``; ``"bf16"`` for bfloat16 autocast; ``"fp16"`` for float16
+            autocast with a gradient scaler (``torch.amp.GradScaler``, checkpointed).
         clip_grad_norm: clip the gradients' total norm to this value before each step.
         shuffle: permute a sequence of batches every epoch (seeded by ``(seed, epoch)``).
         eval_every_steps: evaluate every N steps instead of at each epoch end.
@@ -25,6 +28,9 @@ class Options:
         mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
         progress: show a progress bar; None: when standard error is a terminal.
         scheduler_every: step the LR scheduler every ``"step"`` or every ``"epoch"``.
+        accumulate: accumulate the gradients of this many batches into each optimizer
+            step — exactly one batch as large for a mean loss (each batch weighs by its
+            size); under DDP gradients are all-reduced once per step.
         nonfinite: what a NaN or infinite loss does — ``"raise"`` a ``NonFiniteError``
             naming the step, epoch and batch before the optimizer steps (so no non-finite
             weights are ever checkpointed); ``"skip"`` the step (counted in
@@ -33,7 +39,7 @@ class Options:
     """
 
     device: str | torch.device | None = None
-    precision: Literal["32", "bf16"] = "32"
+    precision: Literal["32", "bf16", "fp16"] = "32"
     clip_grad_norm: float | None = None
     shuffle: bool = True
     eval_every_steps: int | None = None
@@ -42,10 +48,20 @@ class Options:
     progress: bool | None = None
     scheduler_every: Literal["step", "epoch"] = "step"
     nonfinite: Literal["raise", "skip", "ignore"] = "raise"
+    accumulate: int = 1
 
     def __post_init__(self) -> None:
-        if self.precision not in ("32", "bf16"):
-            raise ValueError(f"precision must be '32' or 'bf16', not {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"precision must be one of {', '.join(map(repr, PRECISIONS))}, not "
+                f"{self.precision!r} (Lightning's '16-mixed' is 'fp16', 'bf16-mixed' is 'bf16')"
+            )
+        if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int):
+            raise TypeError(
+                f"accumulate must be an int (batches per step), not {self.accumulate!r}"
+            )
+        if self.accumulate < 1:
+            raise ValueError(f"accumulate must be at least 1, not {self.accumulate}")
         if self.mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', not {self.mode!r}")
         if self.nonfinite not in ("raise", "skip", "ignore"):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from . import ddp
-from .checkpoint import RunState, capture, finite
+from .checkpoint import RunState, capture, finite, scaler_state
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -50,6 +50,7 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         if finite(run.net.state_dict()):
             s.last_finite = s.step
         payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
+        payload["scaler"] = scaler_state(run.scaler)
         protect = [int(r[1]) for r in s.ranked]
         if s.last_finite is not None:
             protect.append(s.last_finite)

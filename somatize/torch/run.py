@@ -28,6 +28,7 @@ class ActiveRun:
     sched: Any
     device: torch.device
     autocast: Callable[[], Any]
+    scaler: Any  # a torch.amp.GradScaler under fp16, else None
     rank: int
     world: int
     watchers: list[Watcher] = field(default_factory=list)

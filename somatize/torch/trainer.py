@@ -35,7 +35,7 @@ from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp
 from .batches import loss_of, num_examples, split, to_device
-from .checkpoint import Checkpointing, load_checkpoint, restore
+from .checkpoint import Checkpointing, load_checkpoint, restore, restore_scaler
 from .loop import train as train_loop
 from .metrics import Metric, evaluate
 from .module import GraphModule, module
@@ -232,6 +232,7 @@ class Trainer:
             sched=self.scheduler(opt) if self.scheduler is not None else None,
             device=device,
             autocast=_autocast(self.options.precision, device),
+            scaler=torch.amp.GradScaler(device.type) if self.options.precision == "fp16" else None,
             rank=rank,
             world=world,
         )
@@ -240,6 +241,7 @@ class Trainer:
         if path is not None:
             payload = load_checkpoint(path)
             restore(payload, run.state, net, opt, run.sched, self.pruner, self.seed)
+            restore_scaler(payload, run.scaler)
             run.checkpoint = path
         else:
             check_fresh(self)
@@ -369,8 +371,9 @@ def _seed_everything(seed: int) -> None:
 
 
 def _autocast(precision: str, device: torch.device) -> Callable[[], Any]:
-    if precision == "bf16":
-        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if precision in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        return lambda: torch.autocast(device_type=device.type, dtype=dtype)
     return contextlib.nullcontext
 
 
