@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -28,6 +29,10 @@ class Options:
         mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
         progress: show a progress bar; None: when standard error is a terminal.
         scheduler_every: step the LR scheduler every ``"step"`` or every ``"epoch"``.
+        compile: train through ``torch.compile`` — True, or its keyword arguments
+            (``{"fullgraph": True, "mode": "max-autotune"}``). Nodes still see each step's
+            number as ``ctx.step``, without a recompile per step. A module the caller
+            compiled (``torch.compile(module(g))`` or ``module(g).compile()``) gets the same.
         accumulate: accumulate the gradients of this many batches into each optimizer
             step — exactly one batch as large for a mean loss (each batch weighs by its
             size); under DDP gradients are all-reduced once per step.
@@ -49,12 +54,18 @@ class Options:
     scheduler_every: Literal["step", "epoch"] = "step"
     nonfinite: Literal["raise", "skip", "ignore"] = "raise"
     accumulate: int = 1
+    compile: bool | Mapping[str, Any] = False
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(
                 f"precision must be one of {', '.join(map(repr, PRECISIONS))}, not "
                 f"{self.precision!r} (Lightning's '16-mixed' is 'fp16', 'bf16-mixed' is 'bf16')"
+            )
+        if not isinstance(self.compile, (bool, Mapping)):
+            raise TypeError(
+                f"compile must be True, False or torch.compile's keyword arguments, not "
+                f"{self.compile!r}"
             )
         if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int):
             raise TypeError(

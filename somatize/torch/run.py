@@ -35,4 +35,5 @@ class ActiveRun:
     state: RunState = field(default_factory=RunState)
     checkpoint: Path | None = None  # the last checkpoint written, or resumed from
     plateau: bool = False  # the scheduler is stepped with the monitored metric (ReduceLROnPlateau)
+    compiled: bool = False  # trained through torch.compile
     due: bool = False  # an evaluation ranked among the best: checkpoint it now

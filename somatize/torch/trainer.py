@@ -177,7 +177,8 @@ class Trainer:
         n_train = _count_examples(train, world)
         try:
             notify(run.watchers, FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step))
-            train_loop(self, run, train, val)
+            with _dynamic_step() if run.compiled else contextlib.nullcontext():
+                train_loop(self, run, train, val)
             s.flush(world)
             if (
                 self.checkpoint is not None
@@ -214,7 +215,7 @@ class Trainer:
         self, model: Graph | nn.Module, resume: Any, run_id: str, rank: int, world: int
     ) -> ActiveRun:
         """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh."""
-        net = _as_module(model)
+        net, compiled = _as_module(model), _compiled(model)
         default = next((p.device for p in net.parameters()), torch.device("cpu"))
         device = ddp.device(self.options.device, world, default)
         tensors = itertools.chain(net.parameters(), net.buffers())
@@ -226,7 +227,7 @@ class Trainer:
         run = ActiveRun(
             id=run_id,
             net=net,
-            wrapped=ddp.wrap(net, device) if world > 1 else net,
+            wrapped=_wrap(net, compiled, device, world, self.options.compile),
             params=params,
             opt=opt,
             sched=self.scheduler(opt) if self.scheduler is not None else None,
@@ -236,6 +237,7 @@ class Trainer:
             rank=rank,
             world=world,
         )
+        run.compiled = bool(self.options.compile) or compiled is not None
         run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
         path = resume_path(self, resume)
         if path is not None:
@@ -337,8 +339,39 @@ def _as_module(model: Graph | nn.Module) -> nn.Module:
     if isinstance(model, Graph):
         return module(model)
     if isinstance(model, nn.Module):
-        return model
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper: train what it wraps
+        return inner if isinstance(inner, nn.Module) else model
     raise TypeError(f"Trainer.fit takes a Graph or an nn.Module, got {type(model).__qualname__}")
+
+
+def _compiled(model: Any) -> nn.Module | None:
+    """The ``torch.compile`` wrapper the caller passed (an ``OptimizedModule``), else None;
+    a module compiled in place (``m.compile()``) is itself."""
+    if isinstance(model, nn.Module):
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            return model
+        if getattr(model, "_compiled_call_impl", None) is not None:
+            return model
+    return None
+
+
+def _wrap(
+    net: nn.Module, compiled: nn.Module | None, device: torch.device, world: int, how: Any
+) -> nn.Module:
+    """What training calls: DDP under torchrun, the caller's compiled module, compiled here."""
+    wrapped = ddp.wrap(net, device) if world > 1 else (compiled if compiled is not None else net)
+    if how:
+        wrapped = torch.compile(wrapped, **(dict(how) if how is not True else {}))  # type: ignore[assignment]
+    return wrapped
+
+
+def _dynamic_step() -> Any:
+    """Let torch.compile treat ``GraphModule.step`` (an int attribute that changes every step)
+    as dynamic: one recompile at the second step, none after — instead of one per step until
+    the recompile limit fails the run."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
 
 
 def _trainable(net: nn.Module) -> list[nn.Parameter]:
