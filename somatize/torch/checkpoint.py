@@ -37,6 +37,7 @@ __all__ = [
     "finite",
     "load_checkpoint",
     "restore",
+    "restore_rank_rng",
     "restore_scaler",
     "rng_state",
     "rotate",
@@ -316,6 +317,14 @@ def restore_scaler(payload: dict[str, Any], scaler: Any) -> None:
             "without one (another precision); resume with the precision it was written with"
         )
     scaler.load_state_dict(state)
+
+
+def restore_rank_rng(payload: dict[str, Any], rank: int, world: int) -> None:
+    """Under DDP, put this rank's own RNG states back (a checkpoint holds every rank's as
+    ``rngs``; ``rng`` is rank 0's, which a checkpoint of another world size falls back to)."""
+    rngs = payload.get("rngs")
+    if world > 1 and rngs is not None and len(rngs) == world:
+        set_rng_state(rngs[rank])
 
 
 def rng_state() -> dict[str, Any]:

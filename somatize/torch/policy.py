@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from . import ddp
-from .checkpoint import RunState, capture, finite, scaler_state
+from .checkpoint import RunState, capture, finite, rng_state, scaler_state
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -46,11 +46,14 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     s = run.state
     s.flush(run.world)
     run.due = False
+    rngs = ddp.gather(rng_state()) if run.world > 1 else None  # every rank's, for its resume
     if run.rank == 0:
         if finite(run.net.state_dict()):
             s.last_finite = s.step
         payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
         payload["scaler"] = scaler_state(run.scaler)
+        if rngs is not None:
+            payload["rngs"] = rngs
         protect = [int(r[1]) for r in s.ranked]
         if s.last_finite is not None:
             protect.append(s.last_finite)

@@ -35,7 +35,13 @@ from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp
 from .batches import loss_of, num_examples, split, to_device
-from .checkpoint import Checkpointing, load_checkpoint, restore, restore_scaler
+from .checkpoint import (
+    Checkpointing,
+    load_checkpoint,
+    restore,
+    restore_rank_rng,
+    restore_scaler,
+)
 from .loop import train as train_loop
 from .metrics import Metric, evaluate
 from .module import GraphModule, module
@@ -167,6 +173,7 @@ class Trainer:
         world: int,
         started: float,
     ) -> TrainResult:
+        train = ddp.shard(train, rank, world, self.seed)  # each rank reads only its share
         run = self._start(model, resume, run_id, rank, world)
         if run.plateau and val is None:
             raise ValueError(
@@ -244,6 +251,7 @@ class Trainer:
             payload = load_checkpoint(path)
             restore(payload, run.state, net, opt, run.sched, self.pruner, self.seed)
             restore_scaler(payload, run.scaler)
+            restore_rank_rng(payload, rank, world)
             run.checkpoint = path
         else:
             check_fresh(self)
