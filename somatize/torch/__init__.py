@@ -5,6 +5,7 @@ lightning, tensorboard or dask: those load where they are used.
 """
 
 from .campaign import Summary, executor, summarize
+from .carry import Carry
 from .checkpoint import Checkpointing, load_checkpoint
 from .codecs import NdarrayCodec, TensorCodec
 from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
@@ -18,6 +19,7 @@ from .trainer import Options, Trainer
 
 __all__ = [
     "Aggregate",
+    "Carry",
     "Checkpointing",
     "GraphModule",
     "NdarrayCodec",

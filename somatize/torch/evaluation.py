@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..watchers import Metrics, notify
+from .carry import reset
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -18,7 +19,11 @@ __all__ = ["evaluate_into", "rank_checkpoint"]
 def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[str, float]:
     """Evaluate, record, tell the watchers, and ask the pruner."""
     s = run.state
+    kept = [c.value for c in run.carries]  # training's carried state, given back afterwards
+    reset(run.carries)
     evaluated = trainer._evaluate(run.net, val, run.device, run.autocast, run.rank, run.world)
+    for c, value in zip(run.carries, kept):
+        c.value = value
     values = {f"val_{k}": v for k, v in evaluated.items()}
     record: dict[str, float] = {"step": s.step, "epoch": s.epoch, **values}
     s.metrics.append(record)

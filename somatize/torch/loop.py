@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..watchers import EpochEnd, Metrics, StepEnd, notify
 from .batches import epoch_batches
+from .carry import reset
 from .evaluation import evaluate_into
 from .module import GraphModule
 from .policy import save
@@ -41,6 +42,7 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
         batches = epoch_batches(
             data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world
         )
+        reset(run.carries)  # carried state starts afresh each epoch
         i = -1
         for i, group in _groups(batches, s.position, accumulate):
             if s.pruned or s.step >= max_steps:

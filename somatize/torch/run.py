@@ -35,5 +35,6 @@ class ActiveRun:
     state: RunState = field(default_factory=RunState)
     checkpoint: Path | None = None  # the last checkpoint written, or resumed from
     plateau: bool = False  # the scheduler is stepped with the monitored metric (ReduceLROnPlateau)
+    carries: list[Any] = field(default_factory=list)  # every Carry of the model
     compiled: bool = False  # trained through torch.compile
     due: bool = False  # an evaluation ranked among the best: checkpoint it now

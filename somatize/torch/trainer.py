@@ -35,6 +35,7 @@ from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp
 from .batches import loss_of, num_examples, split, to_device
+from .carry import carries, reset
 from .checkpoint import (
     Checkpointing,
     load_checkpoint,
@@ -244,6 +245,7 @@ class Trainer:
             rank=rank,
             world=world,
         )
+        run.carries = carries(net)
         run.compiled = bool(self.options.compile) or compiled is not None
         run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
         path = resume_path(self, resume)
@@ -278,6 +280,7 @@ class Trainer:
             {'loss': 0.31, 'acc': 0.92}
         """
         net = _as_module(model)
+        reset(carries(net))
         rank, world = ddp.rank_world()
         device = next((p.device for p in net.parameters()), torch.device("cpu"))
         return self._evaluate(
@@ -296,6 +299,7 @@ class Trainer:
         net = _as_module(model)
         device = next((p.device for p in net.parameters()), torch.device("cpu"))
         autocast = _autocast(self.options.precision, device)
+        reset(carries(net))  # carried state starts afresh, as for an evaluation
         was_training, out = net.training, []
         net.eval()
         try:
