@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterable, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +63,57 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     if run.world > 1:
         ddp.barrier()
     run.checkpoint = ckpt.file(s.step)
+
+
+_HORIZONS = ("total_steps", "T_max", "total_iters")  # OneCycleLR, CosineAnnealingLR, LinearLR...
+
+
+def horizon(sched: Any) -> dict[str, int]:
+    """The length a scheduler was built for (its ``total_steps``, ``T_max``, ``total_iters``)."""
+    return {k: v for k in _HORIZONS if isinstance(v := getattr(sched, k, None), int)}
+
+
+def check_extension(
+    trainer: Trainer, run: ActiveRun, path: Path, fresh: dict[str, int], train: Iterable[Any]
+) -> None:
+    """Warn when a resumed run cannot go on as asked: stopped early by its pruner, or a
+    restored scheduler built for fewer steps than this run plans."""
+    s = run.state
+    if s.pruned:
+        warnings.warn(
+            f"the run resumed from {path} was stopped early by its pruner at step {s.step} "
+            f"(epoch {s.epoch}); nothing more is trained. To train further, resume from a "
+            "checkpoint before it stopped, or start a fresh run in another directory",
+            UserWarning,
+            stacklevel=4,
+        )
+        return
+    restored = horizon(run.sched)
+    planned = _planned(trainer, train, run.world)
+    for key, built in restored.items():
+        wanted = max(fresh.get(key, 0), planned or 0)
+        if built < wanted:
+            warnings.warn(
+                f"the {type(run.sched).__name__} restored from {path} was built for "
+                f"{key}={built}, but this run plans {wanted}; the checkpoint's schedule is "
+                "kept (it may end, or raise, before the run does). Resume into a run of the "
+                "same length, or start a fresh one for the longer schedule",
+                UserWarning,
+                stacklevel=4,
+            )
+
+
+def _planned(trainer: Trainer, train: Iterable[Any], world: int) -> int | None:
+    """Scheduler steps this run plans in all (None when the data cannot say)."""
+    if trainer.options.scheduler_every == "epoch":
+        return trainer.epochs
+    if trainer.max_steps is not None:
+        return trainer.max_steps
+    size = len(train) if isinstance(train, Sized) else None
+    if size is None or trainer.epochs is None:
+        return None
+    per_epoch = -(-(size // world if world > 1 else size) // trainer.options.accumulate)
+    return per_epoch * trainer.epochs
 
 
 def best_step(s: RunState) -> int | None:

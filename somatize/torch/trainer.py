@@ -47,7 +47,7 @@ from .loop import train as train_loop
 from .metrics import Metric, evaluate
 from .module import GraphModule, module
 from .options import Options
-from .policy import best_step, check_fresh, resume_path, save
+from .policy import best_step, check_extension, check_fresh, horizon, resume_path, save
 from .result import TrainResult
 from .run import ActiveRun
 
@@ -175,7 +175,7 @@ class Trainer:
         started: float,
     ) -> TrainResult:
         train = ddp.shard(train, rank, world, self.seed)  # each rank reads only its share
-        run = self._start(model, resume, run_id, rank, world)
+        run = self._start(model, resume, run_id, rank, world, train)
         if run.plateau and val is None:
             raise ValueError(
                 "ReduceLROnPlateau is stepped with the monitored metric after each evaluation, "
@@ -220,7 +220,13 @@ class Trainer:
         )
 
     def _start(
-        self, model: Graph | nn.Module, resume: Any, run_id: str, rank: int, world: int
+        self,
+        model: Graph | nn.Module,
+        resume: Any,
+        run_id: str,
+        rank: int,
+        world: int,
+        train: Iterable[Any],
     ) -> ActiveRun:
         """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh."""
         net, compiled = _as_module(model), _compiled(model)
@@ -251,7 +257,9 @@ class Trainer:
         path = resume_path(self, resume)
         if path is not None:
             payload = load_checkpoint(path)
+            fresh = horizon(run.sched)
             restore(payload, run.state, net, opt, run.sched, self.pruner, self.seed)
+            check_extension(self, run, path, fresh, train)
             restore_scaler(payload, run.scaler)
             restore_rank_rng(payload, rank, world)
             run.checkpoint = path
