@@ -8,6 +8,7 @@ from .campaign import Summary, executor, summarize
 from .carry import Carry
 from .checkpoint import Checkpointing, load_checkpoint
 from .codecs import NdarrayCodec, TensorCodec
+from .csvlog import CSVLog
 from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
 from .metrics import accuracy
 from .module import GraphModule, load_state, module, parameters, state
@@ -19,6 +20,7 @@ from .trainer import Options, Trainer
 
 __all__ = [
     "Aggregate",
+    "CSVLog",
     "Carry",
     "Checkpointing",
     "GraphModule",

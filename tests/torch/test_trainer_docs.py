@@ -37,3 +37,4 @@ def test_the_trainer_docs_examples_run(tmp_path, monkeypatch, capsys):
     assert "done: 20 steps" in out.err  # the progress line
     assert (tmp_path / "runs" / "example" / "run.jsonl").exists()
     assert any((tmp_path / "runs" / "example" / "tb").iterdir())
+    assert (tmp_path / "runs" / "example" / "log.csv").read_text().startswith("kind,step,epoch")
