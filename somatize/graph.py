@@ -18,7 +18,7 @@ from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
 from .keepers import MemoryKeeper
 from .memory import Memory, NodeKeys
-from .node import _NO_VALUES, Ctx, Done, Node, Run
+from .node import _NO_VALUES, Ctx, Done, Node, Run, check_forward
 from .placement import Placement
 from .plan import Plan, compile
 from .topology import Topology
@@ -111,6 +111,8 @@ class Graph:
                 f"node id {node_id!r} is already in the graph; choose another id"
             )
         Topology((node_id,))  # validates the id before anything changes
+        if isinstance(impl, Node):
+            check_forward(node_id, impl)
         self._impls[node_id] = impl
         if isinstance(impl, Graph):
             self._subs[node_id] = impl

@@ -24,6 +24,7 @@ BUILTIN = {
     "CheckpointError": ValueError,
     "StateError": ValueError,
     "NonFiniteError": FloatingPointError,
+    "SettingError": TypeError,  # and ValueError
     "AggregationError": ValueError,
     "MissingExtraError": ImportError,
     "CrossingError": TypeError,

@@ -78,16 +78,13 @@ class Checkpointing:
     best: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
-            raise ValueError(f"Checkpointing keep must be an int of at least 1, not {self.keep!r}")
-        if isinstance(self.best, bool) or not isinstance(self.best, int) or self.best < 0:
-            raise ValueError(
-                f"Checkpointing best must be an int of at least 0 (how many best checkpoints "
-                f"to keep), not {self.best!r}"
-            )
-        if self.every_steps is not None and self.every_steps < 1:
-            raise ValueError(
-                f"Checkpointing every_steps must be at least 1, not {self.every_steps}"
+        from .settings import count
+
+        count("Checkpointing keep", self.keep, hint="it is how many recent checkpoints stay")
+        count("Checkpointing best", self.best, 0, hint="it is how many best checkpoints stay")
+        if self.every_steps is not None:
+            count(
+                "Checkpointing every_steps", self.every_steps, hint="pass None for epoch ends only"
             )
 
     @property

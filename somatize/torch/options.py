@@ -8,6 +8,9 @@ from typing import Any, Literal
 
 import torch
 
+from ..errors import SettingError
+from .settings import choice, count, positive
+
 __all__ = ["PRECISIONS", "Options"]
 
 PRECISIONS = ("32", "bf16", "fp16")
@@ -57,29 +60,49 @@ class Options:
     compile: bool | Mapping[str, Any] = False
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(
-                f"precision must be one of {', '.join(map(repr, PRECISIONS))}, not "
-                f"{self.precision!r} (Lightning's '16-mixed' is 'fp16', 'bf16-mixed' is 'bf16')"
-            )
+        choice(
+            "precision",
+            self.precision,
+            PRECISIONS,
+            "Lightning's '16-mixed' is 'fp16', its 'bf16-mixed' is 'bf16'",
+        )
         if not isinstance(self.compile, (bool, Mapping)):
-            raise TypeError(
+            raise SettingError(
                 f"compile must be True, False or torch.compile's keyword arguments, not "
                 f"{self.compile!r}"
             )
-        if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int):
-            raise TypeError(
-                f"accumulate must be an int (batches per step), not {self.accumulate!r}"
+        count("accumulate", self.accumulate, hint="it is how many batches make one step")
+        choice("mode", self.mode, ("min", "max"))
+        choice("nonfinite", self.nonfinite, ("raise", "skip", "ignore"))
+        choice("scheduler_every", self.scheduler_every, ("step", "epoch"))
+        if self.clip_grad_norm is not None:
+            positive(
+                "Options clip_grad_norm",
+                self.clip_grad_norm,
+                "it is the largest total gradient norm kept (a value <= 0 would flip or zero "
+                "the update); pass None not to clip",
             )
-        if self.accumulate < 1:
-            raise ValueError(f"accumulate must be at least 1, not {self.accumulate}")
-        if self.mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', not {self.mode!r}")
-        if self.nonfinite not in ("raise", "skip", "ignore"):
-            raise ValueError(
-                f"nonfinite must be 'raise', 'skip' or 'ignore', not {self.nonfinite!r}"
+        if self.eval_every_steps is not None:
+            count(
+                "Options eval_every_steps",
+                self.eval_every_steps,
+                hint="pass None to evaluate at each epoch end",
             )
-        if self.scheduler_every not in ("step", "epoch"):
-            raise ValueError(
-                f"scheduler_every must be 'step' or 'epoch', not {self.scheduler_every!r}"
-            )
+        if self.device is not None:
+            _check_device(self.device)
+
+
+def _check_device(device: Any) -> None:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise SettingError(
+            f"device {device!r} is not a torch device ({e}); pass 'cpu', 'cuda', 'cuda:1', "
+            "'mps' or a torch.device"
+        ) from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SettingError(
+            f"device {device!r} asks for CUDA, which this machine's torch does not have "
+            f"(torch {torch.__version__}, CUDA available: False); pass device='cpu', or None "
+            "to train where the model is"
+        )

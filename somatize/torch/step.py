@@ -14,6 +14,7 @@ from torch import nn
 from ..errors import NonFiniteError
 from . import ddp
 from .batches import chunk, num_examples, to_device
+from .settings import check_batch
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -49,6 +50,8 @@ def step(
     k = trainer.micro_batches
     if k == 1 and len(group) == 1:  # the common case, without bookkeeping
         x, y = trainer._split(group[0])
+        if type(x) is not torch.Tensor:
+            check_batch(x, group[0])
         x, y = to_device(x, device), to_device(y, device)
         n = num_examples(x)
         if autocast is contextlib.nullcontext:  # full precision: no context to enter
@@ -62,6 +65,8 @@ def step(
         parts: list[tuple[Any, Any]] = []
         for batch in group:
             x, y = trainer._split(batch)
+            if type(x) is not torch.Tensor:
+                check_batch(x, batch)
             x, y = to_device(x, device), to_device(y, device)
             xs = chunk(x, k) if k > 1 else [x]
             ys = (chunk(y, k) if k > 1 else [y]) if y is not None else [None] * len(xs)

@@ -50,6 +50,7 @@ from .options import Options
 from .policy import best_step, check_extension, check_fresh, horizon, resume_path, save
 from .result import TrainResult
 from .run import ActiveRun
+from .settings import check_arguments, check_optimizer, check_scheduler
 
 __all__ = ["Options", "Trainer"]
 
@@ -94,23 +95,9 @@ class Trainer:
         seed: int = 0,
         options: Options = Options(),  # frozen, so one shared default is safe
     ) -> None:
-        if optimizer is not None and not callable(optimizer):
-            raise TypeError(
-                "optimizer must be a factory over parameters, e.g. "
-                "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
-            )
-        if micro_batches < 1:
-            raise ValueError(f"micro_batches must be at least 1, not {micro_batches}")
-        if epochs is not None and epochs < 1:
-            raise ValueError(f"epochs must be at least 1, not {epochs}")
-        if max_steps is not None and max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, not {max_steps}")
-        if pruner is not None and not (
-            hasattr(pruner, "report") and hasattr(pruner, "should_prune")
-        ):
-            raise TypeError(
-                "pruner must have report(value, step) and should_prune() (e.g. st.Patience)"
-            )
+        check_arguments(
+            optimizer, scheduler, epochs, max_steps, micro_batches, metrics, pruner, seed
+        )
         self.loss, self.optimizer, self.scheduler = loss, optimizer, scheduler
         self.epochs = epochs if epochs is not None else (None if max_steps else 1)
         self.max_steps, self.micro_batches = max_steps, micro_batches
@@ -238,13 +225,17 @@ class Trainer:
         params = _trainable(net)
         assert self.optimizer is not None  # fit() checked
         opt = self.optimizer(params)
+        check_optimizer(opt, params)
+        sched = self.scheduler(opt) if self.scheduler is not None else None
+        if self.scheduler is not None:
+            check_scheduler(sched)
         run = ActiveRun(
             id=run_id,
             net=net,
             wrapped=_wrap(net, compiled, device, world, self.options.compile),
             params=params,
             opt=opt,
-            sched=self.scheduler(opt) if self.scheduler is not None else None,
+            sched=sched,
             device=device,
             autocast=_autocast(self.options.precision, device),
             scaler=torch.amp.GradScaler(device.type) if self.options.precision == "fp16" else None,

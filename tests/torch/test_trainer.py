@@ -449,7 +449,9 @@ def test_bad_arguments_are_refused(kwargs, error, match):
 
 
 def test_bad_options_are_refused():
-    with pytest.raises(ValueError, match="precision must be one of '32', 'bf16', 'fp16'"):
+    with pytest.raises(
+        ValueError, match="precision must be one of '32', 'bf16', 'fp16', not '16-mixed'"
+    ):
         st.Options(precision="16-mixed")
     with pytest.raises(ValueError, match="scheduler_every"):
         st.Options(scheduler_every="batch")

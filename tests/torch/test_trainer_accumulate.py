@@ -61,5 +61,5 @@ def test_resume_with_accumulation_is_bitwise_identical(tmp_path):
 def test_bad_accumulate_is_refused():
     with pytest.raises(ValueError, match="accumulate must be at least 1"):
         st.Options(accumulate=0)
-    with pytest.raises(TypeError, match="accumulate must be an int"):
+    with pytest.raises(TypeError, match="accumulate must be a whole number, not 2.0"):
         st.Options(accumulate=2.0)

@@ -122,5 +122,5 @@ def test_rank_checkpoint_ties_keep_the_earlier():
 
 
 def test_bad_best_is_refused():
-    with pytest.raises(ValueError, match="best must be an int of at least 0"):
+    with pytest.raises(ValueError, match="Checkpointing best must be at least 0"):
         st.Checkpointing("x", best=-1)

@@ -90,5 +90,7 @@ def test_ignore_trains_on_and_rotation_keeps_the_last_finite_checkpoint(tmp_path
 
 
 def test_an_unknown_policy_is_refused():
-    with pytest.raises(ValueError, match="nonfinite must be 'raise', 'skip' or 'ignore'"):
+    with pytest.raises(
+        ValueError, match="nonfinite must be one of 'raise', 'skip', 'ignore', not 'warn'"
+    ):
         st.Options(nonfinite="warn")
