@@ -18,6 +18,8 @@ Each leaf also subclasses the nearest built-in, so ``except TypeError`` or
     ├── TransportError (RuntimeError)        a slice could not be carried to its host or run there
     │   └── WorkerLostError (also BrokenExecutor)  a worker died running a call, past its retries
     ├── CheckpointError (ValueError)         a checkpoint is missing, torn or not ours
+    ├── NonFiniteError (FloatingPointError)  a training step's loss is NaN or infinite
+    ├── SettingError (ValueError, TypeError) a Trainer setting or its input is wrong
     ├── StateError (ValueError)              a state dict does not fit the graph
     ├── AggregationError (ValueError)        client updates cannot be combined
     └── MissingExtraError (ImportError)      an optional dependency is not installed
@@ -91,6 +93,15 @@ class WorkerLostError(TransportError, BrokenExecutor):
 
 class CheckpointError(SomatizeError, ValueError):
     """A checkpoint is missing, truncated, corrupt or not written by somatize."""
+
+
+class NonFiniteError(SomatizeError, FloatingPointError):
+    """A training step's loss is NaN or infinite; the message names the step, epoch and batch."""
+
+
+class SettingError(SomatizeError, ValueError, TypeError):
+    """A Trainer setting (or what it was given to train on) is wrong; the message names the
+    value and the fix. Both a ``ValueError`` and a ``TypeError``, so either ``except`` works."""
 
 
 class StateError(SomatizeError, ValueError):

@@ -20,7 +20,7 @@ from .execute import Outcome, Program
 from .keepers import MemoryKeeper
 from .keepers.pins import PinLog, unpin
 from .memory import Memory, NodeKeys
-from .node import _NO_VALUES, Ctx, Done, Node, Run
+from .node import _NO_VALUES, Ctx, Done, Node, Run, check_forward
 from .placement import Placement
 from .plan import Plan, compile
 from .topology import Builder, Topology
@@ -115,6 +115,8 @@ class Graph:
             raise DuplicateNodeError(
                 f"node id {node_id!r} is already in the graph; choose another id"
             )
+        if isinstance(impl, Node):
+            check_forward(node_id, impl)
         self._shape.add_node(node_id)  # validates the id before anything changes
         self._impls[node_id] = impl
         if isinstance(impl, Graph):

@@ -86,6 +86,35 @@ class Ctx(NamedTuple):
         return self.run.values.get(name, default)
 
 
+_CHECKED: set[type] = set()  # node classes whose forward takes (x, ctx): checked once each
+
+
+def check_forward(node_id: str, impl: Any) -> None:
+    """Refuse a node whose ``forward`` cannot be called as ``forward(x, ctx)``.
+
+    Raises:
+        NodeError: ``forward`` takes fewer than two positional arguments (``ctx`` forgotten).
+    """
+    cls = type(impl)
+    if cls in _CHECKED:
+        return
+    import inspect
+
+    try:
+        params = inspect.signature(impl.forward).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read, let it run
+        _CHECKED.add(cls)
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in params):
+        names = ", ".join(["self", *(p.name for p in positional)])
+        raise NodeError(
+            f"node {node_id!r}: {cls.__qualname__}.forward({names}) takes no ctx, but every "
+            "node is called as forward(x, ctx); write def forward(self, x, ctx) (ctx may go unused)"
+        )
+    _CHECKED.add(cls)
+
+
 class Node:
     """Base class of user nodes: implement ``forward(self, x, ctx) -> Done``.
 

@@ -23,6 +23,8 @@ BUILTIN = {
     "TransportError": RuntimeError,
     "CheckpointError": ValueError,
     "StateError": ValueError,
+    "NonFiniteError": FloatingPointError,
+    "SettingError": TypeError,  # and ValueError
     "AggregationError": ValueError,
     "MissingExtraError": ImportError,
     "CrossingError": TypeError,

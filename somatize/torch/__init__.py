@@ -5,8 +5,10 @@ lightning, tensorboard or dask: those load where they are used.
 """
 
 from .campaign import Summary, executor, summarize
+from .carry import Carry
 from .checkpoint import Checkpointing, load_checkpoint
 from .codecs import NdarrayCodec, TensorCodec
+from .csvlog import CSVLog
 from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
 from .metrics import accuracy
 from .module import GraphModule, load_state, module, parameters, state
@@ -19,6 +21,8 @@ from .trainer import Options, Trainer
 
 __all__ = [
     "Aggregate",
+    "CSVLog",
+    "Carry",
     "Checkpointing",
     "GraphModule",
     "NdarrayCodec",

@@ -114,7 +114,9 @@ def epoch_batches(
         data: a sequence of batches, or an iterable such as a DataLoader.
         epoch, seed: seed the order (a sequence's permutation, a DataLoader's generators).
         shuffle: permute a sequence (a DataLoader shuffles per its own sampler).
-        rank, world: take every ``world``-th batch, starting at ``rank``.
+        rank, world: take every ``world``-th batch, starting at ``rank`` — unless the
+            DataLoader's sampler is a ``DistributedSampler`` (``ddp.shard`` gives a
+            loader one), which reads only this rank's share; it is ``set_epoch``-ed.
         even: give every rank the same number of batches (dropping at most
             ``world - 1``), as training needs — DDP waits on every rank each step.
     """
@@ -128,12 +130,15 @@ def epoch_batches(
     sampler = getattr(data, "sampler", None)
     if isinstance(sampler, torch.utils.data.RandomSampler):
         sampler.generator = gen
+    sharded = isinstance(sampler, torch.utils.data.distributed.DistributedSampler)
+    if sharded:
+        sampler.set_epoch(epoch)  # type: ignore[union-attr]  # a new permutation each epoch
     if isinstance(data, torch.utils.data.DataLoader):
         # iter() draws the workers' base seed from this generator, or else from the global
         # torch RNG, which would then differ between a resumed run and an uninterrupted one
         data.generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch + 500_009)
     it: Iterator[Any] = iter(data)
-    if world > 1:
+    if world > 1 and not sharded:  # no sampler to shard by: every rank reads, keeps its share
         size = len(data) if isinstance(data, Sized) else None
         limit = size - size % world if size is not None and even else None
         it = (b for i, b in enumerate(it) if i % world == rank and (limit is None or i < limit))

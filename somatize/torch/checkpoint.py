@@ -21,6 +21,7 @@ import random
 import re
 import warnings
 import zipfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,41 +36,57 @@ __all__ = [
     "Checkpointing",
     "RunState",
     "capture",
+    "finite",
     "load_checkpoint",
     "restore",
+    "restore_rank_rng",
+    "restore_scaler",
     "rng_state",
+    "rotate",
+    "scaler_state",
     "set_rng_state",
 ]
 
 _FILE = re.compile(r"^step-(\d{9})\.ckpt$")
-_TEMP = re.compile(r"^\.(step-\d{9}\.ckpt|last)\..*\.tmp$")  # atomic_write's temp names
+_TEMP = re.compile(r"^\.(step-\d{9}\.ckpt|last|best)\..*\.tmp$")  # atomic_write's temp names
 FORMAT = "somatize.checkpoint/1"
 
 
 @dataclass(frozen=True)
 class Checkpointing:
-    """Where and how often the Trainer checkpoints.
+    """Where and how often the Trainer checkpoints, and which checkpoints it keeps.
+
+    Files are ``step-NNNNNNNNN.ckpt`` (the optimizer step, nine digits); ``last`` names
+    the newest, ``best`` the best by the Trainer's ``Options.monitor``. Rotation keeps the
+    newest ``keep``, the ``best`` best (never rotated away by ``keep``), and the newest
+    checkpoint whose weights are all finite.
 
     Args:
         dir: the checkpoint directory (created if missing).
         every_steps: also checkpoint every N optimizer steps (always at each epoch end).
         keep: how many of the most recent checkpoints to keep.
+        best: how many of the best checkpoints to keep, ranked by ``Options.monitor``
+            (``Options.mode`` says which way is better); an evaluation that ranks among
+            them is checkpointed at once. 0: rank none.
 
     Example:
-        >>> Checkpointing("runs/digits/ckpt", every_steps=100, keep=3).keep
-        3
+        >>> Checkpointing("runs/digits/ckpt", every_steps=100, keep=3, best=1).best
+        1
     """
 
     dir: str | os.PathLike[str]
     every_steps: int | None = None
     keep: int = 3
+    best: int = 0
 
     def __post_init__(self) -> None:
-        if self.keep < 1:
-            raise ValueError(f"Checkpointing keep must be at least 1, not {self.keep}")
-        if self.every_steps is not None and self.every_steps < 1:
-            raise ValueError(
-                f"Checkpointing every_steps must be at least 1, not {self.every_steps}"
+        from .settings import count
+
+        count("Checkpointing keep", self.keep, hint="it is how many recent checkpoints stay")
+        count("Checkpointing best", self.best, 0, hint="it is how many best checkpoints stay")
+        if self.every_steps is not None:
+            count(
+                "Checkpointing every_steps", self.every_steps, hint="pass None for epoch ends only"
             )
 
     @property
@@ -96,12 +113,31 @@ class Checkpointing:
             )
         return newest_intact(self.path, name or None)  # empty: lost to a power cut
 
+    def best_file(self) -> Path | None:
+        """The checkpoint ``best`` names (the best by the monitored metric), or None."""
+        try:
+            name = (self.path / "best").read_text().strip()
+        except FileNotFoundError:
+            return None
+        return self.path / name if _FILE.match(name) else None
+
     def file(self, step: int) -> Path:
         """The checkpoint file of ``step``: ``step-NNNNNNNNN.ckpt`` in the directory."""
         return self.path / f"step-{step:09d}.ckpt"
 
-    def save(self, payload: dict[str, Any], step: int) -> Path:
+    def save(
+        self,
+        payload: dict[str, Any],
+        step: int,
+        *,
+        protect: Iterable[int] = (),
+        best: int | None = None,
+    ) -> Path:
         """Write ``payload`` as ``step-NNNNNNNNN.ckpt``, point ``last`` at it, drop old ones.
+
+        Args:
+            protect: steps whose checkpoints rotation keeps (the best, the last finite).
+            best: the step of the best checkpoint, which ``best`` then names.
 
         Raises:
             CheckpointError: the disk is full or read-only (names the file, chains the
@@ -110,15 +146,9 @@ class Checkpointing:
         file = self.file(step)
         integrity.write_checkpoint(file, {"format": FORMAT, **payload})  # checksummed
         integrity.write_pointer(self.path / "last", file.name)
-        names = os.listdir(self.path)
-        # the one just written always stays (``last`` names it), with the newest keep-1 others
-        older = sorted(f for f in names if _FILE.match(f) and f != file.name)
-        doomed = older[: max(len(older) - (self.keep - 1), 0)]
-        # temp files a killed writer left behind (one writer per directory)
-        doomed += [f for f in names if _TEMP.match(f)]
-        for name in doomed:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path / name)
+        if best is not None and self.file(best).exists():
+            integrity.write_pointer(self.path / "best", self.file(best).name)
+        rotate(self.path, self.keep, file.name, {self.file(p).name for p in protect})
         return file
 
 
@@ -157,6 +187,24 @@ def newest_intact(directory: Path, name: str | None) -> Path | None:
         + (f"the {len(older)} older one(s) are damaged too" if older else "there is no older one")
         + " — delete the directory to start afresh"
     ) from damage
+
+
+def rotate(directory: Path, keep: int, newest: str, protect: set[str]) -> None:
+    """Delete all but the newest ``keep`` checkpoints (``newest`` among them) and ``protect``."""
+    names = os.listdir(directory)
+    # the one just written always stays (``last`` names it), with the newest keep-1 others
+    older = sorted(f for f in names if _FILE.match(f) and f != newest)
+    doomed = [f for f in older[: max(len(older) - (keep - 1), 0)] if f not in protect]
+    # temp files a killed writer left behind (one writer per directory)
+    doomed += [f for f in names if _TEMP.match(f)]
+    for name in doomed:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(directory / name)
+
+
+def finite(state: Mapping[str, torch.Tensor]) -> bool:
+    """Whether every floating-point tensor of a state dict is finite (no NaN, no inf)."""
+    return all(bool(torch.isfinite(t).all()) for t in state.values() if torch.is_floating_point(t))
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -222,6 +270,9 @@ class RunState:
         self.metrics: list[dict[str, float]] = []
         self.best: float | None = None
         self.pruned = False
+        self.ranked: list[list[float]] = []  # [value, step] of the best checkpoints, best first
+        self.last_finite: int | None = None  # the step of the newest checkpoint with finite weights
+        self.skipped = 0  # steps skipped for a non-finite loss
 
     def flush(self, world: int) -> None:
         """Read the pending step losses back (one transfer), averaged over ranks."""
@@ -251,6 +302,9 @@ def capture(
         "metrics": s.metrics,
         "best": s.best,
         "pruned": s.pruned,
+        "ranked": s.ranked,
+        "last_finite": s.last_finite,
+        "skipped": s.skipped,
         "pruner": pruner_state() if pruner_state is not None else None,
         "rng": rng_state(),
         "seed": seed,
@@ -294,10 +348,42 @@ def restore(
     s.examples_seen = payload["examples_seen"]
     s.losses, s.metrics = list(payload["losses"]), list(payload["metrics"])
     s.best, s.pruned = payload["best"], payload["pruned"]
+    s.ranked = [list(r) for r in payload.get("ranked", [])]
+    s.last_finite, s.skipped = payload.get("last_finite"), payload.get("skipped", 0)
     loader = getattr(pruner, "load_state_dict", None)
     if loader is not None and payload["pruner"] is not None:
         loader(payload["pruner"])
     set_rng_state(payload["rng"])
+
+
+def scaler_state(scaler: Any) -> dict[str, Any] | None:
+    """A gradient scaler's state (scale, growth tracker...) for a checkpoint; None without one."""
+    return dict(scaler.state_dict()) if scaler is not None else None
+
+
+def restore_scaler(payload: dict[str, Any], scaler: Any) -> None:
+    """Put a gradient scaler back as ``scaler_state`` found it.
+
+    Raises:
+        CheckpointError: the run uses a scaler (fp16) and the checkpoint holds none.
+    """
+    if scaler is None:
+        return
+    state = payload.get("scaler")
+    if state is None:
+        raise CheckpointError(
+            "this run trains in fp16 with a gradient scaler, but the checkpoint was written "
+            "without one (another precision); resume with the precision it was written with"
+        )
+    scaler.load_state_dict(state)
+
+
+def restore_rank_rng(payload: dict[str, Any], rank: int, world: int) -> None:
+    """Under DDP, put this rank's own RNG states back (a checkpoint holds every rank's as
+    ``rngs``; ``rng`` is rank 0's, which a checkpoint of another world size falls back to)."""
+    rngs = payload.get("rngs")
+    if world > 1 and rngs is not None and len(rngs) == world:
+        set_rng_state(rngs[rank])
 
 
 def rng_state() -> dict[str, Any]:

@@ -15,7 +15,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["barrier", "device", "mean", "rank_world", "setup", "teardown", "total", "wrap"]
+__all__ = [
+    "barrier",
+    "device",
+    "gather",
+    "mean",
+    "rank_world",
+    "setup",
+    "shard",
+    "teardown",
+    "total",
+    "wrap",
+]
 
 
 def setup() -> tuple[int, int, bool]:
@@ -73,3 +84,53 @@ def mean(t: torch.Tensor) -> torch.Tensor:
 
 def barrier() -> None:
     dist.barrier()
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's ``value`` (picklable: RNG states), in rank order, on every rank."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def shard(data: Any, rank: int, world: int, seed: int) -> Any:
+    """A DataLoader that reads only this rank's share: the same loader over a
+    ``DistributedSampler`` (shuffled as the original was, seeded by ``seed``; the Trainer
+    calls ``set_epoch`` each epoch). Anything else is returned as it is: a sequence of
+    batches, an iterable dataset, a custom batch sampler, or a loader already sharded."""
+    from torch.utils.data import DataLoader, RandomSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    if world <= 1 or type(data) is not DataLoader:
+        return data
+    if isinstance(data.sampler, DistributedSampler) or data.batch_size is None:
+        return data
+    dataset = data.dataset
+    if not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
+        return data
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset,
+        num_replicas=world,
+        rank=rank,
+        shuffle=isinstance(data.sampler, RandomSampler),
+        seed=seed,
+    )
+    extra: dict[str, Any] = {}
+    if data.num_workers > 0:
+        extra = {
+            "prefetch_factor": data.prefetch_factor,
+            "persistent_workers": data.persistent_workers,
+        }
+    return DataLoader(
+        dataset,
+        batch_size=data.batch_size,
+        sampler=sampler,
+        num_workers=data.num_workers,
+        collate_fn=data.collate_fn,
+        pin_memory=data.pin_memory,
+        drop_last=data.drop_last,
+        timeout=data.timeout,
+        worker_init_fn=data.worker_init_fn,
+        multiprocessing_context=data.multiprocessing_context,
+        **extra,
+    )

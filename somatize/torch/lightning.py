@@ -36,6 +36,7 @@ from ..errors import CheckpointError, require
 from ..graph import Graph
 from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
 from .batches import loss_of, num_examples, split
+from .metrics import is_metric
 from .module import GraphModule, module, parameters
 from .result import TrainResult
 
@@ -95,9 +96,10 @@ class LightningGraph(L.LightningModule):
         loss: ``loss(output, target) -> scalar``; None when the graph's output is the loss.
         optimizer: a factory ``params -> torch.optim.Optimizer`` (given ``parameters(g)``:
             trainable, deduplicated, frozen nodes excluded).
-        scheduler: a factory ``optimizer -> LR scheduler``, stepped every optimizer step
-            like the somatize Trainer's default; or returning Lightning's
-            ``lr_scheduler`` dict (``{"scheduler": s, "interval": "epoch", ...}``).
+        scheduler: a factory ``optimizer -> LR scheduler``, stepped once per epoch as
+            Lightning steps a plain scheduler (a ``ReduceLROnPlateau`` with
+            ``monitor="val_loss"``); or returning Lightning's ``lr_scheduler`` dict
+            (``{"scheduler": s, "interval": "step", ...}``) to choose.
         metrics: name → ``fn(output, target)`` evaluated on validation and test data.
 
     Attributes:
@@ -198,7 +200,9 @@ class LightningGraph(L.LightningModule):
         n = num_examples(x)
         out = self.net(x)
         values: dict[str, Any] = {"loss": self._loss_of(out, y)} if self._loss is not None else {}
-        values.update({name: fn(out, y) for name, fn in self._metrics.items()})
+        values.update({name: fn(out, y) for name, fn in self._metrics.items() if not is_metric(fn)})
+        for m in self._metric_objects():
+            m.update(out, y)
         sums = self._sums.setdefault(prefix, [0.0] * (len(values) + 1))
         how: dict[str, Any] = {
             "on_step": False,
@@ -233,9 +237,12 @@ class LightningGraph(L.LightningModule):
         if self._scheduler is None:
             return opt
         sched = self._scheduler(opt)
-        config = (
-            dict(sched) if isinstance(sched, Mapping) else {"scheduler": sched, "interval": "step"}
-        )
+        if isinstance(sched, Mapping):
+            config = dict(sched)
+        else:  # Lightning's default for a plain scheduler: once per epoch
+            config = {"scheduler": sched, "interval": "epoch"}
+            if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                config["monitor"] = "val_loss"
         return {"optimizer": opt, "lr_scheduler": config}
 
     # -- bookkeeping ----------------------------------------------------------------------
@@ -260,23 +267,52 @@ class LightningGraph(L.LightningModule):
         self.seconds = time.perf_counter() - self._started
         _ = self.losses  # flush
 
+    def _metric_objects(self) -> list[Any]:
+        return [m for m in self._metrics.values() if is_metric(m)]
+
+    def _reset_metric_objects(self) -> None:
+        for m in self._metric_objects():
+            m.reset()
+            if isinstance(m, nn.Module):
+                m.to(self.device)
+
+    def _compute_metric_objects(self, prefix: str) -> dict[str, float]:
+        """Each metric object over the whole evaluation, logged as ``<prefix><name>``."""
+        out = {}
+        m: Any
+        for name, m in self._metrics.items():
+            if is_metric(m):
+                out[name] = float(m.compute())  # torchmetrics reduces over ranks itself
+                self.log(f"{prefix}{name}", out[name], prog_bar=False)
+                m.reset()
+        return out
+
     def on_validation_epoch_start(self) -> None:
         self._sums.pop("val_", None)
+        self._reset_metric_objects()
 
     def on_validation_epoch_end(self) -> None:
         sums = self._sums.pop("val_", None)
+        computed = self._compute_metric_objects("val_")
         if self.trainer.sanity_checking or not sums:
             return
         total = torch.tensor(sums, dtype=torch.float64)
         if self.trainer.world_size > 1:
             total = self.trainer.strategy.reduce(total.to(self.device), reduce_op="sum").cpu()
-        names = (["loss"] if self._loss is not None else []) + list(self._metrics)
+        names = (["loss"] if self._loss is not None else []) + [
+            k for k, f in self._metrics.items() if not is_metric(f)
+        ]
         record: dict[str, float] = {"step": self.global_step, "epoch": self.current_epoch}
         record.update({f"val_{k}": float(total[j] / total[-1]) for j, k in enumerate(names)})
+        record.update({f"val_{k}": v for k, v in computed.items()})
         self.history.append(record)
 
     def on_test_epoch_start(self) -> None:
         self._sums.pop("test_", None)
+        self._reset_metric_objects()
+
+    def on_test_epoch_end(self) -> None:
+        self._compute_metric_objects("test_")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["somatize"] = {
@@ -383,7 +419,7 @@ class Watch(L.Callback):
                 f"Watch takes watchers (objects with on_event(event)); got {', '.join(bad)}"
             )
         self.run_id = ""
-        self._started = self._tick = 0.0
+        self._started = self._tick = self._lr = 0.0
         self._on = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -399,6 +435,8 @@ class Watch(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._tick = time.perf_counter()
+        opt = trainer.optimizers[0] if trainer.optimizers else None
+        self._lr = float(opt.param_groups[0]["lr"]) if opt is not None else 0.0  # the step's rate
 
     def on_train_batch_end(
         self,
@@ -411,8 +449,7 @@ class Watch(L.Callback):
         if not self._on:
             return
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        opt = trainer.optimizers[0] if trainer.optimizers else None
-        lr = float(opt.param_groups[0]["lr"]) if opt is not None else 0.0
+        lr = self._lr
         step, epoch = trainer.global_step, trainer.current_epoch
         seconds = time.perf_counter() - self._tick
         n = num_examples(split(batch)[0])

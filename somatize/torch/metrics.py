@@ -1,13 +1,23 @@
-"""Metrics: functions for ``Trainer(metrics={...})`` and the evaluation that averages them.
+"""Metrics: what ``Trainer(metrics={...})`` takes, and the evaluation that computes them.
 
-A metric is ``fn(output, target) -> scalar``, a mean over the batch; evaluation
-weighs each batch by its number of examples, so a smaller last batch weighs less.
+A metric is either
+
+* a function ``fn(output, target) -> scalar``, a mean over the batch: evaluation
+  weighs each batch by its number of examples, so a smaller last batch weighs less
+  (right for accuracy or a mean loss, wrong for F1 or AUROC); or
+* an object with ``reset()``, ``update(output, target)`` and ``compute()`` — a
+  ``torchmetrics.Metric`` as it is — computed over the whole set: reset when an
+  evaluation starts, updated per batch, computed at its end. Under DDP the object
+  reduces over ranks itself (torchmetrics does, in ``compute``).
+
+Metrics nodes return in ``Done(..., metrics=...)`` during evaluation are averaged
+over examples too, as ``<node>/<name>``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -15,7 +25,26 @@ from torch import nn
 from . import ddp
 from .batches import epoch_batches, num_examples, to_device
 
-__all__ = ["accuracy", "evaluate"]
+__all__ = ["Metric", "accuracy", "evaluate", "is_metric"]
+
+
+@runtime_checkable
+class Metric(Protocol):
+    """A metric over a whole set: ``reset``, ``update`` per batch, ``compute`` at the end.
+
+    ``torchmetrics.Metric`` fits as it is.
+    """
+
+    def reset(self) -> None: ...
+
+    def update(self, output: Any, target: Any) -> None: ...
+
+    def compute(self) -> Any: ...
+
+
+def is_metric(value: Any) -> bool:
+    """Whether ``value`` is a metric object (not a plain function)."""
+    return all(callable(getattr(value, m, None)) for m in ("reset", "update", "compute"))
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -31,7 +60,7 @@ def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def evaluate(
     net: nn.Module,
     data: Iterable[Any],
-    fns: Mapping[str, Callable[[Any, Any], Any]],
+    fns: Mapping[str, Callable[[Any, Any], Any] | Metric],
     *,
     split: Callable[[Any], tuple[Any, Any]],
     device: torch.device,
@@ -39,7 +68,8 @@ def evaluate(
     rank: int = 0,
     world: int = 1,
 ) -> dict[str, float]:
-    """Each of ``fns`` on ``net``'s outputs over ``data``, averaged over examples (and ranks).
+    """Each of ``fns`` on ``net``'s outputs over ``data`` (and ranks): functions averaged
+    over examples, metric objects computed over the whole set; then node metrics.
 
     Runs in eval mode under ``torch.no_grad()`` and restores the module's mode. Under
     DDP each rank takes every ``world``-th batch, none dropped, and the sums are reduced.
@@ -47,9 +77,15 @@ def evaluate(
     """
     was_training = net.training
     net.eval()
-    names = list(fns)
+    names = [k for k, f in fns.items() if not is_metric(f)]
+    objects: dict[str, Metric] = {k: f for k, f in fns.items() if is_metric(f)}  # type: ignore[misc]
+    for m in objects.values():
+        m.reset()
+        if isinstance(m, nn.Module):
+            m.to(device)
     dtype = torch.float32 if device.type == "mps" else torch.float64
     sums = torch.zeros(len(names) + 1, dtype=dtype, device=device)  # the last counts examples
+    node_sums: dict[str, Any] = {}  # "<node>/<name>" -> example-weighted sum
     try:
         with torch.no_grad():
             for batch in epoch_batches(data, 0, 0, False, rank, world, even=False):
@@ -59,16 +95,42 @@ def evaluate(
                     out = net(x)
                 n = num_examples(x)
                 for j, name in enumerate(names):
-                    sums[j] += _scalar(fns[name](out, y), name) * n
+                    sums[j] += _scalar(fns[name](out, y), name) * n  # type: ignore[operator]
+                for m in objects.values():
+                    m.update(out, y)
                 sums[-1] += n
+                for node, values in (getattr(net, "metrics", None) or {}).items():
+                    for k, v in values.items():
+                        key = f"{node}/{k}"
+                        node_sums[key] = node_sums.get(key, 0.0) + _scalar(v, key) * n
     finally:
         net.train(was_training)
+    node_names = sorted(node_sums)
+    if node_names:  # one reduction and one read-back for all of them
+        node_t = torch.stack([torch.as_tensor(node_sums[k], device=device) for k in node_names])
+        sums = torch.cat([sums[:-1], node_t.to(dtype), sums[-1:]])
     if world > 1:
         sums = ddp.total(sums)
     values = sums.tolist()
     if values[-1] == 0:
         raise ValueError("the evaluation data yielded no batches: pass at least one batch")
-    return {name: values[j] / values[-1] for j, name in enumerate(names)}
+    out_values = {name: values[j] / values[-1] for j, name in enumerate(names)}
+    for name, m in objects.items():
+        out_values[name] = _computed(m.compute(), name)
+    for j, key in enumerate(node_names):
+        out_values[key] = values[len(names) + j] / values[-1]
+    return {k: out_values[k] for k in [*fns, *node_names]}
+
+
+def _computed(value: Any, name: str) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(
+                f"metric {name!r} computed a tensor of shape {tuple(value.shape)}; a metric "
+                "gives one number (for torchmetrics, pass average='macro' or similar)"
+            )
+        return float(value)
+    return float(value)
 
 
 def _scalar(value: Any, name: str) -> Any:

@@ -31,6 +31,10 @@ class TrainResult:
         best: the best value of ``monitor`` seen, or None without evaluation.
         pruned: whether a pruner stopped the run.
         checkpoint: the last checkpoint written, if any.
+        best_checkpoint: the checkpoint of the best evaluation by ``monitor``, with
+            ``Checkpointing(..., best=k)``; load its weights with
+            ``st.load_state(g, st.load_checkpoint(result.best_checkpoint)["model"])``.
+        skipped: steps skipped for a non-finite loss (``Options(nonfinite="skip")``).
         seconds: wall-clock time of the ``fit`` call.
         seed: the seed the run used.
     """
@@ -45,6 +49,8 @@ class TrainResult:
     best: float | None = None
     pruned: bool = False
     checkpoint: str | None = None
+    best_checkpoint: str | None = None
+    skipped: int = 0
     seconds: float = 0.0
     seed: int | None = None
 

@@ -2,12 +2,16 @@
 
 Tags: ``train/loss``, ``train/lr``, ``train/examples_per_second`` per step;
 ``val/<metric>`` per evaluation (``val/loss``, ``val/acc``...); ``train/epoch`` at
-each epoch end; ``node/<node>/<metric>`` for metrics nodes return in ``Done``. Needs the ``tensorboard`` package (in the ``somatize[torch]`` extra).
+each epoch end; ``node/<node>/<metric>`` for metrics nodes return in ``Done`` during
+training, ``val/<node>/<metric>`` during evaluation. With ``hparams=``, the run's
+hyper-parameters and its final metrics go to TensorBoard's HParams view at the end.
+Needs the ``tensorboard`` package (in the ``somatize[torch]`` extra).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import require
@@ -22,16 +26,26 @@ class TensorBoard:
     Args:
         log_dir: the directory of the event files.
         every_steps: write step scalars every N steps (evaluations are always written).
+        hparams: the run's hyper-parameters (numbers, strings, bools; anything else is
+            written as its ``str``), shown with the final metrics in the HParams view.
 
     Example:
-        >>> st.Trainer(..., watchers=[st.TensorBoard("runs/digits")])  # doctest: +SKIP
+        >>> st.Trainer(..., watchers=[st.TensorBoard("runs/digits", hparams={"lr": 3e-3})])  # doctest: +SKIP
     """
 
-    def __init__(self, log_dir: str | os.PathLike[str], *, every_steps: int = 1) -> None:
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        *,
+        every_steps: int = 1,
+        hparams: Mapping[str, Any] | None = None,
+    ) -> None:
         self.log_dir = str(log_dir)
         self.every_steps = every_steps
+        self.hparams = dict(hparams or {})
         self._writer: Any = None
         self._start = 0
+        self._final: dict[str, float] = {}  # tag -> the last value, for the HParams view
 
     def _w(self) -> Any:
         if self._writer is None:
@@ -47,6 +61,7 @@ class TensorBoard:
         if isinstance(event, FitStart):
             self._start = event.start_step
         elif isinstance(event, StepEnd):
+            self._final["train/loss"] = event.loss
             if event.step % self.every_steps:
                 return
             w = self._w()
@@ -63,13 +78,29 @@ class TensorBoard:
                 for name, value in event.values.items():
                     tag = f"val/{name[4:]}" if name.startswith("val_") else name
                     self._w().add_scalar(tag, float(value), event.step)
+                    self._final[tag] = float(value)
                 return
             if event.step % self.every_steps:
                 return
             for name, value in event.values.items():
                 self._w().add_scalar(f"node/{event.node}/{name}", float(value), event.step)
-        elif isinstance(event, FitEnd) and self._writer is not None:
-            self._writer.flush()
+        elif isinstance(event, FitEnd):
+            if self.hparams:
+                self._write_hparams()
+            if self._writer is not None:
+                self._writer.flush()
+
+    def _write_hparams(self) -> None:
+        """The hyper-parameters and final metrics, in this run's own event file."""
+        from torch.utils.tensorboard.summary import hparams
+
+        plain = {
+            k: v if isinstance(v, (bool, int, float, str)) else str(v)
+            for k, v in self.hparams.items()
+        }
+        w = self._w()
+        for summary in hparams(plain, dict(self._final)):
+            w.file_writer.add_summary(summary)
 
     def close(self) -> None:
         if self._writer is not None:

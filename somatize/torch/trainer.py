@@ -26,83 +26,35 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
 from ..graph import Graph
-from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
+from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp
-from .batches import chunk, epoch_batches, loss_of, num_examples, split, to_device
-from .checkpoint import Checkpointing, RunState, capture, load_checkpoint, restore
-from .metrics import evaluate
+from .batches import loss_of, num_examples, split, to_device
+from .carry import carries, reset
+from .checkpoint import (
+    Checkpointing,
+    load_checkpoint,
+    restore,
+    restore_rank_rng,
+    restore_scaler,
+)
+from .loop import train as train_loop
+from .metrics import Metric, evaluate
 from .module import GraphModule, module
+from .options import Options
+from .policy import best_step, check_extension, check_fresh, horizon, resume_path, save
 from .result import TrainResult
+from .run import ActiveRun
+from .settings import check_arguments, check_optimizer, check_scheduler
 
 __all__ = ["Options", "Trainer"]
 
 Loss = Callable[..., torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Options:
-    """The Trainer's less common settings.
-
-    Args:
-        device: where to train (default: where the model's parameters are; under
-            torchrun with CUDA, this rank's GPU).
-        precision: ``"32"``, or ``"bf16"`` for bfloat16 autocast.
-        clip_grad_norm: clip the gradients' total norm to this value before each step.
-        shuffle: permute a sequence of batches every epoch (seeded by ``(seed, epoch)``).
-        eval_every_steps: evaluate every N steps instead of at each epoch end.
-        monitor: the metric ``TrainResult.best`` tracks (and pruners without a ``metric``).
-        mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
-        progress: show a progress bar; None: when standard error is a terminal.
-        scheduler_every: step the LR scheduler every ``"step"`` or every ``"epoch"``.
-    """
-
-    device: str | torch.device | None = None
-    precision: Literal["32", "bf16"] = "32"
-    clip_grad_norm: float | None = None
-    shuffle: bool = True
-    eval_every_steps: int | None = None
-    monitor: str = "val_loss"
-    mode: Literal["min", "max"] = "min"
-    progress: bool | None = None
-    scheduler_every: Literal["step", "epoch"] = "step"
-
-    def __post_init__(self) -> None:
-        if self.precision not in ("32", "bf16"):
-            raise ValueError(f"precision must be '32' or 'bf16', not {self.precision!r}")
-        if self.mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', not {self.mode!r}")
-        if self.scheduler_every not in ("step", "epoch"):
-            raise ValueError(
-                f"scheduler_every must be 'step' or 'epoch', not {self.scheduler_every!r}"
-            )
-
-
-@dataclass(slots=True)
-class _Run:
-    """What one ``fit`` works with."""
-
-    id: str
-    net: nn.Module  # the module trained
-    wrapped: nn.Module  # the same, in DDP under torchrun
-    params: list[nn.Parameter]
-    opt: torch.optim.Optimizer
-    sched: Any
-    device: torch.device
-    autocast: Callable[[], Any]
-    rank: int
-    world: int
-    watchers: list[Watcher] = field(default_factory=list)
-    state: RunState = field(default_factory=RunState)
-    checkpoint: Path | None = None  # the last checkpoint written, or resumed from
 
 
 class Trainer:
@@ -110,13 +62,16 @@ class Trainer:
 
     Args:
         loss: ``loss(output, target) -> scalar``; None when the graph's output is the loss.
-        optimizer: a factory ``params -> torch.optim.Optimizer``.
+        optimizer: a factory ``params -> torch.optim.Optimizer``; ``fit`` needs it,
+            ``evaluate`` and ``predict`` do not.
         scheduler: a factory ``optimizer -> LR scheduler``, stepped per ``Options.scheduler_every``.
         epochs: passes over the training data (default 1, or unbounded with ``max_steps``).
         max_steps: stop after this many optimizer steps.
         micro_batches: split each batch into this many chunks (``torch.chunk``) and
             accumulate; the gradient equals the full batch's for a mean-reduced loss.
-        metrics: name → ``fn(output, target)`` evaluated on ``val`` (logged as ``val_<name>``).
+        metrics: name → ``fn(output, target)`` (a batch mean, averaged over examples) or a
+            metric object with ``reset``/``update``/``compute`` (a ``torchmetrics.Metric``),
+            evaluated on ``val`` and logged as ``val_<name>``.
         checkpoint: a ``Checkpointing`` (directory, frequency, how many to keep).
         watchers: told of every step, epoch and node metric (``TensorBoard``, ``Progress``...).
         pruner: asked after each evaluation (``Patience``, ``Threshold``, an Optuna ``Trial``).
@@ -128,35 +83,21 @@ class Trainer:
         self,
         *,
         loss: Loss | None = None,
-        optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
         scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
         epochs: int | None = None,
         max_steps: int | None = None,
         micro_batches: int = 1,
-        metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
+        metrics: Mapping[str, Callable[[Any, Any], Any] | Metric] | None = None,
         checkpoint: Checkpointing | None = None,
         watchers: Iterable[Watcher] = (),
         pruner: Any = None,
         seed: int = 0,
         options: Options = Options(),  # frozen, so one shared default is safe
     ) -> None:
-        if not callable(optimizer):
-            raise TypeError(
-                "optimizer must be a factory over parameters, e.g. "
-                "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
-            )
-        if micro_batches < 1:
-            raise ValueError(f"micro_batches must be at least 1, not {micro_batches}")
-        if epochs is not None and epochs < 1:
-            raise ValueError(f"epochs must be at least 1, not {epochs}")
-        if max_steps is not None and max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, not {max_steps}")
-        if pruner is not None and not (
-            hasattr(pruner, "report") and hasattr(pruner, "should_prune")
-        ):
-            raise TypeError(
-                "pruner must have report(value, step) and should_prune() (e.g. st.Patience)"
-            )
+        check_arguments(
+            optimizer, scheduler, epochs, max_steps, micro_batches, metrics, pruner, seed
+        )
         self.loss, self.optimizer, self.scheduler = loss, optimizer, scheduler
         self.epochs = epochs if epochs is not None else (None if max_steps else 1)
         self.max_steps, self.micro_batches = max_steps, micro_batches
@@ -190,6 +131,12 @@ class Trainer:
             CheckpointError: the checkpoint to resume from is missing, torn or foreign.
         """
         started = time.perf_counter()
+        if self.optimizer is None:
+            raise TypeError(
+                "fit() trains, so the Trainer needs an optimizer factory: "
+                "st.Trainer(..., optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)) "
+                "(evaluate() and predict() do without one)"
+            )
         if self.pruner is not None and val is None:
             raise ValueError(
                 "a pruner is asked after each evaluation, but fit() got no val= data; "
@@ -214,19 +161,26 @@ class Trainer:
         world: int,
         started: float,
     ) -> TrainResult:
-        run = self._start(model, resume, run_id, rank, world)
+        train = ddp.shard(train, rank, world, self.seed)  # each rank reads only its share
+        run = self._start(model, resume, run_id, rank, world, train)
+        if run.plateau and val is None:
+            raise ValueError(
+                "ReduceLROnPlateau is stepped with the monitored metric after each evaluation, "
+                "but fit() got no val= data; pass val=batches (and Options(monitor=...))"
+            )
         s = run.state
         n_train = _count_examples(train, world)
         try:
             notify(run.watchers, FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step))
-            self._train(run, train, val)
+            with _dynamic_step() if run.compiled else contextlib.nullcontext():
+                train_loop(self, run, train, val)
             s.flush(world)
             if (
                 self.checkpoint is not None
                 and s.step
                 and run.checkpoint != self.checkpoint.file(s.step)
             ):
-                self._save(run)
+                save(self, run)
             seconds = time.perf_counter() - started
             notify(run.watchers, FitEnd(run.id, s.step, s.epoch, seconds, s.pruned))
         finally:
@@ -242,133 +196,71 @@ class Trainer:
             best=s.best,
             pruned=s.pruned,
             checkpoint=str(run.checkpoint) if run.checkpoint is not None else None,
+            best_checkpoint=(
+                str(self.checkpoint.file(b))
+                if self.checkpoint is not None and (b := best_step(s)) is not None
+                else None
+            ),
+            skipped=s.skipped,
             seconds=seconds,
             seed=self.seed,
         )
 
     def _start(
-        self, model: Graph | nn.Module, resume: Any, run_id: str, rank: int, world: int
-    ) -> _Run:
+        self,
+        model: Graph | nn.Module,
+        resume: Any,
+        run_id: str,
+        rank: int,
+        world: int,
+        train: Iterable[Any],
+    ) -> ActiveRun:
         """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh."""
-        net = _as_module(model)
+        net, compiled = _as_module(model), _compiled(model)
         default = next((p.device for p in net.parameters()), torch.device("cpu"))
         device = ddp.device(self.options.device, world, default)
         tensors = itertools.chain(net.parameters(), net.buffers())
         if any(t.device != device for t in tensors):  # .to() walks every module even when idle
             net.to(device)
         params = _trainable(net)
+        assert self.optimizer is not None  # fit() checked
         opt = self.optimizer(params)
-        run = _Run(
+        check_optimizer(opt, params)
+        sched = self.scheduler(opt) if self.scheduler is not None else None
+        if self.scheduler is not None:
+            check_scheduler(sched)
+        run = ActiveRun(
             id=run_id,
             net=net,
-            wrapped=ddp.wrap(net, device) if world > 1 else net,
+            wrapped=_wrap(net, compiled, device, world, self.options.compile),
             params=params,
             opt=opt,
-            sched=self.scheduler(opt) if self.scheduler is not None else None,
+            sched=sched,
             device=device,
             autocast=_autocast(self.options.precision, device),
+            scaler=torch.amp.GradScaler(device.type) if self.options.precision == "fp16" else None,
             rank=rank,
             world=world,
         )
-        path = self._resume_path(resume)
+        run.carries = carries(net)
+        run.compiled = bool(self.options.compile) or compiled is not None
+        run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        path = resume_path(self, resume)
         if path is not None:
             payload = load_checkpoint(path)
+            fresh = horizon(run.sched)
             restore(payload, run.state, net, opt, run.sched, self.pruner, self.seed)
+            check_extension(self, run, path, fresh, train)
+            restore_scaler(payload, run.scaler)
+            restore_rank_rng(payload, rank, world)
             run.checkpoint = path
         else:
-            self._fresh_start()
+            check_fresh(self)
+            if self._pruner_start is not None:
+                self.pruner.load_state_dict(self._pruner_start)
+            _seed_everything(self.seed)
         run.watchers = self._watchers() if rank == 0 else []
         return run
-
-    def _train(self, run: _Run, train: Iterable[Any], val: Iterable[Any] | None) -> None:
-        """The epochs: steps, evaluations, checkpoints, until done, pruned or out of steps."""
-        s, net, watchers = run.state, run.net, run.watchers
-        graph_net = net if isinstance(net, GraphModule) else None
-        epochs = self.epochs if self.epochs is not None else sys.maxsize
-        step_sched = run.sched if self.options.scheduler_every == "step" else None
-        every = self.options.eval_every_steps
-        ckpt_every = self.checkpoint.every_steps if self.checkpoint is not None else None
-        net.train()
-        while s.epoch < epochs and not s.pruned and not self._done(s):
-            batches = epoch_batches(
-                train, s.epoch, self.seed, self.options.shuffle, run.rank, run.world
-            )
-            i = -1
-            for i, batch in enumerate(batches):
-                if i < s.position:  # resuming mid-epoch: these batches were already trained on
-                    continue
-                if s.pruned or self._done(s):
-                    break
-                tick = time.perf_counter() if watchers else 0.0
-                if graph_net is not None:
-                    graph_net.step = s.step + 1  # nodes see the number of the step they compute
-                lr = run.opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
-                loss, n = self._step(run, batch)
-                if step_sched is not None:
-                    step_sched.step()
-                s.step += 1
-                s.position = i + 1
-                s.examples_seen += n
-                s.pending.append(loss)
-                if watchers:
-                    self._report_step(run, loss, lr, n, tick)
-                if val is not None and every and s.step % every == 0:
-                    self._evaluate_into(run, val)
-                if ckpt_every and s.step % ckpt_every == 0:
-                    self._save(run)
-            else:  # the epoch ran to its end
-                if i < 0:
-                    raise ValueError(
-                        f"the training data yielded no batches in epoch {s.epoch}"
-                        + (f" for rank {run.rank} of {run.world}" if run.world > 1 else "")
-                        + "; pass a non-empty sequence of batches or a DataLoader (a generator"
-                        " is used up after one epoch)"
-                    )
-                if run.sched is not None and step_sched is None:
-                    run.sched.step()
-                record = self._evaluate_into(run, val) if val is not None and not every else None
-                s.flush(run.world)
-                notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}))
-                s.epoch, s.position = s.epoch + 1, 0
-                if self.checkpoint is not None:
-                    self._save(run)
-                continue
-            break
-
-    def _done(self, s: RunState) -> bool:
-        return self.max_steps is not None and s.step >= self.max_steps
-
-    def _step(self, run: _Run, batch: Any) -> tuple[torch.Tensor, int]:
-        """One optimizer step over a batch (in micro-batches); returns its loss and size."""
-        wrapped, opt, device, autocast = run.wrapped, run.opt, run.device, run.autocast
-        x, y = self._split(batch)
-        x, y = to_device(x, device), to_device(y, device)
-        n = num_examples(x)
-        opt.zero_grad(set_to_none=True)
-        if self.micro_batches == 1:
-            if autocast is contextlib.nullcontext:  # full precision: no context to enter
-                loss = self._loss(wrapped(x), y)
-            else:
-                with autocast():
-                    loss = self._loss(wrapped(x), y)
-            loss.backward()
-            total = loss.detach()  # the history is made float32 when it is read back
-        else:
-            xs = chunk(x, self.micro_batches)
-            ys = chunk(y, self.micro_batches) if y is not None else [None] * len(xs)
-            total = torch.zeros((), device=device)
-            for i, (xc, yc) in enumerate(zip(xs, ys, strict=True)):
-                share = num_examples(xc) / n  # each chunk weighs by its size: exact for mean losses
-                sync = run.world == 1 or i == len(xs) - 1  # all-reduce gradients once, at the end
-                with contextlib.nullcontext() if sync else wrapped.no_sync():  # type: ignore[operator]
-                    with autocast():
-                        loss = self._loss(wrapped(xc), yc)
-                    (loss * share).backward()
-                total += loss.detach().float() * share
-        if self.options.clip_grad_norm is not None:
-            nn.utils.clip_grad_norm_(run.params, self.options.clip_grad_norm)
-        opt.step()
-        return total, n
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
         # without a loss function the graph computes the loss, so it gets the whole batch
@@ -387,11 +279,37 @@ class Trainer:
             {'loss': 0.31, 'acc': 0.92}
         """
         net = _as_module(model)
+        reset(carries(net))
         rank, world = ddp.rank_world()
         device = next((p.device for p in net.parameters()), torch.device("cpu"))
         return self._evaluate(
             net, data, device, _autocast(self.options.precision, device), rank, world
         )
+
+    def predict(self, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
+        """The model's output for each batch of ``data``, in order, in eval mode, without grad.
+
+        A batch ``(x, y)`` (or ``{"x": ..., "y": ...}``) is predicted from ``x``; any other
+        batch is the input. The module's mode is restored afterwards.
+
+        Example:
+            >>> logits = torch.cat(trainer.predict(g, batches))  # doctest: +SKIP
+        """
+        net = _as_module(model)
+        device = next((p.device for p in net.parameters()), torch.device("cpu"))
+        autocast = _autocast(self.options.precision, device)
+        reset(carries(net))  # carried state starts afresh, as for an evaluation
+        was_training, out = net.training, []
+        net.eval()
+        try:
+            with torch.no_grad():
+                for batch in data:
+                    x = to_device(split(batch)[0], device)
+                    with autocast():
+                        out.append(net(x))
+        finally:
+            net.train(was_training)
+        return out
 
     def _evaluate(
         self,
@@ -414,30 +332,6 @@ class Trainer:
             world=world,
         )
 
-    def _evaluate_into(self, run: _Run, val: Iterable[Any]) -> dict[str, float]:
-        """Evaluate, record, tell the watchers, and ask the pruner."""
-        s = run.state
-        evaluated = self._evaluate(run.net, val, run.device, run.autocast, run.rank, run.world)
-        values = {f"val_{k}": v for k, v in evaluated.items()}
-        record: dict[str, float] = {"step": s.step, "epoch": s.epoch, **values}
-        s.metrics.append(record)
-        monitor, mode = self.options.monitor, self.options.mode
-        if monitor in record:
-            v = record[monitor]
-            if s.best is None or (v < s.best if mode == "min" else v > s.best):
-                s.best = v
-        notify(run.watchers, Metrics(run.id, "", s.step, values))  # node '': the Trainer's own
-        if self.pruner is not None:
-            name = getattr(self.pruner, "metric", monitor)
-            if name not in record:
-                raise KeyError(
-                    f"the pruner watches {name!r}, which evaluation does not produce; "
-                    f"evaluated: {', '.join(values)} (name a metric from Trainer(metrics=...))"
-                )
-            self.pruner.report(record[name], s.step)
-            s.pruned = bool(self.pruner.should_prune())
-        return record
-
     # -- reporting --------------------------------------------------------------------
 
     def _watchers(self) -> list[Watcher]:
@@ -451,57 +345,44 @@ class Trainer:
             watchers.append(Progress())
         return watchers
 
-    def _report_step(self, run: _Run, loss: torch.Tensor, lr: Any, n: int, tick: float) -> None:
-        s, seconds = run.state, time.perf_counter() - tick
-        notify(run.watchers, StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds))
-        node_metrics = getattr(run.net, "metrics", None)
-        if node_metrics:
-            for node, values in node_metrics.items():
-                notify(run.watchers, Metrics(run.id, node, s.step, values))
-
-    # -- checkpoints --------------------------------------------------------------------
-
-    def _resume_path(self, resume: Any) -> Path | None:
-        if resume is None:
-            return None
-        if resume == "last":
-            if self.checkpoint is None:
-                raise CheckpointError(
-                    "resume='last' needs checkpoint=Checkpointing(dir) to know where to look"
-                )
-            return self.checkpoint.last()
-        return Path(resume)
-
-    def _fresh_start(self) -> None:
-        ckpt = self.checkpoint
-        if ckpt is not None and (earlier := ckpt.last()) is not None:
-            raise CheckpointError(
-                f"{ckpt.path} already holds checkpoints of an earlier run (last: {earlier.name}); "
-                "continue it with fit(..., resume='last'), or checkpoint into an empty directory"
-            )
-        if self._pruner_start is not None:
-            self.pruner.load_state_dict(self._pruner_start)
-        _seed_everything(self.seed)
-
-    def _save(self, run: _Run) -> None:
-        """Checkpoint: rank 0 writes, every rank waits for it and records its path."""
-        assert self.checkpoint is not None
-        s = run.state
-        s.flush(run.world)
-        if run.rank == 0:
-            payload = capture(s, run.net, run.opt, run.sched, self.pruner, self.seed)
-            self.checkpoint.save(payload, s.step)
-        if run.world > 1:
-            ddp.barrier()
-        run.checkpoint = self.checkpoint.file(s.step)
-
 
 def _as_module(model: Graph | nn.Module) -> nn.Module:
     if isinstance(model, Graph):
         return module(model)
     if isinstance(model, nn.Module):
-        return model
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper: train what it wraps
+        return inner if isinstance(inner, nn.Module) else model
     raise TypeError(f"Trainer.fit takes a Graph or an nn.Module, got {type(model).__qualname__}")
+
+
+def _compiled(model: Any) -> nn.Module | None:
+    """The ``torch.compile`` wrapper the caller passed (an ``OptimizedModule``), else None;
+    a module compiled in place (``m.compile()``) is itself."""
+    if isinstance(model, nn.Module):
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            return model
+        if getattr(model, "_compiled_call_impl", None) is not None:
+            return model
+    return None
+
+
+def _wrap(
+    net: nn.Module, compiled: nn.Module | None, device: torch.device, world: int, how: Any
+) -> nn.Module:
+    """What training calls: DDP under torchrun, the caller's compiled module, compiled here."""
+    wrapped = ddp.wrap(net, device) if world > 1 else (compiled if compiled is not None else net)
+    if how:
+        wrapped = torch.compile(wrapped, **(dict(how) if how is not True else {}))  # type: ignore[assignment]
+    return wrapped
+
+
+def _dynamic_step() -> Any:
+    """Let torch.compile treat ``GraphModule.step`` (an int attribute that changes every step)
+    as dynamic: one recompile at the second step, none after — instead of one per step until
+    the recompile limit fails the run."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
 
 
 def _trainable(net: nn.Module) -> list[nn.Parameter]:
@@ -534,8 +415,9 @@ def _seed_everything(seed: int) -> None:
 
 
 def _autocast(precision: str, device: torch.device) -> Callable[[], Any]:
-    if precision == "bf16":
-        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if precision in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        return lambda: torch.autocast(device_type=device.type, dtype=dtype)
     return contextlib.nullcontext
 
 

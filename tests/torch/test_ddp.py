@@ -108,3 +108,40 @@ def test_torchrun_resume_after_a_crash_equals_the_uninterrupted_run(uninterrupte
         assert got["metrics"] == want["metrics"]
         for name, value in want["state"].items():
             assert torch.equal(got["state"][name], value), name
+
+
+@pytest.fixture(scope="module")
+def loader_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp-loader")
+    assert torchrun(out, "--loader") == 0, (out / "torchrun.log").read_text()
+    return out
+
+
+@pytest.mark.slow
+def test_a_dataloader_is_sharded_each_rank_reads_only_its_share_and_rngs_are_per_rank(loader_run):
+    r0 = torch.load(loader_run / "rank0.pt", weights_only=True)
+    r1 = torch.load(loader_run / "rank1.pt", weights_only=True)
+    assert len(r0["seen"]) == len(r1["seen"]) == 32  # 16 examples an epoch, 2 epochs
+    for epoch in range(2):
+        a, b = r0["seen"][16 * epoch : 16 * (epoch + 1)], r1["seen"][16 * epoch : 16 * (epoch + 1)]
+        assert not set(a) & set(b) and set(a) | set(b) == set(range(32))
+    assert r0["seen"][:16] != r0["seen"][16:]  # set_epoch: another permutation each epoch
+    assert len(r0["losses"]) == 8 and r0["num_examples"] == 32
+    for name, value in r0["state"].items():
+        assert torch.equal(value, r1["state"][name]), name
+    payload = torch.load(loader_run / "ckpt" / "step-000000008.ckpt", weights_only=True)
+    assert len(payload["rngs"]) == 2  # every rank's RNG states
+    assert not torch.equal(payload["rngs"][0]["torch"], payload["rngs"][1]["torch"])
+
+
+@pytest.mark.slow
+def test_a_sharded_dataloader_resumes_exactly_under_ddp(loader_run, tmp_path):
+    assert torchrun(tmp_path, "--loader", "--crash-at", "5") != 0
+    assert torchrun(tmp_path, "--loader", "--resume") == 0, (tmp_path / "torchrun.log").read_text()
+    want = torch.load(loader_run / "rank0.pt", weights_only=True)
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert got["losses"] == want["losses"]
+        assert got["metrics"] == want["metrics"]
+        for name, value in want["state"].items():
+            assert torch.equal(got["state"][name], value), name

@@ -368,7 +368,7 @@ def test_frozen_nodes_stay_frozen_and_cached_nodes_keep_caching(tmp_path):
 def logged(tmp_path_factory):
     root = tmp_path_factory.mktemp("logged")
     lg = _lg(
-        _graph(), scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        _graph(), scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     )
     recorder = Recorder()
     watch = Watch([recorder, st.TensorBoard(root / "watcher"), JsonLines(root / "run.jsonl")])
@@ -393,7 +393,8 @@ def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 def test_learning_rate_monitor_logs_the_scheduled_rate(logged):
     lrs = [v for _, v in _scalars(Path(logged.logger.log_dir))["lr-SGD"]]
-    assert lrs == pytest.approx([SGD * 0.5 ** (i // 2) for i in range(8)])  # stepped every step
+    # a plain scheduler steps once per epoch (4 steps each), as Lightning's default does
+    assert lrs == pytest.approx([SGD] * 4 + [SGD * 0.5] * 4)
 
 
 def test_tensorboard_logger_event_file_holds_node_metrics(logged):
@@ -413,7 +414,7 @@ def test_watch_forwards_lightnings_lifecycle_as_somatize_events(logged):
     assert [e.step for e in steps] == list(range(1, 9))
     assert [e.loss for e in steps] == pytest.approx(logged.lg.losses)
     assert [e.examples for e in steps] == [16] * 8
-    assert steps[2].lr == pytest.approx(SGD * 0.5)
+    assert [e.lr for e in steps] == pytest.approx([SGD] * 4 + [SGD * 0.5] * 4)
     metrics = [m for m in rec.of(Metrics) if m.node]
     assert {m.node for m in metrics} == {"hidden"} and len(metrics) == 8
     evaluations = [m for m in rec.of(Metrics) if not m.node]  # as the somatize Trainer sends
@@ -484,7 +485,7 @@ def test_somatize_trainer_and_lightning_end_with_equal_weights(tmp_path):
         return torch.optim.SGD(ps, lr=0.3)
 
     def sched(opt):
-        return torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
 
     somatize_trainer = st.Trainer(
         loss=nn.functional.cross_entropy,
@@ -492,7 +493,7 @@ def test_somatize_trainer_and_lightning_end_with_equal_weights(tmp_path):
         scheduler=sched,
         epochs=3,
         seed=0,
-        options=st.Options(shuffle=False, progress=False),
+        options=st.Options(shuffle=False, progress=False, scheduler_every="epoch"),
     )
     ref = somatize_trainer.fit(ours, _loader())
 
@@ -523,3 +524,24 @@ def test_the_recipe_runs(tmp_path):
     assert 0.5 < float(best.split()[-1]) <= 1.0  # digits: well above chance (0.1) after 2 epochs
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+def test_a_metric_object_is_computed_over_the_whole_validation_set(tmp_path):
+    torchmetrics = pytest.importorskip("torchmetrics")
+    f1 = torchmetrics.classification.MulticlassF1Score(num_classes=3, average="macro")
+    g = _graph()
+    lg = LightningGraph(
+        g,
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        metrics={"f1": f1},
+    )
+    val = _loader(seed=1)
+    trainer = _trainer(tmp_path, max_epochs=1)
+    trainer.fit(lg, _loader(), val)
+    ref = torchmetrics.classification.MulticlassF1Score(num_classes=3, average="macro")
+    with torch.no_grad():
+        for x, y in val:
+            ref.update(st.module(g)(x), y)
+    assert lg.history[-1]["val_f1"] == pytest.approx(float(ref.compute()))
+    assert float(trainer.callback_metrics["val_f1"]) == pytest.approx(float(ref.compute()))

@@ -103,7 +103,7 @@ def test_micro_batch_gradient_equals_full_batch_gradient(k):
 
 def test_micro_batches_with_nested_batches_split_every_leaf_alike():
     x = {"a": torch.arange(10), "b": (torch.arange(10) * 2, torch.arange(20).view(10, 2))}
-    parts = st.trainer.chunk(x, 4)
+    parts = st.batches.chunk(x, 4)
     assert [len(p["a"]) for p in parts] == [3, 3, 3, 1]
     for p in parts:
         assert torch.equal(p["b"][0], p["a"] * 2)
@@ -449,8 +449,10 @@ def test_bad_arguments_are_refused(kwargs, error, match):
 
 
 def test_bad_options_are_refused():
-    with pytest.raises(ValueError, match="precision"):
-        st.Options(precision="fp16")
+    with pytest.raises(
+        ValueError, match="precision must be one of '32', 'bf16', 'fp16', not '16-mixed'"
+    ):
+        st.Options(precision="16-mixed")
     with pytest.raises(ValueError, match="scheduler_every"):
         st.Options(scheduler_every="batch")
 
@@ -465,3 +467,69 @@ def test_a_pruner_without_validation_data_is_an_error():
     trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, pruner=st.Patience(), options=quiet())
     with pytest.raises(ValueError, match="val="):
         trainer.fit(make_graph(), batches(1))
+
+
+# -- metric-driven schedulers ------------------------------------------------------------
+
+
+def test_reduce_lr_on_plateau_steps_with_the_monitored_metric_after_each_evaluation():
+    made = []
+    scores = iter([0.5, 0.4, 0.4, 0.4])
+
+    def sched(opt):
+        made.append(
+            torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=0)
+        )
+        return made[-1]
+
+    rec = Recorder()
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.8),
+        scheduler=sched,
+        epochs=4,
+        metrics={"score": lambda out, y: torch.tensor(next(scores))},
+        watchers=[rec],
+        options=quiet(monitor="val_score", mode="max"),
+    )
+    trainer.fit(make_graph(), batches(2), val=batches(1))
+    # epoch 1: 0.5 is the best so far; epoch 2: worse (patience 0) halves; then again twice
+    assert [e.lr for e in rec.of(StepEnd)] == pytest.approx([0.8] * 4 + [0.4] * 2 + [0.2] * 2)
+    assert made[0].optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_reduce_lr_on_plateau_needs_validation_data_and_a_known_metric():
+    def plateau(opt):
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+
+    trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, scheduler=plateau, options=quiet())
+    with pytest.raises(ValueError, match="ReduceLROnPlateau .* no val= data"):
+        trainer.fit(make_graph(), batches(1))
+    trainer = st.Trainer(
+        loss=F.cross_entropy, optimizer=sgd, scheduler=plateau, options=quiet(monitor="val_f1")
+    )
+    with pytest.raises(KeyError, match="monitor='val_f1'"):
+        trainer.fit(make_graph(), batches(1), val=batches(1))
+
+
+def test_a_per_epoch_scheduler_steps_after_the_epochs_evaluation():
+    seen = []
+
+    class Spy(torch.optim.lr_scheduler.StepLR):
+        def step(self, *a, **k):
+            seen.append("sched")
+            super().step(*a, **k)
+
+    def metric(out, y):
+        seen.append("eval")
+        return torch.tensor(0.0)
+
+    st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=sgd,
+        scheduler=lambda opt: Spy(opt, 1),
+        epochs=2,
+        metrics={"m": metric},
+        options=quiet(scheduler_every="epoch"),
+    ).fit(make_graph(), batches(1), val=batches(1))
+    assert seen[-4:] == ["eval", "sched", "eval", "sched"]

@@ -74,7 +74,12 @@ def test_tensorboard_writes_loss_lr_throughput_metrics_and_node_metrics(tmp_path
         "val/loss",
         "val/acc",
         "node/head/logit_mean",
+        "val/head/logit_mean",  # the node's metric during evaluation, over the whole set
     }
+    assert [s for s, _ in got["val/head/logit_mean"]] == [3, 6]
+    assert [v for _, v in got["val/head/logit_mean"]] == pytest.approx(
+        [m["val_head/logit_mean"] for m in result.metrics]
+    )
     assert got["train/loss"] == [(i + 1, pytest.approx(v)) for i, v in enumerate(result.losses)]
     assert [v for _, v in got["train/lr"]] == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025, 0.025])
     assert got["val/loss"] == [(m["step"], pytest.approx(m["val_loss"])) for m in result.metrics]

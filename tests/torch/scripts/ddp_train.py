@@ -52,6 +52,29 @@ def data() -> tuple[list, list]:
     return [batch(4) for _ in range(8)], [batch(5) for _ in range(3)]  # 3 val batches: uneven
 
 
+class Augmented(torch.utils.data.Dataset):
+    """32 examples with random noise added on reading (rank 1 draws twice as many numbers,
+    so the ranks' RNG streams differ, as per-rank augmentation makes them); records the
+    indices it reads."""
+
+    def __init__(self, rank: int) -> None:
+        gen = torch.Generator().manual_seed(2)
+        self.x, self.y = (
+            torch.randn(32, 4, generator=gen),
+            torch.randint(0, 3, (32,), generator=gen),
+        )
+        self.rank, self.seen = rank, []
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i):
+        self.seen.append(i)
+        for _ in range(self.rank + 1):
+            noise = torch.randn(4) * 0.01
+        return self.x[i] + noise, self.y[i]
+
+
 class CrashAt:
     def __init__(self, step: int) -> None:
         self.step = step
@@ -86,13 +109,17 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     save = st.Checkpointing.save
 
-    def recorded(self, payload, step):
+    def recorded(self, payload, step, **kw):
         (out / f"saved-rank{rank}").touch()
-        return save(self, payload, step)
+        return save(self, payload, step, **kw)
 
     st.Checkpointing.save = recorded
     crash_at = int(sys.argv[sys.argv.index("--crash-at") + 1]) if "--crash-at" in sys.argv else 0
     train, val = data()
+    dataset = None
+    if "--loader" in sys.argv:  # a DataLoader: the Trainer gives it a DistributedSampler
+        dataset = Augmented(rank)
+        train = torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True)
     result = trainer(out, rank, micro_batches=2, crash_at=crash_at).fit(
         graph(), train, val=val, resume="last" if "--resume" in sys.argv else None
     )
@@ -105,6 +132,7 @@ def main() -> None:
             "steps": result.steps,
             "checkpoint": result.checkpoint,
             "world": int(os.environ["WORLD_SIZE"]),
+            "seen": dataset.seen if dataset is not None else [],
         },
         out / f"rank{rank}.pt",
     )

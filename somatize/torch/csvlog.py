@@ -1,0 +1,134 @@
+"""A watcher writing a run as a CSV table: one row per step and per evaluation.
+
+Columns: ``kind`` (``step`` or ``eval``), ``step``, ``epoch``, then ``loss``, ``lr``,
+``examples``, ``seconds`` on step rows, node metrics as ``<node>/<name>`` on the step
+they were computed in, and the evaluation's values (``val_loss``, ``val_acc``...) on
+eval rows. ``pandas.read_csv(path)`` reads it as it is.
+
+Each row is one ``write`` to a file opened for appending, so a process killed at any
+instant leaves whole rows; when a new column appears (the first evaluation) the file
+is rewritten atomically under the wider header. A resumed run drops the rows the
+interrupted one wrote after its checkpoint.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from ..keepers import atomic_write
+from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
+
+__all__ = ["CSVLog"]
+
+_FIRST = ["kind", "step", "epoch", "loss", "lr", "examples", "seconds"]
+
+
+class CSVLog:
+    """Writes a run to ``path`` as CSV (one row per step and per evaluation).
+
+    Args:
+        path: the CSV file (its directory is created). A fresh run replaces it.
+
+    Example:
+        >>> st.Trainer(..., watchers=[st.CSVLog("runs/digits/log.csv")])  # doctest: +SKIP
+        >>> pandas.read_csv("runs/digits/log.csv").query("kind == 'eval'")  # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._fd: int | None = None
+        self.path = Path(path)
+        self._columns: list[str] = list(_FIRST)
+        self._rows: list[dict[str, Any]] = []
+        self._pending: dict[str, Any] | None = None
+        self._epoch = 0
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, StepEnd):
+            self._finish()
+            self._epoch = event.epoch
+            self._pending = {
+                "kind": "step",
+                "step": event.step,
+                "epoch": event.epoch,
+                "loss": event.loss,
+                "lr": event.lr,
+                "examples": event.examples,
+                "seconds": event.seconds,
+            }
+        elif isinstance(event, Metrics):
+            values = {k: _number(v) for k, v in event.values.items()}
+            if event.node:  # a node's metrics of the step just reported
+                if self._pending is not None and self._pending["step"] == event.step:
+                    self._pending.update({f"{event.node}/{k}": v for k, v in values.items()})
+                return
+            self._finish()
+            self._write({"kind": "eval", "step": event.step, "epoch": self._epoch, **values})
+        elif isinstance(event, FitStart):
+            self._start(event.start_step)
+        elif isinstance(event, (EpochEnd, FitEnd)):
+            self._finish()
+
+    def _start(self, start_step: int) -> None:
+        self._pending = None
+        self._rows, self._columns, self._pending = [], list(_FIRST), None
+        if start_step and self.path.exists():  # resumed: keep what led up to the checkpoint
+            with self.path.open(newline="") as f:
+                reader = csv.DictReader(f)
+                self._columns = list(reader.fieldnames or _FIRST)
+                self._rows = [r for r in reader if r.get("step") and int(r["step"]) <= start_step]
+        self._rewrite()
+
+    def _finish(self) -> None:
+        if self._pending is not None:
+            row, self._pending = self._pending, None
+            self._write(row)
+
+    def _write(self, row: dict[str, Any]) -> None:
+        self._rows.append(row)
+        new = [k for k in row if k not in self._columns]
+        if new:
+            self._columns.extend(new)
+            self._rewrite()
+            return
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self._fd, self._lines([row]).encode())
+
+    def _rewrite(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.path, self._lines(self._rows, header=True).encode())
+
+    def _lines(self, rows: list[dict[str, Any]], header: bool = False) -> str:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, self._columns, lineterminator="\n")
+        if header:
+            writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue()
+
+    def close(self) -> None:
+        """Write the row still open (the Trainer closes its watchers when a run fails too)."""
+        if self._pending is not None:
+            self._finish()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+
+    def __getstate__(self) -> dict[str, Any]:  # a copy in another process opens its own file
+        return {**self.__dict__, "_fd": None}
+
+
+def _number(value: Any) -> Any:
+    item = getattr(value, "item", None)
+    return item() if callable(item) else value

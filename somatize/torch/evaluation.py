@@ -1,0 +1,72 @@
+"""Evaluation inside a run: evaluate, record, tell the watchers, ask the pruner."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..watchers import Metrics, notify
+from .carry import reset
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from .run import ActiveRun
+    from .trainer import Trainer
+
+__all__ = ["evaluate_into", "rank_checkpoint"]
+
+
+def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[str, float]:
+    """Evaluate, record, tell the watchers, and ask the pruner."""
+    s = run.state
+    kept = [c.value for c in run.carries]  # training's carried state, given back afterwards
+    reset(run.carries)
+    evaluated = trainer._evaluate(run.net, val, run.device, run.autocast, run.rank, run.world)
+    for c, value in zip(run.carries, kept):
+        c.value = value
+    values = {f"val_{k}": v for k, v in evaluated.items()}
+    record: dict[str, float] = {"step": s.step, "epoch": s.epoch, **values}
+    s.metrics.append(record)
+    monitor, mode = trainer.options.monitor, trainer.options.mode
+    v = record.get(monitor)
+    if v is not None and v == v:  # NaN never ranks
+        if s.best is None or (v < s.best if mode == "min" else v > s.best):
+            s.best = v
+        keep = trainer.checkpoint.best if trainer.checkpoint is not None else 0
+        if keep:
+            run.due = rank_checkpoint(s.ranked, v, s.step, keep, mode)
+    if run.plateau:
+        if v is None:
+            raise KeyError(
+                f"ReduceLROnPlateau is stepped with Options(monitor={monitor!r}), which "
+                f"evaluation does not produce; evaluated: {', '.join(values)} "
+                "(set Options(monitor=...) to one of them)"
+            )
+        run.sched.step(v)
+    notify(run.watchers, Metrics(run.id, "", s.step, values))  # node '': the Trainer's own
+    pruner = trainer.pruner
+    if pruner is not None:
+        name = getattr(pruner, "metric", monitor)
+        if name not in record:
+            raise KeyError(
+                f"the pruner watches {name!r}, which evaluation does not produce; "
+                f"evaluated: {', '.join(values)} (name a metric from Trainer(metrics=...))"
+            )
+        pruner.report(record[name], s.step)
+        s.pruned = bool(pruner.should_prune())
+    return record
+
+
+def rank_checkpoint(
+    ranked: list[list[float]], value: float, step: int, keep: int, mode: str
+) -> bool:
+    """Enter ``[value, step]`` into the ``keep`` best (best first); whether it ranks.
+
+    Ties keep the earlier checkpoint ahead, as Lightning's ``ModelCheckpoint`` does.
+    """
+    ranked[:] = [r for r in ranked if r[1] != step]  # a step evaluated again counts once
+    sign = 1.0 if mode == "min" else -1.0
+    ranked.append([value, step])
+    ranked.sort(key=lambda r: (sign * r[0], r[1]))
+    del ranked[keep:]
+    return any(r[1] == step for r in ranked)

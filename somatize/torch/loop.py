@@ -1,0 +1,116 @@
+"""The Trainer's loop: epochs of steps, with evaluations and checkpoints between them."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..watchers import EpochEnd, Metrics, StepEnd, notify
+from .batches import epoch_batches
+from .carry import reset
+from .evaluation import evaluate_into
+from .module import GraphModule
+from .policy import save
+from .step import step
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    import torch
+
+    from .run import ActiveRun
+    from .trainer import Trainer
+
+__all__ = ["train"]
+
+
+def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[Any] | None) -> None:
+    """The epochs: steps, evaluations, checkpoints, until done, pruned or out of steps."""
+    s, net, watchers = run.state, run.net, run.watchers
+    graph_net = net if isinstance(net, GraphModule) else None
+    epochs = trainer.epochs if trainer.epochs is not None else sys.maxsize
+    max_steps = trainer.max_steps if trainer.max_steps is not None else sys.maxsize
+    per_step = trainer.options.scheduler_every == "step"
+    sched = None if run.plateau else run.sched  # a plateau scheduler is stepped by evaluations
+    step_sched, epoch_sched = (sched, None) if per_step else (None, sched)
+    every = trainer.options.eval_every_steps
+    accumulate = trainer.options.accumulate
+    ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
+    net.train()
+    while s.epoch < epochs and not s.pruned and s.step < max_steps:
+        batches = epoch_batches(
+            data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world
+        )
+        reset(run.carries)  # carried state starts afresh each epoch
+        i = -1
+        for i, group in _groups(batches, s.position, accumulate):
+            if s.pruned or s.step >= max_steps:
+                break
+            tick = time.perf_counter() if watchers else 0.0
+            if graph_net is not None:
+                graph_net.step = s.step + 1  # nodes see the number of the step they compute
+            lr = run.opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
+            loss, n, stepped = step(trainer, run, group, i)
+            if not stepped:  # a non-finite loss, skipped: no step taken, the batch consumed
+                s.skipped += 1
+                s.position = i + 1
+                continue
+            if step_sched is not None:
+                step_sched.step()
+            s.step += 1
+            s.position = i + 1
+            s.examples_seen += n
+            s.pending.append(loss)
+            if watchers:
+                _report_step(run, loss, lr, n, tick)
+            if val is not None and every and s.step % every == 0:
+                evaluate_into(trainer, run, val)
+            if run.due or (ckpt_every and s.step % ckpt_every == 0):
+                save(trainer, run)
+        else:  # the epoch ran to its end
+            if i < 0 and s.position == 0:
+                raise ValueError(
+                    f"the training data yielded no batches in epoch {s.epoch}"
+                    + (f" for rank {run.rank} of {run.world}" if run.world > 1 else "")
+                    + "; pass a non-empty sequence of batches or a DataLoader (a generator"
+                    " is used up after one epoch)"
+                )
+            record = evaluate_into(trainer, run, val) if val is not None and not every else None
+            if epoch_sched is not None:  # after the epoch's evaluation, as torch documents
+                epoch_sched.step()
+            s.flush(run.world)
+            notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}))
+            s.epoch, s.position = s.epoch + 1, 0
+            if trainer.checkpoint is not None:
+                save(trainer, run)
+            continue
+        break
+
+
+def _groups(batches: Iterator[Any], start: int, k: int) -> Iterator[tuple[int, list[Any]]]:
+    """(index of the last batch, the batches) of each optimizer step, from batch ``start``.
+
+    Groups of ``k`` batches counted from the epoch's first, so a resumed epoch (``start``
+    a multiple of ``k``) groups as the uninterrupted one did; the last may be smaller.
+    """
+    group: list[Any] = []
+    i = -1
+    for i, batch in enumerate(batches):
+        if i < start:  # resuming mid-epoch: these batches were already trained on
+            continue
+        group.append(batch)
+        if len(group) == k:
+            yield i, group
+            group = []
+    if group:
+        yield i, group
+
+
+def _report_step(run: ActiveRun, loss: torch.Tensor, lr: Any, n: int, tick: float) -> None:
+    s, seconds = run.state, time.perf_counter() - tick
+    notify(run.watchers, StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds))
+    node_metrics = getattr(run.net, "metrics", None)
+    if node_metrics:
+        for node, values in node_metrics.items():
+            notify(run.watchers, Metrics(run.id, node, s.step, values))

@@ -1,0 +1,108 @@
+"""The Trainer's less common settings, as small frozen dataclasses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from ..errors import SettingError
+from .settings import choice, count, positive
+
+__all__ = ["PRECISIONS", "Options"]
+
+PRECISIONS = ("32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Options:
+    """The Trainer's less common settings.
+
+    Args:
+        device: where to train (default: where the model's parameters are; under
+            torchrun with CUDA, this rank's GPU).
+        precision: ``"32"``; ``"bf16"`` for bfloat16 autocast; ``"fp16"`` for float16
+            autocast with a gradient scaler (``torch.amp.GradScaler``, checkpointed).
+        clip_grad_norm: clip the gradients' total norm to this value before each step.
+        shuffle: permute a sequence of batches every epoch (seeded by ``(seed, epoch)``).
+        eval_every_steps: evaluate every N steps instead of at each epoch end.
+        monitor: the metric ``TrainResult.best`` tracks (and pruners without a ``metric``).
+        mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
+        progress: show a progress bar; None: when standard error is a terminal.
+        scheduler_every: step the LR scheduler every ``"step"`` or every ``"epoch"``.
+        compile: train through ``torch.compile`` — True, or its keyword arguments
+            (``{"fullgraph": True, "mode": "max-autotune"}``). Nodes still see each step's
+            number as ``ctx.step``, without a recompile per step. A module the caller
+            compiled (``torch.compile(module(g))`` or ``module(g).compile()``) gets the same.
+        accumulate: accumulate the gradients of this many batches into each optimizer
+            step — exactly one batch as large for a mean loss (each batch weighs by its
+            size); under DDP gradients are all-reduced once per step.
+        nonfinite: what a NaN or infinite loss does — ``"raise"`` a ``NonFiniteError``
+            naming the step, epoch and batch before the optimizer steps (so no non-finite
+            weights are ever checkpointed); ``"skip"`` the step (counted in
+            ``TrainResult.skipped``); ``"ignore"``: step anyway. ``"raise"`` and ``"skip"``
+            read the loss back every step (a device synchronisation on a GPU).
+    """
+
+    device: str | torch.device | None = None
+    precision: Literal["32", "bf16", "fp16"] = "32"
+    clip_grad_norm: float | None = None
+    shuffle: bool = True
+    eval_every_steps: int | None = None
+    monitor: str = "val_loss"
+    mode: Literal["min", "max"] = "min"
+    progress: bool | None = None
+    scheduler_every: Literal["step", "epoch"] = "step"
+    nonfinite: Literal["raise", "skip", "ignore"] = "raise"
+    accumulate: int = 1
+    compile: bool | Mapping[str, Any] = False
+
+    def __post_init__(self) -> None:
+        choice(
+            "precision",
+            self.precision,
+            PRECISIONS,
+            "Lightning's '16-mixed' is 'fp16', its 'bf16-mixed' is 'bf16'",
+        )
+        if not isinstance(self.compile, (bool, Mapping)):
+            raise SettingError(
+                f"compile must be True, False or torch.compile's keyword arguments, not "
+                f"{self.compile!r}"
+            )
+        count("accumulate", self.accumulate, hint="it is how many batches make one step")
+        choice("mode", self.mode, ("min", "max"))
+        choice("nonfinite", self.nonfinite, ("raise", "skip", "ignore"))
+        choice("scheduler_every", self.scheduler_every, ("step", "epoch"))
+        if self.clip_grad_norm is not None:
+            positive(
+                "Options clip_grad_norm",
+                self.clip_grad_norm,
+                "it is the largest total gradient norm kept (a value <= 0 would flip or zero "
+                "the update); pass None not to clip",
+            )
+        if self.eval_every_steps is not None:
+            count(
+                "Options eval_every_steps",
+                self.eval_every_steps,
+                hint="pass None to evaluate at each epoch end",
+            )
+        if self.device is not None:
+            _check_device(self.device)
+
+
+def _check_device(device: Any) -> None:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise SettingError(
+            f"device {device!r} is not a torch device ({e}); pass 'cpu', 'cuda', 'cuda:1', "
+            "'mps' or a torch.device"
+        ) from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SettingError(
+            f"device {device!r} asks for CUDA, which this machine's torch does not have "
+            f"(torch {torch.__version__}, CUDA available: False); pass device='cpu', or None "
+            "to train where the model is"
+        )

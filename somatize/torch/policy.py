@@ -1,0 +1,121 @@
+"""The Trainer's checkpoint policy: where to resume from, a fresh start, when and what to save."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sized
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CheckpointError
+from . import ddp
+from .checkpoint import RunState, capture, finite, rng_state, scaler_state
+
+if TYPE_CHECKING:
+    from .run import ActiveRun
+    from .trainer import Trainer
+
+__all__ = ["check_fresh", "resume_path", "save"]
+
+
+def resume_path(trainer: Trainer, resume: Any) -> Path | None:
+    """The checkpoint ``fit(resume=...)`` names (None: a fresh start)."""
+    if resume is None:
+        return None
+    if resume == "last":
+        if trainer.checkpoint is None:
+            raise CheckpointError(
+                "resume='last' needs checkpoint=Checkpointing(dir) to know where to look"
+            )
+        return trainer.checkpoint.last()
+    return Path(resume)
+
+
+def check_fresh(trainer: Trainer) -> None:
+    """Refuse to start afresh over an earlier run's checkpoints."""
+    ckpt = trainer.checkpoint
+    if ckpt is not None and (earlier := ckpt.last()) is not None:
+        raise CheckpointError(
+            f"{ckpt.path} already holds checkpoints of an earlier run (last: {earlier.name}); "
+            "continue it with fit(..., resume='last'), or checkpoint into an empty directory"
+        )
+
+
+def save(trainer: Trainer, run: ActiveRun) -> None:
+    """Checkpoint: rank 0 writes, every rank waits for it and records its path."""
+    ckpt = trainer.checkpoint
+    assert ckpt is not None
+    s = run.state
+    s.flush(run.world)
+    run.due = False
+    rngs = ddp.gather(rng_state()) if run.world > 1 else None  # every rank's, for its resume
+    if run.rank == 0:
+        if finite(run.net.state_dict()):
+            s.last_finite = s.step
+        payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
+        payload["scaler"] = scaler_state(run.scaler)
+        if rngs is not None:
+            payload["rngs"] = rngs
+        protect = [int(r[1]) for r in s.ranked]
+        if s.last_finite is not None:
+            protect.append(s.last_finite)
+        ckpt.save(payload, s.step, protect=protect, best=best_step(s))
+    if run.world > 1:
+        ddp.barrier()
+    run.checkpoint = ckpt.file(s.step)
+
+
+_HORIZONS = ("total_steps", "T_max", "total_iters")  # OneCycleLR, CosineAnnealingLR, LinearLR...
+
+
+def horizon(sched: Any) -> dict[str, int]:
+    """The length a scheduler was built for (its ``total_steps``, ``T_max``, ``total_iters``)."""
+    return {k: v for k in _HORIZONS if isinstance(v := getattr(sched, k, None), int)}
+
+
+def check_extension(
+    trainer: Trainer, run: ActiveRun, path: Path, fresh: dict[str, int], train: Iterable[Any]
+) -> None:
+    """Warn when a resumed run cannot go on as asked: stopped early by its pruner, or a
+    restored scheduler built for fewer steps than this run plans."""
+    s = run.state
+    if s.pruned:
+        warnings.warn(
+            f"the run resumed from {path} was stopped early by its pruner at step {s.step} "
+            f"(epoch {s.epoch}); nothing more is trained. To train further, resume from a "
+            "checkpoint before it stopped, or start a fresh run in another directory",
+            UserWarning,
+            stacklevel=4,
+        )
+        return
+    restored = horizon(run.sched)
+    planned = _planned(trainer, train, run.world)
+    for key, built in restored.items():
+        wanted = max(fresh.get(key, 0), planned or 0)
+        if built < wanted:
+            warnings.warn(
+                f"the {type(run.sched).__name__} restored from {path} was built for "
+                f"{key}={built}, but this run plans {wanted}; the checkpoint's schedule is "
+                "kept (it may end, or raise, before the run does). Resume into a run of the "
+                "same length, or start a fresh one for the longer schedule",
+                UserWarning,
+                stacklevel=4,
+            )
+
+
+def _planned(trainer: Trainer, train: Iterable[Any], world: int) -> int | None:
+    """Scheduler steps this run plans in all (None when the data cannot say)."""
+    if trainer.options.scheduler_every == "epoch":
+        return trainer.epochs
+    if trainer.max_steps is not None:
+        return trainer.max_steps
+    size = len(train) if isinstance(train, Sized) else None
+    if size is None or trainer.epochs is None:
+        return None
+    per_epoch = -(-(size // world if world > 1 else size) // trainer.options.accumulate)
+    return per_epoch * trainer.epochs
+
+
+def best_step(s: RunState) -> int | None:
+    """The step of the best checkpoint, or None when none is ranked."""
+    return int(s.ranked[0][1]) if s.ranked else None

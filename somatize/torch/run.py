@@ -1,0 +1,40 @@
+"""What one ``fit`` works with: the module, its optimizer, device and state, bundled."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..watchers import Watcher
+from .checkpoint import RunState
+
+__all__ = ["ActiveRun"]
+
+
+@dataclass(slots=True)
+class ActiveRun:
+    """What one ``fit`` works with (made by ``Trainer._start``, gone when ``fit`` returns)."""
+
+    id: str
+    net: nn.Module  # the module trained
+    wrapped: nn.Module  # the same, in DDP under torchrun
+    params: list[nn.Parameter]
+    opt: torch.optim.Optimizer
+    sched: Any
+    device: torch.device
+    autocast: Callable[[], Any]
+    scaler: Any  # a torch.amp.GradScaler under fp16, else None
+    rank: int
+    world: int
+    watchers: list[Watcher] = field(default_factory=list)
+    state: RunState = field(default_factory=RunState)
+    checkpoint: Path | None = None  # the last checkpoint written, or resumed from
+    plateau: bool = False  # the scheduler is stepped with the monitored metric (ReduceLROnPlateau)
+    carries: list[Any] = field(default_factory=list)  # every Carry of the model
+    compiled: bool = False  # trained through torch.compile
+    due: bool = False  # an evaluation ranked among the best: checkpoint it now

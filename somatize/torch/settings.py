@@ -1,0 +1,143 @@
+"""Checks of the Trainer's settings: each bad value is a ``SettingError`` naming it and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import SettingError
+
+__all__ = [
+    "check_arguments",
+    "check_batch",
+    "check_optimizer",
+    "check_scheduler",
+    "choice",
+    "count",
+    "positive",
+]
+
+
+def count(name: str, value: Any, minimum: int = 1, hint: str = "") -> None:
+    """``value`` must be an int (not a bool, not a float) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingError(
+            f"{name} must be a whole number, not {value!r}"
+            + (f" (did you mean {name}={int(value)}?)" if isinstance(value, float) else "")
+            + (f"; {hint}" if hint else "")
+        )
+    if value < minimum:
+        raise SettingError(
+            f"{name} must be at least {minimum}, not {value}" + (f"; {hint}" if hint else "")
+        )
+
+
+def positive(name: str, value: Any, hint: str = "") -> None:
+    """``value`` must be a number above 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise SettingError(
+            f"{name} must be a number above 0, not {value!r}" + (f"; {hint}" if hint else "")
+        )
+
+
+def choice(name: str, value: Any, allowed: Iterable[str], hint: str = "") -> None:
+    """``value`` must be one of ``allowed``."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise SettingError(
+            f"{name} must be one of {', '.join(map(repr, allowed))}, not {value!r}"
+            + (f" ({hint})" if hint else "")
+        )
+
+
+def check_arguments(
+    optimizer: Any,
+    scheduler: Any,
+    epochs: Any,
+    max_steps: Any,
+    micro_batches: Any,
+    metrics: Any,
+    pruner: Any,
+    seed: Any,
+) -> None:
+    """The Trainer constructor's arguments."""
+    if optimizer is not None and not callable(optimizer):
+        raise SettingError(
+            f"optimizer must be a factory over parameters, not {type(optimizer).__qualname__}; "
+            "e.g. optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
+        )
+    if scheduler is not None and not callable(scheduler):
+        raise SettingError(
+            f"scheduler must be a factory over the optimizer, not {type(scheduler).__qualname__}; "
+            "e.g. scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
+        )
+    count("micro_batches", micro_batches, hint="it is how many chunks each batch is split into")
+    if epochs is not None:
+        count("epochs", epochs, hint="a run trains whole epochs; use max_steps to stop mid-epoch")
+    if max_steps is not None:
+        count("max_steps", max_steps)
+    for name, fn in (metrics or {}).items():
+        if not isinstance(name, str):
+            raise SettingError(f"metric names must be strings, not {name!r}")
+        if not callable(fn) and not all(
+            callable(getattr(fn, m, None)) for m in ("reset", "update", "compute")
+        ):
+            raise SettingError(
+                f"metric {name!r} is a {type(fn).__qualname__}, neither a function "
+                "fn(output, target) nor an object with reset/update/compute; pass e.g. "
+                "st.accuracy or a torchmetrics metric"
+            )
+    if pruner is not None and not (hasattr(pruner, "report") and hasattr(pruner, "should_prune")):
+        raise SettingError(
+            f"pruner must have report(value, step) and should_prune(), and a "
+            f"{type(pruner).__qualname__} has not; e.g. st.Patience('val_loss', patience=3)"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise SettingError(
+            f"seed must be a whole number from 0 to 2**32 - 1 (what numpy accepts), not {seed!r}"
+        )
+
+
+def check_optimizer(opt: Any, params: list[Any]) -> None:
+    """What the optimizer factory made: an optimizer over the model's trainable parameters."""
+    import torch
+
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise SettingError(
+            f"the optimizer factory returned {type(opt).__qualname__}, not a torch optimizer; "
+            "it must return one built over the parameters it is given, e.g. "
+            "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
+        )
+    own = {id(p) for p in params}
+    given = [p for group in opt.param_groups for p in group["params"]]
+    foreign = [p for p in given if id(p) not in own]
+    if foreign or not given:
+        raise SettingError(
+            f"the optimizer the factory returned updates {len(foreign)} of its {len(given)} "
+            f"tensors that are not trainable parameters of the model (which has {len(params)}), "
+            "so it would train nothing the run keeps; build it over the parameters the factory "
+            "is given (lambda params: torch.optim.SGD(params, lr=0.1)), not another model's"
+        )
+
+
+def check_scheduler(sched: Any) -> None:
+    """What the scheduler factory made."""
+    if sched is None or not callable(getattr(sched, "step", None)):
+        raise SettingError(
+            f"the scheduler factory returned {sched!r}, not an LR scheduler; it must return "
+            "one built over the optimizer it is given, e.g. "
+            "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
+        )
+
+
+def check_batch(x: Any, batch: Any) -> None:
+    """A batch's input must hold a tensor."""
+    from .batches import _leaves
+
+    if not _leaves(x):
+        raise SettingError(
+            f"a batch of type {type(batch).__qualname__} holds no tensor to feed the model; a "
+            "batch is a tensor, an (x, y) pair, a dict with 'x' (and 'y'), or nested "
+            "tuples/lists/dicts of tensors — convert it (e.g. torch.as_tensor) or use a "
+            "DataLoader"
+        )

@@ -1,0 +1,117 @@
+"""One optimizer step: forward, loss and backward over its batches (in micro-batches), then
+the step — with a gradient scaler under fp16, clipping, and the non-finite policy."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..errors import NonFiniteError
+from . import ddp
+from .batches import chunk, num_examples, to_device
+from .settings import check_batch
+
+if TYPE_CHECKING:
+    from .run import ActiveRun
+    from .trainer import Trainer
+
+__all__ = ["step"]
+
+
+def step(
+    trainer: Trainer, run: ActiveRun, group: Sequence[Any], index: int
+) -> tuple[torch.Tensor, int, bool]:
+    """One optimizer step over ``group`` (one batch, or ``Options.accumulate`` of them).
+
+    Every micro-batch of every batch weighs by its share of the group's examples, so the
+    gradient equals one batch as large as the group for a mean-reduced loss; under DDP
+    gradients are all-reduced once, on the last backward.
+
+    Returns:
+        the group's loss, its number of examples, and whether the optimizer stepped
+        (False: skipped for a non-finite loss).
+
+    Raises:
+        NonFiniteError: the loss is NaN or infinite under ``Options(nonfinite="raise")``.
+    """
+    wrapped, opt, device, autocast, scaler = (
+        run.wrapped,
+        run.opt,
+        run.device,
+        run.autocast,
+        run.scaler,
+    )
+    opt.zero_grad(set_to_none=True)
+    k = trainer.micro_batches
+    if k == 1 and len(group) == 1:  # the common case, without bookkeeping
+        x, y = trainer._split(group[0])
+        if type(x) is not torch.Tensor:
+            check_batch(x, group[0])
+        x, y = to_device(x, device), to_device(y, device)
+        n = num_examples(x)
+        if autocast is contextlib.nullcontext:  # full precision: no context to enter
+            loss = trainer._loss(wrapped(x), y)
+        else:
+            with autocast():
+                loss = trainer._loss(wrapped(x), y)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        total = loss.detach()  # the history is made float32 when it is read back
+    else:
+        parts: list[tuple[Any, Any]] = []
+        for batch in group:
+            x, y = trainer._split(batch)
+            if type(x) is not torch.Tensor:
+                check_batch(x, batch)
+            x, y = to_device(x, device), to_device(y, device)
+            xs = chunk(x, k) if k > 1 else [x]
+            ys = (chunk(y, k) if k > 1 else [y]) if y is not None else [None] * len(xs)
+            parts.extend(zip(xs, ys, strict=True))
+        sizes = [num_examples(xc) for xc, _ in parts]
+        n = sum(sizes)
+        total = torch.zeros((), device=device)
+        for i, ((xc, yc), size) in enumerate(zip(parts, sizes)):
+            share = size / n  # each part weighs by its size: exact for mean losses
+            sync = run.world == 1 or i == len(parts) - 1  # all-reduce gradients once, at the end
+            with contextlib.nullcontext() if sync else wrapped.no_sync():  # type: ignore[operator]
+                with autocast():
+                    loss = trainer._loss(wrapped(xc), yc)
+                weighted = loss * share
+                (weighted if scaler is None else scaler.scale(weighted)).backward()
+            total += loss.detach().float() * share
+    policy = trainer.options.nonfinite
+    if policy != "ignore" and not _finite(total, run.world):
+        if policy == "raise":
+            s = run.state
+            raise NonFiniteError(
+                f"the loss is {float(total)} at step {s.step + 1} (epoch {s.epoch}, batch "
+                f"{index} of the epoch); nothing was stepped or checkpointed with it. Look for "
+                "a too-high learning rate or bad data, clip gradients (Options(clip_grad_norm=...)),"
+                " or skip such steps with Options(nonfinite='skip')"
+            )
+        opt.zero_grad(set_to_none=True)
+        return total, n, False
+    clip = trainer.options.clip_grad_norm
+    if scaler is None:
+        if clip is not None:
+            nn.utils.clip_grad_norm_(run.params, clip)
+        opt.step()
+    else:
+        if clip is not None:
+            scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
+            nn.utils.clip_grad_norm_(run.params, clip)
+        scaler.step(opt)  # skipped by the scaler itself when a gradient overflowed
+        scaler.update()
+    return total, n, True
+
+
+def _finite(loss: torch.Tensor, world: int) -> bool:
+    """Whether the loss is finite (on every rank: they all skip, or none does)."""
+    if world == 1:
+        return math.isfinite(loss.item())
+    bad = torch.tensor(0.0 if math.isfinite(loss.item()) else 1.0, device=loss.device)
+    return float(ddp.total(bad)) == 0.0

@@ -1,0 +1,98 @@
+"""The CSV watcher (one row per step and evaluation, read by pandas) and TensorBoard's HParams."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import somatize.torch as st
+from tests.torch.test_checkpoint_resume import Crash, CrashAt, data, graph
+from tests.torch.test_watchers_torch import Body, Head, fit
+from tests.torch.test_watchers_torch import data as wdata
+
+
+def rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_one_row_per_step_and_evaluation_with_node_metrics(tmp_path):
+    result = fit([st.CSVLog(tmp_path / "log.csv")])
+    got = rows(tmp_path / "log.csv")
+    steps = [r for r in got if r["kind"] == "step"]
+    evals = [r for r in got if r["kind"] == "eval"]
+    assert [int(r["step"]) for r in steps] == list(range(1, 7))
+    assert [float(r["loss"]) for r in steps] == pytest.approx(result.losses)
+    assert [float(r["lr"]) for r in steps] == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025, 0.025])
+    assert all(r["head/logit_mean"] for r in steps)  # the node's metric, on its step's row
+    assert [(int(r["step"]), int(r["epoch"])) for r in evals] == [(3, 0), (6, 1)]
+    assert [float(r["val_acc"]) for r in evals] == pytest.approx(
+        [m["val_acc"] for m in result.metrics]
+    )
+    assert [float(r["val_head/logit_mean"]) for r in evals] == pytest.approx(
+        [m["val_head/logit_mean"] for m in result.metrics]
+    )
+    assert got[0]["val_loss"] == ""  # steps before the first evaluation: blank, not missing
+
+
+def test_pandas_reads_it():
+    pd = pytest.importorskip("pandas")
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        fit([st.CSVLog(Path(d) / "log.csv")])
+        frame = pd.read_csv(Path(d) / "log.csv")
+    assert len(frame) == 8 and frame.query("kind == 'eval'")["val_loss"].notna().all()
+
+
+def test_a_resumed_run_drops_the_rows_after_its_checkpoint(tmp_path):
+    from tests.torch.test_checkpoint_resume import trainer
+
+    log = tmp_path / "log.csv"
+    with pytest.raises(Crash):
+        trainer(tmp_path, watchers=[st.CSVLog(log), CrashAt(7)], pruner=None).fit(
+            graph(0), data(), val=data(2)
+        )
+    assert max(int(r["step"]) for r in rows(log)) == 7
+    trainer(tmp_path, watchers=[st.CSVLog(log)], pruner=None).fit(
+        graph(0), data(), val=data(2), resume="last"
+    )
+    steps = [int(r["step"]) for r in rows(log) if r["kind"] == "step"]
+    assert steps == list(range(1, 21))  # 7 was dropped (the checkpoint is at 6), then written again
+
+
+def test_tensorboard_hparams_hold_the_hyperparameters_and_final_metrics(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    result = fit(
+        [st.TensorBoard(tmp_path / "tb", hparams={"lr": 0.1, "opt": "sgd", "layers": [4, 8]})]
+    )
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hp = start.session_start_info.hparams
+    assert hp["lr"].number_value == 0.1 and hp["opt"].string_value == "sgd"
+    assert hp["layers"].string_value == "[4, 8]"
+    exp = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"])
+    tags = {m.name.tag for m in exp.experiment.metric_infos}
+    assert {"val/loss", "val/acc", "train/loss"} <= tags
+    del result
+
+
+def test_the_csv_log_pickles_without_its_file(tmp_path):
+    import pickle
+
+    log = st.CSVLog(tmp_path / "log.csv")
+    st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        watchers=[log],
+        options=st.Options(progress=False),
+    ).fit(__import__("somatize").Graph.somatize(Body() >> Head()), wdata())
+    assert pickle.loads(pickle.dumps(log)).path == log.path

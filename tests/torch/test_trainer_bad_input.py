@@ -1,0 +1,144 @@
+"""Bad input: each a SettingError (or NodeError) naming the value and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.errors import NodeError, SettingError
+
+
+class Linear(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+def sgd(ps):
+    return torch.optim.SGD(ps, lr=0.1)
+
+
+def data():
+    return [(torch.randn(4, 3), torch.randint(0, 2, (4,)))]
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (
+            lambda: st.Options(clip_grad_norm=-1.0),
+            r"clip_grad_norm must be a number above 0, not -1.0.*ascent|flip",
+        ),
+        (lambda: st.Options(clip_grad_norm=0), "clip_grad_norm must be a number above 0"),
+        (lambda: st.Options(eval_every_steps=0), "eval_every_steps must be at least 1, not 0"),
+        (lambda: st.Options(eval_every_steps=-3), "eval_every_steps must be at least 1"),
+        (
+            lambda: (
+                st.Options(device="cuda:0")
+                if not torch.cuda.is_available()
+                else st.Options(device="nope")
+            ),
+            "device",
+        ),
+        (lambda: st.Options(device="tpu-ish"), "not a torch device"),
+        (
+            lambda: st.Trainer(optimizer=sgd, epochs=1.5),
+            r"epochs must be a whole number, not 1.5 \(did you mean epochs=1\?\)",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, max_steps=2.5),
+            "max_steps must be a whole number, not 2.5",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, metrics={"acc": 0.5}),
+            "metric 'acc' is a float, neither a function",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, seed=-1),
+            r"seed must be a whole number from 0 to 2\*\*32 - 1",
+        ),
+        (lambda: st.Trainer(optimizer=sgd, seed=2**40), "seed must be"),
+        (lambda: st.Trainer(optimizer=sgd, seed=1.0), "seed must be"),
+        (lambda: st.Trainer(optimizer=sgd, scheduler="cosine"), "scheduler must be a factory"),
+        (lambda: st.Trainer(optimizer=sgd, micro_batches=0), "micro_batches must be at least 1"),
+        (lambda: st.Checkpointing("x", every_steps=0), "every_steps must be at least 1"),
+    ],
+)
+def test_bad_settings_name_the_value_and_the_fix(make, match):
+    with pytest.raises(SettingError, match=match) as e:
+        make()
+    assert isinstance(e.value, ValueError) and isinstance(e.value, TypeError)
+
+
+def test_cuda_without_cuda_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(
+        SettingError, match="asks for CUDA, which this machine's torch does not have"
+    ):
+        st.Options(device="cuda")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"optimizer": lambda ps: None},
+            "optimizer factory returned NoneType, not a torch optimizer",
+        ),
+        (
+            {"optimizer": lambda ps: torch.optim.SGD([nn.Parameter(torch.zeros(2))], lr=0.1)},
+            "updates 1 of its 1 tensors that are not trainable parameters of the model",
+        ),
+        ({"optimizer": sgd, "scheduler": lambda opt: None}, "scheduler factory returned None"),
+    ],
+)
+def test_bad_factories_are_refused_before_training(kwargs, match):
+    g = Graph.somatize(Linear())
+    before = {k: v.clone() for k, v in st.state(g).items()}
+    with pytest.raises(SettingError, match=match):
+        st.Trainer(loss=F.cross_entropy, options=st.Options(progress=False), **kwargs).fit(
+            g, data()
+        )
+    assert all(torch.equal(v, before[k]) for k, v in st.state(g).items())
+
+
+@pytest.mark.parametrize("batch", [["a", "b", "c"], ("text", 1), 3.0])
+def test_a_batch_without_a_tensor_is_refused(batch):
+    with pytest.raises(SettingError, match="holds no tensor to feed the model"):
+        st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=st.Options(progress=False)).fit(
+            Graph.somatize(Linear()), [batch]
+        )
+
+
+def test_clipping_still_clips():
+    st.Trainer(
+        loss=F.cross_entropy, optimizer=sgd, options=st.Options(clip_grad_norm=0.5, progress=False)
+    ).fit(Graph.somatize(Linear()), data())
+
+
+def test_a_node_forward_without_ctx_is_refused_at_g_node():
+    class NoCtx(Node):
+        def forward(self, x):
+            return Done(x)
+
+    class Star(Node):
+        def forward(self, *args):
+            return Done(args[0])
+
+    g = Graph()
+    with pytest.raises(
+        NodeError,
+        match=r"node 'bad': .*NoCtx.forward\(self, x\) takes no ctx.*def forward\(self, x, ctx\)",
+    ):
+        g.node("bad", NoCtx())
+    assert "bad" not in g
+    with pytest.raises(NodeError, match="takes no ctx"):
+        Graph.somatize(NoCtx())
+    g.node("ok", Star())  # *args takes ctx too

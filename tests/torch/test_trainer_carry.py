@@ -1,0 +1,102 @@
+"""State carried across steps (truncated BPTT): reset at epoch and evaluation starts, never a buffer."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+
+
+class Recurrent(Node):
+    def __init__(self) -> None:
+        self.rnn = nn.GRU(3, 5, batch_first=True)
+        self.out = nn.Linear(5, 2)
+        self.hidden = st.Carry()
+        self.starts: list[tuple[bool, bool]] = []  # (training, started from None) per call
+
+    def forward(self, x, ctx):  # (batch, seq, 3)
+        self.starts.append((ctx.training, self.hidden.value is None))
+        out, h = self.rnn(x, self.hidden.value)
+        self.hidden.set(h)
+        return Done(Opaque(self.out(out[:, -1])))
+
+
+def data(n: int):
+    gen = torch.Generator().manual_seed(0)
+    return [
+        (torch.randn(2, 4, 3, generator=gen), torch.randint(0, 2, (2,), generator=gen))
+        for _ in range(n)
+    ]
+
+
+def test_carried_state_is_reset_at_epoch_and_evaluation_starts_and_given_back_after():
+    torch.manual_seed(0)
+    node = Recurrent()
+    g = Graph.somatize(node)
+    st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=2,
+        options=st.Options(progress=False, shuffle=False, eval_every_steps=2),
+    ).fit(g, data(3), val=data(2))
+    train_t, val_t = (True, True), (False, True)
+    assert node.starts == [
+        train_t, (True, False),  # epoch 0: fresh, then carried
+        val_t, (False, False),  # evaluation at step 2: fresh, then carried within it
+        (True, False),  # training carries on from its own state, not the evaluation's
+        train_t, val_t, (False, False), (True, False), (True, False),  # epoch 1 (eval at 4)
+        val_t, (False, False),  # evaluation at step 6
+    ]  # fmt: skip
+    assert "hidden" not in " ".join(st.state(g))  # never a buffer
+    assert not any("hidden" in k for k in st.module(g).state_dict())
+    st.load_state(g, st.state(g))
+
+
+def test_truncated_backprop_equals_a_plain_loop_with_detached_hidden_state():
+    torch.manual_seed(0)
+    node = Recurrent()
+    g = Graph.somatize(node)
+    rnn, out = __import__("copy").deepcopy(node.rnn), __import__("copy").deepcopy(node.out)
+    batches = data(4)
+    result = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        options=st.Options(progress=False, shuffle=False),
+    ).fit(g, batches)
+    opt = torch.optim.SGD([*rnn.parameters(), *out.parameters()], lr=0.1)
+    h, losses = None, []
+    for x, y in batches:
+        opt.zero_grad()
+        o, h = rnn(x, h)
+        loss = F.cross_entropy(out(o[:, -1]), y)
+        loss.backward()
+        opt.step()
+        h = h.detach()
+        losses.append(loss.item())
+    assert result.losses == losses
+    assert torch.equal(node.rnn.weight_hh_l0, rnn.weight_hh_l0)
+
+
+def test_evaluate_and_predict_start_from_a_fresh_state():
+    node = Recurrent()
+    g = Graph.somatize(node)
+    trainer = st.Trainer(loss=F.cross_entropy)
+    first = trainer.predict(g, data(2))
+    again = trainer.predict(g, data(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert trainer.evaluate(g, data(2)) == trainer.evaluate(g, data(2))
+
+
+def test_carry_detaches_nested_values_unless_told_not_to():
+    t = torch.ones(2, requires_grad=True) * 2
+    c = st.Carry()
+    c.set((t, [t], {"a": t}))
+    assert not c.value[0].requires_grad and not c.value[1][0].requires_grad
+    keep = st.Carry(detach=False)
+    keep.set(t)
+    assert keep.value.requires_grad
+    keep.reset()
+    assert keep.value is None

@@ -1,0 +1,120 @@
+"""Metrics over the whole set: objects with reset/update/compute, torchmetrics as it is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+
+
+class Linear(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, ctx):
+        out = self.lin(x)
+        return Done(Opaque(out), metrics={"mean": out.detach().mean()})
+
+
+def data():
+    gen = torch.Generator().manual_seed(0)
+    sizes = [8, 8, 3]  # a smaller last batch: a per-batch mean of F1 would be wrong
+    return [
+        (torch.randn(n, 3, generator=gen), torch.randint(0, 2, (n,), generator=gen)) for n in sizes
+    ]
+
+
+def f1_by_hand(pred, y):
+    """Macro F1 over the two classes."""
+    scores = []
+    for c in (0, 1):
+        tp = ((pred == c) & (y == c)).sum().item()
+        fp = ((pred == c) & (y != c)).sum().item()
+        fn = ((pred != c) & (y == c)).sum().item()
+        scores.append(2 * tp / (2 * tp + fp + fn))
+    return sum(scores) / 2
+
+
+class Positives:
+    """A metric object of our own: the fraction of positives predicted, over the set."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.calls.append("reset")
+        self.hits = self.total = 0
+
+    def update(self, out, y) -> None:
+        self.calls.append("update")
+        self.hits += int((out.argmax(-1) == 1).sum())
+        self.total += len(y)
+
+    def compute(self):
+        self.calls.append("compute")
+        return self.hits / self.total
+
+
+def test_metric_objects_compute_over_the_whole_set_and_functions_average_over_examples():
+    torchmetrics = pytest.importorskip("torchmetrics")
+    torch.manual_seed(0)
+    g = Graph.somatize(Linear())
+    val = data()
+    positives = Positives()
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        metrics={
+            "f1": torchmetrics.classification.MulticlassF1Score(
+                num_classes=2, average="macro"
+            ),  # as it is
+            "pos": positives,
+            "acc": st.accuracy,
+        },
+    )
+    for _ in range(2):  # reset at each evaluation: the second gives the same numbers
+        got = trainer.evaluate(g, val)
+    net = g["linear"].lin
+    with torch.no_grad():
+        pred = torch.cat([net(x).argmax(-1) for x, _ in val])
+        ys = torch.cat([y for _, y in val])
+        means = torch.cat([net(x) for x, _ in val]).mean(-1)
+        weighted = sum(float(net(x).mean()) * len(x) for x, _ in val) / len(ys)
+    assert got["f1"] == pytest.approx(f1_by_hand(pred, ys))
+    assert got["pos"] == pytest.approx(float((pred == 1).float().mean()))
+    assert got["acc"] == pytest.approx(float((pred == ys).float().mean()))
+    # the node's metric, averaged over examples
+    assert got["linear/mean"] == pytest.approx(weighted, rel=1e-5)
+    assert got["linear/mean"] == pytest.approx(float(means.mean()), rel=1e-5)
+    assert list(got) == ["loss", "f1", "pos", "acc", "linear/mean"]
+    assert positives.calls == ["reset", *["reset", "update", "update", "update", "compute"] * 2]
+
+
+def test_fit_logs_metric_objects_and_node_metrics_as_val_names():
+    torchmetrics = pytest.importorskip("torchmetrics")
+    torch.manual_seed(0)
+    result = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        metrics={
+            "f1": torchmetrics.classification.MulticlassF1Score(num_classes=2, average="macro")
+        },
+        options=st.Options(progress=False, monitor="val_f1", mode="max"),
+    ).fit(Graph.somatize(Linear()), data(), val=data())
+    assert {"val_loss", "val_f1", "val_linear/mean"} <= set(result.metrics[-1])
+    assert result.best == result.metric("val_f1")
+
+
+def test_a_metric_object_computing_a_vector_is_refused():
+    class Vector(Positives):
+        def compute(self):
+            return torch.ones(2)
+
+    with pytest.raises(TypeError, match="metric 'v' computed a tensor of shape"):
+        st.Trainer(loss=F.cross_entropy, metrics={"v": Vector()}).evaluate(
+            Graph.somatize(Linear()), data()
+        )

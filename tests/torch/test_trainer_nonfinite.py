@@ -1,0 +1,96 @@
+"""A NaN or infinite loss: raise (default), skip, or ignore; rotation keeps a finite checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.errors import NonFiniteError
+
+
+class Linear(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+def data(n: int = 3):
+    gen = torch.Generator().manual_seed(0)
+    return [
+        (torch.randn(4, 3, generator=gen), torch.randint(0, 2, (4,), generator=gen))
+        for _ in range(n)
+    ]
+
+
+def nan_at(*calls):
+    """cross_entropy, NaN at the given (1-based) calls."""
+    count = [0]
+
+    def loss(out, y):
+        count[0] += 1
+        value = F.cross_entropy(out, y)
+        return value * float("nan") if count[0] in calls else value
+
+    return loss
+
+
+def trainer(loss, policy=None, **kw):
+    options = st.Options(progress=False, shuffle=False, **({"nonfinite": policy} if policy else {}))
+    return st.Trainer(
+        loss=loss, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), options=options, **kw
+    )
+
+
+def test_a_nan_loss_raises_naming_step_epoch_and_batch_before_anything_is_stepped(tmp_path):
+    torch.manual_seed(0)
+    g = Graph.somatize(Linear())
+    ckpt = st.Checkpointing(tmp_path / "ckpt", every_steps=1)
+    with pytest.raises(NonFiniteError, match=r"step 5 \(epoch 1, batch 1 of the epoch\)") as e:
+        trainer(nan_at(5), epochs=2, checkpoint=ckpt).fit(g, data())
+    assert "Options(nonfinite='skip')" in str(e.value)
+    assert isinstance(e.value, FloatingPointError)
+    assert all(torch.isfinite(v).all() for v in st.state(g).values())  # not stepped with NaN
+    assert st.load_checkpoint(ckpt.last())["step"] == 4
+
+
+def test_skip_drops_the_step_and_counts_it():
+    torch.manual_seed(0)
+    g = Graph.somatize(Linear())
+    result = trainer(nan_at(2, 3), "skip", epochs=2).fit(g, data())
+    assert (result.steps, result.skipped) == (4, 2)
+    assert all(v == v for v in result.losses)  # only the steps taken are in the history
+    # equal to training on the batches that were kept, by hand
+    torch.manual_seed(0)
+    ref = Graph.somatize(Linear())
+    kept = [data()[0], *data()]
+    want = trainer(F.cross_entropy, epochs=1).fit(ref, kept)
+    assert result.losses == pytest.approx(want.losses)
+    for k, v in result.state.items():
+        assert torch.equal(v, want.state[k])
+
+
+def test_ignore_trains_on_and_rotation_keeps_the_last_finite_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    directory = tmp_path / "ckpt"
+    result = trainer(
+        nan_at(3), "ignore", epochs=2, checkpoint=st.Checkpointing(directory, every_steps=1, keep=2)
+    ).fit(Graph.somatize(Linear()), data())
+    assert result.steps == 6 and result.skipped == 0
+    names = sorted(p.name for p in directory.iterdir() if p.name.startswith("step-"))
+    assert names == ["step-000000002.ckpt", "step-000000005.ckpt", "step-000000006.ckpt"]
+    finite = st.load_checkpoint(directory / "step-000000002.ckpt")["model"]
+    assert all(torch.isfinite(v).all() for v in finite.values())
+    assert not torch.isfinite(result.state["linear.lin.weight"]).all()
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(
+        ValueError, match="nonfinite must be one of 'raise', 'skip', 'ignore', not 'warn'"
+    ):
+        st.Options(nonfinite="warn")
