@@ -343,7 +343,8 @@ def remember(
     hit_set = set(hit)
     miss = [i for i in range(n) if i not in hit_set] if hit else list(range(n))
     if env.watchers:
-        notify(env.watchers, CacheRows(ctx.run.id, label, ctx.run.step, len(hit), len(miss)))
+        event = CacheRows(ctx.run.id, label, ctx.run.step, len(hit), len(miss), tuple(keys))
+        notify(env.watchers, event)
     if env.explained is not None:
         env.explained.append((label, impl, parts, f"{n} examples", (len(hit), len(miss))))
     if not miss:
@@ -372,8 +373,8 @@ def remember(
             f"batch instead: g.cache({label!r})"
         )
     if keeper is not None:
-        rows = _entries(okind, onames, oleaves, m)
-        put_many(keeper, [(keys[i], e) for i, e in zip(miss, rows)], node in env.memory.pinned)
+        stored = _entries(okind, onames, oleaves, m)
+        put_many(keeper, [(keys[i], e) for i, e in zip(miss, stored)], node in env.memory.pinned)
         note(keeper, label, impl, parts, None)
     if not hits:
         return value, node_key, metrics

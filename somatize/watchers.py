@@ -105,12 +105,14 @@ class CacheMiss(Event):
 @dataclass(frozen=True, slots=True)
 class CacheRows(Event):
     """A node cached per example met a batch: ``hits`` rows were read from the keeper,
-    ``misses`` rows were computed (in one call of the node) and stored."""
+    ``misses`` rows were computed (in one call of the node) and stored; ``keys`` are the
+    rows' keys, in batch order."""
 
     node: str
     step: int
     hits: int
     misses: int
+    keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

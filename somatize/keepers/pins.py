@@ -3,7 +3,7 @@
 A keeper stores bytes under keys and does not know which node an entry came from;
 a graph does, while it runs. ``PinLog`` is the watcher a graph adds to its runs while
 some node is pinned: it records the key of each hit and miss of a pinned node (a
-per-item entry is reported as ``node[i]``). ``Graph.pin(node, False)`` then hands
+per-item entry is reported as ``node[i]``, a per-example batch by its row keys). ``Graph.pin(node, False)`` then hands
 those keys to the keeper's ``unpin``. Entries this process never met (pinned by an
 earlier run) keep their pin.
 """
@@ -29,11 +29,16 @@ class PinLog:
         return self
 
     def on_event(self, event: Any) -> None:
-        key, node = getattr(event, "key", None), getattr(event, "node", None)
-        if type(key) is str and type(node) is str:  # CacheHit, CacheMiss
+        node = getattr(event, "node", None)
+        if type(node) is not str:
+            return
+        key, keys = getattr(event, "key", None), getattr(event, "keys", None)
+        if type(key) is str:  # CacheHit, CacheMiss
             node = node.split("[", 1)[0]
             if node in self.pinned:
                 self.seen.setdefault(node, set()).add(key)
+        elif type(keys) is tuple and node in self.pinned:  # CacheRows: a batch's row keys
+            self.seen.setdefault(node, set()).update(keys)
 
     def take(self, node: str) -> set[str]:
         """The keys recorded for ``node``, forgotten here."""

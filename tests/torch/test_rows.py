@@ -390,3 +390,14 @@ def test_federated_clients_compute_each_example_once_across_rounds():
             results.append(trainer(epochs=1).fit(g, loader))
         global_state = st.fedavg(results)
     assert Encoder.rows == 96  # each client's examples computed in round 1 only
+
+
+def test_unpinning_a_node_cached_per_example_lets_gc_take_its_rows():
+    keeper = MemoryKeeper()
+    g = graph(keeper=keeper).pin("enc")
+    st.module(g)(data().tensors[0][:6])
+    assert keeper.stats().pinned == 6
+    g.pin("enc", False)
+    assert keeper.stats().pinned == 0
+    keeper.gc(0)
+    assert keeper.stats().entries == 0
