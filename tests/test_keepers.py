@@ -242,6 +242,16 @@ WRITER = textwrap.dedent(
             keeper.gc(1 << 40)
             keeper.stats()
             keeper.verify()
+    elif role == "batch":  # packs of per-example entries, 20..79 (20..29 also loose)
+        many = ["%064x" % i for i in range(20, 80)]
+        for _ in range(20):
+            rows = rnd.sample(range(20, 80), 6)
+            keeper.put_many([("%064x" % i, content(i)) for i in rows])
+            asked = rnd.sample(range(80), 10)
+            for i, got in zip(asked, keeper.get_many(["%064x" % i for i in asked])):
+                if got is not None and got != content(i):
+                    wrong += 1
+        keeper.put_many([(key, content(int(key, 16))) for key in many])  # all of them, at last
     else:
         order = list(range(30))
         for _ in range(3):
@@ -270,7 +280,7 @@ def test_concurrent_writers_leave_a_consistent_store(
     script.write_text(WRITER)
     store = tmp_path / "store"
     DiskKeeper(store)
-    roles = ["write", "write", "write", "tend"]
+    roles = ["write", "write", "batch", "batch", "tend"]
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(store), str(seed), role],
@@ -296,9 +306,10 @@ def test_concurrent_writers_leave_a_consistent_store(
         assert out == "0"  # no reader ever saw wrong bytes
     keeper = DiskKeeper(store)
     assert keeper.verify() == []
-    assert sorted(keeper.keys()) == [k(i) for i in range(30)]
-    for i in range(30):
+    assert sorted(keeper.keys()) == [k(i) for i in range(80)]
+    for i in range(80):
         assert keeper.get(k(i)) == content(i)
+    assert keeper.get_many([k(i) for i in range(80)]) == [content(i) for i in range(80)]
     for name, key in keeper.names().items():
         assert keeper.lookup(name) == content(int(key, 16))
     assert not [f for f in store.rglob(".*.tmp")]  # every writer finished its renames
