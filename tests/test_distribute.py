@@ -268,7 +268,7 @@ def test_opaque_inside_one_slice_is_fine():
 def test_a_remote_cached_node_uses_the_keeper_of_its_host_under_the_same_key():
     local = Graph.somatize(Inc() >> Inc(5).with_id("slow")).cache("slow")
     assert local.run(1).value == 7
-    (key,) = [k for k in local.keeper._entries]
+    (key,) = local.keeper.keys()
 
     rec = Recorder()
     box_keeper = MemoryKeeper()
@@ -276,7 +276,7 @@ def test_a_remote_cached_node_uses_the_keeper_of_its_host_under_the_same_key():
     g.place("slow", host="box")
     box = {"box": InProcess(box_keeper)}
     assert g.forward(1, transports=box) == 7
-    assert list(box_keeper._entries) == [key]  # the key a single-host run computes
+    assert list(box_keeper.keys()) == [key]  # the key a single-host run computes
     assert g.keeper is None or len(g.keeper) == 0  # nothing in the caller's keeper
     assert g.forward(1, transports=box) == 7
     hits = [e for e in rec.events if isinstance(e, CacheHit)]
@@ -291,7 +291,7 @@ def test_a_remote_cached_mapped_node_keys_items_like_one_process():
     keeper = MemoryKeeper()
     g = Graph.somatize(Inc(3).mapped().with_id("m")).cache("m").place("m", host="box")
     assert g.forward([1, 2], transports={"box": InProcess(keeper)}) == [4, 5]
-    assert sorted(keeper._entries) == sorted(local.keeper._entries)
+    assert sorted(keeper.keys()) == sorted(local.keeper.keys())
 
 
 def test_caching_downstream_of_an_opaque_input_is_refused_on_any_host():
@@ -313,7 +313,7 @@ def test_a_cached_subgraph_on_another_host_keys_like_one_process():
     for _ in range(2):
         out = g.run(1, transports={"box": InProcess(keeper)})
         assert (out.value, out.key) == (expected.value, expected.key) == (7, expected.key)
-    assert list(keeper._entries) == list(one.keeper._entries)
+    assert list(keeper.keys()) == list(one.keeper.keys())
     assert [e.node for e in rec.of(CacheHit)] == ["sub"]
 
 
@@ -363,7 +363,7 @@ def test_a_remote_cached_mapped_node_below_an_opaque_input_keys_items_by_content
     assert g.forward(Opaque([1, 2]), transports={"box": InProcess(keeper)}) == [4, 5]
     local = Graph.somatize(AsData() >> Inc(3).mapped().with_id("m")).cache("m")
     assert local.forward(Opaque([1, 2])) == [4, 5]
-    assert sorted(keeper._entries) == sorted(local.keeper._entries)
+    assert sorted(keeper.keys()) == sorted(local.keeper.keys())
 
 
 def test_a_local_cached_mapped_node_beside_a_remote_one_keys_items_like_one_process():
@@ -374,7 +374,7 @@ def test_a_local_cached_mapped_node_beside_a_remote_one_keys_items_like_one_proc
     assert one.forward([1, 2]) == 9
     g = make().place("far", host="box")
     assert g.forward([1, 2], transports={"box": InProcess()}) == 9
-    assert sorted(g.keeper._entries) == sorted(one.keeper._entries)
+    assert sorted(g.keeper.keys()) == sorted(one.keeper.keys())
 
 
 def test_a_declaration_error_on_a_remote_node_names_it():
@@ -400,7 +400,7 @@ def test_a_remote_subgraph_keys_its_nodes_through_an_opaque_input():
     keeper = MemoryKeeper()
     g = make().place("wrap", host="box").place("sub", host="box")
     assert g.forward([1, 2], transports={"box": InProcess(keeper)}) == 3
-    assert sorted(keeper._entries) == sorted(one.keeper._entries)
+    assert sorted(keeper.keys()) == sorted(one.keeper.keys())
 
 
 def test_a_remote_subgraph_below_an_opaque_input_refuses_to_cache_inside():

@@ -175,6 +175,11 @@ class MemoryKeeper:
                 evicted_bytes=self._evicted_bytes,
             )
 
+    def keys(self) -> list[str]:
+        """The keys stored: unpinned ones least recently used first, then pinned ones."""
+        with self._lock:
+            return [*self._lru, *self._held]
+
     def __contains__(self, key: str) -> bool:
         return key in self._lru or key in self._held
 
