@@ -38,10 +38,7 @@ __all__ = ["decodes", "gc", "packs_holding", "remove_bad", "rewrite", "verify"]
 
 def packs_holding(index: PackIndex, key: str) -> list[Pack]:
     """Every indexed pack that holds ``key`` (usually one)."""
-    loc = index.where.get(key)
-    if loc is None:
-        return []
-    return [p for p in index.packs.values() if p is loc[0] or key in p.keys]
+    return index.holding(key)
 
 
 def _write(index: PackIndex, items: list[tuple[str, bytes]], flags: int) -> int:
