@@ -85,6 +85,8 @@ def rewrite(
         got = entries(fd, st.st_size, pack.slots)
     except CorruptPack:
         pack, got = None, []
+    except OSError as e:
+        raise KeeperError(f"could not read cache pack {path}: {e.strerror or e}") from e
     finally:
         os.close(fd)
     if pack is None:
