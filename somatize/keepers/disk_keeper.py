@@ -41,7 +41,7 @@ from .packs import (
     open_regular,
 )
 from .protocol import KeeperStats, check_key, check_name, is_key
-from .upkeep import packs_holding, rewrite
+from .upkeep import rewrite
 
 __all__ = ["DiskKeeper"]
 
@@ -294,24 +294,7 @@ class DiskKeeper:
 
     def unpin_many(self, keys: Iterable[str]) -> None:
         """``unpin`` for many keys: each pinned pack holding some is rewritten once."""
-        keys = list(keys)
-        for key in keys:
-            check_key(key)
-            path = f"{self._root}/pins/{key}"
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                raise _fail("unpin cache entry", path, e) from e
-        self._index.refresh()
-        by_pack: dict[str, set[str]] = defaultdict(set)
-        for key in keys:
-            for pack in packs_holding(self._index, key):
-                if pack.pinned:
-                    by_pack[pack.name].add(key)
-        for name, unpinned in by_pack.items():
-            rewrite(self._index, self._root, name, unpin=unpinned)
+        upkeep.unpin(self._root, self._index, list(keys))
 
     def discard(self, key: str) -> None:
         """Forget ``key`` (its bytes verified but did not decode): it is recomputed.
@@ -319,18 +302,7 @@ class DiskKeeper:
         Raises:
             KeeperError: a file could not be removed or a pack rewritten.
         """
-        path = self._object(key)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except IsADirectoryError:
-            loose.quarantine(self._root, path, os.stat(path).st_ino)
-        except OSError as e:
-            raise _fail("remove cache entry", path, e) from e
-        self._index.refresh()
-        for pack in packs_holding(self._index, key):
-            rewrite(self._index, self._root, pack.name, drop={key})
+        upkeep.discard(self._root, self._index, self._object(key), key)
 
     # -- listing ------------------------------------------------------------------------
 

@@ -216,8 +216,11 @@ class PackIndex:
         self.lock = threading.RLock()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit, or a half-made index
+        # not contextlib.suppress: at interpreter exit, module globals may be gone
+        try:  # noqa: SIM105
             self.close()
+        except Exception:
+            pass
 
     def close(self) -> None:
         """Close every pack file kept open."""
