@@ -7,6 +7,8 @@
   ``put`` vs temp file + write + fsync + rename; ``get`` vs open + read;
   ``stats()`` and ``gc`` (nothing to free: the scan and the ranking) vs one
   scandir + stat of every file.
+* The same entries stored as per-example batches (``put_many`` of 64): ``stats()``
+  and ``gc`` against the scan of the one-file-per-entry store.
 * Per-example entries: 10k entries of 2 KB stored and read in batches of 64
   (``put_many``/``get_many``, a DataLoader's batch) against one ``put``/``get`` each.
 
@@ -185,6 +187,20 @@ def disk_rows(quick: bool, root: str) -> list[Row]:
         trials=trials,
     )
     assert keeper.stats().entries == bare.scan()[0]
+    packed = DiskKeeper(f"{root}/packed")  # the same entries as per-example batches
+    for s in range(0, n, 64):
+        packed.put_many([(key(i), payload) for i in range(s, min(n, s + 64))])
+    by_pack = interleave(
+        {
+            "packed stats": clock.op(
+                "packed stats", lambda i: DiskKeeper(packed.path).stats(), 1
+            ),  # a fresh handle: it reads every pack's index, as `somatize cache stats` does
+            "packed gc": clock.op("packed gc", lambda i: packed.gc(1 << 50), 1),
+            "scan 2": clock.op("scan 2", lambda i: bare.scan(), 1),
+        },
+        trials=trials,
+    )
+    assert DiskKeeper(packed.path).stats().entries == n
     label = f"{n // 1000}k entries of {size} B"
     return [
         row(f"DiskKeeper.put, {label}", t["put"], t["bare put"], "tmp+fsync+rename", 1.2,
@@ -195,6 +211,12 @@ def disk_rows(quick: bool, root: str) -> list[Row]:
             clock.cpu_ratio("stats", "scan"), unit="ms"),
         row(f"DiskKeeper.gc (nothing to free), {label}", scans["gc"], scans["scan"],
             "scandir+stat", 1.5, clock.cpu_ratio("gc", "scan"), unit="ms"),
+        row(f"DiskKeeper.stats(), {label} in packs of 64 (a new handle)", by_pack["packed stats"],
+            by_pack["scan 2"], "scandir+stat of the files", None,
+            clock.cpu_ratio("packed stats", "scan 2"), unit="ms"),
+        row(f"DiskKeeper.gc (nothing to free), {label} in packs of 64", by_pack["packed gc"],
+            by_pack["scan 2"], "scandir+stat of the files", None,
+            clock.cpu_ratio("packed gc", "scan 2"), unit="ms"),
     ]  # fmt: skip
 
 

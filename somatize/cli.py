@@ -86,10 +86,7 @@ def _cache(args: argparse.Namespace) -> int:
         # Nothing is created: a directory that is not a cache is an error, not a new cache.
         keeper = DiskKeeper(args.dir, create=False)
     except KeeperError as e:
-        print(
-            f"somatize: no cache at {args.dir!r}: {e} (set --dir or $SOMATIZE_CACHE)",
-            file=sys.stderr,
-        )
+        print(f"somatize: {e}", file=sys.stderr)
         return 2
     try:
         return _tend(keeper, args)

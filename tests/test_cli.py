@@ -95,7 +95,7 @@ def test_cache_commands_never_create_a_cache(
     (plain / "cat.jpg").write_bytes(b"jpeg")
     rc, out, err = run(["cache", action, "--max-bytes", "0", "--dir", str(plain)], capsys)
     assert rc == 2 and out == ""
-    assert str(plain) in err and "is not a cache" in err
+    assert f"no cache at {plain}: it is not a cache" in err and "--dir" in err
     assert [p.name for p in plain.iterdir()] == ["cat.jpg"]  # nothing written into it
     rc, _, err = run(["cache", action, "--max-bytes", "0", "--dir", str(tmp_path / "no")], capsys)
     assert rc == 2 and "does not exist" in err and not (tmp_path / "no").exists()

@@ -236,3 +236,22 @@ def test_a_really_full_disk(tmp_path: Path, subprocess_env: dict[str, str]) -> N
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok ")
+
+
+def test_a_corrupt_packed_entry_on_a_read_only_disk_is_still_just_a_miss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keeper = DiskKeeper(tmp_path / "store")
+    keeper.put_many([(k(1), b"one"), (k(2), b"two")])
+    (pack,) = (keeper.path / "packs").glob("*.pack")
+    raw = bytearray(pack.read_bytes())
+    raw[-1] ^= 0x01  # k(2)'s payload
+    pack.write_bytes(bytes(raw))
+
+    def read_only(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr("somatize.keepers.atomic.os.replace", read_only)
+    reader = DiskKeeper(tmp_path / "store")
+    assert reader.get_many([k(1), k(2)]) == [b"one", None]  # the clean-up could not write
+    assert pack.exists()

@@ -67,6 +67,19 @@ def test_a_reader_follows_a_pack_that_gc_rewrote(tmp_path: Path) -> None:
     assert reader.stats().pinned == 1
 
 
+def test_a_key_in_two_packs_is_found_in_the_other_when_one_goes(tmp_path: Path) -> None:
+    keeper = DiskKeeper(tmp_path / "store")
+    keeper.put_many([(k(1), b"one"), (k(2), b"two")])
+    keeper.put_many([(k(1), b"one"), (k(3), b"three")])  # a later batch repeats k(1)
+    for handle in (keeper, DiskKeeper(tmp_path / "store")):
+        assert handle.get_many([k(1), k(2), k(3)]) == [b"one", b"two", b"three"]
+    keeper.discard(k(2))  # rewrites the first pack without k(2): k(1) moves
+    keeper.discard(k(3))  # and the second without k(3)
+    assert keeper.get_many([k(1), k(2), k(3)]) == [b"one", None, None]
+    assert DiskKeeper(tmp_path / "store").get_many([k(1)]) == [b"one"]
+    assert keeper.stats().entries == 1
+
+
 @pytest.mark.parametrize("where", ["payload", "checksum", "index", "truncate"])
 def test_a_damaged_pack_is_a_miss_and_verify_cleans_it(tmp_path: Path, where: str) -> None:
     keeper = DiskKeeper(tmp_path / "store")

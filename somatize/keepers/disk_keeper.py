@@ -41,7 +41,7 @@ from .packs import (
     open_regular,
 )
 from .protocol import KeeperStats, check_key, check_name, is_key
-from .upkeep import packs_holding, rewrite
+from .upkeep import rewrite
 
 __all__ = ["DiskKeeper"]
 
@@ -55,7 +55,8 @@ class DiskKeeper:
 
     Single ``put``s write one file per entry; ``put_many`` writes a batch as one pack
     file (one write, one fsync, one rename for the whole batch) and ``get_many`` reads
-    a batch with one read per pack. ``get`` and ``get_many`` see both kinds.
+    a batch through an in-memory index of the packs: one ``pread`` per run of nearby
+    rows, from packs kept open. ``get`` and ``get_many`` see both kinds.
 
     A key names one value (it is a recipe's digest). Writing other bytes under a stored
     key replaces them for ``get`` when both are loose files; where a loose copy and a
@@ -91,10 +92,14 @@ class DiskKeeper:
                 except OSError as e:
                     raise _fail("create the cache directory", f"{self._root}/{sub}", e) from e
         elif not os.path.isdir(f"{self._root}/objects"):
-            what = "does not exist" if not os.path.exists(self._root) else "is not a cache"
+            what = (
+                "the directory does not exist"
+                if not os.path.exists(self._root)
+                else "it is not a cache (it has no objects/, which every DiskKeeper writes)"
+            )
             raise KeeperError(
-                f"{self._root} {what} (a somatize cache holds objects/, names/ and pins/); "
-                "give the directory a DiskKeeper wrote, e.g. --dir or $SOMATIZE_CACHE"
+                f"no cache at {self._root}: {what}; give the directory a DiskKeeper wrote "
+                "(for the somatize command: --dir or $SOMATIZE_CACHE)"
             )
         self._index = PackIndex(f"{self._root}/packs")
         self._folders: tuple[int, int, frozenset[str]] = (0, 0, frozenset())
@@ -198,8 +203,9 @@ class DiskKeeper:
                             os.utime(fd)  # recency, for gc
                 except OSError as e:
                     raise _fail("read cache pack", index.path(name), e) from e
-            if corrupt:
-                rewrite(self._index, self._root, name, drop=set(corrupt))
+            if corrupt:  # recomputed and written afresh; a read-only disk keeps the pack
+                with contextlib.suppress(KeeperError):
+                    rewrite(self._index, self._root, name, drop=set(corrupt))
         if vanished and retry:
             self._index.refresh(force=True)
             again = self._get_packed([keys[i] for i in vanished], retry=False)
@@ -288,24 +294,7 @@ class DiskKeeper:
 
     def unpin_many(self, keys: Iterable[str]) -> None:
         """``unpin`` for many keys: each pinned pack holding some is rewritten once."""
-        keys = list(keys)
-        for key in keys:
-            check_key(key)
-            path = f"{self._root}/pins/{key}"
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                raise _fail("unpin cache entry", path, e) from e
-        self._index.refresh()
-        by_pack: dict[str, set[str]] = defaultdict(set)
-        for key in keys:
-            for pack in packs_holding(self._index, key):
-                if pack.pinned:
-                    by_pack[pack.name].add(key)
-        for name, unpinned in by_pack.items():
-            rewrite(self._index, self._root, name, unpin=unpinned)
+        upkeep.unpin(self._root, self._index, list(keys))
 
     def discard(self, key: str) -> None:
         """Forget ``key`` (its bytes verified but did not decode): it is recomputed.
@@ -313,18 +302,7 @@ class DiskKeeper:
         Raises:
             KeeperError: a file could not be removed or a pack rewritten.
         """
-        path = self._object(key)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except IsADirectoryError:
-            loose.quarantine(self._root, path, os.stat(path).st_ino)
-        except OSError as e:
-            raise _fail("remove cache entry", path, e) from e
-        self._index.refresh()
-        for pack in packs_holding(self._index, key):
-            rewrite(self._index, self._root, pack.name, drop={key})
+        upkeep.discard(self._root, self._index, self._object(key), key)
 
     # -- listing ------------------------------------------------------------------------
 

@@ -176,7 +176,7 @@ class MemoryKeeper:
             )
 
     def keys(self) -> list[str]:
-        """The keys of every entry: unpinned ones least recently used first, then pinned."""
+        """The keys stored: unpinned ones least recently used first, then pinned ones."""
         with self._lock:
             return [*self._lru, *self._held]
 

@@ -113,7 +113,7 @@ def read_exact(fd: int, size: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: the index holds each pack once
 class Pack:
     """What a process knows of one pack file: its flags and where each entry lies."""
 
@@ -208,12 +208,19 @@ class PackIndex:
         self.bad: dict[str, tuple[int, bool]] = {}  # name -> (inode, regular) of unreadable
         self._seen: tuple[int, int] | None = None  # (mtime_ns, inode) of the directory
         self._listed_ns = 0
+        # other packs holding a key (rewrites, a batch written twice): where it is found
+        # again when the pack it is indexed in goes
+        self._other: dict[str, list[tuple[Pack, int]]] = {}
         self._open: OrderedDict[str, list[Any]] = OrderedDict()  # name -> [fd, stat, touched]
         #: held while an open pack is read, so no other thread closes it meanwhile
         self.lock = threading.RLock()
 
     def __del__(self) -> None:
-        self.close()
+        # not contextlib.suppress: at interpreter exit, module globals may be gone
+        try:  # noqa: SIM105
+            self.close()
+        except Exception:
+            pass
 
     def close(self) -> None:
         """Close every pack file kept open."""
@@ -239,10 +246,26 @@ class PackIndex:
 
     def add(self, pack: Pack) -> None:
         """Index a pack (one this process wrote, or found): its entries win over older ones."""
-        self.packs[pack.name] = pack
-        where = self.where
-        for i, key in enumerate(pack.keys):
-            where[key] = (pack, i)
+        with self.lock:
+            self.packs[pack.name] = pack
+            where = self.where
+            for i, key in enumerate(pack.keys):
+                old = where.get(key)
+                if old is not None and old[0] is not pack:  # remembered, in case this goes
+                    self._other.setdefault(key, []).append(old)
+                where[key] = (pack, i)
+
+    def holding(self, key: str) -> list[Pack]:
+        """Every indexed pack that holds ``key`` (usually one)."""
+        with self.lock:
+            loc = self.where.get(key)
+            if loc is None:
+                return []
+            out = [loc[0]]
+            for other, _ in self._other.get(key, ()):
+                if self.packs.get(other.name) is other and other not in out:
+                    out.append(other)
+            return out
 
     def drop(self, names: Sequence[str]) -> None:
         """Forget packs (removed, or rewritten); keys also held elsewhere stay indexed."""
@@ -251,19 +274,30 @@ class PackIndex:
                 held = self._open.pop(name, None)
                 if held is not None:
                     os.close(held[0])
-        gone = [self.packs.pop(n) for n in names if n in self.packs]
-        if gone:
-            orphans = [k for p in gone for k in p.keys if self.where.get(k, (p,))[0] is p]
-            for key in orphans:
-                del self.where[key]
-            homeless = set(orphans)
-            for pack in self.packs.values():  # another copy of an orphan: index it again
-                for i, key in enumerate(pack.keys):
-                    if key in homeless:
-                        self.where[key] = (pack, i)
+            gone = [self.packs.pop(n) for n in names if n in self.packs]
+            if not gone:
+                return
+            where, other = self.where, self._other
+            for p in gone:
+                for key in p.keys:
+                    if where.get(key, (p,))[0] is not p:
+                        continue
+                    del where[key]
+                    alternatives = other.pop(key, [])
+                    while alternatives:  # another copy, still indexed?
+                        loc = alternatives.pop()
+                        if self.packs.get(loc[0].name) is loc[0]:
+                            where[key] = loc
+                            if alternatives:
+                                other[key] = alternatives
+                            break
 
     def refresh(self, force: bool = False) -> bool:
         """Read packs added by other processes, forget removed ones; True if any changed."""
+        with self.lock:
+            return self._refresh(force)
+
+    def _refresh(self, force: bool) -> bool:
         try:
             st = os.stat(self.directory)
         except FileNotFoundError:

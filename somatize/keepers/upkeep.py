@@ -1,4 +1,4 @@
-"""Upkeep of a DiskKeeper: verifying entries, gc, and rewriting packs.
+"""Upkeep of a DiskKeeper: verify, gc, unpin, discard, and the rewriting of packs.
 
 A pack never changes once written. To drop an entry (corrupt, undecodable, discarded)
 or to change whose entries are pinned, the pack is *rewritten*: the entries that stay
@@ -22,26 +22,17 @@ from .packs import (
     FLAG_PINNED,
     CorruptPack,
     NotRegular,
-    Pack,
     PackIndex,
     build,
     entries,
     open_regular,
     read_index,
 )
-from .protocol import is_key
+from .protocol import check_key, is_key
 
 _STALE = 3600.0  # seconds: a temp file this old belongs to no live writer
 
-__all__ = ["decodes", "gc", "packs_holding", "remove_bad", "rewrite", "verify"]
-
-
-def packs_holding(index: PackIndex, key: str) -> list[Pack]:
-    """Every indexed pack that holds ``key`` (usually one)."""
-    loc = index.where.get(key)
-    if loc is None:
-        return []
-    return [p for p in index.packs.values() if p is loc[0] or key in p.keys]
+__all__ = ["decodes", "discard", "gc", "remove_bad", "rewrite", "unpin", "verify"]
 
 
 def _write(index: PackIndex, items: list[tuple[str, bytes]], flags: int) -> int:
@@ -88,6 +79,8 @@ def rewrite(
         got = entries(fd, st.st_size, pack.slots)
     except CorruptPack:
         pack, got = None, []
+    except OSError as e:
+        raise KeeperError(f"could not read cache pack {path}: {e.strerror or e}") from e
     finally:
         os.close(fd)
     if pack is None:
@@ -157,6 +150,42 @@ def verify(root: str, index: PackIndex, decode: Callable[[bytes], object] | None
     for name in list(index.packs):
         bad += rewrite(index, root, name, decode=decode)[0]
     return bad
+
+
+def unpin(root: str, index: PackIndex, keys: list[str]) -> None:
+    """``DiskKeeper.unpin_many``: markers removed, pinned packs holding a key rewritten."""
+    for key in keys:
+        check_key(key)
+        path = f"{root}/pins/{key}"
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise KeeperError(f"could not unpin cache entry {path}: {e.strerror or e}") from e
+    index.refresh()
+    by_pack: dict[str, set[str]] = {}
+    for key in keys:
+        for pack in index.holding(key):
+            if pack.pinned:
+                by_pack.setdefault(pack.name, set()).add(key)
+    for name, unpinned in by_pack.items():
+        rewrite(index, root, name, unpin=unpinned)
+
+
+def discard(root: str, index: PackIndex, path: str, key: str) -> None:
+    """``DiskKeeper.discard``: the loose file at ``path`` and every packed copy of ``key``."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        loose.quarantine(root, path, os.stat(path).st_ino)
+    except OSError as e:
+        raise KeeperError(f"could not remove cache entry {path}: {e.strerror or e}") from e
+    index.refresh()
+    for pack in index.holding(key):
+        rewrite(index, root, pack.name, drop={key})
 
 
 def _remove(path: str) -> bool:
