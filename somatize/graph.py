@@ -269,12 +269,11 @@ class Graph:
         """The executable form of the graph, built once per change."""
         stamp = self._stamp()
         if self._program is None or stamp != self._built_from:
-            with paused_gc():
-                subs = {n: sub.program() for n, sub in self._subgraphs().items()}
-                self._built_from = stamp
-                self._program = Program(
-                    self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
-                )
+            subs = {n: sub.program() for n, sub in self._subgraphs().items()}
+            self._built_from = stamp
+            self._program = Program(
+                self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
+            )
         return self._program
 
     def forward(

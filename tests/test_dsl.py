@@ -83,3 +83,32 @@ def test_only_nodes_and_graphs_compose() -> None:
         "x" | Encode()  # type: ignore[operator]
     nodes, edges = build(Encode() >> Graph.somatize(Classify()))
     assert [n for n, _ in nodes] == ["encode", "graph"] and edges == [("encode", "graph")]
+
+
+def test_expressions_that_share_a_prefix_stay_apart() -> None:
+    """``>>`` and ``|`` extend an expression by linking to it, never by changing it."""
+    a, b, c, d = Encode(), Classify(), Classify(), ClassifyHead()
+    base = a >> b
+    left, right = base >> c, base >> d
+    assert [n for n, _ in build(left)[0]] == ["encode", "classify", "classify_2"]
+    assert build(right)[1] == [("encode", "classify"), ("classify", "classify_head")]
+    assert build(base)[1] == [("encode", "classify")]
+    fork = b | c
+    wider = fork | d
+    assert build(a >> fork)[1] == [("encode", "classify"), ("encode", "classify_2")]
+    assert len(build(a >> wider)[1]) == 3
+    chain: Any = a
+    for n in [b, c, d]:
+        chain = chain >> n
+    assert [type(p.impl) for p in chain.parts] == [Encode, Classify, Classify, ClassifyHead]
+    assert [n for n, _ in build(chain)[0]] == ["encode", "classify", "classify_2", "classify_head"]
+
+
+def test_many_nodes_of_one_class_get_ids_in_order_around_explicit_ones() -> None:
+    nodes: list[Any] = [Classify() for _ in range(5)]
+    nodes[2] = nodes[2].with_id("classify_3")  # an explicit id the defaults step around
+    expr: Any = nodes[0]
+    for n in nodes[1:]:
+        expr = expr >> n
+    ids = [n for n, _ in build(expr)[0]]
+    assert ids == ["classify", "classify_2", "classify_3", "classify_4", "classify_5"]

@@ -131,6 +131,8 @@ def _holds_any(m: nn.Module) -> bool:
     return bool(m._modules or m._parameters or m._buffers)
 
 
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 _marked_any = False  # whether any parameter was ever marked frozen (in this process)
 _PLAIN = frozenset({int, float, str, bool, type(None), bytes})
 _HOLDINGS_OWN = frozenset({"_impl", "_params", "_tensors"})  # _Holdings' own attributes
@@ -187,8 +189,14 @@ def _frozen_wrap(
             return forward
 
         def frozen(x: Any, ctx: Ctx) -> Done:
-            with torch.no_grad():
+            # torch.no_grad() as a context costs a few µs per call; the switch it flips, not
+            if not _grad_enabled():
                 return forward(x, ctx)
+            _set_grad_enabled(False)
+            try:
+                return forward(x, ctx)
+            finally:
+                _set_grad_enabled(True)
 
         return frozen
 
@@ -253,17 +261,12 @@ class GraphModule(nn.Module):
         object.__setattr__(self, "graph", g)
         self.step = 0
         self.metrics: Mapping[str, Any] = {}
-        self._program: Any = None  # the graph's program this module last ran (or was synced to)
-        self._synced: tuple[Any, ...] = ()  # the graph's stamp at the last sync
+        self._program: Any = None
         self._frozen: frozenset[str] = frozenset()  # paths of the nodes frozen at the last sync
         self._sync()
 
     def _sync(self) -> None:
         """Register every node's modules and enforce frozen nodes (after any graph change)."""
-        with paused_gc():  # one nn.Module per node: many objects, no cycles (see bulk.py)
-            self._register()
-
-    def _register(self) -> None:
         global _marked_any
         g = equip(self.graph)  # again: a subgraph may have been added since
         for name in list(self._modules):
@@ -290,11 +293,8 @@ class GraphModule(nn.Module):
                     p.requires_grad_(False)
             held.eval()
         self._frozen = frozenset(frozen)
-        # The plan is compiled on the first forward, not here: registering the modules does
-        # not need it. The stamp tells a later call whether the graph changed since.
-        self._synced = g._stamp()
-        current = g._program is not None and g._built_from == self._synced
-        self._program = g._program if current else None
+        # Compiled here, so that a compiled forward (torch.compile) finds it built.
+        self._program = g.program()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[no-untyped-call]
@@ -315,11 +315,9 @@ class GraphModule(nn.Module):
     def forward(self, *args: Any) -> Any:
         g = self.graph
         program = g.program()
-        if program is not self._program:  # built since the last call: did the graph change?
-            if g._built_from != self._synced:
-                self._sync()
-                program = g.program()
-            self._program = program
+        if program is not self._program:
+            self._sync()
+            program = self._program
         if (
             len(args) == 1
             and isinstance(args[0], torch.Tensor)
@@ -362,11 +360,12 @@ def module(g: Graph) -> GraphModule:
     if not isinstance(g, Graph):
         raise TypeError(f"module() takes a somatize Graph, got {type(g).__qualname__}")
     m = _by_graph.get(id(g))
-    if m is None or m.graph is not g:
-        m = GraphModule(g)
-        _by_graph[id(g)] = m
-    elif g._stamp() != m._synced:
-        m._sync()
+    with paused_gc():  # one nn.Module per node: many objects, no cycles (see somatize.bulk)
+        if m is None or m.graph is not g:
+            m = GraphModule(g)
+            _by_graph[id(g)] = m
+        elif g.program() is not m._program:
+            m._sync()
     return m
 
 
