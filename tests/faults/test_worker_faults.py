@@ -82,10 +82,17 @@ def cluster():
         yield client
 
 
-def _workers(client, count: int = 2, seconds: float = 60) -> dict[str, int]:
-    """address -> pid of the cluster's workers, once ``count`` are up."""
-    client.wait_for_workers(count, timeout=seconds)
-    return client.run(os.getpid)
+def _workers(client, count: int = 2, seconds: float = 120) -> dict[str, int]:
+    """address -> pid of ``count`` live workers (a killed one may still be listed a while)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        client.wait_for_workers(count, timeout=seconds)
+        pids = client.run(os.getpid, on_error="return")
+        live = {a: p for a, p in pids.items() if isinstance(p, int)}
+        if len(live) >= count:
+            return live
+        assert time.monotonic() < deadline, f"only {len(live)} live workers: {pids}"
+        time.sleep(0.1)  # polling the cluster until the restarted worker answers
 
 
 @pytest.mark.slow
