@@ -22,12 +22,16 @@ from somatize.transports import ExecutorTransport
 from .conftest import TRIALS
 
 
-def work(x: int) -> tuple[int, int]:
-    """A run of a few tens of milliseconds: x², and the worker's pid."""
+def work(x: int, n: int = 400_000) -> tuple[int, int]:
+    """A run of some tens of milliseconds: x², and the worker's pid."""
     total = 0
-    for i in range(150_000):
+    for i in range(n):
         total += i % 7
     return x * x + 0 * total, os.getpid()
+
+
+def light(x: int) -> tuple[int, int]:
+    return work(x, 100_000)
 
 
 def _kill_one(pids: list[int], rng) -> int:
@@ -42,13 +46,15 @@ def test_a_pool_worker_killed_at_random_instants_loses_no_run(rng):
     with st.executor(workers=2) as pool:
         assert pool.submit(work, 0).result()[0] == 0  # workers up
 
+        kills = []
+
         def kill() -> None:
             gen = pool._gen
             if gen is not None and gen.pool._processes:
-                _kill_one(list(gen.pool._processes), rng)
+                kills.append(_kill_one(list(gen.pool._processes), rng))
 
         for _trial in range(TRIALS):
-            killer = threading.Timer(rng.uniform(0, 0.15), kill)  # a random instant
+            killer = threading.Timer(rng.uniform(0, 0.05), kill)  # early in the campaign
             killer.start()
             try:
                 runs = st.run_all(pool, work, range(n))
@@ -56,7 +62,7 @@ def test_a_pool_worker_killed_at_random_instants_loses_no_run(rng):
                 killer.cancel()
             assert runs.lost == {}
             assert [r[0] for r in runs.results] == [i * i for i in range(n)]
-        assert 1 <= pool.restarts <= TRIALS
+        assert kills and 1 <= pool.restarts <= len(kills)
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +82,17 @@ def cluster():
         yield client
 
 
-def _workers(client, count: int = 2, seconds: float = 60) -> dict[str, int]:
-    """address -> pid of the cluster's workers, once ``count`` are up."""
-    client.wait_for_workers(count, timeout=seconds)
-    return client.run(os.getpid)
+def _workers(client, count: int = 2, seconds: float = 120) -> dict[str, int]:
+    """address -> pid of ``count`` live workers (a killed one may still be listed a while)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        client.wait_for_workers(count, timeout=seconds)
+        pids = client.run(os.getpid, on_error="return")
+        live = {a: p for a, p in pids.items() if isinstance(p, int)}
+        if len(live) >= count:
+            return live
+        assert time.monotonic() < deadline, f"only {len(live)} live workers: {pids}"
+        time.sleep(0.1)  # polling the cluster until the restarted worker answers
 
 
 @pytest.mark.slow
@@ -91,7 +104,7 @@ def test_a_dask_worker_killed_at_random_instants_loses_no_run(cluster, rng):
         killer = threading.Timer(rng.uniform(0, 0.2), _kill_one, (list(pids.values()), rng))
         killer.start()
         try:
-            runs = st.run_all(pool, work, items)  # Dask reschedules the dead worker's runs
+            runs = st.run_all(pool, light, items)  # Dask reschedules the dead worker's runs
         finally:
             killer.cancel()
         assert runs.lost == {}
@@ -112,7 +125,7 @@ def test_a_slice_pinned_to_a_dask_worker_that_dies_fails_clearly_and_never_hangs
     address = sorted(pids)[0]
     g = Graph.somatize(Far().with_id("far")).place("far", host="box")
     transport = ExecutorTransport(cluster.get_executor(workers=[address]))  # the defaults
-    killer = threading.Timer(2.0, os.kill, (pids[address], signal.SIGKILL))
+    killer = threading.Timer(0.5, os.kill, (pids[address], signal.SIGKILL))
     killer.start()
     start = time.monotonic()
     try:
