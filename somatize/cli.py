@@ -5,6 +5,7 @@
     somatize cache gc --max-bytes N [--dir DIR]
     somatize cache ls     [--dir DIR]
     somatize graph MODULE:ATTR [--format mermaid|text]
+    somatize runs ls|show KEY|gc  (runs remembered by st.remember; see somatize.runs_cli)
 
 ``--dir`` defaults to ``$SOMATIZE_CACHE`` or ``.somatize-cache``.
 """
@@ -17,6 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from . import runs_cli
 from .graph import Graph
 from .keepers import DiskKeeper
 
@@ -91,7 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     graph = sub.add_parser("graph", help="draw a graph defined in a module")
     graph.add_argument("target", help="MODULE:ATTR naming a Graph, or a function returning one")
     graph.add_argument("--format", choices=["mermaid", "text"], default="text")
+    runs_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "runs":
+        return runs_cli.command(args)
     return _cache(args) if args.command == "cache" else _graph(args)
 
 

@@ -28,7 +28,7 @@ import sysconfig
 import textwrap
 import types
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
@@ -39,7 +39,7 @@ from .values import digest, encode, is_data
 if TYPE_CHECKING:
     from .codecs import Codec
 
-__all__ = ["declaration", "fingerprint", "identity", "state"]
+__all__ = ["declaration", "fingerprint", "identity", "parts", "state"]
 
 # The code of each class or function, read once: (digest of it, dotted names it reads).
 # Only an object's own code is kept here: what its names resolve to is looked up on
@@ -236,8 +236,18 @@ def _fingerprint(obj: Any, memo: dict[int, str]) -> str:
     if done_or_running is not None:
         return done_or_running
     memo[id(obj)] = "cycle:" + str(obj.__qualname__)  # recursion between helpers
-    own, names = _own(obj)
-    h = blake3(own)
+    h = blake3(_own(obj)[0])
+    for dotted, target in _references(obj):
+        h.update(f"{dotted}={_describe(target, memo)}\0".encode())
+    result = h.hexdigest()
+    memo[id(obj)] = result
+    return result
+
+
+def _references(obj: Any) -> Iterator[tuple[str, Any]]:
+    """The globals and closure values ``obj``'s code reads, each as (dotted name, value),
+    in the order the code reads them."""
+    names = _own(obj)[1]
     module = sys.modules.get(obj.__module__)
     scope = dict(vars(module)) if module else {}
     if isinstance(obj, types.FunctionType):
@@ -263,15 +273,31 @@ def _fingerprint(obj: Any, memo: dict[int, str]) -> str:
         if dotted in done or target is obj:
             continue
         done.add(dotted)
-        h.update(f"{dotted}={_describe(target, memo)}\0".encode())
-    result = h.hexdigest()
-    memo[id(obj)] = result
-    return result
+        yield dotted, target
 
 
 def fingerprint(obj: type | types.FunctionType) -> str:
     """A digest of a class's or function's code and of the user helpers it references."""
     return _fingerprint(obj, {})
+
+
+def parts(
+    obj: type | types.FunctionType, codecs: Sequence[Codec] = ()
+) -> tuple[str, dict[str, str], str]:
+    """What ``fingerprint(obj)`` is made of, to say which part changed: the digest of
+    ``obj``'s own code; each global or closure value it reads with how it enters
+    (``"code:<digest>"`` for the user's helpers, ``"lib:<name>"`` for libraries,
+    ``"data:<digest>"`` for data — with ``codecs``, tensors too — and ``"obj:<type>"``);
+    and the somatize and torch versions.
+    """
+    memo: dict[int, str] = {id(obj): "self"}
+    refs = {}
+    for dotted, target in _references(obj):
+        described = _describe(target, memo)
+        if described.startswith("obj:") and codecs and is_data(target, codecs):
+            described = "data:" + digest(target, codecs)
+        refs[dotted] = described
+    return _own(obj)[0].hex(), refs, _versions()
 
 
 def identity(impl: Any) -> str:

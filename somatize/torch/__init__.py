@@ -12,6 +12,7 @@ from .metrics import accuracy
 from .module import GraphModule, load_state, module, parameters, state
 from .progress import Progress
 from .pruning import Patience, Pruner, Threshold
+from .remember import Remembered, RememberedResult, remember, run_checkpointing
 from .result import TrainResult
 from .tensorboard import TensorBoard
 from .trainer import Options, Trainer
@@ -25,6 +26,8 @@ __all__ = [
     "Patience",
     "Progress",
     "Pruner",
+    "Remembered",
+    "RememberedResult",
     "Summary",
     "TensorBoard",
     "TensorCodec",
@@ -39,6 +42,8 @@ __all__ = [
     "load_state",
     "module",
     "parameters",
+    "remember",
+    "run_checkpointing",
     "state",
     "summarize",
     "trimmed_mean",
