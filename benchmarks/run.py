@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 
 from common import Row, fmt  # noqa: E402
 
-BENCHMARKS = ["dispatch", "training", "caching", "compile", "checkpoint", "level3"]
+BENCHMARKS = ["dispatch", "training", "caching", "compile", "checkpoint", "level3", "remember"]
 MARK_BEGIN, MARK_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 

@@ -368,7 +368,10 @@ def explain(store: RunStore, ck: CallKey, recalled: bool) -> str:
     same = [r for r in store.records() if r.get("function") == ck.function]
     if not same:
         return f"not recalled: no run of {ck.function} is remembered in {store.root}"
-    nearest, diffs = min(((r, _diffs(r, ck)) for r in same), key=lambda p: len(p[1]))
+    # the fewest differing parts; among equals, the most recently used
+    nearest, diffs = min(
+        ((r, _diffs(r, ck)) for r in same), key=lambda p: (len(p[1]), -float(p[0]["used"]))
+    )
     return (
         f"not recalled: the nearest run of {fn}, {str(nearest['key'])[:12]}, differs in "
         + "; ".join(diffs)
