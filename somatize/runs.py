@@ -275,7 +275,10 @@ class RunStore:
             try:
                 used = (d / "run.json").stat().st_mtime
             except OSError:
-                used = d.stat().st_mtime
+                try:
+                    used = d.stat().st_mtime
+                except OSError:  # removed meanwhile by another process's gc
+                    continue
             size = _size(d) + int(record.get("bytes", 0) if record.get("status") == "done" else 0)
             out.append({**record, "size": size, "used": used})
         return out

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import somatize.torch as st
-from somatize import runs
+from somatize import DiskKeeper, runs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "remembered.py"
@@ -109,9 +109,9 @@ class Server:
             self.sel.close()
 
 
-@pytest.fixture
-def server(tmp_path):
-    s = Server(tmp_path / "stderr.txt")
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("server") / "stderr.txt")  # one torch import for all
     try:
         yield s
     finally:
@@ -143,7 +143,7 @@ def check_not_torn(keeper: Path) -> str:
     for f in ckpt.glob("step-*.ckpt") if ckpt.exists() else ():
         st.load_checkpoint(f)
     if record.get("status") == "done":  # the result is complete in the keeper
-        assert (keeper / "objects" / record["key"][:2] / record["key"]).exists()
+        assert DiskKeeper(keeper).get(record["key"]) is not None
     return str(record.get("status"))
 
 
@@ -154,28 +154,39 @@ def test_sigkill_at_random_instants_then_rerun_resumes_bitwise(tmp_path, server)
     reference = load(tmp_path / "ref.pt")
     assert not reference["recalled"] and len(reference["losses"]) == 24
 
-    kills, statuses = 0, []
-    for trial in range(4):  # four campaigns, each killed three times, then finished
-        keeper, out = tmp_path / f"k{trial}", tmp_path / f"out{trial}.pt"
-        for _ in range(3):
-            pid = server.start("run", keeper, out)
-            if rng.random() < 0.25:
-                server.until(pid, "fit done")  # land in encoding, storing, recording
-                time.sleep(rng.uniform(0, 0.01))
-            else:
-                server.until(pid, "step", count=rng.randint(1, 8))
-                time.sleep(rng.uniform(0, 0.02))  # anywhere: mid-step, mid-checkpoint
-            os.kill(pid, signal.SIGKILL)
-            code = server.wait(pid)
-            kills += code == -signal.SIGKILL
-            statuses.append(check_not_torn(keeper))
+    def finished(keeper: Path, out: Path) -> None:
+        """Run ``keeper``'s run to its end: bitwise the reference; then it is recalled."""
         assert finish(server, keeper, out) == 0
         result = load(out)
         assert same_state(result["state"], reference["state"])
         assert result["losses"] == reference["losses"]
         assert result["key"] == reference["key"]
         assert finish(server, keeper, out) == 0
-        assert load(out)["recalled"]  # and now it is remembered
+        assert load(out)["recalled"]
+
+    # campaigns killed three times each (a kill may come too late: the run had ended), then
+    # finished, until at least twelve kills have landed
+    kills, statuses, trial, here = 0, [], 0, 0
+    for _ in range(60):
+        keeper, out = tmp_path / f"k{trial}", tmp_path / f"out{trial}.pt"
+        pid = server.start("run", keeper, out)
+        if rng.random() < 0.25:
+            server.until(pid, "fit done")  # land in encoding, storing, recording
+            time.sleep(rng.uniform(0, 0.003))
+        else:
+            server.until(pid, "step", count=rng.randint(1, 8))
+            time.sleep(rng.uniform(0, 0.02))  # anywhere: mid-step, mid-checkpoint
+        os.kill(pid, signal.SIGKILL)
+        landed = server.wait(pid) == -signal.SIGKILL
+        statuses.append(check_not_torn(keeper))
+        kills, here = kills + landed, here + landed
+        if here == 3 or not landed:
+            finished(keeper, out)
+            trial, here = trial + 1, 0
+        if kills >= 12:
+            break
+    if here:
+        finished(keeper, out)
     assert kills >= 10, kills
     assert "started" in statuses  # some kills landed mid-run
 
