@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import nn
 
-from .. import runs
+from .. import runkey, runs
 from ..errors import KeeperError, ValueConversionError
 from ..graph import Graph
 from ..identity import parts
@@ -198,8 +198,8 @@ class Remembered:
     def __repr__(self) -> str:
         return f"remember({self.fn.__qualname__}, keeper={self.keeper!r})"
 
-    def call_key(self, *args: Any, **kwargs: Any) -> runs.CallKey:
-        return runs.call_key(
+    def call_key(self, *args: Any, **kwargs: Any) -> runkey.CallKey:
+        return runkey.call_key(
             self.fn,
             args,
             kwargs,
@@ -243,7 +243,7 @@ class Remembered:
             return self._compute(ck, args, kwargs)
 
     def _compute(
-        self, ck: runs.CallKey, args: Sequence[Any], kwargs: Mapping[str, Any]
+        self, ck: runkey.CallKey, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> RememberedResult:
         problems: list[str] = []
         checkpoints: Path | None = self.store.checkpoints(ck.key)
