@@ -122,16 +122,25 @@ def keyable(value: Any, where: str, name: str, codecs: Sequence[Codec], adapt: A
 
 
 def summarize_value(value: Any) -> str:
-    """A short description of an argument for listings: ``3``, ``tensor float32 [64, 4]``."""
+    """A short description of an argument for listings: ``3``, ``tensor float32 [64, 4]``,
+    ``list of 12`` (cheap: never the repr of a tensor or of a large container)."""
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is not None and dtype is not None:
         return f"{type(value).__name__} {str(dtype).removeprefix('torch.')} {list(shape)}"
-    text = repr(value)
-    if len(text) <= 40:
-        return text
+    t = type(value)
+    if value is None or t in (bool, int, float):
+        return repr(value)
+    if t in (str, bytes):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
     if isinstance(value, (list, tuple, Mapping)):
-        return f"{type(value).__name__} of {len(value)}"
-    return text[:37] + "..."
+        items = list(value.values() if isinstance(value, Mapping) else value)
+        if len(items) <= 4 and all(x is None or type(x) in (bool, int, float) for x in items):
+            text = repr(dict(value) if isinstance(value, Mapping) else value)
+            if len(text) <= 40:
+                return text
+        return f"{t.__name__} of {len(value)}"
+    return t.__qualname__
 
 
 def call_key(
