@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import inspect
 import os
 import tempfile
 import time
@@ -37,7 +38,7 @@ from ..graph import Graph
 from ..identity import parts
 from ..keepers import Keeper
 from ..node import Node
-from ..values import decode, encode
+from ..values import decode, encode, is_data
 from .checkpoint import Checkpointing
 from .codecs import default_codecs
 from .result import TrainResult
@@ -71,7 +72,17 @@ def encode_result(result: TrainResult, codecs: Sequence[Any]) -> bytes:
     values = {}
     for f in _FIELDS:
         v = getattr(result, f.name)
-        values[f.name] = dict(v) if isinstance(v, Mapping) else v
+        if isinstance(v, Mapping):
+            v = dict(v)
+        elif isinstance(v, os.PathLike):  # a checkpoint's path comes back as a str
+            v = os.fspath(v)
+        if not is_data(v, codecs):
+            raise ValueConversionError(
+                f"field {f.name!r} of the TrainResult holds a value of type {type(v).__qualname__}, "
+                "which is not data, so the result cannot be written down (it is never pickled); keep "
+                "numbers, strings, lists, dicts and tensors in a TrainResult's fields"
+            )
+        values[f.name] = v
     return encode({"format": FORMAT, "fields": values}, codecs, where="the TrainResult")
 
 
@@ -173,8 +184,6 @@ class Remembered:
         self.store = runs.RunStore(dir)
         self.codecs = default_codecs()
         self._identity: tuple[str, dict[str, str], str] | None = None  # set when shipped
-        import inspect
-
         unknown = sorted(set(self.exclude) - set(inspect.signature(fn).parameters))
         if unknown:
             raise ValueError(
@@ -283,7 +292,15 @@ class Remembered:
                 stacklevel=2,
             )
             return result  # type: ignore[no-any-return]
-        payload = encode_result(result, self.codecs)
+        try:
+            payload = encode_result(result, self.codecs)
+        except ValueConversionError as e:
+            warnings.warn(
+                f"{e}; the run's result is returned but not remembered",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return self._returned(result, ck.key)
         try:
             self.keeper.put(ck.key, payload)
             summary = result.summary()
@@ -306,8 +323,12 @@ class Remembered:
                 RuntimeWarning,
                 stacklevel=3,
             )
+        return self._returned(result, ck.key)
+
+    @staticmethod
+    def _returned(result: TrainResult, key: str) -> RememberedResult:
         fields = {f.name: getattr(result, f.name) for f in _FIELDS}
-        return RememberedResult(**fields, recalled=False, key=ck.key)
+        return RememberedResult(**fields, recalled=False, key=key)
 
 
 def remember(

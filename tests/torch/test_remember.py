@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -232,6 +233,33 @@ def test_keyable_arguments_and_exclusions(keeper):
         st.remember(takes, keeper=MemoryKeeper())
     with pytest.warns(RuntimeWarning, match="not a TrainResult"):
         assert st.remember(a_function, keeper=keeper)() == 1
+
+
+def returns_odd(kind):
+    seed = object() if kind == "object" else 1  # (a field holding what is not data)
+    return st.TrainResult(
+        state={"w": torch.arange(3.0)},
+        num_examples=3,
+        steps=1,
+        epochs=1,
+        checkpoint=Path("a/b"),
+        seed=seed,
+    )
+
+
+def test_a_result_that_cannot_be_written_down_is_returned_with_a_warning(keeper):
+    train = st.remember(returns_odd, keeper=keeper)
+    assert not train("path").recalled
+    recalled = train("path")
+    assert recalled.recalled and torch.equal(recalled.state["w"], torch.arange(3.0))
+    assert recalled.checkpoint == "a/b"  # a path comes back as a str
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"field 'seed' of the TrainResult holds a value of type object.*not remembered",
+    ):
+        assert train("object").seed is not None
+    with pytest.warns(RuntimeWarning):
+        assert not train("object").recalled
 
 
 def test_a_run_that_raised_is_not_remembered_and_resumes_from_its_checkpoint(keeper):
