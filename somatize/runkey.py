@@ -84,7 +84,10 @@ def keyable(value: Any, where: str, name: str, codecs: Sequence[Codec], adapt: A
                 raise _unkeyable(
                     where, str(e).split(";")[0], "detach it or pass plain data", name
                 ) from None
-            return value
+            # the codec's digest: a tensor's is remembered by its version counter, so the
+            # global state that every client of a round receives is hashed once a round
+            fp = codec.fingerprint(value)
+            return value if fp is None else {"codec": codec.tag, "digest": fp}
     if adapt is not None:
         adapted = adapt(value, where)
         if adapted is not NotImplemented:
