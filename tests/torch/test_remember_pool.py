@@ -62,7 +62,7 @@ def test_runs_on_the_process_pool_and_on_dask_are_computed_once_then_recalled(tm
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address="127.0.0.1:0",  # a free port: other clusters may hold 8787
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
