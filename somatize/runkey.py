@@ -1,7 +1,7 @@
 """A call's key: the function's identity and its arguments' content, with its parts.
 
 The key of ``fn(*args, **kwargs)`` is built like a node's: the function's own code and
-the user helpers it calls (``somatize.identity.parts``), the somatize and torch
+the user helpers it calls (``somatize.identity.key_parts``), the somatize and torch
 versions, and a digest of each argument's content (``somatize.values.digest``, with
 the codecs the caller passes for tensors). An argument that cannot be keyed by its
 content is an error naming it and the fix. ``somatize.runs`` keeps the parts in each
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import ValueConversionError
-from .identity import _describe, parts
+from .identity import _describe, key_parts
 from .values import digest
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def call_key(
         exclude: argument names left out of the key (a pool, a logger).
         codecs: for tensor and array arguments (``somatize.torch`` passes its own).
         adapt: turns other objects into keyable data (or returns NotImplemented).
-        identity: ``somatize.identity.parts(fn)`` computed elsewhere (in the process that
+        identity: ``somatize.identity.key_parts(fn)`` computed elsewhere (in the process that
             shipped ``fn``); by default computed now.
 
     Raises:
@@ -187,7 +187,7 @@ def call_key(
         digests[arg] = digest(data, codecs, where)
         summary[arg] = summarize_value(value)
     if identity is None:
-        identity = parts(fn, codecs)  # type: ignore[arg-type]  # checked by the caller
+        identity = key_parts(fn, codecs)  # type: ignore[arg-type]  # checked by the caller
     code, helpers, versions = identity
     key = digest(
         {"function": name, "code": code, "helpers": helpers, "versions": versions, "args": digests}

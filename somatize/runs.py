@@ -117,16 +117,21 @@ class RunStore:
             out.append({**record, "size": size, "used": used})
         return out
 
-    def remove(self, key: str, keeper_dir: Path | None = None) -> None:
-        """Forget run ``key``: its directory, and its result in a DiskKeeper at ``keeper_dir``."""
+    def remove(self, key: str, keeper: Any = None) -> None:
+        """Forget run ``key``: its directory, and its result in ``keeper`` (a DiskKeeper)."""
         d = self.dir(key)
         trash = self.root / f".trash-{key}-{os.getpid()}"
         with contextlib.suppress(OSError):
             os.replace(d, trash)  # the record disappears at once: no half-removed run is recalled
             shutil.rmtree(trash, ignore_errors=True)
-        if keeper_dir is not None:  # DiskKeeper's documented layout: objects/ab/<key>
-            with contextlib.suppress(OSError):
-                os.unlink(keeper_dir / "objects" / key[:2] / key)
+        if keeper is None:
+            return
+        discard = getattr(keeper, "discard", None)
+        with contextlib.suppress(OSError):  # KeeperError is an OSError
+            if discard is not None:
+                discard(key)
+            else:  # a DiskKeeper without discard: its documented layout, objects/ab/<key>
+                os.unlink(Path(keeper.path) / "objects" / key[:2] / key)
 
 
 def parse_age(text: str) -> float:
@@ -153,8 +158,10 @@ def gc(
     """Forget remembered runs unused for ``older_than`` seconds, then the least recently used
     until at most ``max_bytes`` remain. Runs computing now (their lock held) are kept.
     Returns the records of the runs removed."""
-    keeper_dir = Path(keeper_dir)
-    store = RunStore(keeper_dir / FOLDER)
+    from .keepers import DiskKeeper
+
+    keeper = DiskKeeper(keeper_dir)
+    store = RunStore(Path(keeper_dir) / FOLDER)
     runs = sorted(store.records(), key=lambda r: float(r["used"]))
     now, removed = time.time(), []
     total = sum(int(r["size"]) for r in runs)
@@ -163,7 +170,7 @@ def gc(
         big = max_bytes is not None and total > max_bytes
         if not (old or big) or _busy(store, str(r["key"])):
             continue
-        store.remove(str(r["key"]), keeper_dir)
+        store.remove(str(r["key"]), keeper)
         total -= int(r["size"])
         removed.append(r)
     return removed

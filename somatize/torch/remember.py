@@ -35,7 +35,7 @@ from torch import nn
 from .. import runkey, runs
 from ..errors import KeeperError, ValueConversionError
 from ..graph import Graph
-from ..identity import parts
+from ..identity import key_parts
 from ..keepers import Keeper
 from ..node import Node
 from ..values import decode, encode, is_data
@@ -197,7 +197,7 @@ class Remembered:
     def __getstate__(self) -> dict[str, Any]:
         # the identity is computed where the function is defined (its source is there)
         state = {**self.__dict__, "codecs": None}
-        state["_identity"] = self._identity or parts(self.fn, self.codecs)
+        state["_identity"] = self._identity or key_parts(self.fn, self.codecs)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
