@@ -4,14 +4,12 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
 import somatize.torch as st
 from recipes import federated as fed
-from somatize import DiskKeeper
 
 
 def test_summarize_numbers_and_results():
@@ -164,21 +162,3 @@ def test_fedavg_beats_fedsgd_at_equal_rounds():
     fedsgd_curve, _ = fed.federate(shards, rounds=8, local_epochs=0)
     assert fedavg_curve[-1] > fedsgd_curve[-1] + 0.2
     assert fedavg_curve[-1] > 0.5
-
-
-@pytest.mark.slow
-def test_the_campaign_recipe_trains_seeds_on_the_pool(tmp_path):
-    from recipes import campaign
-
-    results = campaign.campaign(seeds=2, workers=2, epochs=3, out=str(tmp_path))
-    assert [r.seed for r in results] == [0, 1]
-    assert all(r.epochs == 3 and r.metric("val_acc") > 0.5 for r in results)
-    assert results[0].state.keys() == results[1].state.keys()
-    assert not all(torch.equal(results[0].state[k], results[1].state[k]) for k in results[0].state)
-    assert not any(r.recalled for r in results)
-    train = st.remember(campaign.run_seed, keeper=DiskKeeper(tmp_path), exclude=("logs",))
-    again = train(1, 3, str(tmp_path))  # what the workers trained, the parent recalls
-    assert again.recalled and again.key == results[1].key
-    assert st.Checkpointing(Path(again.checkpoint).parent).last() is not None  # under its key
-    summary = st.summarize(results, "val_acc")
-    assert summary.n == 2 and summary.min == min(r.metric("val_acc") for r in results)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -70,3 +72,21 @@ def test_runs_on_the_process_pool_and_on_dask_are_computed_once_then_recalled(tm
     assert [r.recalled for r in again] == [True, True, False]
     assert all(same(r, serial[i]) for i, r in enumerate(again))
     assert train(2).recalled  # and the parent sees what the cluster computed
+
+
+@pytest.mark.slow
+def test_the_campaign_recipe_remembers_its_seeds_on_the_pool(tmp_path):
+    from recipes import campaign
+
+    results = campaign.campaign(seeds=2, workers=2, epochs=3, out=str(tmp_path))
+    assert [r.seed for r in results] == [0, 1]
+    assert all(r.epochs == 3 and r.metric("val_acc") > 0.5 for r in results)
+    assert results[0].state.keys() == results[1].state.keys()
+    assert not all(torch.equal(results[0].state[k], results[1].state[k]) for k in results[0].state)
+    assert not any(r.recalled for r in results)
+    summary = st.summarize(results, "val_acc")
+    assert summary.n == 2 and summary.min == min(r.metric("val_acc") for r in results)
+    train = st.remember(campaign.run_seed, keeper=DiskKeeper(tmp_path), exclude=("logs",))
+    again = train(1, 3, str(tmp_path))  # what the workers trained, the parent recalls
+    assert again.recalled and again.key == results[1].key
+    assert st.Checkpointing(Path(again.checkpoint).parent).last() is not None  # under its key
