@@ -39,6 +39,7 @@ BENCHMARKS = [
     "checkpoint",
     "level3",
     "federated",
+    "remember",
 ]
 MARK_BEGIN, MARK_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 # Tables a benchmark prints beside its rows (``TABLES`` in its module: the scaling grid)

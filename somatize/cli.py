@@ -7,6 +7,7 @@
     somatize cache explain GRAPH INPUT [--dir DIR]     # GRAPH, INPUT: MODULE:ATTR
     somatize graph MODULE:ATTR [--format mermaid|text]
     somatize checkpoint verify DIR|FILE
+    somatize runs ls|show KEY|gc  (runs remembered by st.remember; see somatize.runs_cli)
 
 ``--dir`` defaults to ``$SOMATIZE_CACHE`` or ``.somatize-cache``.
 """
@@ -20,6 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import runs_cli
 from .errors import KeeperError
 from .graph import Graph
 from .keepers import DiskKeeper
@@ -176,9 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint = sub.add_parser("checkpoint", help="verify Trainer checkpoints")
     checkpoint.add_argument("action", choices=["verify"])
     checkpoint.add_argument("path", help="a checkpoint directory, or one checkpoint file")
+    runs_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "checkpoint":
         return _checkpoint(args)
+    if args.command == "runs":
+        return runs_cli.command(args)
     return _cache(args) if args.command == "cache" else _graph(args)
 
 

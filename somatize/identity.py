@@ -407,3 +407,22 @@ def state(impl: Any, codecs: Sequence[Codec] = ()) -> str:
         if not name.startswith("_somatize")
     }
     return blake3(encode(parts)).hexdigest()
+
+
+def key_parts(
+    obj: type | types.FunctionType, codecs: Sequence[Codec] = ()
+) -> tuple[str, dict[str, str], str]:
+    """What ``fingerprint(obj)`` is made of, to say which part changed: the digest of
+    ``obj``'s own code; each global or closure value it reads with how it enters
+    (``"code:<digest>"`` for the user's helpers, ``"lib:<name>"`` for libraries,
+    ``"data:<digest>"`` for data — with ``codecs``, tensors too — and ``"obj:<type>"``);
+    and the somatize and torch versions. ``st.remember`` keys a run with these.
+    """
+    memo: dict[int, str] = {id(obj): "self"}
+    refs = {}
+    for dotted, target in _references(obj):
+        described = _describe(target, memo)
+        if described.startswith("obj:") and codecs and is_data(target, codecs):
+            described = "data:" + digest(target, codecs)
+        refs[dotted] = described
+    return _own(obj)[0].hex(), refs, _versions()

@@ -15,6 +15,7 @@ from .module import GraphModule, load_state, module, parameters, state
 from .pool import Runs, run_all
 from .progress import Progress
 from .pruning import Patience, Pruner, Threshold
+from .remember import Remembered, RememberedResult, remember, run_checkpointing
 from .result import TrainResult
 from .tensorboard import TensorBoard
 from .trainer import Options, Trainer
@@ -30,6 +31,8 @@ __all__ = [
     "Patience",
     "Progress",
     "Pruner",
+    "Remembered",
+    "RememberedResult",
     "Runs",
     "Summary",
     "TensorBoard",
@@ -45,7 +48,9 @@ __all__ = [
     "load_state",
     "module",
     "parameters",
+    "remember",
     "run_all",
+    "run_checkpointing",
     "state",
     "summarize",
     "trimmed_mean",

@@ -1,0 +1,251 @@
+"""Remembered runs, the torch-free half: each run's record, its lock, tending the store.
+
+A call of a training function is keyed like a node (``somatize.runkey``). Each run has
+a directory named by its key under ``<keeper dir>/remembered/``::
+
+    remembered/<key>/run.json   what was called, its status, metrics, size (plain JSON)
+    remembered/<key>/ckpt/      the run's checkpoints: a killed run resumes from them
+    remembered/<key>/lock       held (flock) while the run computes: a second caller waits
+
+The result itself lives in the keeper under the key. ``somatize.torch.remember`` adds
+the codecs, the ``TrainResult`` encoding and the checkpoint accessor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import KeeperError
+from .keepers import atomic_write
+from .runkey import CallKey
+
+__all__ = ["RunStore", "explain", "gc", "parse_age"]
+
+FORMAT = "somatize.run/1"
+FOLDER = "remembered"  # under a DiskKeeper's directory
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, f)).st_size
+    return total
+
+
+class RunStore:
+    """The directories of remembered runs under ``root`` (``<keeper dir>/remembered``)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def dir(self, key: str) -> Path:
+        return self.root / key
+
+    def checkpoints(self, key: str) -> Path:
+        return self.dir(key) / "ckpt"
+
+    def record(self, key: str) -> dict[str, Any] | None:
+        """The record of run ``key``, or None (never started, or unreadable)."""
+        try:
+            record = json.loads((self.dir(key) / "run.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) and record.get("format") == FORMAT else None
+
+    def write(self, key: str, record: dict[str, Any]) -> None:
+        """Write run ``key``'s record atomically.
+
+        Raises:
+            KeeperError: naming the path (a read-only or full disk).
+        """
+        file = self.dir(key) / "run.json"
+        try:
+            atomic_write(file, json.dumps({"format": FORMAT, "key": key, **record}).encode())
+        except OSError as e:
+            raise KeeperError(f"could not write the run record {file}: {e}") from e
+
+    def touch(self, key: str) -> None:
+        """Mark run ``key`` as used now (gc by age removes the longest unused)."""
+        with contextlib.suppress(OSError):
+            os.utime(self.dir(key) / "run.json")
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[bool]:
+        """Hold run ``key``'s lock (waiting for another process that holds it); yields whether
+        a lock could be taken (not on a read-only disk, nor where ``fcntl`` is missing)."""
+        try:
+            import fcntl
+
+            self.dir(key).mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.dir(key) / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except (ImportError, OSError):
+            yield False
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
+            yield True
+        finally:
+            os.close(fd)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every run's record, with its ``size`` (checkpoints and result) and ``used`` time; a
+        directory without a record (killed before it wrote one) is listed as ``unknown``."""
+        out: list[dict[str, Any]] = []
+        if not self.root.is_dir():
+            return out
+        for d in sorted(self.root.iterdir()):
+            if d.name.startswith("."):
+                continue
+            record = self.record(d.name) or {"key": d.name, "status": "unknown"}
+            try:
+                used = (d / "run.json").stat().st_mtime
+            except OSError:
+                try:
+                    used = d.stat().st_mtime
+                except OSError:  # removed meanwhile by another process's gc
+                    continue
+            size = _size(d) + int(record.get("bytes", 0) if record.get("status") == "done" else 0)
+            out.append({**record, "size": size, "used": used})
+        return out
+
+    def remove(self, key: str, keeper: Any = None) -> None:
+        """Forget run ``key``: its directory, and its result in ``keeper`` (a DiskKeeper)."""
+        d = self.dir(key)
+        trash = self.root / f".trash-{key}-{os.getpid()}"
+        with contextlib.suppress(OSError):
+            os.replace(d, trash)  # the record disappears at once: no half-removed run is recalled
+            shutil.rmtree(trash, ignore_errors=True)
+        if keeper is None:
+            return
+        discard = getattr(keeper, "discard", None)
+        with contextlib.suppress(OSError):  # KeeperError is an OSError
+            if discard is not None:
+                discard(key)
+            else:  # a DiskKeeper without discard: its documented layout, objects/ab/<key>
+                os.unlink(Path(keeper.path) / "objects" / key[:2] / key)
+
+
+def parse_age(text: str) -> float:
+    """Seconds in ``"90"``, ``"30m"``, ``"12h"``, ``"7d"``.
+
+    Example:
+        >>> parse_age("2h")
+        7200.0
+    """
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        return float(number) * units[unit]
+    except ValueError:
+        raise ValueError(f"not an age: {text!r}; write e.g. 90, 30m, 12h or 7d") from None
+
+
+def gc(
+    keeper_dir: str | os.PathLike[str],
+    *,
+    older_than: float | None = None,
+    max_bytes: int | None = None,
+) -> list[dict[str, Any]]:
+    """Forget remembered runs unused for ``older_than`` seconds, then the least recently used
+    until at most ``max_bytes`` remain. Runs computing now (their lock held) are kept.
+    Returns the records of the runs removed."""
+    from .keepers import DiskKeeper
+
+    keeper = DiskKeeper(keeper_dir)
+    store = RunStore(Path(keeper_dir) / FOLDER)
+    runs = sorted(store.records(), key=lambda r: float(r["used"]))
+    now, removed = time.time(), []
+    total = sum(int(r["size"]) for r in runs)
+    for r in runs:
+        old = older_than is not None and now - float(r["used"]) > older_than
+        big = max_bytes is not None and total > max_bytes
+        if not (old or big) or _busy(store, str(r["key"])):
+            continue
+        store.remove(str(r["key"]), keeper)
+        total -= int(r["size"])
+        removed.append(r)
+    return removed
+
+
+def _busy(store: RunStore, key: str) -> bool:
+    try:
+        import fcntl
+
+        fd = os.open(store.dir(key) / "lock", os.O_RDWR)
+    except (ImportError, OSError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def explain(store: RunStore, ck: CallKey, recalled: bool) -> str:
+    """Why this call is (or is not) recalled: the key part that differs from the nearest run
+    of the same function in ``store`` (its code, a helper, an argument, the versions)."""
+    fn = ck.function.rsplit(".", 1)[-1]
+    own = store.record(ck.key)
+    if recalled:
+        return f"recalled: {fn}({_args(ck.summary)}) finished before as run {ck.key[:12]}"
+    if own is not None:
+        status = own.get("status")
+        why = {
+            "done": "it finished, but its result is no longer in the keeper (evicted?)",
+            "started": "it started and did not finish (killed?)",
+        }.get(str(status), f"it raised: {own.get('error', '?')}")
+        return (
+            f"not recalled: run {ck.key[:12]} of {fn} has this key, but {why}; "
+            "calling it again resumes from its last checkpoint"
+        )
+    same = [r for r in store.records() if r.get("function") == ck.function]
+    if not same:
+        return f"not recalled: no run of {ck.function} is remembered in {store.root}"
+    # the fewest differing parts; among equals, the most recently used
+    nearest, diffs = min(
+        ((r, _diffs(r, ck)) for r in same), key=lambda p: (len(p[1]), -float(p[0]["used"]))
+    )
+    return (
+        f"not recalled: the nearest run of {fn}, {str(nearest['key'])[:12]}, differs in "
+        + "; ".join(diffs)
+    )
+
+
+def _diffs(r: Mapping[str, Any], ck: CallKey) -> list[str]:
+    fn = ck.function.rsplit(".", 1)[-1]
+    out = []
+    if r.get("code") != ck.code:
+        out.append(f"the code of {fn}")
+    before, now = r.get("helpers", {}), ck.helpers
+    for name in sorted(set(before) | set(now)):
+        if name not in before:
+            out.append(f"{fn} now reads {name!r}")
+        elif name not in now:
+            out.append(f"{fn} no longer reads {name!r}")
+        elif before[name] != now[name]:
+            kind = "helper" if now[name].startswith("code:") else "global"
+            out.append(f"the {kind} {name!r} (its {'code' if kind == 'helper' else 'value'})")
+    args, summary = r.get("args", {}), r.get("summary", {})
+    for name in sorted(set(args) | set(ck.args)):
+        if args.get(name) != ck.args.get(name):
+            was, now_ = summary.get(name, "absent"), ck.summary.get(name, "absent")
+            detail = f"{was} → {now_}" if was != now_ else f"{now_}, its content changed"
+            out.append(f"argument {name!r} ({detail})")
+    if r.get("versions") != ck.versions:
+        out.append(f"the versions ({r.get('versions')} → {ck.versions})")
+    return out or ["nothing it records (a run from another somatize?)"]
+
+
+def _args(summary: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in summary.items())

@@ -1,0 +1,363 @@
+"""Runs remembered by content: ``st.remember(train_one, keeper=DiskKeeper("runs"))``.
+
+A call's key is the function's identity (its code and the user helpers it calls, as
+for nodes) and its arguments' content (tensors and state dicts through the codecs).
+A finished ``TrainResult`` is stored in the keeper through the codecs — never pickled —
+and a call with the same key returns it without running. Each run has a checkpoint
+directory named by its key (``run_checkpointing()`` inside the function): a call after a
+kill resumes from the last checkpoint. A second process asking for a run that is
+computing waits for it (a lock per key), then recalls it.
+
+Example:
+    >>> import tempfile
+    >>> from somatize import DiskKeeper
+    >>> def train_one(seed): ...            # builds a graph, returns trainer.fit(...)
+    >>> train = remember(train_one, keeper=DiskKeeper(tempfile.mkdtemp()))
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import inspect
+import os
+import tempfile
+import time
+import types
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .. import runkey, runs
+from ..errors import KeeperError, ValueConversionError
+from ..graph import Graph
+from ..identity import key_parts
+from ..keepers import Keeper
+from ..node import Node
+from ..values import decode, encode, is_data
+from .checkpoint import Checkpointing
+from .codecs import default_codecs
+from .result import TrainResult
+
+__all__ = ["Remembered", "RememberedResult", "remember", "run_checkpointing"]
+
+FORMAT = "somatize.train-result/1"
+
+
+@dataclass(frozen=True, repr=False)
+class RememberedResult(TrainResult):
+    """A ``TrainResult`` from a remembered run, saying where it came from.
+
+    Attributes:
+        recalled: True when it was read back from the keeper without running.
+        key: the run's key (``somatize runs show KEY``).
+    """
+
+    recalled: bool = False
+    key: str = ""
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + (", recalled)" if self.recalled else ")")
+
+
+_FIELDS = tuple(f for f in dataclasses.fields(TrainResult))
+
+
+def encode_result(result: TrainResult, codecs: Sequence[Any]) -> bytes:
+    """A ``TrainResult`` as bytes, field by field through the codecs (never pickled)."""
+    values = {}
+    for f in _FIELDS:
+        v = getattr(result, f.name)
+        if isinstance(v, Mapping):
+            v = dict(v)
+        elif isinstance(v, os.PathLike):  # a checkpoint's path comes back as a str
+            v = os.fspath(v)
+        if not is_data(v, codecs):
+            raise ValueConversionError(
+                f"field {f.name!r} of the TrainResult holds a value of type {type(v).__qualname__}, "
+                "which is not data, so the result cannot be written down (it is never pickled); keep "
+                "numbers, strings, lists, dicts and tensors in a TrainResult's fields"
+            )
+        values[f.name] = v
+    return encode({"format": FORMAT, "fields": values}, codecs, where="the TrainResult")
+
+
+def decode_result(data: bytes, codecs: Sequence[Any], key: str) -> RememberedResult | None:
+    """The result back, or None when it was written by a TrainResult with other fields."""
+    try:
+        stored = decode(data, codecs)
+    except ValueError:
+        return None
+    if not isinstance(stored, dict) or stored.get("format") != FORMAT:
+        return None
+    values = stored["fields"]
+    has_default = dataclasses.MISSING
+    for f in _FIELDS:
+        if f.name not in values and f.default is has_default and f.default_factory is has_default:
+            return None  # a field this TrainResult needs was not written: not this result
+    known = {f.name for f in _FIELDS}
+    return RememberedResult(
+        **{k: v for k, v in values.items() if k in known}, recalled=True, key=key
+    )
+
+
+@dataclass(frozen=True)
+class _Current:
+    key: str
+    checkpoints: Path | None
+
+
+_current: contextvars.ContextVar[_Current | None] = contextvars.ContextVar(
+    "somatize_remembered_run", default=None
+)
+
+
+def run_checkpointing(*, every_steps: int | None = None, keep: int = 3) -> Checkpointing:
+    """Where the remembered run being computed checkpoints: a directory named by its key.
+
+    Give it to the Trainer and fit with ``resume="last"``: a call after a kill resumes
+    from the last checkpoint, bitwise. Outside a remembered run (a plain call of the
+    function), a fresh temporary directory — there is nothing to resume.
+
+    Example:
+        >>> def train_one(seed):  # doctest: +SKIP
+        ...     trainer = st.Trainer(..., checkpoint=st.run_checkpointing(every_steps=50))
+        ...     return trainer.fit(g, data, resume="last")
+    """
+    current = _current.get()
+    path = current.checkpoints if current is not None else None
+    if path is None:
+        path = Path(tempfile.mkdtemp(prefix="somatize-run-"))
+    return Checkpointing(path, every_steps=every_steps, keep=keep)
+
+
+def _adapt(value: Any, where: str) -> Any:
+    """Torch objects that are data by content (a TensorDataset), or an error with the fix."""
+    from torch.utils.data import TensorDataset
+
+    if isinstance(value, TensorDataset):
+        return {"TensorDataset": list(value.tensors)}
+    if isinstance(value, (nn.Module, Graph, Node)):
+        name = where.split("'")[1] if "'" in where else where
+        raise ValueConversionError(
+            f"{where} is a {type(value).__qualname__}, which cannot enter the run's key (its "
+            "code is not keyed by content); build it inside the function and pass its state "
+            f"(st.state(g) or module.state_dict()) — or leave it out of the key explicitly: "
+            f"st.remember(fn, keeper=..., exclude=({name!r},))"
+        )
+    return NotImplemented
+
+
+class Remembered:
+    """A training function whose finished runs are remembered (made by ``remember``).
+
+    Calling it returns a ``RememberedResult``. ``key(...)`` and ``explain(...)`` take
+    the same arguments as the function.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., TrainResult],
+        keeper: Keeper,
+        exclude: Sequence[str],
+        dir: str | os.PathLike[str] | None,
+    ) -> None:
+        if not isinstance(fn, types.FunctionType):
+            raise TypeError(
+                f"st.remember takes a function defined with def, not a {type(fn).__qualname__}"
+            )
+        if isinstance(exclude, str):
+            exclude = (exclude,)
+        if dir is None:
+            base = getattr(keeper, "path", None)
+            if base is None:
+                raise ValueError(
+                    f"{keeper!r} has no directory for the runs' checkpoints and records; "
+                    "pass dir=... to st.remember (or use a DiskKeeper)"
+                )
+            dir = Path(base) / runs.FOLDER
+        self.fn, self.keeper, self.exclude = fn, keeper, tuple(exclude)
+        self.store = runs.RunStore(dir)
+        self.codecs = default_codecs()
+        self._identity: tuple[str, dict[str, str], str] | None = None  # set when shipped
+        unknown = sorted(set(self.exclude) - set(inspect.signature(fn).parameters))
+        if unknown:
+            raise ValueError(
+                f"exclude names {', '.join(map(repr, unknown))}, which {fn.__qualname__} does "
+                f"not take; its arguments: {', '.join(inspect.signature(fn).parameters)}"
+            )
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", "remembered")
+        self.__doc__ = fn.__doc__
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the identity is computed where the function is defined (its source is there)
+        state = {**self.__dict__, "codecs": None}
+        state["_identity"] = self._identity or key_parts(self.fn, self.codecs)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.codecs = default_codecs()
+
+    def __repr__(self) -> str:
+        return f"remember({self.fn.__qualname__}, keeper={self.keeper!r})"
+
+    def call_key(self, *args: Any, **kwargs: Any) -> runkey.CallKey:
+        return runkey.call_key(
+            self.fn,
+            args,
+            kwargs,
+            exclude=self.exclude,
+            codecs=self.codecs,
+            adapt=_adapt,
+            identity=self._identity,
+        )
+
+    def key(self, *args: Any, **kwargs: Any) -> str:
+        """The key a call with these arguments has."""
+        return self.call_key(*args, **kwargs).key
+
+    def explain(self, *args: Any, **kwargs: Any) -> str:
+        """Why a call with these arguments would be recalled, or which key part differs
+        from the nearest remembered run (the code, a helper, an argument)."""
+        ck = self.call_key(*args, **kwargs)
+        return runs.explain(self.store, ck, self._recall(ck.key) is not None)
+
+    def _recall(self, key: str) -> RememberedResult | None:
+        record = self.store.record(key)
+        if record is None or record.get("status") != "done":
+            return None
+        data = self.keeper.get(key)
+        if data is None:
+            return None
+        result = decode_result(data, self.codecs, key)
+        if result is not None:
+            self.store.touch(key)
+        return result
+
+    def __call__(self, *args: Any, **kwargs: Any) -> RememberedResult:
+        ck = self.call_key(*args, **kwargs)
+        found = self._recall(ck.key)
+        if found is not None:
+            return found
+        with self.store.lock(ck.key):  # a second caller waits here, then recalls
+            found = self._recall(ck.key)  # computed meanwhile by the process that held the lock
+            if found is not None:
+                return found
+            return self._compute(ck, args, kwargs)
+
+    def _compute(
+        self, ck: runkey.CallKey, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> RememberedResult:
+        problems: list[str] = []
+        checkpoints: Path | None = self.store.checkpoints(ck.key)
+        record = {
+            "function": ck.function,
+            "code": ck.code,
+            "helpers": ck.helpers,
+            "versions": ck.versions,
+            "args": ck.args,
+            "summary": ck.summary,
+            "excluded": list(ck.excluded),
+            "started": time.time(),
+        }
+        try:
+            self.store.write(ck.key, {**record, "status": "started"})
+        except KeeperError as e:
+            problems.append(str(e))
+            checkpoints = None  # checkpoints go to a temporary directory instead
+        token = _current.set(_Current(ck.key, checkpoints))
+        try:
+            result = self.fn(*args, **kwargs)
+        except BaseException as e:
+            failed = {**record, "status": "failed", "error": f"{type(e).__name__}: {e}"}
+            if not problems:
+                try:
+                    self.store.write(ck.key, failed)
+                except KeeperError as e:
+                    problems.append(str(e))
+            raise
+        finally:
+            _current.reset(token)
+        if not isinstance(result, TrainResult):
+            warnings.warn(
+                f"{ck.function} returned a {type(result).__qualname__}, not a TrainResult: "
+                "its run is not remembered",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return result  # type: ignore[no-any-return]
+        try:
+            payload = encode_result(result, self.codecs)
+        except ValueConversionError as e:
+            warnings.warn(
+                f"{e}; the run's result is returned but not remembered",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return self._returned(result, ck.key)
+        try:
+            self.keeper.put(ck.key, payload)
+            summary = result.summary()
+            self.store.write(
+                ck.key,
+                {
+                    **record,
+                    "status": "done",
+                    "finished": time.time(),
+                    "bytes": len(payload),
+                    "result": {k: v for k, v in summary.items() if k != "metrics"},
+                    "metrics": summary.get("metrics", {}),
+                },
+            )
+        except KeeperError as e:
+            problems.append(str(e))
+        for problem in problems:
+            warnings.warn(
+                f"KeeperError: {problem}; the run's result is returned but not remembered",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return self._returned(result, ck.key)
+
+    @staticmethod
+    def _returned(result: TrainResult, key: str) -> RememberedResult:
+        fields = {f.name: getattr(result, f.name) for f in _FIELDS}
+        return RememberedResult(**fields, recalled=False, key=key)
+
+
+def remember(
+    fn: Callable[..., TrainResult],
+    *,
+    keeper: Keeper,
+    exclude: Sequence[str] = (),
+    dir: str | os.PathLike[str] | None = None,
+) -> Remembered:
+    """Remember the finished runs of a training function, by its code and its arguments.
+
+    Args:
+        fn: a function returning a ``TrainResult`` (from ``Trainer.fit``).
+        keeper: where results are stored (a ``DiskKeeper`` shared by processes).
+        exclude: argument names left out of the key (a pool, a logger, a device).
+        dir: the runs' records and checkpoints (default: ``remembered/`` in the keeper's
+            directory).
+
+    Returns:
+        A callable with ``fn``'s arguments returning a ``RememberedResult``;
+        ``.recalled`` says whether it was read back without running.
+
+    Raises:
+        ValueConversionError: when called, for an argument that cannot enter the key
+            (a lambda, an open file, a generator, an arbitrary object); the message
+            names it and says how to pass it, or to exclude it.
+
+    Example:
+        >>> train = remember(train_one, keeper=DiskKeeper("runs"))  # doctest: +SKIP
+        >>> results = [train(seed) for seed in range(5)]  # doctest: +SKIP
+    """
+    return Remembered(fn, keeper, exclude, dir)
