@@ -280,7 +280,7 @@ def dask_client():
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address="127.0.0.1:0",  # a free port: 8787 may be taken
             # the scheduler's HTTP server would take port 8787, and warn if it is taken
             scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
         ) as cluster,

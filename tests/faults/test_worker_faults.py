@@ -74,7 +74,7 @@ def cluster():
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address="127.0.0.1:0",  # a free port: 8787 may be taken
             scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
         ) as c,
         distributed.Client(c) as client,

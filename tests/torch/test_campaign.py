@@ -102,20 +102,6 @@ def test_classes_defined_in_main_train_on_the_pool(tmp_path):
     assert out.stdout.split() == ["SAME", "3"]
 
 
-@pytest.mark.slow
-def test_the_campaign_recipe_trains_seeds_on_the_pool(tmp_path):
-    from recipes import campaign
-
-    results = campaign.campaign(seeds=2, workers=2, epochs=3, out=str(tmp_path))
-    assert [r.seed for r in results] == [0, 1]
-    assert all(r.epochs == 3 and r.metric("val_acc") > 0.5 for r in results)
-    assert results[0].state.keys() == results[1].state.keys()
-    assert not all(torch.equal(results[0].state[k], results[1].state[k]) for k in results[0].state)
-    assert (tmp_path / "seed-1" / "ckpt" / "last").exists()
-    summary = st.summarize(results, "val_acc")
-    assert summary.n == 2 and summary.min == min(r.metric("val_acc") for r in results)
-
-
 def _modules_a_first_run_imports(_):
     from torch import nn
 
