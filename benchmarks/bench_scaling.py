@@ -367,8 +367,8 @@ def run(quick: bool) -> list[Row]:
                     target="≤ 1.5×",
                     met=ours.median / ref.median <= 1.5,
                     spread=f"{fmt(ours.min * 1e3, 'ms')} – {fmt(ours.max * 1e3, 'ms')}",
-                    note="registration only; its floor is one nn.Module per node (the node id "
-                    "level of the names), ~3× an add_module",
+                    note="registering the modules and compiling the plan; the floor is one "
+                    "nn.Module per node (the node-id level of the names), ~3× an add_module",
                 )
             )
         if 10_000 in got:
