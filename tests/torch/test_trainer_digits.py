@@ -38,7 +38,8 @@ def test_the_recipe_reaches_its_target_accuracy(digits, tmp_path, capsys):
     # running again starts afresh in the same directory; --resume finds the run finished
     assert digits.main(["--out", str(tmp_path), "--seed", "0"]) == 0
     assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
-    assert digits.main(["--out", str(tmp_path), "--seed", "0", "--resume"]) == 0
+    with pytest.warns(UserWarning, match="stopped early by its pruner"):  # said, not silent
+        assert digits.main(["--out", str(tmp_path), "--seed", "0", "--resume"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("digits:")]
 
     def steps(line):  # "digits: validation accuracy ... after N steps" without the seconds
