@@ -1,6 +1,7 @@
 """A DiskKeeper under fire: writers killed mid-put, flipped bits and cut entries.
 
-Only ``DiskKeeper.get/put/verify`` are used: whatever else changes in the keeper,
+Only ``DiskKeeper.get/put/verify`` are used, and files are damaged wherever they lie
+(whatever the layout): whatever else changes in the keeper,
 these must hold — an acknowledged put is never lost, a damaged entry is a miss (and
 ``verify`` reports it), and no read ever returns bytes other than those put.
 """
@@ -83,28 +84,44 @@ def test_writers_killed_at_random_instants_lose_no_acknowledged_entry(tmp_path, 
         assert keeper.verify() == []  # no torn entry is ever visible
         for key, value in written.items():
             assert keeper.get(key) == value
-        for key in keeper.keys():  # noqa: SIM118 -- a keeper, not a dict
-            assert keeper.get(key) == possible[key]  # whole, and the bytes put under it
+        for key, value in possible.items():  # the one being written: absent, or whole
+            assert keeper.get(key) in (None, value)
+
+
+def _files(root):
+    """Every file under the keeper's directory (whatever its layout), temp files aside."""
+    return sorted(
+        os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if not f.startswith(".")
+    )
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_damaged_entries_are_misses_and_verify_reports_them(tmp_path, rng, damage):
     keeper = DiskKeeper(tmp_path / "cache")
-    entries = [entry(i, "d") for i in range(4 * TRIALS)]
-    for key, value in entries:
-        keeper.put(key, value)
-    for n, (key, value) in enumerate(entries):
-        file = keeper.path / "objects" / key[:2] / key
-        data = bytearray(file.read_bytes())
+    entries = dict(entry(i, "d") for i in range(12))
+    seen = 0
+    for _trial in range(4 * TRIALS):
+        for key, value in entries.items():
+            if keeper.get(key) is None:
+                keeper.put(key, value)
+        victim = rng.choice([f for f in _files(keeper.path) if os.path.getsize(f)])
+        with open(victim, "rb") as f:
+            data = bytearray(f.read())
         if damage == "flip":
             data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
         else:
             del data[rng.randrange(len(data)) :]
-        file.write_bytes(bytes(data))
-        if n % 2:
-            assert keeper.verify() == [key]  # reported, and removed
-        else:
-            assert keeper.get(key) is None  # a miss, never other bytes
-        assert keeper.get(key) is None and not file.exists()
-        keeper.put(key, value)  # recomputed and written afresh
+        with open(victim, "wb") as f:
+            f.write(bytes(data))
+        if _trial % 2:  # verify first: it reports (and removes) what it finds damaged
+            reported = keeper.verify()
+            assert set(reported) <= set(entries)
+            seen += len(reported)
+        got = {key: keeper.get(key) for key in entries}
+        assert all(got[k] in (None, v) for k, v in entries.items())  # a miss, never other bytes
+        seen += sum(v is None for v in got.values())
+        assert keeper.verify() == []  # a damaged entry does not outlive a read
+    assert seen >= 4 * TRIALS // 2  # the damage was seen, not missed
+    for key, value in entries.items():  # recomputed and written afresh, it reads back
+        keeper.put(key, value)
         assert keeper.get(key) == value

@@ -7,6 +7,7 @@ dies must fail with a clear ``TransportError``, never hang.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import threading
@@ -65,6 +66,14 @@ def test_a_pool_worker_killed_at_random_instants_loses_no_run(rng):
         assert kills and 1 <= pool.restarts <= len(kills)
 
 
+@pytest.fixture
+def stacks_if_stuck():
+    """Print every thread's stack if a Dask test runs past 90 s (then it fails on its own)."""
+    faulthandler.dump_traceback_later(90, exit=False)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
 @pytest.fixture(scope="module")
 def cluster():
     distributed = pytest.importorskip("distributed")
@@ -82,7 +91,7 @@ def cluster():
         yield client
 
 
-def _workers(client, count: int = 2, seconds: float = 120) -> dict[str, int]:
+def _workers(client, count: int = 2, seconds: float = 60) -> dict[str, int]:
     """address -> pid of ``count`` live workers (a killed one may still be listed a while)."""
     deadline = time.monotonic() + seconds
     while True:
@@ -91,12 +100,14 @@ def _workers(client, count: int = 2, seconds: float = 120) -> dict[str, int]:
         live = {a: p for a, p in pids.items() if isinstance(p, int)}
         if len(live) >= count:
             return live
-        assert time.monotonic() < deadline, f"only {len(live)} live workers: {pids}"
+        assert time.monotonic() < deadline, (
+            f"only {len(live)} live workers: {pids}; {client.scheduler_info()['workers'].keys()}"
+        )
         time.sleep(0.1)  # polling the cluster until the restarted worker answers
 
 
 @pytest.mark.slow
-def test_a_dask_worker_killed_at_random_instants_loses_no_run(cluster, rng):
+def test_a_dask_worker_killed_at_random_instants_loses_no_run(cluster, rng, stacks_if_stuck):
     pool = cluster.get_executor(pure=False)
     for trial in range(TRIALS):
         pids = _workers(cluster)
@@ -120,7 +131,9 @@ class Far(Node):
 
 
 @pytest.mark.slow
-def test_a_slice_pinned_to_a_dask_worker_that_dies_fails_clearly_and_never_hangs(cluster):
+def test_a_slice_pinned_to_a_dask_worker_that_dies_fails_clearly_and_never_hangs(
+    cluster, stacks_if_stuck
+):
     pids = _workers(cluster)
     address = sorted(pids)[0]
     g = Graph.somatize(Far().with_id("far")).place("far", host="box")
