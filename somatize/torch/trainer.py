@@ -46,7 +46,7 @@ from .checkpoint import (
 from .loop import train as train_loop
 from .metrics import Metric, evaluate
 from .module import GraphModule, module
-from .options import Options
+from .options import Options, check_device
 from .policy import best_step, check_extension, check_fresh, horizon, resume_path, save
 from .result import TrainResult
 from .run import ActiveRun
@@ -219,6 +219,7 @@ class Trainer:
         net, compiled = _as_module(model), _compiled(model)
         default = next((p.device for p in net.parameters()), torch.device("cpu"))
         device = ddp.device(self.options.device, world, default)
+        check_device(device)
         tensors = itertools.chain(net.parameters(), net.buffers())
         if any(t.device != device for t in tensors):  # .to() walks every module even when idle
             net.to(device)
