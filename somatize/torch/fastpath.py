@@ -49,60 +49,76 @@ def fast_epoch(
     every = trainer.options.eval_every_steps if val is not None else None
     ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
     losses = s.losses
-    start, i = s.position, -1
-    for i, batch in enumerate(batches):
-        if i < start:  # resuming mid-epoch: these batches were already trained on
-            continue
-        if s.pruned or s.step >= max_steps:
-            return i, False
-        if graph_net is not None:
-            graph_net.step = s.step + 1  # nodes see the number of the step they compute
-        if not with_loss:
-            x, y = batch, None
-        elif type(batch) is tuple and len(batch) == 2:
-            x, y = batch
-        else:
-            x, y = split(batch)
-        if type(x) is _Tensor:
-            if x.device != device:
-                x = x.to(device, non_blocking=True)
-            n = int(x.shape[0]) if x.dim() else 1
-        else:
-            check_batch(x, batch)
-            x = to_device(x, device)
-            n = num_examples(x)
-        if type(y) is _Tensor:
-            if y.device != device:
-                y = y.to(device, non_blocking=True)
-        elif y is not None:
-            y = to_device(y, device)
-        zero_grad(set_to_none=True)
-        out = net(x)
-        if with_loss and y is not None:
-            loss = loss_fn(out, y)  # type: ignore[misc]
-            if type(loss) is not _Tensor or loss.dim():
-                loss = loss_of(loss_fn, out, y)  # raises, naming what it got
-        else:
-            loss = loss_of(loss_fn, out, y)
-        loss.backward()
-        value = loss.item()  # the history's float, and the non-finite check's
-        if not math.isfinite(value):
-            _nonfinite(trainer, run, policy, value, i)  # raises under "raise"
+    isfinite = math.isfinite
+    # GraphModule.step lives in the instance dict (module.py's _OWN): set it there directly
+    own = graph_net.__dict__ if graph_net is not None else {}
+    clock = own if "step" in own else None
+    # the counters, kept in locals and written back before anything reads the state
+    step, examples, start, i = s.step, s.examples_seen, s.position, -1
+    last = -1  # the last batch trained on (or skipped): the position is the one after it
+    try:
+        for i, batch in enumerate(batches):
+            if i < start:  # resuming mid-epoch: these batches were already trained on
+                continue
+            if step >= max_steps or s.pruned:
+                return i, False
+            if clock is not None:
+                clock["step"] = step + 1  # nodes see the number of the step they compute
+            elif graph_net is not None:
+                graph_net.step = step + 1
+            if not with_loss:
+                x, y = batch, None
+            elif type(batch) is tuple and len(batch) == 2:
+                x, y = batch
+            else:
+                x, y = split(batch)
+            if type(x) is _Tensor:
+                if x.device != device:
+                    x = x.to(device, non_blocking=True)
+                n = len(x) if x.dim() else 1
+            else:
+                check_batch(x, batch)
+                x = to_device(x, device)
+                n = num_examples(x)
+            if type(y) is _Tensor:
+                if y.device != device:
+                    y = y.to(device, non_blocking=True)
+            elif y is not None:
+                y = to_device(y, device)
             zero_grad(set_to_none=True)
-            s.skipped += 1
-            s.position = i + 1
-            continue
-        if clip is not None:
-            nn.utils.clip_grad_norm_(run.params, clip)
-        opt_step()
-        if step_sched is not None:
-            step_sched.step()
-        s.step += 1
-        s.position = i + 1
-        s.examples_seen += n
-        losses.append(value)
-        if every and s.step % every == 0:
-            evaluate_into(trainer, run, val)  # type: ignore[arg-type]
-        if run.due or (ckpt_every and s.step % ckpt_every == 0):
-            save(trainer, run)
+            out = net(x)
+            if with_loss and y is not None:
+                loss = loss_fn(out, y)  # type: ignore[misc]
+                if type(loss) is not _Tensor or loss.dim():
+                    loss = loss_of(loss_fn, out, y)  # raises, naming what it got
+            else:
+                loss = loss_of(loss_fn, out, y)
+            loss.backward()
+            value = loss.item()  # the history's float, and the non-finite check's
+            if not isfinite(value):
+                s.step, s.examples_seen = step, examples
+                _nonfinite(trainer, run, policy, value, i)  # raises under "raise"
+                zero_grad(set_to_none=True)
+                s.skipped += 1
+                last = i
+                continue
+            if clip is not None:
+                nn.utils.clip_grad_norm_(run.params, clip)
+            opt_step()
+            if step_sched is not None:
+                step_sched.step()
+            step += 1
+            examples += n
+            losses.append(value)
+            last = i
+            if (every and step % every == 0) or run.due or (ckpt_every and step % ckpt_every == 0):
+                s.step, s.examples_seen, s.position = step, examples, i + 1
+                if every and step % every == 0:
+                    evaluate_into(trainer, run, val)  # type: ignore[arg-type]
+                if run.due or (ckpt_every and step % ckpt_every == 0):
+                    save(trainer, run)
+    finally:
+        s.step, s.examples_seen = step, examples
+        if last >= 0:
+            s.position = last + 1
     return i, True

@@ -563,3 +563,20 @@ def test_the_fast_path_equals_the_general_one(tmp_path, kw):
     assert fast.best_checkpoint.endswith(general.best_checkpoint[-20:])
     for k, v in fast.state.items():
         assert torch.equal(v, general.state[k])
+
+
+def test_nodes_see_the_step_on_the_fast_path_too():
+    seen = []
+
+    class Spy(Node):
+        def __init__(self) -> None:
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x, ctx):
+            seen.append(ctx.step)
+            return Done(Opaque(self.lin(x)))
+
+    st.Trainer(loss=F.cross_entropy, optimizer=sgd, epochs=2, options=quiet()).fit(
+        Graph.somatize(Spy()), batches(3)
+    )
+    assert seen == [1, 2, 3, 4, 5, 6]
