@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,7 @@ from ..watchers import EpochEnd, Metrics, StepEnd, notify
 from .batches import epoch_batches
 from .carry import reset
 from .evaluation import evaluate_into
+from .fastpath import fast_epoch
 from .module import GraphModule
 from .policy import save
 from .step import step
@@ -36,39 +38,29 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     step_sched, epoch_sched = (sched, None) if per_step else (None, sched)
     every = trainer.options.eval_every_steps
     accumulate = trainer.options.accumulate
-    ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
+    # the common case takes a loop with every call it does not need inlined (issue 16)
+    fast = (
+        not watchers
+        and accumulate == 1
+        and trainer.micro_batches == 1
+        and run.scaler is None
+        and run.world == 1
+        and run.autocast is contextlib.nullcontext
+        and trainer.options.nonfinite != "ignore"
+    )
     net.train()
     while s.epoch < epochs and not s.pruned and s.step < max_steps:
         batches = epoch_batches(
             data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world
         )
         reset(run.carries)  # carried state starts afresh each epoch
-        i = -1
-        for i, group in _groups(batches, s.position, accumulate):
-            if s.pruned or s.step >= max_steps:
-                break
-            tick = time.perf_counter() if watchers else 0.0
-            if graph_net is not None:
-                graph_net.step = s.step + 1  # nodes see the number of the step they compute
-            lr = run.opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
-            loss, n, stepped = step(trainer, run, group, i)
-            if not stepped:  # a non-finite loss, skipped: no step taken, the batch consumed
-                s.skipped += 1
-                s.position = i + 1
-                continue
-            if step_sched is not None:
-                step_sched.step()
-            s.step += 1
-            s.position = i + 1
-            s.examples_seen += n
-            s.pending.append(loss)
-            if watchers:
-                _report_step(run, loss, lr, n, tick)
-            if val is not None and every and s.step % every == 0:
-                evaluate_into(trainer, run, val)
-            if run.due or (ckpt_every and s.step % ckpt_every == 0):
-                save(trainer, run)
-        else:  # the epoch ran to its end
+        if fast:
+            i, ended = fast_epoch(trainer, run, batches, val, step_sched, max_steps, graph_net)
+        else:
+            i, ended = _epoch(
+                trainer, run, batches, val, step_sched, max_steps, graph_net, accumulate
+            )
+        if ended:  # the epoch ran to its end
             if i < 0 and s.position == 0:
                 raise ValueError(
                     f"the training data yielded no batches in epoch {s.epoch}"
@@ -86,6 +78,51 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                 save(trainer, run)
             continue
         break
+
+
+def _epoch(
+    trainer: Trainer,
+    run: ActiveRun,
+    batches: Iterator[Any],
+    val: Iterable[Any] | None,
+    step_sched: Any,
+    max_steps: int,
+    graph_net: GraphModule | None,
+    accumulate: int,
+) -> tuple[int, bool]:
+    """One epoch's steps, any setting: (index of the last batch, whether it ran to its end)."""
+    s, watchers = run.state, run.watchers
+    every = trainer.options.eval_every_steps
+    ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
+    i = -1
+    for i, group in _groups(batches, s.position, accumulate):
+        if s.pruned or s.step >= max_steps:
+            return i, False
+        tick = time.perf_counter() if watchers else 0.0
+        if graph_net is not None:
+            graph_net.step = s.step + 1  # nodes see the number of the step they compute
+        lr = run.opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
+        loss, n, stepped = step(trainer, run, group, i)
+        if not stepped:  # a non-finite loss, skipped: no step taken, the batch consumed
+            s.skipped += 1
+            s.position = i + 1
+            continue
+        if step_sched is not None:
+            step_sched.step()
+        s.step += 1
+        s.position = i + 1
+        s.examples_seen += n
+        if isinstance(loss, float):  # already read back (the non-finite check)
+            s.losses.append(loss)
+        else:
+            s.pending.append(loss)
+        if watchers:
+            _report_step(run, loss, lr, n, tick)
+        if val is not None and every and s.step % every == 0:
+            evaluate_into(trainer, run, val)
+        if run.due or (ckpt_every and s.step % ckpt_every == 0):
+            save(trainer, run)
+    return i, True
 
 
 def _groups(batches: Iterator[Any], start: int, k: int) -> Iterator[tuple[int, list[Any]]]:
@@ -107,7 +144,7 @@ def _groups(batches: Iterator[Any], start: int, k: int) -> Iterator[tuple[int, l
         yield i, group
 
 
-def _report_step(run: ActiveRun, loss: torch.Tensor, lr: Any, n: int, tick: float) -> None:
+def _report_step(run: ActiveRun, loss: torch.Tensor | float, lr: Any, n: int, tick: float) -> None:
     s, seconds = run.state, time.perf_counter() - tick
     notify(run.watchers, StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds))
     node_metrics = getattr(run.net, "metrics", None)

@@ -11,7 +11,7 @@ import torch
 from ..errors import SettingError
 from .settings import choice, count, positive
 
-__all__ = ["PRECISIONS", "Options"]
+__all__ = ["PRECISIONS", "Options", "check_device"]
 
 PRECISIONS = ("32", "bf16", "fp16")
 
@@ -94,15 +94,20 @@ class Options:
 
 def _check_device(device: Any) -> None:
     try:
-        dev = torch.device(device)
+        torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise SettingError(
             f"device {device!r} is not a torch device ({e}); pass 'cpu', 'cuda', 'cuda:1', "
             "'mps' or a torch.device"
         ) from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
+
+
+def check_device(device: torch.device) -> None:
+    """The device a run trains on must exist here (checked when ``fit`` starts, so Options
+    made on a machine without a GPU can still be shipped to one that has one)."""
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise SettingError(
-            f"device {device!r} asks for CUDA, which this machine's torch does not have "
+            f"device {str(device)!r} asks for CUDA, which this machine's torch does not have "
             f"(torch {torch.__version__}, CUDA available: False); pass device='cpu', or None "
             "to train where the model is"
         )

@@ -25,7 +25,7 @@ __all__ = ["step"]
 
 def step(
     trainer: Trainer, run: ActiveRun, group: Sequence[Any], index: int
-) -> tuple[torch.Tensor, int, bool]:
+) -> tuple[torch.Tensor | float, int, bool]:
     """One optimizer step over ``group`` (one batch, or ``Options.accumulate`` of them).
 
     Every micro-batch of every batch weighs by its share of the group's examples, so the
@@ -33,7 +33,8 @@ def step(
     gradients are all-reduced once, on the last backward.
 
     Returns:
-        the group's loss, its number of examples, and whether the optimizer stepped
+        the group's loss (a float when the non-finite check read it back, else a tensor
+        still on the device), its number of examples, and whether the optimizer stepped
         (False: skipped for a non-finite loss).
 
     Raises:
@@ -84,17 +85,37 @@ def step(
                 (weighted if scaler is None else scaler.scale(weighted)).backward()
             total += loss.detach().float() * share
     policy = trainer.options.nonfinite
+    if policy != "ignore" and run.world == 1:  # read back now: the history takes the float
+        value = total.item()
+        if not math.isfinite(value):
+            _nonfinite(trainer, run, policy, value, index)
+            opt.zero_grad(set_to_none=True)
+            return value, n, False
+        _update(trainer, run, opt)
+        return value, n, True
     if policy != "ignore" and not _finite(total, run.world):
-        if policy == "raise":
-            s = run.state
-            raise NonFiniteError(
-                f"the loss is {float(total)} at step {s.step + 1} (epoch {s.epoch}, batch "
-                f"{index} of the epoch); nothing was stepped or checkpointed with it. Look for "
-                "a too-high learning rate or bad data, clip gradients (Options(clip_grad_norm=...)),"
-                " or skip such steps with Options(nonfinite='skip')"
-            )
+        _nonfinite(trainer, run, policy, float(total), index)
         opt.zero_grad(set_to_none=True)
         return total, n, False
+    _update(trainer, run, opt)
+    return total, n, True
+
+
+def _nonfinite(trainer: Trainer, run: ActiveRun, policy: str, value: float, index: int) -> None:
+    """Raise under the "raise" policy (under "skip" the caller skips the step)."""
+    if policy == "raise":
+        s = run.state
+        raise NonFiniteError(
+            f"the loss is {value} at step {s.step + 1} (epoch {s.epoch}, batch "
+            f"{index} of the epoch); nothing was stepped or checkpointed with it. Look for "
+            "a too-high learning rate or bad data, clip gradients (Options(clip_grad_norm=...)),"
+            " or skip such steps with Options(nonfinite='skip')"
+        )
+
+
+def _update(trainer: Trainer, run: ActiveRun, opt: torch.optim.Optimizer) -> None:
+    """Clip (unscaled, under fp16) and step the optimizer (through the scaler under fp16)."""
+    scaler = run.scaler
     clip = trainer.options.clip_grad_norm
     if scaler is None:
         if clip is not None:
@@ -106,7 +127,6 @@ def step(
             nn.utils.clip_grad_norm_(run.params, clip)
         scaler.step(opt)  # skipped by the scaler itself when a gradient overflowed
         scaler.update()
-    return total, n, True
 
 
 def _finite(loss: torch.Tensor, world: int) -> bool:

@@ -25,7 +25,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ from torch import nn
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp
-from .batches import loss_of, num_examples, split, to_device
+from .batches import loss_of, split, to_device
 from .carry import carries, reset
 from .checkpoint import (
     Checkpointing,
@@ -45,12 +45,22 @@ from .checkpoint import (
 )
 from .loop import train as train_loop
 from .metrics import Metric, evaluate
-from .module import GraphModule, module
-from .options import Options
+from .options import Options, check_device
 from .policy import best_step, check_extension, check_fresh, horizon, resume_path, save
 from .result import TrainResult
 from .run import ActiveRun
 from .settings import check_arguments, check_optimizer, check_scheduler
+from .start import (
+    as_module,
+    autocast_for,
+    close,
+    compiled,
+    count_examples,
+    dynamic_step,
+    seed_everything,
+    trainable,
+    wrap,
+)
 
 __all__ = ["Options", "Trainer"]
 
@@ -169,10 +179,10 @@ class Trainer:
                 "but fit() got no val= data; pass val=batches (and Options(monitor=...))"
             )
         s = run.state
-        n_train = _count_examples(train, world)
+        n_train = count_examples(train, world)
         try:
             notify(run.watchers, FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step))
-            with _dynamic_step() if run.compiled else contextlib.nullcontext():
+            with dynamic_step() if run.compiled else contextlib.nullcontext():
                 train_loop(self, run, train, val)
             s.flush(world)
             if (
@@ -184,7 +194,7 @@ class Trainer:
             seconds = time.perf_counter() - started
             notify(run.watchers, FitEnd(run.id, s.step, s.epoch, seconds, s.pruned))
         finally:
-            _close(run.watchers)  # also when training fails: event files are flushed
+            close(run.watchers)  # also when training fails: event files are flushed
         return TrainResult(
             state={k: v.detach().to("cpu", copy=True) for k, v in run.net.state_dict().items()},
             num_examples=n_train if n_train is not None else s.examples_seen,
@@ -216,13 +226,14 @@ class Trainer:
         train: Iterable[Any],
     ) -> ActiveRun:
         """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh."""
-        net, compiled = _as_module(model), _compiled(model)
+        net, user_compiled = as_module(model), compiled(model)
         default = next((p.device for p in net.parameters()), torch.device("cpu"))
         device = ddp.device(self.options.device, world, default)
+        check_device(device)
         tensors = itertools.chain(net.parameters(), net.buffers())
         if any(t.device != device for t in tensors):  # .to() walks every module even when idle
             net.to(device)
-        params = _trainable(net)
+        params = trainable(net)
         assert self.optimizer is not None  # fit() checked
         opt = self.optimizer(params)
         check_optimizer(opt, params)
@@ -232,18 +243,18 @@ class Trainer:
         run = ActiveRun(
             id=run_id,
             net=net,
-            wrapped=_wrap(net, compiled, device, world, self.options.compile),
+            wrapped=wrap(net, user_compiled, device, world, self.options.compile),
             params=params,
             opt=opt,
             sched=sched,
             device=device,
-            autocast=_autocast(self.options.precision, device),
+            autocast=autocast_for(self.options.precision, device),
             scaler=torch.amp.GradScaler(device.type) if self.options.precision == "fp16" else None,
             rank=rank,
             world=world,
         )
         run.carries = carries(net)
-        run.compiled = bool(self.options.compile) or compiled is not None
+        run.compiled = bool(self.options.compile) or user_compiled is not None
         run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
         path = resume_path(self, resume)
         if path is not None:
@@ -258,7 +269,7 @@ class Trainer:
             check_fresh(self)
             if self._pruner_start is not None:
                 self.pruner.load_state_dict(self._pruner_start)
-            _seed_everything(self.seed)
+            seed_everything(self.seed)
         run.watchers = self._watchers() if rank == 0 else []
         return run
 
@@ -278,12 +289,12 @@ class Trainer:
             >>> trainer.evaluate(g, val)  # doctest: +SKIP
             {'loss': 0.31, 'acc': 0.92}
         """
-        net = _as_module(model)
+        net = as_module(model)
         reset(carries(net))
         rank, world = ddp.rank_world()
         device = next((p.device for p in net.parameters()), torch.device("cpu"))
         return self._evaluate(
-            net, data, device, _autocast(self.options.precision, device), rank, world
+            net, data, device, autocast_for(self.options.precision, device), rank, world
         )
 
     def predict(self, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
@@ -295,9 +306,9 @@ class Trainer:
         Example:
             >>> logits = torch.cat(trainer.predict(g, batches))  # doctest: +SKIP
         """
-        net = _as_module(model)
+        net = as_module(model)
         device = next((p.device for p in net.parameters()), torch.device("cpu"))
-        autocast = _autocast(self.options.precision, device)
+        autocast = autocast_for(self.options.precision, device)
         reset(carries(net))  # carried state starts afresh, as for an evaluation
         was_training, out = net.training, []
         net.eval()
@@ -344,95 +355,3 @@ class Trainer:
         if show and not any(isinstance(w, Progress) for w in watchers):
             watchers.append(Progress())
         return watchers
-
-
-def _as_module(model: Graph | nn.Module) -> nn.Module:
-    if isinstance(model, Graph):
-        return module(model)
-    if isinstance(model, nn.Module):
-        inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper: train what it wraps
-        return inner if isinstance(inner, nn.Module) else model
-    raise TypeError(f"Trainer.fit takes a Graph or an nn.Module, got {type(model).__qualname__}")
-
-
-def _compiled(model: Any) -> nn.Module | None:
-    """The ``torch.compile`` wrapper the caller passed (an ``OptimizedModule``), else None;
-    a module compiled in place (``m.compile()``) is itself."""
-    if isinstance(model, nn.Module):
-        if isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            return model
-        if getattr(model, "_compiled_call_impl", None) is not None:
-            return model
-    return None
-
-
-def _wrap(
-    net: nn.Module, compiled: nn.Module | None, device: torch.device, world: int, how: Any
-) -> nn.Module:
-    """What training calls: DDP under torchrun, the caller's compiled module, compiled here."""
-    wrapped = ddp.wrap(net, device) if world > 1 else (compiled if compiled is not None else net)
-    if how:
-        wrapped = torch.compile(wrapped, **(dict(how) if how is not True else {}))  # type: ignore[assignment]
-    return wrapped
-
-
-def _dynamic_step() -> Any:
-    """Let torch.compile treat ``GraphModule.step`` (an int attribute that changes every step)
-    as dynamic: one recompile at the second step, none after — instead of one per step until
-    the recompile limit fails the run."""
-    import torch._dynamo
-
-    return torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
-
-
-def _trainable(net: nn.Module) -> list[nn.Parameter]:
-    if isinstance(net, GraphModule) and net.graph.program() is not net._program:
-        net._sync()  # the graph changed since the module was made
-    params = [p for p in net.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError(
-            "nothing to train: every node is frozen or holds no parameters "
-            "(unfreeze a node with g.freeze(id, False), or give a node an nn.Module)"
-        )
-    return params
-
-
-def _seed_everything(seed: int) -> None:
-    import random
-
-    random.seed(seed)
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-    if accelerator is not None and not accelerator.is_available():
-        # torch.manual_seed also queues a lazy seed for each absent accelerator backend,
-        # formatting a stack trace for each: 0.3 ms, half the Trainer's setup
-        torch.default_generator.manual_seed(seed)
-    else:
-        torch.manual_seed(seed)
-    with contextlib.suppress(ImportError):
-        import numpy as np
-
-        np.random.seed(seed % 2**32)
-
-
-def _autocast(precision: str, device: torch.device) -> Callable[[], Any]:
-    if precision in ("bf16", "fp16"):
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-        return lambda: torch.autocast(device_type=device.type, dtype=dtype)
-    return contextlib.nullcontext
-
-
-def _count_examples(train: Iterable[Any], world: int) -> int | None:
-    """Examples one epoch trains on, over all ranks (None when the data cannot say)."""
-    if isinstance(train, Sequence):
-        return sum(num_examples(train[i]) for i in range(len(train) - len(train) % world))
-    dataset = getattr(train, "dataset", None)
-    if dataset is not None and hasattr(dataset, "__len__"):
-        return len(dataset)
-    return None
-
-
-def _close(watchers: list[Watcher]) -> None:
-    for w in watchers:
-        close = getattr(w, "close", None)
-        if close is not None:
-            close()

@@ -533,3 +533,50 @@ def test_a_per_epoch_scheduler_steps_after_the_epochs_evaluation():
         options=quiet(scheduler_every="epoch"),
     ).fit(make_graph(), batches(1), val=batches(1))
     assert seen[-4:] == ["eval", "sched", "eval", "sched"]
+
+
+class Silent:
+    def on_event(self, event) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kw", [{}, {"clip_grad_norm": 0.05, "eval_every_steps": 2}])
+def test_the_fast_path_equals_the_general_one(tmp_path, kw):
+    """Without watchers the Trainer takes an inlined loop; a watcher takes the general one."""
+    results = []
+    for i, watchers in enumerate(([], [Silent()])):
+        torch.manual_seed(0)
+        results.append(
+            st.Trainer(
+                loss=F.cross_entropy,
+                optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-2),
+                scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5),
+                epochs=2,
+                metrics={"acc": st.accuracy},
+                checkpoint=st.Checkpointing(tmp_path / str(i), every_steps=3, best=1),
+                watchers=watchers,
+                options=quiet(**kw),
+            ).fit(make_graph(), batches(5), val=batches(2))
+        )
+    fast, general = results
+    assert fast.losses == general.losses and fast.metrics == general.metrics
+    assert fast.best_checkpoint.endswith(general.best_checkpoint[-20:])
+    for k, v in fast.state.items():
+        assert torch.equal(v, general.state[k])
+
+
+def test_nodes_see_the_step_on_the_fast_path_too():
+    seen = []
+
+    class Spy(Node):
+        def __init__(self) -> None:
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x, ctx):
+            seen.append(ctx.step)
+            return Done(Opaque(self.lin(x)))
+
+    st.Trainer(loss=F.cross_entropy, optimizer=sgd, epochs=2, options=quiet()).fit(
+        Graph.somatize(Spy()), batches(3)
+    )
+    assert seen == [1, 2, 3, 4, 5, 6]

@@ -36,9 +36,10 @@ def test_the_recipe_reaches_its_target_accuracy(digits, tmp_path, capsys):
     assert {"train/loss", "train/lr", "val/acc", "val/loss", "node/classify/confidence"} <= tags
 
     # running again starts afresh in the same directory; --resume finds the run finished
+    # (stopped early by its pruner, which the Trainer says)
     assert digits.main(["--out", str(tmp_path), "--seed", "0"]) == 0
     assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
-    with pytest.warns(UserWarning, match="stopped early by its pruner"):  # said, not silent
+    with pytest.warns(UserWarning, match="stopped early by its pruner"):
         assert digits.main(["--out", str(tmp_path), "--seed", "0", "--resume"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("digits:")]
 

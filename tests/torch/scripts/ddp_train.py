@@ -84,7 +84,9 @@ class CrashAt:
             raise RuntimeError(f"crashing at step {self.step}, as asked")
 
 
-def trainer(out: Path | None, rank: int, micro_batches: int, crash_at: int = 0) -> st.Trainer:
+def trainer(
+    out: Path | None, rank: int, micro_batches: int, crash_at: int = 0, accumulate: int = 1
+) -> st.Trainer:
     where = (lambda name: out / f"{name}-rank{rank}") if out is not None else None
     watchers = (
         [JsonLines(where("log").with_suffix(".jsonl")), st.TensorBoard(where("tb"))]
@@ -99,7 +101,7 @@ def trainer(out: Path | None, rank: int, micro_batches: int, crash_at: int = 0) 
         metrics={"acc": st.accuracy},
         checkpoint=st.Checkpointing(out / "ckpt", every_steps=3) if out is not None else None,
         watchers=[*watchers, CrashAt(crash_at)] if crash_at else watchers,
-        options=st.Options(progress=False, shuffle=False),
+        options=st.Options(progress=False, shuffle=False, accumulate=accumulate),
     )
 
 
@@ -120,9 +122,14 @@ def main() -> None:
     if "--loader" in sys.argv:  # a DataLoader: the Trainer gives it a DistributedSampler
         dataset = Augmented(rank)
         train = torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True)
-    result = trainer(out, rank, micro_batches=2, crash_at=crash_at).fit(
-        graph(), train, val=val, resume="last" if "--resume" in sys.argv else None
-    )
+    accumulate = 2 if "--accumulate" in sys.argv else 1
+    result = trainer(
+        out,
+        rank,
+        micro_batches=1 if accumulate > 1 else 2,
+        crash_at=crash_at,
+        accumulate=accumulate,
+    ).fit(graph(), train, val=val, resume="last" if "--resume" in sys.argv else None)
     torch.save(
         {
             "state": dict(result.state),

@@ -1,0 +1,124 @@
+"""The Trainer's common case, one epoch with every call it does not need inlined.
+
+One process, full precision, one batch per step, no micro-batches, no watchers: what
+``loop._epoch`` + ``step.step`` do, written out flat, because every function call of a
+step is measured against a plain PyTorch loop (``benchmarks/bench_training.py``). It
+must stay equal to them — ``tests/torch/test_trainer*.py`` run both paths.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .batches import loss_of, num_examples, split, to_device
+from .evaluation import evaluate_into
+from .policy import save
+from .settings import check_batch
+from .step import _nonfinite
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    from .module import GraphModule
+    from .run import ActiveRun
+    from .trainer import Trainer
+
+__all__ = ["fast_epoch"]
+
+_Tensor = torch.Tensor
+
+
+def fast_epoch(
+    trainer: Trainer,
+    run: ActiveRun,
+    batches: Iterator[Any],
+    val: Iterable[Any] | None,
+    step_sched: Any,
+    max_steps: int,
+    graph_net: GraphModule | None,
+) -> tuple[int, bool]:
+    """One epoch's steps: (index of the last batch, whether the epoch ran to its end)."""
+    s, net, opt, device = run.state, run.wrapped, run.opt, run.device
+    loss_fn, with_loss = trainer.loss, trainer.loss is not None
+    zero_grad, opt_step = opt.zero_grad, opt.step
+    policy, clip = trainer.options.nonfinite, trainer.options.clip_grad_norm
+    every = trainer.options.eval_every_steps if val is not None else None
+    ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
+    losses = s.losses
+    isfinite = math.isfinite
+    # GraphModule.step lives in the instance dict (module.py's _OWN): set it there directly
+    own = graph_net.__dict__ if graph_net is not None else {}
+    clock = own if "step" in own else None
+    # the counters, kept in locals and written back before anything reads the state
+    step, examples, start, i = s.step, s.examples_seen, s.position, -1
+    last = -1  # the last batch trained on (or skipped): the position is the one after it
+    try:
+        for i, batch in enumerate(batches):
+            if i < start:  # resuming mid-epoch: these batches were already trained on
+                continue
+            if step >= max_steps or s.pruned:
+                return i, False
+            if clock is not None:
+                clock["step"] = step + 1  # nodes see the number of the step they compute
+            elif graph_net is not None:
+                graph_net.step = step + 1
+            if not with_loss:
+                x, y = batch, None
+            elif type(batch) is tuple and len(batch) == 2:
+                x, y = batch
+            else:
+                x, y = split(batch)
+            if type(x) is _Tensor:
+                if x.device != device:
+                    x = x.to(device, non_blocking=True)
+                n = len(x) if x.dim() else 1
+            else:
+                check_batch(x, batch)
+                x = to_device(x, device)
+                n = num_examples(x)
+            if type(y) is _Tensor:
+                if y.device != device:
+                    y = y.to(device, non_blocking=True)
+            elif y is not None:
+                y = to_device(y, device)
+            zero_grad(set_to_none=True)
+            out = net(x)
+            if with_loss and y is not None:
+                loss = loss_fn(out, y)  # type: ignore[misc]
+                if type(loss) is not _Tensor or loss.dim():
+                    loss = loss_of(loss_fn, out, y)  # raises, naming what it got
+            else:
+                loss = loss_of(loss_fn, out, y)
+            loss.backward()
+            value = loss.item()  # the history's float, and the non-finite check's
+            if not isfinite(value):
+                s.step, s.examples_seen = step, examples
+                _nonfinite(trainer, run, policy, value, i)  # raises under "raise"
+                zero_grad(set_to_none=True)
+                s.skipped += 1
+                last = i
+                continue
+            if clip is not None:
+                nn.utils.clip_grad_norm_(run.params, clip)
+            opt_step()
+            if step_sched is not None:
+                step_sched.step()
+            step += 1
+            examples += n
+            losses.append(value)
+            last = i
+            if (every and step % every == 0) or run.due or (ckpt_every and step % ckpt_every == 0):
+                s.step, s.examples_seen, s.position = step, examples, i + 1
+                if every and step % every == 0:
+                    evaluate_into(trainer, run, val)  # type: ignore[arg-type]
+                if run.due or (ckpt_every and step % ckpt_every == 0):
+                    save(trainer, run)
+    finally:
+        s.step, s.examples_seen = step, examples
+        if last >= 0:
+            s.position = last + 1
+    return i, True

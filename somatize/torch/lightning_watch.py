@@ -1,0 +1,137 @@
+"""``Watch``: a Lightning callback telling somatize watchers what Lightning does.
+
+Re-exported by ``somatize.torch.lightning``; needs the ``lightning`` extra.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..errors import require
+from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
+from .batches import num_examples, split
+
+try:
+    import lightning as L
+except ImportError:
+    require("lightning", "lightning")  # raises MissingExtraError naming the extra
+    raise
+
+__all__ = ["Watch"]
+
+
+def _is_graph(pl_module: Any) -> bool:
+    from .lightning import LightningGraph  # imported by then: it re-exports this module
+
+    return isinstance(pl_module, LightningGraph)
+
+
+def _pruned(trainer: L.Trainer) -> bool:
+    return bool(trainer.should_stop)
+
+
+class Watch(L.Callback):
+    """A Lightning callback telling somatize watchers what Lightning does.
+
+    Lightning's lifecycle becomes somatize events, so the watchers of the somatize
+    Trainer work unchanged: ``FitStart`` when training starts, ``StepEnd`` and node
+    ``Metrics`` after each training batch, ``EpochEnd`` (with that epoch's validation)
+    after each epoch, ``FitEnd`` when training ends. Only global rank 0 reports;
+    watchers with ``close()`` are closed at the end of ``fit``.
+
+    Args:
+        watchers: ``TensorBoard``, ``Progress``, ``JsonLines``, ``Recorder``...
+
+    Example:
+        >>> L.Trainer(callbacks=[Watch([st.TensorBoard("runs/x"), st.Progress()])])  # doctest: +SKIP
+    """
+
+    def __init__(self, watchers: Iterable[Watcher]) -> None:
+        self.watchers = list(watchers)
+        bad = [
+            type(w).__qualname__
+            for w in self.watchers
+            if not callable(getattr(w, "on_event", None))
+        ]
+        if bad:
+            raise TypeError(
+                f"Watch takes watchers (objects with on_event(event)); got {', '.join(bad)}"
+            )
+        self.run_id = ""
+        self._started = self._tick = self._lr = 0.0
+        self._on = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.run_id = uuid.uuid4().hex[:12]
+        self._started = time.perf_counter()
+        self._on = trainer.is_global_zero
+        if self._on:
+            epochs, steps = trainer.max_epochs or 0, trainer.max_steps
+            event = FitStart(self.run_id, max(epochs, 0), max(steps, 0), trainer.global_step)
+            notify(self.watchers, event)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._tick = time.perf_counter()
+        opt = trainer.optimizers[0] if trainer.optimizers else None
+        self._lr = float(opt.param_groups[0]["lr"]) if opt is not None else 0.0  # the step's rate
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: Any,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if not self._on:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        lr = self._lr
+        step, epoch = trainer.global_step, trainer.current_epoch
+        seconds = time.perf_counter() - self._tick
+        n = num_examples(split(batch)[0])
+        notify(self.watchers, StepEnd(self.run_id, step, epoch, float(loss or 0.0), lr, n, seconds))
+        if _is_graph(pl_module):
+            for node, values in pl_module.net.metrics.items():
+                notify(self.watchers, Metrics(self.run_id, node, step, dict(values)))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if not self._on:
+            return
+        epoch, step = trainer.current_epoch, trainer.global_step
+        if _is_graph(pl_module):
+            last = pl_module.history[-1] if pl_module.history else {}
+            metrics = dict(last) if last.get("epoch") == epoch else {}
+        else:  # any other LightningModule: what it logged under val_
+            metrics = {
+                k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")
+            }
+        evaluated = {k: v for k, v in metrics.items() if k.startswith("val_")}
+        if evaluated:  # as the somatize Trainer reports its evaluations: node ''
+            notify(self.watchers, Metrics(self.run_id, "", step, evaluated))
+        notify(self.watchers, EpochEnd(self.run_id, epoch, step, metrics))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._on:
+            seconds = time.perf_counter() - self._started
+            event = FitEnd(
+                self.run_id, trainer.global_step, trainer.current_epoch, seconds, _pruned(trainer)
+            )
+            notify(self.watchers, event)
+        self._close()
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        for w in self.watchers:
+            close = getattr(w, "close", None)
+            if close is not None:
+                close()

@@ -1,0 +1,122 @@
+"""What a run starts from: the module to train (unwrapping a compiled one), what training
+calls (DDP, torch.compile), the trainable parameters, the seeds, the autocast context.
+Used by ``Trainer`` (``trainer.py``); plain functions."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..graph import Graph
+from ..watchers import Watcher
+from . import ddp
+from .batches import num_examples
+from .module import GraphModule, module
+
+__all__ = [
+    "as_module",
+    "autocast_for",
+    "close",
+    "compiled",
+    "count_examples",
+    "dynamic_step",
+    "seed_everything",
+    "trainable",
+    "wrap",
+]
+
+
+def as_module(model: Graph | nn.Module) -> nn.Module:
+    if isinstance(model, Graph):
+        return module(model)
+    if isinstance(model, nn.Module):
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper: train what it wraps
+        return inner if isinstance(inner, nn.Module) else model
+    raise TypeError(f"Trainer.fit takes a Graph or an nn.Module, got {type(model).__qualname__}")
+
+
+def compiled(model: Any) -> nn.Module | None:
+    """The ``torch.compile`` wrapper the caller passed (an ``OptimizedModule``), else None;
+    a module compiled in place (``m.compile()``) is itself."""
+    if isinstance(model, nn.Module):
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            return model
+        if getattr(model, "_compiled_call_impl", None) is not None:
+            return model
+    return None
+
+
+def wrap(
+    net: nn.Module, compiled: nn.Module | None, device: torch.device, world: int, how: Any
+) -> nn.Module:
+    """What training calls: DDP under torchrun, the caller's compiled module, compiled here."""
+    wrapped = ddp.wrap(net, device) if world > 1 else (compiled if compiled is not None else net)
+    if how:
+        wrapped = torch.compile(wrapped, **(dict(how) if how is not True else {}))  # type: ignore[assignment]
+    return wrapped
+
+
+def dynamic_step() -> Any:
+    """Let torch.compile treat ``GraphModule.step`` (an int attribute that changes every step)
+    as dynamic: one recompile at the second step, none after — instead of one per step until
+    the recompile limit fails the run."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
+
+
+def trainable(net: nn.Module) -> list[nn.Parameter]:
+    if isinstance(net, GraphModule) and net.graph.program() is not net._program:
+        net._sync()  # the graph changed since the module was made
+    params = [p for p in net.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(
+            "nothing to train: every node is frozen or holds no parameters "
+            "(unfreeze a node with g.freeze(id, False), or give a node an nn.Module)"
+        )
+    return params
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if accelerator is not None and not accelerator.is_available():
+        # torch.manual_seed also queues a lazy seed for each absent accelerator backend,
+        # formatting a stack trace for each: 0.3 ms, half the Trainer's setup
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+    with contextlib.suppress(ImportError):
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+
+
+def autocast_for(precision: str, device: torch.device) -> Callable[[], Any]:
+    if precision in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+    return contextlib.nullcontext
+
+
+def count_examples(train: Iterable[Any], world: int) -> int | None:
+    """Examples one epoch trains on, over all ranks (None when the data cannot say)."""
+    if isinstance(train, Sequence):
+        return sum(num_examples(train[i]) for i in range(len(train) - len(train) % world))
+    dataset = getattr(train, "dataset", None)
+    if dataset is not None and hasattr(dataset, "__len__"):
+        return len(dataset)
+    return None
+
+
+def close(watchers: list[Watcher]) -> None:
+    for w in watchers:
+        close = getattr(w, "close", None)
+        if close is not None:
+            close()
