@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import CacheError, NodeError
-from .keyed import Env, Forward, Walk, _where, recipe_key, walk
+from .keyed import Env, Forward, Walk, _where, keyed_impl, recipe_key, walk
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Run, not_done
 from .values import Opaque, check, digest
@@ -213,7 +213,7 @@ class Program:
             forward=self.forward_of,
             subprogram=self.subprograms.get,
             key=key,
-            parts=lambda node: keys.parts(self.catalog[node].inner),
+            parts=lambda node: keys.parts(keyed_impl(self.catalog[node])),
             memory=self.memory,
             codecs=self.codecs,
             devices=self.plan.placement.devices,

@@ -26,7 +26,7 @@ from .errors import CrossingError, TransportError
 from .execute import Outcome
 from .identity import state
 from .keepers import MemoryKeeper
-from .keyed import Env, Walk, recipe_key, walk
+from .keyed import Env, Walk, keyed_impl, recipe_key, walk
 from .node import Mapped, Node, Run
 from .placement import LOCAL
 from .plan import DistributedPlan, distribute
@@ -94,6 +94,7 @@ def _prepare(program: Program) -> _Prepared:
                 "cached": [n for n in nodes if n in memory.cached],
                 "named": {n: memory.named[n] for n in nodes if n in memory.named},
                 "pinned": [n for n in nodes if n in memory.pinned],
+                "per_example": [n for n in nodes if n in memory.per_example],
                 "devices": {n: d for n in nodes if (d := plan.placement.device(n)) is not None},
             }
         )
@@ -202,7 +203,7 @@ def run_across(
         forward=program.forward_of,  # the runtime's wrap applies here
         subprogram=program.subprograms.get,
         key=lambda node, impl, in_keys: keys.get(node),
-        parts=lambda node: graph.keys.parts(program.catalog[node].inner),
+        parts=lambda node: graph.keys.parts(keyed_impl(program.catalog[node])),
         memory=program.memory,
         codecs=codecs,
         devices=program.plan.placement.devices,
@@ -273,10 +274,10 @@ def _job(
         "input": x_data,
         "input_key": x_key,
         "keys": {n: k for n in [*nodes, *inputs] if (k := keys.get(n)) is not None},
-        "parts": {
-            n: list(graph.keys.parts(catalog[n].inner))  # items are keyed by the inner node
+        "parts": {  # items are keyed by the inner node, rows by the node: its parts
+            n: list(graph.keys.parts(keyed_impl(catalog[n])))
             for n in nodes
-            if n in memory.cached and isinstance(catalog[n], Mapped)
+            if n in memory.per_example or (n in memory.cached and isinstance(catalog[n], Mapped))
         },
         "run_id": run.id,
         "step": run.step,

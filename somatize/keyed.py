@@ -42,6 +42,11 @@ def _where(node: str) -> str:
     return f"the output of node {node!r}"
 
 
+def keyed_impl(impl: Any) -> Any:
+    """What keys the items of a mapped node (its inner node) or the rows of a node (itself)."""
+    return impl.inner if isinstance(impl, Mapped) else impl
+
+
 def recipe_key(keys: NodeKeys, impl: Any, label: str, in_keys: Sequence[str | None]) -> str | None:
     """The key of node ``label`` from its inputs' keys; None when an input has none."""
     known = [k for k in in_keys if k is not None]
@@ -68,7 +73,9 @@ class Env:
     forward: Callable[[str, Any], Forward]  # node id, implementation -> its forward
     subprogram: Callable[[str], Program | None]
     key: Callable[[str, Any, Sequence[str | None]], str | None]  # node, impl, input keys
-    parts: Callable[[str], tuple[str, str, str]]  # the inner node's, for a cached mapped node
+    # (identity, declaration, state) of what keys a node's items or rows: a cached mapped
+    # node's inner node, a node cached per example itself (see ``keyed_impl``)
+    parts: Callable[[str], tuple[str, str, str]]
     memory: Memory
     codecs: Sequence[Codec]
     devices: Mapping[str, str]

@@ -321,7 +321,7 @@ def remember(
     """Run a node cached per example: (output in batch order, its key, the node's metrics)."""
     codecs, keeper = env.codecs, env.keeper
     kind, names, leaves, n = _split(inp, codecs, label, "input")
-    parts = env.node_keys.parts(impl)
+    parts = env.parts(node)  # (on another host: the caller's, sent with the slice)
     recipe = (parts, kind, names, tuple((tag, rows.layout(v)) for tag, rows, v in leaves))
     salt = _salts.get(recipe)
     if salt is None:  # the same node on batches of one layout: one salt, encoded once

@@ -93,7 +93,10 @@ def execute_job(job: Job, bundle: Bundle, keeper: Keeper) -> Reply:
         key=lambda node, impl, in_keys: keys.get(node),  # the caller's, never recomputed here
         parts=lambda node: (parts[node][0], parts[node][1], parts[node][2]),
         memory=Memory(
-            cached=frozenset(job["cached"]), named=job["named"], pinned=frozenset(job["pinned"])
+            cached=frozenset(job["cached"]),
+            named=job["named"],
+            pinned=frozenset(job["pinned"]),
+            per_example=frozenset(job["per_example"]),
         ),
         codecs=codecs,
         devices=job["devices"],

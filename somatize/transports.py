@@ -64,7 +64,8 @@ class Job(TypedDict):
 
     ``keys`` are computed by the caller (keys do not depend on the host), so a cached
     node finds the same entry wherever it runs; ``parts`` (identity, declaration,
-    state) are sent for cached mapped nodes, whose items are keyed where they run.
+    state) are sent for cached mapped nodes and nodes cached per example, whose items
+    or rows are keyed where they run.
     """
 
     name: str  # "slice 2 on host 'box' (enc, head)", for messages
@@ -80,6 +81,7 @@ class Job(TypedDict):
     cached: list[str]
     named: dict[str, str]
     pinned: list[str]
+    per_example: list[str]  # cached nodes keyed row by row (a subset of cached)
     devices: dict[str, str]
     run_id: str
     step: int

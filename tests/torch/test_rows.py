@@ -401,3 +401,19 @@ def test_unpinning_a_node_cached_per_example_lets_gc_take_its_rows():
     assert keeper.stats().pinned == 0
     keeper.gc(0)
     assert keeper.stats().entries == 0
+
+
+def test_a_node_cached_per_example_on_another_host_keys_rows_there():
+    from somatize.transports import InProcess
+
+    box_keeper = MemoryKeeper()
+    g = graph().place("enc", host="box")
+    st.module(g)
+    x = data().tensors[0][:5]
+    ref = st.module(graph(cached=False))(x)
+    Encoder.rows = 0
+    first = g.forward(x, transports={"box": InProcess(box_keeper)})
+    again = g.forward(x[[4, 0, 2]], transports={"box": InProcess(box_keeper)})
+    assert Encoder.rows == 5 and len(box_keeper) == 5  # one entry a row, in the box's keeper
+    assert_close(first, ref.detach())
+    assert_close(again, ref.detach()[[4, 0, 2]])
