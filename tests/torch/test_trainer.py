@@ -585,7 +585,8 @@ def test_nodes_see_the_step_on_the_fast_path_too():
 def test_the_fast_path_honours_module_hooks_and_a_custom_zero_grad():
     g = make_graph()
     calls = []
-    handle = st.module(g).register_forward_hook(lambda m, args, out: calls.append("hook"))
+    m = st.module(g)  # kept: module(g) is one per graph while it lives
+    handle = m.register_forward_hook(lambda m, args, out: calls.append("hook"))
 
     class Zeroing(torch.optim.SGD):
         def zero_grad(self, set_to_none=True):
