@@ -29,6 +29,44 @@ if TYPE_CHECKING:
 
 __all__ = ["fast_epoch"]
 
+
+def _zero_grad(opt: torch.optim.Optimizer) -> Any:
+    """``opt.zero_grad`` — or, for an optimizer that keeps torch's, what it does with
+    ``set_to_none=True`` (each gradient set to None) without its profiler scope and
+    dynamo guard, a few µs a step."""
+    if type(opt).zero_grad is not torch.optim.Optimizer.zero_grad:
+        return opt.zero_grad
+    params = [p for group in opt.param_groups for p in group["params"]]
+
+    def zero_grad(set_to_none: bool = True) -> None:
+        for p in params:
+            p.grad = None
+
+    return zero_grad
+
+
+def _call(net: nn.Module) -> Any:
+    """``net.forward`` when calling the module would only forward to it (no hooks, not
+    compiled in place), else the module itself."""
+    from torch.nn.modules import module as m
+
+    hooks = (
+        net._forward_hooks,
+        net._forward_pre_hooks,
+        net._backward_hooks,
+        net._backward_pre_hooks,
+        m._global_forward_hooks,
+        m._global_forward_pre_hooks,
+        m._global_backward_hooks,
+        m._global_backward_pre_hooks,
+    )
+    if any(hooks) or getattr(net, "_compiled_call_impl", None) is not None:
+        return net
+    if type(net).__call__ is not nn.Module.__call__:
+        return net
+    return net.forward
+
+
 _Tensor = torch.Tensor
 
 
@@ -44,7 +82,8 @@ def fast_epoch(
     """One epoch's steps: (index of the last batch, whether the epoch ran to its end)."""
     s, net, opt, device = run.state, run.wrapped, run.opt, run.device
     loss_fn, with_loss = trainer.loss, trainer.loss is not None
-    zero_grad, opt_step = opt.zero_grad, opt.step
+    zero_grad, opt_step = _zero_grad(opt), opt.step
+    call = _call(net)
     policy, clip = trainer.options.nonfinite, trainer.options.clip_grad_norm
     every = trainer.options.eval_every_steps if val is not None else None
     ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
@@ -86,7 +125,7 @@ def fast_epoch(
             elif y is not None:
                 y = to_device(y, device)
             zero_grad(set_to_none=True)
-            out = net(x)
+            out = call(x)
             if with_loss and y is not None:
                 loss = loss_fn(out, y)  # type: ignore[misc]
                 if type(loss) is not _Tensor or loss.dim():

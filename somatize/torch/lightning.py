@@ -34,6 +34,7 @@ from torch import nn
 from ..errors import CheckpointError, require
 from ..graph import Graph
 from .batches import loss_of, num_examples, split
+from .carry import carries, reset
 from .metrics import is_metric
 from .module import GraphModule, module, parameters
 from .result import TrainResult
@@ -285,11 +286,20 @@ class LightningGraph(L.LightningModule):
                 m.reset()
         return out
 
+    def on_train_epoch_start(self) -> None:
+        reset(carries(self.net))  # carried state (st.Carry) starts afresh each epoch
+
     def on_validation_epoch_start(self) -> None:
         self._sums.pop("val_", None)
         self._reset_metric_objects()
+        found = carries(self.net)  # evaluation starts afresh; training's is given back after
+        self._carried = [(c, c.value) for c in found]
+        reset(found)
 
     def on_validation_epoch_end(self) -> None:
+        for c, value in getattr(self, "_carried", ()):
+            c.value = value
+        self._carried = []
         sums = self._sums.pop("val_", None)
         computed = self._compute_metric_objects("val_")
         if self.trainer.sanity_checking or not sums:
@@ -308,6 +318,7 @@ class LightningGraph(L.LightningModule):
     def on_test_epoch_start(self) -> None:
         self._sums.pop("test_", None)
         self._reset_metric_objects()
+        reset(carries(self.net))
 
     def on_test_epoch_end(self) -> None:
         self._compute_metric_objects("test_")

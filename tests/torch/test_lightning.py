@@ -545,3 +545,32 @@ def test_a_metric_object_is_computed_over_the_whole_validation_set(tmp_path):
             ref.update(st.module(g)(x), y)
     assert lg.history[-1]["val_f1"] == pytest.approx(float(ref.compute()))
     assert float(trainer.callback_metrics["val_f1"]) == pytest.approx(float(ref.compute()))
+
+
+def test_carried_state_is_reset_at_each_epoch_and_validation_start(tmp_path):
+    from somatize import Done, Node, Opaque
+
+    class Recurrent(Node):
+        def __init__(self) -> None:
+            self.lin = nn.Linear(8, 3)
+            self.hidden = st.Carry()
+            self.starts: list[tuple[bool, bool]] = []
+
+        def forward(self, x, ctx):
+            self.starts.append((ctx.training, self.hidden.value is None))
+            out = self.lin(x)
+            self.hidden.set(out)
+            return Done(Opaque(out))
+
+    node = Recurrent()
+    lg = LightningGraph(
+        Graph.somatize(node),
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+    )
+    _trainer(tmp_path, max_epochs=2, num_sanity_val_steps=0).fit(lg, _loader(), _loader(seed=1))
+    train_starts = [fresh for training, fresh in node.starts if training]
+    val_starts = [fresh for training, fresh in node.starts if not training]
+    assert train_starts.count(True) == 2  # once per epoch
+    assert val_starts.count(True) == 2  # once per validation
+    assert train_starts[4] is True and not any(train_starts[1:4])

@@ -580,3 +580,23 @@ def test_nodes_see_the_step_on_the_fast_path_too():
         Graph.somatize(Spy()), batches(3)
     )
     assert seen == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_fast_path_honours_module_hooks_and_a_custom_zero_grad():
+    g = make_graph()
+    calls = []
+    m = st.module(g)  # kept: module(g) is one per graph while it lives
+    handle = m.register_forward_hook(lambda m, args, out: calls.append("hook"))
+
+    class Zeroing(torch.optim.SGD):
+        def zero_grad(self, set_to_none=True):
+            calls.append("zero")
+            super().zero_grad(set_to_none)
+
+    try:
+        st.Trainer(
+            loss=F.cross_entropy, optimizer=lambda ps: Zeroing(ps, lr=0.1), options=quiet()
+        ).fit(g, batches(3))
+    finally:
+        handle.remove()
+    assert calls == ["zero", "hook"] * 3
