@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .compose import Composable
 from .errors import DuplicateNodeError
 from .graph import Graph
 from .node import Mapped, Node
@@ -29,20 +30,8 @@ from .node import Mapped, Node
 __all__ = ["Expr", "Par", "Ref", "Seq", "build", "par", "seq"]
 
 
-class Expr:
+class Expr(Composable):
     """A composition of nodes, built with ``>>`` and ``|``; ``Graph.somatize`` makes it a graph."""
-
-    def __rshift__(self, other: Any) -> Expr:
-        return seq(self, other)
-
-    def __rrshift__(self, other: Any) -> Expr:
-        return seq(other, self)
-
-    def __or__(self, other: Any) -> Expr:
-        return par(self, other)
-
-    def __ror__(self, other: Any) -> Expr:
-        return par(other, self)
 
 
 @dataclass(frozen=True, eq=False)

@@ -26,21 +26,23 @@ Example:
 from __future__ import annotations
 
 import re
+import types
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .identity import code_parts
+from .changes import code_parts
 from .keepers import atomic_write
-from .node import Mapped
-from .values import decode, digest, encode
+from .node import _NO_VALUES, Mapped, Run
+from .values import Opaque, check, decode, digest, encode
 
 if TYPE_CHECKING:
+    from .graph import Graph
     from .keepers import Keeper
 
-__all__ = ["Explanation", "Why", "explain", "note"]
+__all__ = ["Explanation", "Why", "explain", "explain_run", "note"]
 
 RECORD = "somatize.explain/1"
 # What this process last wrote, by keeper and node: a record is written when it changes.
@@ -193,6 +195,26 @@ def explain(keeper: Keeper | None, looked: list[Any]) -> Explanation:
                 ]
         out.append(Why(label, hit, rows, tuple(changed)))
     return Explanation(out)
+
+
+def explain_run(
+    g: Graph, inputs: Sequence[Any], step: int, values: Mapping[str, Any] | None
+) -> Explanation:
+    """``g.explain(*inputs)``: run ``g`` against a read-only view of its keeper, then explain."""
+    program = g.program()
+    x: Any = inputs[0] if len(inputs) == 1 else tuple(inputs)
+    opaque = type(x) is Opaque
+    x = x.value if opaque else x
+    if not opaque:
+        check(x, g.codecs, "the graph input")
+    injected = types.MappingProxyType(dict(values)) if values else _NO_VALUES
+    run = Run(g.run_id, step, False, injected)
+    keyed = program.input_keyed and not opaque
+    x_key = digest(x, g.codecs, "the graph input") if keyed else None
+    looked: list[Any] = []
+    view = ReadOnly(g.keeper)
+    program.run_keyed(x, opaque, x_key, run, g.keys, view, (), explained=looked)
+    return explain(g.keeper, looked)
 
 
 class ReadOnly:

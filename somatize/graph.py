@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .bulk import paused_gc
 from .catalog import Catalog
+from .compose import Composable
 from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
 from .keepers import MemoryKeeper
@@ -40,7 +41,7 @@ __all__ = ["Graph"]
 Forward = Callable[[Any, Ctx], Done]
 
 
-class Graph:
+class Graph(Composable):
     """A graph of nodes: build it, set what it remembers, run it.
 
     Args:
@@ -364,25 +365,9 @@ class Graph:
             >>> _ = g.forward("hi"); print(g.explain("hi"))
             up: hit
         """
-        from .explain import ReadOnly, explain
+        from .explain import explain_run
 
-        program = self.program()
-        x: Any = inputs[0] if len(inputs) == 1 else tuple(inputs)
-        opaque = type(x) is Opaque
-        x = x.value if opaque else x
-        if not opaque:
-            check(x, self.codecs, "the graph input")
-        injected = types.MappingProxyType(dict(values)) if values else _NO_VALUES
-        run = Run(self.run_id, step, False, injected)
-        x_key = (
-            digest(x, self.codecs, "the graph input")
-            if program.input_keyed and not opaque
-            else None
-        )
-        looked: list[Any] = []
-        view = ReadOnly(self.keeper)
-        program.run_keyed(x, opaque, x_key, run, self.keys, view, (), explained=looked)
-        return explain(self.keeper, looked)
+        return explain_run(self, inputs, step, values)
 
     @property
     def keys(self) -> NodeKeys:
@@ -422,25 +407,3 @@ class Graph:
         # is not data and is installed again there (module(g) does it).
         drop = {"_program", "_topology", "_keys", "wrap"}
         return {k: (None if k in drop else v) for k, v in self.__dict__.items()}
-
-    # -- composition --------------------------------------------------------------------
-
-    def __rshift__(self, other: Any) -> Expr:
-        from .dsl import seq
-
-        return seq(self, other)
-
-    def __rrshift__(self, other: Any) -> Expr:
-        from .dsl import seq
-
-        return seq(other, self)
-
-    def __or__(self, other: Any) -> Expr:
-        from .dsl import par
-
-        return par(self, other)
-
-    def __ror__(self, other: Any) -> Expr:
-        from .dsl import par
-
-        return par(other, self)

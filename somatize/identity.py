@@ -39,7 +39,7 @@ from .values import digest, encode, is_data
 if TYPE_CHECKING:
     from .codecs import Codec
 
-__all__ = ["code_parts", "declaration", "fingerprint", "identity", "state"]
+__all__ = ["declaration", "fingerprint", "identity", "state"]
 
 # The code of each class or function, read once: (digest of it, dotted names it reads).
 # Only an object's own code is kept here: what its names resolve to is looked up on
@@ -277,31 +277,6 @@ def _references(obj: Any) -> list[tuple[str, Any]]:
     return found
 
 
-def code_parts(obj: type | types.FunctionType) -> dict[str, str]:
-    """The digest of ``obj``'s own code and of each user helper it reaches, by qualified
-    name: what ``Graph.explain`` compares to say *which* code changed.
-
-    Example:
-        >>> def f(x): return x + 1
-        >>> list(code_parts(f))  # doctest: +ELLIPSIS
-        ['...f']
-    """
-    out: dict[str, str] = {}
-    todo: list[Any] = [obj]
-    while todo:
-        o = todo.pop()
-        name = f"{o.__module__}.{o.__qualname__}"
-        if name in out:
-            continue
-        out[name] = _own(o)[0].hex()
-        for _, target in _references(o):
-            if isinstance(target, (types.FunctionType, type)) and _is_user_module(
-                sys.modules.get(target.__module__)
-            ):
-                todo.append(target)
-    return out
-
-
 def fingerprint(obj: type | types.FunctionType) -> str:
     """A digest of a class's or function's code and of the user helpers it references."""
     return _fingerprint(obj, {})
@@ -407,22 +382,3 @@ def state(impl: Any, codecs: Sequence[Codec] = ()) -> str:
         if not name.startswith("_somatize")
     }
     return blake3(encode(parts)).hexdigest()
-
-
-def key_parts(
-    obj: type | types.FunctionType, codecs: Sequence[Codec] = ()
-) -> tuple[str, dict[str, str], str]:
-    """What ``fingerprint(obj)`` is made of, to say which part changed: the digest of
-    ``obj``'s own code; each global or closure value it reads with how it enters
-    (``"code:<digest>"`` for the user's helpers, ``"lib:<name>"`` for libraries,
-    ``"data:<digest>"`` for data — with ``codecs``, tensors too — and ``"obj:<type>"``);
-    and the somatize and torch versions. ``st.remember`` keys a run with these.
-    """
-    memo: dict[int, str] = {id(obj): "self"}
-    refs = {}
-    for dotted, target in _references(obj):
-        described = _describe(target, memo)
-        if described.startswith("obj:") and codecs and is_data(target, codecs):
-            described = "data:" + digest(target, codecs)
-        refs[dotted] = described
-    return _own(obj)[0].hex(), refs, _versions()

@@ -20,6 +20,7 @@ import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .compose import Composable
 from .errors import NodeError
 from .values import Opaque
 
@@ -115,7 +116,7 @@ def check_forward(node_id: str, impl: Any) -> None:
     _CHECKED.add(cls)
 
 
-class Node:
+class Node(Composable):
     """Base class of user nodes: implement ``forward(self, x, ctx) -> Done``.
 
     Nodes hold their modules as attributes; they are not ``nn.Module``s themselves
@@ -150,26 +151,6 @@ class Node:
         from .dsl import Ref
 
         return Ref(self, node_id)
-
-    def __rshift__(self, other: Any) -> Expr:
-        from .dsl import seq
-
-        return seq(self, other)
-
-    def __rrshift__(self, other: Any) -> Expr:
-        from .dsl import seq
-
-        return seq(other, self)
-
-    def __or__(self, other: Any) -> Expr:
-        from .dsl import par
-
-        return par(self, other)
-
-    def __ror__(self, other: Any) -> Expr:
-        from .dsl import par
-
-        return par(other, self)
 
     def __repr__(self) -> str:
         return f"{type(self).__qualname__}()"

@@ -1,7 +1,7 @@
 """A call's key: the function's identity and its arguments' content, with its parts.
 
 The key of ``fn(*args, **kwargs)`` is built like a node's: the function's own code and
-the user helpers it calls (``somatize.identity.key_parts``), the somatize and torch
+the user helpers it calls (``somatize.changes.key_parts``), the somatize and torch
 versions, and a digest of each argument's content (``somatize.values.digest``, with
 the codecs the caller passes for tensors). An argument that cannot be keyed by its
 content is an error naming it and the fix. ``somatize.runs`` keeps the parts in each
@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .changes import key_parts
 from .errors import ValueConversionError
-from .identity import _describe, key_parts
+from .identity import _describe
 from .values import digest
 
 if TYPE_CHECKING:

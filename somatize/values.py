@@ -7,7 +7,7 @@ Every value crossing an edge is one of three kinds:
   that is injective, type-tagged and length-prefixed, so ``digest`` is a content key.
 * **codec values** — leaves that a ``Codec`` passed in knows how to write down
   (``somatize.torch`` passes codecs for detached tensors and numpy arrays).
-* ``Opaque(x)`` — passed by identity, never hashed, never serialised.
+* ``Opaque(x)`` — passed by identity, never hashed, never serialised (``opaque.py``).
 
 The encoding, one tag byte per value, lengths as 8-byte big-endian integers::
 
@@ -18,6 +18,8 @@ The encoding, one tag byte per value, lengths as 8-byte big-endian integers::
     l n items   list            t n items    tuple
     d n pairs   dict, pairs sorted by the encoded key, so insertion order does not matter
     c len tag len payload       a value written by the codec named ``tag``
+
+``decode`` (in ``decoding.py``) reads it back.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from blake3 import blake3
 
+from .decoding import decode
 from .errors import ValueConversionError
+from .opaque import Opaque
 
 if TYPE_CHECKING:
     from .codecs import Codec
@@ -41,35 +45,6 @@ _LEN = struct.Struct(">Q")
 _FLOAT = struct.Struct(">d")
 _NAN = b"f" + _FLOAT.pack(math.nan)
 _INT_SMALL = {i: b"i" + _LEN.pack(1) + i.to_bytes(1, "big", signed=True) for i in range(-128, 128)}
-
-
-class Opaque:
-    """A value that exists only in this process and this run: passed by identity.
-
-    Wrap a value in ``Opaque`` when returning it from a node (or once, at the graph's
-    input) to carry it past the data boundary unchanged — typically a tensor in the
-    middle of an autograd graph. The node downstream receives the unwrapped value.
-    An Opaque is never hashed, encoded, cached or sent to another host.
-
-    Example:
-        >>> Opaque([1, 2]).value
-        [1, 2]
-    """
-
-    __slots__ = ("value",)
-    value: Any
-
-    def __init__(self, value: Any) -> None:
-        self.value = value.value if type(value) is Opaque else value
-
-    def __repr__(self) -> str:
-        return f"Opaque({type(self.value).__name__})"
-
-    def __reduce__(self) -> Any:
-        raise ValueConversionError(
-            f"{self!r} cannot be pickled or sent to another process: Opaque values are passed "
-            "by identity within one process — return data (or a detached tensor) instead"
-        )
 
 
 _LENS = [_LEN.pack(i) for i in range(1024)]
@@ -432,57 +407,3 @@ def check(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> Non
         ValueConversionError: naming ``where``, the offending part and the fix.
     """
     _convert(lambda: _check(value, codecs), where)
-
-
-def decode(data: bytes | memoryview, codecs: Sequence[Codec] = ()) -> Any:
-    """Read back a value written by ``encode`` (codec leaves need the same codecs)."""
-    view = memoryview(data)
-    value, end = _decode(view, 0, {c.tag: c for c in codecs})
-    if end != len(view):
-        raise ValueError(f"{len(view) - end} trailing bytes after an encoded value")
-    return value
-
-
-def _decode(view: memoryview, i: int, codecs: dict[str, Codec]) -> tuple[Any, int]:
-    tag = view[i : i + 1].tobytes()
-    i += 1
-    if tag == b"N":
-        return None, i
-    if tag == b"T" or tag == b"F":
-        return tag == b"T", i
-    if tag == b"f":
-        return _FLOAT.unpack_from(view, i)[0], i + 8
-    if tag in (b"l", b"t", b"d"):
-        (n,) = _LEN.unpack_from(view, i)
-        i += 8
-        if tag == b"d":
-            d = {}
-            for _ in range(n):
-                k, i = _decode(view, i, codecs)
-                d[k], i = _decode(view, i, codecs)
-            return d, i
-        items = []
-        for _ in range(n):
-            item, i = _decode(view, i, codecs)
-            items.append(item)
-        return (items if tag == b"l" else tuple(items)), i
-    (n,) = _LEN.unpack_from(view, i)
-    i += 8
-    if tag == b"c":
-        name = view[i : i + n].tobytes().decode()
-        i += n
-        (size,) = _LEN.unpack_from(view, i)
-        i += 8
-        if name not in codecs:
-            raise ValueError(f"the value was written by codec {name!r}, which was not passed")
-        return codecs[name].decode(view[i : i + size].tobytes()), i + size
-    raw = view[i : i + n]
-    if len(raw) != n:
-        raise ValueError("truncated encoded value")
-    if tag == b"i":
-        return int.from_bytes(raw, "big", signed=True), i + n
-    if tag == b"s":
-        return raw.tobytes().decode("utf-8", "surrogatepass"), i + n
-    if tag == b"b":
-        return raw.tobytes(), i + n
-    raise ValueError(f"unknown tag {tag!r} in an encoded value")

@@ -11,12 +11,13 @@ from .codecs import NdarrayCodec, TensorCodec
 from .csvlog import CSVLog
 from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
 from .metrics import accuracy
-from .module import GraphModule, load_state, module, parameters, state
+from .module import GraphModule, module, parameters
 from .pool import Runs, run_all
 from .progress import Progress
 from .pruning import Patience, Pruner, Threshold
 from .remember import Remembered, RememberedResult, remember, run_checkpointing
 from .result import TrainResult
+from .state import load_state, state
 from .tensorboard import TensorBoard
 from .trainer import Options, Trainer
 

@@ -28,7 +28,7 @@ from ..node import Ctx, Done, Mapped, Node, Run
 from ..values import Opaque
 from .codecs import NdarrayCodec, TensorCodec
 
-__all__ = ["GraphModule", "load_state", "module", "parameters", "state"]
+__all__ = ["GraphModule", "module", "parameters"]
 
 # id(graph) -> its module. Weak on the module, which holds its graph: a registry keyed on
 # the graph would keep every graph (and its weights) alive for ever.
@@ -382,61 +382,3 @@ def parameters(g: Graph) -> list[nn.Parameter]:
             seen.add(id(p))
             out.append(p)
     return out
-
-
-def state(g: Graph) -> dict[str, torch.Tensor]:
-    """A snapshot of every node module's state: detached CPU copies, named as in
-    ``module(g).state_dict()``."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in module(g).state_dict().items()}
-
-
-def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
-    """Load a name-keyed state into the graph's modules (in place; keys then follow).
-
-    Raises:
-        StateError: missing or unexpected keys, values that are not tensors, shape
-            mismatches — all listed, before anything is loaded; or ``snapshot`` is not
-            a state dict at all (a ``TrainResult``: pass ``result.state``).
-    """
-    if not isinstance(snapshot, Mapping):
-        hint = (
-            f"a {type(snapshot).__qualname__} holds one in .state — pass "
-            f"load_state(g, result.state)"
-            if hasattr(snapshot, "state")
-            else "pass st.state(g), TrainResult.state or a checkpoint's ['model']"
-        )
-        raise StateError(
-            f"load_state takes a state dict (name -> tensor), not {snapshot!r:.80}; {hint}"
-        )
-    m = module(g)
-    own = m.state_dict()
-    missing = sorted(set(own) - set(snapshot))
-    unexpected = sorted(set(snapshot) - set(own))
-    not_tensors = sorted(
-        k for k in own if k in snapshot and not isinstance(snapshot[k], torch.Tensor)
-    )
-    shapes = [
-        f"{k}: graph has {tuple(own[k].shape)}, state has {tuple(snapshot[k].shape)}"
-        for k in own
-        if k in snapshot and k not in not_tensors and own[k].shape != snapshot[k].shape
-    ]
-    problems = []
-    if not_tensors:
-        problems.append(f"not tensors: {', '.join(not_tensors[:10])}")
-    if missing:
-        problems.append(
-            f"missing keys: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}"
-        )
-    if unexpected:
-        problems.append(
-            f"unexpected keys: {', '.join(unexpected[:10])}{' ...' if len(unexpected) > 10 else ''}"
-        )
-    if shapes:
-        problems.append("shape mismatches: " + "; ".join(shapes[:10]))
-    if problems:
-        raise StateError(
-            "the state does not fit the graph — "
-            + " | ".join(problems)
-            + " (was it saved from a different graph? compare sorted(state(g)) with the saved keys)"
-        )
-    m.load_state_dict(dict(snapshot), strict=True)

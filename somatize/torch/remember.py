@@ -33,9 +33,9 @@ from typing import Any
 from torch import nn
 
 from .. import runkey, runs
+from ..changes import key_parts
 from ..errors import KeeperError, ValueConversionError
 from ..graph import Graph
-from ..identity import key_parts
 from ..keepers import Keeper
 from ..node import Node
 from ..values import decode, encode, is_data

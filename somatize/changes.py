@@ -1,0 +1,67 @@
+"""What a fingerprint is made of, to say *which* part of a key changed.
+
+``Graph.explain`` and ``st.remember``'s ``explain`` compare these between the entry they
+missed and what they have now: ``code_parts`` names each function or class whose own
+code changed (transitively through the user's helpers); ``key_parts`` lists how each
+name a function reads entered its key. Both read the same source analysis as
+``somatize/identity.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .identity import _describe, _is_user_module, _own, _references, _versions
+from .values import digest, is_data
+
+if TYPE_CHECKING:
+    from .codecs import Codec
+
+__all__ = ["code_parts", "key_parts"]
+
+
+def code_parts(obj: type | types.FunctionType) -> dict[str, str]:
+    """The digest of ``obj``'s own code and of each user helper it reaches, by qualified
+    name: what ``Graph.explain`` compares to say *which* code changed.
+
+    Example:
+        >>> def f(x): return x + 1
+        >>> list(code_parts(f))  # doctest: +ELLIPSIS
+        ['...f']
+    """
+    out: dict[str, str] = {}
+    todo: list[Any] = [obj]
+    while todo:
+        o = todo.pop()
+        name = f"{o.__module__}.{o.__qualname__}"
+        if name in out:
+            continue
+        out[name] = _own(o)[0].hex()
+        for _, target in _references(o):
+            if isinstance(target, (types.FunctionType, type)) and _is_user_module(
+                sys.modules.get(target.__module__)
+            ):
+                todo.append(target)
+    return out
+
+
+def key_parts(
+    obj: type | types.FunctionType, codecs: Sequence[Codec] = ()
+) -> tuple[str, dict[str, str], str]:
+    """What ``fingerprint(obj)`` is made of, to say which part changed: the digest of
+    ``obj``'s own code; each global or closure value it reads with how it enters
+    (``"code:<digest>"`` for the user's helpers, ``"lib:<name>"`` for libraries,
+    ``"data:<digest>"`` for data — with ``codecs``, tensors too — and ``"obj:<type>"``);
+    and the somatize and torch versions. ``st.remember`` keys a run with these.
+    """
+    memo: dict[int, str] = {id(obj): "self"}
+    refs = {}
+    for dotted, target in _references(obj):
+        described = _describe(target, memo)
+        if described.startswith("obj:") and codecs and is_data(target, codecs):
+            described = "data:" + digest(target, codecs)
+        refs[dotted] = described
+    return _own(obj)[0].hex(), refs, _versions()

@@ -1,0 +1,69 @@
+"""Reading back the canonical encoding of ``somatize.values`` (its docstring has the format)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .codecs import Codec
+
+__all__ = ["decode"]
+
+_LEN = struct.Struct(">Q")
+_FLOAT = struct.Struct(">d")
+
+
+def decode(data: bytes | memoryview, codecs: Sequence[Codec] = ()) -> Any:
+    """Read back a value written by ``encode`` (codec leaves need the same codecs)."""
+    view = memoryview(data)
+    value, end = _decode(view, 0, {c.tag: c for c in codecs})
+    if end != len(view):
+        raise ValueError(f"{len(view) - end} trailing bytes after an encoded value")
+    return value
+
+
+def _decode(view: memoryview, i: int, codecs: dict[str, Codec]) -> tuple[Any, int]:
+    tag = view[i : i + 1].tobytes()
+    i += 1
+    if tag == b"N":
+        return None, i
+    if tag == b"T" or tag == b"F":
+        return tag == b"T", i
+    if tag == b"f":
+        return _FLOAT.unpack_from(view, i)[0], i + 8
+    if tag in (b"l", b"t", b"d"):
+        (n,) = _LEN.unpack_from(view, i)
+        i += 8
+        if tag == b"d":
+            d = {}
+            for _ in range(n):
+                k, i = _decode(view, i, codecs)
+                d[k], i = _decode(view, i, codecs)
+            return d, i
+        items = []
+        for _ in range(n):
+            item, i = _decode(view, i, codecs)
+            items.append(item)
+        return (items if tag == b"l" else tuple(items)), i
+    (n,) = _LEN.unpack_from(view, i)
+    i += 8
+    if tag == b"c":
+        name = view[i : i + n].tobytes().decode()
+        i += n
+        (size,) = _LEN.unpack_from(view, i)
+        i += 8
+        if name not in codecs:
+            raise ValueError(f"the value was written by codec {name!r}, which was not passed")
+        return codecs[name].decode(view[i : i + size].tobytes()), i + size
+    raw = view[i : i + n]
+    if len(raw) != n:
+        raise ValueError("truncated encoded value")
+    if tag == b"i":
+        return int.from_bytes(raw, "big", signed=True), i + n
+    if tag == b"s":
+        return raw.tobytes().decode("utf-8", "surrogatepass"), i + n
+    if tag == b"b":
+        return raw.tobytes(), i + n
+    raise ValueError(f"unknown tag {tag!r} in an encoded value")
