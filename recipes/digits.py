@@ -118,7 +118,8 @@ def train(
         scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps),
         epochs=epochs,
         metrics={"acc": st.accuracy},
-        checkpoint=st.Checkpointing(out / "ckpt", every_steps=100, keep=3),
+        # the newest 3 and the best by val_acc, which rotation never deletes
+        checkpoint=st.Checkpointing(out / "ckpt", every_steps=100, keep=3, best=1),
         watchers=[st.TensorBoard(out)],
         pruner=st.Patience("val_acc", patience=8, mode="max"),  # early stopping
         seed=seed,
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         f"digits: validation accuracy {accuracy:.4f} (best {result.best:.4f}) after {result.steps} "
         f"steps, {result.epochs} epochs, {result.seconds:.1f}s{' (stopped early)' if result.pruned else ''}"
     )
-    print(f"checkpoint: {result.checkpoint}\nTensorBoard: tensorboard --logdir {args.out}")
+    print(f"checkpoint: {result.checkpoint} (best: {result.best_checkpoint})")
+    print(f"TensorBoard: tensorboard --logdir {args.out}")
     if accuracy < TARGET:
         print(f"FAILED: validation accuracy {accuracy:.4f} is below {TARGET}", file=sys.stderr)
         return 1

@@ -27,6 +27,10 @@ def test_the_recipe_reaches_its_target_accuracy(digits, tmp_path, capsys):
     assert accuracy >= 0.95
     last = st.Checkpointing(tmp_path / "ckpt").last()
     assert st.load_checkpoint(last)["metrics"][-1]["val_acc"] == pytest.approx(accuracy, abs=1e-4)
+    best = st.Checkpointing(tmp_path / "ckpt").best_file()  # kept through rotation
+    best_acc = float(out.split("(best ")[1].split(")")[0])
+    assert best is not None and f"(best: {best})" in out
+    assert st.load_checkpoint(best)["metrics"][-1]["val_acc"] == pytest.approx(best_acc, abs=1e-4)
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
