@@ -634,3 +634,13 @@ def test_the_forbidding_fixture_really_bites(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(AssertionError, match=r"the hot path called graph\.digest"):
         Graph().node("a", Add(1)).cache("a").forward(1)
     assert somatize.values.digest(1)  # the real function was left alone
+
+
+def test_an_entry_that_does_not_decode_is_a_miss_and_is_written_afresh() -> None:
+    keeper = MemoryKeeper()
+    g = Graph(keeper=keeper).node("x", Add(5, "x")).cache("x")
+    out = g.run(1)
+    CALLS["x"] = 0
+    keeper.put(out.key, b"\xff not an encoded value")  # its checksum would hold on disk
+    assert g.forward(1) == 6 and CALLS["x"] == 1  # recomputed, never a wrong value
+    assert g.forward(1) == 6 and CALLS["x"] == 1  # and stored whole again
