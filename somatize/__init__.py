@@ -30,7 +30,7 @@ from .errors import (
     WorkerLostError,
 )
 from .graph import Graph
-from .keepers import DiskKeeper, Keeper, MemoryKeeper
+from .keepers import DiskKeeper, Keeper, MemoryKeeper, TieredKeeper
 from .memory import Memory, key
 from .node import Ctx, Done, Mapped, Node, Run
 from .placement import Placement
@@ -80,6 +80,7 @@ __all__ = [
     "SomatizeError",
     "StateError",
     "Step",
+    "TieredKeeper",
     "Topology",
     "Transport",
     "TransportError",

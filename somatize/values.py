@@ -358,6 +358,8 @@ def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> st
 
 def is_data(value: Any, codecs: Sequence[Codec] = ()) -> bool:
     """Whether ``value`` can cross an edge as data (with ``codecs`` for non-plain leaves)."""
+    if type(value) not in _DATA and not any(c.accepts(value) for c in codecs):
+        return False  # a module, an object: no reason to word, no exception to raise
     try:
         _check(value, codecs)
     except (_Reject, RecursionError):

@@ -44,6 +44,7 @@ def test_public_surface_is_sorted_and_exact():
         "SomatizeError",
         "StateError",
         "Step",
+        "TieredKeeper",
         "Topology",
         "Transport",
         "TransportError",

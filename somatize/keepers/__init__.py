@@ -9,10 +9,13 @@ change a remembered value. Two stock keepers:
   file each, batches (``put_many``) packed many to a file with an index; atomic
   writes, a checksum verified on every read (a corrupt entry is a miss, never
   returned), ``stats()``, ``verify()``, ``gc(max_bytes)`` that keeps pinned entries.
+* ``TieredKeeper(fast, slow)`` — a MemoryKeeper in front of a DiskKeeper: reads at
+  memory speed in this process, writes durable and shared.
 
 The files: ``protocol`` (the ``Keeper`` shape, ``KeeperStats``), ``atomic`` (atomic
 writes, also used by checkpoints), ``memory_keeper``, ``disk_keeper`` with its
-``loose`` entries and ``packs`` (``pack_upkeep``: rewriting, verifying), ``pins``.
+``loose`` entries and ``packs`` (``pack_upkeep``: rewriting, verifying), ``pins``,
+``tiered``.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from .atomic import atomic_file, atomic_write, fsync_dir
 from .disk_keeper import DiskKeeper
 from .memory_keeper import MemoryKeeper
 from .protocol import Keeper, KeeperStats
+from .tiered import TieredKeeper
 
 __all__ = [
     "DiskKeeper",
     "Keeper",
     "KeeperStats",
     "MemoryKeeper",
+    "TieredKeeper",
     "atomic_file",
     "atomic_write",
     "fsync_dir",
