@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import CacheError, NodeError
-from .keyed import Env, Forward, Walk, _where, keyed_impl, recipe_key, walk
+from .errors import CacheError
+from .keyed import Env, Forward, Walk, _where, keyed_impl, name_node, recipe_key, walk
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Run, not_done
 from .values import Opaque, check, digest
@@ -32,16 +32,9 @@ if TYPE_CHECKING:
     from .plan import Plan
     from .watchers import Watcher
 
-__all__ = ["Outcome", "Program", "name_node"]
+__all__ = ["Outcome", "Program"]
 
 _new_ctx = tuple.__new__
-
-
-def name_node(e: BaseException, label: str, impl: Any, on_host: str = "") -> None:
-    """Add a note to ``e`` naming the node that raised it (as the keyed path does), unless
-    it is one of ours that names the node already."""
-    if hasattr(e, "add_note") and not isinstance(e, (NodeError, CacheError)):
-        e.add_note(f"raised by node {label!r} ({type(impl).__qualname__}){on_host}")
 
 
 @dataclass(frozen=True, slots=True)

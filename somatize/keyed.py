@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .execute import Program
     from .keepers import Keeper
 
-__all__ = ["Env", "Forward", "Walk", "recipe_key", "walk"]
+__all__ = ["Env", "Forward", "Walk", "keyed_impl", "name_node", "recipe_key", "walk"]
 
 Forward = Callable[[Any, Ctx], Any]
 _INPUT = "the graph input"
@@ -40,6 +40,13 @@ _INPUT = "the graph input"
 
 def _where(node: str) -> str:
     return f"the output of node {node!r}"
+
+
+def name_node(e: BaseException, label: str, impl: Any, on_host: str = "") -> None:
+    """Add a note to ``e`` naming the node that raised it (both paths, and a slice on a
+    host), unless it is one of ours that names the node already."""
+    if hasattr(e, "add_note") and not isinstance(e, (NodeError, CacheError)):
+        e.add_note(f"raised by node {label!r} ({type(impl).__qualname__}){on_host}")
 
 
 def keyed_impl(impl: Any) -> Any:
@@ -210,8 +217,7 @@ def walk(
                 if is_opaque:
                     value = value.value
         except Exception as e:
-            if hasattr(e, "add_note") and not isinstance(e, (NodeError, CacheError)):
-                e.add_note(f"raised by node {label!r} ({type(impl).__qualname__}){on_host}")
+            name_node(e, label, impl, on_host)
             raise
         notify(watchers, NodeEnd(run.id, label, run.step, time.perf_counter() - start))
 
