@@ -230,7 +230,8 @@ class _Layout:
         out = []
         for rows, layout, start, nb in self.leaves:
             end = start + nb
-            raw = bytearray().join([e[start:end] for e in entries])
+            # memoryview slices: the row bytes are copied once, into the joined buffer
+            raw = bytearray().join([memoryview(e)[start:end] for e in entries])
             out.append(rows.build(layout, raw, len(entries), device))
         return out
 

@@ -41,9 +41,14 @@ from .packs import (
     open_regular,
 )
 from .protocol import KeeperStats, check_key, check_name, is_key
+from .readcache import DEFAULT_READ_CACHE, PackCache
 from .upkeep import rewrite
 
 __all__ = ["DiskKeeper"]
+
+
+def _reopen(path: Path, read_cache: int) -> DiskKeeper:
+    return DiskKeeper(path, read_cache=read_cache)
 
 
 def _fail(what: str, path: str, e: OSError) -> KeeperError:
@@ -56,7 +61,9 @@ class DiskKeeper:
     Single ``put``s write one file per entry; ``put_many`` writes a batch as one pack
     file (one write, one fsync, one rename for the whole batch) and ``get_many`` reads
     a batch through an in-memory index of the packs: one ``pread`` per run of nearby
-    rows, from packs kept open. ``get`` and ``get_many`` see both kinds.
+    rows, from packs kept open. ``get`` and ``get_many`` see both kinds. While every
+    pack fits in ``read_cache`` bytes, a pack is read whole and its verified entries are
+    kept in memory, so the epochs after the first read no file at all.
 
     A key names one value (it is a recipe's digest). Writing other bytes under a stored
     key replaces them for ``get`` when both are loose files; where a loose copy and a
@@ -67,6 +74,8 @@ class DiskKeeper:
         create: make the directory and its layout if missing (default). With
             ``create=False`` nothing is created, and a directory that is not a store
             raises ``KeeperError`` — for tools that only look.
+        read_cache: bytes of verified pack entries kept in this process (default
+            256 MiB; 0 turns it off). Packs this handle writes are kept too.
 
     Raises:
         KeeperError: the layout cannot be created, or (``create=False``) ``path`` is
@@ -82,7 +91,13 @@ class DiskKeeper:
         [b'row 2', None, b'row 1']
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        read_cache: int = DEFAULT_READ_CACHE,
+    ) -> None:
         self.path = Path(path)
         self._root = os.fspath(self.path)
         if create:
@@ -102,10 +117,12 @@ class DiskKeeper:
                 "(for the somatize command: --dir or $SOMATIZE_CACHE)"
             )
         self._index = PackIndex(f"{self._root}/packs")
+        self._cache = PackCache(read_cache)
+        self._index.forget = self._cache.drop  # a pack the index drops leaves the cache
         self._folders: tuple[int, int, frozenset[str]] = (0, 0, frozenset())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (DiskKeeper, (self.path,))
+        return (_reopen, (self.path, self._cache.max_bytes))
 
     def _object(self, key: str) -> str:
         check_key(key)
@@ -166,15 +183,27 @@ class DiskKeeper:
 
     def _get_packed(self, keys: Sequence[str], retry: bool = True) -> list[bytes | None]:
         """Entries found in packs (None elsewhere): one open and one read per pack."""
-        out: list[bytes | None] = [None] * len(keys)
+        cache = self._cache
+        rows = cache.rows
+        if rows:  # entries of packs read whole, already verified
+            out: list[bytes | None] = [rows.get(k) for k in keys]
+            cache.touch(self._index.path, loose.TOUCH_AFTER)
+            if None not in out:
+                return out
+        else:
+            out = [None] * len(keys)
         where = self._index.where
         groups: dict[str, list[tuple[int, int]]] = defaultdict(list)  # pack -> (i, slot)
         for i, key in enumerate(keys):
-            loc = where.get(key)
-            if loc is not None:
-                groups[loc[0].name].append((i, loc[1]))
+            if out[i] is None:
+                loc = where.get(key)
+                if loc is not None:
+                    groups[loc[0].name].append((i, loc[1]))
         vanished: list[int] = []
         index = self._index
+        # read packs whole while all of them fit in the read cache (a store bigger than it
+        # is read a span at a time: never a whole pack for one row)
+        whole = 0 < index.bytes <= cache.max_bytes
         for name, wanted in groups.items():
             pack = index.packs.get(name)
             if pack is None:
@@ -191,8 +220,14 @@ class DiskKeeper:
                     continue
                 fd, st, touched = held
                 try:
-                    slots = [pack.slots[s] for _, s in wanted]
-                    for (i, s), payload in zip(wanted, entries(fd, st.st_size, slots)):
+                    if whole:  # every entry read and verified; kept if none is corrupt
+                        every = entries(fd, st.st_size, pack.slots)
+                        got = [every[s] for _, s in wanted]
+                        if None not in every:
+                            cache.add(name, pack.keys, every)  # type: ignore[arg-type]
+                    else:
+                        got = entries(fd, st.st_size, [pack.slots[s] for _, s in wanted])
+                    for (i, s), payload in zip(wanted, got):
                         out[i] = payload
                         if payload is None:
                             corrupt.append(pack.keys[s])
@@ -209,8 +244,8 @@ class DiskKeeper:
         if vanished and retry:
             self._index.refresh(force=True)
             again = self._get_packed([keys[i] for i in vanished], retry=False)
-            for i, got in zip(vanished, again, strict=True):
-                out[i] = got
+            for i, found in zip(vanished, again, strict=True):
+                out[i] = found
         return out
 
     def lookup(self, name: str) -> bytes | None:
@@ -271,6 +306,8 @@ class DiskKeeper:
         except OSError as e:
             raise _fail("write cache pack", path, e) from e
         self._index.add(pack)
+        if self._cache.max_bytes:
+            self._cache.add(pack.name, pack.keys, [data for _, data in items])
 
     def _marker(self, what: str, path: str, content: bytes) -> None:
         try:
@@ -302,6 +339,9 @@ class DiskKeeper:
         Raises:
             KeeperError: a file could not be removed or a pack rewritten.
         """
+        for pack in self._index.holding(key):
+            self._cache.drop(pack.name)
+        self._cache.rows.pop(key, None)
         upkeep.discard(self._root, self._index, self._object(key), key)
 
     # -- listing ------------------------------------------------------------------------

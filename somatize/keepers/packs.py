@@ -30,7 +30,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,10 @@ def _max_open() -> int:
 
 MAX_OPEN = _max_open()  # packs kept open per keeper: an eighth of the fd limit, at most 1024
 _NONBLOCK = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _nothing(name: str) -> None:
+    pass
 
 
 class NotRegular(Exception):
@@ -122,6 +126,10 @@ class Pack:
     keys: list[str]
     slots: list[tuple[int, int]]  # (offset of the checksum, payload length), as keys
     inode: int = 0
+    size: int = 0  # the bytes of its payloads
+
+    def __post_init__(self) -> None:
+        self.size = sum(n for _, n in self.slots)
 
     @property
     def pinned(self) -> bool:
@@ -205,6 +213,8 @@ class PackIndex:
         self.directory = directory
         self.where: dict[str, tuple[Pack, int]] = {}  # key -> (pack, slot number)
         self.packs: dict[str, Pack] = {}
+        self.bytes = 0  # of the payloads in the packs indexed
+        self.forget: Callable[[str], None] = _nothing  # told the name of each pack dropped
         self.bad: dict[str, tuple[int, bool]] = {}  # name -> (inode, regular) of unreadable
         self._seen: tuple[int, int] | None = None  # (mtime_ns, inode) of the directory
         self._listed_ns = 0
@@ -247,6 +257,10 @@ class PackIndex:
     def add(self, pack: Pack) -> None:
         """Index a pack (one this process wrote, or found): its entries win over older ones."""
         with self.lock:
+            old_pack = self.packs.get(pack.name)
+            if old_pack is not None and old_pack is not pack:
+                self.forget(pack.name)
+            self.bytes += pack.size - (old_pack.size if old_pack is not None else 0)
             self.packs[pack.name] = pack
             where = self.where
             for i, key in enumerate(pack.keys):
@@ -274,9 +288,12 @@ class PackIndex:
                 held = self._open.pop(name, None)
                 if held is not None:
                     os.close(held[0])
+            for name in names:
+                self.forget(name)
             gone = [self.packs.pop(n) for n in names if n in self.packs]
             if not gone:
                 return
+            self.bytes -= sum(p.size for p in gone)
             where, other = self.where, self._other
             for p in gone:
                 for key in p.keys:

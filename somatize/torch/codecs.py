@@ -69,9 +69,14 @@ class TensorCodec:
         self._memo: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], str]] = {}
         self.hashed = 0
         self._limit = 4096
+        # id(module) -> (weak ref, what its fingerprint was made of, the fingerprint)
+        self._modules: dict[int, tuple[weakref.ref[nn.Module], list[Any], str]] = {}
 
-    def __getstate__(self) -> dict[str, Any]:  # the memo holds weak references: not data
-        return {**self.__dict__, "_memo": {}}
+    def __getstate__(self) -> dict[str, Any]:  # the memos hold weak references: not data
+        return {**self.__dict__, "_memo": {}, "_modules": {}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"_modules": {}, **state})
 
     @property
     def rows(self) -> Any:
@@ -145,25 +150,57 @@ class TensorCodec:
         return result
 
     def fingerprint(self, obj: Any) -> str | None:
+        """The digest of a tensor, or of a module's structure, modes and state.
+
+        A module's fingerprint is made of each submodule's name, class and mode and the
+        digest of each parameter and buffer (memoised by version counter). When all of
+        those equal what the last fingerprint of the same module was made of, that
+        fingerprint is returned without hashing them again: a frozen backbone asked for
+        its state every batch costs a walk of its modules, not a hash.
+        """
         if isinstance(obj, torch.Tensor):
             return self.digest(obj)
         if not isinstance(obj, nn.Module):
             return None
-        h = blake3()
+        parts: list[tuple[Any, ...]] = []
+        extra = False
+        digest = self.digest
         for name, mod in obj.named_modules():
-            h.update(f"{name}:{type(mod).__qualname__}:{mod.training}\0".encode())
-            for pname, p in mod._parameters.items():
-                if p is not None:
-                    h.update(f"{name}.{pname}={self.digest(p)}\0".encode())
-            for bname, b in mod._buffers.items():
-                if b is not None:
-                    # Batch norm updates its running statistics in place without moving their
-                    # version counter: buffers of a module in training mode are always hashed.
-                    h.update(f"{name}.{bname}={self.digest(b, fresh=mod.training)}\0".encode())
-            if type(mod).get_extra_state is not nn.Module.get_extra_state:
-                extra = digest_data(mod.get_extra_state(), (self,), f"the extra state of {name!r}")
-                h.update(f"{name}._extra_state={extra}\0".encode())
-        return h.hexdigest()
+            held: list[tuple[str, str]] = []  # (plain loops: cheaper than generators here)
+            if mod._parameters:
+                for pname, p in mod._parameters.items():
+                    if p is not None:
+                        held.append((pname, digest(p)))
+            if mod._buffers:
+                # Batch norm updates its running statistics in place without moving their
+                # version counter: buffers of a module in training mode are always hashed.
+                for bname, b in mod._buffers.items():
+                    if b is not None:
+                        held.append((bname, digest(b, fresh=mod.training)))
+            parts.append((name, type(mod).__qualname__, mod.training, held))
+            if type(mod).get_extra_state is not _NO_EXTRA:
+                extra = True
+        memo = self._modules.get(id(obj))
+        if not extra and memo is not None and memo[0]() is obj and memo[1] == parts:
+            return memo[2]
+        h = blake3()
+        for (name, cls, training, held), (_, mod) in zip(parts, obj.named_modules()):
+            h.update(f"{name}:{cls}:{training}\0".encode())
+            for pname, d in held:
+                h.update(f"{name}.{pname}={d}\0".encode())
+            if type(mod).get_extra_state is not _NO_EXTRA:
+                # extra state may change with no tensor moving: never served from the memo
+                state = digest_data(mod.get_extra_state(), (self,), f"the extra state of {name!r}")
+                h.update(f"{name}._extra_state={state}\0".encode())
+        result = h.hexdigest()
+        if not extra:
+            if len(self._modules) > 1024:  # forget modules that no longer exist
+                self._modules = {k: v for k, v in self._modules.items() if v[0]() is not None}
+            self._modules[id(obj)] = (weakref.ref(obj), parts, result)
+        return result
+
+
+_NO_EXTRA = nn.Module.get_extra_state
 
 
 @functools.cache
