@@ -285,6 +285,53 @@ def test_module_digest_covers_training_mode_and_structure():
     assert c.fingerprint(nn.Sequential(net[0], nn.Identity()).eval()) != c.fingerprint(net)
 
 
+def test_a_module_fingerprint_served_from_its_memo_follows_every_change():
+    """The memo returns a module's last fingerprint only when all it was made of is equal;
+    each change below must give the fingerprint a fresh computation would."""
+
+    class Stateful(nn.Linear):
+        def __init__(self) -> None:
+            super().__init__(2, 2)
+            self.note = 0
+
+        def get_extra_state(self) -> int:
+            return self.note
+
+        def set_extra_state(self, state: int) -> None:
+            self.note = state
+
+    def fresh(net: nn.Module) -> str | None:
+        return TensorCodec().fingerprint(net)
+
+    c = TensorCodec()
+    net = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)).eval()
+    seen = {c.fingerprint(net)}
+    assert c.fingerprint(net) == fresh(net)
+
+    def changed() -> None:
+        fp = c.fingerprint(net)
+        assert fp == fresh(net) and fp not in seen
+        seen.add(fp)
+
+    with torch.no_grad():
+        net[0].weight.add_(1.0)  # in place: the version counter moves
+    changed()
+    net[0].bias = nn.Parameter(torch.zeros(2))  # replaced
+    changed()
+    net[1] = nn.BatchNorm1d(2, eps=0.5)  # another submodule (its buffers are new tensors)
+    with torch.no_grad():
+        net[1].running_var.fill_(3.0)
+    changed()
+    net.train()
+    changed()
+    net.append(nn.Identity())  # structure
+    changed()
+    extra = nn.Sequential(Stateful()).eval()
+    before = c.fingerprint(extra)
+    extra[0].note = 1  # no tensor moves: a module with extra state is never memoised
+    assert c.fingerprint(extra) != before and c.fingerprint(extra) == fresh(extra)
+
+
 def test_memo_forgets_dead_tensors_and_never_confuses_a_new_one():
     c = TensorCodec()
     digests = set()
