@@ -348,14 +348,14 @@ KILLED = textwrap.dedent(
         return (b"%d:" % i) * (1 << 20)  # megabytes: a write takes a while
 
     if mode == "pause":  # stop inside the write, after the bytes, before the rename
-        real_fsync = os.fsync
+        real_replace = os.replace
 
-        def fsync(fd):
+        def replace(src, dst):
             print("paused", flush=True)
             sys.stdin.readline()  # the parent kills us while we wait here
-            real_fsync(fd)
+            real_replace(src, dst)
 
-        os.fsync = fsync
+        os.replace = replace
     i = first
     while True:
         print("put", i, flush=True)

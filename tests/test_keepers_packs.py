@@ -171,14 +171,14 @@ KILLED = textwrap.dedent(
 
     keeper, mode = DiskKeeper(sys.argv[1]), sys.argv[2]
     if mode == "pause":  # stop inside the write: after the bytes, before the rename
-        real_fsync = os.fsync
+        real_replace = os.replace
 
-        def fsync(fd):
+        def replace(src, dst):
             print("paused", flush=True)
             sys.stdin.readline()  # the parent kills us while we wait here
-            real_fsync(fd)
+            real_replace(src, dst)
 
-        os.fsync = fsync
+        os.replace = replace
     n = int(sys.argv[3])
     while True:
         batch = [("%064x" % (n * 50 + i), (b"%d:" % (n * 50 + i)) * 2000) for i in range(50)]

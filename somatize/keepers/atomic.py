@@ -80,9 +80,11 @@ def replace_with(path: str, chunks: Sequence[bytes | memoryview], *, durable: bo
 
     Temp file ``.<name>.<pid>-<n>.tmp`` beside ``path`` (created exclusively, so no two
     writers share one), written, fsynced and renamed over ``path``; the directory is
-    created if missing. ``durable=False`` skips the fsync of the directory: the rename
-    is atomic at once but may be lost by a power failure — right for cache entries,
-    where a lost entry is a miss.
+    created if missing, and fsynced after the rename. ``durable=False`` skips both
+    fsyncs: the rename is still atomic, so a process killed at any instant leaves the
+    old file or the new one, but a power failure may lose the file or leave it torn —
+    right for entries verified on every read (cache entries and packs), where a lost or
+    torn file is a miss.
 
     Raises:
         OSError: as the OS reported it; the temp file is removed and ``path`` untouched.
@@ -103,7 +105,8 @@ def replace_with(path: str, chunks: Sequence[bytes | memoryview], *, durable: bo
     try:
         try:
             _write_all(fd, chunks)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)

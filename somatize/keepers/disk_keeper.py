@@ -9,9 +9,10 @@ Layout under the store's directory::
     pins/<key>           an empty marker: ``gc`` keeps this entry
     quarantine/          what was found where an entry should be and was not a file
 
-Every file appears whole or not at all (temp file, fsync, rename), so a process killed
-at any instant leaves the old state or the new one; every read is verified, so a
-torn or altered entry is a miss, never returned. Processes append packs and loose
+Every file appears whole or not at all (temp file, rename), so a process killed at any
+instant leaves the old state or the new one; every read is verified, so a torn or
+altered entry (after a power failure: entries are not fsynced) is a miss, never
+returned. Processes append packs and loose
 files; a reader finds what others wrote by relisting ``packs/`` when it changed.
 """
 
@@ -59,7 +60,7 @@ class DiskKeeper:
     """A content store on disk, safe for several processes at once.
 
     Single ``put``s write one file per entry; ``put_many`` writes a batch as one pack
-    file (one write, one fsync, one rename for the whole batch) and ``get_many`` reads
+    file (one write and one rename for the whole batch) and ``get_many`` reads
     a batch through an in-memory index of the packs: one ``pread`` per run of nearby
     rows, from packs kept open. ``get`` and ``get_many`` see both kinds. While every
     pack fits in ``read_cache`` bytes, a pack is read whole and its verified entries are
