@@ -10,9 +10,10 @@
 * The same warm epoch with a cheap backbone (a 4 × 512-wide MLP): there the DataLoader
   and the head's step are most of an epoch, which bounds any cache's speed-up.
 * A sweep of 8 head configurations sharing one DiskKeeper against the same sweep
-  uncached (total time, the cache's first fill included): each run with its own handle
-  on the directory (as runs in separate processes), and all through one TieredKeeper
-  (a MemoryKeeper in front of the DiskKeeper, as a sweep in one process would).
+  uncached (total time, the cache's first fill included): the runs on one DiskKeeper;
+  each run with its own handle on the directory (as runs in separate processes, each
+  reading the directory once); and all through one TieredKeeper (a MemoryKeeper in
+  front of the DiskKeeper).
 * The per-example key: µs per 64-float row, for a batch of 10,000 rows.
 
 Epoch timings are interleaved (A B C A B C ...); CPU time is reported beside wall time.
@@ -202,22 +203,31 @@ def run(quick: bool) -> list[Row]:
     sweep_loader = DataLoader(TensorDataset(x[:sweep_n], y[:sweep_n]), batch_size=64, shuffle=True)
 
     def sweep(mode: str) -> float:
-        """8 runs: uncached; each on its own DiskKeeper handle (as separate processes
-        would be); or in one process through one TieredKeeper (a MemoryKeeper in front)."""
+        """8 runs: uncached; all on one DiskKeeper; each on its own DiskKeeper handle on
+        the directory (as separate processes would be); or in one process through one
+        TieredKeeper (a MemoryKeeper in front)."""
         keeper_dir = tempfile.mkdtemp(prefix="smz-sweep-")
+        shared = DiskKeeper(keeper_dir)
         tiered = TieredKeeper(MemoryKeeper(), DiskKeeper(keeper_dir))
         start = time.perf_counter()
         for lr in configs:
-            keeper = {"disk": lambda: DiskKeeper(keeper_dir), "tiered": lambda: tiered}.get(mode)
+            keeper = {
+                "shared": lambda: shared,
+                "disk": lambda: DiskKeeper(keeper_dir),
+                "tiered": lambda: tiered,
+            }.get(mode)
             g = graph(mode != "uncached", keeper() if keeper else None)
             trainer(lr, epochs=2).fit(g, sweep_loader)
         return time.perf_counter() - start
 
     s = interleave(
-        {m: (lambda m=m: sweep(m)) for m in ("uncached", "disk", "tiered")}, trials=2, warmup=0
+        {m: (lambda m=m: sweep(m)) for m in ("uncached", "shared", "disk", "tiered")},
+        trials=2,
+        warmup=0,
     )
     for mode, how in (
-        ("disk", "one DiskKeeper directory, a handle per run"),
+        ("shared", "one DiskKeeper shared by the runs"),
+        ("disk", "one DiskKeeper directory, a handle per run (as separate processes)"),
         ("tiered", "one TieredKeeper(MemoryKeeper(), DiskKeeper(dir)) in one process"),
     ):
         ratio = s["uncached"].median / s[mode].median

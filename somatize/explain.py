@@ -46,7 +46,9 @@ __all__ = ["Explanation", "Why", "explain", "explain_run", "note"]
 
 RECORD = "somatize.explain/1"
 # What this process last wrote, by keeper and node: a record is written when it changes.
-_written: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+_written: weakref.WeakKeyDictionary[Any, dict[str, tuple[str | None, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _slot(label: str) -> str:
@@ -93,20 +95,20 @@ def _read(keeper: Any, label: str) -> dict[str, Any] | None:
 
 def note(keeper: Keeper, label: str, impl: Any, parts: Sequence[str], input: str | None) -> None:
     """Record the key parts of what node ``label`` just stored (skipped when unchanged)."""
-    record: dict[str, Any] = {
-        "identity": parts[0],
-        "declaration": parts[1],
-        "state": parts[2],
-        "input": input,
-    }
-    stamp = digest(record)
+    stamp = (*parts[:3], input)  # (compared as strings: no hash per batch)
     try:
         seen = _written.setdefault(keeper, {})
     except TypeError:  # a keeper that takes no weak reference: write every time
         seen = {}
     if seen.get(label) == stamp:
         return
-    record["code"] = _code(impl)
+    record: dict[str, Any] = {
+        "identity": parts[0],
+        "declaration": parts[1],
+        "state": parts[2],
+        "input": input,
+        "code": _code(impl),
+    }
     notes = _notes(keeper)
     if isinstance(notes, Path):
         try:

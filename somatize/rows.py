@@ -197,9 +197,19 @@ def _keys(leaves: list[Leaf], salt: bytes) -> list[str]:
 def _entries(kind: str, names: tuple[Any, ...], leaves: list[Leaf], n: int) -> list[bytes]:
     """One entry per row of an output batch."""
     blobs = [rows.rows(v) for _, rows, v in leaves]
-    infos = [(tag, rows.layout(v), nb) for (tag, rows, v), (_, nb) in zip(leaves, blobs)]
-    layout = encode((ROWS_VERSION, kind, names, infos))
-    prefix = _MAGIC + _LEN.pack(len(layout)) + layout
+    infos = tuple((tag, rows.layout(v), nb) for (tag, rows, v), (_, nb) in zip(leaves, blobs))
+    memo: tuple[Any, ...] | None = (kind, names, infos)
+    try:
+        prefix = _prefixes.get(memo)  # type: ignore[arg-type]
+    except TypeError:  # a codec's layout that does not hash: encoded every time
+        prefix, memo = None, None
+    if prefix is None:  # a node's batches share one layout: encoded once
+        layout = encode((ROWS_VERSION, kind, names, list(infos)))
+        prefix = _MAGIC + _LEN.pack(len(layout)) + layout
+        if memo is not None:
+            if len(_prefixes) > 256:
+                _prefixes.clear()
+            _prefixes[memo] = prefix
     if len(blobs) == 1:
         mv, nb = blobs[0]
         return [prefix + mv[i : i + nb] for i in range(0, n * nb, nb)] if nb else [prefix] * n
@@ -238,6 +248,8 @@ class _Layout:
 
 # The key salt of a node's rows by (node parts, batch structure, row layouts).
 _salts: dict[tuple[Any, ...], bytes] = {}
+# Entry prefixes by (kind, field names, leaf layouts), encoded once.
+_prefixes: dict[tuple[Any, ...], bytes] = {}
 # Parsed layouts by (entry prefix, codec tags): a node's entries share one, parsed once.
 _layouts: dict[tuple[bytes, tuple[str, ...]], _Layout] = {}
 
