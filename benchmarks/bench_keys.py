@@ -26,6 +26,7 @@ def run(quick: bool) -> list[Row]:
     codecs = default_codecs()
     item = torch.randn(256, generator=torch.Generator().manual_seed(0))
     raw = memoryview(item.numpy()).cast("B")
+    encoded_item = encode(item, codecs)  # what its key hashes: header and payload, 1065 B
     number = 20_000 if quick else 100_000
     t = interleave(
         {
@@ -33,6 +34,7 @@ def run(quick: bool) -> list[Row]:
             "dict floor": per_call(lambda: blake3(encoded).hexdigest(), number),
             "tensor": per_call(lambda: digest(item, codecs), number),
             "tensor raw": per_call(lambda: blake3(raw).hexdigest(), number),
+            "tensor encoded": per_call(lambda: blake3(encoded_item).hexdigest(), number),
         },
         trials=5 if quick else 9,
     )
@@ -53,7 +55,9 @@ def run(quick: bool) -> list[Row]:
         ),
         Row(
             "keys",
-            "key of a 256-float tensor item",
+            "key of a 256-float tensor item — the floor of its encoding (1065 B, two blake3 "
+            f"chunks to the raw 1 KiB's one), made beforehand: {us['tensor encoded']:.2f} µs; "
+            "reaching a tensor's bytes (numpy()) costs about 0.6 µs more",
             us["tensor"],
             "µs",
             baseline="raw blake3 of its 1 KiB",

@@ -6,7 +6,9 @@ explicitly — to ``Graph(codecs=...)``, ``encode``, ``digest`` — never regist
 globally; ``somatize.torch`` passes its tensor and ndarray codecs by default.
 
 A codec may also *fingerprint* objects a node holds (a module's weights): that is
-how a node's state enters its key.
+how a node's state enters its key. Optionally, a codec has ``key(value) -> str | None``:
+the key ``digest`` gives a lone value, computed by a shorter road (it must equal blake3
+of the value's encoding); None sends ``digest`` down the general path.
 """
 
 from __future__ import annotations

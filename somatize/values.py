@@ -318,9 +318,14 @@ def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> st
             pass
         except RecursionError:
             raise _too_deep(where) from None
-    else:  # one codec leaf (a tensor): straight to its chunks
+    else:  # one codec leaf (a tensor): the codec's own key, or straight to its chunks
         for codec in codecs:
             if codec.accepts(value):
+                own = getattr(codec, "key", None)
+                if own is not None:
+                    got = own(value)
+                    if got is not None:
+                        return str(got)
                 try:
                     chunks = [b"", *codec.chunks(value)]
                 except ValueConversionError:

@@ -132,6 +132,16 @@ def test_a_tensor_key_is_blake3_of_its_documented_bytes_on_the_fast_path_too(nam
     assert key(t) == blake3(encode(t, CODECS)).hexdigest()
 
 
+def test_the_codec_key_is_the_general_key_or_steps_aside():
+    c = TensorCodec()
+    big = torch.randn(70_000)  # past the one-update size: hashed in two updates
+    for t in (big, TENSORS["float32"], TENSORS["0-d"], TENSORS["bool"]):
+        assert c.key(t) == blake3(encode(t, CODECS)).hexdigest()
+    for name in ("non-contiguous", "conj view", "bfloat16"):
+        assert c.key(TENSORS[name]) is None  # left to the general path, which converts
+    assert c.key(torch.ones(2, requires_grad=True)) is None  # and words the error
+
+
 @pytest.mark.parametrize("name", sorted(TENSORS))
 def test_tensor_round_trip(name):
     t = TENSORS[name]
