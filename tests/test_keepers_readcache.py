@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pickle
+import struct
 from pathlib import Path
 
 import pytest
 
 from somatize import DiskKeeper
-from somatize.keepers import disk_keeper
+from somatize.keepers import disk_keeper, packs
 
 
 def k(i: int) -> str:
@@ -23,13 +24,18 @@ def rows(start: int, n: int, size: int = 100) -> list[tuple[str, bytes]]:
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of entries each read of a pack asked for, one item per read."""
     seen: list[int] = []
-    real = disk_keeper.entries
+    real, real_every = disk_keeper.entries, disk_keeper.every_entry
 
     def counted(fd: int, size: int, wanted: list[tuple[int, int]]) -> list[bytes | None]:
         seen.append(len(wanted))
         return real(fd, size, wanted)
 
+    def every(fd: int, size: int, pack: packs.Pack) -> list[bytes | None]:
+        seen.append(len(pack.slots))
+        return real_every(fd, size, pack)
+
     monkeypatch.setattr(disk_keeper, "entries", counted)
+    monkeypatch.setattr(disk_keeper, "every_entry", every)
     return seen
 
 
@@ -114,3 +120,48 @@ def test_a_pickled_handle_keeps_its_budget(tmp_path: Path, reads: list[int]) -> 
     for _ in range(2):
         assert copy.get_many([written[1][0]]) == [written[1][1]]
     assert reads == [1, 1]
+
+
+def test_a_pack_read_whole_is_verified_by_one_checksum_or_entry_by_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store(tmp_path, packs=2)
+    first, _ = sorted((tmp_path / "store" / "packs").glob("*.pack"))
+    raw = bytearray(first.read_bytes())
+    raw[-1] ^= 0x01  # one payload: the data checksum fails, the others' own checksums hold
+    first.write_bytes(bytes(raw))
+    per_entry: list[int] = []
+    real = packs.entries
+
+    def counted(fd: int, size: int, wanted: list[tuple[int, int]]) -> list[bytes | None]:
+        per_entry.append(len(wanted))
+        return real(fd, size, wanted)
+
+    monkeypatch.setattr(packs, "entries", counted)
+    reader = DiskKeeper(tmp_path / "store")
+    keys = [k(i) for i in range(20)]
+    got = dict(zip(keys, reader.get_many(keys)))
+    expected = dict(rows(0, 20))
+    bad = [key for key in keys if got[key] is None]
+    assert len(bad) == 1 and all(got[key] == expected[key] for key in keys if key not in bad)
+    assert per_entry == [10]  # only the damaged pack was verified entry by entry
+
+
+def test_a_version_1_pack_is_still_read(tmp_path: Path) -> None:
+    from blake3 import blake3
+
+    items = rows(0, 3)
+    offset = packs.HEAD_V1.size + len(items) * packs.SLOT.size
+    index, data = [], []
+    for key, payload in items:
+        index.append(packs.SLOT.pack(bytes.fromhex(key), offset, len(payload)))
+        data += [blake3(payload).digest(), payload]
+        offset += packs.CHECK + len(payload)
+    body = b"".join(index)
+    check = blake3(struct.pack(">BI", 0, len(items)) + body).digest()
+    head = packs.HEAD_V1.pack(packs.MAGIC_V1, 0, len(items), check)
+    DiskKeeper(tmp_path / "store")  # the layout
+    (tmp_path / "store" / "packs" / ("a" * 40 + ".pack")).write_bytes(head + body + b"".join(data))
+    reader = DiskKeeper(tmp_path / "store")
+    assert reader.get_many([key for key, _ in items]) == [v for _, v in items]
+    assert reader.verify() == []

@@ -42,7 +42,7 @@ from .packs import (
     open_regular,
 )
 from .protocol import KeeperStats, check_key, check_name, is_key
-from .readcache import DEFAULT_READ_CACHE, PackCache
+from .readcache import DEFAULT_READ_CACHE, PackCache, every_entry
 from .upkeep import rewrite
 
 __all__ = ["DiskKeeper"]
@@ -222,7 +222,7 @@ class DiskKeeper:
                 fd, st, touched = held
                 try:
                     if whole:  # every entry read and verified; kept if none is corrupt
-                        every = entries(fd, st.st_size, pack.slots)
+                        every = every_entry(fd, st.st_size, pack)
                         got = [every[s] for _, s in wanted]
                         if None not in every:
                             cache.add(name, pack.keys, every)  # type: ignore[arg-type]

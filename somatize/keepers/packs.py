@@ -1,16 +1,21 @@
 """Pack files: many small entries in one file, with an index, written atomically.
 
-A pack is written once, whole (temp file, fsync, rename), and never changed; it is
-named by a digest of its contents, so two processes writing the same batch write the
-same file. Layout (big-endian)::
+A pack is written once, whole (temp file, rename), and never changed; it is named by a
+digest of its contents, so two processes writing the same batch write the same file.
+Layout (big-endian)::
 
-    header  "SMZP\\x01"  flags:u8  count:u32  blake3(flags, count, index):32
+    header  "SMZP\\x02"  flags:u8  count:u32  blake3(flags, count, data, index):32
+            data:32 = blake3 of the whole data section
     index   count x (key:32  offset:u64  length:u64)     sorted as written
     data    count x (blake3(payload):32  payload)        offset points at the checksum
 
 The header's checksum covers the index, so a damaged index is seen before any entry
 is trusted; each entry carries its own checksum, so one entry is read and verified
-without reading the rest. ``FLAG_PINNED`` marks a pack that ``gc`` keeps.
+without reading the rest; and the data checksum verifies a pack read whole in one
+blake3 call (blake3 hashes 64 entries at once several times faster than one by one),
+falling back to the entries' own checksums if it fails, to keep the good ones. Packs
+of version 1 (``"SMZP\\x01"``, no data checksum) are still read. ``FLAG_PINNED`` marks
+a pack that ``gc`` keeps.
 
 ``PackIndex`` is one process's view of a ``packs/`` directory: which pack holds which
 key. It rereads the directory only when it may have changed (its mtime moved, or was
@@ -38,8 +43,10 @@ from blake3 import blake3
 
 __all__ = ["FLAG_PINNED", "MAX_PACK_BYTES", "RACY_NS", "Pack", "PackIndex", "build", "open_regular"]
 
-MAGIC = b"SMZP\x01"
-HEAD = struct.Struct(">5sBI32s")
+MAGIC_V1 = b"SMZP\x01"
+HEAD_V1 = struct.Struct(">5sBI32s")
+MAGIC = b"SMZP\x02"
+HEAD = struct.Struct(">5sBI32s32s")
 _COUNTS = struct.Struct(">BI")
 SLOT = struct.Struct(">32sQQ")
 CHECK = 32
@@ -126,6 +133,7 @@ class Pack:
     keys: list[str]
     slots: list[tuple[int, int]]  # (offset of the checksum, payload length), as keys
     inode: int = 0
+    data_check: bytes | None = None  # blake3 of the data section (version 2)
     size: int = 0  # the bytes of its payloads
 
     def __post_init__(self) -> None:
@@ -152,31 +160,39 @@ def build(items: Sequence[tuple[str, bytes]], flags: int) -> tuple[Pack, list[by
         keys.append(key)
         slots.append((offset, len(payload)))
         offset += CHECK + len(payload)
-    body = _COUNTS.pack(flags, n) + b"".join(index)
-    check = blake3(body).digest()
+    section = b"".join(data)
+    data_check = blake3(section).digest()
+    raw_index = b"".join(index)
+    check = blake3(_COUNTS.pack(flags, n) + data_check + raw_index).digest()
     # the name covers the payloads' checksums too: another batch under the same keys
     # (a non-deterministic node) is another pack
     name = blake3(check + b"".join(data[0::2])).hexdigest()[:40] + ".pack"
-    return Pack(name, flags, keys, slots), [HEAD.pack(MAGIC, flags, n, check), body[5:], *data]
+    head = HEAD.pack(MAGIC, flags, n, check, data_check)
+    return Pack(name, flags, keys, slots, data_check=data_check), [head, raw_index, section]
 
 
 def read_index(fd: int, name: str, st: os.stat_result) -> Pack:
     """The index of an open pack file. Raises ``CorruptPack`` if it does not verify."""
     head = os.pread(fd, HEAD.size, 0)
-    if len(head) < HEAD.size:
+    if head[: len(MAGIC)] == MAGIC_V1 and len(head) >= HEAD_V1.size:
+        magic, flags, n, check = HEAD_V1.unpack(head[: HEAD_V1.size])
+        start, data_check = HEAD_V1.size, None
+    elif len(head) == HEAD.size:
+        magic, flags, n, check, data_check = HEAD.unpack(head)
+        start = HEAD.size
+    else:
         raise CorruptPack(st.st_ino)
-    magic, flags, n, check = HEAD.unpack(head)
     size = n * SLOT.size
-    if magic != MAGIC or HEAD.size + size > st.st_size:
+    if magic not in (MAGIC, MAGIC_V1) or start + size > st.st_size:
         raise CorruptPack(st.st_ino)
-    raw = read_exact(fd, size, HEAD.size)
-    if blake3(_COUNTS.pack(flags, n) + raw).digest() != check:
+    raw = read_exact(fd, size, start)
+    if blake3(_COUNTS.pack(flags, n) + (data_check or b"") + raw).digest() != check:
         raise CorruptPack(st.st_ino)
     keys, slots = [], []
     for key, offset, length in SLOT.iter_unpack(raw):
         keys.append(key.hex())
         slots.append((offset, length))
-    return Pack(name, flags, keys, slots, st.st_ino)
+    return Pack(name, flags, keys, slots, st.st_ino, data_check)
 
 
 def entries(fd: int, size: int, wanted: Sequence[tuple[int, int]]) -> list[bytes | None]:
