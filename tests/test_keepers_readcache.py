@@ -165,3 +165,33 @@ def test_a_version_1_pack_is_still_read(tmp_path: Path) -> None:
     reader = DiskKeeper(tmp_path / "store")
     assert reader.get_many([key for key, _ in items]) == [v for _, v in items]
     assert reader.verify() == []
+
+
+def test_threads_sharing_a_handle_read_right_values(tmp_path: Path) -> None:
+    import threading
+
+    keeper = DiskKeeper(tmp_path / "store")
+    expected = dict(rows(0, 400))
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for b in range(10):
+                batch = rows(t * 100 + b * 10, 10)
+                keeper.put_many(batch)
+                keys = [k(i) for i in range(0, 400, 7)]
+                for key, got in zip(keys, keeper.get_many(keys)):
+                    assert got is None or got == expected[key]
+                keeper.discard(k(t * 100 + b))  # drops its packs from the cache meanwhile
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    fresh = DiskKeeper(tmp_path / "store")
+    for key, got in zip(expected, fresh.get_many(list(expected))):
+        assert got is None or got == expected[key]

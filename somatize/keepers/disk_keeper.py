@@ -308,7 +308,8 @@ class DiskKeeper:
             raise _fail("write cache pack", path, e) from e
         self._index.add(pack)
         if self._cache.max_bytes:
-            self._cache.add(pack.name, pack.keys, [data for _, data in items])
+            with self._index.lock:
+                self._cache.add(pack.name, pack.keys, [data for _, data in items])
 
     def _marker(self, what: str, path: str, content: bytes) -> None:
         try:
@@ -340,9 +341,10 @@ class DiskKeeper:
         Raises:
             KeeperError: a file could not be removed or a pack rewritten.
         """
-        for pack in self._index.holding(key):
-            self._cache.drop(pack.name)
-        self._cache.rows.pop(key, None)
+        with self._index.lock:
+            for pack in self._index.holding(key):
+                self._cache.drop(pack.name)
+            self._cache.rows.pop(key, None)
         upkeep.discard(self._root, self._index, self._object(key), key)
 
     # -- listing ------------------------------------------------------------------------

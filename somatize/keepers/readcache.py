@@ -74,7 +74,7 @@ class PackCache:
         if now - self._touched < after:
             return
         self._touched = now
-        for name in self._packs:
+        for name in list(self._packs):  # (a copy: another thread may add meanwhile)
             with contextlib.suppress(OSError):
                 os.utime(path(name))
 
