@@ -12,8 +12,8 @@ Layout under the store's directory::
 Every file appears whole or not at all (temp file, rename), so a process killed at any
 instant leaves the old state or the new one; every read is verified, so a torn or
 altered entry (after a power failure: entries are not fsynced) is a miss, never
-returned. Processes append packs and loose
-files; a reader finds what others wrote by relisting ``packs/`` when it changed.
+returned. Processes append packs and loose files; a reader finds what others wrote by
+relisting ``packs/`` when it changed.
 """
 
 from __future__ import annotations
