@@ -66,7 +66,7 @@ class _Holdings(nn.Module):
 def _holdings(impl: Any, where: str, seen: frozenset[int]) -> _Holdings | None:
     """The ``_Holdings`` of the node ``impl`` (at ``where``, for error messages), or None
     when it holds no module and no tensor."""
-    found: list[tuple[str, Any]] = []
+    held: _Holdings | None = None
     inside = seen
     for name, value in vars(impl).items():
         if type(value) in _PLAIN or name.startswith("_somatize"):
@@ -85,29 +85,22 @@ def _holdings(impl: Any, where: str, seen: frozenset[int]) -> _Holdings | None:
                 f"node {where!r} holds modules or tensors in its attribute {name!r}, which "
                 "every nn.Module already has; rename the attribute"
             )
-        found.append((name, inner))
-    if not found:
-        return None
-    held = blank(_Holdings)  # nn.Module.__init__'s attributes at a dict's cost (see blank.py)
-    attrs = held.__dict__  # (plain attributes: nn.Module's __setattr__ checks not needed)
-    attrs["_impl"] = impl
-    params: list[str] = []
-    tensors: list[str] = []
-    modules = held._modules
-    for name, value in found:
-        if isinstance(value, nn.Module):
+        if held is None:  # nn.Module.__init__'s attributes at a dict's cost (see blank.py)
+            held = blank(_Holdings)
+            attrs = held.__dict__  # (plain attributes: nn.Module's __setattr__ not needed)
+            attrs["_impl"] = impl
+            attrs["_params"] = attrs["_tensors"] = ()
+        if isinstance(inner, nn.Module):
             if name and "." not in name and name not in _HOLDINGS_OWN:
-                modules[name] = value  # what add_module checks, checked above
+                held._modules[name] = inner  # what add_module checks, checked above
             else:
-                held.add_module(name, value)  # raises its own error
-        elif isinstance(value, nn.Parameter):
-            held.register_parameter(name, value)
-            params.append(name)
+                held.add_module(name, inner)  # raises its own error
+        elif isinstance(inner, nn.Parameter):
+            held.register_parameter(name, inner)
+            attrs["_params"] += (name,)
         else:
-            held.register_buffer(name, value)
-            tensors.append(name)
-    attrs["_params"] = tuple(params)  # (tuples: the empty one is shared, and not tracked by gc)
-    attrs["_tensors"] = tuple(tensors)
+            held.register_buffer(name, inner)
+            attrs["_tensors"] += (name,)
     return held
 
 
