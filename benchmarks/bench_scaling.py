@@ -13,7 +13,8 @@ For each shape and size, in the same run and interleaved:
   ``nn.Linear(4, 4)``, against ``nn.Sequential`` over the same number of ``nn.Linear``.
   Beside them, the floor of any design that keeps the parameter names (``node.lin.weight``):
   one ``nn.Module`` per node, made as ``module(g)`` makes it (``somatize.torch.blank``),
-  holding its ``nn.Linear``, in a dict by node id — reported in the module(g) rows' note.
+  holding its ``nn.Linear``, in a dict by node id — timed apart at 1,000 nodes, after the
+  grids (its garbage would move them), and reported in the module(g) rows' note.
 
 The growth factor per 10× (time at 10 N over time at N) is ~10 for linear cost; the
 target ≤ 12× makes super-linear growth visible. A size is skipped (and said so) when
@@ -38,8 +39,6 @@ SIZES = (10, 100, 1_000, 10_000)
 GROWTH_TARGET = 12.0
 #: the tables of the last run, by shape, for docs/benchmarks.md (run.py writes them)
 TABLES: dict[str, str] = {}
-#: the module(g) floor of the last run (see ``floor``), by shape and size
-FLOORS: dict[tuple[str, int], Timing] = {}
 
 
 class Identity(Node):
@@ -141,6 +140,23 @@ def floor(linears: list[Any]) -> dict[str, Any]:
     return top
 
 
+def floor_ratio(n: int, quick: bool) -> tuple[float, float]:
+    """CPU time of ``floor`` over N ``nn.Linear`` and its ratio to ``nn.Sequential`` of them,
+    interleaved in a run of their own, after the grids (its garbage, 10,000 modules at the
+    largest size, would move what is timed after it there)."""
+    from torch import nn
+
+    linears = [nn.Linear(4, 4) for _ in range(n)]
+    t = interleave(
+        {
+            "floor": per_call(lambda: floor(linears), 1),
+            "base": per_call(lambda: nn.Sequential(*linears), 1),
+        },
+        trials=5 if quick else 9,
+    )
+    return cpu(t["floor"]), cpu(t["floor"]) / cpu(t["base"])
+
+
 def candidates(shape: str, n: int, quick: bool) -> dict[str, Callable[[], float]]:
     """The timed candidates of one shape and size: each measure and its baseline."""
     import torch
@@ -172,7 +188,6 @@ def candidates(shape: str, n: int, quick: bool) -> dict[str, Callable[[], float]
         f"forward base {n}": per_call(lambda: plain(x.value), reps * 5),
         f"module {n}": fresh(fresh_lin_graph, st.module, max(1, reps // 4)),
         f"module base {n}": per_call(lambda: nn.Sequential(*linears), reps),
-        f"module floor {n}": per_call(lambda: floor(linears), reps),
     }
 
 
@@ -200,8 +215,6 @@ def measure(
         todo.update(candidates(shape, n, quick))
     t = interleave(todo, trials=3 if quick else 5)
     got = {n: {m: (t[f"{m} {n}"], t[f"{m} base {n}"]) for m in MEASURES} for n in kept}
-    for n in kept:
-        FLOORS[shape, n] = t[f"module floor {n}"]
     return got, skipped
 
 
@@ -355,8 +368,9 @@ def run(quick: bool) -> list[Row]:
     torch.set_num_threads(1)
     sizes = SIZES[:3] if quick else SIZES
     rows: list[Row] = []
-    for shape in ("chain", "fork"):
-        got, skipped = measure(shape, sizes, quick)
+    grids = {shape: measure(shape, sizes, quick) for shape in ("chain", "fork")}
+    floor = floor_ratio(1_000, quick)
+    for shape, (got, skipped) in grids.items():
         TABLES[shape] = table(shape, got, skipped)
         print(TABLES[shape], flush=True)
         for m, (label, _) in MEASURES.items():
@@ -407,8 +421,8 @@ def run(quick: bool) -> list[Row]:
                     spread=f"{fmt(ours.min * 1e3, 'ms')} – {fmt(ours.max * 1e3, 'ms')}",
                     note="registering the modules and compiling the plan; the floor, one "
                     "nn.Module per node (the node-id level of the names) holding its Linear, "
-                    f"made as module(g) makes it: {fmt(cpu(FLOORS[shape, 1_000]) * 1e3, 'ms')} "
-                    f"CPU ({cpu(FLOORS[shape, 1_000]) / cpu(ref):.2f}× the baseline)",
+                    f"made as module(g) makes it: {fmt(floor[0] * 1e3, 'ms')} CPU "
+                    f"({floor[1]:.2f}× the baseline, timed apart)",
                 )
             )
         if 10_000 in got:
