@@ -11,6 +11,10 @@ For each shape and size, in the same run and interleaved:
   the per-node cost is the time over the node count;
 * **module(g)** — ``somatize.torch.module(g)`` over nodes that each hold an
   ``nn.Linear(4, 4)``, against ``nn.Sequential`` over the same number of ``nn.Linear``.
+  Beside them, the floor of any design that keeps the parameter names (``node.lin.weight``):
+  one ``nn.Module`` per node, made as ``module(g)`` makes it (``somatize.torch.blank``),
+  holding its ``nn.Linear``, in a dict by node id — timed apart at 1,000 nodes, after the
+  grids (its garbage would move them), and reported in the module(g) rows' note.
 
 The growth factor per 10× (time at 10 N over time at N) is ~10 for linear cost; the
 target ≤ 12× makes super-linear growth visible. A size is skipped (and said so) when
@@ -119,6 +123,38 @@ def fresh(make: Callable[[], Any], run: Callable[[Any], Any], count: int) -> Cal
         return Sample(wall / count, cpu / count)
 
     return candidate
+
+
+def floor(linears: list[Any]) -> dict[str, Any]:
+    """What ``module(g)`` cannot do without: a module per node (the node-id level of the
+    names), made as it makes them, holding the node's ``nn.Linear``."""
+    from torch import nn
+
+    from somatize.torch.blank import blank
+
+    top: dict[str, Any] = {}
+    for i, lin in enumerate(linears):
+        held = blank(nn.Module)
+        held._modules["lin"] = lin
+        top[f"lin_{i}"] = held
+    return top
+
+
+def floor_ratio(n: int, quick: bool) -> tuple[float, float]:
+    """CPU time of ``floor`` over N ``nn.Linear`` and its ratio to ``nn.Sequential`` of them,
+    interleaved in a run of their own, after the grids (its garbage, 10,000 modules at the
+    largest size, would move what is timed after it there)."""
+    from torch import nn
+
+    linears = [nn.Linear(4, 4) for _ in range(n)]
+    t = interleave(
+        {
+            "floor": per_call(lambda: floor(linears), 1),
+            "base": per_call(lambda: nn.Sequential(*linears), 1),
+        },
+        trials=5 if quick else 9,
+    )
+    return cpu(t["floor"]), cpu(t["floor"]) / cpu(t["base"])
 
 
 def candidates(shape: str, n: int, quick: bool) -> dict[str, Callable[[], float]]:
@@ -237,8 +273,8 @@ def fork_forward(quick: bool) -> Row:
         def forward(self, xs: Any, ctx: Any) -> Done:
             return Done(Opaque(torch.stack(xs).sum(0)))
 
-    src, branches = Lin(), [Lin() for _ in range(100)]
-    m = st.module(Graph.somatize(expression("fork", [src, *branches, Sum()])))
+    src, branches, join = Lin(), [Lin() for _ in range(100)], Sum()
+    m = st.module(Graph.somatize(expression("fork", [src, *branches, join])))
 
     class Plain(nn.Module):
         def __init__(self) -> None:
@@ -250,15 +286,28 @@ def fork_forward(quick: bool) -> Row:
             h = self.src(x)
             return torch.stack([b(h) for b in self.branches]).sum(0)
 
+    forwards = [b.forward for b in branches]
+
+    def nodes_by_hand(x: torch.Tensor) -> Any:
+        """The nodes' own cost (their forward, Done and Opaque), walked by hand: what is left
+        over plain for any engine that keeps the node contract."""
+        h = src.forward(x, None)[0].value
+        return join.forward(tuple([f(h, None)[0].value for f in forwards]), None)[0].value
+
     plain = Plain()
     x = torch.randn(8, 4)
     torch.testing.assert_close(m(x), plain(x))
+    torch.testing.assert_close(nodes_by_hand(x), plain(x))
     number = 50 if quick else 300
     t = interleave(
-        {"somatize": per_call(lambda: m(x), number), "plain": per_call(lambda: plain(x), number)},
+        {
+            "somatize": per_call(lambda: m(x), number),
+            "plain": per_call(lambda: plain(x), number),
+            "by hand": per_call(lambda: nodes_by_hand(x), number),
+        },
         trials=5 if quick else 9,
     )
-    ours, ref = t["somatize"], t["plain"]
+    ours, ref, hand = t["somatize"], t["plain"], t["by hand"]
     ratio = ours.median / ref.median
     return Row(
         "scaling",
@@ -272,7 +321,9 @@ def fork_forward(quick: bool) -> Row:
         target="≤ 1.1× plain",
         met=ratio <= 1.1,
         spread=f"{fmt(ours.min * 1e6, 'µs')} – {fmt(ours.max * 1e6, 'µs')}",
-        note=f"{(ours.median - ref.median) / 102 * 1e6:.2f} µs per node over plain",
+        note=f"{(ours.median - ref.median) / 102 * 1e6:.2f} µs per node over plain, of which "
+        f"the nodes' own forward, Done and Opaque (walked by hand: {hand.median / ref.median:.2f}× "
+        f"plain) {(hand.median - ref.median) / 102 * 1e6:.2f} µs",
     )
 
 
@@ -317,8 +368,9 @@ def run(quick: bool) -> list[Row]:
     torch.set_num_threads(1)
     sizes = SIZES[:3] if quick else SIZES
     rows: list[Row] = []
-    for shape in ("chain", "fork"):
-        got, skipped = measure(shape, sizes, quick)
+    grids = {shape: measure(shape, sizes, quick) for shape in ("chain", "fork")}
+    floor = floor_ratio(1_000, quick)
+    for shape, (got, skipped) in grids.items():
         TABLES[shape] = table(shape, got, skipped)
         print(TABLES[shape], flush=True)
         for m, (label, _) in MEASURES.items():
@@ -367,8 +419,10 @@ def run(quick: bool) -> list[Row]:
                     target="≤ 1.5×",
                     met=ours.median / ref.median <= 1.5,
                     spread=f"{fmt(ours.min * 1e3, 'ms')} – {fmt(ours.max * 1e3, 'ms')}",
-                    note="registering the modules and compiling the plan; the floor is one "
-                    "nn.Module per node (the node-id level of the names), ~3× an add_module",
+                    note="registering the modules and compiling the plan; the floor, one "
+                    "nn.Module per node (the node-id level of the names) holding its Linear, "
+                    f"made as module(g) makes it: {fmt(floor[0] * 1e3, 'ms')} CPU "
+                    f"({floor[1]:.2f}× the baseline, timed apart)",
                 )
             )
         if 10_000 in got:

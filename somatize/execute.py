@@ -15,26 +15,32 @@ several hosts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from .catalog import Catalog
 from .errors import CacheError
 from .keyed import Env, Forward, Walk, _where, keyed_impl, name_node, recipe_key, walk
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Run, not_done
+from .plan import compile
 from .values import Opaque, check, digest
 
 if TYPE_CHECKING:
-    from .catalog import Catalog
     from .codecs import Codec
     from .keepers import Keeper
+    from .placement import Placement
     from .plan import Plan
+    from .topology import Topology
     from .watchers import Watcher
 
 __all__ = ["Outcome", "Program"]
 
 _new_ctx = tuple.__new__
+#: A runtime's hook: ``(node_id, impl, forward) -> forward`` (``Graph.use(wrap=...)``).
+Wrap = Callable[[str, Any, Callable[[Any, Ctx], Any]], Callable[[Any, Ctx], Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,35 +67,96 @@ class Program:
         memory: Memory,
         codecs: Sequence[Codec],
         subprograms: Mapping[str, Program],
-        wrap: Callable[[str, Any, Callable[[Any, Ctx], Any]], Callable[[Any, Ctx], Any]]
-        | None = None,
+        wrap: Wrap | None = None,
     ) -> None:
-        self.plan = plan
+        self._plan: Plan | None = plan
+        self._plan_of: tuple[Topology, Placement, Mapping[str, Placement]] | None = None
+        steps = ((s.node, s.inputs) for s in plan.steps)
+        self._bind(plan.topology, plan.placement, steps, catalog, memory, codecs, subprograms, wrap)
+
+    @classmethod
+    def compiled(
+        cls,
+        topology: Topology,
+        placement: Placement,
+        placements: Mapping[str, Placement],
+        catalog: Catalog,
+        memory: Memory,
+        codecs: Sequence[Codec],
+        subprograms: Mapping[str, Program],
+        wrap: Wrap | None = None,
+    ) -> Program:
+        """The program of ``compile(topology, placement, placements)``, whose ``Plan`` is made
+        when first asked for: the hot path needs only the order of the steps and their inputs
+        (what ``Graph`` builds; a plan's ``Step`` objects are for the keyed path across
+        hosts, rendering and the user)."""
+        topology.require_nonempty()
+        program = cls.__new__(cls)
+        program._plan = None
+        program._plan_of = (topology, placement, placements)
+        inputs = topology._preds.get
+        steps = ((n, inputs(n, ())) for level in topology.levels for n in level)  # compile's order
+        program._bind(topology, placement, steps, catalog, memory, codecs, subprograms, wrap)
+        return program
+
+    @property
+    def plan(self) -> Plan:
+        """The plan this program runs."""
+        if self._plan is None:
+            assert self._plan_of is not None  # (one of the two is always set)
+            self._plan = compile(*self._plan_of)
+        return self._plan
+
+    def _bind(
+        self,
+        topology: Topology,
+        placement: Placement,
+        steps: Iterable[tuple[str, tuple[str, ...]]],
+        catalog: Catalog,
+        memory: Memory,
+        codecs: Sequence[Codec],
+        subprograms: Mapping[str, Program],
+        wrap: Wrap | None,
+    ) -> None:
+        self.topology = topology
+        self.placement = placement
         self.catalog = catalog
         self.memory = memory
         self.codecs = tuple(codecs)
         self.subprograms = dict(subprograms)
-        self.output = plan.output
-        devices = plan.placement
-        # The hot path's steps: (id, forward, inputs, device, where) — built once.
-        self.fast: list[tuple[str, Forward, tuple[str, ...], str | None, str]] = []
+        self.output = topology.sinks
+        devices = placement.devices
         self.wrap = wrap
-        for s in plan.steps:
-            sub = self.subprograms.get(s.node)
-            forward = (
-                sub.as_forward() if sub is not None else self._forward(s.node, catalog[s.node])
-            )
-            self.fast.append((s.node, forward, s.inputs, devices.device(s.node), _where(s.node)))
-        # The keyed path's: (id, inputs), and the forwards above by id.
-        self.steps = [(s.node, s.inputs) for s in plan.steps]
-        self._forwards = {node: forward for node, forward, *_ in self.fast}
+        impls = catalog._impls if type(catalog) is Catalog else dict(catalog)
+        subs = self.subprograms
+        # The hot path's steps, built once: (id, forward, one, many, device, where). A run keeps
+        # values in a list, the graph input at 0 and step i's output at i + 1: a step reads
+        # slot ``one``, or, with several inputs, the slots ``many`` (a tuple; else None).
+        self.fast: list[tuple[str, Forward, int, tuple[int, ...] | None, str | None, str]] = []
+        fast = self.fast.append
+        slot: dict[str, int] = {}
+        for node, inputs in steps:
+            sub = subs.get(node) if subs else None
+            if sub is not None:
+                forward = sub.as_forward()
+            else:
+                impl = impls[node]
+                forward = impl.forward if wrap is None else wrap(node, impl, impl.forward)
+            if len(inputs) > 1:
+                one, many = 0, tuple([slot[i] for i in inputs])
+            else:
+                one, many = (slot[inputs[0]] if inputs else 0), None
+            fast((node, forward, one, many, devices.get(node), _where(node)))
+            slot[node] = len(slot) + 1
+        self._out = tuple([slot[o] for o in self.output])
         self.keyed: bool = bool(memory.cached or memory.named) or any(
             p.keyed for p in self.subprograms.values()
         )
         self._needs_key = self._keyed_ancestry()
         #: whether a run needs the content key of the graph input (a root needs a key)
-        self.input_keyed = any(n in self._needs_key for n in plan.topology.roots) or any(
-            p.keyed for p in self.subprograms.values()
+        self.input_keyed = bool(self._needs_key) and (
+            any(n in self._needs_key for n in topology.roots)
+            or any(p.keyed for p in self.subprograms.values())
         )
         for node in memory.per_example:
             impl = catalog[node]
@@ -102,6 +169,22 @@ class Program:
                     f"each row is computed alone, or cache it per batch (g.cache({node!r}))"
                 )
 
+    @cached_property
+    def steps(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The keyed path's steps: (id, inputs), in plan order."""
+        names = ["", *(step[0] for step in self.fast)]  # slot -> node id
+        return [
+            (node, (names[one],) if one else ())
+            if many is None
+            else (node, tuple(names[i] for i in many))
+            for node, _, one, many, *_ in self.fast
+        ]
+
+    @cached_property
+    def _forwards(self) -> dict[str, Forward]:
+        """The hot path's forwards, by node id."""
+        return {node: forward for node, forward, *_ in self.fast}
+
     def _forward(self, node: str, impl: Any) -> Forward:
         forward: Forward = impl.forward
         return self.wrap(node, impl, forward) if self.wrap is not None else forward
@@ -110,7 +193,9 @@ class Program:
         """Nodes whose key is needed: remembered nodes and everything upstream of them."""
         need: set[str] = set()
         memory = self.memory
-        todo = [n for n in self.plan.topology.nodes if memory.remembers(n)]
+        remembered = (*memory.cached, *memory.named)
+        nodes = set(self.topology.nodes) if remembered else ()
+        todo = [n for n in remembered if n in nodes]
         todo += [n for n, p in self.subprograms.items() if p.keyed]
         while todo:
             n = todo.pop()
@@ -118,7 +203,7 @@ class Program:
                 need.add(n)
                 # a node cached per example keys its rows by content, not by its inputs' keys
                 if n not in memory.per_example or n in memory.named:
-                    todo.extend(self.plan.topology.predecessors(n))
+                    todo.extend(self.topology.predecessors(n))
         return frozenset(need)
 
     def as_forward(self) -> Callable[[Any, Ctx], Done]:
@@ -134,36 +219,34 @@ class Program:
 
     def run_fast(self, x: Any, run: Run) -> tuple[Any, dict[str, Any]]:
         """Run every node in order; returns the (unwrapped) output and node metrics."""
-        values: dict[str, Any] = {}
+        values = [x]  # by slot: the input, then each step's output in order
+        put = values.append
         metrics: dict[str, Any] = {}
         codecs = self.codecs
         ctx = _new_ctx  # Ctx(...) without NamedTuple's Python-level __new__ (half the cost)
-        for node, forward, inputs, device, where in self.fast:
-            if not inputs:
-                inp = x
-            elif len(inputs) == 1:
-                inp = values[inputs[0]]
-            else:
-                inp = tuple([values[i] for i in inputs])
+        for node, forward, one, many, device, where in self.fast:
             try:  # (free in Python >= 3.11 while nothing raises)
-                done = forward(inp, ctx(Ctx, (node, device, run)))
+                done = forward(
+                    values[one] if many is None else tuple([values[i] for i in many]),
+                    ctx(Ctx, (node, device, run)),
+                )
             except Exception as e:
                 name_node(e, node, self.catalog[node])
                 raise
             if type(done) is not Done:
                 raise not_done(node, self.catalog[node], done)
-            value = done[0]
+            value, reported = done
             if type(value) is Opaque:
-                value = value.value
+                put(value.value)
             else:
                 check(value, codecs, where)
-            values[node] = value
-            if done[1]:
+                put(value)
+            if reported:
                 if node in self.subprograms:  # by inner node: named as on the keyed path
-                    metrics.update({f"{node}/{k}": v for k, v in done[1].items()})
+                    metrics.update({f"{node}/{k}": v for k, v in reported.items()})
                 else:
-                    metrics[node] = done[1]
-        out = self.output
+                    metrics[node] = reported
+        out = self._out
         if len(out) == 1:
             return values[out[0]], metrics
         return tuple([values[o] for o in out]), metrics
@@ -196,7 +279,7 @@ class Program:
             keyless_from: for a subgraph whose input has no key, where that began.
             explained: collects each remembered node's lookup (``Graph.explain``).
         """
-        needs_key = frozenset(self.plan.topology.nodes) if need_key else self._needs_key
+        needs_key = frozenset(self.topology.nodes) if need_key else self._needs_key
 
         def key(node: str, impl: Any, in_keys: Sequence[str | None]) -> str | None:
             return recipe_key(keys, impl, prefix + node, in_keys) if node in needs_key else None
@@ -209,7 +292,7 @@ class Program:
             parts=lambda node: keys.parts(keyed_impl(self.catalog[node])),
             memory=self.memory,
             codecs=self.codecs,
-            devices=self.plan.placement.devices,
+            devices=self.placement.devices,
             keeper=keeper,
             node_keys=keys,
             watchers=watchers,

@@ -183,7 +183,7 @@ class Graph(Composable):
         stamps = tuple(sub._stamp() for sub in subgraphs.values())
         if self._topology is None or stamps != self._topology_from:
             subs = {n: sub.topology for n, sub in subgraphs.items()}
-            self._topology = Topology(tuple(self._impls), tuple(self._shape.edges), subs)
+            self._topology = self._shape.topology(subs)  # (checked as nodes and edges came)
             self._topology_from = stamps
         return self._topology
 
@@ -272,8 +272,16 @@ class Graph(Composable):
         if self._program is None or stamp != self._built_from:
             subs = {n: sub.program() for n, sub in self._subgraphs().items()}
             self._built_from = stamp
-            self._program = Program(
-                self.plan(), self.catalog, self.memory, self.codecs, subs, self.wrap
+            placements = {n: sub.placement for n, sub in self._subgraphs().items()}
+            self._program = Program.compiled(
+                self.topology,
+                self.placement,
+                placements,
+                self.catalog,
+                self.memory,
+                self.codecs,
+                subs,
+                self.wrap,
             )
         return self._program
 

@@ -82,23 +82,28 @@ def compile(
     topology.require_nonempty()
     placement = placement or Placement()
     placements = placements or {}
+    subgraphs = topology.subgraphs
+    preds = topology._preds
+    hosts = placement.hosts
     steps: list[Step] = []
     stages: list[tuple[int, ...]] = []
     for level in topology.levels:
-        stage = []
-        for node in level:
-            sub = topology.subgraphs.get(node)
-            stage.append(len(steps))
-            steps.append(
-                Step(
-                    node,
-                    topology.predecessors(node),
-                    placement.host(node),
-                    compile(sub, placements.get(node)) if sub is not None else None,
-                )
+        first = len(steps)
+        for node in level:  # (one Step per node: its fields set as the dataclass's __init__ does)
+            sub = subgraphs.get(node) if subgraphs else None
+            step = _new(Step)
+            step.__dict__.update(
+                node=node,
+                inputs=preds.get(node, ()),
+                host=hosts.get(node, LOCAL),
+                plan=compile(sub, placements.get(node)) if sub is not None else None,
             )
-        stages.append(tuple(stage))
+            steps.append(step)
+        stages.append(tuple(range(first, len(steps))))
     return Plan(topology, tuple(steps), tuple(stages), topology.sinks, placement)
+
+
+_new = object.__new__
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ class Topology:
         """Nodes with no predecessors: they receive the graph's input."""
         return tuple(n for n in self.nodes if n not in self._preds)
 
-    @property
+    @cached_property
     def sinks(self) -> tuple[str, ...]:
         """Nodes with no successors: their values are the graph's output."""
         return tuple(n for n in self.nodes if n not in self._succs)
@@ -212,7 +212,7 @@ class Builder:
     Nothing here sorts the whole graph; ``Topology`` does that once, when it is built.
     """
 
-    __slots__ = ("_ord", "_pairs", "_preds", "_succs", "edges")
+    __slots__ = ("_moved", "_ord", "_pairs", "_preds", "_succs", "edges")
 
     def __init__(self) -> None:
         self._ord: dict[str, int] = {}  # node -> its position in a topological order
@@ -220,6 +220,36 @@ class Builder:
         self._preds: dict[str, list[str]] = {}
         self._pairs: set[tuple[str, str]] = set()
         self.edges: list[tuple[str, str]] = []
+        self._moved = False  # whether the order ever differed from the order nodes came in
+
+    def topology(self, subgraphs: Mapping[str, Topology] | None = None) -> Topology:
+        """The ``Topology`` of what was added (nodes in the order they came), without checking
+        again what ``add_node`` and ``add_edge`` checked: one pass over the order kept."""
+        nodes = tuple(self._ord)
+        preds = {k: tuple(v) for k, v in self._preds.items()}
+        order = sorted(nodes, key=self._ord.__getitem__) if self._moved else nodes
+        depth: dict[str, int] = {}
+        for n in order:  # a node's predecessors come before it in the order
+            ps = preds.get(n)
+            if ps is None:
+                depth[n] = 0
+            elif len(ps) == 1:
+                depth[n] = depth[ps[0]] + 1
+            else:
+                depth[n] = max([depth[p] for p in ps]) + 1
+        groups: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+        for n in nodes:
+            groups[depth[n]].append(n)
+        t: Topology = object.__new__(Topology)  # (a frozen dataclass, built as its __init__ does)
+        t.__dict__.update(
+            nodes=nodes,
+            edges=tuple(self.edges),
+            subgraphs=dict(subgraphs or {}),
+            _preds=preds,  # (successors are made from the edges if asked for)
+            sinks=tuple([n for n in nodes if n not in self._succs]),
+            levels=tuple(map(tuple, groups)),
+        )
+        return t
 
     def add_node(self, node: str) -> None:
         """Add a node (the caller has checked its id is new)."""
@@ -268,6 +298,7 @@ class Builder:
                     behind.add(p)
                     todo.append(p)
         moved = sorted(behind, key=order.__getitem__) + sorted(ahead, key=order.__getitem__)
+        self._moved = True
         slots = sorted(order[n] for n in moved)
         for n, slot in zip(moved, slots):
             order[n] = slot

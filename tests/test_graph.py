@@ -28,6 +28,7 @@ from somatize import (
     ValueConversionError,
     decode,
 )
+from somatize.topology import Builder
 from somatize.watchers import CacheHit, CacheMiss
 
 CALLS: collections.Counter[str] = collections.Counter()  # kept outside nodes: not their state
@@ -113,10 +114,13 @@ def test_building_a_long_chain_never_sorts_the_topology_until_it_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each edge is checked incrementally: 1,000 edges, built forwards, backwards and by the
-    DSL, make no Topology and sort nothing; running compiles (and sorts) once."""
+    DSL, make no Topology and sort nothing; running makes one from the kept order, once,
+    without checking again (no ``Topology.__post_init__``)."""
     built: list[int] = []
-    real = Topology.__post_init__
-    monkeypatch.setattr(Topology, "__post_init__", lambda t: (built.append(1), real(t))[1])
+    checked: list[int] = []
+    real, real_check = Builder.topology, Topology.__post_init__
+    monkeypatch.setattr(Builder, "topology", lambda b, s=None: (built.append(1), real(b, s))[1])
+    monkeypatch.setattr(Topology, "__post_init__", lambda t: (checked.append(1), real_check(t))[1])
     n = 1_000
     forwards = Graph()
     for i in range(n):
@@ -134,7 +138,7 @@ def test_building_a_long_chain_never_sorts_the_topology_until_it_runs(
     dsl = Graph.somatize(expr)
     assert built == []
     assert forwards.forward(0) == n and backwards.forward(0) == n and dsl.forward(0) == n
-    assert len(built) == 3  # one Topology (one sort) per graph
+    assert len(built) == 3 and checked == []  # one Topology (one pass) per graph
     with pytest.raises(CycleError, match=r"cycle: n0 -> n999 -> n998 .* -> n1 -> n0"):
         backwards.edge("n0", "n999")
     assert len(dsl.nodes()) == n and dsl.nodes()[-1] == f"add_{n}"

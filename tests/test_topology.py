@@ -149,3 +149,27 @@ def test_the_incremental_builder_accepts_exactly_what_topology_accepts(
         # the kept order is a topological order of what was kept
         position = b._ord
         assert all(position[x] < position[y] for x, y in kept)
+
+
+@settings(max_examples=200)
+@given(dags(), st.randoms())
+def test_the_builders_topology_equals_the_checked_one(t: Topology, rnd: random.Random) -> None:
+    """``Builder.topology()`` (what a Graph compiles, unchecked) has the same nodes, edges,
+    levels, order, inputs, roots, sinks and digest as ``Topology(...)``, built from scratch
+    and checked — edges added in any order, so the kept order moves (``_moved``) or not."""
+    b = Builder()
+    for node in t.nodes:
+        b.add_node(node)
+    for a, z in t.edges:
+        b.add_edge(a, z)
+    sub = Topology(("x",))
+    subs = {t.nodes[0]: sub} if rnd.random() < 0.5 else {}
+    checked = Topology(t.nodes, t.edges, subs)
+    fast = b.topology(subs)
+    assert fast == checked and fast.digest == checked.digest
+    assert fast.levels == checked.levels and fast.order == checked.order
+    assert fast.roots == checked.roots and fast.sinks == checked.sinks
+    for n in t.nodes:
+        assert fast.predecessors(n) == checked.predecessors(n)
+        assert fast.successors(n) == checked.successors(n)
+    assert dict(fast.subgraphs) == subs and fast.subgraphs is not subs

@@ -26,6 +26,7 @@ from ..errors import StateError
 from ..graph import Graph
 from ..node import Ctx, Done, Mapped, Node, Run
 from ..values import Opaque
+from .blank import blank
 from .codecs import NdarrayCodec, TensorCodec
 
 __all__ = ["GraphModule", "module", "parameters"]
@@ -44,43 +45,9 @@ class _Holdings(nn.Module):
     (a ``Mapped`` node's inner node, a helper node) registers its own holdings nested.
     """
 
-    def __init__(self, impl: Any, where: str, seen: frozenset[int] = frozenset()) -> None:
-        super().__init__()
-        object.__setattr__(self, "_impl", impl)
-        seen = seen | {id(impl)}
-        self._params: list[str]  # direct attributes, written back after .to()
-        self._tensors: list[str]
-        object.__setattr__(self, "_params", [])  # (plain lists: nn.Module's checks not needed)
-        object.__setattr__(self, "_tensors", [])
-        reserved = _reserved(top=False)
-        modules = self._modules
-        for name, value in vars(impl).items():
-            if type(value) in _PLAIN or name.startswith("_somatize"):
-                continue  # (most attributes: numbers, strings, flags)
-            if name in reserved and (
-                isinstance(value, torch.Tensor) or _held(value, where, seen) is not None
-            ):
-                raise StateError(
-                    f"node {where!r} holds modules or tensors in its attribute {name!r}, which "
-                    "every nn.Module already has; rename the attribute"
-                )
-            if isinstance(value, torch.Tensor):
-                if isinstance(value, nn.Parameter):
-                    self.register_parameter(name, value)
-                    self._params.append(name)
-                else:
-                    self.register_buffer(name, value)
-                    self._tensors.append(name)
-            else:
-                held = (
-                    value if isinstance(value, nn.Module) else _held(value, f"{where}.{name}", seen)
-                )
-                if held is None:
-                    continue
-                if name and "." not in name and name not in _HOLDINGS_OWN:
-                    modules[name] = held  # what add_module checks, checked above
-                else:
-                    self.add_module(name, held)  # raises its own error
+    _impl: Any
+    _params: tuple[str, ...]  # direct attributes, written back after .to()
+    _tensors: tuple[str, ...]
 
     def _get_name(self) -> str:  # printed as the node's class: Encode( (emb): Embedding(...) )
         return type(self._impl).__qualname__
@@ -96,6 +63,47 @@ class _Holdings(nn.Module):
         return self
 
 
+def _holdings(impl: Any, where: str, seen: frozenset[int]) -> _Holdings | None:
+    """The ``_Holdings`` of the node ``impl`` (at ``where``, for error messages), or None
+    when it holds no module and no tensor."""
+    held: _Holdings | None = None
+    inside = seen
+    for name, value in vars(impl).items():
+        if type(value) in _PLAIN or name.startswith("_somatize"):
+            continue  # (most attributes: numbers, strings, flags)
+        inner: nn.Module | torch.Tensor | None
+        if isinstance(value, (nn.Module, torch.Tensor)):
+            inner = value
+        else:
+            if inside is seen:
+                inside = seen | {id(impl)}
+            inner = _held(value, f"{where}.{name}", inside)
+            if inner is None:
+                continue
+        if name in _MODULE_NAMES:
+            raise StateError(
+                f"node {where!r} holds modules or tensors in its attribute {name!r}, which "
+                "every nn.Module already has; rename the attribute"
+            )
+        if held is None:  # nn.Module.__init__'s attributes at a dict's cost (see blank.py)
+            held = blank(_Holdings)
+            attrs = held.__dict__  # (plain attributes: nn.Module's __setattr__ not needed)
+            attrs["_impl"] = impl
+            attrs["_params"] = attrs["_tensors"] = ()
+        if isinstance(inner, nn.Module):
+            if name and "." not in name and name not in _HOLDINGS_OWN:
+                held._modules[name] = inner  # what add_module checks, checked above
+            else:
+                held.add_module(name, inner)  # raises its own error
+        elif isinstance(inner, nn.Parameter):
+            held.register_parameter(name, inner)
+            attrs["_params"] += (name,)
+        else:
+            held.register_buffer(name, inner)
+            attrs["_tensors"] += (name,)
+    return held
+
+
 def _held(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Module | None:
     """The module registering what ``value`` holds, or None when it holds no module."""
     if isinstance(value, nn.Module):
@@ -105,8 +113,7 @@ def _held(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Modu
     if isinstance(value, Node):
         if id(value) in seen:  # nodes holding each other: the first visit registers them
             return None
-        held = _Holdings(value, where, seen)
-        return held if _holds_any(held) else None
+        return _holdings(value, where, seen)
     if type(value) not in (list, tuple, dict):
         return None
     items = value.items() if isinstance(value, dict) else enumerate(value)
@@ -137,6 +144,7 @@ _marked_any = False  # whether any parameter was ever marked frozen (in this pro
 _PLAIN = frozenset({int, float, str, bool, type(None), bytes})
 _HOLDINGS_OWN = frozenset({"_impl", "_params", "_tensors"})  # _Holdings' own attributes
 _RESERVED: dict[bool, frozenset[str]] = {}
+_MODULE_NAMES = frozenset(dir(nn.Module()))  # attributes every module has
 # GraphModule's plain attributes. They live in the instance dict, beside children of the
 # same name (a subgraph written into ``>>`` gets the id "graph"), reached by named_children.
 _OWN = frozenset({"graph", "step", "metrics"})
@@ -146,7 +154,7 @@ def _reserved(top: bool) -> frozenset[str]:
     """Names a node id holding modules may not take: attributes every module has (and,
     at the top, those of ``GraphModule``)."""
     if top not in _RESERVED:
-        names = frozenset(dir(nn.Module()))
+        names = _MODULE_NAMES
         _RESERVED[top] = names | (set(dir(GraphModule)) - _OWN) if top else names
     return _RESERVED[top]
 
@@ -157,10 +165,15 @@ class _Nodes(nn.Module):
     def __init__(self, g: Graph, prefix: str = "") -> None:
         super().__init__()
         reserved = _reserved(top=not prefix)
-        for node_id in g.nodes():
-            impl = g[node_id]
+        modules = self._modules
+        for node_id, impl in g._impls.items():
             label = prefix + node_id
-            held = _Nodes(impl, label + ".") if isinstance(impl, Graph) else _held(impl, label)
+            if isinstance(impl, Graph):
+                held: nn.Module | None = _Nodes(impl, label + ".")
+            elif isinstance(impl, Node) and not isinstance(impl, Mapped):  # (most nodes)
+                held = _holdings(impl, label, frozenset())
+            else:
+                held = _held(impl, label)
             if held is None or not _holds_any(held):
                 continue
             if "." in node_id or node_id in reserved:
@@ -173,7 +186,7 @@ class _Nodes(nn.Module):
                     f"node {label!r} holds modules, which are registered under its id, but {why}; "
                     "give the node another id (g.node('other_id', ...) or node.with_id('other_id'))"
                 )
-            self._modules[node_id] = held  # (add_module refuses the ids of _OWN at the top)
+            modules[node_id] = held  # (add_module refuses the ids of _OWN at the top)
 
     def _get_name(self) -> str:
         return "Graph"
@@ -213,10 +226,8 @@ def equip(g: Graph) -> Graph:
         # A deep copy of an equipped graph: its runtime (and the program built with it)
         # still call the original's nodes. Remaking the runtime rebuilds the program.
         g.use(wrap=_frozen_wrap(g))
-    for node_id in g.nodes():
-        sub = g[node_id]
-        if isinstance(sub, Graph):
-            equip(sub)
+    for sub in g._subgraphs().values():
+        equip(sub)
     return g
 
 

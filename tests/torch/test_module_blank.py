@@ -1,0 +1,164 @@
+"""``blank(cls)``: an ``nn.Module`` without ``nn.Module.__init__``, equal to one made normally;
+and ``module(g)`` making its per-node modules that way."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import pickle
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.torch import blank as blank_module
+from somatize.torch.blank import blank
+
+module_py = importlib.import_module("somatize.torch.module")
+
+
+class Plain(nn.Module):
+    """A subclass adding nothing in ``__init__``, as ``_Holdings`` does."""
+
+
+def same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, nn.Module):
+        return True  # (children: compared through their own attributes where it matters)
+    return bool(a == b)
+
+
+def assert_same_attributes(made: nn.Module, normal: nn.Module) -> None:
+    """Attribute for attribute: the same names in the same order, types and values, and
+    every container a fresh one (shared with neither the other module nor the template)."""
+    a, b = vars(made), vars(normal)
+    assert list(a) == list(b)
+    for name, value in a.items():
+        other = b[name]
+        assert same(value, other), name
+        if isinstance(value, (dict, set, list)):
+            assert value is not other, name
+
+
+def test_a_blank_module_equals_one_constructed_normally() -> None:
+    made, normal = blank(Plain), Plain()
+    assert type(made) is Plain
+    assert_same_attributes(made, normal)
+    assert_same_attributes(blank(nn.Module), nn.Module())
+    assert blank_module._made is not None  # this torch's nn.Module is one blank can copy
+
+
+def test_blank_modules_share_no_container() -> None:
+    """A hook, a buffer or a child given to one blank module reaches no other."""
+    a, b = blank(Plain), blank(Plain)
+    for name, value in vars(a).items():
+        if isinstance(value, (dict, set)):
+            assert value is not vars(b)[name], name
+    a.register_forward_hook(lambda *args: None)
+    a.register_forward_pre_hook(lambda *args: None, prepend=True)  # (OrderedDict.move_to_end)
+    a.register_state_dict_pre_hook(lambda *args: None)
+    a.register_buffer("kept", torch.ones(1), persistent=False)
+    a.add_module("child", nn.Linear(1, 1))
+    assert len(a._forward_hooks) == len(a._forward_pre_hooks) == 1
+    assert not (b._forward_hooks or b._forward_pre_hooks or b._state_dict_pre_hooks)
+    assert not (b._buffers or b._modules or b._non_persistent_buffers_set)
+    assert_same_attributes(b, Plain())
+
+
+def test_a_blank_module_works_as_a_module() -> None:
+    """Registration, modes, state_dict, .to(), copies and pickles behave as for ``Plain()``."""
+    made, normal = blank(Plain), Plain()
+    for m in (made, normal):
+        m.add_module("lin", nn.Linear(2, 2))
+        m.register_buffer("scale", torch.ones(2))
+    normal.load_state_dict(made.state_dict())
+    assert (
+        list(made.state_dict()) == list(normal.state_dict()) == ["scale", "lin.weight", "lin.bias"]
+    )
+    made.eval()
+    assert not made.training and not made.lin.training
+    made.to(torch.float64)
+    assert made.lin.weight.dtype == torch.float64 and made.scale.dtype == torch.float64
+    for twin in (copy.deepcopy(made), pickle.loads(pickle.dumps(made))):
+        assert_same_attributes(twin, made)
+        assert torch.equal(twin.lin.weight, made.lin.weight)
+    calls: list[str] = []
+    made.lin.register_forward_hook(lambda *args: calls.append("hook"))
+    made.lin(torch.ones(1, 2, dtype=torch.float64))
+    assert calls == ["hook"]
+
+
+def test_blank_falls_back_to_the_constructor_for_an_attribute_it_cannot_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_init = nn.Module.__init__
+
+    def init(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        object.__setattr__(self, "_unknown", [])  # a container blank does not know how to copy
+
+    monkeypatch.setattr(nn.Module, "__init__", init)
+    assert blank_module._recipe() is None
+    monkeypatch.setattr(blank_module, "_made", None)
+    made = blank(Plain)
+    assert made._unknown == [] and made._unknown is not Plain()._unknown
+
+
+class Lin(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(3, 3)
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, x: Any, ctx: Any) -> Done:
+        return Done(Opaque(self.lin(x) * self.scale))
+
+
+class Free(Node):  # holds nothing: no module of its own
+    def forward(self, x: Any, ctx: Any) -> Done:
+        return Done(Opaque(x))
+
+
+def test_module_of_a_graph_runs_no_module_constructor_per_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over 50 nodes, ``module(g)`` constructs two modules (``GraphModule`` and the node
+    table): each node's module is made by ``blank``, equal to a normally constructed one."""
+    g = Graph.somatize(Lin() >> Free() >> Lin() >> Lin() >> Lin() >> Free())
+    chain: Any = Lin()
+    for _ in range(49):
+        chain = chain >> Lin()
+    big = Graph.somatize(chain)
+    inits: list[str] = []
+    real_init = nn.Module.__init__
+
+    def counting(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+        inits.append(type(self).__name__)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "__init__", counting)
+    m = st.module(big)
+    assert sorted(inits) == ["GraphModule", "_Nodes"]
+    assert len(m._modules) == 50
+    for held in m._modules.values():
+        normal = module_py._Holdings()
+        for name in ("_impl", "_params", "_tensors"):
+            object.__setattr__(normal, name, getattr(held, name))
+        normal._parameters.update(held._parameters)
+        normal._modules.update(held._modules)
+        assert_same_attributes(held, normal)
+    small = st.module(g)
+    assert sorted(small._modules) == ["lin", "lin_2", "lin_3", "lin_4"]  # nothing for Free
+    assert list(small.state_dict())[:3] == ["lin.scale", "lin.lin.weight", "lin.lin.bias"]
+    assert small.lin._params == ("scale",) and small.lin._tensors == ()
+    small.to(torch.float64)  # the node's own parameter follows the module
+    assert g["lin"].scale.dtype == torch.float64 and g["lin"].scale is small.lin.scale
+    assert isinstance(small.lin._forward_hooks, OrderedDict)
