@@ -79,12 +79,18 @@ def test_fedavg_keeps_each_dtype_and_accumulates_in_float64():
     assert st.fedavg(big, weights=[1, 1])["w"].item() == (2.0**24 + 1) / 2
 
 
-def test_fedavg_slice_by_slice_is_within_half_an_ulp_of_a_float64_reference(monkeypatch):
-    # fedavg sums a cache-sized slice at a time; a tiny slice puts many boundaries (and a
-    # short last slice) inside every tensor, of every dtype, non-contiguous ones included
+@pytest.mark.parametrize("chunk, small", [(7, 0), (40, 1 << 14)])
+def test_fedavg_slice_by_slice_is_within_half_an_ulp_of_a_float64_reference(
+    monkeypatch, chunk, small
+):
+    # fedavg sums large tensors a cache-sized slice at a time, and stacks small ones a group
+    # of clients at a time: tiny sizes put many slice boundaries (and a short last slice)
+    # inside every tensor, or several groups (and a short last one) in every key — of every
+    # dtype, non-contiguous tensors included
     from somatize.torch.federated import aggregation
 
-    monkeypatch.setattr(aggregation, "_CHUNK", 7)
+    monkeypatch.setattr(aggregation, "_CHUNK", chunk)
+    monkeypatch.setattr(aggregation, "_SMALL", small)
     g = torch.Generator().manual_seed(3)
     states = [
         {
