@@ -140,17 +140,18 @@ class PeakRSS:
 
 
 def timed_client(global_state: dict[str, torch.Tensor], task: tuple[Any, ...]) -> Any:
-    """``train_client`` and the CPU seconds it took in whichever process ran it."""
+    """``train_client``, the CPU seconds it took and the process that ran it."""
     start = time.process_time()
     result = train_client(global_state, task)
-    return result, time.process_time() - start
+    return result, time.process_time() - start, os.getpid()
 
 
 def rounds_rows(sizes: list[int], trials: int) -> tuple[list[Row], dict[int, float]]:
     """Wall time of each round (interleaved trials), and its CPU time: serial's is the
     parent's process time; the pool's critical path is the parent's process time plus
-    the busiest batch's (``map_clients`` deals tasks round-robin to the 2 batches), which
-    is what the wall time would be on an idle machine."""
+    the busiest worker's CPU time over the clients it ran (``map_clients`` hands batches
+    to whichever worker is free), which is what the wall time would be on an idle
+    machine."""
     import somatize.torch as st
     from somatize.torch import federated as fl
 
@@ -158,16 +159,19 @@ def rounds_rows(sizes: list[int], trials: int) -> tuple[list[Row], dict[int, flo
     tasks = {n: tasks_for(n) for n in sizes}
     cpu: dict[str, list[float]] = {}
 
-    def record(name: str, parent: float, out: list[Any], batches: int) -> Any:
-        per_batch = [sum(dt for _, dt in out[b::batches]) for b in range(batches)]
-        cpu.setdefault(name, []).append(parent + (max(per_batch) if batches > 1 else 0.0))
-        return st.fedavg([r for r, _ in out])
+    def record(name: str, parent: float, out: list[Any]) -> Any:
+        per_worker: dict[int, float] = {}
+        for _, dt, pid in out:
+            if pid != os.getpid():  # run here, the clients' time is in the parent's already
+                per_worker[pid] = per_worker.get(pid, 0.0) + dt
+        cpu.setdefault(name, []).append(parent + max(per_worker.values(), default=0.0))
+        return st.fedavg([r for r, *_ in out])
 
     def serial(n: int) -> Any:
         def go() -> Any:
             start = time.process_time()
             out = fl.map_clients(None, timed_client, tasks[n], shared=state)
-            return record(f"serial {n}", time.process_time() - start, out, 1)
+            return record(f"serial {n}", time.process_time() - start, out)
 
         return go
 
@@ -175,7 +179,7 @@ def rounds_rows(sizes: list[int], trials: int) -> tuple[list[Row], dict[int, flo
         def go() -> Any:
             start = time.process_time()
             out = fl.map_clients(pool, timed_client, tasks[n], shared=state)
-            return record(f"pool {n}", time.process_time() - start, out, 2)
+            return record(f"pool {n}", time.process_time() - start, out)
 
         return go
 
