@@ -389,10 +389,54 @@ def partition_rows(per_round: dict[int, float]) -> list[Row]:
     ]
 
 
+def ceiling_rows(quick: bool) -> list[Row]:
+    """What two cores can give this work at most: the CPU time of the same clients run
+    alone, and beside a busy process on the other core (a pure-Python loop, no memory
+    traffic to speak of). Where the second core slows the first (shared physical cores
+    under a VM, a lower clock with both busy), two workers cannot reach 2x, whatever the
+    pool does: the ceiling is 2 x alone / beside."""
+    state, tasks = _state(), tasks_for(1000)[: 100 if quick else 250]
+
+    def clients() -> float:
+        start = time.process_time()
+        for t in tasks:
+            train_client(state, t)
+        return time.process_time() - start
+
+    clients()
+    alone, beside = [], []
+    for _ in range(1 if quick else 3):  # interleaved
+        alone.append(clients())
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            time.sleep(0.2)  # running on the other core
+            beside.append(clients())
+        finally:
+            busy.kill()
+            busy.wait()
+    a, b = statistics.median(alone), statistics.median(beside)
+    return [
+        Row(
+            "federated",
+            f"ceiling: {len(tasks)} clients' CPU time beside a busy process on the other core",
+            b,
+            "s",
+            baseline="the same clients alone",
+            baseline_value=a,
+            ratio=b / a,
+            note=(
+                f"two workers can be at most {2 * a / b:.2f}× faster than one on this machine "
+                "(2 × alone / beside), before any pickling or imbalance"
+            ),
+        )
+    ]
+
+
 def run(quick: bool) -> list[Row]:
     torch.set_num_threads(1)
     sizes = [10, 100] if quick else [10, 100, 1000]
     rows, per_round = rounds_rows(sizes, trials=1 if quick else 2)
+    rows += ceiling_rows(quick)
     if quick:  # Ray's start-up alone takes longer than the whole quick run
         rows.append(Row("federated", "Flower simulation: skipped with --quick", float("nan"), "s"))
     else:
