@@ -217,6 +217,7 @@ def rounds_rows(sizes: list[int], trials: int) -> tuple[list[Row], dict[int, flo
                 target=target,
                 met=(s.median / p.median >= 1.6) if target else None,
                 spread=f"{p.min:.3f} – {p.max:.3f} s",
+                cpu_ratio=cs / cp,
                 note=(
                     f"wall-time speed-up; CPU critical path {cp:.3f} s against serial's "
                     f"{cs:.3f} s ({cs / cp:.2f}×); load average {load:.1f} on {os.cpu_count()} cores"

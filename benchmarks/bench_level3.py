@@ -205,9 +205,10 @@ def campaign(quick: bool) -> list[Row]:
     ):  # fmt: skip
         speedup = med["serial"] / med[kind]
         target = kind == "default"
-        path = ""
+        path, cpu_speedup = "", None
         if target:
             cp = sorted(paths[None])[len(paths[None]) // 2]
+            cpu_speedup = med["serial cpu"] / cp
             path = (
                 f"; CPU critical path {cp:.2f} s against serial's {med['serial cpu']:.2f} s "
                 f"({med['serial cpu'] / cp:.2f}×: this process's CPU time plus the busiest "
@@ -225,6 +226,7 @@ def campaign(quick: bool) -> list[Row]:
                 target="≥ 1.5× speed-up" if target else "",
                 met=speedup >= 1.5 if target else None,
                 spread=f"{min(samples[kind]):.2f} – {max(samples[kind]):.2f} s",
+                cpu_ratio=cpu_speedup,
                 note=(
                     f"ratio = speed-up; {what}{path}; serial wall/CPU = {loaded:.2f} "
                     "(1.00 on an idle machine; above, the two workers share the cores)"
