@@ -219,10 +219,11 @@ def executor(
     """A process pool configured correctly for torch work.
 
     * workers start by ``fork`` where that is safe (Linux, one thread per worker, CUDA
-      not initialized here, no Python thread but this one), else by ``forkserver``; ``PRELOAD`` (torch,
-      somatize, what a first optimizer step imports) is imported first — here before
-      forking, or once in the forkserver — so workers start fast and a worker's first
-      run is as fast as its later ones. ``start_method=`` says which, explicitly;
+      not initialized here, no Python thread but this one), else by ``forkserver``;
+      ``PRELOAD`` (torch, somatize, what a first optimizer step imports) is imported
+      first — here before forking, or once in the forkserver — so workers start fast
+      and a worker's first run is as fast as its later ones. ``start_method=`` says
+      which, explicitly (see docs/campaigns.md for why each is chosen);
     * ``torch.set_num_threads(threads_per_worker)`` in each worker — without it two
       workers on two cores thrash, and runs get many times slower;
     * a worker that dies (killed, out of memory) costs one re-run of the call it was

@@ -144,8 +144,8 @@ def map_clients(
 
     Args:
         pool: any ``concurrent.futures.Executor``, or None to run here.
-        fn: ``fn(shared, task) -> result``; it must not modify ``shared`` (the tasks of a
-            batch see the same object).
+        fn: ``fn(shared, task) -> result``; it must not modify ``shared`` (every task a
+            worker runs in this call sees the same object).
         tasks: one per client (its partition, its seed...).
         shared: what every client needs (the global state); pickled once per call.
         batches: how many batches (default: a few per worker of the pool, ``_PER_WORKER``,
