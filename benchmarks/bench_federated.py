@@ -2,7 +2,8 @@
 cost; partition and sampling cost.
 
 * A round: digits (scikit-learn's bundled copy) split IID over N clients, a 64-64-10
-  MLP, one local epoch of SGD (batch 10) per client, then ``fedavg``. Serial is
+  MLP, one local epoch of SGD (batch 10) per client, then ``fedavg``. The client seeds
+  torch's CPU generator directly (``make_graph``: why), as the Trainer does. Serial is
   ``fl.map_clients(None, ...)``; the pool is ``st.executor(workers=2)`` warmed up,
   through ``fl.map_clients`` (the global state once per worker), and for reference
   the plain ``pool.map`` with the state in every task.
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import Row, interleave, per_call
+from common import Row, cpu_ratio, interleave, per_call
 
 HERE = Path(__file__).resolve().parent
 
@@ -63,7 +64,11 @@ def make_graph() -> Any:
             h = self.lin(x)
             return Done(Opaque(torch.relu(h) if self.relu else h))
 
-    torch.manual_seed(0)
+    # Seeds the CPU generator only, as the Trainer does: torch.manual_seed also queues a
+    # lazy seed for each absent accelerator (CUDA, XPU, MTIA), formatting the whole Python
+    # stack for each — measured 15–20% of this client's time in series, and 30% in a pool
+    # worker, whose stack is deeper (the executor's frames under the client).
+    torch.default_generator.manual_seed(0)
     return Graph.somatize(Dense(64, 64, True) >> Dense(64, 10, False))
 
 
@@ -110,6 +115,14 @@ def _state() -> dict[str, torch.Tensor]:
     return st.state(make_graph())
 
 
+def _rss_kib(field: str, pid: int) -> int:
+    """A process's resident memory in KiB from ``/proc/PID/status`` (VmRSS now, VmHWM peak)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
 class PeakRSS:
     """The peak resident memory of this process and its descendants, sampled every 50 ms."""
 
@@ -140,17 +153,18 @@ class PeakRSS:
 
 
 def timed_client(global_state: dict[str, torch.Tensor], task: tuple[Any, ...]) -> Any:
-    """``train_client`` and the CPU seconds it took in whichever process ran it."""
+    """``train_client``, the CPU seconds it took and the process that ran it."""
     start = time.process_time()
     result = train_client(global_state, task)
-    return result, time.process_time() - start
+    return result, time.process_time() - start, os.getpid()
 
 
 def rounds_rows(sizes: list[int], trials: int) -> tuple[list[Row], dict[int, float]]:
     """Wall time of each round (interleaved trials), and its CPU time: serial's is the
     parent's process time; the pool's critical path is the parent's process time plus
-    the busiest batch's (``map_clients`` deals tasks round-robin to the 2 batches), which
-    is what the wall time would be on an idle machine."""
+    the busiest worker's CPU time over the clients it ran (``map_clients`` hands batches
+    to whichever worker is free), which is what the wall time would be on an idle
+    machine."""
     import somatize.torch as st
     from somatize.torch import federated as fl
 
@@ -158,16 +172,19 @@ def rounds_rows(sizes: list[int], trials: int) -> tuple[list[Row], dict[int, flo
     tasks = {n: tasks_for(n) for n in sizes}
     cpu: dict[str, list[float]] = {}
 
-    def record(name: str, parent: float, out: list[Any], batches: int) -> Any:
-        per_batch = [sum(dt for _, dt in out[b::batches]) for b in range(batches)]
-        cpu.setdefault(name, []).append(parent + (max(per_batch) if batches > 1 else 0.0))
-        return st.fedavg([r for r, _ in out])
+    def record(name: str, parent: float, out: list[Any]) -> Any:
+        per_worker: dict[int, float] = {}
+        for _, dt, pid in out:
+            if pid != os.getpid():  # run here, the clients' time is in the parent's already
+                per_worker[pid] = per_worker.get(pid, 0.0) + dt
+        cpu.setdefault(name, []).append(parent + max(per_worker.values(), default=0.0))
+        return st.fedavg([r for r, *_ in out])
 
     def serial(n: int) -> Any:
         def go() -> Any:
             start = time.process_time()
             out = fl.map_clients(None, timed_client, tasks[n], shared=state)
-            return record(f"serial {n}", time.process_time() - start, out, 1)
+            return record(f"serial {n}", time.process_time() - start, out)
 
         return go
 
@@ -175,25 +192,31 @@ def rounds_rows(sizes: list[int], trials: int) -> tuple[list[Row], dict[int, flo
         def go() -> Any:
             start = time.process_time()
             out = fl.map_clients(pool, timed_client, tasks[n], shared=state)
-            return record(f"pool {n}", time.process_time() - start, out, 2)
+            return record(f"pool {n}", time.process_time() - start, out)
 
         return go
 
     def naive(n: int) -> Any:
         return lambda: st.fedavg(list(pool.map(_naive, [(state, *t) for t in tasks[n]])))
 
-    with PeakRSS() as mem:
-        start = time.perf_counter()
-        pool = st.executor(workers=2)
-        list(pool.map(_warm, range(2)))  # both workers up and past their first run
-        startup = time.perf_counter() - start
-        cands: dict[str, Any] = {}
-        for n in sizes:
-            cands[f"serial {n}"] = per_call(serial(n), 1)
-            cands[f"pool {n}"] = per_call(pooled(n), 1)
-        cands[f"naive {sizes[-1]}"] = per_call(naive(sizes[-1]), 1)
-        t = interleave(cands, trials=trials, warmup=1)
-        pool.shutdown()
+    # No sampling thread here: it would take CPU from the workers on 2 cores (psutil
+    # scanning /proc every 50 ms) and, running when the pool starts, make st.executor
+    # pick forkserver over fork. Peak memory is read afterwards from the kernel instead.
+    start = time.perf_counter()
+    pool = st.executor(workers=2)
+    list(pool.map(_warm, range(2)))  # both workers up and past their first run
+    startup = time.perf_counter() - start
+    cands: dict[str, Any] = {}
+    for n in sizes:
+        cands[f"serial {n}"] = per_call(serial(n), 1)
+        cands[f"pool {n}"] = per_call(pooled(n), 1)
+    cands[f"naive {sizes[-1]}"] = per_call(naive(sizes[-1]), 1)
+    t = interleave(cands, trials=trials, warmup=1)
+    import psutil
+
+    workers = [p.pid for p in psutil.Process().children(recursive=True)]
+    peak = _rss_kib("VmRSS", os.getpid()) + sum(_rss_kib("VmHWM", pid) for pid in workers)
+    pool.shutdown()
     load = os.getloadavg()[0]
     rows, per_round = [], {}
     for n in sizes:
@@ -213,6 +236,7 @@ def rounds_rows(sizes: list[int], trials: int) -> tuple[list[Row], dict[int, flo
                 target=target,
                 met=(s.median / p.median >= 1.6) if target else None,
                 spread=f"{p.min:.3f} – {p.max:.3f} s",
+                cpu_ratio=cs / cp,
                 note=(
                     f"wall-time speed-up; CPU critical path {cp:.3f} s against serial's "
                     f"{cs:.3f} s ({cs / cp:.2f}×); load average {load:.1f} on {os.cpu_count()} cores"
@@ -231,8 +255,9 @@ def rounds_rows(sizes: list[int], trials: int) -> tuple[list[Row], dict[int, flo
             baseline_value=nv.median,
             ratio=nv.median / t[f"pool {n}"].median,
             note=(
-                f"ratio: speed-up; pool start-up and warm-up {startup:.1f} s, "
-                f"peak memory {mem.peak / 2**20:.0f} MiB (parent + 2 workers)"
+                f"ratio: speed-up; pool start-up ({pool.start_method}) and warm-up {startup:.1f} s, "
+                f"peak memory {peak / 2**10:.0f} MiB (the {len(workers)} workers' peak RSS and "
+                "the parent's RSS after the rounds)"
             ),
         )
     )
@@ -294,6 +319,20 @@ def flower_rows(sizes: list[int], per_round: dict[int, float]) -> list[Row]:
     return rows
 
 
+def conversion_pass(states: list[dict[str, torch.Tensor]]) -> None:
+    """Only the float32 -> float64 conversion fedavg needs: every client tensor converted, a
+    cache-sized slice at a time, into one float64 buffer — the floor of any float64 sum
+    built from torch's CPU kernels, which have no fused convert-and-accumulate."""
+    chunk = 1 << 18
+    buf = torch.empty(chunk, dtype=torch.float64)
+    for k in states[0]:
+        n = states[0][k].numel()
+        for start in range(0, n, chunk):
+            for s in states:
+                piece = s[k].reshape(-1)[start : start + chunk]
+                buf[: piece.numel()].copy_(piece)
+
+
 def fedavg_rows(quick: bool) -> list[Row]:
     import somatize.torch as st
 
@@ -312,6 +351,7 @@ def fedavg_rows(quick: bool) -> list[Row]:
         {
             "fedavg": per_call(lambda: st.fedavg(states, weights=weights), 1),
             "float32 pass": per_call(float32_pass, 1),
+            "conversion": per_call(lambda: conversion_pass(states), 1),
         },
         trials=3 if quick else 5,
     )
@@ -330,7 +370,13 @@ def fedavg_rows(quick: bool) -> list[Row]:
             ratio=ratio,
             target="≤ 1.5× one pass",
             met=ratio <= 1.5,
-            note=f"float64 accumulation; max error against a float64 reference {err:.1e}",
+            note=(
+                f"float64 accumulation; max error against a float64 reference {err:.1e}; "
+                f"converting every client tensor to float64 alone (torch's copy_, a slice at "
+                f"a time, nothing summed) takes {t['conversion'].median * 1e3:.1f} ms = "
+                f"{t['conversion'].median / t['float32 pass'].median:.2f}× the float32 pass"
+            ),
+            cpu_ratio=cpu_ratio(t["fedavg"], t["float32 pass"]),
         )
     ]
 
@@ -364,10 +410,78 @@ def partition_rows(per_round: dict[int, float]) -> list[Row]:
     ]
 
 
+_CORUNNER = """
+import sys, torch
+torch.set_num_threads(1)
+from bench_federated import _state, tasks_for, train_client
+state, tasks = _state(), tasks_for(1000)
+print("ready", flush=True)
+while True:
+    for t in tasks:
+        train_client(state, t)
+"""
+
+
+def ceiling_rows(quick: bool) -> list[Row]:
+    """What two cores can give this work at most: the CPU time of the same clients run
+    alone, and beside another process training clients on the other core (two
+    processes side by side, no pool, no pickling). Where the second core slows the
+    first (shared physical cores under a VM, shared cache and memory bandwidth, a lower
+    clock with both busy), two workers cannot reach 2x, whatever the pool does: the
+    ceiling is 2 x alone / beside. A pure-Python busy loop is the lighter neighbour."""
+    state, tasks = _state(), tasks_for(1000)[: 100 if quick else 250]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), str(HERE), env.get("PYTHONPATH", "")])
+
+    def clients() -> float:
+        start = time.process_time()
+        for t in tasks:
+            train_client(state, t)
+        return time.process_time() - start
+
+    def beside(code: str) -> float:
+        busy = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
+        )
+        try:
+            if "ready" in code:
+                assert busy.stdout is not None and busy.stdout.readline().strip() == "ready"
+            time.sleep(0.2)  # running on the other core
+            return clients()
+        finally:
+            busy.kill()
+            busy.wait()
+
+    clients()
+    got: dict[str, list[float]] = {"alone": [], "training": [], "loop": []}
+    for _ in range(1 if quick else 3):  # interleaved
+        got["alone"].append(clients())
+        got["training"].append(beside(_CORUNNER))
+        got["loop"].append(beside("while True: pass"))
+    a, b, c = (statistics.median(got[k]) for k in ("alone", "training", "loop"))
+    return [
+        Row(
+            "federated",
+            f"ceiling: {len(tasks)} clients' CPU time beside another process training clients",
+            b,
+            "s",
+            baseline="the same clients alone",
+            baseline_value=a,
+            ratio=b / a,
+            note=(
+                f"two workers can be at most {2 * a / b:.2f}× faster than one on this machine "
+                f"(2 × alone / beside), before any pickling or imbalance; beside a pure-Python "
+                f"busy loop {c / a:.2f}× alone"
+            ),
+        )
+    ]
+
+
 def run(quick: bool) -> list[Row]:
     torch.set_num_threads(1)
     sizes = [10, 100] if quick else [10, 100, 1000]
     rows, per_round = rounds_rows(sizes, trials=1 if quick else 2)
+    rows += ceiling_rows(quick)
     if quick:  # Ray's start-up alone takes longer than the whole quick run
         rows.append(Row("federated", "Flower simulation: skipped with --quick", float("nan"), "s"))
     else:

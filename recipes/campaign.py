@@ -6,8 +6,8 @@
 
 A campaign has no type of its own: it is ``pool.map`` over a function that trains
 one run and returns its ``TrainResult``, then ``summarize`` over the list. The pool
-comes from ``st.executor()``: forkserver workers with torch preloaded and one torch
-thread each. The function is wrapped in ``st.remember``: a run whose code and
+comes from ``st.executor()``: workers forked (or started by a forkserver where forking
+is unsafe) with torch preloaded, and one torch thread each. The function is wrapped in ``st.remember``: a run whose code and
 arguments are unchanged is recalled from ``runs/campaign`` instead of trained again,
 and a run killed midway (Ctrl-C, a pre-empted machine) resumes from its last
 checkpoint — in a directory named by its key — when the campaign is run again.

@@ -14,10 +14,13 @@ whatever code they are sent (cloudpickle is used to ship functions defined in
 
 from __future__ import annotations
 
+import importlib
 import math
 import multiprocessing
 import os
 import statistics
+import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -117,10 +120,11 @@ def summarize(
     )
 
 
-#: Imported once in the forkserver, so that every worker starts with them: torch, somatize,
-#: and what a first run would otherwise import lazily in each fresh worker — the first
-#: optimizer step loads torch's compiler stack (``torch._dynamo``, with sympy: some 800
-#: modules, over a second of CPU), which made a pool of short runs slower than a loop.
+#: What every worker starts with: torch, somatize, and what a first run would otherwise
+#: import lazily in each fresh worker — the first optimizer step loads torch's compiler
+#: stack (``torch._dynamo``, with sympy: some 800 modules, over a second of CPU), which
+#: made a pool of short runs slower than a loop. Under ``fork`` they are imported in this
+#: process before the workers are forked; under ``forkserver``, once in the forkserver.
 PRELOAD = (
     "torch",
     "torch._dynamo",
@@ -131,6 +135,8 @@ PRELOAD = (
     "somatize.torch",
 )
 
+StartMethod = Literal["fork", "forkserver", "spawn"]
+
 
 def _init_worker(threads: int) -> None:
     import importlib
@@ -138,41 +144,120 @@ def _init_worker(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    for name in PRELOAD:  # already there under forkserver; under spawn, imported here
+    for name in PRELOAD:  # already there under fork and forkserver; under spawn, imported here
         importlib.import_module(name)
 
 
+def _cuda_initialized() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())
+
+
+def _fork_unsafe(threads_per_worker: int = 1) -> str | None:
+    """None if forking this process for workers is safe now, else why not.
+
+    Safe: Linux; one torch thread per worker (after a fork, a multi-threaded OpenMP
+    region in the child can hang for good once the parent has used OpenMP threads —
+    measured: a worker's first 2-thread matmul never returned — while one thread never
+    enters the OpenMP team); CUDA not initialized here (a forked child cannot use CUDA
+    once the parent has); and no Python thread but this one (a thread holding a lock
+    when the process forks leaves it held forever in the child). torch's own idle
+    native threads are in every process that imported torch: forking with them, workers
+    on one thread, is what torch's ``DataLoader`` does on Linux by default.
+    """
+    if (
+        not sys.platform.startswith("linux")
+        or "fork" not in multiprocessing.get_all_start_methods()
+    ):
+        return f"fork is not the platform's way to start processes ({sys.platform})"
+    if threads_per_worker != 1:
+        return f"threads_per_worker={threads_per_worker} (OpenMP threads in a forked worker)"
+    if _cuda_initialized():
+        return "CUDA is initialized in this process (a forked worker could not use it)"
+    if threading.active_count() > 1:
+        names = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+        return f"this process runs other threads ({', '.join(names[:3])})"
+    return None
+
+
+def _fallback() -> str:
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _pick_start_method(requested: StartMethod | None = None, threads_per_worker: int = 1) -> str:
+    """The start method ``executor(start_method=requested)`` uses.
+
+    ``None`` (the default): ``"fork"`` where forking is safe — workers start in
+    milliseconds, with everything this process imported — else ``"forkserver"`` (a
+    server process started once, torch and ``PRELOAD`` imported there: about two
+    seconds the first time, then fast), or ``"spawn"`` where there is no forkserver.
+
+    Raises:
+        ValueError: a method the platform lacks, or ``"fork"`` once CUDA is initialized.
+    """
+    methods = multiprocessing.get_all_start_methods()
+    if requested is None:
+        return "fork" if _fork_unsafe(threads_per_worker) is None else _fallback()
+    if requested not in methods:
+        raise ValueError(f"start_method={requested!r}: this platform starts processes by {methods}")
+    if requested == "fork" and _cuda_initialized():
+        raise ValueError(
+            "start_method='fork' with CUDA initialized in this process: forked workers cannot "
+            "use CUDA — pass start_method='forkserver' (or None, which picks it)"
+        )
+    return requested
+
+
 def executor(
-    workers: int | None = None, *, threads_per_worker: int = 1, retries: int = 1
+    workers: int | None = None,
+    *,
+    threads_per_worker: int = 1,
+    retries: int = 1,
+    start_method: StartMethod | None = None,
 ) -> TorchPool:
     """A process pool configured correctly for torch work.
 
-    * forkserver start method with torch, somatize and what a first optimizer step
-      imports preloaded (``PRELOAD``): fast starts, no fork of a threaded parent, and a
-      worker's first run as fast as its later ones;
+    * workers start by ``fork`` where that is safe (Linux, one thread per worker, CUDA
+      not initialized here, no Python thread but this one), else by ``forkserver``;
+      ``PRELOAD`` (torch, somatize, what a first optimizer step imports) is imported
+      first — here before forking, or once in the forkserver — so workers start fast
+      and a worker's first run is as fast as its later ones. ``start_method=`` says
+      which, explicitly (see docs/campaigns.md for why each is chosen);
     * ``torch.set_num_threads(threads_per_worker)`` in each worker — without it two
       workers on two cores thrash, and runs get many times slower;
     * a worker that dies (killed, out of memory) costs one re-run of the call it was
-      running, on a fresh worker, not the pool (``TorchPool``);
+      running, on a fresh worker, not the pool (``TorchPool``); a fresh worker is started
+      by ``forkserver`` instead of ``fork`` if forking has become unsafe since;
     * use it as a context manager for a clean shutdown.
 
     Args:
         workers: worker processes (default: the number of CPUs).
         threads_per_worker: torch intra-op threads in each worker.
         retries: how often a call whose worker died is re-run on a fresh worker.
+        start_method: ``"fork"``, ``"forkserver"`` or ``"spawn"``; None picks (above).
+            The method in use is ``pool.start_method``.
 
     Example:
         >>> with executor(workers=2) as pool:  # doctest: +SKIP
         ...     results = list(pool.map(train_one_seed, range(4)))
     """
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(list(PRELOAD))
+    chosen = _pick_start_method(start_method, threads_per_worker)
+    ctx = multiprocessing.get_context(chosen)
+    fallback = None
+    if chosen == "fork":
+        for name in PRELOAD:  # imported once here, so that every forked worker has them
+            importlib.import_module(name)
+        if start_method is None:  # picked by us: if forking turns unsafe, start the next way
+            fallback = multiprocessing.get_context(_fallback())
+    for c in (ctx, fallback):
+        if c is not None and c.get_start_method() == "forkserver":
+            c.set_forkserver_preload(list(PRELOAD))
     return TorchPool(
         max_workers=workers or os.cpu_count() or 1,
         mp_context=ctx,
         initializer=_init_worker,
         initargs=(threads_per_worker,),
         retries=retries,
+        fallback=(fallback, lambda: _fork_unsafe(threads_per_worker)) if fallback else None,
     )

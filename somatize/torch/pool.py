@@ -64,6 +64,7 @@ class _Generation:
     """One ``ProcessPoolExecutor`` and the slots its workers write into."""
 
     def __init__(self, workers: int, ctx: Any, initializer: Any, initargs: tuple[Any, ...]):
+        self.ctx = ctx
         self.slots = ctx.RawArray("q", 8 * workers)  # room for workers started over time
         claimed = ctx.Value("i", 0)
         self.pool = ProcessPoolExecutor(
@@ -105,6 +106,9 @@ class TorchPool(Executor):
         max_workers, mp_context, initializer, initargs: as for ``ProcessPoolExecutor``.
         retries: how many times a call whose worker died is re-run on a fresh worker
             before its future fails with ``WorkerLostError`` (0: never re-run).
+        fallback: ``(context, unsafe)``: workers are started with ``context`` instead of
+            ``mp_context`` whenever ``unsafe()`` gives a reason (``st.executor`` passes a
+            forkserver and the check that forking this process is still safe).
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class TorchPool(Executor):
         initargs: tuple[Any, ...] = (),
         *,
         retries: int = 1,
+        fallback: tuple[Any, Callable[[], str | None]] | None = None,
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries={retries!r}: give an int of 0 or more")
@@ -123,6 +128,7 @@ class TorchPool(Executor):
         self._workers = max_workers or os.cpu_count() or 1
         self._ctx = mp_context or multiprocessing.get_context()
         self._init = (initializer, tuple(initargs))
+        self._fallback = fallback
         self.retries = retries
         self._lock = threading.RLock()
         self._gen: _Generation | None = None
@@ -135,6 +141,19 @@ class TorchPool(Executor):
     def max_workers(self) -> int:
         """How many worker processes run calls at once."""
         return self._workers
+
+    @property
+    def start_method(self) -> str:
+        """How the workers are started: ``"fork"``, ``"forkserver"`` or ``"spawn"`` (those
+        running now; before the first call, those the next call would start)."""
+        gen = self._gen
+        ctx = gen.ctx if gen is not None else self._context()
+        return str(ctx.get_start_method())
+
+    def _context(self) -> Any:
+        if self._fallback is not None and self._fallback[1]() is not None:
+            return self._fallback[0]
+        return self._ctx
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         with self._lock:
@@ -149,7 +168,7 @@ class TorchPool(Executor):
         with self._lock:
             for _ in range(3):
                 if self._gen is None:
-                    self._gen = _Generation(self._workers, self._ctx, *self._init)
+                    self._gen = _Generation(self._workers, self._context(), *self._init)
                 gen = self._gen
                 try:
                     task.inner = gen.pool.submit(_call, task.payload, task.id)
@@ -213,7 +232,10 @@ class TorchPool(Executor):
             gen.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
     def __repr__(self) -> str:
-        return f"TorchPool(workers={self._workers}, retries={self.retries})"
+        return (
+            f"TorchPool(workers={self._workers}, retries={self.retries}, "
+            f"start_method={self.start_method!r})"
+        )
 
 
 def _cancel(task: _Task) -> None:

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -82,10 +83,11 @@ def test_classes_defined_in_main_train_on_the_pool(tmp_path):
                 torch.set_num_threads(1)
                 with st.executor(workers=2) as pool:
                     remote = list(pool.map(run, [0, 1]))
+                    method = pool.start_method
                 local = [run(0), run(1)]
                 same = all(torch.equal(a.state[k], b.state[k])
                            for a, b in zip(remote, local) for k in a.state)
-                print("SAME" if same else "DIFFERENT", remote[0].steps)
+                print("SAME" if same else "DIFFERENT", remote[0].steps, method)
             """
         )
     )
@@ -99,7 +101,70 @@ def test_classes_defined_in_main_train_on_the_pool(tmp_path):
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["SAME", "3"]
+    # a plain script on Linux (one thread, no CUDA) forks its workers: they start at once
+    expected = "fork" if sys.platform.startswith("linux") else "forkserver"
+    assert out.stdout.split() == ["SAME", "3", expected]
+
+
+def _pid(_):
+    return os.getpid()
+
+
+def test_the_start_method_is_fork_only_while_forking_is_safe(monkeypatch):
+    from somatize.torch import campaign
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("fork is chosen on Linux only")
+    monkeypatch.setattr(threading, "active_count", lambda: 1)  # whatever earlier tests left
+    assert campaign._fork_unsafe() is None and campaign._pick_start_method() == "fork"
+    # more than one torch thread per worker: OpenMP in a forked child can hang
+    assert "threads_per_worker=2" in campaign._fork_unsafe(2)
+    assert st.executor(workers=1, threads_per_worker=2).start_method == "forkserver"
+    # CUDA initialized here: a forked worker could not use it
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert "CUDA is initialized" in campaign._fork_unsafe()
+    assert campaign._pick_start_method() == "forkserver"
+    with pytest.raises(ValueError, match="start_method='fork' with CUDA initialized.*forkserver"):
+        st.executor(workers=1, start_method="fork")
+    monkeypatch.undo()
+    # another Python thread (it could hold a lock the child would inherit, held forever)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, name="busy-thread")
+    other.start()
+    try:
+        assert "busy-thread" in campaign._fork_unsafe()
+        assert campaign._pick_start_method() == "forkserver"
+    finally:
+        stop.set()
+        other.join()
+    with pytest.raises(ValueError, match="start_method='nope'"):
+        st.executor(workers=1, start_method="nope")
+
+
+@pytest.mark.slow
+def test_a_cuda_initialized_parent_falls_back_to_forkserver_workers_that_run(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with st.executor(workers=2) as pool:
+        assert pool.start_method == "forkserver"
+        pids = set(pool.map(_pid, range(4)))
+        assert pool.start_method == "forkserver"
+    assert pids and os.getpid() not in pids
+
+
+@pytest.mark.slow
+def test_a_pool_made_while_fork_was_safe_starts_by_forkserver_once_it_is_not(monkeypatch):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("fork is chosen on Linux only")
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    pool = st.executor(workers=1)
+    assert pool.start_method == "fork"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # CUDA came up since
+    with pool:
+        assert pool.submit(_pid, 0).result() != os.getpid()
+        assert pool.start_method == "forkserver"
+    with st.executor(workers=1, start_method="spawn") as pool:  # said explicitly: kept
+        assert pool.submit(_pid, 0).result() != os.getpid()
+        assert pool.start_method == "spawn"
 
 
 def _modules_a_first_run_imports(_):

@@ -79,6 +79,49 @@ def test_fedavg_keeps_each_dtype_and_accumulates_in_float64():
     assert st.fedavg(big, weights=[1, 1])["w"].item() == (2.0**24 + 1) / 2
 
 
+@pytest.mark.parametrize("chunk, small", [(7, 0), (40, 1 << 14)])
+def test_fedavg_slice_by_slice_is_within_half_an_ulp_of_a_float64_reference(
+    monkeypatch, chunk, small
+):
+    # fedavg sums large tensors a cache-sized slice at a time, and stacks small ones a group
+    # of clients at a time: tiny sizes put many slice boundaries (and a short last slice)
+    # inside every tensor, or several groups (and a short last one) in every key — of every
+    # dtype, non-contiguous tensors included
+    from somatize.torch.federated import aggregation
+
+    monkeypatch.setattr(aggregation, "_CHUNK", chunk)
+    monkeypatch.setattr(aggregation, "_SMALL", small)
+    g = torch.Generator().manual_seed(3)
+    states = [
+        {
+            "w": torch.randn(9, 5, generator=g).t(),  # non-contiguous
+            "b": torch.randn(23, generator=g, dtype=torch.float64) * 1e3,
+            "h": torch.randn(4, 4, generator=g).to(torch.bfloat16),
+        }
+        for _ in range(6)
+    ]
+    weights = [3.0, 0.0, 1.5, 7.0, 2.0, 1.0]
+    out = st.fedavg(states, weights=weights)
+    ref = reference(states, weights)
+    for k, v in ref.items():
+        got = out[k]
+        assert got.dtype == states[0][k].dtype and got.shape == states[0][k].shape
+        if got.dtype == torch.float64:  # float64 in: the summing order's rounding only
+            scale = sum(s[k].abs() * w for s, w in zip(states, weights)) / sum(weights)
+            bound = 8 * torch.finfo(torch.float64).eps * scale
+        else:  # the float64 sum rounded once to the key's dtype
+            ulp = (torch.nextafter(got, torch.full_like(got, float("inf"))) - got).double()
+            bound = 0.5 * ulp * (1 + 1e-9)
+        assert bool(((got.double() - v).abs() <= bound).all()), k
+    # a NaN in a later slice of a later client is still found, and named
+    states[4]["w"][3, 8] = float("nan")
+    with pytest.raises(AggregationError, match=r"client 4, key 'w'.*NaN or inf"):
+        st.fedavg(states, weights=weights)
+    with pytest.warns(RuntimeWarning, match=r"clients \[4\] skipped"):
+        skipped = st.fedavg(states, weights=weights, nonfinite="skip")
+    assert skipped.skipped == (4,) and bool(torch.isfinite(skipped["w"]).all())
+
+
 def test_integer_buffers_follow_an_explicit_policy():
     states = [client(i, count=10 * i) for i in (1, 4, 2)]  # counters 10, 40, 20
     with pytest.warns(RuntimeWarning, match="num_batches_tracked.*differ.*int_buffers='max'"):

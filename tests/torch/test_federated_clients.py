@@ -145,18 +145,23 @@ def test_weighted_metrics_weigh_by_examples_as_flower_does():
         fl.weighted_metrics(["x"])
 
 
-PICKLED = []
+PICKLED, UNPICKLED = [], []
+
+
+def _shared(value):
+    UNPICKLED.append(value)
+    return Shared(value)
 
 
 class Shared:
-    """A shared value that counts how often it is pickled."""
+    """A shared value that counts how often it is pickled and unpickled."""
 
     def __init__(self, value):
         self.value = value
 
     def __reduce__(self):
         PICKLED.append(1)
-        return (Shared, (self.value,))
+        return (_shared, (self.value,))
 
 
 class PicklingPool(concurrent.futures.Executor):
@@ -164,7 +169,11 @@ class PicklingPool(concurrent.futures.Executor):
 
     _max_workers = 3
 
+    def __init__(self):
+        self.calls = 0
+
     def submit(self, fn, /, *args, **kwargs):
+        self.calls += 1
         fn, args = pickle.loads(pickle.dumps((fn, args)))
         f = concurrent.futures.Future()
         f.set_result(fn(*args, **kwargs))
@@ -175,22 +184,39 @@ def plus(shared, task):
     return shared.value + task
 
 
-def test_map_clients_ships_the_shared_value_once_per_batch_in_task_order():
-    PICKLED.clear()
+def test_map_clients_pickles_the_shared_value_once_and_returns_results_in_task_order():
+    PICKLED.clear(), UNPICKLED.clear()
     tasks = list(range(100))
-    out = fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(1000))
+    pool = PicklingPool()
+    out = fl.map_clients(pool, plus, tasks, shared=Shared(1000))
     assert out == [1000 + t for t in tasks]
-    assert len(PICKLED) == 3  # one per worker, not one per client task
+    # a few batches per worker (balanced by the pool), the shared value pickled once and,
+    # here where every batch runs in one process, unpickled once: not once per client task
+    assert pool.calls == 3 * fl.clients._PER_WORKER
+    assert len(PICKLED) == 1 and UNPICKLED == [1000]
+    # the next round's value is unpickled afresh, not the last one reused
+    assert fl.map_clients(pool, plus, tasks[:5], shared=Shared(2000)) == [
+        2000 + t for t in tasks[:5]
+    ]
+    assert UNPICKLED == [1000, 2000]
     PICKLED.clear()
     sizes = [1] * 99 + [100]
-    assert (
-        fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), batches=2, sizes=sizes)
-        == tasks
-    )
-    assert len(PICKLED) == 2
+    pool = PicklingPool()
+    assert fl.map_clients(pool, plus, tasks, shared=Shared(0), batches=2, sizes=sizes) == tasks
+    assert len(PICKLED) == 1 and pool.calls == 2
     assert fl.map_clients(None, plus, tasks, shared=Shared(5)) == [5 + t for t in tasks]
     with pytest.raises(ValueError, match="sizes for 100 tasks"):
         fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), sizes=[1])
+    with pytest.raises(ValueError, match="batches must be a positive int"):
+        fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), batches=0)
+
+
+def test_map_clients_sends_a_large_shared_value_in_fewer_batches():
+    # the shared value's bytes travel with every batch: past _SHIPPED per round, fewer batches
+    assert fl.clients._default_batches(2, 1000, 1 << 10) == 2 * fl.clients._PER_WORKER
+    assert fl.clients._default_batches(2, 1000, fl.clients._SHIPPED // 2) == 2
+    assert fl.clients._default_batches(2, 1000, fl.clients._SHIPPED * 4) == 2  # one each
+    assert fl.clients._default_batches(8, 3, 1) == 3  # never more batches than tasks
 
 
 # map_clients on st.executor and on Dask, bitwise against the serial round: test_federated_recipes.py

@@ -4,11 +4,18 @@ per worker.
 ``pool.map(train_client, [(global_state, part) for part in parts])`` pickles the
 global state into every client task: with 1,000 small clients the round spends its
 time shipping copies of the model (and holds all of them in the queue at once).
-``map_clients`` batches the tasks instead — one batch per worker, each carrying the
-shared value once — and returns the results in task order::
+``map_clients`` batches the tasks instead and returns the results in task order::
 
     results = fl.map_clients(pool, train_client, parts, shared=global_state)
     # == [train_client(global_state, part) for part in parts]
+
+The shared value is pickled once per round; each batch carries those bytes, and a
+worker unpickles them once (it keeps the last shared value, keyed by the digest of its
+bytes, for its next batch). By default there are a few batches per worker
+(``_PER_WORKER``; fewer when the shared value is large, so that at most about
+``_SHIPPED`` bytes of it are shipped per round): the pool hands the next batch to
+whichever worker is free, so a worker slowed by other load takes fewer clients, and
+the results of the first batches are unpickled here while the last ones still train.
 
 It works on ``st.executor(...)``, any ``ProcessPoolExecutor`` and Dask's
 ``Client(...).get_executor()``; ``pool=None`` runs the same calls in this process.
@@ -26,10 +33,11 @@ return whatever they are sent, so use them with machines and code you trust.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import pickle
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, as_completed
 from typing import Any, TypeVar
 
 import cloudpickle
@@ -73,9 +81,25 @@ def _dumps(value: Any) -> bytes:
     return buf.getvalue()
 
 
+_PER_WORKER = 4  # batches per worker by default: balanced by the pool, results streamed back
+_SHIPPED = 64 << 20  # bytes of the shared value shipped per round, at most, before fewer batches
+_last_shared: dict[bytes, Any] = {}  # in a worker: the last shared value, by its bytes' digest
+_MISSING = object()
+
+
 def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes) -> bytes:
-    shared, tasks = pickle.loads(payload)  # what the caller sent this batch
+    digest, blob, tasks = pickle.loads(payload)  # what the caller sent this batch
+    shared = _last_shared.get(digest, _MISSING)
+    if shared is _MISSING:  # not this round's: unpickle it once, forget the last one
+        shared = pickle.loads(blob)
+        _last_shared.clear()
+        _last_shared[digest] = shared
     return _dumps([fn(shared, t) for t in tasks])
+
+
+def _default_batches(workers: int, tasks: int, shared_bytes: int) -> int:
+    per_worker = min(_PER_WORKER, max(1, _SHIPPED // max(1, workers * shared_bytes)))
+    return min(tasks, workers * per_worker)
 
 
 def _workers(pool: Executor) -> int:
@@ -120,11 +144,12 @@ def map_clients(
 
     Args:
         pool: any ``concurrent.futures.Executor``, or None to run here.
-        fn: ``fn(shared, task) -> result``; it must not modify ``shared`` (the tasks of a
-            batch see the same object).
+        fn: ``fn(shared, task) -> result``; it must not modify ``shared`` (every task a
+            worker runs in this call sees the same object).
         tasks: one per client (its partition, its seed...).
-        shared: what every client needs (the global state).
-        batches: how many batches (default: the pool's worker count).
+        shared: what every client needs (the global state); pickled once per call.
+        batches: how many batches (default: a few per worker of the pool, ``_PER_WORKER``,
+            fewer for a large shared value; pass the worker count for one batch each).
         sizes: optional cost of each task (e.g. its number of examples), to balance the
             batches; without it tasks are dealt round-robin.
 
@@ -140,13 +165,20 @@ def map_clients(
         return [fn(shared, t) for t in tasks]
     if not tasks:
         return []
-    count = batches if batches is not None else _workers(pool)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"batches must be a positive int, not {count!r}")
+    if batches is not None and (
+        isinstance(batches, bool) or not isinstance(batches, int) or batches < 1
+    ):
+        raise ValueError(f"batches must be a positive int, not {batches!r}")
+    blob = _dumps(shared)
+    digest = hashlib.blake2b(blob, digest_size=16).digest()
+    count = batches or _default_batches(_workers(pool), len(tasks), len(blob))
     groups = _batches(len(tasks), min(count, len(tasks)), sizes)
-    futures = [pool.submit(_run_batch, fn, _dumps((shared, [tasks[i] for i in g]))) for g in groups]
+    futures = {
+        pool.submit(_run_batch, fn, _dumps((digest, blob, [tasks[i] for i in g]))): g
+        for g in groups
+    }
     out: list[Any] = [None] * len(tasks)
-    for g, f in zip(groups, futures):
-        for i, r in zip(g, pickle.loads(f.result())):  # the results our own batch returned
+    for f in as_completed(futures):  # unpickle each batch's results as it arrives
+        for i, r in zip(futures[f], pickle.loads(f.result())):  # what our own batch returned
             out[i] = r
     return out
