@@ -1,7 +1,8 @@
 """Run every benchmark side by side and report ratios: ``make bench`` (``python benchmarks/run.py``).
 
 Writes ``benchmarks/results/latest.json`` and ``benchmarks/results/latest.md``, and
-puts the table into ``docs/benchmarks.md``. A benchmark never fails the build: a
+puts the table into ``docs/benchmarks.md``. Each benchmark runs in a process of its
+own, so none inherits what another left (a thread, a warm cache, a forkserver). A benchmark never fails the build: a
 missed target is reported as such, and a benchmark that crashes is reported too.
 
     python benchmarks/run.py                 # everything (a few minutes on 2 cores)
@@ -17,7 +18,9 @@ import importlib
 import json
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -75,12 +78,38 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def isolated(name: str, quick: bool) -> tuple[list[Row], list[str]]:
+    """Run benchmark ``name`` in a fresh process: what one benchmark leaves behind (a
+    thread, a warm cache, a forkserver, the allocator's state) never moves another's
+    figures. Returns its rows and tables; raises with its output if it crashed."""
+    with tempfile.TemporaryDirectory(prefix="smz-bench-") as tmp:
+        out = Path(tmp) / "rows.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--out", str(out)]
+        done = subprocess.run(cmd + (["--quick"] if quick else []), check=False)
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"benchmark {name!r} exited with {done.returncode}")
+        got = json.loads(out.read_text())
+    return [Row(**r) for r in got["rows"]], got["tables"]
+
+
+def child(name: str, quick: bool, out: Path) -> int:
+    bench = importlib.import_module(f"bench_{name}")
+    got = bench.run(quick)
+    tables = list(getattr(bench, "TABLES", {}).values())
+    out.write_text(json.dumps({"rows": [r.as_dict() for r in got], "tables": tables}))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sizes")
     parser.add_argument("--only", nargs="*", choices=BENCHMARKS, help="run only these")
     parser.add_argument("--no-docs", action="store_true", help="do not update docs/benchmarks.md")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # run one benchmark, write its rows
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.quick, Path(args.out))
     import torch
 
     meta = {
@@ -98,14 +127,13 @@ def main() -> int:
         start = time.perf_counter()
         print(f"== {name}", flush=True)
         try:
-            bench = importlib.import_module(f"bench_{name}")
-            got = bench.run(args.quick)
+            got, more = isolated(name, args.quick)
         except Exception:  # a benchmark reports, it never fails the build
             failures[name] = traceback.format_exc()
             print(failures[name], file=sys.stderr)
             continue
         rows.extend(got)
-        tables.extend(getattr(bench, "TABLES", {}).values())
+        tables.extend(more)
         print(table(got), flush=True)
         print(f"   ({time.perf_counter() - start:.0f} s)", flush=True)
 
