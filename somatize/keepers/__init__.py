@@ -10,7 +10,7 @@ change a remembered value. Two stock keepers:
   writes, a checksum verified on every read (a corrupt entry is a miss, never
   returned), ``stats()``, ``verify()``, ``gc(max_bytes)`` that keeps pinned entries.
 * ``TieredKeeper(fast, slow)`` — a MemoryKeeper in front of a DiskKeeper: reads at
-  memory speed in this process, writes durable and shared.
+  memory speed in this process, writes on disk and shared.
 
 The files: ``protocol`` (the ``Keeper`` shape, ``KeeperStats``), ``atomic`` (atomic
 writes, also used by checkpoints), ``memory_keeper``, ``disk_keeper`` with its

@@ -1,4 +1,4 @@
-"""TieredKeeper: a fast keeper in front of a durable one (a MemoryKeeper over a DiskKeeper).
+"""TieredKeeper: a fast keeper in front of a lasting one (a MemoryKeeper over a DiskKeeper).
 
 A ``DiskKeeper`` verifies every entry it reads (a read and a checksum, a few µs a row);
 a sweep or a federated loop in one process reads the same rows epoch after epoch. In
@@ -35,7 +35,7 @@ class TieredKeeper:
     Args:
         fast: a keeper in this process (``MemoryKeeper(max_bytes=...)``: its budget bounds
             the memory used).
-        slow: the durable, shared keeper (``DiskKeeper(path)``).
+        slow: the lasting, shared keeper (on disk) (``DiskKeeper(path)``).
     """
 
     def __init__(self, fast: Keeper, slow: Keeper) -> None:
