@@ -35,7 +35,7 @@ class TieredKeeper:
     Args:
         fast: a keeper in this process (``MemoryKeeper(max_bytes=...)``: its budget bounds
             the memory used).
-        slow: the lasting, shared keeper (on disk) (``DiskKeeper(path)``).
+        slow: the lasting, shared keeper on disk (``DiskKeeper(path)``).
     """
 
     def __init__(self, fast: Keeper, slow: Keeper) -> None:
