@@ -33,7 +33,6 @@ return whatever they are sent, so use them with machines and code you trust.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import pickle
 from collections.abc import Callable, Sequence
@@ -43,6 +42,7 @@ from typing import Any, TypeVar
 import cloudpickle
 import numpy as np
 import torch
+from blake3 import blake3
 
 __all__ = ["map_clients"]
 
@@ -170,7 +170,7 @@ def map_clients(
     ):
         raise ValueError(f"batches must be a positive int, not {batches!r}")
     blob = _dumps(shared)
-    digest = hashlib.blake2b(blob, digest_size=16).digest()
+    digest = blake3(blob).digest(length=16)
     count = batches or _default_batches(_workers(pool), len(tasks), len(blob))
     groups = _batches(len(tasks), min(count, len(tasks)), sizes)
     futures = {
