@@ -41,8 +41,12 @@ def setup() -> tuple[int, int, bool]:
     return dist.get_rank(), dist.get_world_size(), created
 
 
-def teardown() -> None:
+def teardown(barrier: bool = False) -> None:
+    """Destroy the process group; with ``barrier``, once every rank has got here (a rank
+    destroying its group while a peer still talks to it can abort the peer, in gloo)."""
     if dist.is_initialized():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -155,10 +155,14 @@ class Trainer:
         run_id = uuid.uuid4().hex[:12]
         rank, world, own_group = ddp.setup()
         try:
-            return self._fit(model, train, val, resume, run_id, rank, world, started)
-        finally:
+            result = self._fit(model, train, val, resume, run_id, rank, world, started)
+        except BaseException:
             if own_group:
-                ddp.teardown()
+                ddp.teardown()  # no barrier: a rank that failed may leave the others waiting
+            raise
+        if own_group:
+            ddp.teardown(barrier=True)
+        return result
 
     def _fit(
         self,
