@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from somatize import DiskKeeper
-from somatize.keepers import disk_keeper, packs
+from somatize.keepers import packread, packs
 
 
 def k(i: int) -> str:
@@ -24,7 +24,7 @@ def rows(start: int, n: int, size: int = 100) -> list[tuple[str, bytes]]:
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of entries each read of a pack asked for, one item per read."""
     seen: list[int] = []
-    real, real_every = disk_keeper.entries, disk_keeper.every_entry
+    real, real_every = packread.entries, packread.every_entry
 
     def counted(fd: int, size: int, wanted: list[tuple[int, int]]) -> list[bytes | None]:
         seen.append(len(wanted))
@@ -34,8 +34,8 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         seen.append(len(pack.slots))
         return real_every(fd, size, pack)
 
-    monkeypatch.setattr(disk_keeper, "entries", counted)
-    monkeypatch.setattr(disk_keeper, "every_entry", every)
+    monkeypatch.setattr(packread, "entries", counted)
+    monkeypatch.setattr(packread, "every_entry", every)
     return seen
 
 

@@ -18,10 +18,8 @@ relisting ``packs/`` when it changed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from typing import Any
 from ..errors import KeeperError
 from . import loose, upkeep
 from .atomic import replace_with
+from .packread import read_packed
 from .packs import (
     CHECK,
     FLAG_PINNED,
@@ -38,22 +37,16 @@ from .packs import (
     NotRegular,
     PackIndex,
     build,
-    entries,
     open_regular,
 )
-from .protocol import KeeperStats, check_key, check_name, is_key
-from .readcache import DEFAULT_READ_CACHE, PackCache, every_entry
-from .upkeep import rewrite
+from .protocol import KeeperStats, check_key, check_name, fail, is_key
+from .readcache import DEFAULT_READ_CACHE, PackCache
 
 __all__ = ["DiskKeeper"]
 
 
 def _reopen(path: Path, read_cache: int) -> DiskKeeper:
     return DiskKeeper(path, read_cache=read_cache)
-
-
-def _fail(what: str, path: str, e: OSError) -> KeeperError:
-    return KeeperError(f"could not {what} {path}: {e.strerror or e}")
 
 
 class DiskKeeper:
@@ -106,7 +99,7 @@ class DiskKeeper:
                 try:
                     os.makedirs(f"{self._root}/{sub}", exist_ok=True)
                 except OSError as e:
-                    raise _fail("create the cache directory", f"{self._root}/{sub}", e) from e
+                    raise fail("create the cache directory", f"{self._root}/{sub}", e) from e
         elif not os.path.isdir(f"{self._root}/objects"):
             what = (
                 "the directory does not exist"
@@ -139,7 +132,7 @@ class DiskKeeper:
             loose.quarantine(self._root, path, e.inode)
             return None
         except OSError as e:
-            raise _fail("read cache entry", path, e) from e
+            raise fail("read cache entry", path, e) from e
         if payload is None and inode:
             loose.remove_if_same(path, inode)  # corrupt: recomputed and written afresh
         return payload
@@ -149,12 +142,12 @@ class DiskKeeper:
         if payload is None:
             self._index.refresh()  # one stat of packs/, unless another process wrote
             if key in self._index.where:
-                payload = self._get_packed([key])[0]
+                payload = self._read_packed([key])[0]
         return payload
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         self._index.refresh()  # packs others wrote or removed: one stat of packs/ if none
-        out = self._get_packed(keys)
+        out = self._read_packed(keys)
         missing = [i for i, got in enumerate(out) if got is None]
         if missing:
             folders = self._fanout()
@@ -182,72 +175,8 @@ class DiskKeeper:
         self._folders = (st.st_mtime_ns, now, folders)
         return folders
 
-    def _get_packed(self, keys: Sequence[str], retry: bool = True) -> list[bytes | None]:
-        """Entries found in packs (None elsewhere): one open and one read per pack."""
-        cache = self._cache
-        rows = cache.rows
-        if rows:  # entries of packs read whole, already verified
-            out: list[bytes | None] = [rows.get(k) for k in keys]
-            cache.touch(self._index.path, loose.TOUCH_AFTER)
-            if None not in out:
-                return out
-        else:
-            out = [None] * len(keys)
-        where = self._index.where
-        groups: dict[str, list[tuple[int, int]]] = defaultdict(list)  # pack -> (i, slot)
-        for i, key in enumerate(keys):
-            if out[i] is None:
-                loc = where.get(key)
-                if loc is not None:
-                    groups[loc[0].name].append((i, loc[1]))
-        vanished: list[int] = []
-        index = self._index
-        # read packs whole while all of them fit in the read cache (a store bigger than it
-        # is read a span at a time: never a whole pack for one row)
-        whole = 0 < index.bytes <= cache.max_bytes
-        for name, wanted in groups.items():
-            pack = index.packs.get(name)
-            if pack is None:
-                continue
-            corrupt = []
-            with index.lock:
-                try:
-                    held = index.opened(name)
-                except FileNotFoundError:  # removed or rewritten by another process's gc
-                    vanished.extend(i for i, _ in wanted)
-                    continue
-                except NotRegular:
-                    index.drop([name])
-                    continue
-                fd, st, touched = held
-                try:
-                    if whole:  # every entry read and verified; kept if none is corrupt
-                        every = every_entry(fd, st.st_size, pack)
-                        got = [every[s] for _, s in wanted]
-                        if None not in every:
-                            cache.add(name, pack.keys, every)  # type: ignore[arg-type]
-                    else:
-                        got = entries(fd, st.st_size, [pack.slots[s] for _, s in wanted])
-                    for (i, s), payload in zip(wanted, got):
-                        out[i] = payload
-                        if payload is None:
-                            corrupt.append(pack.keys[s])
-                    now = time.time()
-                    if touched < now - loose.TOUCH_AFTER:
-                        held[2] = now
-                        with contextlib.suppress(OSError):
-                            os.utime(fd)  # recency, for gc
-                except OSError as e:
-                    raise _fail("read cache pack", index.path(name), e) from e
-            if corrupt:  # recomputed and written afresh; a read-only disk keeps the pack
-                with contextlib.suppress(KeeperError):
-                    rewrite(self._index, self._root, name, drop=set(corrupt))
-        if vanished and retry:
-            self._index.refresh(force=True)
-            again = self._get_packed([keys[i] for i in vanished], retry=False)
-            for i, found in zip(vanished, again, strict=True):
-                out[i] = found
-        return out
+    def _read_packed(self, keys: Sequence[str]) -> list[bytes | None]:
+        return read_packed(self._index, self._cache, self._root, keys)
 
     def lookup(self, name: str) -> bytes | None:
         check_name(name)
@@ -275,7 +204,7 @@ class DiskKeeper:
         try:
             replace_with(path, [loose.header(data), data], durable=False)
         except OSError as e:
-            raise _fail("write cache entry", path, e) from e
+            raise fail("write cache entry", path, e) from e
 
     def put_many(self, items: Sequence[tuple[str, bytes]], *, pinned: bool = False) -> None:
         """Store a batch as pack files (one per 64 MiB), each written atomically.
@@ -305,7 +234,7 @@ class DiskKeeper:
         try:
             replace_with(path, chunks, durable=False)
         except OSError as e:
-            raise _fail("write cache pack", path, e) from e
+            raise fail("write cache pack", path, e) from e
         self._index.add(pack)
         if self._cache.max_bytes:
             with self._index.lock:
@@ -315,7 +244,7 @@ class DiskKeeper:
         try:
             replace_with(path, [content])
         except OSError as e:
-            raise _fail(what, path, e) from e
+            raise fail(what, path, e) from e
 
     def name(self, name: str, key: str) -> None:
         check_name(name)

@@ -11,6 +11,12 @@ from ..errors import KeeperError
 
 __all__ = ["Keeper", "KeeperStats", "check_key", "check_name"]
 
+
+def fail(what: str, path: str, e: OSError) -> KeeperError:
+    """The KeeperError for an OS error while a keeper did ``what`` to ``path``."""
+    return KeeperError(f"could not {what} {path}: {e.strerror or e}")
+
+
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
 

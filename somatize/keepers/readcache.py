@@ -20,12 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from blake3 import blake3
-
-from . import packs
-from .packs import CHECK, Pack, read_exact
-
-__all__ = ["DEFAULT_READ_CACHE", "PackCache", "every_entry"]
+__all__ = ["DEFAULT_READ_CACHE", "PackCache"]
 
 #: The default budget of a DiskKeeper's read cache, per process: 256 MiB.
 DEFAULT_READ_CACHE = 256 << 20
@@ -77,23 +72,3 @@ class PackCache:
         for name in list(self._packs):  # (a copy: another thread may add meanwhile)
             with contextlib.suppress(OSError):
                 os.utime(path(name))
-
-
-def every_entry(fd: int, size: int, pack: Pack) -> list[bytes | None]:
-    """Every entry of ``pack``, in slot order, verified; None where one is corrupt.
-
-    A version-2 pack whose data section matches its checksum is verified by that one
-    blake3 call; otherwise each entry by its own checksum (``entries``).
-    """
-    slots = pack.slots
-    if pack.data_check is not None and slots:
-        lo = slots[0][0]
-        whole = read_exact(fd, size - lo, lo)
-        if blake3(whole).digest() == pack.data_check:
-            view = memoryview(whole)
-            out: list[bytes | None] = []
-            for off, n in slots:
-                start = off - lo + CHECK
-                out.append(bytes(view[start : start + n]))
-            return out
-    return packs.entries(fd, size, slots)
