@@ -88,10 +88,12 @@ _MISSING = object()
 
 
 def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes) -> bytes:
-    digest, blob, tasks = pickle.loads(payload)  # what the caller sent this batch
+    # In the worker: bytes map_clients (below) made in the user's own process and sent to
+    # the user's own executor — never cache or checkpoint data (docs/federated.md).
+    digest, blob, tasks = pickle.loads(payload)
     shared = _last_shared.get(digest, _MISSING)
     if shared is _MISSING:  # not this round's: unpickle it once, forget the last one
-        shared = pickle.loads(blob)
+        shared = pickle.loads(blob)  # the same caller's shared value, as _dumps wrote it
         _last_shared.clear()
         _last_shared[digest] = shared
     return _dumps([fn(shared, t) for t in tasks])
@@ -179,6 +181,7 @@ def map_clients(
     }
     out: list[Any] = [None] * len(tasks)
     for f in as_completed(futures):  # unpickle each batch's results as it arrives
-        for i, r in zip(futures[f], pickle.loads(f.result())):  # what our own batch returned
+        # what _run_batch returned from the user's own executor, as _dumps wrote it
+        for i, r in zip(futures[f], pickle.loads(f.result())):
             out[i] = r
     return out
