@@ -17,7 +17,6 @@ writes through ``.data`` (change weights under ``torch.no_grad()`` instead).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import struct
 import sys
@@ -40,6 +39,18 @@ _LEN = struct.Struct(">Q")
 _HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], bytes] = {}  # (dtype, shape) -> header
 # (dtype, shape) -> what a lone tensor's key hashes before its payload
 _KEY_STARTS: dict[tuple[torch.dtype, tuple[int, ...]], bytes] = {}
+
+
+def _header(t: torch.Tensor) -> bytes:
+    """The header of a tensor's payload (its dtype and shape), made once per pair."""
+    shape = t.shape  # (a torch.Size hashes and compares as the tuple it is)
+    header = _HEADERS.get((t.dtype, shape))
+    if header is None:
+        encoded = encode_data((str(t.dtype).removeprefix("torch."), tuple(shape)))
+        header = _LEN.pack(len(encoded)) + encoded
+        if len(_HEADERS) < 4096:
+            _HEADERS[t.dtype, tuple(shape)] = header
+    return header
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -109,24 +120,8 @@ class TensorCodec:
             )
 
     def chunks(self, value: torch.Tensor) -> Iterable[bytes | memoryview]:
-        # The common case first: numpy() succeeds only on a dense CPU tensor that does not
-        # require grad and has no lazy conj/neg bit, so it is data as it is, and the view
-        # is its own memory (C-contiguous: checked, since numpy() takes strides as well).
-        view = None
-        if value.is_contiguous():
-            with contextlib.suppress(TypeError, RuntimeError):
-                view = memoryview(value.numpy()).cast("B")  # type: ignore[arg-type]
-        if view is None:
-            self.check(value)  # words what is wrong, or it is data after all
-            view = _tensor_bytes(value)
-        shape = value.shape  # (a torch.Size hashes and compares as the tuple it is)
-        header = _HEADERS.get((value.dtype, shape))
-        if header is None:
-            encoded = encode_data((str(value.dtype).removeprefix("torch."), tuple(shape)))
-            header = _LEN.pack(len(encoded)) + encoded
-            if len(_HEADERS) < 4096:
-                _HEADERS[value.dtype, tuple(shape)] = header
-        return (header, view)
+        self.check(value)
+        return (_HEADERS.get((value.dtype, value.shape)) or _header(value), _tensor_bytes(value))
 
     def key(self, value: torch.Tensor) -> str | None:
         """``digest(value, codecs)`` of a lone tensor, by a shorter road: blake3 of the same
@@ -139,16 +134,13 @@ class TensorCodec:
             view = memoryview(value.numpy())  # type: ignore[arg-type]
         except (TypeError, RuntimeError):
             return None
-        shape = value.shape
-        start = _KEY_STARTS.get((value.dtype, shape))
-        if start is None:
-            encoded = encode_data((str(value.dtype).removeprefix("torch."), tuple(shape)))
-            header = _LEN.pack(len(encoded)) + encoded
-            tag = self.tag.encode()
+        start = _KEY_STARTS.get((value.dtype, value.shape))
+        if start is None:  # what values.digest writes before a codec leaf's chunks
+            header, tag = _header(value), self.tag.encode()
             size = _LEN.pack(len(header) + view.nbytes)
             start = b"c" + _LEN.pack(len(tag)) + tag + size + header
             if len(_KEY_STARTS) < 4096:
-                _KEY_STARTS[value.dtype, tuple(shape)] = start
+                _KEY_STARTS[value.dtype, tuple(value.shape)] = start
         if view.nbytes <= 65536:  # one update: copying a small payload costs less than a call
             return blake3(b"".join((start, view))).hexdigest()
         h = blake3(start)
