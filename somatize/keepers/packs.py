@@ -36,7 +36,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from blake3 import blake3
@@ -134,7 +134,7 @@ class Pack:
     slots: list[tuple[int, int]]  # (offset of the checksum, payload length), as keys
     inode: int = 0
     data_check: bytes | None = None  # blake3 of the data section (version 2)
-    size: int = 0  # the bytes of its payloads
+    size: int = field(init=False, default=0)  # the bytes of its payloads
 
     def __post_init__(self) -> None:
         self.size = sum(n for _, n in self.slots)

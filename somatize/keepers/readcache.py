@@ -40,9 +40,6 @@ class PackCache:
         self.size = 0
         self._touched = time.time()
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._packs
-
     def add(self, name: str, keys: Sequence[str], payloads: Sequence[bytes]) -> None:
         """Keep the entries of pack ``name`` (every one verified), if they fit the budget."""
         size = sum(map(len, payloads))
