@@ -21,8 +21,10 @@ Epoch timings are interleaved (A B C A B C ...); CPU time is reported beside wal
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from common import Row, Timing, interleave
@@ -30,25 +32,9 @@ from common import Row, Timing, interleave
 import somatize.torch as st
 from somatize import DiskKeeper, Done, Graph, MemoryKeeper, Node, Opaque, TieredKeeper
 
-
-class Conv(Node):
-    """Two 3×3 convolutions over an 8×8 image given as 64 floats, pooled to 256 features."""
-
-    def __init__(self, width: int = 32) -> None:
-        from torch import nn
-
-        self.net = nn.Sequential(
-            nn.Unflatten(1, (1, 8, 8)),
-            nn.Conv2d(1, width, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(width, 2 * width, 3, padding=1),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool2d(2),
-            nn.Flatten(),  # (batch, 8 * width)
-        )
-
-    def forward(self, x: Any, ctx: Any) -> Done:
-        return Done(Opaque(self.net(x)))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the recipes, importable
+from recipes.frozen_backbone import Backbone as Conv  # the recipe's CNN, measured
+from recipes.frozen_backbone import Head
 
 
 class Encoder(Node):
@@ -62,16 +48,6 @@ class Encoder(Node):
 
     def forward(self, x: Any, ctx: Any) -> Done:
         return Done(Opaque(self.net(x)))
-
-
-class Head(Node):
-    def __init__(self, h: int, classes: int) -> None:
-        from torch import nn
-
-        self.out = nn.Linear(h, classes)
-
-    def forward(self, x: Any, ctx: Any) -> Done:
-        return Done(Opaque(self.out(x)))
 
 
 def spread(t: Timing, scale: float) -> str:
