@@ -64,3 +64,15 @@ def test_an_exception_the_run_raises_is_raised_not_counted_as_lost():
         st.run_all(pool, lambda x: 1 / x, [1, 0, 2])
     with pytest.raises(ValueError, match="retries=-1"):
         st.executor(retries=-1)
+
+
+def _frozen(_):
+    import gc
+
+    return gc.get_freeze_count()
+
+
+def test_a_worker_freezes_what_it_inherited():
+    # a full collection in a worker scans what the worker made, not torch and the parent
+    with st.executor(workers=1) as pool:
+        assert pool.submit(_frozen, 0).result() > 10_000

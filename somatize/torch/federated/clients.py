@@ -23,26 +23,37 @@ Each batch returns its results at once, so peak memory is the inputs of one roun
 plus its results; return only what the server needs (a ``TrainResult`` is small; a
 state dict is the model's size).
 
-A batch's inputs and results cross as one byte string each, CPU tensors written as
-numpy buffers: returned as they are, each tensor of a result would go through
-torch's multiprocessing reducer, which moves its storage to a shared-memory file —
-about a millisecond per tensor, most of a 1,000-client round. The bytes are
-unpickled by the parent as the executor's own results are: executors run and
-return whatever they are sent, so use them with machines and code you trust.
+A batch's inputs cross as one byte string, CPU tensors written as numpy buffers:
+returned as they are, each tensor of a result would go through torch's
+multiprocessing reducer, which moves its storage to a shared-memory file — about a
+millisecond per tensor, most of a 1,000-client round. Results come back the same way,
+pickled by reference (cloudpickle only for what plain pickle cannot name, such as a
+lambda). When the workers share this host (``st.executor``, a ``ProcessPoolExecutor``),
+the tensors' bytes skip the executor's pipe: the worker writes them to one file in
+``/dev/shm`` (a per-call directory, removed when the call ends) and the pipe carries the
+rest; without ``/dev/shm``, or when it is full, they travel in the pipe. The bytes are
+unpickled by the parent as the executor's own results are: executors run and return
+whatever they are sent, so use them with machines and code you trust.
 """
 
 from __future__ import annotations
 
+import copyreg
 import io
+import os
 import pickle
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, as_completed
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
 
 import cloudpickle
 import numpy as np
 import torch
 from blake3 import blake3
+
+from ..pool import TorchPool
 
 __all__ = ["map_clients"]
 
@@ -81,22 +92,115 @@ def _dumps(value: Any) -> bytes:
     return buf.getvalue()
 
 
+def _reduce_tensor(t: torch.Tensor) -> Any:
+    try:  # numpy() refuses what numpy cannot hold as it is: grad, CUDA, sparse, conj, bfloat16
+        return _tensor, (t.numpy(),)
+    except (RuntimeError, TypeError):
+        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+# Plain pickle (by reference: results go back to the process that defined their classes)
+# with CPU tensors as numpy buffers. A dispatch table, not ``reducer_override``: no Python
+# call for each of the many small objects a batch of results holds.
+_RESULTS_TABLE: dict[type, Any] = {**copyreg.dispatch_table, torch.Tensor: _reduce_tensor}
+
+
+def _result_pickler(file: io.BytesIO, **kwargs: Any) -> pickle.Pickler:
+    pickler = pickle.Pickler(file, protocol=5, **kwargs)
+    pickler.dispatch_table = _RESULTS_TABLE
+    return pickler
+
+
+def _dump_results(results: list[Any], spool: str | None) -> Any:
+    """A batch's results: ``(path, pickle, sizes)`` with the tensors' bytes in a file of
+    ``spool``, or in-band bytes (no spool, a full ``/dev/shm``, or what plain pickle
+    cannot name)."""
+    if spool is not None:
+        buffers: list[pickle.PickleBuffer] = []
+        head = io.BytesIO()
+        try:
+            _result_pickler(head, buffer_callback=buffers.append).dump(results)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            return _dumps(results)  # a lambda, a local class: cloudpickle, in-band
+        views = [b.raw() for b in buffers]
+        try:
+            fd, path = tempfile.mkstemp(dir=spool)
+            try:
+                _write_all(fd, views)
+            except BaseException:
+                os.unlink(path)
+                raise
+            finally:
+                os.close(fd)
+        except OSError:  # /dev/shm full, or the call is over and its spool removed
+            pass
+        else:
+            return path, head.getvalue(), [v.nbytes for v in views]
+    try:
+        buf = io.BytesIO()
+        _result_pickler(buf).dump(results)
+        return buf.getvalue()
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return _dumps(results)
+
+
+def _write_all(fd: int, views: list[memoryview]) -> None:
+    """Write every view, in order, a thousand per system call."""
+    pending, i = [v.cast("B") for v in views if v.nbytes], 0
+    while i < len(pending):
+        done = os.writev(fd, pending[i : i + 1024])
+        while i < len(pending) and done >= pending[i].nbytes:
+            done -= pending[i].nbytes
+            i += 1
+        if done:  # a short write: the rest of this view next time
+            pending[i] = pending[i][done:]
+
+
+def _load_results(shipped: Any, spool: str | None) -> list[Any]:
+    # what _run_batch returned from the user's own executor, as _dump_results wrote it
+    if isinstance(shipped, bytes):
+        return pickle.loads(shipped)  # type: ignore[no-any-return]
+    path, head, sizes = shipped
+    if spool is None or os.path.dirname(path) != spool:
+        raise ValueError(f"a batch's results name {path!r}, outside this call's spool {spool!r}")
+    data = bytearray(sum(sizes))
+    with open(path, "rb") as fh:
+        fh.readinto(data)
+    os.unlink(path)
+    view, start, buffers = memoryview(data), 0, []
+    for n in sizes:
+        buffers.append(view[start : start + n])
+        start += n
+    return pickle.loads(head, buffers=buffers)  # type: ignore[no-any-return]
+
+
+def _spool(pool: Executor) -> str | None:
+    """A fresh directory in shared memory for one call's results, when the pool's workers
+    run on this host and the host has ``/dev/shm``."""
+    if not isinstance(pool, (ProcessPoolExecutor, TorchPool)) or not os.path.isdir("/dev/shm"):
+        return None
+    try:
+        return tempfile.mkdtemp(prefix="somatize-results-", dir="/dev/shm")
+    except OSError:
+        return None
+
+
 _PER_WORKER = 4  # batches per worker by default: balanced by the pool, results streamed back
 _SHIPPED = 64 << 20  # bytes of the shared value shipped per round, at most, before fewer batches
 _last_shared: dict[bytes, Any] = {}  # in a worker: the last shared value, by its bytes' digest
 _MISSING = object()
 
 
-def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes) -> bytes:
+def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes) -> Any:
     # In the worker: bytes map_clients (below) made in the user's own process and sent to
     # the user's own executor — never cache or checkpoint data (docs/federated.md).
-    digest, blob, tasks = pickle.loads(payload)
+    digest, blob, spool, tasks = pickle.loads(payload)
     shared = _last_shared.get(digest, _MISSING)
     if shared is _MISSING:  # not this round's: unpickle it once, forget the last one
         shared = pickle.loads(blob)  # the same caller's shared value, as _dumps wrote it
         _last_shared.clear()
         _last_shared[digest] = shared
-    return _dumps([fn(shared, t) for t in tasks])
+    return _dump_results([fn(shared, t) for t in tasks], spool)
 
 
 def _default_batches(workers: int, tasks: int, shared_bytes: int) -> int:
@@ -175,13 +279,17 @@ def map_clients(
     digest = blake3(blob).digest(length=16)
     count = batches or _default_batches(_workers(pool), len(tasks), len(blob))
     groups = _batches(len(tasks), min(count, len(tasks)), sizes)
-    futures = {
-        pool.submit(_run_batch, fn, _dumps((digest, blob, [tasks[i] for i in g]))): g
-        for g in groups
-    }
-    out: list[Any] = [None] * len(tasks)
-    for f in as_completed(futures):  # unpickle each batch's results as it arrives
-        # what _run_batch returned from the user's own executor, as _dumps wrote it
-        for i, r in zip(futures[f], pickle.loads(f.result())):
-            out[i] = r
-    return out
+    spool = _spool(pool)
+    try:
+        futures = {
+            pool.submit(_run_batch, fn, _dumps((digest, blob, spool, [tasks[i] for i in g]))): g
+            for g in groups
+        }
+        out: list[Any] = [None] * len(tasks)
+        for f in as_completed(futures):  # unpickle each batch's results as it arrives
+            for i, r in zip(futures[f], _load_results(f.result(), spool)):
+                out[i] = r
+        return out
+    finally:
+        if spool is not None:
+            shutil.rmtree(spool, ignore_errors=True)

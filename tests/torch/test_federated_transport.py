@@ -1,0 +1,131 @@
+"""map_clients' transport: results through a spool in /dev/shm, plain pickle with fallbacks."""
+
+import concurrent.futures
+import glob
+import os
+
+import pytest
+import torch
+
+import somatize.torch as st
+from somatize.torch import federated as fl
+from somatize.torch.federated import clients
+
+needs_shm = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this host")
+
+
+def odd_tensors(shared, i):
+    """A result with every kind of tensor the transport must carry, and plain values."""
+    z = torch.complex(torch.arange(3.0), torch.ones(3)) * (i + 1)
+    return {
+        "i": i + shared,
+        "f32": torch.full((64, 64), float(i)),
+        "bf16": torch.arange(4, dtype=torch.bfloat16) + i,
+        "grad": torch.ones(2, requires_grad=True) * i,  # a tensor in an autograd graph
+        "conj": z.conj(),
+        "strided": torch.arange(12.0).view(3, 4).t() + i,
+        "empty": torch.empty(0, 5),
+        "ints": torch.arange(5) * i,
+        "param": torch.nn.Parameter(torch.ones(2) * i),
+    }
+
+
+def with_a_lambda(shared, i):
+    return {"f": lambda: i + shared, "t": torch.ones(3) * i}  # plain pickle cannot name it
+
+
+def fails_on_three(shared, i):
+    if i == 3:
+        raise ValueError("client 3 failed")
+    return torch.ones(1000) * i
+
+
+def spools():
+    return set(glob.glob("/dev/shm/somatize-results-*"))
+
+
+def same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert type(a[k]) is type(b[k]) and a[k].dtype == b[k].dtype, k
+            assert a[k].shape == b[k].shape and torch.equal(
+                a[k].resolve_conj(), b[k].resolve_conj()
+            ), k
+        else:
+            assert a[k] == b[k], k
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with st.executor(workers=2) as p:
+        yield p
+
+
+@needs_shm
+def test_results_through_the_spool_equal_the_serial_round_and_leave_nothing(pool):
+    before = spools()
+    tasks = list(range(9))
+    out = fl.map_clients(pool, odd_tensors, tasks, shared=100)
+    for got, want in zip(out, fl.map_clients(None, odd_tensors, tasks, shared=100)):
+        same(got, want)
+    assert out[4]["f32"].is_contiguous() and out[4]["f32"][0, 0] == 4
+    out[4]["f32"].add_(1)  # results are the caller's own, writable tensors
+    assert spools() == before  # the call's spool is removed with it
+
+
+@needs_shm
+def test_what_plain_pickle_cannot_name_comes_back_by_cloudpickle(pool):
+    out = fl.map_clients(pool, with_a_lambda, [1, 2, 3], shared=10)
+    assert [r["f"]() for r in out] == [11, 12, 13]
+    assert [float(r["t"].sum()) for r in out] == [3.0, 6.0, 9.0]
+
+
+@needs_shm
+def test_a_failing_client_raises_and_its_spool_is_removed(pool):
+    before = spools()
+    with pytest.raises(ValueError, match="client 3 failed"):
+        fl.map_clients(pool, fails_on_three, list(range(8)), shared=0, batches=8)
+    assert spools() == before
+
+
+def test_the_pipe_carries_the_pickle_and_the_spool_the_tensor_bytes(tmp_path):
+    spool = str(tmp_path)
+    results = [torch.ones(1 << 18) * i for i in range(4)]  # 4 MiB of tensors
+    path, head, sizes = clients._dump_results(results, spool)
+    assert os.path.dirname(path) == spool and sum(sizes) == 4 << 20
+    assert len(head) < 4096  # not the tensors' bytes
+    back = clients._load_results((path, head, sizes), spool)
+    assert all(torch.equal(a, b) for a, b in zip(back, results))
+    assert not os.listdir(spool)  # read once, then removed
+
+
+def test_without_a_spool_or_room_in_it_results_travel_in_band(tmp_path):
+    results = [torch.ones(3), {"a": torch.arange(4)}]
+    for spool in (None, str(tmp_path / "gone")):  # none given; removed (the call is over, or full)
+        shipped = clients._dump_results(results, spool)
+        assert isinstance(shipped, bytes)
+        back = clients._load_results(shipped, spool)
+        assert torch.equal(back[0], results[0]) and torch.equal(back[1]["a"], results[1]["a"])
+
+
+def test_a_path_outside_the_calls_spool_is_refused(tmp_path):
+    (tmp_path / "a").mkdir()
+    path, head, sizes = clients._dump_results([torch.ones(2)], str(tmp_path / "a"))
+    with pytest.raises(ValueError, match="outside this call's spool"):
+        clients._load_results((path, head, sizes), str(tmp_path))
+
+
+class Remote(concurrent.futures.Executor):
+    """Stands for Dask's executor or any other whose workers may be elsewhere."""
+
+
+def test_only_pools_on_this_host_get_a_spool(pool):
+    assert clients._spool(Remote()) is None
+    spool = clients._spool(pool)
+    try:
+        assert spool is None or os.path.isdir(spool)
+        assert spool is not None or not os.path.isdir("/dev/shm")
+    finally:
+        if spool:
+            os.rmdir(spool)
