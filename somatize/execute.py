@@ -153,9 +153,13 @@ class Program:
             p.keyed for p in self.subprograms.values()
         )
         self._needs_key = self._keyed_ancestry()
-        #: whether a run needs the content key of the graph input (a root needs a key)
+        #: whether a run needs the content key of the graph input: a root whose key is
+        #: needed, but not one cached per example only (it keys its rows by their content)
         self.input_keyed = bool(self._needs_key) and (
-            any(n in self._needs_key for n in topology.roots)
+            any(
+                n in self._needs_key and (n not in memory.per_example or n in memory.named)
+                for n in topology.roots
+            )
             or any(p.keyed for p in self.subprograms.values())
         )
         for node in memory.per_example:

@@ -346,13 +346,15 @@ class Graph(Composable):
         x_key = (
             None if opaque or not program.input_keyed else digest(x, self.codecs, "the graph input")
         )
-        notify(self.watchers, RunStart(run.id, len(program.plan)))
+        if self.watchers:
+            notify(self.watchers, RunStart(run.id, len(program.plan)))
         start = time.perf_counter()
         watchers = self.watchers
         if self.memory.pinned:  # the keys of pinned nodes' entries, for pin(node, False)
             watchers = [*watchers, self._pins.watching(self.memory.pinned)]
         outcome = program.run_keyed(x, opaque, x_key, run, self.keys, keeper, watchers)
-        notify(self.watchers, RunEnd(run.id, time.perf_counter() - start))
+        if self.watchers:
+            notify(self.watchers, RunEnd(run.id, time.perf_counter() - start))
         return outcome
 
     def explain(

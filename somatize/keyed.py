@@ -179,7 +179,8 @@ def walk(
         ctx = Ctx(node, env.devices.get(node), run)
         sub = env.subprogram(node)
         node_metrics = None
-        notify(watchers, NodeStart(run.id, label, run.step))
+        if watchers:
+            notify(watchers, NodeStart(run.id, label, run.step))
         start = time.perf_counter()
         try:
             if sub is not None:
@@ -219,7 +220,8 @@ def walk(
         except Exception as e:
             name_node(e, label, impl, on_host)
             raise
-        notify(watchers, NodeEnd(run.id, label, run.step, time.perf_counter() - start))
+        if watchers:
+            notify(watchers, NodeEnd(run.id, label, run.step, time.perf_counter() - start))
 
         if is_opaque and remembered:
             # Caching was asked for: an Opaque that holds data (a frozen encoder's tensor,

@@ -129,3 +129,25 @@ def test_only_pools_on_this_host_get_a_spool(pool):
     finally:
         if spool:
             os.rmdir(spool)
+
+
+@needs_shm
+def test_spools_left_by_a_killed_process_are_removed_by_the_next_call(pool):
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid names no process now
+    stale = f"/dev/shm/{clients._PREFIX}{dead.pid}-test"
+    mine = f"/dev/shm/{clients._PREFIX}{os.getpid()}-test"  # this process's: in use
+    for d in (stale, mine):
+        os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, "batch"), "wb").close()
+    try:
+        fl.map_clients(pool, odd_tensors, [1, 2], shared=0)
+        assert not os.path.exists(stale) and os.path.exists(mine)
+    finally:
+        for d in (stale, mine):
+            if os.path.exists(d):
+                for f in os.listdir(d):
+                    os.unlink(os.path.join(d, f))
+                os.rmdir(d)

@@ -417,3 +417,23 @@ def test_a_node_cached_per_example_on_another_host_keys_rows_there():
     assert Encoder.rows == 5 and len(box_keeper) == 5  # one entry a row, in the box's keeper
     assert_close(first, ref.detach())
     assert_close(again, ref.detach()[[4, 0, 2]])
+
+
+def test_a_root_cached_per_example_does_not_hash_the_whole_batch(monkeypatch):
+    # its rows are keyed by their content; a key of the whole input would be unused work
+    import somatize.graph
+
+    hashed = []
+    real = somatize.graph.digest
+    monkeypatch.setattr(somatize.graph, "digest", lambda *a: hashed.append(1) or real(*a))
+    x = data(16).tensors[0]
+    m = st.module(graph())
+    assert not m.graph.program().input_keyed
+    m(x)
+    assert hashed == []
+    batch = st.module(graph(cached=False).cache("enc"))  # per batch: keyed by the whole input
+    assert batch.graph.program().input_keyed
+    batch(x)
+    assert hashed == [1]
+    named = graph().name("enc", "features")  # a name stores the batch: its key is needed
+    assert named.program().input_keyed

@@ -45,7 +45,7 @@ import pickle
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
 
 import cloudpickle
@@ -174,15 +174,49 @@ def _load_results(shipped: Any, spool: str | None) -> list[Any]:
     return pickle.loads(head, buffers=buffers)  # type: ignore[no-any-return]
 
 
+def _remove(spool: str) -> None:
+    """Remove a call's spool, and what a batch still running after an error writes there:
+    renamed first, so that no file can be made under its name while it is removed."""
+    closed = f"{spool}.closed"
+    try:
+        os.rename(spool, closed)
+    except OSError:
+        closed = spool
+    shutil.rmtree(closed, ignore_errors=True)
+
+
+_SHM, _PREFIX = "/dev/shm", "somatize-results-"
+
+
 def _spool(pool: Executor) -> str | None:
     """A fresh directory in shared memory for one call's results, when the pool's workers
-    run on this host and the host has ``/dev/shm``."""
-    if not isinstance(pool, (ProcessPoolExecutor, TorchPool)) or not os.path.isdir("/dev/shm"):
+    run on this host and the host has ``/dev/shm``; named by this process, so that the
+    spools of a process killed mid-round are found and removed by the next call."""
+    if not isinstance(pool, (ProcessPoolExecutor, TorchPool)) or not os.path.isdir(_SHM):
         return None
+    _sweep()
     try:
-        return tempfile.mkdtemp(prefix="somatize-results-", dir="/dev/shm")
+        return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=_SHM)
     except OSError:
         return None
+
+
+def _sweep() -> None:
+    """Remove the spools left in ``/dev/shm`` by processes that no longer exist."""
+    try:
+        names = [n for n in os.listdir(_SHM) if n.startswith(_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX) :].partition("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # gone: what it left is nobody's
+            shutil.rmtree(os.path.join(_SHM, name), ignore_errors=True)
+        except OSError:  # alive (another user's): theirs
+            pass
 
 
 _PER_WORKER = 4  # batches per worker by default: balanced by the pool, results streamed back
@@ -280,16 +314,18 @@ def map_clients(
     count = batches or _default_batches(_workers(pool), len(tasks), len(blob))
     groups = _batches(len(tasks), min(count, len(tasks)), sizes)
     spool = _spool(pool)
+    futures: dict[Future[Any], list[int]] = {}
     try:
-        futures = {
-            pool.submit(_run_batch, fn, _dumps((digest, blob, spool, [tasks[i] for i in g]))): g
-            for g in groups
-        }
+        for g in groups:  # (a loop: a failed submission leaves the earlier ones tracked)
+            payload = _dumps((digest, blob, spool, [tasks[i] for i in g]))
+            futures[pool.submit(_run_batch, fn, payload)] = g
         out: list[Any] = [None] * len(tasks)
         for f in as_completed(futures):  # unpickle each batch's results as it arrives
             for i, r in zip(futures[f], _load_results(f.result(), spool)):
                 out[i] = r
         return out
     finally:
+        for f in futures:  # on an error: the batches not started are not run
+            f.cancel()
         if spool is not None:
-            shutil.rmtree(spool, ignore_errors=True)
+            _remove(spool)
