@@ -109,6 +109,13 @@ def test_without_a_spool_or_room_in_it_results_travel_in_band(tmp_path):
         assert torch.equal(back[0], results[0]) and torch.equal(back[1]["a"], results[1]["a"])
 
 
+def test_a_short_results_file_is_an_error_not_a_torn_result(tmp_path):
+    path, head, sizes = clients._dump_results([torch.ones(1000)], str(tmp_path))
+    os.truncate(path, 100)
+    with pytest.raises(ValueError, match="holds 100 bytes of 4000"):
+        clients._load_results((path, head, sizes), str(tmp_path))
+
+
 def test_a_path_outside_the_calls_spool_is_refused(tmp_path):
     (tmp_path / "a").mkdir()
     path, head, sizes = clients._dump_results([torch.ones(2)], str(tmp_path / "a"))

@@ -165,8 +165,10 @@ def _load_results(shipped: Any, spool: str | None) -> list[Any]:
         raise ValueError(f"a batch's results name {path!r}, outside this call's spool {spool!r}")
     data = bytearray(sum(sizes))
     with open(path, "rb") as fh:
-        fh.readinto(data)
+        got = fh.readinto(data)
     os.unlink(path)
+    if got != len(data):
+        raise ValueError(f"a batch's results file {path!r} holds {got} bytes of {len(data)}")
     view, start, buffers = memoryview(data), 0, []
     for n in sizes:
         buffers.append(view[start : start + n])
