@@ -267,6 +267,16 @@ def test_complex_tensors_are_refused_with_the_fix():
         st.fedavg(states, weights="uniform")
     with pytest.raises(AggregationError, match="complex"):
         st.fedmedian(states)
+    later = [
+        {"w": torch.randn(3)},
+        {"w": torch.randn(3)},
+        {"w": torch.randn(3, dtype=torch.cfloat)},
+    ]
+    with pytest.raises(AggregationError, match=r"client 2, key 'w': a complex.*view_as_real"):
+        st.fedavg(later, weights="uniform")
+    later[2] = {"w": "3.0"}
+    with pytest.raises(AggregationError, match=r"client 2, key 'w': a str .*not a tensor"):
+        st.fedavg(later, weights="uniform")
 
 
 def test_weights_given_as_a_set_are_refused():

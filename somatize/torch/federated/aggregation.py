@@ -53,42 +53,55 @@ def _states(results: Sequence[Any]) -> list[State]:
     return states
 
 
-def _tensors_only(states: list[State]) -> None:
-    for i, s in enumerate(states):
-        for k, t in s.items():
-            if not isinstance(t, torch.Tensor):
-                raise AggregationError(
-                    f"client {i}, key {k!r}: a {type(t).__qualname__} ({t!r:.40}), not a tensor; "
-                    "aggregators average state dicts of tensors — store it as torch.tensor(...) "
-                    "or leave it out of the state"
-                )
-            if t.is_complex():
-                raise AggregationError(
-                    f"client {i}, key {k!r}: a complex tensor ({t.dtype}); aggregators average "
-                    "real tensors — store torch.view_as_real(t) and turn it back with "
-                    "torch.view_as_complex after aggregating"
-                )
+def _not_a_tensor(i: int, k: str, t: Any) -> AggregationError:
+    return AggregationError(
+        f"client {i}, key {k!r}: a {type(t).__qualname__} ({t!r:.40}), not a tensor; "
+        "aggregators average state dicts of tensors — store it as torch.tensor(...) "
+        "or leave it out of the state"
+    )
+
+
+def _complex(i: int, k: str, t: torch.Tensor) -> AggregationError:
+    return AggregationError(
+        f"client {i}, key {k!r}: a complex tensor ({t.dtype}); aggregators average "
+        "real tensors — store torch.view_as_real(t) and turn it back with "
+        "torch.view_as_complex after aggregating"
+    )
 
 
 def _validate(states: list[State]) -> None:
-    _tensors_only(states)
+    """Every client's state: tensors, real, of client 0's keys, shapes and dtypes. One pass
+    over each client's tensors (a complex tensor after client 0's real one differs in dtype)."""
     ref = states[0]
+    meta: dict[str, tuple[torch.Size, torch.dtype]] = {}
+    for k, t in ref.items():
+        if not isinstance(t, torch.Tensor):
+            raise _not_a_tensor(0, k, t)
+        if t.is_complex():
+            raise _complex(0, k, t)
+        meta[k] = (t.shape, t.dtype)
+    keys = ref.keys()
     for i, s in enumerate(states[1:], start=1):
-        if s.keys() != ref.keys():
+        if s.keys() != keys:
             missing, extra = sorted(set(ref) - set(s)), sorted(set(s) - set(ref))
             raise AggregationError(
                 f"client {i} has different keys than client 0 — missing: {missing[:5]}, "
                 f"unexpected: {extra[:5]}; all clients must train the same graph"
             )
         for k, t in s.items():
-            if t.shape != ref[k].shape:
+            shape, dtype = meta[k]
+            if not isinstance(t, torch.Tensor):
+                raise _not_a_tensor(i, k, t)
+            if t.dtype != dtype:
+                if t.is_complex():
+                    raise _complex(i, k, t)
+                raise AggregationError(
+                    f"client {i}, key {k!r}: dtype {t.dtype} differs from client 0's {dtype}"
+                )
+            if t.shape != shape:
                 raise AggregationError(
                     f"client {i}, key {k!r}: shape {tuple(t.shape)} differs from client 0's "
-                    f"{tuple(ref[k].shape)}; all clients must train the same graph"
-                )
-            if t.dtype != ref[k].dtype:
-                raise AggregationError(
-                    f"client {i}, key {k!r}: dtype {t.dtype} differs from client 0's {ref[k].dtype}"
+                    f"{tuple(shape)}; all clients must train the same graph"
                 )
 
 
