@@ -3,6 +3,7 @@
 import concurrent.futures
 import glob
 import os
+import time
 
 import pytest
 import torch
@@ -145,15 +146,20 @@ def test_spools_left_by_a_killed_process_are_removed_by_the_next_call(pool):
     dead = subprocess.Popen(["true"])
     dead.wait()  # its pid names no process now
     stale = f"/dev/shm/{clients._PREFIX}{dead.pid}-test"
+    fresh = f"/dev/shm/{clients._PREFIX}{dead.pid}-fresh"  # touched lately: maybe a live one
     mine = f"/dev/shm/{clients._PREFIX}{os.getpid()}-test"  # this process's: in use
-    for d in (stale, mine):
+    for d in (stale, fresh, mine):
         os.makedirs(d, exist_ok=True)
         open(os.path.join(d, "batch"), "wb").close()
+    an_hour_ago = time.time() - 3600
+    for d in (stale, mine):
+        os.utime(d, (an_hour_ago, an_hour_ago))
     try:
         fl.map_clients(pool, odd_tensors, [1, 2], shared=0)
-        assert not os.path.exists(stale) and os.path.exists(mine)
+        assert not os.path.exists(stale)
+        assert os.path.exists(fresh) and os.path.exists(mine)
     finally:
-        for d in (stale, mine):
+        for d in (stale, fresh, mine):
             if os.path.exists(d):
                 for f in os.listdir(d):
                     os.unlink(os.path.join(d, f))

@@ -44,6 +44,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
@@ -203,21 +204,32 @@ def _spool(pool: Executor) -> str | None:
         return None
 
 
+_STALE = 600.0  # seconds a spool must have been left alone before another process sweeps it
+
+
 def _sweep() -> None:
-    """Remove the spools left in ``/dev/shm`` by processes that no longer exist."""
+    """Remove the spools left in ``/dev/shm`` by processes that no longer exist.
+
+    Only those untouched for ``_STALE`` seconds: a ``/dev/shm`` shared by containers with
+    their own process ids (a pod's memory volume) may hold a live spool whose pid means
+    nothing here, and a live call writes into its spool, and reads it, within seconds."""
     try:
         names = [n for n in os.listdir(_SHM) if n.startswith(_PREFIX)]
     except OSError:
         return
+    now = time.time()
     for name in names:
         pid = name[len(_PREFIX) :].partition("-")[0]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
+        path = os.path.join(_SHM, name)
         try:
+            if now - os.stat(path).st_mtime < _STALE:
+                continue
             os.kill(int(pid), 0)
         except ProcessLookupError:  # gone: what it left is nobody's
-            shutil.rmtree(os.path.join(_SHM, name), ignore_errors=True)
-        except OSError:  # alive (another user's): theirs
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive (another user's), or already removed
             pass
 
 
