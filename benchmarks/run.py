@@ -1,7 +1,8 @@
 """Run every benchmark side by side and report ratios: ``make bench`` (``python benchmarks/run.py``).
 
 Writes ``benchmarks/results/latest.json`` and ``benchmarks/results/latest.md``, and
-puts the table into ``docs/benchmarks.md``. Each benchmark runs in a process of its
+puts the table into ``docs/benchmarks.md`` (a run with ``--only`` writes
+``results/only.*`` instead, and leaves the full run's figures alone). Each benchmark runs in a process of its
 own, so none inherits what another left (a thread, a warm cache, a forkserver). A benchmark never fails the build: a
 missed target is reported as such, and a benchmark that crashes is reported too.
 
@@ -151,12 +152,14 @@ def main() -> int:
     extra = "\n\n".join(tables)
     if failures:
         md += "\nBenchmarks that crashed: " + ", ".join(sorted(failures)) + "\n"
-    (out / "latest.json").write_text(
+    # a partial run (--only) never replaces the full run's figures, which the docs quote
+    stem = "only" if args.only else "latest"
+    (out / f"{stem}.json").write_text(
         json.dumps(
             {"meta": meta, "rows": [r.as_dict() for r in rows], "failures": failures}, indent=2
         )
     )
-    (out / "latest.md").write_text(md + (f"\n{extra}\n" if extra else ""))
+    (out / f"{stem}.md").write_text(md + (f"\n{extra}\n" if extra else ""))
     print("\n" + md + (f"\n{extra}\n" if extra else ""))
     docs = HERE.parent / "docs" / "benchmarks.md"
     if not args.no_docs and not args.only and docs.exists():
