@@ -35,7 +35,8 @@ class TieredKeeper:
     Args:
         fast: a keeper in this process (``MemoryKeeper(max_bytes=...)``: its budget bounds
             the memory used).
-        slow: the lasting, shared keeper on disk (``DiskKeeper(path)``).
+        slow: the lasting, shared keeper on disk: ``DiskKeeper(path, read_cache=0)``, whose
+            own read cache would hold in memory again what ``fast`` holds.
     """
 
     def __init__(self, fast: Keeper, slow: Keeper) -> None:
