@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from common import Row, cpu_ratio, interleave, per_call
+from fedavg_floors import conversion_pass, float32_pass
 
 HERE = Path(__file__).resolve().parent
 
@@ -319,20 +320,6 @@ def flower_rows(sizes: list[int], per_round: dict[int, float]) -> list[Row]:
     return rows
 
 
-def conversion_pass(states: list[dict[str, torch.Tensor]]) -> None:
-    """Only the float32 -> float64 conversion fedavg needs: every client tensor converted, a
-    cache-sized slice at a time, into one float64 buffer — the floor of any float64 sum
-    built from torch's CPU kernels, which have no fused convert-and-accumulate."""
-    chunk = 1 << 18
-    buf = torch.empty(chunk, dtype=torch.float64)
-    for k in states[0]:
-        n = states[0][k].numel()
-        for start in range(0, n, chunk):
-            for s in states:
-                piece = s[k].reshape(-1)[start : start + chunk]
-                buf[: piece.numel()].copy_(piece)
-
-
 def fedavg_rows(quick: bool) -> list[Row]:
     import somatize.torch as st
 
@@ -341,16 +328,10 @@ def fedavg_rows(quick: bool) -> list[Row]:
     states = [{"w": torch.randn(params, generator=gen)} for _ in range(clients)]
     weights = [float(i + 1) for i in range(clients)]
 
-    def float32_pass() -> None:
-        total = sum(weights)
-        acc = torch.zeros(params)
-        for s, w in zip(states, weights):
-            acc.add_(s["w"], alpha=w / total)
-
     t = interleave(
         {
             "fedavg": per_call(lambda: st.fedavg(states, weights=weights), 1),
-            "float32 pass": per_call(float32_pass, 1),
+            "float32 pass": per_call(lambda: float32_pass(states, weights), 1),
             "conversion": per_call(lambda: conversion_pass(states), 1),
         },
         trials=3 if quick else 5,

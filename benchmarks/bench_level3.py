@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
 from common import Row, cpu_ratio, interleave, per_call
+from fedavg_floors import conversion_pass, float32_pass
 
 import somatize.torch as st
 
@@ -21,27 +21,6 @@ import somatize.torch as st
 def reference(states: list[dict[str, Any]], weights: list[float]) -> dict[str, Any]:
     total = sum(weights)
     return {k: sum(s[k].double() * w for s, w in zip(states, weights)) / total for k in states[0]}
-
-
-def float32_pass(states: list[dict[str, Any]], weights: list[float]) -> None:
-    """The cheapest weighted mean: one float32 accumulation over every client tensor."""
-    total = sum(weights)
-    for k in states[0]:
-        acc = torch.zeros_like(states[0][k])
-        for s, w in zip(states, weights):
-            acc.add_(s[k], alpha=w / total)
-
-
-def conversion_pass(states: list[dict[str, Any]]) -> None:
-    """Only the float32 -> float64 conversion fedavg needs, a slice at a time, nothing summed."""
-    chunk = 1 << 18
-    buf = torch.empty(chunk, dtype=torch.float64)
-    for k in states[0]:
-        n = states[0][k].numel()
-        for start in range(0, n, chunk):
-            for s in states:
-                piece = s[k].reshape(-1)[start : start + chunk]
-                buf[: piece.numel()].copy_(piece)
 
 
 def train_run(seed: int, epochs: int = 24) -> st.TrainResult:
