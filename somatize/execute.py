@@ -137,11 +137,7 @@ class Program:
         slot: dict[str, int] = {}
         for node, inputs in steps:
             sub = subs.get(node) if subs else None
-            if sub is not None:
-                forward = sub.as_forward()
-            else:
-                impl = impls[node]
-                forward = impl.forward if wrap is None else wrap(node, impl, impl.forward)
+            forward = sub.as_forward() if sub is not None else self._forward(node, impls[node])
             if len(inputs) > 1:
                 one, many = 0, tuple([slot[i] for i in inputs])
             else:

@@ -121,7 +121,7 @@ class TensorCodec:
 
     def chunks(self, value: torch.Tensor) -> Iterable[bytes | memoryview]:
         self.check(value)
-        return (_HEADERS.get((value.dtype, value.shape)) or _header(value), _tensor_bytes(value))
+        return (_header(value), _tensor_bytes(value))
 
     def key(self, value: torch.Tensor) -> str | None:
         """``digest(value, codecs)`` of a lone tensor, by a shorter road: blake3 of the same

@@ -158,8 +158,12 @@ def _write_all(fd: int, views: list[memoryview]) -> None:
 
 
 def _load_results(shipped: Any, spool: str | None) -> list[Any]:
-    # what _run_batch returned from the user's own executor, as _dump_results wrote it
-    if isinstance(shipped, bytes):
+    """A batch's results, from what ``_run_batch`` returned through the user's own executor.
+
+    Only those bytes are unpickled, as the executor's own results are. The spool file
+    (in a directory ``mkdtemp`` made for this call, readable by this user only) holds
+    raw tensor bytes: they become out-of-band buffers, data that is never unpickled."""
+    if isinstance(shipped, bytes):  # the batch's results as _dump_results pickled them
         return pickle.loads(shipped)  # type: ignore[no-any-return]
     path, head, sizes = shipped
     if spool is None or os.path.dirname(path) != spool:
@@ -174,6 +178,7 @@ def _load_results(shipped: Any, spool: str | None) -> list[Any]:
     for n in sizes:
         buffers.append(view[start : start + n])
         start += n
+    # the pickle the executor returned; the file's bytes only fill its tensors' buffers
     return pickle.loads(head, buffers=buffers)  # type: ignore[no-any-return]
 
 
