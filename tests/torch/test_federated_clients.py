@@ -211,6 +211,23 @@ def test_map_clients_pickles_the_shared_value_once_and_returns_results_in_task_o
         fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), batches=0)
 
 
+def test_map_clients_batches_taper_so_the_workers_finish_together():
+    from somatize.torch.federated.clients import _TAIL, _batches, _shares
+
+    groups = _batches(1000, _shares(8, 2), None)
+    lengths = [len(g) for g in groups]
+    assert sorted(i for g in groups for i in g) == list(range(1000))  # each task once
+    assert lengths == sorted(lengths, reverse=True) and len(lengths) == 8
+    assert lengths[-1] == pytest.approx(lengths[0] * _TAIL, rel=0.1)
+    assert all(g[0] < 50 and g[-1] > 950 for g in groups)  # each spans the task list
+    # one batch per worker (or fewer): equal shares
+    assert [len(g) for g in _batches(100, _shares(2, 2), None)] == [50, 50]
+    # by sizes: the largest tasks first, and no batch left empty
+    sizes = [1.0] * 99 + [100.0]
+    assert _batches(100, _shares(2, 2), sizes) == [[99], list(range(99))]
+    assert _batches(3, _shares(8, 2), [3, 2, 1]) == [[0], [1], [2]]
+
+
 def test_map_clients_sends_a_large_shared_value_in_fewer_batches():
     # the shared value's bytes travel with every batch: past _SHIPPED per round, fewer batches
     assert fl.clients._default_batches(2, 1000, 1 << 10) == 2 * fl.clients._PER_WORKER

@@ -16,6 +16,8 @@ bytes, for its next batch). By default there are a few batches per worker
 ``_SHIPPED`` bytes of it are shipped per round): the pool hands the next batch to
 whichever worker is free, so a worker slowed by other load takes fewer clients, and
 the results of the first batches are unpickled here while the last ones still train.
+The batches taper (``_shares``), so that the workers finish within a small batch of each
+other.
 
 It works on ``st.executor(...)``, any ``ProcessPoolExecutor`` and Dask's
 ``Client(...).get_executor()``; ``pool=None`` runs the same calls in this process.
@@ -239,6 +241,7 @@ def _sweep() -> None:
 
 
 _PER_WORKER = 4  # batches per worker by default: balanced by the pool, results streamed back
+_TAIL = 1 / 8  # the last batch's size, as a share of the first's (_shares)
 _SHIPPED = 64 << 20  # bytes of the shared value shipped per round, at most, before fewer batches
 _last_shared: dict[bytes, Any] = {}  # in a worker: the last shared value, by its bytes' digest
 _MISSING = object()
@@ -276,18 +279,39 @@ def _workers(pool: Executor) -> int:
     )
 
 
-def _batches(n: int, count: int, sizes: Sequence[float] | None) -> list[list[int]]:
-    """Task indices in ``count`` batches: round-robin, or balanced by ``sizes`` (largest first)."""
+def _shares(count: int, workers: int) -> list[float]:
+    """Each batch's share of the round's work, largest first, tapering geometrically to
+    ``_TAIL`` of the first: the pool hands the big ones out first, and the small last ones
+    even out the workers' finishing times. Equal when there is a batch per worker or fewer."""
+    if count <= workers:
+        return [1.0] * count
+    q = _TAIL ** (1 / (count - 1))
+    return [q**k for k in range(count)]
+
+
+def _batches(n: int, shares: Sequence[float], sizes: Sequence[float] | None) -> list[list[int]]:
+    """Task indices in ``len(shares)`` batches, each about its share of the total cost: the
+    tasks in a golden-ratio shuffle (so that every batch, even a small one, spans the task
+    list, should costs grow along it), or largest first by ``sizes``."""
+    count = len(shares)
     if sizes is None:
-        return [list(range(b, n, count)) for b in range(count) if b < n]
-    if len(sizes) != n:
+        order, cost = sorted(range(n), key=lambda i: (i * 0.6180339887498949) % 1.0), [1.0] * n
+    elif len(sizes) != n:
         raise ValueError(f"{len(sizes)} sizes for {n} tasks; give one per task")
-    loads, out = [0.0] * count, [[] for _ in range(count)]  # type: list[float], list[list[int]]
-    for i in sorted(range(n), key=lambda i: (-float(sizes[i]), i)):
-        b = min(range(count), key=lambda b: (loads[b], b))
+    else:
+        cost = [float(s) for s in sizes]
+        order = sorted(range(n), key=lambda i: (-cost[i], i))
+    total, whole = sum(cost), sum(shares)
+    out: list[list[int]] = [[] for _ in range(count)]
+    b, done, bound = 0, 0.0, total * shares[0] / whole
+    for k, i in enumerate(order):
         out[b].append(i)
-        loads[b] += float(sizes[i])
-    return [sorted(b) for b in out if b]
+        done += cost[i]
+        # the next batch once this one has its share, never leaving a later batch empty
+        if b < count - 1 and (done >= bound * (1 - 1e-9) or n - k - 1 <= count - 1 - b):
+            b += 1
+            bound += total * shares[b] / whole
+    return [sorted(g) for g in out if g]
 
 
 def map_clients(
@@ -330,8 +354,9 @@ def map_clients(
         raise ValueError(f"batches must be a positive int, not {batches!r}")
     blob = _dumps(shared)
     digest = blake3(blob).digest(length=16)
-    count = batches or _default_batches(_workers(pool), len(tasks), len(blob))
-    groups = _batches(len(tasks), min(count, len(tasks)), sizes)
+    workers = _workers(pool) if batches is None else batches
+    count = batches or _default_batches(workers, len(tasks), len(blob))
+    groups = _batches(len(tasks), _shares(min(count, len(tasks)), workers), sizes)
     spool = _spool(pool)
     futures: dict[Future[Any], list[int]] = {}
     try:
