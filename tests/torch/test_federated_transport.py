@@ -1,8 +1,10 @@
-"""map_clients' transport: results through a spool in /dev/shm, plain pickle with fallbacks."""
+"""map_clients' transport: tasks and results through a spool in /dev/shm, plain pickle with
+fallbacks."""
 
 import concurrent.futures
 import glob
 import os
+import sys
 import time
 
 import pytest
@@ -10,7 +12,7 @@ import torch
 
 import somatize.torch as st
 from somatize.torch import federated as fl
-from somatize.torch.federated import clients
+from somatize.torch.federated import spool as sp
 
 needs_shm = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this host")
 
@@ -76,6 +78,49 @@ def test_results_through_the_spool_equal_the_serial_round_and_leave_nothing(pool
 
 
 @needs_shm
+def doubled(shared, t):
+    return {"t": t["x"] * 2 + shared, "n": t["n"]}
+
+
+@needs_shm
+def test_tasks_go_through_the_spool_too(pool):
+    tasks = [{"x": torch.full((256,), float(i)), "n": i} for i in range(20)]
+    out = fl.map_clients(pool, doubled, tasks, shared=1.0)
+    assert [r["n"] for r in out] == list(range(20))
+    assert all(torch.equal(r["t"], t["x"] * 2 + 1) for r, t in zip(out, tasks))
+    pool_dir = sp.open_spool(pool)
+    assert pool_dir is not None
+    shipped = sp.ship(tasks, pool_dir, to_worker=True)
+    try:
+        path, head, sizes = shipped  # the tensors' bytes in a file, the pipe the rest
+        assert os.path.dirname(path) == pool_dir
+        assert sum(sizes) == 20 * 256 * 4 and len(head) < 4096
+        back = sp.unship(shipped, pool_dir)
+        assert all(torch.equal(a["x"], b["x"]) for a, b in zip(back, tasks))
+    finally:
+        sp.remove(pool_dir)
+
+
+class Task:
+    def __init__(self, x):
+        self.x = x
+
+
+def test_what_a_worker_may_not_have_of_main_goes_by_value(tmp_path, monkeypatch):
+    # a class of __main__: a worker started by forkserver, or forked before it was
+    # defined, has no such name, so what goes to a worker carries the class itself
+    monkeypatch.setattr(Task, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "Task", Task, raising=False)
+    tasks = [Task(torch.ones(3))]
+    to_worker = sp.ship(tasks, str(tmp_path), to_worker=True)
+    to_parent = sp.ship(tasks, str(tmp_path))
+    monkeypatch.delattr(sys.modules["__main__"], "Task")  # as in that worker
+    assert torch.equal(sp.unship(to_worker, str(tmp_path))[0].x, torch.ones(3))
+    with pytest.raises(AttributeError):  # results go back by reference, to where they began
+        sp.unship(to_parent, str(tmp_path))
+
+
+@needs_shm
 def test_what_plain_pickle_cannot_name_comes_back_by_cloudpickle(pool):
     out = fl.map_clients(pool, with_a_lambda, [1, 2, 3], shared=10)
     assert [r["f"]() for r in out] == [11, 12, 13]
@@ -93,10 +138,10 @@ def test_a_failing_client_raises_and_its_spool_is_removed(pool):
 def test_the_pipe_carries_the_pickle_and_the_spool_the_tensor_bytes(tmp_path):
     spool = str(tmp_path)
     results = [torch.ones(1 << 18) * i for i in range(4)]  # 4 MiB of tensors
-    path, head, sizes = clients._dump_results(results, spool)
+    path, head, sizes = sp.ship(results, spool)
     assert os.path.dirname(path) == spool and sum(sizes) == 4 << 20
     assert len(head) < 4096  # not the tensors' bytes
-    back = clients._load_results((path, head, sizes), spool)
+    back = sp.unship((path, head, sizes), spool)
     assert all(torch.equal(a, b) for a, b in zip(back, results))
     assert not os.listdir(spool)  # read once, then removed
 
@@ -104,24 +149,24 @@ def test_the_pipe_carries_the_pickle_and_the_spool_the_tensor_bytes(tmp_path):
 def test_without_a_spool_or_room_in_it_results_travel_in_band(tmp_path):
     results = [torch.ones(3), {"a": torch.arange(4)}]
     for spool in (None, str(tmp_path / "gone")):  # none given; removed (the call is over, or full)
-        shipped = clients._dump_results(results, spool)
+        shipped = sp.ship(results, spool)
         assert isinstance(shipped, bytes)
-        back = clients._load_results(shipped, spool)
+        back = sp.unship(shipped, spool)
         assert torch.equal(back[0], results[0]) and torch.equal(back[1]["a"], results[1]["a"])
 
 
 def test_a_short_results_file_is_an_error_not_a_torn_result(tmp_path):
-    path, head, sizes = clients._dump_results([torch.ones(1000)], str(tmp_path))
+    path, head, sizes = sp.ship([torch.ones(1000)], str(tmp_path))
     os.truncate(path, 100)
     with pytest.raises(ValueError, match="holds 100 bytes of 4000"):
-        clients._load_results((path, head, sizes), str(tmp_path))
+        sp.unship((path, head, sizes), str(tmp_path))
 
 
 def test_a_path_outside_the_calls_spool_is_refused(tmp_path):
     (tmp_path / "a").mkdir()
-    path, head, sizes = clients._dump_results([torch.ones(2)], str(tmp_path / "a"))
+    path, head, sizes = sp.ship([torch.ones(2)], str(tmp_path / "a"))
     with pytest.raises(ValueError, match="outside this call's spool"):
-        clients._load_results((path, head, sizes), str(tmp_path))
+        sp.unship((path, head, sizes), str(tmp_path))
 
 
 class Remote(concurrent.futures.Executor):
@@ -129,8 +174,8 @@ class Remote(concurrent.futures.Executor):
 
 
 def test_only_pools_on_this_host_get_a_spool(pool):
-    assert clients._spool(Remote()) is None
-    spool = clients._spool(pool)
+    assert sp.open_spool(Remote()) is None
+    spool = sp.open_spool(pool)
     try:
         assert spool is None or os.path.isdir(spool)
         assert spool is not None or not os.path.isdir("/dev/shm")
@@ -145,9 +190,9 @@ def test_spools_left_by_a_killed_process_are_removed_by_the_next_call(pool):
 
     dead = subprocess.Popen(["true"])
     dead.wait()  # its pid names no process now
-    stale = f"/dev/shm/{clients._PREFIX}{dead.pid}-test"
-    fresh = f"/dev/shm/{clients._PREFIX}{dead.pid}-fresh"  # touched lately: maybe a live one
-    mine = f"/dev/shm/{clients._PREFIX}{os.getpid()}-test"  # this process's: in use
+    stale = f"/dev/shm/{sp._PREFIX}{dead.pid}-test"
+    fresh = f"/dev/shm/{sp._PREFIX}{dead.pid}-fresh"  # touched lately: maybe a live one
+    mine = f"/dev/shm/{sp._PREFIX}{os.getpid()}-test"  # this process's: in use
     for d in (stale, fresh, mine):
         os.makedirs(d, exist_ok=True)
         open(os.path.join(d, "batch"), "wb").close()

@@ -25,220 +25,30 @@ Each batch returns its results at once, so peak memory is the inputs of one roun
 plus its results; return only what the server needs (a ``TrainResult`` is small; a
 state dict is the model's size).
 
-A batch's inputs cross as one byte string, CPU tensors written as numpy buffers:
-returned as they are, each tensor of a result would go through torch's
-multiprocessing reducer, which moves its storage to a shared-memory file — about a
-millisecond per tensor, most of a 1,000-client round. Results come back the same way,
-pickled by reference (cloudpickle only for what plain pickle cannot name, such as a
-lambda). When the workers share this host (``st.executor``, a ``ProcessPoolExecutor``),
-the tensors' bytes skip the executor's pipe: the worker writes them to one file in
-``/dev/shm`` (a per-call directory, removed when the call ends) and the pipe carries the
-rest; without ``/dev/shm``, or when it is full, they travel in the pipe. The bytes are
-unpickled by the parent as the executor's own results are: executors run and return
-whatever they are sent, so use them with machines and code you trust.
+A batch's tasks and its results cross as a pickle, CPU tensors as numpy buffers
+(``spool.py``): by reference, cloudpickle only for what plain pickle cannot name (a lambda)
+or, on the way to a worker, for anything of ``__main__``. When the workers share this host
+(``st.executor``, a ``ProcessPoolExecutor``), the tensors' bytes skip the executor's pipe
+through a per-call directory in ``/dev/shm``, removed when the call ends. The pickles are
+unpickled as the executor's own messages are: executors run and return whatever they are
+sent, so use them with machines and code you trust.
 """
 
 from __future__ import annotations
 
-import copyreg
-import io
-import os
 import pickle
-import shutil
-import tempfile
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, Future, as_completed
 from typing import Any, TypeVar
 
-import cloudpickle
-import numpy as np
-import torch
 from blake3 import blake3
 
-from ..pool import TorchPool
+from .spool import dumps, open_spool, remove, ship, unship
 
 __all__ = ["map_clients"]
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-# dtypes numpy holds exactly; others (bfloat16, float8...) take torch's own pickling
-_NUMPY = {
-    torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
-}  # fmt: skip
-
-
-def _tensor(array: np.ndarray[Any, Any]) -> torch.Tensor:
-    return torch.from_numpy(array if array.flags.writeable else array.copy())
-
-
-class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle (lambdas, ``__main__`` classes) with CPU tensors as numpy buffers."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if (
-            type(obj) is torch.Tensor
-            and obj.dtype in _NUMPY
-            and obj.device.type == "cpu"
-            and obj.layout == torch.strided
-            and not obj.requires_grad
-        ):
-            return _tensor, (obj.resolve_conj().resolve_neg().numpy(),)
-        return super().reducer_override(obj)
-
-
-def _dumps(value: Any) -> bytes:
-    buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    return buf.getvalue()
-
-
-def _reduce_tensor(t: torch.Tensor) -> Any:
-    try:  # numpy() refuses what numpy cannot hold as it is: grad, CUDA, sparse, conj, bfloat16
-        return _tensor, (t.numpy(),)
-    except (RuntimeError, TypeError):
-        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-
-
-# Plain pickle (by reference: results go back to the process that defined their classes)
-# with CPU tensors as numpy buffers. A dispatch table, not ``reducer_override``: no Python
-# call for each of the many small objects a batch of results holds.
-_RESULTS_TABLE: dict[type, Any] = {**copyreg.dispatch_table, torch.Tensor: _reduce_tensor}
-
-
-def _result_pickler(file: io.BytesIO, **kwargs: Any) -> pickle.Pickler:
-    pickler = pickle.Pickler(file, protocol=5, **kwargs)
-    pickler.dispatch_table = _RESULTS_TABLE
-    return pickler
-
-
-def _dump_results(results: list[Any], spool: str | None) -> Any:
-    """A batch's results: ``(path, pickle, sizes)`` with the tensors' bytes in a file of
-    ``spool``, or in-band bytes (no spool, a full ``/dev/shm``, or what plain pickle
-    cannot name)."""
-    if spool is not None:
-        buffers: list[pickle.PickleBuffer] = []
-        head = io.BytesIO()
-        try:
-            _result_pickler(head, buffer_callback=buffers.append).dump(results)
-        except (pickle.PicklingError, AttributeError, TypeError):
-            return _dumps(results)  # a lambda, a local class: cloudpickle, in-band
-        views = [b.raw() for b in buffers]
-        try:
-            fd, path = tempfile.mkstemp(dir=spool)
-            try:
-                _write_all(fd, views)
-            except BaseException:
-                os.unlink(path)
-                raise
-            finally:
-                os.close(fd)
-        except OSError:  # /dev/shm full, or the call is over and its spool removed
-            pass
-        else:
-            return path, head.getvalue(), [v.nbytes for v in views]
-    try:
-        buf = io.BytesIO()
-        _result_pickler(buf).dump(results)
-        return buf.getvalue()
-    except (pickle.PicklingError, AttributeError, TypeError):
-        return _dumps(results)
-
-
-def _write_all(fd: int, views: list[memoryview]) -> None:
-    """Write every view, in order, a thousand per system call."""
-    pending, i = [v.cast("B") for v in views if v.nbytes], 0
-    while i < len(pending):
-        done = os.writev(fd, pending[i : i + 1024])
-        while i < len(pending) and done >= pending[i].nbytes:
-            done -= pending[i].nbytes
-            i += 1
-        if done:  # a short write: the rest of this view next time
-            pending[i] = pending[i][done:]
-
-
-def _load_results(shipped: Any, spool: str | None) -> list[Any]:
-    """A batch's results, from what ``_run_batch`` returned through the user's own executor.
-
-    Only those bytes are unpickled, as the executor's own results are. The spool file
-    (in a directory ``mkdtemp`` made for this call, readable by this user only) holds
-    raw tensor bytes: they become out-of-band buffers, data that is never unpickled."""
-    if isinstance(shipped, bytes):  # the batch's results as _dump_results pickled them
-        return pickle.loads(shipped)  # type: ignore[no-any-return]
-    path, head, sizes = shipped
-    if spool is None or os.path.dirname(path) != spool:
-        raise ValueError(f"a batch's results name {path!r}, outside this call's spool {spool!r}")
-    data = bytearray(sum(sizes))
-    with open(path, "rb") as fh:
-        got = fh.readinto(data)
-    os.unlink(path)
-    if got != len(data):
-        raise ValueError(f"a batch's results file {path!r} holds {got} bytes of {len(data)}")
-    view, start, buffers = memoryview(data), 0, []
-    for n in sizes:
-        buffers.append(view[start : start + n])
-        start += n
-    # the pickle the executor returned; the file's bytes only fill its tensors' buffers
-    return pickle.loads(head, buffers=buffers)  # type: ignore[no-any-return]
-
-
-def _remove(spool: str) -> None:
-    """Remove a call's spool, and what a batch still running after an error writes there:
-    renamed first, so that no file can be made under its name while it is removed."""
-    closed = f"{spool}.closed"
-    try:
-        os.rename(spool, closed)
-    except OSError:
-        closed = spool
-    shutil.rmtree(closed, ignore_errors=True)
-
-
-_SHM, _PREFIX = "/dev/shm", "somatize-results-"
-
-
-def _spool(pool: Executor) -> str | None:
-    """A fresh directory in shared memory for one call's results, when the pool's workers
-    run on this host and the host has ``/dev/shm``; named by this process, so that the
-    spools of a process killed mid-round are found and removed by the next call."""
-    if not isinstance(pool, (ProcessPoolExecutor, TorchPool)) or not os.path.isdir(_SHM):
-        return None
-    _sweep()
-    try:
-        return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=_SHM)
-    except OSError:
-        return None
-
-
-_STALE = 600.0  # seconds a spool must have been left alone before another process sweeps it
-
-
-def _sweep() -> None:
-    """Remove the spools left in ``/dev/shm`` by processes that no longer exist.
-
-    Only those untouched for ``_STALE`` seconds: a ``/dev/shm`` shared by containers with
-    their own process ids (a pod's memory volume) may hold a live spool whose pid means
-    nothing here, and a live call writes into its spool, and reads it, within seconds."""
-    try:
-        names = [n for n in os.listdir(_SHM) if n.startswith(_PREFIX)]
-    except OSError:
-        return
-    now = time.time()
-    for name in names:
-        pid = name[len(_PREFIX) :].partition("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        path = os.path.join(_SHM, name)
-        try:
-            if now - os.stat(path).st_mtime < _STALE:
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:  # gone: what it left is nobody's
-            shutil.rmtree(path, ignore_errors=True)
-        except OSError:  # alive (another user's), or already removed
-            pass
-
 
 _PER_WORKER = 4  # batches per worker by default: balanced by the pool, results streamed back
 _TAIL = 1 / 8  # the last batch's size, as a share of the first's (_shares)
@@ -250,13 +60,13 @@ _MISSING = object()
 def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes) -> Any:
     # In the worker: bytes map_clients (below) made in the user's own process and sent to
     # the user's own executor — never cache or checkpoint data (docs/federated.md).
-    digest, blob, spool, tasks = pickle.loads(payload)
+    digest, blob, spool, shipped = pickle.loads(payload)
     shared = _last_shared.get(digest, _MISSING)
     if shared is _MISSING:  # not this round's: unpickle it once, forget the last one
-        shared = pickle.loads(blob)  # the same caller's shared value, as _dumps wrote it
+        shared = pickle.loads(blob)  # the same caller's shared value, as dumps wrote it
         _last_shared.clear()
         _last_shared[digest] = shared
-    return _dump_results([fn(shared, t) for t in tasks], spool)
+    return ship([fn(shared, t) for t in unship(shipped, spool)], spool)
 
 
 def _default_batches(workers: int, tasks: int, shared_bytes: int) -> int:
@@ -352,24 +162,25 @@ def map_clients(
         isinstance(batches, bool) or not isinstance(batches, int) or batches < 1
     ):
         raise ValueError(f"batches must be a positive int, not {batches!r}")
-    blob = _dumps(shared)
+    blob = dumps(shared)
     digest = blake3(blob).digest(length=16)
     workers = _workers(pool) if batches is None else batches
     count = batches or _default_batches(workers, len(tasks), len(blob))
     groups = _batches(len(tasks), _shares(min(count, len(tasks)), workers), sizes)
-    spool = _spool(pool)
+    spool = open_spool(pool)
     futures: dict[Future[Any], list[int]] = {}
     try:
         for g in groups:  # (a loop: a failed submission leaves the earlier ones tracked)
-            payload = _dumps((digest, blob, spool, [tasks[i] for i in g]))
+            shipped = ship([tasks[i] for i in g], spool, to_worker=True)
+            payload = pickle.dumps((digest, blob, spool, shipped), protocol=5)
             futures[pool.submit(_run_batch, fn, payload)] = g
         out: list[Any] = [None] * len(tasks)
         for f in as_completed(futures):  # unpickle each batch's results as it arrives
-            for i, r in zip(futures[f], _load_results(f.result(), spool)):
+            for i, r in zip(futures[f], unship(f.result(), spool)):
                 out[i] = r
         return out
     finally:
         for f in futures:  # on an error: the batches not started are not run
             f.cancel()
         if spool is not None:
-            _remove(spool)
+            remove(spool)
