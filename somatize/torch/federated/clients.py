@@ -141,10 +141,11 @@ def map_clients(
             worker runs in this call sees the same object).
         tasks: one per client (its partition, its seed...).
         shared: what every client needs (the global state); pickled once per call.
-        batches: how many batches (default: a few per worker of the pool, ``_PER_WORKER``,
-            fewer for a large shared value; pass the worker count for one batch each).
+        batches: how many batches, of equal work (default: a few per worker of the pool,
+            ``_PER_WORKER``, tapering; fewer for a large shared value). Pass the worker
+            count for one batch each.
         sizes: optional cost of each task (e.g. its number of examples), to balance the
-            batches; without it tasks are dealt round-robin.
+            batches, the largest tasks first; without it every task counts the same.
 
     Returns:
         The results, in the order of ``tasks``.
