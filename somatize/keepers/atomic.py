@@ -23,26 +23,29 @@ _SMALL = 1 << 20  # below this, chunks are joined and written with one call
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[BinaryIO]:
+def atomic_file(path: Path, *, sync: bool = True, sync_dir: bool = True) -> Iterator[BinaryIO]:
     """A file to write that appears at ``path`` whole, or not at all.
 
-    Writes go to a temp file in the same directory; on success it is fsynced,
-    renamed over ``path`` (``os.replace``), and the directory is fsynced so the
-    rename itself survives a crash. On an exception the temp file is removed.
+    Writes go to a temp file in the same directory; on success it is fsynced (``sync``),
+    renamed over ``path`` (``os.replace``), and the directory is fsynced so the rename
+    itself survives a crash (``sync_dir``; a caller renaming several files syncs it once,
+    after the last). On an exception the temp file is removed.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if sync_dir:
+        fsync_dir(path.parent)
 
 
 def atomic_write(path: Path, data: bytes | memoryview | list[bytes | memoryview]) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import tempfile
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
@@ -34,7 +33,7 @@ import torch
 from blake3 import blake3
 
 from ..errors import CheckpointError
-from ..keepers import fsync_dir
+from ..keepers import atomic_file, fsync_dir
 
 __all__ = [
     "MAGIC",
@@ -107,28 +106,6 @@ def _write_error(path: Path, cause: OSError, what: str = "checkpoint") -> Checkp
     )
 
 
-@contextlib.contextmanager
-def renamed_into(path: Path, *, sync: bool) -> Iterator[BinaryIO]:
-    """A temp file beside ``path``, renamed over it when the block succeeds (removed if not).
-
-    Like ``keepers.atomic_file`` but without its directory fsync: a checkpoint save
-    renames two files (the checkpoint, then ``last``) and syncs the directory once, after
-    both (``write_pointer``). ``sync`` fsyncs the file's data before the rename.
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            if sync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def write_checkpoint(path: Path, payload: Mapping[str, Any], *, sync_dir: bool = False) -> None:
     """``torch.save`` ``payload`` to ``path`` atomically, with the blake3 trailer.
 
@@ -141,14 +118,11 @@ def write_checkpoint(path: Path, payload: Mapping[str, Any], *, sync_dir: bool =
     """
     writer: _Hashing | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with renamed_into(path, sync=True) as f:  # straight to the temp file: no state copy
+        with atomic_file(path, sync_dir=sync_dir) as f:  # straight to the temp file: no copy
             writer = _Hashing(f)
             with _without_crc32():
                 torch.save(dict(payload), writer)  # type: ignore[arg-type]
             f.write(MAGIC + writer.hash.digest())
-        if sync_dir:
-            fsync_dir(path.parent)
     except (OSError, RuntimeError) as e:
         cause = (writer.error if writer is not None else None) or _os_error(e)
         if cause is None:
@@ -167,7 +141,7 @@ def write_pointer(path: Path, name: str) -> None:
         CheckpointError: an OS error (full or read-only disk), naming ``path``.
     """
     try:
-        with renamed_into(path, sync=False) as f:
+        with atomic_file(path, sync=False, sync_dir=False) as f:
             f.write(name.encode())
         fsync_dir(path.parent)
     except OSError as e:

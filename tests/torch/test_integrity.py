@@ -207,14 +207,14 @@ def test_a_full_disk_is_a_checkpoint_error_naming_the_file_and_nothing_is_damage
     payload.pop("format")
     ckpt.save(payload, 6)
     before = {p.name: p.read_bytes() for p in ckpt.path.iterdir()}
-    real = integrity.renamed_into
+    real = integrity.atomic_file
 
     @contextlib.contextmanager
-    def full(path, sync):
-        with real(path, sync=sync) as f:
+    def full(path, **kwargs):
+        with real(path, **kwargs) as f:
             yield FullDisk(f, room)
 
-    monkeypatch.setattr(integrity, "renamed_into", full)
+    monkeypatch.setattr(integrity, "atomic_file", full)
     with pytest.raises(CheckpointError, match=r"step-000000007\.ckpt: No space left") as e:
         ckpt.save(payload, 7)
     assert isinstance(e.value.__cause__, OSError) and e.value.__cause__.errno == errno.ENOSPC
