@@ -226,6 +226,11 @@ def test_map_clients_batches_taper_so_the_workers_finish_together():
     sizes = [1.0] * 99 + [100.0]
     assert _batches(100, _shares(2, 2), sizes) == [[99], list(range(99))]
     assert _batches(3, _shares(8, 2), [3, 2, 1]) == [[0], [1], [2]]
+    # one batch per worker: the longest tasks first, each where it finishes soonest
+    assert _batches(6, _shares(2, 2), [10, 9, 8, 1, 1, 1]) == [[0, 3, 4, 5], [1, 2]]
+    tapered = _batches(200, _shares(8, 2), [1.0 + i % 7 for i in range(200)])
+    loads = [sum(1.0 + i % 7 for i in g) for g in tapered]
+    assert loads == sorted(loads, reverse=True) and loads[-1] < loads[0] / 4
 
 
 def test_map_clients_sends_a_large_shared_value_in_fewer_batches():

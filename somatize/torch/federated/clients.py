@@ -100,27 +100,31 @@ def _shares(count: int, workers: int) -> list[float]:
 
 
 def _batches(n: int, shares: Sequence[float], sizes: Sequence[float] | None) -> list[list[int]]:
-    """Task indices in ``len(shares)`` batches, each about its share of the total cost: the
-    tasks in a golden-ratio shuffle (so that every batch, even a small one, spans the task
-    list, should costs grow along it), or largest first by ``sizes``."""
+    """Task indices in ``len(shares)`` batches, each about its share of the total cost.
+
+    Without ``sizes``, consecutive runs of a golden-ratio shuffle of the tasks (so that
+    every batch, even a small one, spans the task list, should costs grow along it).
+    With them, the largest task first, each to the batch it leaves least over its share
+    (for equal shares, the longest-processing-time rule)."""
     count = len(shares)
-    if sizes is None:
-        order, cost = sorted(range(n), key=lambda i: (i * 0.6180339887498949) % 1.0), [1.0] * n
-    elif len(sizes) != n:
-        raise ValueError(f"{len(sizes)} sizes for {n} tasks; give one per task")
-    else:
-        cost = [float(s) for s in sizes]
-        order = sorted(range(n), key=lambda i: (-cost[i], i))
-    total, whole = sum(cost), sum(shares)
     out: list[list[int]] = [[] for _ in range(count)]
-    b, done, bound = 0, 0.0, total * shares[0] / whole
-    for k, i in enumerate(order):
+    if sizes is None:
+        order = sorted(range(n), key=lambda i: (i * 0.6180339887498949) % 1.0)
+        whole, done, start = sum(shares), 0.0, 0
+        for b, share in enumerate(shares):
+            done += share
+            stop = n if b == count - 1 else max(start + 1, round(n * done / whole))
+            out[b] = order[start:stop]
+            start = stop
+        return [sorted(g) for g in out if g]
+    if len(sizes) != n:
+        raise ValueError(f"{len(sizes)} sizes for {n} tasks; give one per task")
+    cost = [float(s) for s in sizes]
+    loads = [0.0] * count
+    for i in sorted(range(n), key=lambda i: (-cost[i], i)):
+        b = min(range(count), key=lambda b: ((loads[b] + cost[i]) / shares[b], b))
         out[b].append(i)
-        done += cost[i]
-        # the next batch once this one has its share, never leaving a later batch empty
-        if b < count - 1 and (done >= bound * (1 - 1e-9) or n - k - 1 <= count - 1 - b):
-            b += 1
-            bound += total * shares[b] / whole
+        loads[b] += cost[i]
     return [sorted(g) for g in out if g]
 
 
