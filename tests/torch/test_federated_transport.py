@@ -83,9 +83,22 @@ def doubled(shared, t):
 
 
 @needs_shm
-def test_tasks_go_through_the_spool_too(pool):
+def test_tasks_go_through_the_spool_too(pool, monkeypatch):
+    from somatize.torch.federated import clients
+
+    sent = []  # what each batch's tasks became here, in the parent, before submission
+
+    def ship(values, spool, **kwargs):
+        shipped = sp.ship(values, spool, **kwargs)
+        if kwargs.get("to_worker"):
+            sent.append(shipped)
+        return shipped
+
+    monkeypatch.setattr(clients, "ship", ship)
     tasks = [{"x": torch.full((256,), float(i)), "n": i} for i in range(20)]
     out = fl.map_clients(pool, doubled, tasks, shared=1.0)
+    assert sent and all(isinstance(s, tuple) for s in sent)  # (path, pickle, sizes): spooled
+    assert sum(sum(s[2]) for s in sent) == 20 * 256 * 4  # every task's tensor bytes
     assert [r["n"] for r in out] == list(range(20))
     assert all(torch.equal(r["t"], t["x"] * 2 + 1) for r, t in zip(out, tasks))
     pool_dir = sp.open_spool(pool)

@@ -169,9 +169,12 @@ def map_clients(
         raise ValueError(f"batches must be a positive int, not {batches!r}")
     blob = dumps(shared)
     digest = blake3(blob).digest(length=16)
-    workers = _workers(pool) if batches is None else batches
-    count = batches or _default_batches(workers, len(tasks), len(blob))
-    groups = _batches(len(tasks), _shares(min(count, len(tasks)), workers), sizes)
+    if batches is None:  # a few per worker, tapering
+        workers = _workers(pool)
+        shares = _shares(_default_batches(workers, len(tasks), len(blob)), workers)
+    else:  # as many as asked for, equal
+        shares = [1.0] * min(batches, len(tasks))
+    groups = _batches(len(tasks), shares, sizes)
     spool = open_spool(pool)
     futures: dict[Future[Any], list[int]] = {}
     try:

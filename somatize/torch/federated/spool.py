@@ -5,8 +5,8 @@ per-call directory in ``/dev/shm`` rather than in the executor's pipe.
 Returned as they are, the tensors of a result would go through torch's multiprocessing
 reducer, which moves each storage to a shared-memory file: about a millisecond per tensor.
 In the pipe, a large message is written in pieces by the executor's feeder thread, which
-waits for the GIL between them while this process unpickles the last batch's results; the
-worker waits with it. Through the spool the pipe carries only the rest of the pickle.
+needs the GIL between them while this process may be unpickling the last batch's results;
+the worker reading it can wait meanwhile. Through the spool the pipe carries only the rest of the pickle.
 
 Everything here is unpickled only by the user's own processes, from bytes the user's own
 code made and sent to the user's own executor (docs/federated.md); the spool files hold
@@ -155,6 +155,7 @@ def unship(shipped: Any, spool: str | None) -> list[Any]:
     tensor bytes: they become out-of-band buffers, data that is never unpickled; the file
     is removed once read."""
     if isinstance(shipped, bytes):  # in-band, as ship pickled it
+        # ship's bytes, from the user's own process or worker via the user's own executor
         return pickle.loads(shipped)  # type: ignore[no-any-return]
     path, head, sizes = shipped
     if spool is None or os.path.dirname(path) != spool:
