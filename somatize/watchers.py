@@ -18,7 +18,7 @@ import math
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -147,11 +147,14 @@ class StepEnd(Event):
 
 @dataclass(frozen=True, slots=True)
 class EpochEnd(Event):
-    """An epoch (and its evaluation, if any) finished; ``metrics`` holds the evaluation."""
+    """An epoch (and its evaluation, if any) finished; ``metrics`` holds the evaluation,
+    ``cache`` what the graph's remembered nodes found in the epoch's training steps
+    (node -> ``{"hits": ..., "misses": ...}``: rows, items or calls; see ``TrainResult.cache``)."""
 
     epoch: int
     step: int
     metrics: Mapping[str, float]
+    cache: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ..watchers import Metrics, notify
@@ -21,7 +22,8 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[
     s = run.state
     kept = [c.value for c in run.carries]  # training's carried state, given back afterwards
     reset(run.carries)
-    evaluated = trainer._evaluate(run.net, val, run.device, run.autocast, run.rank, run.world)
+    with run.tally.paused() if run.tally is not None else contextlib.nullcontext():
+        evaluated = trainer._evaluate(run.net, val, run.device, run.autocast, run.rank, run.world)
     for c, value in zip(run.carries, kept):
         c.value = value
     values = {f"val_{k}": v for k, v in evaluated.items()}

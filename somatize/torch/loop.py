@@ -68,11 +68,12 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                     + "; pass a non-empty sequence of batches or a DataLoader (a generator"
                     " is used up after one epoch)"
                 )
+            cache = run.tally.end_epoch(s.epoch, warn=run.rank == 0) if run.tally else {}
             record = evaluate_into(trainer, run, val) if val is not None and not every else None
             if epoch_sched is not None:  # after the epoch's evaluation, as torch documents
                 epoch_sched.step()
             s.flush(run.world)
-            notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}))
+            notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}, cache))
             s.epoch, s.position = s.epoch + 1, 0
             if trainer.checkpoint is not None:
                 save(trainer, run)

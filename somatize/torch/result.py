@@ -37,6 +37,10 @@ class TrainResult:
         skipped: steps skipped for a non-finite loss (``Options(nonfinite="skip")``).
         seconds: wall-clock time of the ``fit`` call.
         seed: the seed the run used.
+        cache: what the graph's remembered nodes found during the training steps (not
+            the evaluations), by node: ``{"enc": {"hits": 9000, "misses": 1000}}`` —
+            rows for a node cached per example, items for a cached ``.mapped()`` node,
+            calls for a node cached whole. Empty when the graph remembers nothing.
     """
 
     state: Mapping[str, torch.Tensor]
@@ -53,6 +57,7 @@ class TrainResult:
     skipped: int = 0
     seconds: float = 0.0
     seed: int | None = None
+    cache: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def metric(self, name: str) -> float:
         """The last evaluated value of ``name`` (``"val_acc"``...)."""
@@ -84,4 +89,5 @@ class TrainResult:
             "best": self.best,
             "pruned": self.pruned,
             "seconds": self.seconds,
+            "cache": {node: dict(c) for node, c in self.cache.items()},
         }

@@ -38,3 +38,4 @@ class ActiveRun:
     carries: list[Any] = field(default_factory=list)  # every Carry of the model
     compiled: bool = False  # trained through torch.compile
     due: bool = False  # an evaluation ranked among the best: checkpoint it now
+    tally: Any = None  # a CacheTally on the graph, when it remembers a node (tally.py)

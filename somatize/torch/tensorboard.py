@@ -1,7 +1,8 @@
 """A watcher writing TensorBoard event files: loss, learning rate, throughput, metrics.
 
 Tags: ``train/loss``, ``train/lr``, ``train/examples_per_second`` per step;
-``val/<metric>`` per evaluation (``val/loss``, ``val/acc``...); ``train/epoch`` at
+``val/<metric>`` per evaluation (``val/loss``, ``val/acc``...); ``train/epoch`` and,
+for each remembered node, ``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cache``) at
 each epoch end; ``node/<node>/<metric>`` for metrics nodes return in ``Done`` during
 training, ``val/<node>/<metric>`` during evaluation. With ``hparams=``, the run's
 hyper-parameters and its final metrics go to TensorBoard's HParams view at the end.
@@ -72,7 +73,11 @@ class TensorBoard:
                     "train/examples_per_second", event.examples / event.seconds, event.step
                 )
         elif isinstance(event, EpochEnd):
-            self._w().add_scalar("train/epoch", event.epoch + 1, event.step)
+            w = self._w()
+            w.add_scalar("train/epoch", event.epoch + 1, event.step)
+            for node, c in event.cache.items():
+                if total := c["hits"] + c["misses"]:
+                    w.add_scalar(f"cache/{node}/hit_rate", c["hits"] / total, event.step)
         elif isinstance(event, Metrics):
             if not event.node:  # the Trainer's evaluation: always written
                 for name, value in event.values.items():

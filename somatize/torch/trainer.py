@@ -33,7 +33,7 @@ from torch import nn
 
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
-from . import ddp
+from . import ddp, tally
 from .batches import loss_of, split, to_device
 from .carry import carries, reset
 from .checkpoint import (
@@ -184,6 +184,7 @@ class Trainer:
             )
         s = run.state
         n_train = count_examples(train, world)
+        run.tally = tally.attach(run.net)  # counts what remembered nodes find (tally.py)
         try:
             notify(run.watchers, FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step))
             with dynamic_step() if run.compiled else contextlib.nullcontext():
@@ -198,6 +199,7 @@ class Trainer:
             seconds = time.perf_counter() - started
             notify(run.watchers, FitEnd(run.id, s.step, s.epoch, seconds, s.pruned))
         finally:
+            tally.detach(run.net, run.tally)
             close(run.watchers)  # also when training fails: event files are flushed
         return TrainResult(
             state={k: v.detach().to("cpu", copy=True) for k, v in run.net.state_dict().items()},
@@ -218,6 +220,7 @@ class Trainer:
             skipped=s.skipped,
             seconds=seconds,
             seed=self.seed,
+            cache=tally.totals(run.tally),
         )
 
     def _start(

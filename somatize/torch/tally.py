@@ -1,0 +1,139 @@
+"""What a graph's remembered nodes found during a fit: ``TrainResult.cache``, ``EpochEnd.cache``.
+
+For the length of ``fit``, the Trainer adds a ``CacheTally`` to the graph's watchers when
+the graph remembers a node. It counts, per node, what each lookup of the training steps
+found: rows for a node cached per example (``CacheRows``), items for a cached
+``.mapped()`` node, calls for a node cached whole (``CacheHit``/``CacheMiss``).
+Evaluations are not counted. After each epoch the Trainer takes that epoch's counts
+(``EpochEnd.cache``), and warns once per node when an epoch after the first found fewer than
+one in ten of its lookups although an earlier epoch stored them: the cache then costs its
+keys and writes and saves little or nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ..watchers import CacheHit, CacheMiss, CacheRows, Event
+
+__all__ = ["CacheTally", "Counts"]
+
+Counts = dict[str, dict[str, int]]  # node -> {"hits": ..., "misses": ...}
+
+
+def _node(label: str) -> str:
+    """The node of a lookup's label: a mapped node's item ``enc[3]`` counts as ``enc``."""
+    if label.endswith("]"):
+        base, _, index = label[:-1].rpartition("[")
+        if base and index.isdigit():
+            return base
+    return label
+
+
+class CacheTally:
+    """Counts hits and misses of remembered nodes, by node, since it was made and per epoch."""
+
+    def __init__(self) -> None:
+        self.total: Counts = {}
+        self._epoch: Counts = {}
+        self._stored: set[str] = set()  # nodes that missed (and so stored) in an earlier epoch
+        self._warned: set[str] = set()
+        self._whole: set[str] = set()  # nodes cached whole (a call, not rows or items)
+        self._paused = False
+
+    def on_event(self, event: Event) -> None:
+        if self._paused:
+            return
+        kind = type(event)
+        if kind is CacheRows:
+            self._add(event.node, event.hits, event.misses)  # type: ignore[attr-defined]
+        elif kind is CacheHit or kind is CacheMiss:
+            label: str = event.node  # type: ignore[attr-defined]
+            node = _node(label)
+            if node == label:
+                self._whole.add(node)
+            self._add(node, int(kind is CacheHit), int(kind is CacheMiss))
+
+    def _add(self, node: str, hits: int, misses: int) -> None:
+        for counts in (self._epoch, self.total):
+            c = counts.get(node)
+            if c is None:
+                counts[node] = {"hits": hits, "misses": misses}
+            else:
+                c["hits"] += hits
+                c["misses"] += misses
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Nothing is counted inside (the Trainer's evaluations)."""
+        was, self._paused = self._paused, True
+        try:
+            yield
+        finally:
+            self._paused = was
+
+    def end_epoch(self, epoch: int, warn: bool = True) -> Counts:
+        """The counts of the epoch just ended (a copy), warning about nodes gone cold."""
+        counts = {node: dict(c) for node, c in self._epoch.items()}
+        self._epoch = {}
+        for node, c in counts.items():
+            hits, lookups = c["hits"], c["hits"] + c["misses"]
+            cold = hits < _COLD * lookups and node in self._stored
+            if warn and cold and node not in self._warned:
+                self._warned.add(node)
+                message = _cold(node, epoch, hits, lookups, node in self._whole)
+                # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
+                warnings.warn(message, RuntimeWarning, stacklevel=5)
+            if c["misses"]:
+                self._stored.add(node)
+        return counts
+
+
+_COLD = 0.1  # an epoch after the first finding fewer of a node's lookups than this is cold
+
+
+def _cold(node: str, epoch: int, hits: int, lookups: int, whole: bool) -> str:
+    found = f"only {hits:,} of its" if hits else "none of its"
+    batches = (
+        "a shuffled DataLoader never repeats a batch — cache it per example, "
+        f"g.cache({node!r}, per='example'); "
+        if whole
+        else ""
+    )
+    return (
+        f"node {node!r} is cached, but {found} {lookups:,} lookups of epoch {epoch + 1} "
+        "found what an earlier epoch stored: the cache costs keys and writes and saves "
+        f"{'nothing' if not hits else 'little'}. Likely causes: {batches}its input differs "
+        "from epoch to epoch (random "
+        "augmentation or noise before the node — cache what comes before them, or stop "
+        "caching it); its key changed (its weights, code or declaration — a node meant to "
+        "be fixed should be frozen); or the keeper dropped the entries (a MemoryKeeper "
+        "whose max_bytes is smaller than an epoch: see keeper.stats()). "
+        "g.explain(batch) says which part of the node's key changed."
+    )
+
+
+def attach(net: Any) -> CacheTally | None:
+    """A tally watching ``net``'s graph for the fit, or None when it remembers no node."""
+    from .module import GraphModule
+
+    if not isinstance(net, GraphModule) or not net.graph.program().keyed:
+        return None
+    tally = CacheTally()
+    net.graph.watchers.append(tally)
+    return tally
+
+
+def detach(net: Any, tally: CacheTally | None) -> None:
+    """Take ``tally`` off ``net``'s graph again (by identity: other watchers stay)."""
+    if tally is not None:
+        watchers = net.graph.watchers
+        watchers[:] = [w for w in watchers if w is not tally]
+
+
+def totals(tally: CacheTally | None) -> Mapping[str, dict[str, int]]:
+    """The fit's counts, for ``TrainResult.cache`` (empty without a tally)."""
+    return {node: dict(c) for node, c in tally.total.items()} if tally is not None else {}

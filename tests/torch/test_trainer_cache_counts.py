@@ -1,0 +1,189 @@
+"""What a graph's remembered nodes found during a fit: TrainResult.cache, EpochEnd.cache, the
+warning when an epoch finds nothing, and the TensorBoard and progress lines showing it."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import somatize.torch as st
+from somatize import Done, Graph, MemoryKeeper, Node, Opaque, Recorder
+from somatize.torch.tally import CacheTally, _node
+from somatize.watchers import CacheHit, CacheMiss, CacheRows, EpochEnd
+
+N = 192  # examples: three batches of 64
+
+
+class Backbone(Node):
+    def __init__(self) -> None:
+        self.net = nn.Linear(8, 16)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.net(x)))
+
+
+class Head(Node):
+    def __init__(self) -> None:
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, h, ctx):
+        return Done(Opaque(self.out(h)))
+
+
+class Noisy(Dataset):
+    """Each example with fresh noise every time it is read: random augmentation's effect."""
+
+    def __init__(self, x, y) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i] + 0.01 * torch.randn(self.x.shape[1]), self.y[i]
+
+
+def examples():
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(N, 8, generator=gen), torch.randint(0, 3, (N,), generator=gen)
+
+
+def graph(per="example", keeper=None):
+    torch.manual_seed(0)
+    g = Graph.somatize(Backbone().with_id("enc") >> Head(), keeper=keeper)
+    g.freeze("enc")
+    return g.cache("enc", per=per) if per else g
+
+
+def fit(g, data, epochs=3, watchers=(), val=None):
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=epochs,
+        watchers=list(watchers),
+        options=st.Options(progress=False),
+    )
+    return trainer.fit(g, data, val=val)
+
+
+def loader(dataset=None):
+    return DataLoader(dataset or TensorDataset(*examples()), batch_size=64, shuffle=True)
+
+
+def test_a_fit_counts_each_epoch_and_the_whole_run_of_training_lookups():
+    rec = Recorder()
+    val = [(torch.randn(32, 8), torch.randint(0, 3, (32,)))]  # new rows: misses, if counted
+    g = graph()
+    result = fit(g, loader(), watchers=[rec], val=val)
+    per_epoch = [e.cache for e in rec.of(EpochEnd)]
+    assert per_epoch == [
+        {"enc": {"hits": 0, "misses": N}},
+        {"enc": {"hits": N, "misses": 0}},
+        {"enc": {"hits": N, "misses": 0}},
+    ]  # the evaluations (32 rows each epoch) are not counted
+    assert result.cache == {"enc": {"hits": 2 * N, "misses": N}}
+    assert result.summary()["cache"] == result.cache
+    assert g.watchers == []  # the tally was the fit's own
+
+
+def test_nothing_is_counted_or_attached_when_the_graph_remembers_nothing():
+    g = graph(per=None)
+    rec = Recorder()
+    result = fit(g, loader(), epochs=2, watchers=[rec])
+    assert result.cache == {} and all(e.cache == {} for e in rec.of(EpochEnd))
+    assert g.watchers == []
+
+
+def test_the_tally_leaves_the_graph_when_training_fails():
+    g = graph()
+    own = Recorder()
+    g.watchers.append(own)
+
+    def broken(out, y):
+        raise RuntimeError("loss failed")
+
+    trainer = st.Trainer(
+        loss=broken, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), epochs=1,
+        options=st.Options(progress=False),
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="loss failed"):
+        trainer.fit(g, loader())
+    assert g.watchers == [own]  # the user's watcher stays, the tally is gone
+
+
+def test_an_epoch_that_finds_nothing_stored_warns_once_naming_the_node_and_causes():
+    x, y = examples()
+    with pytest.warns(RuntimeWarning) as caught:
+        result = fit(graph(), loader(Noisy(x, y)), epochs=3)
+    cold = [w for w in caught if "none of its" in str(w.message)]
+    assert len(cold) == 1  # epochs 2 and 3 both found nothing: said once
+    message = str(cold[0].message)
+    assert "node 'enc'" in message and "epoch 2" in message and f"{N:,} lookups" in message
+    assert "random augmentation" in message and "g.explain(batch)" in message
+    assert "per='example'" not in message  # it is cached per example already
+    assert cold[0].filename == __file__  # pointed at the fit call, not inside the Trainer
+    assert result.cache == {"enc": {"hits": 0, "misses": 3 * N}}
+
+
+def test_a_node_cached_per_batch_under_a_shuffled_loader_is_told_to_cache_per_example():
+    with pytest.warns(
+        RuntimeWarning, match=r"cache it per example, g.cache\('enc', per='example'\)"
+    ):
+        result = fit(graph(per=None).cache("enc"), loader(), epochs=2)
+    assert result.cache == {"enc": {"hits": 0, "misses": 6}}  # three batches an epoch: calls
+
+
+def test_a_keeper_too_small_for_an_epoch_shows_as_a_cold_epoch():
+    with pytest.warns(RuntimeWarning, match="the keeper dropped the entries") as caught:
+        result = fit(graph(keeper=MemoryKeeper(max_bytes=4096)), loader(), epochs=2)
+    hits = result.cache["enc"]["hits"]
+    assert hits < N // 10  # (a few rows of the last batch may survive: still cold)
+    found = f"only {hits} of its" if hits else "none of its"
+    assert f"{found} {N} lookups of epoch 2" in str(caught[0].message)
+
+
+def test_warm_epochs_and_a_first_epoch_alone_do_not_warn():
+    g = graph()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        fit(g, loader(), epochs=1)  # one epoch: nothing could have been found
+        fit(g, loader(), epochs=2)  # a second fit on a warm keeper: every row found
+
+
+def test_items_of_a_mapped_node_count_as_the_node_and_pausing_stops_counting():
+    assert _node("enc[12]") == "enc" and _node("sub/enc[0]") == "sub/enc"
+    assert _node("enc") == "enc" and _node("odd[x]") == "odd[x]" and _node("[3]") == "[3]"
+    tally = CacheTally()
+    tally.on_event(CacheHit("r", "words[0]", "k"))
+    tally.on_event(CacheMiss("r", "words[1]", "k"))
+    tally.on_event(CacheRows("r", "enc", 0, 5, 3))
+    with tally.paused():
+        tally.on_event(CacheRows("r", "enc", 0, 100, 100))
+    assert tally.end_epoch(0) == {
+        "words": {"hits": 1, "misses": 1},
+        "enc": {"hits": 5, "misses": 3},
+    }
+    tally.on_event(CacheRows("r", "enc", 1, 0, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert tally.end_epoch(1, warn=False) == {"enc": {"hits": 0, "misses": 8}}  # rank > 0
+    assert tally.total == {"words": {"hits": 1, "misses": 1}, "enc": {"hits": 5, "misses": 11}}
+
+
+def test_tensorboard_and_the_progress_line_show_each_epochs_hit_rate(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    stream = io.StringIO()
+    fit(graph(), loader(), epochs=2, watchers=[st.TensorBoard(tmp_path), st.Progress(stream)])
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("cache/enc/hit_rate")] == [(3, 0.0), (6, 1.0)]
+    lines = stream.getvalue()
+    assert f"epoch 1 · cache hits: enc 0% of {N}" in lines
+    assert f"epoch 2 · cache hits: enc 100% of {N}" in lines
