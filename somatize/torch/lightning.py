@@ -23,7 +23,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,11 +32,11 @@ from torch import nn
 
 from ..errors import CheckpointError, require
 from ..graph import Graph
+from . import tally
 from .batches import loss_of, num_examples, split
 from .carry import carries, reset
 from .metrics import is_metric
 from .module import GraphModule, module, parameters
-from .result import TrainResult
 
 try:
     import lightning as L
@@ -88,7 +87,10 @@ class LightningGraph(L.LightningModule):
     * ``train_loss`` every step; ``<node>/<name>`` for each metric a node returns in
       ``Done(..., metrics=...)`` during training;
     * ``val_loss``, ``val_<metric>`` and ``val_<node>/<name>`` per validation epoch
-      (averaged over examples); the same with ``test_`` under ``trainer.test``.
+      (averaged over examples); the same with ``test_`` under ``trainer.test``;
+    * ``cache/<node>/hit_rate`` per training epoch for each node the graph remembers
+      (``result(trainer, lg).cache`` has the run's counts; a cold epoch warns, as under
+      the somatize Trainer).
 
     Args:
         g: the graph.
@@ -147,6 +149,7 @@ class LightningGraph(L.LightningModule):
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
         self._sums: dict[str, list[float]] = {}  # evaluation prefix → weighted sums, examples last
         self._started = 0.0
+        self._tally: tally.CacheTally | None = None  # on the graph during fit (tally.py)
         params = parameters(g)
         opt = optimizer(params) if params else None  # probes, for class names and lr only
         lr = float(opt.param_groups[0]["lr"]) if opt is not None else None
@@ -261,10 +264,21 @@ class LightningGraph(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self._started = time.perf_counter()
+        tally.detach(self.net, self._tally)  # (one a failed fit left behind)
+        self._tally = tally.attach(self.net)
 
     def on_fit_end(self) -> None:
         self.seconds = time.perf_counter() - self._started
         _ = self.losses  # flush
+        tally.detach(self.net, self._tally)  # (kept here: result() reads its totals)
+
+    def on_train_epoch_end(self) -> None:
+        if self._tally is None:
+            return
+        counts = self._tally.end_epoch(self.current_epoch, warn=self.global_rank == 0)
+        for node, c in counts.items():
+            if total := c["hits"] + c["misses"]:
+                self.log(f"cache/{node}/hit_rate", c["hits"] / total, on_epoch=True)
 
     def _metric_objects(self) -> list[Any]:
         return [m for m in self._metrics.values() if is_metric(m)]
@@ -290,6 +304,8 @@ class LightningGraph(L.LightningModule):
         reset(carries(self.net))  # carried state (st.Carry) starts afresh each epoch
 
     def on_validation_epoch_start(self) -> None:
+        if self._tally is not None:  # evaluations are not counted
+            self._tally.pause(True)
         self._sums.pop("val_", None)
         self._reset_metric_objects()
         found = carries(self.net)  # evaluation starts afresh; training's is given back after
@@ -297,6 +313,8 @@ class LightningGraph(L.LightningModule):
         reset(found)
 
     def on_validation_epoch_end(self) -> None:
+        if self._tally is not None:
+            self._tally.pause(False)
         for c, value in getattr(self, "_carried", ()):
             c.value = value
         self._carried = []
@@ -346,58 +364,5 @@ class LightningGraph(L.LightningModule):
             self._examples = dict(state["examples"])
 
 
-def _pruned(trainer: L.Trainer) -> bool:
-    return bool(trainer.should_stop)
-
-
-def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
-    """The ``TrainResult`` of a graph trained by ``trainer.fit(lg, ...)``.
-
-    ``state`` is named as ``module(g).state_dict()`` (no ``net.`` prefix), so results
-    from either trainer average together in ``fedavg``. ``monitor``/``best`` come from
-    the trainer's ``ModelCheckpoint`` when it monitors a metric, else ``val_loss``
-    over ``lg.history``; ``checkpoint`` is its last checkpoint (``save_last``) or its
-    best; ``pruned`` is whether a callback stopped the run (``EarlyStopping``...).
-
-    Example:
-        >>> trainer.fit(lg, train_loader, val_loader)  # doctest: +SKIP
-        >>> r = result(trainer, lg); r.steps == trainer.global_step  # doctest: +SKIP
-        True
-    """
-    if not isinstance(lg, LightningGraph):
-        raise TypeError(
-            f"result() takes the LightningGraph the trainer fit, got {type(lg).__qualname__}"
-        )
-    ckpt = trainer.checkpoint_callback
-    monitor = getattr(ckpt, "monitor", None)
-    best: float | None = None
-    if monitor is not None and ckpt is not None:
-        score = getattr(ckpt, "best_model_score", None)
-        best = float(score) if score is not None else None
-    else:
-        monitor = "val_loss"
-        seen = [r[monitor] for r in lg.history if monitor in r]
-        best = min(seen) if seen else None
-    path = (
-        (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", ""))
-        if ckpt
-        else ""
-    )
-    seed = os.environ.get("PL_GLOBAL_SEED")
-    return TrainResult(
-        state={k: v.detach().to("cpu", copy=True) for k, v in lg.net.state_dict().items()},
-        num_examples=lg.num_examples,
-        steps=int(trainer.global_step),
-        epochs=int(trainer.current_epoch),
-        losses=list(lg.losses),
-        metrics=[dict(r) for r in lg.history],
-        monitor=monitor,
-        best=best,
-        pruned=_pruned(trainer),
-        checkpoint=path or None,
-        seconds=lg.seconds,
-        seed=int(seed) if seed is not None else None,
-    )
-
-
+from .lightning_result import result  # noqa: E402 -- beside, re-exported
 from .lightning_watch import Watch  # noqa: E402 -- the callback lives beside, re-exported

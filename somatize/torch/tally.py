@@ -1,7 +1,7 @@
 """What a graph's remembered nodes found during a fit: ``TrainResult.cache``, ``EpochEnd.cache``.
 
-For the length of ``fit``, the Trainer adds a ``CacheTally`` to the graph's watchers when
-the graph remembers a node. It counts, per node, what each lookup of the training steps
+For the length of ``fit``, the Trainer (and ``LightningGraph``, under Lightning's) adds a
+``CacheTally`` to the graph's watchers when the graph remembers a node. It counts, per node, what each lookup of the training steps
 found: rows for a node cached per example (``CacheRows``), items for a cached
 ``.mapped()`` node, calls for a node cached whole (``CacheHit``/``CacheMiss``).
 Evaluations are not counted. After each epoch the Trainer takes that epoch's counts
@@ -65,6 +65,10 @@ class CacheTally:
             else:
                 c["hits"] += hits
                 c["misses"] += misses
+
+    def pause(self, paused: bool) -> None:
+        """Stop counting (``True``: an evaluation begins), or count again."""
+        self._paused = paused
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

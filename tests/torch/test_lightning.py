@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import csv
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from lightning.pytorch.callbacks import (  # noqa: E402
     LearningRateMonitor,
     ModelCheckpoint,
 )
-from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger  # noqa: E402
 
 import somatize.torch as st  # noqa: E402
 from somatize import Done, Graph, JsonLines, Node, Opaque, Recorder  # noqa: E402
@@ -359,6 +360,25 @@ def test_frozen_nodes_stay_frozen_and_cached_nodes_keep_caching(tmp_path):
     assert {id(p) for p in lg.trainer.optimizers[0].param_groups[0]["params"]} == {
         id(p) for p in st.parameters(g)
     }
+
+
+@pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
+def test_cache_counts_are_logged_per_epoch_and_given_in_the_result(tmp_path):
+    torch.manual_seed(0)
+    g = Graph.somatize(Encoder(8, 16) >> Out(16, 3))
+    g.freeze("encoder").cache("encoder", per="example")
+    lg = _lg(g)
+    logger = CSVLogger(str(tmp_path), name="csv", version=0)
+    trainer = _trainer(tmp_path, max_epochs=3, logger=logger)
+    trainer.fit(lg, DataLoader(TensorDataset(*_tensors()), batch_size=16, shuffle=True),
+                _loader(seed=1))  # fmt: skip
+    with open(Path(logger.log_dir) / "metrics.csv") as f:
+        rates = [float(r["cache/encoder/hit_rate"]) for r in csv.DictReader(f)
+                 if r.get("cache/encoder/hit_rate")]  # fmt: skip
+    assert rates == [0.0, 1.0, 1.0]  # one per epoch
+    # 64 training rows: computed once, found twice; the validation rows are not counted
+    assert result(trainer, lg).cache == {"encoder": {"hits": 128, "misses": 64}}
+    assert g.watchers == []  # the tally was the fit's own
 
 
 # -- loggers, LR monitor and the watcher bridge (one run, several checks) ----------------

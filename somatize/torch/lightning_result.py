@@ -1,0 +1,76 @@
+"""``result(trainer, lg)``: the ``TrainResult`` of a graph trained by ``lightning.Trainer``.
+
+Re-exported by ``somatize.torch.lightning``; needs the ``lightning`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from . import tally
+from .result import TrainResult
+
+if TYPE_CHECKING:
+    import lightning as L
+
+    from .lightning import LightningGraph
+
+__all__ = ["result"]
+
+
+def _pruned(trainer: L.Trainer) -> bool:
+    return bool(trainer.should_stop)
+
+
+def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
+    """The ``TrainResult`` of a graph trained by ``trainer.fit(lg, ...)``.
+
+    ``state`` is named as ``module(g).state_dict()`` (no ``net.`` prefix), so results
+    from either trainer average together in ``fedavg``. ``monitor``/``best`` come from
+    the trainer's ``ModelCheckpoint`` when it monitors a metric, else ``val_loss``
+    over ``lg.history``; ``checkpoint`` is its last checkpoint (``save_last``) or its
+    best; ``pruned`` is whether a callback stopped the run (``EarlyStopping``...).
+
+    Example:
+        >>> trainer.fit(lg, train_loader, val_loader)  # doctest: +SKIP
+        >>> r = result(trainer, lg); r.steps == trainer.global_step  # doctest: +SKIP
+        True
+    """
+    from .lightning import LightningGraph  # imported by then: it re-exports this module
+
+    if not isinstance(lg, LightningGraph):
+        raise TypeError(
+            f"result() takes the LightningGraph the trainer fit, got {type(lg).__qualname__}"
+        )
+    ckpt = trainer.checkpoint_callback
+    monitor = getattr(ckpt, "monitor", None)
+    best: float | None = None
+    if monitor is not None and ckpt is not None:
+        score = getattr(ckpt, "best_model_score", None)
+        best = float(score) if score is not None else None
+    else:
+        monitor = "val_loss"
+        seen = [r[monitor] for r in lg.history if monitor in r]
+        best = min(seen) if seen else None
+    path = (
+        (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", ""))
+        if ckpt
+        else ""
+    )
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    return TrainResult(
+        state={k: v.detach().to("cpu", copy=True) for k, v in lg.net.state_dict().items()},
+        num_examples=lg.num_examples,
+        steps=int(trainer.global_step),
+        epochs=int(trainer.current_epoch),
+        losses=list(lg.losses),
+        metrics=[dict(r) for r in lg.history],
+        monitor=monitor,
+        best=best,
+        pruned=_pruned(trainer),
+        checkpoint=path or None,
+        seconds=lg.seconds,
+        seed=int(seed) if seed is not None else None,
+        cache=tally.totals(lg._tally),
+    )
