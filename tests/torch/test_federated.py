@@ -313,3 +313,20 @@ def test_the_submodules_docstring_examples_run():
     for name in names:
         module = importlib.import_module(f"somatize.torch.federated.{name}")
         assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0, name
+
+
+def test_fedavg_reuses_its_blocks_for_every_group_and_key():
+    # fresh buffers of a block's size come from fresh pages, whose faults cost more than
+    # the sums: small tensors are stacked into blocks kept for the whole call
+    from somatize.torch.federated.aggregation import _Scratch
+
+    scratch = _Scratch()
+    first = scratch.block(64, 4096, torch.float32)
+    again = scratch.block(10, 64, torch.float32)  # a later, smaller group or key: the same memory
+    assert again.shape == (10, 64) and again.data_ptr() == first.data_ptr()
+    other = scratch.block(10, 64, torch.float64)  # a block per dtype
+    assert other.dtype == torch.float64 and other.data_ptr() != first.data_ptr()
+    bigger = scratch.block(65, 4096, torch.float32)  # too small now: made anew, and kept
+    assert bigger.shape == (65, 4096) and scratch.block(1, 1, torch.float32).data_ptr() == (
+        bigger.data_ptr()
+    )

@@ -294,11 +294,22 @@ _CHUNK = 1 << 18
 
 
 class _Scratch:
-    """Two float64 slices reused across keys: the running sum and one client's converted slice."""
+    """Buffers reused across keys: for large tensors, two float64 slices (the running sum and
+    one client's converted slice); for small ones, a block of stacked clients per dtype.
+    Fresh buffers of this size come from fresh pages: on the CPU, writing one costs its
+    page faults, more than the arithmetic done in it."""
 
     def __init__(self) -> None:
         self.acc: torch.Tensor | None = None
         self.tmp: torch.Tensor | None = None
+        self.blocks: dict[torch.dtype, torch.Tensor] = {}
+
+    def block(self, rows: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """A (rows, n) block of ``dtype`` (CPU), reused while it is large enough."""
+        flat = self.blocks.get(dtype)
+        if flat is None or flat.numel() < rows * n:
+            flat = self.blocks[dtype] = torch.empty(rows * n, dtype=dtype)
+        return flat[: rows * n].view(rows, n)
 
     def get(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if (
@@ -335,7 +346,7 @@ def _weighted_mean(
             acc.add_(t.reshape(-1), alpha=w)
         return acc.to(dtype) if _finite_sum(acc) else None
     if n <= _SMALL:
-        return _stacked_mean(tensors, weights, dtype)
+        return _stacked_mean(tensors, weights, dtype, scratch)
     out = torch.empty(n, dtype=dtype, device=device)
     flat = [t.reshape(-1) for t in tensors]
     acc_all, tmp_all = scratch.get(min(n, _CHUNK), device)
@@ -360,17 +371,28 @@ _SMALL = 1 << 14  # elements: tensors up to this size are stacked, a group of cl
 
 
 def _stacked_mean(
-    tensors: list[torch.Tensor], weights: list[float], dtype: torch.dtype
+    tensors: list[torch.Tensor], weights: list[float], dtype: torch.dtype, scratch: _Scratch
 ) -> torch.Tensor | None:
+    """A cache-sized group of clients at a time: stacked into a reused block, converted into
+    a reused float64 block, and added to the sum by one matrix-vector product."""
     n = tensors[0].numel()
-    group = max(1, _CHUNK // max(n, 1))
+    if not n:
+        return torch.empty(0, dtype=dtype)
+    group = min(len(tensors), max(1, _CHUNK // n))
     w64 = torch.tensor(weights, dtype=torch.float64)
-    acc: torch.Tensor | None = None
+    acc = torch.zeros(n, dtype=torch.float64)
+    shape = tensors[0].shape
     for g in range(0, len(tensors), group):
-        block = torch.stack(tensors[g : g + group]).view(-1, n).to(torch.float64)
-        part = w64[g : g + group] @ block
-        acc = part if acc is None else acc.add_(part)
-    assert acc is not None
+        part = tensors[g : g + group]
+        rows = len(part)
+        block = scratch.block(group, n, torch.float64)[:rows]
+        if dtype == torch.float64:
+            torch.stack(part, out=block.view(rows, *shape))
+        else:  # (stacking into a block of their own dtype, then converting, costs least)
+            own = scratch.block(group, n, dtype)[:rows]
+            torch.stack(part, out=own.view(rows, *shape))
+            block.copy_(own)
+        acc.addmv_(block.t(), w64[g : g + rows])
     return acc.to(dtype) if _finite_sum(acc) else None
 
 
