@@ -1,7 +1,8 @@
 """What a graph's remembered nodes found during a fit: ``TrainResult.cache``, ``EpochEnd.cache``.
 
 For the length of ``fit``, the Trainer (and ``LightningGraph``, under Lightning's) adds a
-``CacheTally`` to the graph's watchers when the graph remembers a node. It counts, per node, what each lookup of the training steps
+``CacheTally`` to the watchers of each graph in the model that remembers a node (the
+model's own, or those of graph modules inside a module of the user's). It counts, per node, what each lookup of the training steps
 found: rows for a node cached per example (``CacheRows``), items for a cached
 ``.mapped()`` node, calls for a node cached whole (``CacheHit``/``CacheMiss``).
 Evaluations are not counted. After each epoch the Trainer takes that epoch's counts
@@ -120,22 +121,36 @@ def _cold(node: str, epoch: int, hits: int, lookups: int, whole: bool) -> str:
     )
 
 
-def attach(net: Any) -> CacheTally | None:
-    """A tally watching ``net``'s graph for the fit, or None when it remembers no node."""
+def _graphs(net: Any) -> list[Any]:
+    """The graphs in ``net`` that remember a node: its own, or those of the graph modules
+    inside a module of the user's."""
     from .module import GraphModule
 
-    if not isinstance(net, GraphModule) or not net.graph.program().keyed:
+    found = [m.graph for m in net.modules() if isinstance(m, GraphModule)]
+    return [g for g in found if g.program().keyed]
+
+
+def attach(net: Any) -> CacheTally | None:
+    """A tally watching the graphs in ``net`` for the fit, or None when none remembers a node."""
+    graphs = _graphs(net)
+    if not graphs:
         return None
     tally = CacheTally()
-    net.graph.watchers.append(tally)
+    for g in graphs:
+        g.watchers.append(tally)
     return tally
 
 
 def detach(net: Any, tally: CacheTally | None) -> None:
-    """Take ``tally`` off ``net``'s graph again (by identity: other watchers stay)."""
-    if tally is not None:
-        watchers = net.graph.watchers
-        watchers[:] = [w for w in watchers if w is not tally]
+    """Take ``tally`` off the graphs in ``net`` again (by identity: other watchers stay)."""
+    if tally is None:
+        return
+    from .module import GraphModule
+
+    for m in net.modules():
+        if isinstance(m, GraphModule):
+            watchers = m.graph.watchers
+            watchers[:] = [w for w in watchers if w is not tally]
 
 
 def totals(tally: CacheTally | None) -> Mapping[str, dict[str, int]]:

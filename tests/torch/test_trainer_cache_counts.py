@@ -187,3 +187,18 @@ def test_tensorboard_and_the_progress_line_show_each_epochs_hit_rate(tmp_path):
     lines = stream.getvalue()
     assert f"epoch 1 · cache hits: enc 0% of {N}" in lines
     assert f"epoch 2 · cache hits: enc 100% of {N}" in lines
+
+
+def test_a_graph_inside_a_module_of_ones_own_is_counted_too():
+    class Wrapper(nn.Module):  # the user's own module around the graph's
+        def __init__(self, g):
+            super().__init__()
+            self.inner = st.module(g)
+
+        def forward(self, x):
+            return self.inner(x)
+
+    g = graph()
+    result = fit(Wrapper(g), loader(), epochs=2)
+    assert result.cache == {"enc": {"hits": N, "misses": N}}
+    assert g.watchers == []
