@@ -275,10 +275,12 @@ class LightningGraph(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         if self._tally is None:
             return
-        counts = self._tally.end_epoch(self.current_epoch, warn=self.global_rank == 0)
+        first = self.global_rank == 0  # (each rank counts its own share)
+        counts = self._tally.end_epoch(self.current_epoch, warn=first)
         for node, c in counts.items():
-            if total := c["hits"] + c["misses"]:
-                self.log(f"cache/{node}/hit_rate", c["hits"] / total, on_epoch=True)
+            if first and (total := c["hits"] + c["misses"]):
+                rate = c["hits"] / total
+                self.log(f"cache/{node}/hit_rate", rate, on_epoch=True, rank_zero_only=True)
 
     def _metric_objects(self) -> list[Any]:
         return [m for m in self._metrics.values() if is_metric(m)]
