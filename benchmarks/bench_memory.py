@@ -205,9 +205,9 @@ def run(quick: bool) -> list[Row]:
             trainer(lr, epochs=2).fit(g, sweep_loader)
         return time.perf_counter() - start
 
-    s = interleave(
+    s = interleave(  # (three trials: with two, one slow sweep moved a ratio by 10%)
         {m: (lambda m=m: sweep(m)) for m in ("uncached", "shared", "disk", "tiered")},
-        trials=2,
+        trials=2 if quick else 3,
         warmup=0,
     )
     for mode, how in (

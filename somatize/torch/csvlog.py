@@ -1,9 +1,11 @@
 """A watcher writing a run as a CSV table: one row per step and per evaluation.
 
-Columns: ``kind`` (``step`` or ``eval``), ``step``, ``epoch``, then ``loss``, ``lr``,
-``examples``, ``seconds`` on step rows, node metrics as ``<node>/<name>`` on the step
-they were computed in, and the evaluation's values (``val_loss``, ``val_acc``...) on
-eval rows. ``pandas.read_csv(path)`` reads it as it is.
+Columns: ``kind`` (``step``, ``eval`` or ``epoch``), ``step``, ``epoch``, then ``loss``,
+``lr``, ``examples``, ``seconds`` on step rows, node metrics as ``<node>/<name>`` on the
+step they were computed in, and the evaluation's values (``val_loss``, ``val_acc``...) on
+eval rows. When the graph remembers a node, an epoch row after each epoch holds what
+its cache found: ``cache/<node>/hits`` and ``cache/<node>/misses`` (``EpochEnd.cache``).
+``pandas.read_csv(path)`` reads it as it is.
 
 Each row is one ``write`` to a file opened for appending, so a process killed at any
 instant leaves whole rows; when a new column appears (the first evaluation) the file
@@ -69,7 +71,14 @@ class CSVLog:
             self._write({"kind": "eval", "step": event.step, "epoch": self._epoch, **values})
         elif isinstance(event, FitStart):
             self._start(event.start_step)
-        elif isinstance(event, (EpochEnd, FitEnd)):
+        elif isinstance(event, EpochEnd):
+            self._finish()
+            if event.cache:  # what the cached nodes found in the epoch: one row
+                row: dict[str, Any] = {"kind": "epoch", "step": event.step, "epoch": event.epoch}
+                for node, c in event.cache.items():
+                    row[f"cache/{node}/hits"], row[f"cache/{node}/misses"] = c["hits"], c["misses"]
+                self._write(row)
+        elif isinstance(event, FitEnd):
             self._finish()
 
     def _start(self, start_step: int) -> None:

@@ -189,6 +189,21 @@ def test_tensorboard_and_the_progress_line_show_each_epochs_hit_rate(tmp_path):
     assert f"epoch 2 · cache hits: enc 100% of {N}" in lines
 
 
+def test_the_csv_log_has_a_row_per_epoch_with_what_the_cache_found(tmp_path):
+    import csv
+
+    path = tmp_path / "log.csv"
+    fit(graph(), loader(), epochs=2, watchers=[st.CSVLog(path)])
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    epochs = [r for r in rows if r["kind"] == "epoch"]
+    assert [(r["epoch"], r["cache/enc/hits"], r["cache/enc/misses"]) for r in epochs] == [
+        ("0", "0", str(N)),
+        ("1", str(N), "0"),
+    ]
+    assert [r["kind"] for r in rows].count("step") == 6  # the step rows are still there
+
+
 def test_a_graph_inside_a_module_of_ones_own_is_counted_too():
     class Wrapper(nn.Module):  # the user's own module around the graph's
         def __init__(self, g):
