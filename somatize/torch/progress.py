@@ -54,8 +54,9 @@ class Progress:
                 for node, c in event.cache.items()
                 if (total := c["hits"] + c["misses"])
             )
-            self.stream.write(f"\r\x1b[2Kepoch {event.epoch + 1} · cache hits: {shown}\n")
-            self.stream.flush()
+            if shown:
+                self.stream.write(f"\r\x1b[2Kepoch {event.epoch + 1} · cache hits: {shown}\n")
+                self.stream.flush()
         elif isinstance(event, FitEnd):
             end = " (pruned)" if event.pruned else ""
             self.stream.write(f"\r\x1b[2Kdone: {event.step} steps in {event.seconds:.1f}s{end}\n")
