@@ -150,6 +150,7 @@ class LightningGraph(L.LightningModule):
         self._sums: dict[str, list[float]] = {}  # evaluation prefix → weighted sums, examples last
         self._started = 0.0
         self._tally: tally.CacheTally | None = None  # on the graph during fit (tally.py)
+        self._epoch_counts: tuple[int, dict[str, dict[str, int]]] = (-1, {})
         params = parameters(g)
         opt = optimizer(params) if params else None  # probes, for class names and lr only
         lr = float(opt.param_groups[0]["lr"]) if opt is not None else None
@@ -265,20 +266,29 @@ class LightningGraph(L.LightningModule):
     def on_fit_start(self) -> None:
         self._started = time.perf_counter()
         tally.detach(self.net, self._tally)  # (one a failed fit left behind)
-        self._tally = tally.attach(self.net)
+        self._tally, self._epoch_counts = tally.attach(self.net), (-1, {})
 
     def on_fit_end(self) -> None:
         self.seconds = time.perf_counter() - self._started
         _ = self.losses  # flush
         tally.detach(self.net, self._tally)  # (kept here: result() reads its totals)
 
-    def on_train_epoch_end(self) -> None:
+    def epoch_cache(self) -> dict[str, dict[str, int]]:
+        """What each remembered node found in the training epoch ending now (``EpochEnd.cache``):
+        taken once per epoch, whichever asks first (this module's hook, or ``Watch``'s)."""
+        epoch = self.current_epoch
         if self._tally is None:
+            return {}
+        if self._epoch_counts[0] != epoch:  # (each rank counts its own share)
+            self._epoch_counts = (epoch, self._tally.end_epoch(epoch, warn=self.global_rank == 0))
+        return self._epoch_counts[1]
+
+    def on_train_epoch_end(self) -> None:
+        if self.global_rank != 0:
+            self.epoch_cache()
             return
-        first = self.global_rank == 0  # (each rank counts its own share)
-        counts = self._tally.end_epoch(self.current_epoch, warn=first)
-        for node, c in counts.items():
-            if first and (total := c["hits"] + c["misses"]):
+        for node, c in self.epoch_cache().items():
+            if total := c["hits"] + c["misses"]:
                 rate = c["hits"] / total
                 self.log(f"cache/{node}/hit_rate", rate, on_epoch=True, rank_zero_only=True)
 

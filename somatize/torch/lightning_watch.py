@@ -114,7 +114,8 @@ class Watch(L.Callback):
         evaluated = {k: v for k, v in metrics.items() if k.startswith("val_")}
         if evaluated:  # as the somatize Trainer reports its evaluations: node ''
             notify(self.watchers, Metrics(self.run_id, "", step, evaluated))
-        notify(self.watchers, EpochEnd(self.run_id, epoch, step, metrics))
+        cache = pl_module.epoch_cache() if _is_graph(pl_module) else {}
+        notify(self.watchers, EpochEnd(self.run_id, epoch, step, metrics, cache))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._on:

@@ -369,13 +369,19 @@ def test_cache_counts_are_logged_per_epoch_and_given_in_the_result(tmp_path):
     g.freeze("encoder").cache("encoder", per="example")
     lg = _lg(g)
     logger = CSVLogger(str(tmp_path), name="csv", version=0)
-    trainer = _trainer(tmp_path, max_epochs=3, logger=logger)
+    recorder = Recorder()  # somatize watchers through Watch see the same counts
+    trainer = _trainer(tmp_path, max_epochs=3, logger=logger, callbacks=[Watch([recorder])])
     trainer.fit(lg, DataLoader(TensorDataset(*_tensors()), batch_size=16, shuffle=True),
                 _loader(seed=1))  # fmt: skip
     with open(Path(logger.log_dir) / "metrics.csv") as f:
         rates = [float(r["cache/encoder/hit_rate"]) for r in csv.DictReader(f)
                  if r.get("cache/encoder/hit_rate")]  # fmt: skip
     assert rates == [0.0, 1.0, 1.0]  # one per epoch
+    assert [e.cache for e in recorder.of(EpochEnd)] == [
+        {"encoder": {"hits": 0, "misses": 64}},
+        {"encoder": {"hits": 64, "misses": 0}},
+        {"encoder": {"hits": 64, "misses": 0}},
+    ]
     # 64 training rows: computed once, found twice; the validation rows are not counted
     assert result(trainer, lg).cache == {"encoder": {"hits": 128, "misses": 64}}
     assert g.watchers == []  # the tally was the fit's own
