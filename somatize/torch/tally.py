@@ -40,7 +40,6 @@ class CacheTally:
     def __init__(self) -> None:
         self.total: Counts = {}
         self._epoch: Counts = {}
-        self._stored: set[str] = set()  # nodes that missed (and so stored) in an earlier epoch
         self._warned: set[str] = set()
         self._whole: set[str] = set()  # nodes cached whole (a call, not rows or items)
         self._paused = False
@@ -74,11 +73,12 @@ class CacheTally:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Nothing is counted inside (the Trainer's evaluations)."""
-        was, self._paused = self._paused, True
+        was = self._paused
+        self.pause(True)
         try:
             yield
         finally:
-            self._paused = was
+            self.pause(was)
 
     def end_epoch(self, epoch: int, warn: bool = True) -> Counts:
         """The counts of the epoch just ended (a copy), warning about nodes gone cold."""
@@ -86,14 +86,12 @@ class CacheTally:
         self._epoch = {}
         for node, c in counts.items():
             hits, lookups = c["hits"], c["hits"] + c["misses"]
-            cold = hits < _COLD * lookups and node in self._stored
-            if warn and cold and node not in self._warned:
+            stored = self.total[node]["misses"] > c["misses"]  # an earlier epoch missed: wrote
+            if warn and stored and hits < _COLD * lookups and node not in self._warned:
                 self._warned.add(node)
                 message = _cold(node, epoch, hits, lookups, node in self._whole)
                 # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
                 warnings.warn(message, RuntimeWarning, stacklevel=5)
-            if c["misses"]:
-                self._stored.add(node)
         return counts
 
 
