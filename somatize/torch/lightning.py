@@ -284,10 +284,8 @@ class LightningGraph(L.LightningModule):
         return self._epoch_counts[1]
 
     def on_train_epoch_end(self) -> None:
-        if self.global_rank != 0:
-            self.epoch_cache()
-            return
-        for node, c in self.epoch_cache().items():
+        counts = self.epoch_cache()  # (taken on every rank: each counts its own share)
+        for node, c in counts.items() if self.global_rank == 0 else ():
             if total := c["hits"] + c["misses"]:
                 rate = c["hits"] / total
                 self.log(f"cache/{node}/hit_rate", rate, on_epoch=True, rank_zero_only=True)

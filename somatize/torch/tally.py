@@ -81,9 +81,8 @@ class CacheTally:
             self.pause(was)
 
     def end_epoch(self, epoch: int, warn: bool = True) -> Counts:
-        """The counts of the epoch just ended (a copy), warning about nodes gone cold."""
-        counts = {node: dict(c) for node, c in self._epoch.items()}
-        self._epoch = {}
+        """The counts of the epoch just ended, warning about nodes gone cold."""
+        counts, self._epoch = self._epoch, {}  # (its own dicts: ``total`` holds others)
         for node, c in counts.items():
             hits, lookups = c["hits"], c["hits"] + c["misses"]
             stored = self.total[node]["misses"] > c["misses"]  # an earlier epoch missed: wrote
