@@ -13,7 +13,9 @@ SALT = bytes(range(32))
 
 def reference(t: torch.Tensor, salt: bytes = SALT) -> list[str]:
     """Each row hashed on its own: a fresh keyed hasher over the row's bytes."""
-    return [blake3(t[i].contiguous().numpy().tobytes(), key=salt).hexdigest() for i in range(len(t))]
+    return [
+        blake3(t[i].contiguous().numpy().tobytes(), key=salt).hexdigest() for i in range(len(t))
+    ]
 
 
 @pytest.mark.parametrize(
