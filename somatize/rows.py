@@ -191,7 +191,12 @@ def _keys(leaves: list[Leaf], salt: bytes) -> list[str]:
         _, rows, v = leaves[0]
         return rows.keys(v, salt)
     digests = [rows.digests(v) for _, rows, v in leaves]
-    return [blake3(b"".join(ds), key=salt).hexdigest() for ds in zip(*digests)]
+    h, out = blake3(key=salt), []  # one keyed hasher, reset after each row
+    for ds in zip(*digests):
+        h.update(b"".join(ds))
+        out.append(h.hexdigest())
+        h.reset()
+    return out
 
 
 def _entries(kind: str, names: tuple[Any, ...], leaves: list[Leaf], n: int) -> list[bytes]:

@@ -55,7 +55,13 @@ class TensorRows:
         view, nb = self.rows(t)
         if not nb:
             return [blake3(b"").digest()] * int(t.shape[0])
-        return [blake3(view[i : i + nb]).digest() for i in range(0, len(view), nb)]
+        h, out = blake3(), []
+        update, digest, reset, put = h.update, h.digest, h.reset, out.append
+        for i in range(0, len(view), nb):  # (one hasher, reset: as in keys)
+            update(view[i : i + nb])
+            put(digest())
+            reset()
+        return out
 
     def take(self, t: torch.Tensor, index: Sequence[int]) -> torch.Tensor:
         return t.index_select(0, torch.as_tensor(index, dtype=torch.long, device=t.device))

@@ -44,3 +44,21 @@ def test_equal_rows_share_a_key_and_the_salt_separates_them():
 
 def test_rows_without_bytes_share_the_keyed_hash_of_nothing():
     assert TensorRows().keys(torch.zeros(3, 0), SALT) == [blake3(b"", key=SALT).hexdigest()] * 3
+
+
+def test_row_digests_are_unkeyed_blake3_of_each_row():
+    batch = torch.randn(5, 3, generator=torch.Generator().manual_seed(4))
+    want = [blake3(batch[i].numpy().tobytes()).digest() for i in range(5)]
+    assert TensorRows().digests(batch) == want
+
+
+def test_a_batch_of_several_tensors_keys_a_row_by_the_digests_of_its_parts():
+    from somatize.rows import _keys
+
+    rows = TensorRows()
+    a = torch.randn(4, 3, generator=torch.Generator().manual_seed(5))
+    b = torch.arange(8, dtype=torch.int64).reshape(4, 2)
+    got = _keys([("torch", rows, a), ("torch", rows, b)], SALT)
+    parts = zip(rows.digests(a), rows.digests(b))
+    assert got == [blake3(da + db, key=SALT).hexdigest() for da, db in parts]
+    assert len(set(got)) == 4
