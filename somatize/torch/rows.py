@@ -42,7 +42,7 @@ class TensorRows:
         # keyed hasher per row (a third of a row's key), and either less than a keyed
         # constructor. One hex conversion for the whole batch costs less than a
         # hexdigest() per row.
-        h, out = blake3(key=salt), []
+        h, out = blake3(key=salt), list[bytes]()
         update, digest, reset, put = h.update, h.digest, h.reset, out.append
         for i in range(0, len(view), nb):
             update(view[i : i + nb])
@@ -55,7 +55,7 @@ class TensorRows:
         view, nb = self.rows(t)
         if not nb:
             return [blake3(b"").digest()] * int(t.shape[0])
-        h, out = blake3(), []
+        h, out = blake3(), list[bytes]()
         update, digest, reset, put = h.update, h.digest, h.reset, out.append
         for i in range(0, len(view), nb):  # (one hasher, reset: as in keys)
             update(view[i : i + nb])
