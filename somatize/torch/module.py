@@ -26,7 +26,7 @@ from ..errors import StateError
 from ..graph import Graph
 from ..node import Ctx, Done, Mapped, Node, Run
 from ..values import Opaque
-from .blank import blank
+from .blank import blank, lazy
 from .codecs import NdarrayCodec, TensorCodec
 
 __all__ = ["GraphModule", "module", "parameters"]
@@ -36,6 +36,7 @@ __all__ = ["GraphModule", "module", "parameters"]
 _by_graph: weakref.WeakValueDictionary[int, GraphModule] = weakref.WeakValueDictionary()
 
 
+@lazy  # (never hooked by module(g): its hook tables are made only if touched)
 class _Holdings(nn.Module):
     """The modules, parameters and tensors one node holds, registered under the node id.
 

@@ -16,13 +16,24 @@ from torch import nn
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
 from somatize.torch import blank as blank_module
-from somatize.torch.blank import blank
+from somatize.torch.blank import blank, lazy
 
 module_py = importlib.import_module("somatize.torch.module")
 
 
 class Plain(nn.Module):
     """A subclass adding nothing in ``__init__``, as ``_Holdings`` does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)  # (once a test gave it one)
+
+
+@lazy
+class LazyPlain(Plain):
+    """The same, its blank instances making their hook tables on first touch."""
+
+
+OWN = {"training", "_parameters", "_buffers", "_modules"}
 
 
 def same(a: Any, b: Any) -> bool:
@@ -47,6 +58,17 @@ def assert_same_attributes(made: nn.Module, normal: nn.Module) -> None:
         assert same(value, other), name
         if isinstance(value, (dict, set, list)):
             assert value is not other, name
+
+
+def assert_same_reads(made: nn.Module, normal: nn.Module) -> None:
+    """What every attribute of ``normal`` reads as, ``made`` reads as too (made on first
+    touch where lazy): the same types and values, each container its own, and the same
+    object on every later read."""
+    for name, value in vars(normal).items():
+        got = getattr(made, name)
+        assert same(got, value), name
+        if isinstance(value, (dict, set, list)):
+            assert got is not value and getattr(made, name) is got, name
 
 
 def test_a_blank_module_equals_one_constructed_normally() -> None:
@@ -74,9 +96,35 @@ def test_blank_modules_share_no_container() -> None:
     assert_same_attributes(b, Plain())
 
 
-def test_a_blank_module_works_as_a_module() -> None:
-    """Registration, modes, state_dict, .to(), copies and pickles behave as for ``Plain()``."""
-    made, normal = blank(Plain), Plain()
+def test_a_lazy_blank_module_holds_four_attributes_and_reads_as_a_normal_one() -> None:
+    made = blank(LazyPlain)
+    assert set(vars(made)) == OWN  # the hook tables: not made until touched
+    assert "_forward_hooks" not in vars(made)
+    assert_same_reads(made, LazyPlain())
+    constants = {n for n, v in vars(nn.Module()).items() if not isinstance(v, (dict, set))}
+    # every container made once read; constants (_is_full_backward_hook) read from the class
+    assert set(vars(made)) == set(vars(LazyPlain())) - (constants - OWN)
+    assert_same_reads(blank(LazyPlain), nn.Module())
+
+
+def test_lazy_blank_modules_share_no_container() -> None:
+    a, b = blank(LazyPlain), blank(LazyPlain)
+    a.register_forward_hook(lambda *args: None)
+    a.register_forward_pre_hook(lambda *args: None, prepend=True)
+    a.register_state_dict_pre_hook(lambda *args: None)
+    a.register_buffer("kept", torch.ones(1), persistent=False)
+    assert len(a._forward_hooks) == len(a._forward_pre_hooks) == len(a._state_dict_pre_hooks) == 1
+    assert not (b._forward_hooks or b._forward_pre_hooks or b._state_dict_pre_hooks)
+    assert not (b._buffers or b._non_persistent_buffers_set) and a._non_persistent_buffers_set
+    assert_same_reads(b, LazyPlain())
+    normal = LazyPlain()  # the ordinary constructor: everything in the instance, as always
+    assert set(vars(normal)) == set(vars(nn.Module())) and not normal._forward_hooks
+
+
+@pytest.mark.parametrize("cls", [Plain, LazyPlain])
+def test_a_blank_module_works_as_a_module(cls: type[nn.Module]) -> None:
+    """Registration, modes, state_dict, .to(), copies, pickles and hooks behave as for ``cls()``."""
+    made, normal = blank(cls), cls()
     for m in (made, normal):
         m.add_module("lin", nn.Linear(2, 2))
         m.register_buffer("scale", torch.ones(2))
@@ -89,12 +137,18 @@ def test_a_blank_module_works_as_a_module() -> None:
     made.to(torch.float64)
     assert made.lin.weight.dtype == torch.float64 and made.scale.dtype == torch.float64
     for twin in (copy.deepcopy(made), pickle.loads(pickle.dumps(made))):
-        assert_same_attributes(twin, made)
+        assert_same_reads(twin, made)
         assert torch.equal(twin.lin.weight, made.lin.weight)
     calls: list[str] = []
     made.lin.register_forward_hook(lambda *args: calls.append("hook"))
     made.lin(torch.ones(1, 2, dtype=torch.float64))
-    assert calls == ["hook"]
+    made.register_forward_pre_hook(lambda *args: calls.append("own pre-hook"))
+    made.register_forward_hook(lambda *args: calls.append("own hook"))
+    made(torch.ones(1, 2, dtype=torch.float64))
+    made.register_state_dict_post_hook(lambda *args: calls.append("state"))
+    made.register_load_state_dict_post_hook(lambda *args: calls.append("load"))
+    made.load_state_dict(made.state_dict())
+    assert calls == ["hook", "own pre-hook", "hook", "own hook", "state", "load"]
 
 
 def test_blank_falls_back_to_the_constructor_for_an_attribute_it_cannot_copy(
@@ -111,6 +165,12 @@ def test_blank_falls_back_to_the_constructor_for_an_attribute_it_cannot_copy(
     monkeypatch.setattr(blank_module, "_made", None)
     made = blank(Plain)
     assert made._unknown == [] and made._unknown is not Plain()._unknown
+
+    class Later(nn.Module):
+        pass
+
+    assert lazy(Later) is Later and Later not in blank_module._LAZY  # left as it is
+    assert "_forward_hooks" not in vars(Later) and vars(blank(Later))["_unknown"] == []
 
 
 class Lin(Node):
@@ -149,12 +209,13 @@ def test_module_of_a_graph_runs_no_module_constructor_per_node(
     assert sorted(inits) == ["GraphModule", "_Nodes"]
     assert len(m._modules) == 50
     for held in m._modules.values():
+        assert set(vars(held)) == OWN | {"_impl", "_params", "_tensors"}  # no hook table yet
         normal = module_py._Holdings()
         for name in ("_impl", "_params", "_tensors"):
             object.__setattr__(normal, name, getattr(held, name))
         normal._parameters.update(held._parameters)
         normal._modules.update(held._modules)
-        assert_same_attributes(held, normal)
+        assert_same_reads(held, normal)
     small = st.module(g)
     assert sorted(small._modules) == ["lin", "lin_2", "lin_3", "lin_4"]  # nothing for Free
     assert list(small.state_dict())[:3] == ["lin.scale", "lin.lin.weight", "lin.lin.bias"]
