@@ -12,7 +12,7 @@ For each shape and size, in the same run and interleaved:
 * **module(g)** — ``somatize.torch.module(g)`` over nodes that each hold an
   ``nn.Linear(4, 4)``, against ``nn.Sequential`` over the same number of ``nn.Linear``.
   Beside them, the floor of any design that keeps the parameter names (``node.lin.weight``):
-  one ``nn.Module`` per node, made as ``module(g)`` makes it (``somatize.torch.blank``),
+  one ``nn.Module`` per node, made as ``module(g)`` makes it (``somatize.torch.blank``, lazy),
   holding its ``nn.Linear``, in a dict by node id — timed apart at 1,000 nodes, after the
   grids (its garbage would move them), and reported in the module(g) rows' note.
 
@@ -125,16 +125,15 @@ def fresh(make: Callable[[], Any], run: Callable[[Any], Any], count: int) -> Cal
     return candidate
 
 
-def floor(linears: list[Any]) -> dict[str, Any]:
+def floor(linears: list[Any], held_class: type) -> dict[str, Any]:
     """What ``module(g)`` cannot do without: a module per node (the node-id level of the
-    names), made as it makes them, holding the node's ``nn.Linear``."""
-    from torch import nn
-
+    names), made as it makes them (``blank`` of a ``lazy`` class), holding the node's
+    ``nn.Linear``."""
     from somatize.torch.blank import blank
 
     top: dict[str, Any] = {}
     for i, lin in enumerate(linears):
-        held = blank(nn.Module)
+        held = blank(held_class)
         held._modules["lin"] = lin
         top[f"lin_{i}"] = held
     return top
@@ -146,10 +145,16 @@ def floor_ratio(n: int, quick: bool) -> tuple[float, float]:
     largest size, would move what is timed after it there)."""
     from torch import nn
 
+    from somatize.torch.blank import lazy
+
+    @lazy
+    class Held(nn.Module):
+        pass
+
     linears = [nn.Linear(4, 4) for _ in range(n)]
     t = interleave(
         {
-            "floor": per_call(lambda: floor(linears), 1),
+            "floor": per_call(lambda: floor(linears, Held), 1),
             "base": per_call(lambda: nn.Sequential(*linears), 1),
         },
         trials=5 if quick else 9,
