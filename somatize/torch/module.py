@@ -169,14 +169,15 @@ class _Nodes(nn.Module):
         modules = self._modules
         for node_id, impl in g._impls.items():
             label = prefix + node_id
-            if isinstance(impl, Graph):
-                held: nn.Module | None = _Nodes(impl, label + ".")
-            elif isinstance(impl, Node) and not isinstance(impl, Mapped):  # (most nodes)
-                held = _holdings(impl, label, frozenset())
+            if isinstance(impl, Node) and not isinstance(impl, Mapped):  # (most nodes)
+                # (holdings are made only for something registered: never empty)
+                held: nn.Module | None = _holdings(impl, label, frozenset())
+                if held is None:
+                    continue
             else:
-                held = _held(impl, label)
-            if held is None or not _holds_any(held):
-                continue
+                held = _Nodes(impl, label + ".") if isinstance(impl, Graph) else _held(impl, label)
+                if held is None or not _holds_any(held):
+                    continue
             if "." in node_id or node_id in reserved:
                 why = (
                     "a module name cannot contain '.'"
