@@ -26,126 +26,18 @@ from ..errors import StateError
 from ..graph import Graph
 from ..node import Ctx, Done, Mapped, Node, Run
 from ..values import Opaque
-from .blank import blank, lazy
 from .codecs import NdarrayCodec, TensorCodec
+from .holdings import MODULE_NAMES, held_by, holds_any, node_holdings
 
 __all__ = ["GraphModule", "module", "parameters"]
 
 # id(graph) -> its module. Weak on the module, which holds its graph: a registry keyed on
 # the graph would keep every graph (and its weights) alive for ever.
 _by_graph: weakref.WeakValueDictionary[int, GraphModule] = weakref.WeakValueDictionary()
-
-
-@lazy  # (never hooked by module(g): its hook tables are made only if touched)
-class _Holdings(nn.Module):
-    """The modules, parameters and tensors one node holds, registered under the node id.
-
-    Direct attributes: modules, parameters, and plain tensors (as buffers, written back
-    to the node after ``.to()``). Inside list, tuple and dict attributes (nested too):
-    modules, named by index or key (``heads.0``, ``heads.fr``). A node held by the node
-    (a ``Mapped`` node's inner node, a helper node) registers its own holdings nested.
-    """
-
-    _impl: Any
-    _params: tuple[str, ...]  # direct attributes, written back after .to()
-    _tensors: tuple[str, ...]
-
-    def _get_name(self) -> str:  # printed as the node's class: Encode( (emb): Embedding(...) )
-        return type(self._impl).__qualname__
-
-    def _apply(self, fn: Any, recurse: bool = True) -> _Holdings:
-        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
-        # Keep the node's own attributes pointing at the moved tensors (.to() makes new
-        # buffers, and new parameters when torch is set to overwrite them on conversion).
-        for name in self._params:
-            setattr(self._impl, name, self._parameters[name])
-        for name in self._tensors:
-            setattr(self._impl, name, self._buffers[name])
-        return self
-
-
-def _holdings(impl: Any, where: str, seen: frozenset[int]) -> _Holdings | None:
-    """The ``_Holdings`` of the node ``impl`` (at ``where``, for error messages), or None
-    when it holds no module and no tensor."""
-    held: _Holdings | None = None
-    inside = seen
-    for name, value in vars(impl).items():
-        if type(value) in _PLAIN or name.startswith("_somatize"):
-            continue  # (most attributes: numbers, strings, flags)
-        inner: nn.Module | torch.Tensor | None
-        if isinstance(value, (nn.Module, torch.Tensor)):
-            inner = value
-        else:
-            if inside is seen:
-                inside = seen | {id(impl)}
-            inner = _held(value, f"{where}.{name}", inside)
-            if inner is None:
-                continue
-        if name in _MODULE_NAMES:
-            raise StateError(
-                f"node {where!r} holds modules or tensors in its attribute {name!r}, which "
-                "every nn.Module already has; rename the attribute"
-            )
-        if held is None:  # nn.Module.__init__'s attributes at a dict's cost (see blank.py)
-            held = blank(_Holdings)
-            attrs = held.__dict__  # (plain attributes: nn.Module's __setattr__ not needed)
-            attrs["_impl"] = impl
-            attrs["_params"] = attrs["_tensors"] = ()
-        if isinstance(inner, nn.Module):
-            if name and "." not in name and name not in _HOLDINGS_OWN:
-                held._modules[name] = inner  # what add_module checks, checked above
-            else:
-                held.add_module(name, inner)  # raises its own error
-        elif isinstance(inner, nn.Parameter):
-            held.register_parameter(name, inner)
-            attrs["_params"] += (name,)
-        else:
-            held.register_buffer(name, inner)
-            attrs["_tensors"] += (name,)
-    return held
-
-
-def _held(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Module | None:
-    """The module registering what ``value`` holds, or None when it holds no module."""
-    if isinstance(value, nn.Module):
-        return value
-    if isinstance(value, Mapped):  # a mapped node is its inner node, applied item by item
-        return _held(value.inner, where, seen)
-    if isinstance(value, Node):
-        if id(value) in seen:  # nodes holding each other: the first visit registers them
-            return None
-        return _holdings(value, where, seen)
-    if type(value) not in (list, tuple, dict):
-        return None
-    items = value.items() if isinstance(value, dict) else enumerate(value)
-    box = nn.Module()
-    for k, v in items:
-        name = str(k)
-        inner = _held(v, f"{where}[{k!r}]", seen)
-        if inner is None:
-            continue
-        if not name or "." in name or name in box._modules:
-            raise StateError(
-                f"{where}[{k!r}] holds a module that cannot be registered under the name "
-                f"{name!r} (names must be non-empty, without '.', and distinct as strings); "
-                "use plain string keys without '.' or an nn.ModuleDict"
-            )
-        box.add_module(name, inner)
-    return box if box._modules else None
-
-
-def _holds_any(m: nn.Module) -> bool:
-    """Whether ``m`` registers anything: a parameterless module (dropout) counts, for its mode."""
-    return bool(m._modules or m._parameters or m._buffers)
-
-
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _marked_any = False  # whether any parameter was ever marked frozen (in this process)
-_PLAIN = frozenset({int, float, str, bool, type(None), bytes})
-_HOLDINGS_OWN = frozenset({"_impl", "_params", "_tensors"})  # _Holdings' own attributes
 _RESERVED: dict[bool, frozenset[str]] = {}
-_MODULE_NAMES = frozenset(dir(nn.Module()))  # attributes every module has
 # GraphModule's plain attributes. They live in the instance dict, beside children of the
 # same name (a subgraph written into ``>>`` gets the id "graph"), reached by named_children.
 _OWN = frozenset({"graph", "step", "metrics"})
@@ -155,7 +47,7 @@ def _reserved(top: bool) -> frozenset[str]:
     """Names a node id holding modules may not take: attributes every module has (and,
     at the top, those of ``GraphModule``)."""
     if top not in _RESERVED:
-        names = _MODULE_NAMES
+        names = MODULE_NAMES
         _RESERVED[top] = names | (set(dir(GraphModule)) - _OWN) if top else names
     return _RESERVED[top]
 
@@ -171,12 +63,14 @@ class _Nodes(nn.Module):
             label = prefix + node_id
             if isinstance(impl, Node) and not isinstance(impl, Mapped):  # (most nodes)
                 # (holdings are made only for something registered: never empty)
-                held: nn.Module | None = _holdings(impl, label, frozenset())
+                held: nn.Module | None = node_holdings(impl, label, frozenset())
                 if held is None:
                     continue
             else:
-                held = _Nodes(impl, label + ".") if isinstance(impl, Graph) else _held(impl, label)
-                if held is None or not _holds_any(held):
+                held = (
+                    _Nodes(impl, label + ".") if isinstance(impl, Graph) else held_by(impl, label)
+                )
+                if held is None or not holds_any(held):
                     continue
             if "." in node_id or node_id in reserved:
                 why = (
@@ -309,6 +203,15 @@ class GraphModule(nn.Module):
         # Compiled here, so that a compiled forward (torch.compile) finds it built.
         self._program = g.program()
 
+    def refresh(self) -> GraphModule:
+        """Register the graph's modules again if the graph changed since they were (a node
+        added or replaced, a node frozen or unfrozen). ``module(g)``, ``forward`` and the
+        Trainer call it themselves; call it before reading ``parameters()`` of a module
+        whose graph you changed."""
+        if self.graph.program() is not self._program:
+            self._sync()
+        return self
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[no-untyped-call]
         equip(self.graph)  # a copy (copy.deepcopy(model)) runs its own nodes, not the original's
@@ -377,8 +280,8 @@ def module(g: Graph) -> GraphModule:
         if m is None or m.graph is not g:
             m = GraphModule(g)
             _by_graph[id(g)] = m
-        elif g.program() is not m._program:
-            m._sync()
+        else:
+            m.refresh()
     return m
 
 

@@ -4,7 +4,6 @@ and ``module(g)`` making its per-node modules that way."""
 from __future__ import annotations
 
 import copy
-import importlib
 import pickle
 from collections import OrderedDict
 from typing import Any
@@ -17,12 +16,11 @@ import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
 from somatize.torch import blank as blank_module
 from somatize.torch.blank import blank, lazy
-
-module_py = importlib.import_module("somatize.torch.module")
+from somatize.torch.holdings import Holdings
 
 
 class Plain(nn.Module):
-    """A subclass adding nothing in ``__init__``, as ``_Holdings`` does."""
+    """A subclass adding nothing in ``__init__``, as ``Holdings`` does."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lin(x)  # (once a test gave it one)
@@ -210,7 +208,7 @@ def test_module_of_a_graph_runs_no_module_constructor_per_node(
     assert len(m._modules) == 50
     for held in m._modules.values():
         assert set(vars(held)) == OWN | {"_impl", "_params", "_tensors"}  # no hook table yet
-        normal = module_py._Holdings()
+        normal = Holdings()
         for name in ("_impl", "_params", "_tensors"):
             object.__setattr__(normal, name, getattr(held, name))
         normal._parameters.update(held._parameters)

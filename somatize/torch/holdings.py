@@ -1,0 +1,127 @@
+"""What one node holds, registered as ``nn.Module`` children: ``node_holdings(impl, where)``.
+
+``module(g)`` registers every node's modules, parameters and tensors under the node id
+(``enc.emb.weight``): each node that holds any gets one ``Holdings`` module, made by
+``blank`` without ``nn.Module.__init__`` and with its hook tables made only if touched
+(``blank.lazy``), since ``module(g)`` never hooks or calls it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import StateError
+from ..node import Mapped, Node
+from .blank import blank, lazy
+
+__all__ = ["MODULE_NAMES", "Holdings", "held_by", "holds_any", "node_holdings"]
+
+_PLAIN = frozenset({int, float, str, bool, type(None), bytes})
+_OWN = frozenset({"_impl", "_params", "_tensors"})  # Holdings' own attributes
+MODULE_NAMES = frozenset(dir(nn.Module()))  # attributes every module has
+
+
+@lazy  # (never hooked by module(g): its hook tables are made only if touched)
+class Holdings(nn.Module):
+    """The modules, parameters and tensors one node holds, registered under the node id.
+
+    Direct attributes: modules, parameters, and plain tensors (as buffers, written back
+    to the node after ``.to()``). Inside list, tuple and dict attributes (nested too):
+    modules, named by index or key (``heads.0``, ``heads.fr``). A node held by the node
+    (a ``Mapped`` node's inner node, a helper node) registers its own holdings nested.
+    """
+
+    _impl: Any
+    _params: tuple[str, ...]  # direct attributes, written back after .to()
+    _tensors: tuple[str, ...]
+
+    def _get_name(self) -> str:  # printed as the node's class: Encode( (emb): Embedding(...) )
+        return type(self._impl).__qualname__
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Holdings:
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        # Keep the node's own attributes pointing at the moved tensors (.to() makes new
+        # buffers, and new parameters when torch is set to overwrite them on conversion).
+        for name in self._params:
+            setattr(self._impl, name, self._parameters[name])
+        for name in self._tensors:
+            setattr(self._impl, name, self._buffers[name])
+        return self
+
+
+def node_holdings(impl: Any, where: str, seen: frozenset[int]) -> Holdings | None:
+    """The ``Holdings`` of the node ``impl`` (at ``where``, for error messages), or None
+    when it holds no module and no tensor."""
+    held: Holdings | None = None
+    inside = seen
+    for name, value in vars(impl).items():
+        if type(value) in _PLAIN or name.startswith("_somatize"):
+            continue  # (most attributes: numbers, strings, flags)
+        inner: nn.Module | torch.Tensor | None
+        if isinstance(value, (nn.Module, torch.Tensor)):
+            inner = value
+        else:
+            if inside is seen:
+                inside = seen | {id(impl)}
+            inner = held_by(value, f"{where}.{name}", inside)
+            if inner is None:
+                continue
+        if name in MODULE_NAMES:
+            raise StateError(
+                f"node {where!r} holds modules or tensors in its attribute {name!r}, which "
+                "every nn.Module already has; rename the attribute"
+            )
+        if held is None:  # nn.Module.__init__'s attributes at a dict's cost (see blank.py)
+            held = blank(Holdings)
+            attrs = held.__dict__  # (plain attributes: nn.Module's __setattr__ not needed)
+            attrs["_impl"] = impl
+            attrs["_params"] = attrs["_tensors"] = ()
+        if isinstance(inner, nn.Module):
+            if name and "." not in name and name not in _OWN:
+                held._modules[name] = inner  # what add_module checks, checked above
+            else:
+                held.add_module(name, inner)  # raises its own error
+        elif isinstance(inner, nn.Parameter):
+            held.register_parameter(name, inner)
+            attrs["_params"] += (name,)
+        else:
+            held.register_buffer(name, inner)
+            attrs["_tensors"] += (name,)
+    return held
+
+
+def held_by(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Module | None:
+    """The module registering what ``value`` holds, or None when it holds no module."""
+    if isinstance(value, nn.Module):
+        return value
+    if isinstance(value, Mapped):  # a mapped node is its inner node, applied item by item
+        return held_by(value.inner, where, seen)
+    if isinstance(value, Node):
+        if id(value) in seen:  # nodes holding each other: the first visit registers them
+            return None
+        return node_holdings(value, where, seen)
+    if type(value) not in (list, tuple, dict):
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    box = nn.Module()
+    for k, v in items:
+        name = str(k)
+        inner = held_by(v, f"{where}[{k!r}]", seen)
+        if inner is None:
+            continue
+        if not name or "." in name or name in box._modules:
+            raise StateError(
+                f"{where}[{k!r}] holds a module that cannot be registered under the name "
+                f"{name!r} (names must be non-empty, without '.', and distinct as strings); "
+                "use plain string keys without '.' or an nn.ModuleDict"
+            )
+        box.add_module(name, inner)
+    return box if box._modules else None
+
+
+def holds_any(m: nn.Module) -> bool:
+    """Whether ``m`` registers anything: a parameterless module (dropout) counts, for its mode."""
+    return bool(m._modules or m._parameters or m._buffers)
