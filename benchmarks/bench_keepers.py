@@ -11,6 +11,8 @@
   and ``gc`` against the scan of the one-file-per-entry store.
 * Per-example entries: 10k entries of 2 KB stored and read in batches of 64
   (``put_many``/``get_many``, a DataLoader's batch) against one ``put``/``get`` each.
+* A DiskKeeper filled as a cold epoch fills it (a pack, then a lookup that misses, per
+  batch): the lookup at 2,000 packs against at 100, which should stay flat.
 
 Every pair is timed interleaved (A B A B ...); the figure is the wall-time median with
 its min–max, and the note gives the ratio of CPU time (``time.process_time``) too, so
@@ -280,10 +282,70 @@ def batch_rows(quick: bool, root: str) -> list[Row]:
     ]  # fmt: skip
 
 
+def fill_rows(quick: bool, root: str) -> list[Row]:
+    """The lookup of a DiskKeeper being filled as a cold epoch fills it — a pack of 64
+    entries written, then a ``get_many`` of 64 keys it does not hold — at many packs
+    against at few. Only the lookup is timed (the writes are the filesystem's, and grow
+    with the directory): flat means a lookup does not rescan the directory for every
+    pack the handle wrote itself."""
+    few, many, window = 100, (1000 if quick else 2000), 50
+    payload = os.urandom(512)
+    keepers = {}
+    for name, packs in (("few", few), ("many", many)):
+        keepers[name] = keeper = DiskKeeper(f"{root}/fill-{name}")
+        for b in range(packs):
+            keeper.put_many([(key(b << 8 | i), payload) for i in range(64)])
+    fresh = iter(range(1 << 40, 1 << 62))
+    cpu: dict[str, list[float]] = {}
+
+    def lookups(keeper: DiskKeeper, name: str) -> Callable[[], float]:
+        def run() -> float:
+            wall = spent = 0.0
+            for _ in range(window):
+                keys = [key(next(fresh)) for _ in range(64)]
+                keeper.put_many([(k, payload) for k in keys[:32]])  # this batch's pack
+                c, w = time.process_time(), time.perf_counter()
+                keeper.get_many(keys[32:])  # the next batch's lookup: every key a miss
+                wall += time.perf_counter() - w
+                spent += time.process_time() - c
+            cpu.setdefault(name, []).append(spent / window)
+            return wall / window
+
+        return run
+
+    t = interleave(
+        {name: lookups(keepers[name], name) for name in ("many", "few")},
+        trials=3 if quick else 7,
+    )
+    by_cpu = statistics.median(cpu["many"]) / statistics.median(cpu["few"])
+    ratio = t["many"].median / t["few"].median
+    return [
+        Row(
+            "keepers",
+            f"DiskKeeper lookup while it is filled a batch at a time (put_many, then a "
+            f"get_many of 32 keys it does not hold), at {many:,} packs against at {few}",
+            t["many"].median * 1e6,
+            "µs",
+            baseline=f"the same at {few} packs",
+            baseline_value=t["few"].median * 1e6,
+            ratio=ratio,
+            cpu_ratio=by_cpu,
+            target="≤ 1.5×",
+            met=ratio <= 1.5,
+            spread=spread(t["many"], 1e6, "µs"),
+        )
+    ]
+
+
 def run(quick: bool) -> list[Row]:
     root = tempfile.mkdtemp(prefix="somatize-bench-keepers-")
     try:
-        return memory_rows(quick) + disk_rows(quick, root) + batch_rows(quick, root)
+        return (
+            memory_rows(quick)
+            + disk_rows(quick, root)
+            + batch_rows(quick, root)
+            + fill_rows(quick, root)
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -57,6 +57,51 @@ def test_another_process_finds_packs_written_after_it_looked(tmp_path: Path) -> 
     assert reader.stats().entries == 10
 
 
+def counting_listings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every scandir of a packs/ directory, recorded."""
+    listed: list[str] = []
+    real = os.scandir
+
+    def scandir(path: str) -> object:
+        if str(path).endswith("packs"):
+            listed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(packs.os, "scandir", scandir)
+    return listed
+
+
+def test_a_writer_does_not_relist_packs_for_every_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a cold epoch: a lookup that misses, then a pack, per batch; each pack moves the mtime
+    monkeypatch.setattr(packs, "RELIST_SHARE", 4)
+    keeper = DiskKeeper(tmp_path / "store")
+    listed = counting_listings(monkeypatch)
+    for b in range(60):
+        assert keeper.get_many([k(10 * b + i) for i in range(10)]) == [None] * 10
+        keeper.put_many(rows(10 * b, 10))
+        assert keeper.get_many([k(10 * b), k(0)]) == [rows(10 * b, 1)[0][1], rows(0, 1)[0][1]]
+    # a relisting every max(1, packs // 4) lookups: 40 here, where every batch relisted
+    assert len(listed) <= 40 and len(pack_files(keeper)) == 60
+
+
+def test_a_pack_another_process_wrote_is_found_within_its_share_of_lookups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(packs, "RELIST_SHARE", 4)
+    writer, reader = DiskKeeper(tmp_path / "store"), DiskKeeper(tmp_path / "store")
+    for b in range(20):
+        writer.put_many(rows(10 * b, 10))
+    assert reader.get_many([k(0)]) == [rows(0, 1)[0][1]]  # the reader lists the 20 packs
+    writer.put_many(rows(1000, 1))
+    found = [reader.get_many([k(1000)])[0] for _ in range(20 // 4 + 1)]
+    assert found[-1] == rows(1000, 1)[0][1]  # found within packs // 4 + 1 lookups
+    writer.put_many(rows(2000, 1))
+    assert reader.stats().entries == 202  # a forced refresh relists at once
+    assert reader.get_many([k(2000)]) == [rows(2000, 1)[0][1]]
+
+
 def test_a_reader_follows_a_pack_that_gc_rewrote(tmp_path: Path) -> None:
     reader, tender = DiskKeeper(tmp_path / "store"), DiskKeeper(tmp_path / "store")
     tender.put_many(rows(0, 4))

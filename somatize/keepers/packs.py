@@ -57,6 +57,14 @@ MAX_PACK_BYTES = 64 << 20  # a bigger batch is split: gc frees whole packs
 # it is the safe side; a change missed on a coarser filesystem costs a recomputed
 # entry (a miss, then a put that moves the mtime again), never a wrong one.
 RACY_NS = 100_000_000
+# A lookup that finds packs/ changed relists it (a scandir of every pack) only every
+# max(1, packs // RELIST_SHARE)-th time, so that a handle writing a pack per batch — its
+# own packs are indexed as it writes them — does not scan the whole directory per batch:
+# a lookup scans about RELIST_SHARE entries, amortized, however many packs there are
+# (before: every pack, every batch — quadratic over a cold epoch). A pack another process
+# wrote is found that many lookups later at most; until then its entries are misses
+# (recomputed), never wrong ones. A forced refresh always relists.
+RELIST_SHARE = 64
 
 
 def _max_open() -> int:
@@ -234,6 +242,7 @@ class PackIndex:
         self.bad: dict[str, tuple[int, bool]] = {}  # name -> (inode, regular) of unreadable
         self._seen: tuple[int, int] | None = None  # (mtime_ns, inode) of the directory
         self._listed_ns = 0
+        self._deferred = 0  # relistings put off since the last one (RELIST_SHARE)
         # other packs holding a key (rewrites, a batch written twice): where it is found
         # again when the pack it is indexed in goes
         self._other: dict[str, list[tuple[Pack, int]]] = {}
@@ -326,7 +335,9 @@ class PackIndex:
                             break
 
     def refresh(self, force: bool = False) -> bool:
-        """Read packs added by other processes, forget removed ones; True if any changed."""
+        """Read packs added by other processes, forget removed ones; True if any changed.
+        Unless ``force``, a large directory is relisted only every so many calls
+        (``RELIST_SHARE``)."""
         with self.lock:
             return self._refresh(force)
 
@@ -340,6 +351,10 @@ class PackIndex:
         seen = (st.st_mtime_ns, st.st_ino)
         if not force and seen == self._seen and self._listed_ns - st.st_mtime_ns > RACY_NS:
             return False
+        if not force and self._deferred < len(self.packs) // RELIST_SHARE:
+            self._deferred += 1
+            return False
+        self._deferred = 0
         listed_ns = time.time_ns()
         names = set()
         with os.scandir(self.directory) as it:

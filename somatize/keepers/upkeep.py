@@ -163,7 +163,7 @@ def unpin(root: str, index: PackIndex, keys: list[str]) -> None:
             pass
         except OSError as e:
             raise KeeperError(f"could not unpin cache entry {path}: {e.strerror or e}") from e
-    index.refresh()
+    index.refresh(force=True)  # every pack holding a key, another process's too (rare: exact)
     by_pack: dict[str, set[str]] = {}
     for key in keys:
         for pack in index.holding(key):
@@ -183,7 +183,7 @@ def discard(root: str, index: PackIndex, path: str, key: str) -> None:
         loose.quarantine(root, path, os.stat(path).st_ino)
     except OSError as e:
         raise KeeperError(f"could not remove cache entry {path}: {e.strerror or e}") from e
-    index.refresh()
+    index.refresh(force=True)  # every pack holding the key, another process's too (rare)
     for pack in index.holding(key):
         rewrite(index, root, pack.name, drop={key})
 
