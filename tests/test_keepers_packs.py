@@ -100,6 +100,9 @@ def test_a_pack_another_process_wrote_is_found_within_its_share_of_lookups(
     writer.put_many(rows(2000, 1))
     assert reader.stats().entries == 202  # a forced refresh relists at once
     assert reader.get_many([k(2000)]) == [rows(2000, 1)[0][1]]
+    writer.put_many(rows(3000, 1))
+    writer.name("latest", k(3000))
+    assert reader.lookup("latest") == rows(3000, 1)[0][1]  # a name is followed at once
 
 
 def test_a_reader_follows_a_pack_that_gc_rewrote(tmp_path: Path) -> None:

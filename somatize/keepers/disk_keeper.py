@@ -181,7 +181,13 @@ class DiskKeeper:
     def lookup(self, name: str) -> bytes | None:
         check_name(name)
         key = self._read_small(f"{self._root}/names/{name}")
-        return self.get(key) if key is not None and is_key(key) else None
+        if key is None or not is_key(key):
+            return None
+        found = self.get(key)
+        if found is None and key not in self._index.where:  # named, so stored: look again
+            self._index.refresh(force=True)  # (a pack another process wrote, not listed yet)
+            found = self._read_packed([key])[0] if key in self._index.where else None
+        return found
 
     @staticmethod
     def _read_small(path: str) -> str | None:
