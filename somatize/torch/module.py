@@ -203,11 +203,10 @@ class GraphModule(nn.Module):
         # Compiled here, so that a compiled forward (torch.compile) finds it built.
         self._program = g.program()
 
-    def refresh(self) -> GraphModule:
+    def _refresh(self) -> GraphModule:
         """Register the graph's modules again if the graph changed since they were (a node
-        added or replaced, a node frozen or unfrozen). ``module(g)``, ``forward`` and the
-        Trainer call it themselves; call it before reading ``parameters()`` of a module
-        whose graph you changed."""
+        added or replaced, a node frozen or unfrozen): what ``module(g)`` and the Trainer
+        do. (Private: a public method's name could not be a node id holding modules.)"""
         if self.graph.program() is not self._program:
             self._sync()
         return self
@@ -281,7 +280,7 @@ def module(g: Graph) -> GraphModule:
             m = GraphModule(g)
             _by_graph[id(g)] = m
         else:
-            m.refresh()
+            m._refresh()
     return m
 
 

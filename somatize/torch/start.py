@@ -71,7 +71,7 @@ def dynamic_step() -> Any:
 
 def trainable(net: nn.Module) -> list[nn.Parameter]:
     if isinstance(net, GraphModule):
-        net.refresh()  # the graph may have changed since the module was made
+        net._refresh()  # the graph may have changed since the module was made
     params = [p for p in net.parameters() if p.requires_grad]
     if not params:
         raise ValueError(

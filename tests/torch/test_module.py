@@ -206,17 +206,16 @@ def test_graph_changes_after_module_are_seen_on_the_next_call():
     assert any(isinstance(c, st.TensorCodec) for c in sub.codecs)  # the late subgraph is equipped
 
 
-def test_refresh_registers_what_changed_without_a_call_and_only_then():
+def test_module_again_registers_what_changed_without_a_call_and_only_then():
     g = Graph().node("a", Linear(2, 2))
     m = st.module(g)
     before = dict(m.named_children())
-    assert m.refresh() is m and dict(m.named_children()) == before  # unchanged: kept as is
+    assert st.module(g) is m and dict(m.named_children()) == before  # unchanged: kept as is
     g.node("b", Linear(2, 2)).edge("a", "b")
     assert "b.lin.weight" not in dict(m.named_parameters())  # not yet: nothing ran
-    m.refresh()
-    assert "b.lin.weight" in dict(m.named_parameters())
+    assert st.module(g) is m and "b.lin.weight" in dict(m.named_parameters())
     g.freeze("b")
-    assert m.refresh().b.training is False and not g["b"].lin.weight.requires_grad
+    assert st.module(g).b.training is False and not g["b"].lin.weight.requires_grad
 
 
 def test_parameters_are_deduplicated_and_exclude_frozen_nodes():
