@@ -283,8 +283,8 @@ def batch_rows(quick: bool, root: str) -> list[Row]:
 
 
 def fill_rows(quick: bool, root: str) -> list[Row]:
-    """The lookup of a DiskKeeper being filled as a cold epoch fills it — a pack of 64
-    entries written, then a ``get_many`` of 64 keys it does not hold — at many packs
+    """The lookup of a DiskKeeper being filled as a cold epoch fills it — a pack of 32
+    entries written, then a ``get_many`` of 32 other keys it does not hold — at many packs
     against at few. Only the lookup is timed (the writes are the filesystem's, and grow
     with the directory): flat means a lookup does not rescan the directory for every
     pack the handle wrote itself."""

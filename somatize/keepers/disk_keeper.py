@@ -186,7 +186,7 @@ class DiskKeeper:
         found = self.get(key)
         if found is None and key not in self._index.where:  # named, so stored: look again
             self._index.refresh(force=True)  # (a pack another process wrote, not listed yet)
-            found = self._read_packed([key])[0] if key in self._index.where else None
+            found = self.get(key)
         return found
 
     @staticmethod
