@@ -130,21 +130,22 @@ class TensorCodec:
         tensor that is not a plain C-contiguous CPU tensor)."""
         if not value.is_contiguous():
             return None
-        try:
-            view = memoryview(value.numpy())  # type: ignore[arg-type]
+        try:  # (the array itself: join reads its buffer, and a memoryview costs a call)
+            array = value.numpy()
         except (TypeError, RuntimeError):
             return None
+        nbytes = array.nbytes
         start = _KEY_STARTS.get((value.dtype, value.shape))
         if start is None:  # what values.digest writes before a codec leaf's chunks
             header, tag = _header(value), self.tag.encode()
-            size = _LEN.pack(len(header) + view.nbytes)
+            size = _LEN.pack(len(header) + nbytes)
             start = b"c" + _LEN.pack(len(tag)) + tag + size + header
             if len(_KEY_STARTS) < 4096:
                 _KEY_STARTS[value.dtype, tuple(value.shape)] = start
-        if view.nbytes <= 65536:  # one update: copying a small payload costs less than a call
-            return blake3(b"".join((start, view))).hexdigest()
+        if nbytes <= 65536:  # one update: copying a small payload costs less than a call
+            return blake3(b"".join((start, array))).hexdigest()  # type: ignore[arg-type]
         h = blake3(start)
-        h.update(view.cast("B"))  # (blake3 takes byte views only)
+        h.update(memoryview(array).cast("B"))  # type: ignore[arg-type]  # (byte views only)
         return h.hexdigest()
 
     def decode(self, payload: bytes) -> torch.Tensor:
