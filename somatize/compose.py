@@ -14,27 +14,33 @@ if TYPE_CHECKING:
 __all__ = ["Composable"]
 
 
+_dsl: Any = None  # somatize.dsl, once loaded: it imports this module, so not at the top
+
+
+def _language() -> Any:
+    """``somatize.dsl``; a function-level import on every operator would cost more than
+    the operator's own work (about 1 µs a ``>>``)."""
+    global _dsl
+    if _dsl is None:
+        from . import dsl
+
+        _dsl = dsl
+    return _dsl
+
+
 class Composable:
     """``a >> b`` (sequence) and ``a | b`` (fork) on anything that can be a graph's part."""
 
     __slots__ = ()
 
     def __rshift__(self, other: Any) -> Expr:
-        from .dsl import seq
-
-        return seq(self, other)
+        return (_dsl or _language()).seq(self, other)  # type: ignore[no-any-return]
 
     def __rrshift__(self, other: Any) -> Expr:
-        from .dsl import seq
-
-        return seq(other, self)
+        return (_dsl or _language()).seq(other, self)  # type: ignore[no-any-return]
 
     def __or__(self, other: Any) -> Expr:
-        from .dsl import par
-
-        return par(self, other)
+        return (_dsl or _language()).par(self, other)  # type: ignore[no-any-return]
 
     def __ror__(self, other: Any) -> Expr:
-        from .dsl import par
-
-        return par(other, self)
+        return (_dsl or _language()).par(other, self)  # type: ignore[no-any-return]
