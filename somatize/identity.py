@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from blake3 import blake3
 
 from .errors import DeclarationError
+from .node import Node
 from .values import digest, encode, is_data
 
 if TYPE_CHECKING:
@@ -296,8 +297,6 @@ def identity(impl: Any) -> str:
 
 
 def _declare(value: Any, where: str, codecs: Sequence[Codec]) -> Any:
-    from .node import Node
-
     t = type(value)
     if t is list or t is tuple:
         return t(_declare(v, f"{where}[{i}]", codecs) for i, v in enumerate(value))
@@ -356,8 +355,6 @@ def declaration(impl: Any, codecs: Sequence[Codec] = ()) -> str:
 
 
 def _state_part(value: Any, codecs: Sequence[Codec]) -> Any:
-    from .node import Node
-
     if is_data(value):
         return value
     for codec in codecs:
