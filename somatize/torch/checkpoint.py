@@ -273,6 +273,8 @@ class RunState:
         self.ranked: list[list[float]] = []  # [value, step] of the best checkpoints, best first
         self.last_finite: int | None = None  # the step of the newest checkpoint with finite weights
         self.skipped = 0  # steps skipped for a non-finite loss
+        self.epoch_rng: dict[str, Any] | None = None  # every RNG state as the epoch began
+        self.epoch_rngs: list[Any] | None = None  # under DDP, every rank's (from a checkpoint)
 
     def flush(self, world: int) -> None:
         """Read the pending step losses back (one transfer), averaged over ranks."""
@@ -307,6 +309,7 @@ def capture(
         "skipped": s.skipped,
         "pruner": pruner_state() if pruner_state is not None else None,
         "rng": rng_state(),
+        "epoch_rng": s.epoch_rng,
         "seed": seed,
     }
 
@@ -350,6 +353,8 @@ def restore(
     s.best, s.pruned = payload["best"], payload["pruned"]
     s.ranked = [list(r) for r in payload.get("ranked", [])]
     s.last_finite, s.skipped = payload.get("last_finite"), payload.get("skipped", 0)
+    s.epoch_rng = payload.get("epoch_rng")  # (None in a checkpoint from before it was kept)
+    s.epoch_rngs = payload.get("epoch_rngs")
     loader = getattr(pruner, "load_state_dict", None)
     if loader is not None and payload["pruner"] is not None:
         loader(payload["pruner"])

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..watchers import EpochEnd, Metrics, StepEnd, notify
 from .batches import epoch_batches
 from .carry import reset
+from .checkpoint import rng_state, set_rng_state
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
 from .module import GraphModule
@@ -48,11 +51,18 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
         and run.autocast is contextlib.nullcontext
         and trainer.options.nonfinite != "ignore"
     )
+    if run.checkpoint is not None and (s.epoch or s.position) and _persistent_workers(data):
+        warnings.warn(
+            "resuming with a DataLoader that keeps persistent_workers=True: its worker "
+            "processes' random streams (augmentation in workers) ran on from earlier epochs and "
+            "are in no checkpoint, so this run will not be bitwise identical to an "
+            "uninterrupted one; use persistent_workers=False for an exact resume",
+            UserWarning,
+            stacklevel=4,
+        )
     net.train()
     while s.epoch < epochs and not s.pruned and s.step < max_steps:
-        batches = epoch_batches(
-            data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world
-        )
+        batches = _batches(trainer, run, data)
         reset(run.carries)  # carried state starts afresh each epoch
         if fast:
             i, ended = fast_epoch(trainer, run, batches, val, step_sched, max_steps, graph_net)
@@ -81,6 +91,37 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
         break
 
 
+def _persistent_workers(data: Any) -> bool:
+    return bool(getattr(data, "persistent_workers", False) and getattr(data, "num_workers", 0))
+
+
+def _batches(trainer: Trainer, run: ActiveRun, data: Iterable[Any]) -> Iterator[Any]:
+    """The epoch's batches. Loading them may draw from the global RNG (augmentation in a
+    dataset, a sampler without a generator), so the RNG state the epoch begins with is
+    kept (``RunState.epoch_rng``, in every checkpoint). A run resumed mid-epoch draws the
+    batches it skips from that state, as the interrupted run drew them, and then goes on
+    from the checkpoint's own state; the loops skip the positions in front unread."""
+    s = run.state
+    if s.epoch_rngs is not None and len(s.epoch_rngs) == run.world:  # DDP: this rank's own
+        s.epoch_rng = s.epoch_rngs[run.rank]
+    s.epoch_rngs = None
+    resuming = s.position > 0 and s.epoch_rng is not None
+    now = rng_state()
+    if resuming:
+        set_rng_state(s.epoch_rng)  # type: ignore[arg-type]
+    else:
+        s.epoch_rng = now
+    batches = epoch_batches(
+        data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world
+    )
+    if not resuming:
+        return batches
+    for _ in itertools.islice(batches, s.position):  # (read as the interrupted run read them)
+        pass
+    set_rng_state(now)
+    return itertools.chain(itertools.repeat(None, s.position), batches)
+
+
 def _epoch(
     trainer: Trainer,
     run: ActiveRun,
@@ -96,8 +137,11 @@ def _epoch(
     every = trainer.options.eval_every_steps
     ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
     i = -1
+    stopped = None  # the RNG states as the last step left them (see fast_epoch)
     for i, group in _groups(batches, s.position, accumulate):
         if s.pruned or s.step >= max_steps:
+            if stopped is not None:
+                set_rng_state(stopped)
             return i, False
         tick = time.perf_counter() if watchers else 0.0
         if graph_net is not None:
@@ -123,6 +167,8 @@ def _epoch(
             evaluate_into(trainer, run, val)
         if run.due or (ckpt_every and s.step % ckpt_every == 0):
             save(trainer, run)
+        if s.pruned or s.step >= max_steps:
+            stopped = rng_state()
     return i, True
 
 

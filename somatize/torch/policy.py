@@ -49,13 +49,14 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     s.flush(run.world)
     run.due = False
     rngs = ddp.gather(rng_state()) if run.world > 1 else None  # every rank's, for its resume
+    epoch_rngs = ddp.gather(s.epoch_rng) if run.world > 1 else None
     if run.rank == 0:
         if finite(run.net.state_dict()):
             s.last_finite = s.step
         payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
         payload["scaler"] = scaler_state(run.scaler)
         if rngs is not None:
-            payload["rngs"] = rngs
+            payload["rngs"], payload["epoch_rngs"] = rngs, epoch_rngs
         protect = [int(r[1]) for r in s.ranked]
         if s.last_finite is not None:
             protect.append(s.last_finite)
