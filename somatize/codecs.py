@@ -8,7 +8,9 @@ globally; ``somatize.torch`` passes its tensor and ndarray codecs by default.
 A codec may also *fingerprint* objects a node holds (a module's weights): that is
 how a node's state enters its key. Optionally, a codec has ``key(value) -> str | None``:
 the key ``digest`` gives a lone value, computed by a shorter road (it must equal blake3
-of the value's encoding); None sends ``digest`` down the general path.
+of the value's encoding); None sends ``digest`` down the general path. And optionally
+``context() -> data | None``: what every node's output depends on besides its state and
+inputs (``somatize.torch``: the autocast dtype), entered into every node key when not None.
 """
 
 from __future__ import annotations

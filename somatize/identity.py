@@ -371,11 +371,14 @@ def _state_part(value: Any, codecs: Sequence[Codec]) -> Any:
     return None  # other objects: their effect is covered by the declaration
 
 
-def state(impl: Any, codecs: Sequence[Codec] = ()) -> str:
-    """The state part of a node's key: its data attributes and codec-fingerprinted holdings."""
+def state(impl: Any, codecs: Sequence[Codec] = (), context: Any = None) -> str:
+    """The state part of a node's key: its data attributes and codec-fingerprinted holdings,
+    and the codecs' ``context`` when there is one (torch: the autocast dtype)."""
     parts = {
         name: _state_part(value, codecs)
         for name, value in vars(impl).items()
         if not name.startswith("_somatize")
     }
+    if context is not None:
+        parts["_somatize_context"] = context  # (no attribute has that name: they are skipped)
     return blake3(encode(parts)).hexdigest()

@@ -98,6 +98,8 @@ class NodeKeys:
     def __init__(self, codecs: Sequence[Codec] = ()) -> None:
         self.codecs = tuple(codecs)
         self._fixed: dict[int, tuple[Any, str, str]] = {}
+        # what codecs say outputs depend on besides state and inputs (torch: autocast)
+        self._contexts = [f for c in self.codecs if (f := getattr(c, "context", None))]
 
     def parts(self, impl: Any) -> tuple[str, str, str]:
         """(identity, declaration, state) of a node implementation."""
@@ -109,7 +111,8 @@ class NodeKeys:
         if fixed is None or fixed[0] is not impl:
             fixed = (impl, identity(impl), declaration(impl, self.codecs))
             self._fixed[id(impl)] = fixed
-        return fixed[1], fixed[2], state(impl, self.codecs)
+        context = [ctx for f in self._contexts if (ctx := f()) is not None] or None
+        return fixed[1], fixed[2], state(impl, self.codecs, context)
 
     def of(self, impl: Any, predecessors: Sequence[str]) -> str:
         return key(*self.parts(impl), predecessors)

@@ -92,6 +92,28 @@ class TensorCodec:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({"_modules": {}, **state})
 
+    def forget(self) -> None:
+        """Drop the digest memos, so every tensor is hashed afresh when next asked for.
+
+        The memos trust a tensor's version counter, which some writes do not move:
+        ``p.data.mul_(2)``, a write through ``p.detach().numpy()``, fused optimizers
+        (``Adam(fused=True)``). ``st.module(g)`` (so every ``fit``) calls this."""
+        self._memo.clear()
+        self._modules.clear()
+
+    def context(self) -> tuple[tuple[str, str], ...] | None:
+        """What a node's output depends on besides its state and inputs: the autocast
+        dtype of each device type where autocast is on (None where it is off everywhere,
+        so keys made without autocast do not change)."""
+        if _any_autocast is not None and not _any_autocast():  # (the common case: 0.1 µs)
+            return None
+        on = tuple(
+            (device, str(torch.get_autocast_dtype(device)))
+            for device in _AUTOCAST_DEVICES
+            if torch.is_autocast_enabled(device)
+        )
+        return on or None
+
     @property
     def rows(self) -> Any:
         """Rows along dim 0, for per-example memory (``somatize.torch.rows.TensorRows``)."""
@@ -233,6 +255,8 @@ class TensorCodec:
 
 
 _NO_EXTRA = nn.Module.get_extra_state
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)  # (private: may go away)
 
 
 @functools.cache

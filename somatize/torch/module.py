@@ -207,6 +207,7 @@ class GraphModule(nn.Module):
         """Register the graph's modules again if the graph changed since they were (a node
         added or replaced, a node frozen or unfrozen): what ``module(g)`` and the Trainer
         do. (Private: a public method's name could not be a node id holding modules.)"""
+        _forget_digests(self.graph)
         if self.graph.program() is not self._program:
             self._sync()
         return self
@@ -277,11 +278,22 @@ def module(g: Graph) -> GraphModule:
     m = _by_graph.get(id(g))
     with paused_gc():  # one nn.Module per node: many objects, no cycles (see somatize.bulk)
         if m is None or m.graph is not g:
+            _forget_digests(g)
             m = GraphModule(g)
             _by_graph[id(g)] = m
         else:
             m._refresh()
     return m
+
+
+def _forget_digests(g: Graph) -> None:
+    """The tensor codecs hash every tensor afresh after ``module(g)`` (every ``fit``): writes
+    that do not move a version counter (``p.data``, fused optimizers) are seen then."""
+    for c in g.codecs:
+        if isinstance(c, TensorCodec):
+            c.forget()
+    for sub in g._subgraphs().values():
+        _forget_digests(sub)
 
 
 def parameters(g: Graph) -> list[nn.Parameter]:
