@@ -24,10 +24,10 @@ from blake3 import blake3
 
 from .errors import CrossingError, TransportError
 from .execute import Outcome
-from .identity import state
 from .keepers import MemoryKeeper
 from .keyed import Env, Walk, keyed_impl, recipe_key, walk
 from .node import Mapped, Node, Run
+from .node_state import state
 from .placement import LOCAL
 from .plan import DistributedPlan, distribute
 from .shipping import pack_code

@@ -35,12 +35,12 @@ from blake3 import blake3
 
 from .errors import DeclarationError
 from .node import Node
-from .values import digest, encode, is_data
+from .values import digest, is_data
 
 if TYPE_CHECKING:
     from .codecs import Codec
 
-__all__ = ["declaration", "fingerprint", "identity", "state"]
+__all__ = ["declaration", "fingerprint", "identity"]
 
 # The code of each class or function, read once: (digest of it, dotted names it reads).
 # Only an object's own code is kept here: what its names resolve to is looked up on
@@ -352,33 +352,3 @@ def declaration(impl: Any, codecs: Sequence[Codec] = ()) -> str:
     result = digest(declared, codecs, where=f"the arguments of {cls.__qualname__}")
     impl.__dict__["_somatize_decl"] = result
     return result
-
-
-def _state_part(value: Any, codecs: Sequence[Codec]) -> Any:
-    if is_data(value):
-        return value
-    for codec in codecs:
-        fp = codec.fingerprint(value)
-        if fp is not None:
-            return {"fp": fp}
-    t = type(value)
-    if t is list or t is tuple:
-        return [_state_part(v, codecs) for v in value]
-    if t is dict:
-        return {str(k): _state_part(v, codecs) for k, v in value.items()}
-    if isinstance(value, Node):
-        return state(value, codecs)
-    return None  # other objects: their effect is covered by the declaration
-
-
-def state(impl: Any, codecs: Sequence[Codec] = (), context: Any = None) -> str:
-    """The state part of a node's key: its data attributes and codec-fingerprinted holdings,
-    and the codecs' ``context`` when there is one (torch: the autocast dtype)."""
-    parts = {
-        name: _state_part(value, codecs)
-        for name, value in vars(impl).items()
-        if not name.startswith("_somatize")
-    }
-    if context is not None:
-        parts["_somatize_context"] = context  # (no attribute has that name: they are skipped)
-    return blake3(encode(parts)).hexdigest()

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .identity import declaration, identity, state
+from .identity import declaration, identity
+from .node_state import state
 from .values import digest
 
 if TYPE_CHECKING:

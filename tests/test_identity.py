@@ -26,8 +26,9 @@ from somatize import (
     Recorder,
     key,
 )
-from somatize.identity import declaration, fingerprint, identity, state
+from somatize.identity import declaration, fingerprint, identity
 from somatize.memory import NodeKeys
+from somatize.node_state import state
 from somatize.watchers import CacheHit, CacheMiss
 from tests.fakes import FakeCodec, FakeTensor
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import struct
 import sys
+import types
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -29,6 +30,9 @@ from blake3 import blake3
 from torch import nn
 
 from ..errors import ValueConversionError
+from ..identity import _is_user_module
+from ..identity import fingerprint as fingerprint_code
+from ..node_state import _code
 from ..values import decode as decode_data
 from ..values import digest as digest_data
 from ..values import encode as encode_data
@@ -204,10 +208,13 @@ class TensorCodec:
         return result
 
     def fingerprint(self, obj: Any) -> str | None:
-        """The digest of a tensor, or of a module's structure, modes and state.
+        """The digest of a tensor, of a module's structure, modes and state, or the name of
+        a dtype, device, layout or memory format.
 
-        A module's fingerprint is made of each submodule's name, class and mode and the
-        digest of each parameter and buffer (memoised by version counter). When all of
+        A module's fingerprint is made of each submodule's name, class (and, for the
+        user's own classes, the fingerprint of their code), mode, plain attributes
+        (``negative_slope``, ``eps``) and forward hooks, with the digest of each parameter
+        and buffer (memoised by version counter) and torch's global forward hooks. When all of
         those equal what the last fingerprint of the same module was made of, that
         fingerprint is returned without hashing them again: a frozen backbone asked for
         its state every batch costs a walk of its modules, not a hash.
@@ -215,8 +222,12 @@ class TensorCodec:
         if isinstance(obj, torch.Tensor):
             return self.digest(obj)
         if not isinstance(obj, nn.Module):
-            return None
-        parts: list[tuple[Any, ...]] = []
+            return f"{type(obj).__name__}:{obj}" if isinstance(obj, _NAMED) else None
+        # hooks every module runs, then per module: name, class, mode, parameter and buffer
+        # digests, plain attributes, forward hooks
+        parts: list[tuple[Any, ...]] = [
+            _hooks(*_global_hooks) if _global_hooks[0] or _global_hooks[1] else ()
+        ]
         extra = False
         digest = self.digest
         for name, mod in obj.named_modules():
@@ -231,17 +242,32 @@ class TensorCodec:
                 for bname, b in mod._buffers.items():
                     if b is not None:
                         held.append((bname, digest(b, fresh=mod.training)))
-            parts.append((name, type(mod).__qualname__, mod.training, held))
-            if type(mod).get_extra_state is not _NO_EXTRA:
+            cls = type(mod)
+            hooks = (
+                _hooks(mod._forward_pre_hooks, mod._forward_hooks)
+                if mod._forward_pre_hooks or mod._forward_hooks
+                else ()
+            )
+            cls_id = _CLASS_IDS.get(cls) or _class_id(cls)
+            parts.append((name, cls_id, mod.training, held, _settings(mod, digest), hooks))
+            if cls.get_extra_state is not _NO_EXTRA:
                 extra = True
         memo = self._modules.get(id(obj))
         if not extra and memo is not None and memo[0]() is obj and memo[1] == parts:
             return memo[2]
         h = blake3()
-        for (name, cls, training, held), (_, mod) in zip(parts, obj.named_modules()):
+        if parts[0]:
+            h.update(f"global hooks={parts[0]!r}\0".encode())
+        for (name, cls, training, held, settings, hooks), (_, mod) in zip(
+            parts[1:], obj.named_modules()
+        ):
             h.update(f"{name}:{cls}:{training}\0".encode())
             for pname, d in held:
                 h.update(f"{name}.{pname}={d}\0".encode())
+            for key, value in settings:
+                h.update(f"{name}.{key}={value!r}\0".encode())
+            if hooks:
+                h.update(f"{name} hooks={hooks!r}\0".encode())
             if type(mod).get_extra_state is not _NO_EXTRA:
                 # extra state may change with no tensor moving: never served from the memo
                 state = digest_data(mod.get_extra_state(), (self,), f"the extra state of {name!r}")
@@ -255,6 +281,53 @@ class TensorCodec:
 
 
 _NO_EXTRA = nn.Module.get_extra_state
+_NAMED = (torch.dtype, torch.device, torch.layout, torch.memory_format)  # enter a state by name
+_global_hooks = (  # (torch's own dicts, mutated in place when a global hook is registered)
+    nn.modules.module._global_forward_pre_hooks,
+    nn.modules.module._global_forward_hooks,
+)
+_SETTING = frozenset({int, float, bool, str, type(None), tuple})
+_CLASS_IDS: dict[type, str] = {}
+
+
+def _class_id(cls: type) -> str:
+    """How a module's class enters a fingerprint: its name; and, when it is the user's own
+    class (not a library's, which enters by version), the fingerprint of its code."""
+    known = cls.__qualname__
+    if _is_user_module(sys.modules.get(cls.__module__)):
+        known = f"{cls.__module__}.{known}:{fingerprint_code(cls)}"
+    if len(_CLASS_IDS) < 4096:
+        _CLASS_IDS[cls] = known
+    return known
+
+
+def _settings(mod: nn.Module, digest: Any) -> list[tuple[str, Any]]:
+    """A module's plain attributes (``LeakyReLU.negative_slope``, ``BatchNorm.eps``):
+    its public instance attributes, numbers and strings as they are, tensors by digest."""
+    out = []
+    for k, v in mod.__dict__.items():
+        if k[0] == "_" or k == "training":
+            continue
+        if type(v) not in _SETTING:
+            v = digest(v) if isinstance(v, torch.Tensor) else _other_setting(v)
+        out.append((k, v))
+    return out
+
+
+def _other_setting(v: Any) -> Any:
+    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type)):
+        return _code(v)  # TransformerEncoderLayer.activation
+    try:
+        return digest_data(v, (), "a module attribute")  # a list or dict of numbers
+    except Exception:  # anything else: its class (what made it is the module's own code)
+        return f"obj:{type(v).__qualname__}"
+
+
+def _hooks(*tables: Any) -> tuple[str, ...]:
+    """The code of the forward hooks registered in ``tables`` (each hook changes outputs)."""
+    return tuple(_code(h) for table in tables for h in table.values())
+
+
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)  # (private: may go away)
 

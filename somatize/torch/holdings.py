@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -29,8 +31,9 @@ class Holdings(nn.Module):
     """The modules, parameters and tensors one node holds, registered under the node id.
 
     Direct attributes: modules, parameters, and plain tensors (as buffers, written back
-    to the node after ``.to()``). Inside list, tuple and dict attributes (nested too):
-    modules, named by index or key (``heads.0``, ``heads.fr``). A node held by the node
+    to the node after ``.to()``). Inside list, tuple and dict attributes (nested too),
+    and any mapping, namedtuple or dataclass: modules, named by index, key or field
+    (``heads.0``, ``heads.fr``). A node held by the node
     (a ``Mapped`` node's inner node, a helper node) registers its own holdings nested.
     """
 
@@ -103,9 +106,9 @@ def held_by(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Mo
         if id(value) in seen:  # nodes holding each other: the first visit registers them
             return None
         return node_holdings(value, where, seen)
-    if type(value) not in (list, tuple, dict):
+    items = _items(value)
+    if items is None:
         return None
-    items = value.items() if isinstance(value, dict) else enumerate(value)
     box = nn.Module()
     for k, v in items:
         name = str(k)
@@ -120,6 +123,23 @@ def held_by(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Mo
             )
         box.add_module(name, inner)
     return box if box._modules else None
+
+
+def _items(value: Any) -> Iterable[tuple[Any, Any]] | None:
+    """(name, item) of a container that may hold modules: a list, tuple or dict, and any
+    mapping (``OrderedDict``), namedtuple (by field) or dataclass; None for anything else."""
+    t = type(value)
+    if t is list or t is tuple:
+        return enumerate(value)
+    if t is dict or isinstance(value, Mapping):
+        return list(value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return zip(value._fields, value)
+    if isinstance(value, (list, tuple)):
+        return enumerate(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    return None
 
 
 def holds_any(m: nn.Module) -> bool:

@@ -4,7 +4,10 @@ checks the cached result against the node run afresh (found by an outside audit)
 
 from __future__ import annotations
 
-from typing import Any
+import collections
+import dataclasses
+import types
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -70,3 +73,132 @@ def test_autocast_enters_the_key(per):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         again = g.forward(X)  # the bf16 rows are found again
         assert again.dtype == torch.bfloat16 and torch.equal(again, low)
+
+
+# -- what a node holds, however it holds it ----------------------------------------------
+
+
+class Pair(NamedTuple):
+    net: nn.Module
+    scale: float
+
+
+@dataclasses.dataclass
+class Box:
+    net: nn.Module
+
+
+class InContainer(Node):
+    """Holds its module in a container other than a list, tuple or dict."""
+
+    def __init__(self, how: str) -> None:
+        lin = nn.Linear(8, 8)
+        self.how = how
+        if how == "OrderedDict":
+            self.held = collections.OrderedDict(a=lin)
+        elif how == "namedtuple":
+            self.held = Pair(lin, 1.0)
+        else:
+            self.held = Box(lin)
+
+    def lin(self) -> nn.Module:
+        if self.how == "OrderedDict":
+            return self.held["a"]
+        return self.held.net
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin()(x)))
+
+
+@pytest.mark.parametrize("how", ["OrderedDict", "namedtuple", "dataclass"])
+def test_a_module_in_any_container_is_registered_frozen_and_keyed(how):
+    node = InContainer(how)
+    g = cached(node)
+    assert not any(p.requires_grad for p in node.lin().parameters())  # the freeze reached it
+    assert len(list(st.module(g).parameters())) == 2
+    g.forward(X)
+    with torch.no_grad():
+        node.lin().weight.add_(1)
+    assert torch.equal(g.forward(X), fresh(node, X))
+
+
+class Settings(Node):
+    """Reads plain settings of its modules, a function attribute and a config object."""
+
+    def __init__(self) -> None:
+        self.net = nn.Sequential(nn.Linear(8, 8), nn.LeakyReLU(0.1))
+        self.act = torch.relu
+        self.dtype = torch.float32
+        self.cfg = types.SimpleNamespace(shift=0.0)
+        self.names = {"a"}
+
+    def forward(self, x, ctx):
+        y = self.net(x.to(self.dtype).float()) + self.act(x) + self.cfg.shift + len(self.names)
+        return Done(Opaque(y))
+
+
+def _square(x):
+    return x * x
+
+
+CHANGES = {
+    "a module's plain attribute": lambda n: setattr(n.net[1], "negative_slope", 0.9),
+    "a forward hook": lambda n: n.net.register_forward_hook(lambda m, i, o: o + 1),
+    "a function attribute": lambda n: setattr(n, "act", torch.tanh),
+    "a user function attribute": lambda n: setattr(n, "act", _square),
+    "a dtype attribute": lambda n: setattr(n, "dtype", torch.float16),
+    "a config object": lambda n: setattr(n.cfg, "shift", 1.0),
+    "a set, mutated": lambda n: n.names.add("b"),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_every_setting_the_output_depends_on_enters_the_key(change):
+    node = Settings()
+    g = cached(node, "batch")
+    before = g.forward(X)
+    CHANGES[change](node)
+    after = g.forward(X)
+    expected = fresh(node, X)
+    assert torch.equal(after, expected) and not torch.equal(after, before)
+
+
+class Holder(Node):
+    def __init__(self, inner: Node) -> None:
+        self.inner = inner
+
+    def forward(self, x, ctx):
+        return self.inner.forward(x, ctx)
+
+
+class Double(Node):
+    def forward(self, x, ctx):
+        return Done(x * 2)
+
+
+class Triple(Node):
+    def forward(self, x, ctx):
+        return Done(x * 3)
+
+
+def test_a_held_node_swapped_for_another_class_is_seen():
+    node = Holder(Double())
+    g = Graph(keeper=MemoryKeeper()).node("h", node).cache("h")
+    assert g.forward(2) == 4
+    node.inner = Triple()  # no state of its own either: only its class tells them apart
+    assert g.forward(2) == 6
+
+
+def _net_class(body: str) -> type:
+    """A module class named ``Net`` in this test module, from source with no file."""
+    scope: dict[str, Any] = {"nn": nn, "__name__": __name__}
+    exec(f"class Net(nn.Module):\n    def forward(self, x):\n        return {body}\n", scope)
+    return scope["Net"]
+
+
+def test_a_user_module_class_enters_by_its_code():
+    codec = st.TensorCodec()
+    one, two = _net_class("x + 1")(), _net_class("x * 2")()
+    assert type(one).__qualname__ == type(two).__qualname__ == "Net"
+    assert codec.fingerprint(one) != codec.fingerprint(two)
+    assert codec.fingerprint(one) == codec.fingerprint(_net_class("x + 1")())
