@@ -365,10 +365,10 @@ def remember(
         notify(env.watchers, event)
     if env.explained is not None:
         env.explained.append((label, impl, parts, f"{n} examples", (len(hit), len(miss))))
-    if not miss:
-        return _rebuild(layout.kind, layout.names, hits), node_key, None  # type: ignore[union-attr]
+    if not miss and layout is not None:
+        return _rebuild(layout.kind, layout.names, hits), node_key, None
 
-    batch = (
+    batch = (  # (an empty batch, n == 0, is computed: it has no rows to remember)
         inp if len(miss) == n else _rebuild(kind, names, [r.take(v, miss) for _, r, v in leaves])
     )
     done = forward(batch, ctx)

@@ -22,12 +22,12 @@ import torch
 from torch import nn
 
 from ..bulk import paused_gc
-from ..errors import StateError
+from ..errors import CacheError, StateError
 from ..graph import Graph
 from ..node import Ctx, Done, Mapped, Node, Run
 from ..values import Opaque
 from .codecs import NdarrayCodec, TensorCodec
-from .holdings import MODULE_NAMES, held_by, holds_any, node_holdings
+from .holdings import MODULE_NAMES, Holdings, held_by, holds_any, node_holdings
 
 __all__ = ["GraphModule", "module", "parameters"]
 
@@ -96,8 +96,12 @@ def _frozen_wrap(
     ) -> Callable[[Any, Ctx], Done]:
         if node_id not in g.memory.frozen:
             return forward
+        pending = [node_id in g.memory.cached]  # a cached node's modes, checked at its first call
 
         def frozen(x: Any, ctx: Ctx) -> Done:
+            if pending[0]:
+                pending[0] = False
+                _check_eval(node_id, impl)
             # torch.no_grad() as a context costs a few µs per call; the switch it flips, not
             if not _grad_enabled():
                 return forward(x, ctx)
@@ -111,6 +115,24 @@ def _frozen_wrap(
 
     wrap._somatize_graph = g  # type: ignore[attr-defined]  # which graph it was made for
     return wrap
+
+
+def _check_eval(node_id: str, impl: Any) -> None:
+    """A frozen, cached node must run its modules in eval mode: in training mode a dropout
+    mask or batch statistics would be remembered and served as the node's output."""
+    held = held_by(impl, node_id)  # (fresh containers around the node's own modules: skipped)
+    training = [
+        name
+        for name, m in (held.named_modules() if held is not None else ())
+        if m.training and type(m) not in (Holdings, nn.Module)
+    ]
+    if training:
+        where = ", ".join(repr(f"{node_id}.{n}" if n else node_id) for n in training[:3])
+        raise CacheError(
+            f"node {node_id!r} is frozen and cached, but its modules are in training mode "
+            f"({where}): g.freeze() reaches the modules through st.module(g) — call "
+            "st.module(g) after freezing (the Trainer does), or put them in eval mode"
+        )
 
 
 def equip(g: Graph) -> Graph:

@@ -15,6 +15,7 @@ from torch import nn
 
 import somatize.torch as st
 from somatize import Done, Graph, MemoryKeeper, Node, Opaque
+from somatize.errors import CacheError
 
 
 class Enc(Node):
@@ -202,3 +203,30 @@ def test_a_user_module_class_enters_by_its_code():
     assert type(one).__qualname__ == type(two).__qualname__ == "Net"
     assert codec.fingerprint(one) != codec.fingerprint(two)
     assert codec.fingerprint(one) == codec.fingerprint(_net_class("x + 1")())
+
+
+def test_an_empty_batch_through_a_node_cached_per_example_is_computed():
+    node = Enc()
+    g = cached(node)
+    out = g.forward(torch.empty(0, 8))
+    assert out.shape == (0, 8)
+    assert torch.equal(g.forward(X), fresh(node, X))  # and the next batch is remembered as usual
+
+
+class Noisy(Node):
+    def __init__(self) -> None:
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.drop(x)))
+
+
+def test_a_node_frozen_after_module_and_run_in_training_mode_is_refused_not_remembered():
+    node = Noisy()
+    g = Graph(keeper=MemoryKeeper()).node("enc", node)
+    st.module(g)  # made before the freeze: its modules are still in training mode
+    g.freeze("enc").cache("enc", per="example")
+    with pytest.raises(CacheError, match=r"'enc' is frozen and cached.*training mode.*st\.module"):
+        g.forward(X)
+    st.module(g)  # applies the freeze: eval mode
+    assert torch.equal(g.forward(X), X) and torch.equal(g.forward(X), X)
