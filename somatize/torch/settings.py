@@ -10,6 +10,7 @@ from ..errors import SettingError
 __all__ = [
     "check_arguments",
     "check_batch",
+    "check_fit",
     "check_optimizer",
     "check_scheduler",
     "choice",
@@ -96,6 +97,42 @@ def check_arguments(
         raise SettingError(
             f"seed must be a whole number from 0 to 2**32 - 1 (what numpy accepts), not {seed!r}"
         )
+
+
+def check_fit(trainer: Any, val: Any) -> None:
+    """What ``fit`` needs of the settings together, checked before any step is trained."""
+    if trainer.pruner is not None and val is None:
+        raise SettingError(
+            "a pruner is asked after each evaluation, but fit() got no val= data; "
+            "pass val=batches (or drop the pruner)"
+        )
+    best = trainer.checkpoint.best if trainer.checkpoint is not None else 0
+    if best and val is None:
+        raise SettingError(
+            f"Checkpointing(best={best}) keeps the checkpoints that rank best by "
+            f"Options(monitor={trainer.options.monitor!r}) at evaluations, but fit() got no "
+            "val= data to evaluate on; pass val=batches (or Checkpointing(best=0))"
+        )
+    if val is not None:
+        check_monitor(trainer.options.monitor, trainer.metrics)
+
+
+def check_monitor(monitor: str, metrics: Any) -> None:
+    """``Options.monitor`` must name a metric evaluation produces: ``val_loss``,
+    ``val_<name>`` of ``Trainer(metrics=...)``, or a node's ``val_<node>/<name>``
+    (which only the evaluation knows; it checks those)."""
+    known = ["val_loss", *(f"val_{k}" for k in metrics)]
+    if monitor in known or (monitor.startswith("val_") and "/" in monitor):
+        return
+    hint = (
+        f"did you mean {'val_' + monitor!r}? evaluated metrics carry the val_ prefix"
+        if f"val_{monitor}" in known
+        else "set Options(monitor=...) to one of them"
+    )
+    raise KeyError(
+        f"Options(monitor={monitor!r}) names a metric evaluation does not produce; it "
+        f"evaluates {', '.join(known)} (and each node's val_<node>/<name>): {hint}"
+    )
 
 
 def check_optimizer(opt: Any, params: list[Any]) -> None:

@@ -49,7 +49,7 @@ from .options import Options, check_device
 from .policy import best_step, check_extension, check_fresh, horizon, resume_path, save
 from .result import TrainResult
 from .run import ActiveRun
-from .settings import check_arguments, check_optimizer, check_scheduler
+from .settings import check_arguments, check_fit, check_optimizer, check_scheduler
 from .start import (
     as_module,
     autocast_for,
@@ -139,6 +139,8 @@ class Trainer:
 
         Raises:
             CheckpointError: the checkpoint to resume from is missing, torn or foreign.
+            KeyError: ``Options(monitor=...)`` names a metric evaluation does not produce.
+            SettingError: a pruner or ``Checkpointing(best=...)`` without ``val=`` data.
         """
         started = time.perf_counter()
         if self.optimizer is None:
@@ -147,11 +149,7 @@ class Trainer:
                 "st.Trainer(..., optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)) "
                 "(evaluate() and predict() do without one)"
             )
-        if self.pruner is not None and val is None:
-            raise ValueError(
-                "a pruner is asked after each evaluation, but fit() got no val= data; "
-                "pass val=batches (or drop the pruner)"
-            )
+        check_fit(self, val)
         run_id = uuid.uuid4().hex[:12]
         rank, world, own_group = ddp.setup()
         try:
