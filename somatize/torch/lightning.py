@@ -37,6 +37,7 @@ from .batches import loss_of, num_examples, split
 from .carry import carries, reset
 from .metrics import is_metric
 from .module import GraphModule, module, parameters
+from .settings import check_metrics
 
 try:
     import lightning as L
@@ -138,6 +139,7 @@ class LightningGraph(L.LightningModule):
                 "scheduler must be a factory over the optimizer, e.g. "
                 "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
             )
+        check_metrics(metrics)
         self.graph = g
         self.net: GraphModule = module(g)
         self._loss, self._optimizer, self._scheduler = loss, optimizer, scheduler

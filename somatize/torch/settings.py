@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import SettingError
@@ -11,6 +11,7 @@ __all__ = [
     "check_arguments",
     "check_batch",
     "check_fit",
+    "check_metrics",
     "check_optimizer",
     "check_scheduler",
     "choice",
@@ -77,17 +78,7 @@ def check_arguments(
         count("epochs", epochs, hint="a run trains whole epochs; use max_steps to stop mid-epoch")
     if max_steps is not None:
         count("max_steps", max_steps)
-    for name, fn in (metrics or {}).items():
-        if not isinstance(name, str):
-            raise SettingError(f"metric names must be strings, not {name!r}")
-        if not callable(fn) and not all(
-            callable(getattr(fn, m, None)) for m in ("reset", "update", "compute")
-        ):
-            raise SettingError(
-                f"metric {name!r} is a {type(fn).__qualname__}, neither a function "
-                "fn(output, target) nor an object with reset/update/compute; pass e.g. "
-                "st.accuracy or a torchmetrics metric"
-            )
+    check_metrics(metrics)
     if pruner is not None and not (hasattr(pruner, "report") and hasattr(pruner, "should_prune")):
         raise SettingError(
             f"pruner must have report(value, step) and should_prune(), and a "
@@ -97,6 +88,38 @@ def check_arguments(
         raise SettingError(
             f"seed must be a whole number from 0 to 2**32 - 1 (what numpy accepts), not {seed!r}"
         )
+
+
+def check_metrics(metrics: Any) -> None:
+    """``metrics``: a mapping of names (as logged, less the ``val_`` prefix) to metrics."""
+    if metrics is None:
+        return
+    if not isinstance(metrics, Mapping):
+        raise SettingError(
+            f"metrics is a dict name → fn, not a {type(metrics).__qualname__}; "
+            "e.g. metrics={'acc': st.accuracy} (evaluated as val_acc)"
+        )
+    for name, fn in metrics.items():
+        if not isinstance(name, str):
+            raise SettingError(f"metric names must be strings, not {name!r}")
+        if name == "loss":
+            raise SettingError(
+                "metric name 'loss' is reserved: the loss is evaluated as val_loss; "
+                "name the metric otherwise (e.g. 'nll')"
+            )
+        if name.startswith("val_"):
+            raise SettingError(
+                f"metric {name!r} would be evaluated as 'val_{name}': name metrics without "
+                f"the val_ prefix ({name[4:]!r}), they are prefixed when evaluated"
+            )
+        if not callable(fn) and not all(
+            callable(getattr(fn, m, None)) for m in ("reset", "update", "compute")
+        ):
+            raise SettingError(
+                f"metric {name!r} is a {type(fn).__qualname__}, neither a function "
+                "fn(output, target) nor an object with reset/update/compute; pass e.g. "
+                "st.accuracy or a torchmetrics metric"
+            )
 
 
 def check_fit(trainer: Any, val: Any) -> None:

@@ -52,6 +52,19 @@ def data():
             "metric 'acc' is a float, neither a function",
         ),
         (
+            lambda: st.Trainer(optimizer=sgd, metrics={"loss": F.nll_loss}),
+            r"metric name 'loss' is reserved: the loss is evaluated as val_loss",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, metrics={"val_acc": st.accuracy}),
+            r"metric 'val_acc' would be evaluated as 'val_val_acc'.*without the val_ prefix "
+            r"\('acc'\)",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, metrics=[st.accuracy]),
+            r"metrics is a dict name → fn, not a list; e.g. metrics=\{'acc': st.accuracy\}",
+        ),
+        (
             lambda: st.Trainer(optimizer=sgd, seed=-1),
             r"seed must be a whole number from 0 to 2\*\*32 - 1",
         ),
