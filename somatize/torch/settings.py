@@ -138,6 +138,26 @@ def check_fit(trainer: Any, val: Any) -> None:
         )
     if val is not None:
         check_monitor(trainer.options.monitor, trainer.metrics)
+    check_pruner_mode(trainer.pruner, trainer.options.monitor, trainer.options.mode)
+
+
+def check_pruner_mode(pruner: Any, monitor: str, mode: str) -> None:
+    """A ``Patience`` left at its default mode ("min") must not watch ``Options.monitor``
+    while ``Options(mode="max")`` says it improves upwards: it would stop on progress.
+
+    A mode given explicitly is kept, whatever ``Options.mode`` says (stopping when a loss
+    stops rising is a choice, and tests make it to stop a run early on purpose)."""
+    from .pruning import Patience
+
+    if not isinstance(pruner, Patience) or pruner.mode_given or pruner.metric != monitor:
+        return
+    if pruner.mode != mode:
+        raise SettingError(
+            f"Patience({pruner.metric!r}) stops when {pruner.metric} stops falling (its mode "
+            f"defaults to {pruner.mode!r}), but Options(monitor={monitor!r}, mode={mode!r}) "
+            f"says it improves by rising; pass Patience({pruner.metric!r}, mode={mode!r}) "
+            f"(or mode={pruner.mode!r} explicitly if that is what you mean)"
+        )
 
 
 def check_monitor(monitor: str, metrics: Any) -> None:
