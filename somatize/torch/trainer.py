@@ -175,6 +175,7 @@ class Trainer:
     ) -> TrainResult:
         train = ddp.shard(train, rank, world, self.seed)  # each rank reads only its share
         run = self._start(model, resume, run_id, rank, world, train)
+        run.train = train
         if run.plateau and val is None:
             raise ValueError(
                 "ReduceLROnPlateau is stepped with the monitored metric after each evaluation, "
