@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -13,6 +14,7 @@ __all__ = [
     "check_fit",
     "check_metrics",
     "check_optimizer",
+    "check_parts",
     "check_scheduler",
     "choice",
     "count",
@@ -88,6 +90,65 @@ def check_arguments(
         raise SettingError(
             f"seed must be a whole number from 0 to 2**32 - 1 (what numpy accepts), not {seed!r}"
         )
+
+
+def check_parts(loss: Any, checkpoint: Any, watchers: Any, options: Any) -> None:
+    """The Trainer constructor's arguments that are objects of a given kind."""
+    import torch
+
+    from .checkpoint import Checkpointing
+    from .options import Options
+
+    if isinstance(loss, type):
+        fn = _functional(loss.__name__) if issubclass(loss, torch.nn.Module) else ""
+        raise SettingError(
+            f"loss is the class {loss.__qualname__}, not a loss; pass an instance, "
+            f"{loss.__name__}(){f' or {fn}' if fn else ''}"
+        )
+    if loss is not None and not callable(loss):
+        raise SettingError(
+            f"loss must be a function loss(output, target) -> scalar, not {loss!r}; e.g. "
+            "loss=F.cross_entropy, or None when the graph's output is the loss"
+        )
+    if not isinstance(options, Options):
+        extra = f"st.Options(**{options!r})" if isinstance(options, Mapping) else "st.Options(...)"
+        raise SettingError(
+            f"options must be an st.Options, not a {type(options).__qualname__}; e.g. "
+            f"options={extra}"
+        )
+    if checkpoint is not None and not isinstance(checkpoint, Checkpointing):
+        where = f"{checkpoint!r}" if isinstance(checkpoint, str) else "'runs/ckpt'"
+        raise SettingError(
+            f"checkpoint must be an st.Checkpointing, not a {type(checkpoint).__qualname__}; "
+            f"e.g. checkpoint=st.Checkpointing({where}, keep=3)"
+        )
+    if callable(getattr(watchers, "on_event", None)) or not isinstance(watchers, Iterable):
+        raise SettingError(
+            f"watchers must be a list of watchers, not a {type(watchers).__qualname__}; "
+            f"e.g. watchers=[{type(watchers).__name__}(...)]"
+        )
+    for w in watchers:
+        if not callable(getattr(w, "on_event", None)):
+            raise SettingError(
+                f"watcher {w!r} has no on_event(event) method; a watcher is an object with "
+                "one (st.CSVLog, st.TensorBoard, st.Progress, somatize.JsonLines...), not a "
+                "function"
+            )
+
+
+def _functional(name: str) -> str:
+    """``CrossEntropyLoss`` → ``F.cross_entropy``: the functional form of a loss class
+    in ``torch.nn.functional``, or "" when it has none under that name."""
+    from torch.nn import functional
+
+    if not name.endswith("Loss"):
+        return ""
+    words = re.findall(r"[A-Z]+[0-9]*(?![a-z])|[A-Z][a-z0-9]*", name.removesuffix("Loss"))
+    snake = "_".join(w.lower() for w in words)
+    found = next(
+        (c for c in (snake, f"{snake}_loss") if callable(getattr(functional, c, None))), ""
+    )
+    return f"F.{found}" if found else ""
 
 
 def check_metrics(metrics: Any) -> None:

@@ -49,7 +49,13 @@ from .options import Options, check_device
 from .policy import best_step, check_extension, check_fresh, horizon, resume_path, save
 from .result import TrainResult
 from .run import ActiveRun
-from .settings import check_arguments, check_fit, check_optimizer, check_scheduler
+from .settings import (
+    check_arguments,
+    check_fit,
+    check_optimizer,
+    check_parts,
+    check_scheduler,
+)
 from .start import (
     as_module,
     autocast_for,
@@ -108,6 +114,7 @@ class Trainer:
         check_arguments(
             optimizer, scheduler, epochs, max_steps, micro_batches, metrics, pruner, seed
         )
+        check_parts(loss, checkpoint, watchers, options)
         self.loss, self.optimizer, self.scheduler = loss, optimizer, scheduler
         self.epochs = epochs if epochs is not None else (None if max_steps else 1)
         self.max_steps, self.micro_batches = max_steps, micro_batches
