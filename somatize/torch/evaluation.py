@@ -31,19 +31,18 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[
     s.metrics.append(record)
     monitor, mode = trainer.options.monitor, trainer.options.mode
     v = record.get(monitor)
-    if v is not None and v == v:  # NaN never ranks
+    if v is None:  # fit() checked the names it knows; a node metric is known only now
+        raise KeyError(
+            f"Options(monitor={monitor!r}) names a metric evaluation does not produce; "
+            f"evaluated: {', '.join(values)} (set Options(monitor=...) to one of them)"
+        )
+    if v == v:  # NaN never ranks
         if s.best is None or (v < s.best if mode == "min" else v > s.best):
             s.best = v
         keep = trainer.checkpoint.best if trainer.checkpoint is not None else 0
         if keep:
             run.due = rank_checkpoint(s.ranked, v, s.step, keep, mode)
     if run.plateau:
-        if v is None:
-            raise KeyError(
-                f"ReduceLROnPlateau is stepped with Options(monitor={monitor!r}), which "
-                f"evaluation does not produce; evaluated: {', '.join(values)} "
-                "(set Options(monitor=...) to one of them)"
-            )
         run.sched.step(v)
     notify(run.watchers, Metrics(run.id, "", s.step, values))  # node '': the Trainer's own
     pruner = trainer.pruner

@@ -37,6 +37,7 @@ from .batches import loss_of, num_examples, split
 from .carry import carries, reset
 from .metrics import is_metric
 from .module import GraphModule, module, parameters
+from .settings import check_metrics
 
 try:
     import lightning as L
@@ -94,7 +95,9 @@ class LightningGraph(L.LightningModule):
 
     Args:
         g: the graph.
-        loss: ``loss(output, target) -> scalar``; None when the graph's output is the loss.
+        loss: ``loss(output, target) -> scalar``; None when the graph's output is the loss
+            (it is then given the whole batch, and its output is logged as the loss —
+            ``val_loss``, ``test_loss`` — as under ``st.Trainer``).
         optimizer: a factory ``params -> torch.optim.Optimizer`` (given ``parameters(g)``:
             trainable, deduplicated, frozen nodes excluded).
         scheduler: a factory ``optimizer -> LR scheduler``, stepped once per epoch as
@@ -138,6 +141,7 @@ class LightningGraph(L.LightningModule):
                 "scheduler must be a factory over the optimizer, e.g. "
                 "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
             )
+        check_metrics(metrics)
         self.graph = g
         self.net: GraphModule = module(g)
         self._loss, self._optimizer, self._scheduler = loss, optimizer, scheduler
@@ -178,6 +182,10 @@ class LightningGraph(L.LightningModule):
     def _loss_of(self, output: Any, target: Any) -> torch.Tensor:
         return loss_of(self._loss, output, target)
 
+    def _split(self, batch: Any) -> tuple[Any, Any]:
+        # as st.Trainer: without a loss function the graph computes the loss from the batch
+        return split(batch) if self._loss is not None else (batch, None)
+
     def _log_nodes(self, prefix: str, **how: Any) -> None:
         for node, values in self.net.metrics.items():
             for name, value in values.items():
@@ -185,7 +193,7 @@ class LightningGraph(L.LightningModule):
                 self.log(f"{prefix}{node}/{name}", _scalar(value, where), **how)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = split(batch)
+        x, y = self._split(batch)
         n = num_examples(x)
         self.net.step = self.global_step
         loss = self._loss_of(self.net(x), y)
@@ -199,10 +207,10 @@ class LightningGraph(L.LightningModule):
         return loss
 
     def _evaluate_step(self, batch: Any, prefix: str) -> None:
-        x, y = split(batch)
+        x, y = self._split(batch)
         n = num_examples(x)
         out = self.net(x)
-        values: dict[str, Any] = {"loss": self._loss_of(out, y)} if self._loss is not None else {}
+        values: dict[str, Any] = {"loss": self._loss_of(out, y)}  # the output, without a loss
         values.update({name: fn(out, y) for name, fn in self._metrics.items() if not is_metric(fn)})
         for m in self._metric_objects():
             m.update(out, y)
@@ -335,9 +343,7 @@ class LightningGraph(L.LightningModule):
         total = torch.tensor(sums, dtype=torch.float64)
         if self.trainer.world_size > 1:
             total = self.trainer.strategy.reduce(total.to(self.device), reduce_op="sum").cpu()
-        names = (["loss"] if self._loss is not None else []) + [
-            k for k, f in self._metrics.items() if not is_metric(f)
-        ]
+        names = ["loss", *(k for k, f in self._metrics.items() if not is_metric(f))]
         record: dict[str, float] = {"step": self.global_step, "epoch": self.current_epoch}
         record.update({f"val_{k}": float(total[j] / total[-1]) for j, k in enumerate(names)})
         record.update({f"val_{k}": v for k, v in computed.items()})

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterable, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, SettingError
 from . import ddp
 from .checkpoint import RunState, capture, finite, rng_state, scaler_state
 
@@ -22,6 +23,18 @@ def resume_path(trainer: Trainer, resume: Any) -> Path | None:
     """The checkpoint ``fit(resume=...)`` names (None: a fresh start)."""
     if resume is None:
         return None
+    if isinstance(resume, bool) or not isinstance(resume, (str, os.PathLike)):
+        raise SettingError(
+            f"resume must be 'last' or a checkpoint's path, not {resume!r}; pass "
+            "resume='last' to continue from the newest checkpoint of Checkpointing(dir), "
+            "a path to continue from that checkpoint, or None for a fresh start"
+        )
+    if isinstance(resume, str) and resume != "last" and _word(resume):
+        raise SettingError(
+            f"resume={resume!r} is neither 'last' nor a checkpoint's path (there is no "
+            f"file {resume!r}); pass resume='last' for the newest checkpoint of "
+            "Checkpointing(dir), or the path of a checkpoint file"
+        )
     if resume == "last":
         if trainer.checkpoint is None:
             raise CheckpointError(
@@ -29,6 +42,11 @@ def resume_path(trainer: Trainer, resume: Any) -> Path | None:
             )
         return trainer.checkpoint.last()
     return Path(resume)
+
+
+def _word(resume: str) -> bool:
+    """Whether ``resume`` reads as a keyword ('latest', 'best', 'True') rather than a path."""
+    return resume.isidentifier() and not Path(resume).exists()
 
 
 def check_fresh(trainer: Trainer) -> None:

@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ..errors import SettingError
+from .settings import count
+
 __all__ = ["Patience", "Pruner", "Threshold"]
 
 
@@ -29,11 +32,20 @@ class Pruner(Protocol):
 class Patience:
     """Early stopping: prune when ``metric`` has not improved for ``patience`` evaluations.
 
+    As Lightning's ``EarlyStopping``: each evaluation that does not improve on the best
+    counts, an improvement resets the count, and the run stops when the count reaches
+    ``patience`` — so ``patience=0`` stops at the first evaluation that does not improve.
+
     Args:
         metric: the metric to watch (``"val_loss"``, ``"val_acc"``, ...).
-        patience: evaluations without improvement before stopping.
-        mode: ``"min"`` if lower is better, ``"max"`` if higher is better.
-        min_delta: the smallest change that counts as an improvement.
+        patience: evaluations without improvement before stopping (a whole number >= 0).
+        mode: ``"min"`` if lower is better, ``"max"`` if higher is better; None (the
+            default): ``"min"``. Left unset on the Trainer's ``Options.monitor`` while
+            ``Options(mode="max")``, it is refused when ``fit`` starts (say which you mean).
+        min_delta: the smallest change that counts as an improvement (a number >= 0).
+
+    Raises:
+        SettingError: ``patience`` or ``min_delta`` out of range.
 
     Example:
         >>> p = Patience("val_loss", patience=2)
@@ -48,12 +60,24 @@ class Patience:
         metric: str = "val_loss",
         *,
         patience: int = 3,
-        mode: Literal["min", "max"] = "min",
+        mode: Literal["min", "max"] | None = None,
         min_delta: float = 0.0,
     ) -> None:
-        if mode not in ("min", "max"):
+        if mode not in ("min", "max", None):
             raise ValueError(f"Patience mode must be 'min' or 'max', not {mode!r}")
-        self.metric, self.patience, self.mode, self.min_delta = metric, patience, mode, min_delta
+        count("Patience patience", patience, 0, hint="it is how many evaluations may not improve")
+        if (
+            isinstance(min_delta, bool)
+            or not isinstance(min_delta, (int, float))
+            or not 0 <= min_delta < math.inf
+        ):
+            raise SettingError(
+                f"Patience min_delta must be a finite number >= 0, not {min_delta!r}; it is "
+                "the smallest change that counts as an improvement (0: any change)"
+            )
+        self.metric, self.patience, self.min_delta = metric, patience, float(min_delta)
+        self.mode: Literal["min", "max"] = mode if mode is not None else "min"
+        self.mode_given = mode is not None  # fit() refuses a default "min" on a "max" monitor
         self.best: float | None = None
         self.bad = 0
 
@@ -70,7 +94,7 @@ class Patience:
             self.bad += 1
 
     def should_prune(self) -> bool:
-        return self.bad >= self.patience
+        return self.bad > 0 and self.bad >= self.patience  # only ever after a non-improvement
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "bad": self.bad}

@@ -39,3 +39,4 @@ class ActiveRun:
     compiled: bool = False  # trained through torch.compile
     due: bool = False  # an evaluation ranked among the best: checkpoint it now
     tally: Any = None  # a CacheTally on the graph, when it remembers a node (tally.py)
+    train: Any = None  # the training data (this rank's share): names an empty batch on error

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import SettingError
@@ -10,7 +11,10 @@ from ..errors import SettingError
 __all__ = [
     "check_arguments",
     "check_batch",
+    "check_fit",
+    "check_metrics",
     "check_optimizer",
+    "check_parts",
     "check_scheduler",
     "choice",
     "count",
@@ -76,17 +80,7 @@ def check_arguments(
         count("epochs", epochs, hint="a run trains whole epochs; use max_steps to stop mid-epoch")
     if max_steps is not None:
         count("max_steps", max_steps)
-    for name, fn in (metrics or {}).items():
-        if not isinstance(name, str):
-            raise SettingError(f"metric names must be strings, not {name!r}")
-        if not callable(fn) and not all(
-            callable(getattr(fn, m, None)) for m in ("reset", "update", "compute")
-        ):
-            raise SettingError(
-                f"metric {name!r} is a {type(fn).__qualname__}, neither a function "
-                "fn(output, target) nor an object with reset/update/compute; pass e.g. "
-                "st.accuracy or a torchmetrics metric"
-            )
+    check_metrics(metrics)
     if pruner is not None and not (hasattr(pruner, "report") and hasattr(pruner, "should_prune")):
         raise SettingError(
             f"pruner must have report(value, step) and should_prune(), and a "
@@ -96,6 +90,153 @@ def check_arguments(
         raise SettingError(
             f"seed must be a whole number from 0 to 2**32 - 1 (what numpy accepts), not {seed!r}"
         )
+
+
+def check_parts(loss: Any, checkpoint: Any, watchers: Any, options: Any) -> None:
+    """The Trainer constructor's arguments that are objects of a given kind."""
+    import torch
+
+    from .checkpoint import Checkpointing
+    from .options import Options
+
+    if isinstance(loss, type):
+        fn = _functional(loss.__name__) if issubclass(loss, torch.nn.Module) else ""
+        raise SettingError(
+            f"loss is the class {loss.__qualname__}, not a loss; pass an instance, "
+            f"{loss.__name__}(){f' or {fn}' if fn else ''}"
+        )
+    if loss is not None and not callable(loss):
+        raise SettingError(
+            f"loss must be a function loss(output, target) -> scalar, not {loss!r}; e.g. "
+            "loss=F.cross_entropy, or None when the graph's output is the loss"
+        )
+    if not isinstance(options, Options):
+        extra = f"st.Options(**{options!r})" if isinstance(options, Mapping) else "st.Options(...)"
+        raise SettingError(
+            f"options must be an st.Options, not a {type(options).__qualname__}; e.g. "
+            f"options={extra}"
+        )
+    if checkpoint is not None and not isinstance(checkpoint, Checkpointing):
+        where = f"{checkpoint!r}" if isinstance(checkpoint, str) else "'runs/ckpt'"
+        raise SettingError(
+            f"checkpoint must be an st.Checkpointing, not a {type(checkpoint).__qualname__}; "
+            f"e.g. checkpoint=st.Checkpointing({where}, keep=3)"
+        )
+    if callable(getattr(watchers, "on_event", None)) or not isinstance(watchers, Iterable):
+        raise SettingError(
+            f"watchers must be a list of watchers, not a {type(watchers).__qualname__}; "
+            f"e.g. watchers=[{type(watchers).__name__}(...)]"
+        )
+    for w in watchers:
+        if not callable(getattr(w, "on_event", None)):
+            raise SettingError(
+                f"watcher {w!r} has no on_event(event) method; a watcher is an object with "
+                "one (st.CSVLog, st.TensorBoard, st.Progress, somatize.JsonLines...), not a "
+                "function"
+            )
+
+
+def _functional(name: str) -> str:
+    """``CrossEntropyLoss`` → ``F.cross_entropy``: the functional form of a loss class
+    in ``torch.nn.functional``, or "" when it has none under that name."""
+    from torch.nn import functional
+
+    if not name.endswith("Loss"):
+        return ""
+    words = re.findall(r"[A-Z]+[0-9]*(?![a-z])|[A-Z][a-z0-9]*", name.removesuffix("Loss"))
+    snake = "_".join(w.lower() for w in words)
+    found = next(
+        (c for c in (snake, f"{snake}_loss") if callable(getattr(functional, c, None))), ""
+    )
+    return f"F.{found}" if found else ""
+
+
+def check_metrics(metrics: Any) -> None:
+    """``metrics``: a mapping of names (as logged, less the ``val_`` prefix) to metrics."""
+    if metrics is None:
+        return
+    if not isinstance(metrics, Mapping):
+        raise SettingError(
+            f"metrics is a dict name → fn, not a {type(metrics).__qualname__}; "
+            "e.g. metrics={'acc': st.accuracy} (evaluated as val_acc)"
+        )
+    for name, fn in metrics.items():
+        if not isinstance(name, str):
+            raise SettingError(f"metric names must be strings, not {name!r}")
+        if name == "loss":
+            raise SettingError(
+                "metric name 'loss' is reserved: the loss is evaluated as val_loss; "
+                "name the metric otherwise (e.g. 'nll')"
+            )
+        if name.startswith("val_"):
+            raise SettingError(
+                f"metric {name!r} would be evaluated as 'val_{name}': name metrics without "
+                f"the val_ prefix ({name[4:]!r}), they are prefixed when evaluated"
+            )
+        if not callable(fn) and not all(
+            callable(getattr(fn, m, None)) for m in ("reset", "update", "compute")
+        ):
+            raise SettingError(
+                f"metric {name!r} is a {type(fn).__qualname__}, neither a function "
+                "fn(output, target) nor an object with reset/update/compute; pass e.g. "
+                "st.accuracy or a torchmetrics metric"
+            )
+
+
+def check_fit(trainer: Any, val: Any) -> None:
+    """What ``fit`` needs of the settings together, checked before any step is trained."""
+    if trainer.pruner is not None and val is None:
+        raise SettingError(
+            "a pruner is asked after each evaluation, but fit() got no val= data; "
+            "pass val=batches (or drop the pruner)"
+        )
+    best = trainer.checkpoint.best if trainer.checkpoint is not None else 0
+    if best and val is None:
+        raise SettingError(
+            f"Checkpointing(best={best}) keeps the checkpoints that rank best by "
+            f"Options(monitor={trainer.options.monitor!r}) at evaluations, but fit() got no "
+            "val= data to evaluate on; pass val=batches (or Checkpointing(best=0))"
+        )
+    if val is not None:
+        check_monitor(trainer.options.monitor, trainer.metrics)
+    check_pruner_mode(trainer.pruner, trainer.options.monitor, trainer.options.mode)
+
+
+def check_pruner_mode(pruner: Any, monitor: str, mode: str) -> None:
+    """A ``Patience`` left at its default mode ("min") must not watch ``Options.monitor``
+    while ``Options(mode="max")`` says it improves upwards: it would stop on progress.
+
+    A mode given explicitly is kept, whatever ``Options.mode`` says (stopping when a loss
+    stops rising is a choice, and tests make it to stop a run early on purpose)."""
+    from .pruning import Patience
+
+    if not isinstance(pruner, Patience) or pruner.mode_given or pruner.metric != monitor:
+        return
+    if pruner.mode != mode:
+        raise SettingError(
+            f"Patience({pruner.metric!r}) stops when {pruner.metric} stops falling (its mode "
+            f"defaults to {pruner.mode!r}), but Options(monitor={monitor!r}, mode={mode!r}) "
+            f"says it improves by rising; pass Patience({pruner.metric!r}, mode={mode!r}) "
+            f"(or mode={pruner.mode!r} explicitly if that is what you mean)"
+        )
+
+
+def check_monitor(monitor: str, metrics: Any) -> None:
+    """``Options.monitor`` must name a metric evaluation produces: ``val_loss``,
+    ``val_<name>`` of ``Trainer(metrics=...)``, or a node's ``val_<node>/<name>``
+    (which only the evaluation knows; it checks those)."""
+    known = ["val_loss", *(f"val_{k}" for k in metrics)]
+    if monitor in known or (monitor.startswith("val_") and "/" in monitor):
+        return
+    hint = (
+        f"did you mean {'val_' + monitor!r}? evaluated metrics carry the val_ prefix"
+        if f"val_{monitor}" in known
+        else "set Options(monitor=...) to one of them"
+    )
+    raise KeyError(
+        f"Options(monitor={monitor!r}) names a metric evaluation does not produce; it "
+        f"evaluates {', '.join(known)} (and each node's val_<node>/<name>): {hint}"
+    )
 
 
 def check_optimizer(opt: Any, params: list[Any]) -> None:

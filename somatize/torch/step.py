@@ -4,6 +4,7 @@ the step — with a gradient scaler under fp16, clipping, and the non-finite pol
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -11,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..errors import NonFiniteError
+from ..errors import NonFiniteError, SettingError
 from . import ddp
-from .batches import chunk, num_examples, to_device
+from .batches import chunk, epoch_batches, num_examples, to_device
 from .settings import check_batch
 
 if TYPE_CHECKING:
@@ -88,29 +89,72 @@ def step(
     if policy != "ignore" and run.world == 1:  # read back now: the history takes the float
         value = total.item()
         if not math.isfinite(value):
-            _nonfinite(trainer, run, policy, value, index)
+            _nonfinite(trainer, run, policy, value, index, group)
             opt.zero_grad(set_to_none=True)
             return value, n, False
         _update(trainer, run, opt)
         return value, n, True
     if policy != "ignore" and not _finite(total, run.world):
-        _nonfinite(trainer, run, policy, float(total), index)
+        _nonfinite(trainer, run, policy, float(total), index, group)
         opt.zero_grad(set_to_none=True)
         return total, n, False
     _update(trainer, run, opt)
     return total, n, True
 
 
-def _nonfinite(trainer: Trainer, run: ActiveRun, policy: str, value: float, index: int) -> None:
-    """Raise under the "raise" policy (under "skip" the caller skips the step)."""
+def _nonfinite(
+    trainer: Trainer,
+    run: ActiveRun,
+    policy: str,
+    value: float,
+    index: int,
+    group: Sequence[Any] | None = None,
+) -> None:
+    """Raise under the "raise" policy (under "skip" the caller skips the step).
+
+    ``group``: the step's batches, ``index`` the epoch index of its last; without it
+    (the fast path) the batch is looked up in a sequence of batches. Only here, once a
+    loss is known to be non-finite, is a batch's size looked at: a batch of 0 examples
+    (whose mean loss is NaN) is named as such, and the steps that go well pay nothing.
+    """
     if policy == "raise":
         s = run.state
+        batches = group if group is not None else _batch(trainer, run, index)
+        for j, batch in enumerate(batches or ()):
+            if num_examples(trainer._split(batch)[0]) == 0:
+                at = index - len(batches or ()) + 1 + j
+                where = _position(run.train, batch)
+                raise SettingError(
+                    f"batch {at} of epoch {s.epoch}{where} has 0 examples (its input's first "
+                    f"tensor has 0 rows), so its mean loss is {value}; drop "
+                    "empty batches from the training data (a client or shard with no "
+                    "examples has nothing to train on: skip its fit)"
+                )
         raise NonFiniteError(
             f"the loss is {value} at step {s.step + 1} (epoch {s.epoch}, batch "
             f"{index} of the epoch); nothing was stepped or checkpointed with it. Look for "
-            "a too-high learning rate or bad data, clip gradients (Options(clip_grad_norm=...)),"
+            "a too-high learning rate or bad data (a batch of 0 examples has a NaN mean "
+            "loss), clip gradients (Options(clip_grad_norm=...)),"
             " or skip such steps with Options(nonfinite='skip')"
         )
+
+
+def _batch(trainer: Trainer, run: ActiveRun, index: int) -> list[Any] | None:
+    """Batch ``index`` of this epoch, when the training data is a sequence (else None)."""
+    if not isinstance(run.train, Sequence):
+        return None  # a DataLoader or a generator: reading it again may not give it back
+    s, o = run.state, trainer.options
+    order = epoch_batches(run.train, s.epoch, trainer.seed, o.shuffle, run.rank, run.world)
+    return list(itertools.islice(order, index, index + 1))
+
+
+def _position(data: Any, batch: Any) -> str:
+    """`` (train[i])``: where ``batch`` is in a sequence of batches (the epoch shuffles it)."""
+    if isinstance(data, Sequence):
+        for i, b in enumerate(data):
+            if b is batch:
+                return f" (train[{i}])"
+    return ""
 
 
 def _update(trainer: Trainer, run: ActiveRun, opt: torch.optim.Optimizer) -> None:

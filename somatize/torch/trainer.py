@@ -49,7 +49,13 @@ from .options import Options, check_device
 from .policy import best_step, check_extension, check_fresh, horizon, resume_path, save
 from .result import TrainResult
 from .run import ActiveRun
-from .settings import check_arguments, check_optimizer, check_scheduler
+from .settings import (
+    check_arguments,
+    check_fit,
+    check_optimizer,
+    check_parts,
+    check_scheduler,
+)
 from .start import (
     as_module,
     autocast_for,
@@ -108,6 +114,7 @@ class Trainer:
         check_arguments(
             optimizer, scheduler, epochs, max_steps, micro_batches, metrics, pruner, seed
         )
+        check_parts(loss, checkpoint, watchers, options)
         self.loss, self.optimizer, self.scheduler = loss, optimizer, scheduler
         self.epochs = epochs if epochs is not None else (None if max_steps else 1)
         self.max_steps, self.micro_batches = max_steps, micro_batches
@@ -139,6 +146,8 @@ class Trainer:
 
         Raises:
             CheckpointError: the checkpoint to resume from is missing, torn or foreign.
+            KeyError: ``Options(monitor=...)`` names a metric evaluation does not produce.
+            SettingError: a pruner or ``Checkpointing(best=...)`` without ``val=`` data.
         """
         started = time.perf_counter()
         if self.optimizer is None:
@@ -147,11 +156,7 @@ class Trainer:
                 "st.Trainer(..., optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)) "
                 "(evaluate() and predict() do without one)"
             )
-        if self.pruner is not None and val is None:
-            raise ValueError(
-                "a pruner is asked after each evaluation, but fit() got no val= data; "
-                "pass val=batches (or drop the pruner)"
-            )
+        check_fit(self, val)
         run_id = uuid.uuid4().hex[:12]
         rank, world, own_group = ddp.setup()
         try:
@@ -177,6 +182,7 @@ class Trainer:
     ) -> TrainResult:
         train = ddp.shard(train, rank, world, self.seed)  # each rank reads only its share
         run = self._start(model, resume, run_id, rank, world, train)
+        run.train = train
         if run.plateau and val is None:
             raise ValueError(
                 "ReduceLROnPlateau is stepped with the monitored metric after each evaluation, "

@@ -11,6 +11,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque, Recorder
+from somatize.errors import SettingError
 from somatize.watchers import FitEnd
 
 
@@ -109,6 +110,48 @@ def test_patience_by_hand():
     assert (q.best, q.bad, q.should_prune()) == (0.6, 2, True)
     with pytest.raises(ValueError, match="mode"):
         st.Patience(mode="up")
+
+
+def test_patience_zero_stops_at_the_first_evaluation_that_does_not_improve():
+    p = st.Patience("val_loss", patience=0)
+    for step, v in enumerate([1.0, 0.9, 0.8]):  # improving: Lightning's EarlyStopping goes on
+        p.report(v, step)
+        assert not p.should_prune(), step
+    p.report(0.85, 3)
+    assert p.should_prune()
+    # lr 0: the loss never improves, so the second evaluation stops the run (not the first)
+    result = fit(st.Patience("val_loss", patience=0), lr=0.0)
+    assert result.pruned and len(result.metrics) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"patience": -1}, "Patience patience must be at least 0, not -1"),
+        ({"patience": 1.5}, r"Patience patience must be a whole number, not 1.5"),
+        ({"patience": True}, "Patience patience must be a whole number, not True"),
+        ({"min_delta": -0.1}, "Patience min_delta must be a finite number >= 0, not -0.1"),
+        ({"min_delta": math.inf}, "min_delta must be a finite number >= 0, not inf"),
+        ({"min_delta": math.nan}, "min_delta must be a finite number >= 0, not nan"),
+        ({"min_delta": "0.1"}, "min_delta must be a finite number >= 0, not '0.1'"),
+    ],
+)
+def test_bad_patience_settings_are_refused(kwargs, match):
+    with pytest.raises(SettingError, match=match):
+        st.Patience("val_loss", **kwargs)
+
+
+def test_a_default_min_patience_on_a_max_monitor_is_refused_at_fit_start():
+    with pytest.raises(
+        SettingError,
+        match=r"Patience\('val_acc'\) .* defaults to 'min'.*Options\(monitor='val_acc', "
+        r"mode='max'\).*pass Patience\('val_acc', mode='max'\)",
+    ):
+        fit(st.Patience("val_acc"), monitor="val_acc", mode="max")
+    # said explicitly, either way, it is kept; on another metric it is not compared
+    assert fit(st.Patience("val_acc", mode="max"), epochs=2, monitor="val_acc", mode="max")
+    assert fit(st.Patience("val_acc", mode="min"), epochs=2, monitor="val_acc", mode="max")
+    assert fit(st.Patience("val_loss"), epochs=2, monitor="val_acc", mode="max")
 
 
 def test_threshold_prunes_past_a_bound_or_on_nan():

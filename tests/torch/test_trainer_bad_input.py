@@ -52,6 +52,19 @@ def data():
             "metric 'acc' is a float, neither a function",
         ),
         (
+            lambda: st.Trainer(optimizer=sgd, metrics={"loss": F.nll_loss}),
+            r"metric name 'loss' is reserved: the loss is evaluated as val_loss",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, metrics={"val_acc": st.accuracy}),
+            r"metric 'val_acc' would be evaluated as 'val_val_acc'.*without the val_ prefix "
+            r"\('acc'\)",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, metrics=[st.accuracy]),
+            r"metrics is a dict name → fn, not a list; e.g. metrics=\{'acc': st.accuracy\}",
+        ),
+        (
             lambda: st.Trainer(optimizer=sgd, seed=-1),
             r"seed must be a whole number from 0 to 2\*\*32 - 1",
         ),
@@ -60,6 +73,34 @@ def data():
         (lambda: st.Trainer(optimizer=sgd, scheduler="cosine"), "scheduler must be a factory"),
         (lambda: st.Trainer(optimizer=sgd, micro_batches=0), "micro_batches must be at least 1"),
         (lambda: st.Checkpointing("x", every_steps=0), "every_steps must be at least 1"),
+        (
+            lambda: st.Trainer(loss=nn.CrossEntropyLoss, optimizer=sgd),
+            r"loss is the class CrossEntropyLoss, not a loss; pass an instance, "
+            r"CrossEntropyLoss\(\) or F.cross_entropy",
+        ),
+        (
+            lambda: st.Trainer(loss=nn.MSELoss, optimizer=sgd),
+            r"pass an instance, MSELoss\(\) or F.mse_loss",
+        ),
+        (lambda: st.Trainer(loss="mse", optimizer=sgd), "loss must be a function"),
+        (
+            lambda: st.Trainer(optimizer=sgd, watchers=[print]),
+            "watcher <built-in function print> has no on_event",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, watchers=st.CSVLog("log.csv")),
+            r"watchers must be a list of watchers, not a CSVLog; e.g. watchers=\[CSVLog\(...\)\]",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, options={"progress": False}),
+            r"options must be an st.Options, not a dict; e.g. "
+            r"options=st.Options\(\*\*\{'progress': False\}\)",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, checkpoint="runs/ckpt"),
+            r"checkpoint must be an st.Checkpointing, not a str; e.g. "
+            r"checkpoint=st.Checkpointing\('runs/ckpt', keep=3\)",
+        ),
     ],
 )
 def test_bad_settings_name_the_value_and_the_fix(make, match):
@@ -135,3 +176,24 @@ def test_a_node_forward_without_ctx_is_refused_at_g_node():
     with pytest.raises(NodeError, match="takes no ctx"):
         Graph.somatize(NoCtx())
     g.node("ok", Star())  # *args takes ctx too
+
+
+@pytest.mark.parametrize(
+    ("resume", "match"),
+    [
+        (True, r"resume must be 'last' or a checkpoint's path, not True; pass resume='last'"),
+        (1, "resume must be 'last' or a checkpoint's path, not 1"),
+        ("latest", r"resume='latest' is neither 'last' nor a checkpoint's path.*resume='last'"),
+        ("best", r"resume='best' is neither 'last' nor a checkpoint's path"),
+    ],
+)
+def test_a_resume_that_is_not_last_or_a_path_says_so(tmp_path, resume, match):
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=sgd,
+        checkpoint=st.Checkpointing(tmp_path / "ckpt"),
+        options=st.Options(progress=False),
+    )
+    with pytest.raises(SettingError, match=match):
+        trainer.fit(Graph.somatize(Linear()), data(), resume=resume)
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())

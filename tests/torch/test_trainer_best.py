@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
+from somatize.errors import SettingError
 from somatize.torch.evaluation import rank_checkpoint
 
 
@@ -124,3 +125,55 @@ def test_rank_checkpoint_ties_keep_the_earlier():
 def test_bad_best_is_refused():
     with pytest.raises(ValueError, match="Checkpointing best must be at least 0"):
         st.Checkpointing("x", best=-1)
+
+
+def best_trainer(tmp_path, monitor, **kwargs):
+    return st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        metrics={"score": lambda out, y: torch.tensor(0.5)},
+        checkpoint=st.Checkpointing(tmp_path / "ckpt", keep=1, best=1),
+        options=st.Options(progress=False, monitor=monitor, mode="max"),
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    ("monitor", "match"),
+    [
+        ("val_scor", r"monitor='val_scor'.* evaluates val_loss, val_score"),
+        ("loss", r"monitor='loss'.*did you mean 'val_loss'\?"),
+        ("score", r"monitor='score'.*did you mean 'val_score'\?"),
+    ],
+)
+def test_a_monitor_that_is_not_evaluated_is_refused_before_training(tmp_path, monitor, match):
+    trainer = best_trainer(tmp_path, monitor)
+    with pytest.raises(KeyError, match=match):
+        trainer.fit(Graph.somatize(Linear()), data(), val=data(1))
+    assert not (tmp_path / "ckpt").exists() or names(tmp_path / "ckpt") == []  # nothing trained
+
+
+class Scored(Node):
+    """Reports a node metric, which only an evaluation can name."""
+
+    def __init__(self) -> None:
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)), metrics={"norm": x.norm()})
+
+
+def test_a_node_metric_monitor_is_checked_at_the_first_evaluation(tmp_path):
+    g = Graph.somatize(Scored())
+    (node,) = g.topology.order
+    result = best_trainer(tmp_path / "a", f"val_{node}/norm").fit(g, data(), val=data(1))
+    assert result.best is not None and result.best_checkpoint is not None
+    with pytest.raises(KeyError, match=rf"monitor='val_{node}/nrm'.*evaluated: .*val_{node}/norm"):
+        best_trainer(tmp_path / "b", f"val_{node}/nrm").fit(g, data(), val=data(1))
+
+
+def test_best_checkpoints_need_validation_data(tmp_path):
+    trainer = best_trainer(tmp_path, "val_score")
+    with pytest.raises(SettingError, match=r"Checkpointing\(best=1\).*no val= data"):
+        trainer.fit(Graph.somatize(Linear()), data())
+    assert not (tmp_path / "ckpt").exists()

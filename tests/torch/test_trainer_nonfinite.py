@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
-from somatize.errors import NonFiniteError
+from somatize.errors import NonFiniteError, SettingError
 
 
 class Linear(Node):
@@ -94,3 +94,48 @@ def test_an_unknown_policy_is_refused():
         ValueError, match="nonfinite must be one of 'raise', 'skip', 'ignore', not 'warn'"
     ):
         st.Options(nonfinite="warn")
+
+
+def empty():
+    return (torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},  # the fast path
+        {"watchers": [st.CSVLog]},  # the general loop (any watcher leaves the fast path)
+        {"options": {"accumulate": 2}},  # a step of two batches, the empty one second
+    ],
+    ids=["fast", "general", "accumulate"],
+)
+def test_an_empty_batch_is_named_not_blamed_on_the_learning_rate(tmp_path, settings):
+    watchers = [w(tmp_path / "log.csv") for w in settings.get("watchers", [])]
+    options = st.Options(progress=False, shuffle=False, **settings.get("options", {}))
+    t = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        watchers=watchers,
+        options=options,
+    )
+    g = Graph.somatize(Linear())
+    with pytest.raises(
+        SettingError,
+        match=r"batch 3 of epoch 0 \(train\[3\]\) has 0 examples .* mean loss is nan; drop "
+        "empty batches",
+    ):
+        t.fit(g, [*data(3), empty()])
+    shuffled = trainer(F.cross_entropy)
+    shuffled.options = st.Options(progress=False)  # the epoch's order is not the list's
+    batches = [empty(), *data(3)]
+    with pytest.raises(SettingError, match=r"batch \d of epoch 0 \(train\[0\]\) has 0 examples"):
+        shuffled.fit(g, batches)
+
+
+def test_an_empty_batch_from_a_loader_gets_the_hint_and_is_skipped_under_skip():
+    g = Graph.somatize(Linear())
+    loader = (b for b in [*data(2), empty()])  # read once: it cannot be looked up again
+    with pytest.raises(NonFiniteError, match="a batch of 0 examples has a NaN mean loss"):
+        trainer(F.cross_entropy).fit(g, loader)
+    result = trainer(F.cross_entropy, "skip").fit(g, [*data(2), empty()])
+    assert (result.steps, result.skipped) == (2, 1)

@@ -1,0 +1,110 @@
+"""LightningGraph follows st.Trainer's conventions: the same arguments mean the same things."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+L = pytest.importorskip("lightning")
+
+from lightning.pytorch.callbacks import EarlyStopping  # noqa: E402
+
+import somatize.torch as st  # noqa: E402
+from somatize import Done, Graph, Node, Opaque  # noqa: E402
+from somatize.errors import SettingError  # noqa: E402
+from somatize.torch.lightning import LightningGraph, result  # noqa: E402
+
+pytestmark = [
+    # lightning 2.6's CombinedLoader uses torch.utils._pytree.LeafSpec, deprecated in the
+    # torch we run: every fit warns, whatever the module does (as in test_lightning.py).
+    pytest.mark.filterwarnings(
+        r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning"
+    ),
+    pytest.mark.filterwarnings("ignore:The '.*' does not have many workers"),
+]
+
+
+class Out(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+def sgd(ps):
+    return torch.optim.SGD(ps, lr=0.1)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "match"),
+    [
+        ({"loss": nn.functional.nll_loss}, "metric name 'loss' is reserved"),
+        ({"val_acc": st.accuracy}, "'val_acc' would be evaluated as 'val_val_acc'"),
+        ([st.accuracy], "metrics is a dict name → fn, not a list"),
+    ],
+)
+def test_metric_names_are_checked_as_by_the_trainer(metrics, match):
+    g = Graph.somatize(Out())
+    with pytest.raises(SettingError, match=match):
+        LightningGraph(g, loss=nn.functional.cross_entropy, optimizer=sgd, metrics=metrics)
+    with pytest.raises(SettingError, match=match):
+        st.Trainer(loss=nn.functional.cross_entropy, optimizer=sgd, metrics=metrics)
+
+
+class WithLoss(Node):
+    """docs/trainer.md's node that computes its own loss from the whole batch."""
+
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, batch, ctx):
+        x, y = batch  # the whole batch
+        return Done(Opaque(nn.functional.cross_entropy(self.lin(x), y)))
+
+
+def _loader(seed: int, n: int = 48) -> DataLoader:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=gen)
+    return DataLoader(TensorDataset(x, x[:, :3].argmax(dim=1)), batch_size=16)
+
+
+def test_without_a_loss_lightning_gives_the_graph_the_whole_batch_and_logs_its_loss(tmp_path):
+    torch.manual_seed(0)
+    ours, theirs = Graph.somatize(WithLoss()), Graph.somatize(WithLoss())
+    st.load_state(theirs, st.state(ours))
+    ref = st.Trainer(
+        optimizer=sgd,
+        epochs=2,
+        options=st.Options(shuffle=False, progress=False),
+    ).fit(ours, _loader(0), val=_loader(1))
+
+    lg = LightningGraph(theirs, loss=None, optimizer=sgd)
+    stop = EarlyStopping("val_loss", patience=5)  # needs val_loss logged, or it raises
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[stop],
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(lg, _loader(0), _loader(1))
+    r = result(trainer, lg)
+
+    assert r.losses == pytest.approx(ref.losses, rel=1e-6)
+    for name, value in ref.state.items():
+        torch.testing.assert_close(r.state[name], value, rtol=1e-6, atol=1e-7, msg=name)
+    assert [m["val_loss"] for m in lg.history] == pytest.approx(
+        [m["val_loss"] for m in ref.metrics], rel=1e-6
+    )
+    assert float(trainer.callback_metrics["val_loss"]) == pytest.approx(ref.metrics[-1]["val_loss"])
+    tested = trainer.test(lg, _loader(2), verbose=False)
+    evaluated = st.Trainer().evaluate(ours, _loader(2))
+    assert tested[0]["test_loss"] == pytest.approx(evaluated["loss"], rel=1e-6)
