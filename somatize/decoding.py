@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .codecs import Codec
 
-__all__ = ["decode"]
+__all__ = ["decode", "in_decoded_order"]
 
 _LEN = struct.Struct(">Q")
 _FLOAT = struct.Struct(">d")
@@ -67,3 +67,24 @@ def _decode(view: memoryview, i: int, codecs: dict[str, Codec]) -> tuple[Any, in
     if tag == b"b":
         return raw.tobytes(), i + n
     raise ValueError(f"unknown tag {tag!r} in an encoded value")
+
+
+def in_decoded_order(value: Any) -> Any:
+    """``value`` with every dict (nested in lists, tuples and dicts) in the key order
+    ``decode`` gives it: the order of the keys' encodings. What a cached node returns on a
+    miss then has the order it has on a hit, for code that reads ``d.values()`` in order."""
+    t = type(value)
+    if t is dict:
+        from .values import encode  # (values imports this module)
+
+        try:
+            items = sorted(value.items(), key=lambda kv: encode(kv[0]))
+        except Exception:  # a key that is not data: left as it is (encode words the error)
+            return value
+        return {k: in_decoded_order(v) for k, v in items}
+    if (t is list or t is tuple) and any(type(v) in _NESTED for v in value):
+        return t(in_decoded_order(v) for v in value)
+    return value
+
+
+_NESTED = (dict, list, tuple)

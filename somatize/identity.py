@@ -100,9 +100,22 @@ def _source_tree(obj: Any) -> ast.AST | None:
             # A file read from disk (not a notebook cell, which has no mtime): read it again,
             # since an edit of the same size within one mtime tick escapes checkcache().
             del linecache.cache[file]
-        return ast.parse(textwrap.dedent(inspect.getsource(obj)))
+        lines, start = inspect.getsourcelines(obj)
+        if isinstance(obj, type) and not _spans(obj, file, start, start + len(lines)):
+            return None  # another class of the same name (3.11 finds the first): by bytecode
+        return ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError):
         return None
+
+
+def _spans(cls: type, file: str | None, first: int, end: int) -> bool:
+    """Whether the source lines ``first``..``end`` hold the methods of ``cls`` defined in
+    ``file``: the source found is that class's, not an earlier one's of the same name."""
+    for f in _functions(cls):
+        code = f.__code__
+        if code.co_filename == file and not first <= code.co_firstlineno < end:
+            return False
+    return True
 
 
 def _code_digest(code: types.CodeType, h: Any) -> None:

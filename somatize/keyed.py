@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import rows
+from .decoding import in_decoded_order
 from .errors import CacheError, DeclarationError, NodeError
 from .explain import note
 from .memory import Memory, NodeKeys, key
@@ -239,6 +240,7 @@ def walk(
             if not per_item or node in memory.named:  # a name needs the whole list stored
                 data = encode(value, codecs, _where(label))
                 keeper.put(node_key, data, pinned=node in memory.pinned)
+                value = in_decoded_order(value)  # (dicts in the order a hit gives them)
                 if not per_item:  # what explain compares a later miss with
                     note(keeper, label, impl, env.node_keys.parts(impl), digest(tuple(in_keys)))
             if node in memory.named:
@@ -305,5 +307,5 @@ def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx)
         if keeper is not None:
             data = encode(value, codecs, f"item {i} of {_where(label)}")
             keeper.put(item_key, data, pinned=pinned)
-        out.append(value)
+        out.append(in_decoded_order(value))
     return out

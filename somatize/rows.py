@@ -394,7 +394,7 @@ def remember(
         stored = _entries(okind, onames, oleaves, m)
         put_many(keeper, [(keys[i], e) for i, e in zip(miss, stored)], node in env.memory.pinned)
         note(keeper, label, impl, parts, None)
-    if not hits:
-        return value, node_key, metrics
+    if not hits:  # (a dict as a hit gives it: its fields in sorted order)
+        return _rebuild(okind, onames, [v for _, _, v in oleaves]), node_key, metrics
     merged = [rows.scatter([(miss, v), (hit, h)], n) for (_, rows, v), h in zip(oleaves, hits)]
     return _rebuild(okind, onames, merged), node_key, metrics

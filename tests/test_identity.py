@@ -410,3 +410,28 @@ def test_a_subgraphs_key_covers_its_nodes() -> None:
     keys = NodeKeys()
     assert keys.of(outer(2)["sub"], ["x"]) == keys.of(outer(2)["sub"], ["x"])
     assert keys.of(outer(2)["sub"], ["x"]) != keys.of(outer(3)["sub"], ["x"])
+
+
+def test_two_classes_of_one_name_in_one_file_have_their_own_fingerprints(tmp_path) -> None:
+    """Python 3.11's inspect.getsource finds the first class of a name in a file: the
+    second must not be fingerprinted by the first one's source."""
+    import importlib.util
+
+    path = tmp_path / "variants.py"
+    path.write_text(
+        "from somatize import Done, Node\n\n\n"
+        "class Enc(Node):\n    def forward(self, x, ctx):\n        return Done(x + 1)\n\n\n"
+        "First = Enc\n\n\n"
+        "class Enc(Node):\n    def forward(self, x, ctx):\n        return Done(x * 2)\n\n\n"
+        "Second = Enc\n"
+    )
+    spec = importlib.util.spec_from_file_location("somatize_test_variants", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # (inspect finds a class's source through its module)
+    try:
+        spec.loader.exec_module(mod)
+        assert fingerprint(mod.First) != fingerprint(mod.Second)
+        assert identity(mod.First()) != identity(mod.Second())
+    finally:
+        del sys.modules[spec.name]

@@ -365,3 +365,15 @@ def test_opaque_holds_by_identity_and_never_nests() -> None:
 def test_opaque_cannot_be_pickled() -> None:
     with pytest.raises(ValueConversionError, match="by identity"):
         pickle.dumps(Opaque([1]))
+
+
+def test_in_decoded_order_gives_dicts_the_order_decode_gives_them():
+    from somatize.decoding import in_decoded_order
+
+    value = {"zz": 1, "a": [{"y": 2, "bb": 3}, (4, {"q": 5, "p": 6})], 7: "int key"}
+    ordered = in_decoded_order(value)
+    back = decode(encode(value))
+    assert ordered == value == back
+    assert list(ordered) == list(back)
+    assert list(ordered["a"][0]) == list(back["a"][0])
+    assert list(ordered["a"][1][1]) == list(back["a"][1][1])

@@ -230,3 +230,19 @@ def test_a_node_frozen_after_module_and_run_in_training_mode_is_refused_not_reme
         g.forward(X)
     st.module(g)  # applies the freeze: eval mode
     assert torch.equal(g.forward(X), X) and torch.equal(g.forward(X), X)
+
+
+class Fields(Node):
+    """Returns a dict whose insertion order is not sorted: code may read it in order."""
+
+    def forward(self, x, ctx):
+        return Done({"zz": x + 1, "a": x - 1})
+
+
+@pytest.mark.parametrize("per", ["example", "batch"])
+def test_a_dict_output_comes_back_in_one_order_hit_or_miss(per):
+    g = Graph(keeper=MemoryKeeper()).node("f", Fields()).freeze("f").cache("f", per=per)
+    st.module(g)
+    miss, hit = g.forward(X), g.forward(X)
+    assert list(miss) == list(hit)
+    assert torch.equal(torch.cat(list(miss.values())), torch.cat(list(hit.values())))
