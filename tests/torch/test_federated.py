@@ -211,6 +211,21 @@ def test_the_aggregate_is_a_picklable_state_dict():
     assert all(torch.equal(back[k], out[k]) for k in out)
 
 
+def test_the_aggregate_saved_with_torch_loads_with_weights_only(tmp_path):
+    # users save the global state as fedavg returns it; torch.load refuses unknown classes
+    with pytest.warns(RuntimeWarning):  # the clients' counters differ
+        out = st.fedavg([client(0, count=3), client(1, count=5), client(2)], weights=[1, 2, 0])
+    path = tmp_path / "global.pt"
+    torch.save({"global": out, "round": 7}, path)
+    back = torch.load(path, weights_only=True)  # torch's default since 2.6
+    assert back["round"] == 7 and list(back["global"]) == list(out)
+    assert all(torch.equal(back["global"][k], out[k]) for k in out)
+    assert back["global"]["head.bn.num_batches_tracked"].item() == 10
+    g = back["global"]  # an OrderedDict, as a state_dict() is, with the attributes on it
+    assert (g.weights, g.skipped, g.selected) == (out.weights, (), (0, 1, 2))
+    assert out.weights == pytest.approx((1 / 3, 2 / 3, 0.0))
+
+
 def honest_and_malicious(n_honest=7, n_bad=2):
     honest = [client(i) for i in range(n_honest)]
     bad = [client(100 + i, scale=1e6) for i in range(n_bad)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -35,6 +36,13 @@ class Aggregate(dict[str, torch.Tensor]):
     weights: tuple[float, ...] = ()
     skipped: tuple[int, ...] = ()
     selected: tuple[int, ...] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (``torch.save``, a pool's results, ``copy``) as the ``OrderedDict`` a
+        ``state_dict()`` is, the attributes set on it as ``_metadata`` is on a state dict:
+        ``torch.load``'s default ``weights_only=True`` builds only such types."""
+        attrs = {"weights": self.weights, "skipped": self.skipped, "selected": self.selected}
+        return OrderedDict, (), attrs, None, iter(self.items())
 
 
 def _states(results: Sequence[Any]) -> list[State]:
