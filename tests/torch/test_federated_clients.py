@@ -211,6 +211,23 @@ def test_map_clients_pickles_the_shared_value_once_and_returns_results_in_task_o
         fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), batches=0)
 
 
+def fails_on_seven(shared, task):
+    if task == 7:
+        raise KeyError("client data missing")
+    return task
+
+
+@pytest.mark.parametrize("where", ["serial", "pickling", "threads"])
+def test_an_exception_names_the_task_that_raised_it(where):
+    threads = concurrent.futures.ThreadPoolExecutor(2)
+    pool = {"serial": None, "pickling": PicklingPool(), "threads": threads}[where]
+    with threads, pytest.raises(KeyError, match="client data missing") as info:
+        fl.map_clients(pool, fails_on_seven, list(range(10)), shared=0, batches=3)
+    assert info.value.__notes__ == [
+        "map_clients: raised by fn(shared, tasks[7]); run that task with pool=None to debug it"
+    ]
+
+
 def test_map_clients_batches_taper_so_the_workers_finish_together():
     from somatize.torch.federated.clients import _TAIL, _batches, _shares
 
