@@ -145,6 +145,17 @@ def test_weighted_metrics_weigh_by_examples_as_flower_does():
         fl.weighted_metrics(["x"])
 
 
+def test_weighted_metrics_of_results_without_evaluation_point_to_val():
+    unevaluated = [st.TrainResult(state={}, num_examples=n, steps=1, epochs=1) for n in (5, 7)]
+    with pytest.raises(AggregationError, match=r"none of the 2 clients reports a metric.*val="):
+        fl.weighted_metrics(unevaluated)  # a Trainer fitted without val=
+    with pytest.raises(AggregationError, match="none of the 2 clients reports a metric"):
+        fl.weighted_metrics([(3, {}), (4, {"step": 2, "epoch": 1})])  # only bookkeeping
+    # one client that evaluated is enough: the metric is averaged over those that report it
+    one = st.TrainResult(state={}, num_examples=1, steps=1, epochs=1, metrics=[{"val_loss": 4.0}])
+    assert fl.weighted_metrics([*unevaluated, one]) == {"val_loss": 4.0}
+
+
 PICKLED, UNPICKLED = [], []
 
 
