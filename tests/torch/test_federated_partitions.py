@@ -130,3 +130,21 @@ def test_sample_errors():
         fl.sample(10, count=11, round=0)
     with pytest.raises(ValueError, match="round must be"):
         fl.sample(10, count=1, round=-1)
+
+
+def test_sample_takes_numpy_integers_and_names_a_bad_seed():
+    want = fl.sample(100, count=7, round=3, seed=5)
+    n, r, s, c = np.int64(100), np.int32(3), np.uint8(5), np.int64(7)
+    assert fl.sample(n, count=c, round=r, seed=s) == want  # as len(parts), np.arange give
+    assert fl.sample(n, fraction=np.float64(0.07), round=r, seed=s) == want
+    assert fl.sample(100, count=7, round=torch.tensor(3), seed=5) == want  # operator.index
+    with pytest.raises(ValueError, match=r"seed must be a non-negative int.*not -1"):
+        fl.sample(10, count=1, round=0, seed=-1)
+    with pytest.raises(ValueError, match=r"seed must be a non-negative int.*not 0\.5"):
+        fl.sample(10, count=1, round=0, seed=0.5)
+    with pytest.raises(ValueError, match=r"round must be a non-negative int, not 1\.0"):
+        fl.sample(10, count=1, round=1.0)
+    with pytest.raises(ValueError, match="clients must be a positive int.*not True"):
+        fl.sample(True, count=1, round=0)
+    with pytest.raises(ValueError, match=r"count must be an int in \[1, 10\]"):
+        fl.sample(10, count=np.bool_(True), round=0)
