@@ -148,3 +148,22 @@ def test_sample_takes_numpy_integers_and_names_a_bad_seed():
         fl.sample(True, count=1, round=0)
     with pytest.raises(ValueError, match=r"count must be an int in \[1, 10\]"):
         fl.sample(10, count=np.bool_(True), round=0)
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        lambda m: fl.dirichlet(np.repeat(np.arange(10), 3), clients=20, alpha=0.3, min_size=m),
+        lambda m: fl.quantity_skew(20, clients=10, alpha=0.05, min_size=m),
+    ],
+    ids=["dirichlet", "quantity_skew"],
+)
+def test_min_size_0_may_leave_clients_empty_and_says_which(split):
+    with pytest.warns(RuntimeWarning, match=r"min_size=0\): client\(s\) \[.*hold no examples") as w:
+        parts = split(0)
+    empty = [c for c, p in enumerate(parts) if not p]
+    assert empty and str(empty[:10])[1:-1] in str(w[0].message)  # the very clients, named
+    covers_once(parts, 30 if len(parts) == 20 else 20)
+    assert min(len(p) for p in split(1)) >= 1  # the default: none empty, no warning
+    with pytest.raises(ValueError, match="min_size must be a non-negative int.*not -1"):
+        split(-1)
