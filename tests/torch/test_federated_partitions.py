@@ -167,3 +167,16 @@ def test_min_size_0_may_leave_clients_empty_and_says_which(split):
     assert min(len(p) for p in split(1)) >= 1  # the default: none empty, no warning
     with pytest.raises(ValueError, match="min_size must be a non-negative int.*not -1"):
         split(-1)
+
+
+def test_dirichlet_redraws_when_only_full_clients_drew_a_share():
+    # alpha=0.01 puts a class's whole share on one or two clients; when those are full,
+    # the other shares are 0.0 and normalising them gave NaN ("repeats may not contain
+    # negative values"): such a draw is now redrawn like one that misses min_size
+    y = np.repeat(np.arange(10), 3)
+    for seed in (1, 2, 3):
+        parts = fl.dirichlet(y, clients=12, alpha=0.01, seed=seed)
+        covers_once(parts, 30)
+        assert min(len(p) for p in parts) >= 1
+    with pytest.raises(ValueError, match=r"no Dirichlet\(alpha=0.001\) split in 1000 draws"):
+        fl.dirichlet(np.repeat(np.arange(4), 50), clients=40, alpha=0.001)

@@ -145,16 +145,19 @@ def dirichlet(
         for idx in classes:
             share = rng.dirichlet(np.full(clients, float(alpha)))
             share = share * (held < cap)  # a full client takes no more (as NIID-Bench does)
+            if not share.sum() > 0:  # only full clients drew a share (tiny alpha): draw again
+                break
             share = share / share.sum()
             ends = np.round(np.cumsum(share) * len(idx)).astype(np.int64)
             counts: np.ndarray[Any, Any] = np.diff(ends, prepend=0)
             owner[rng.permutation(idx)] = np.repeat(np.arange(clients), counts)
             held += counts
-        sizes = np.bincount(owner, minlength=clients)
-        if sizes.min() >= min_size:
-            _warn_empty("dirichlet", sizes)
-            order = np.argsort(owner, kind="stable")
-            return _split(order, sizes)
+        else:  # every class dealt
+            sizes = np.bincount(owner, minlength=clients)
+            if sizes.min() >= min_size:
+                _warn_empty("dirichlet", sizes)
+                order = np.argsort(owner, kind="stable")
+                return _split(order, sizes)
     raise ValueError(
         f"no Dirichlet(alpha={alpha}) split in {_TRIES} draws gives each of {clients} clients "
         f"{min_size} examples; raise alpha, lower min_size, or use fewer clients"
