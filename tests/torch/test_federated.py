@@ -144,6 +144,28 @@ def test_integer_buffers_follow_an_explicit_policy():
         st.fedavg(states, weights="uniform", int_buffers="error")
 
 
+def test_bool_buffers_are_combined_by_or_and_called_bool_tensors():
+    states = [
+        {"mask": torch.tensor([True, False, False])},
+        {"mask": torch.tensor([False, False, True])},
+    ]
+    with pytest.warns(RuntimeWarning) as record:
+        out = st.fedavg(states, weights="uniform")
+    message = str(record[0].message)
+    assert "'mask': the clients' bool tensors differ; keeping their logical OR" in message
+    assert "integer" not in message and "num_batches_tracked" not in message
+    assert out["mask"].tolist() == [True, False, True] and out["mask"].dtype == torch.bool
+    assert st.fedavg(states, weights="uniform", int_buffers="max")["mask"].tolist() == [
+        True,
+        False,
+        True,
+    ]
+    with pytest.raises(
+        AggregationError, match=r"'mask' is a bool tensor; averaging flags .*torch\.bool"
+    ):
+        st.fedavg(states, weights="uniform", int_buffers="error")
+
+
 def test_mismatched_keys_name_the_client_and_the_key():
     a, b = client(0), client(1)
     del b["enc.lin.bias"]
