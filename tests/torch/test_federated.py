@@ -144,6 +144,28 @@ def test_integer_buffers_follow_an_explicit_policy():
         st.fedavg(states, weights="uniform", int_buffers="error")
 
 
+def test_bool_buffers_are_combined_by_or_and_called_bool_tensors():
+    states = [
+        {"mask": torch.tensor([True, False, False])},
+        {"mask": torch.tensor([False, False, True])},
+    ]
+    with pytest.warns(RuntimeWarning) as record:
+        out = st.fedavg(states, weights="uniform")
+    message = str(record[0].message)
+    assert "'mask': the clients' bool tensors differ; keeping their logical OR" in message
+    assert "integer" not in message and "num_batches_tracked" not in message
+    assert out["mask"].tolist() == [True, False, True] and out["mask"].dtype == torch.bool
+    assert st.fedavg(states, weights="uniform", int_buffers="max")["mask"].tolist() == [
+        True,
+        False,
+        True,
+    ]
+    with pytest.raises(
+        AggregationError, match=r"'mask' is a bool tensor; averaging flags .*torch\.bool"
+    ):
+        st.fedavg(states, weights="uniform", int_buffers="error")
+
+
 def test_mismatched_keys_name_the_client_and_the_key():
     a, b = client(0), client(1)
     del b["enc.lin.bias"]
@@ -209,6 +231,21 @@ def test_the_aggregate_is_a_picklable_state_dict():
     back = pickle.loads(pickle.dumps(out))
     assert back.keys() == out.keys() and back.weights == out.weights
     assert all(torch.equal(back[k], out[k]) for k in out)
+
+
+def test_the_aggregate_saved_with_torch_loads_with_weights_only(tmp_path):
+    # users save the global state as fedavg returns it; torch.load refuses unknown classes
+    with pytest.warns(RuntimeWarning):  # the clients' counters differ
+        out = st.fedavg([client(0, count=3), client(1, count=5), client(2)], weights=[1, 2, 0])
+    path = tmp_path / "global.pt"
+    torch.save({"global": out, "round": 7}, path)
+    back = torch.load(path, weights_only=True)  # torch's default since 2.6
+    assert back["round"] == 7 and list(back["global"]) == list(out)
+    assert all(torch.equal(back["global"][k], out[k]) for k in out)
+    assert back["global"]["head.bn.num_batches_tracked"].item() == 10
+    g = back["global"]  # an OrderedDict, as a state_dict() is, with the attributes on it
+    assert (g.weights, g.skipped, g.selected) == (out.weights, (), (0, 1, 2))
+    assert out.weights == pytest.approx((1 / 3, 2 / 3, 0.0))
 
 
 def honest_and_malicious(n_honest=7, n_bad=2):

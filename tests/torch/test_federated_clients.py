@@ -145,6 +145,17 @@ def test_weighted_metrics_weigh_by_examples_as_flower_does():
         fl.weighted_metrics(["x"])
 
 
+def test_weighted_metrics_of_results_without_evaluation_point_to_val():
+    unevaluated = [st.TrainResult(state={}, num_examples=n, steps=1, epochs=1) for n in (5, 7)]
+    with pytest.raises(AggregationError, match=r"none of the 2 clients reports a metric.*val="):
+        fl.weighted_metrics(unevaluated)  # a Trainer fitted without val=
+    with pytest.raises(AggregationError, match="none of the 2 clients reports a metric"):
+        fl.weighted_metrics([(3, {}), (4, {"step": 2, "epoch": 1})])  # only bookkeeping
+    # one client that evaluated is enough: the metric is averaged over those that report it
+    one = st.TrainResult(state={}, num_examples=1, steps=1, epochs=1, metrics=[{"val_loss": 4.0}])
+    assert fl.weighted_metrics([*unevaluated, one]) == {"val_loss": 4.0}
+
+
 PICKLED, UNPICKLED = [], []
 
 
@@ -209,6 +220,23 @@ def test_map_clients_pickles_the_shared_value_once_and_returns_results_in_task_o
         fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), sizes=[1])
     with pytest.raises(ValueError, match="batches must be a positive int"):
         fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), batches=0)
+
+
+def fails_on_seven(shared, task):
+    if task == 7:
+        raise KeyError("client data missing")
+    return task
+
+
+@pytest.mark.parametrize("where", ["serial", "pickling", "threads"])
+def test_an_exception_names_the_task_that_raised_it(where):
+    threads = concurrent.futures.ThreadPoolExecutor(2)
+    pool = {"serial": None, "pickling": PicklingPool(), "threads": threads}[where]
+    with threads, pytest.raises(KeyError, match="client data missing") as info:
+        fl.map_clients(pool, fails_on_seven, list(range(10)), shared=0, batches=3)
+    assert info.value.__notes__ == [
+        "map_clients: raised by fn(shared, tasks[7]); run that task with pool=None to debug it"
+    ]
 
 
 def test_map_clients_batches_taper_so_the_workers_finish_together():

@@ -130,3 +130,53 @@ def test_sample_errors():
         fl.sample(10, count=11, round=0)
     with pytest.raises(ValueError, match="round must be"):
         fl.sample(10, count=1, round=-1)
+
+
+def test_sample_takes_numpy_integers_and_names_a_bad_seed():
+    want = fl.sample(100, count=7, round=3, seed=5)
+    n, r, s, c = np.int64(100), np.int32(3), np.uint8(5), np.int64(7)
+    assert fl.sample(n, count=c, round=r, seed=s) == want  # as len(parts), np.arange give
+    assert fl.sample(n, fraction=np.float64(0.07), round=r, seed=s) == want
+    assert fl.sample(100, count=7, round=torch.tensor(3), seed=5) == want  # operator.index
+    with pytest.raises(ValueError, match=r"seed must be a non-negative int.*not -1"):
+        fl.sample(10, count=1, round=0, seed=-1)
+    with pytest.raises(ValueError, match=r"seed must be a non-negative int.*not 0\.5"):
+        fl.sample(10, count=1, round=0, seed=0.5)
+    with pytest.raises(ValueError, match=r"round must be a non-negative int, not 1\.0"):
+        fl.sample(10, count=1, round=1.0)
+    with pytest.raises(ValueError, match="clients must be a positive int.*not True"):
+        fl.sample(True, count=1, round=0)
+    with pytest.raises(ValueError, match=r"count must be an int in \[1, 10\]"):
+        fl.sample(10, count=np.bool_(True), round=0)
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        lambda m: fl.dirichlet(np.repeat(np.arange(10), 3), clients=20, alpha=0.3, min_size=m),
+        lambda m: fl.quantity_skew(20, clients=10, alpha=0.05, min_size=m),
+    ],
+    ids=["dirichlet", "quantity_skew"],
+)
+def test_min_size_0_may_leave_clients_empty_and_says_which(split):
+    with pytest.warns(RuntimeWarning, match=r"min_size=0\): client\(s\) \[.*hold no examples") as w:
+        parts = split(0)
+    empty = [c for c, p in enumerate(parts) if not p]
+    assert empty and str(empty[:10])[1:-1] in str(w[0].message)  # the very clients, named
+    covers_once(parts, 30 if len(parts) == 20 else 20)
+    assert min(len(p) for p in split(1)) >= 1  # the default: none empty, no warning
+    with pytest.raises(ValueError, match="min_size must be a non-negative int.*not -1"):
+        split(-1)
+
+
+def test_dirichlet_redraws_when_only_full_clients_drew_a_share():
+    # alpha=0.01 puts a class's whole share on one or two clients; when those are full,
+    # the other shares are 0.0 and normalising them gave NaN ("repeats may not contain
+    # negative values"): such a draw is now redrawn like one that misses min_size
+    y = np.repeat(np.arange(10), 3)
+    for seed in (1, 2, 3):
+        parts = fl.dirichlet(y, clients=12, alpha=0.01, seed=seed)
+        covers_once(parts, 30)
+        assert min(len(p) for p in parts) >= 1
+    with pytest.raises(ValueError, match=r"no Dirichlet\(alpha=0.001\) split in 1000 draws"):
+        fl.dirichlet(np.repeat(np.arange(4), 50), clients=40, alpha=0.001)

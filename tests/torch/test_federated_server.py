@@ -103,6 +103,56 @@ def test_server_step_errors_name_the_key():
         fl.FedYogi(beta2=1.0)
 
 
+def test_server_step_says_what_to_pass_when_given_results():
+    x, aggs = states(3, rounds=1)
+    results = [st.TrainResult(state=aggs[0], num_examples=4, steps=1, epochs=1)]
+    fix = r"pass the global state dict and st\.fedavg\(results\)"
+    with pytest.raises(TypeError, match=rf"aggregate is a list \(the clients' results\?\).*{fix}"):
+        fl.FedAdam().step(x, results)
+    with pytest.raises(TypeError, match=rf"aggregate is a TrainResult.*\.state.*{fix}"):
+        fl.FedAdam().step(x, results[0])
+    with pytest.raises(TypeError, match=rf"global_state is a TrainResult.*{fix}"):
+        fl.FedAdam().step(results[0], aggs[0])
+    with pytest.raises(TypeError, match=rf"aggregate\['b'\] is a list, not a tensor.*{fix}"):
+        fl.FedAdam().step(x, {**aggs[0], "b": [0.0, 1.0, 2.0]})
+    server = fl.FedAdam()
+    with pytest.raises(TypeError):
+        server.step(x, results)
+    assert server.steps == 0 and not server.m  # refused before any update
+
+
+def test_server_state_dict_saves_the_hyper_parameters_and_a_changed_one_warns(tmp_path):
+    x, aggs = states(4, rounds=3)
+    a = fl.FedAdam(lr=0.05, beta2=0.9, tau=1e-2)
+    xa = a.step(x, aggs[0])
+    torch.save(a.state_dict(), tmp_path / "server.pt")
+    saved = torch.load(tmp_path / "server.pt", weights_only=True)
+    assert (saved["lr"], saved["beta1"], saved["beta2"], saved["tau"]) == (0.05, 0.9, 0.9, 1e-2)
+    same = fl.FedAdam(lr=0.05, beta2=0.9, tau=1e-2)
+    same.load_state_dict(saved)  # nothing differs: no warning (warnings are errors here)
+    b = fl.FedAdam(lr=0.5)  # a different lr and beta2 and tau: each named, the saved kept
+    with pytest.warns(UserWarning) as record:
+        b.load_state_dict(saved)
+    messages = [str(w.message) for w in record]
+    assert len(messages) == 3
+    assert "'lr' changed: the checkpoint has 0.05, this 'adam' optimizer 0.5" in messages[0]
+    assert "set server.lr = 0.5 after load_state_dict" in messages[0]
+    assert "'beta2'" in messages[1] and "'tau'" in messages[2]
+    assert (b.lr, b.beta2, b.tau) == (0.05, 0.9, 1e-2)
+    xs, xb = a.step(xa, aggs[1]), b.step(xa, aggs[1])
+    assert all(torch.equal(xs[k], xb[k]) for k in xs)  # resumed exactly
+    fl.FedAvgM().load_state_dict({**fl.FedAvgM().state_dict(), "tau": 5.0})  # not FedAvgM's
+    with pytest.warns(UserWarning, match="'beta1' changed: the checkpoint has 0.9"):
+        fl.FedAvgM(momentum=0.0).load_state_dict(fl.FedAvgM().state_dict())
+    old = {k: v for k, v in saved.items() if k not in ("lr", "beta1", "beta2", "tau")}
+    c = fl.FedAdam(lr=0.5)
+    c.load_state_dict(old)  # saved before the hyper-parameters were: this one's are used
+    assert c.lr == 0.5 and c.steps == 1
+    with pytest.raises(ValueError, match="checkpoint's server optimizer state is invalid: lr"):
+        c.load_state_dict({**saved, "lr": -1.0})
+    assert c.lr == 0.5
+
+
 class Linear(Node):
     def __init__(self, i, o):
         self.lin = nn.Linear(i, o)

@@ -143,9 +143,11 @@ def test_what_plain_pickle_cannot_name_comes_back_by_cloudpickle(pool):
 @needs_shm
 def test_a_failing_client_raises_and_its_spool_is_removed(pool):
     before = spools()
-    with pytest.raises(ValueError, match="client 3 failed"):
-        fl.map_clients(pool, fails_on_three, list(range(8)), shared=0, batches=8)
+    with pytest.raises(ValueError, match="client 3 failed") as info:
+        fl.map_clients(pool, fails_on_three, list(range(8)), shared=0, batches=3)
     assert spools() == before
+    assert len(info.value.__notes__) == 1  # from the worker, which task of the round it was
+    assert info.value.__notes__[0].startswith("map_clients: raised by fn(shared, tasks[3]);")
 
 
 def test_the_pipe_carries_the_pickle_and_the_spool_the_tensor_bytes(tmp_path):

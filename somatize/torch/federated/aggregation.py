@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -35,6 +36,13 @@ class Aggregate(dict[str, torch.Tensor]):
     weights: tuple[float, ...] = ()
     skipped: tuple[int, ...] = ()
     selected: tuple[int, ...] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (``torch.save``, a pool's results, ``copy``) as the ``OrderedDict`` a
+        ``state_dict()`` is, the attributes set on it as ``_metadata`` is on a state dict:
+        ``torch.load``'s default ``weights_only=True`` builds only such types."""
+        attrs = {"weights": self.weights, "skipped": self.skipped, "selected": self.selected}
+        return OrderedDict, (), attrs, None, iter(self.items())
 
 
 def _states(results: Sequence[Any]) -> list[State]:
@@ -180,27 +188,30 @@ def _weights(results: Sequence[Any], weights: Any, keep: list[int]) -> list[floa
 
 
 def _integer(k: str, tensors: list[torch.Tensor], policy: str | None) -> torch.Tensor:
+    flags = tensors[0].dtype == torch.bool  # "max" of bools is their logical OR
     if policy is None:
         if any(not torch.equal(t, tensors[0]) for t in tensors[1:]):
+            kept = (
+                "bool tensors differ; keeping their logical OR (True where any client has "
+                "True) — pass int_buffers='max' to say so (for bools it is OR)"
+                if flags
+                else "integer tensors differ; keeping their maximum — pass int_buffers='max' to "
+                "say so (BatchNorm's num_batches_tracked: the most-trained client's count)"
+            )
             warnings.warn(
-                f"key {k!r}: the clients' integer tensors differ; keeping their maximum — pass "
-                "int_buffers='max' to say so (BatchNorm's num_batches_tracked: the most-trained "
-                "client's count), 'first', or 'error'",
+                f"key {k!r}: the clients' {kept}, 'first', or 'error'",
                 RuntimeWarning,
                 stacklevel=4,
             )
         policy = "max"
     if policy == "max":
-        return (
-            torch.stack(tensors).amax(dim=0)
-            if tensors[0].dtype != torch.bool
-            else torch.stack(tensors).any(0)
-        )
+        return torch.stack(tensors).any(0) if flags else torch.stack(tensors).amax(dim=0)
     if policy == "first":
         return tensors[0].clone()
+    kind = "a bool tensor; averaging flags" if flags else "an integer tensor; averaging counters"
     raise AggregationError(
-        f"key {k!r} is an integer tensor ({tensors[0].dtype}); averaging counters as floats is "
-        "wrong — pass int_buffers='max' (the most-trained client's count) or 'first'"
+        f"key {k!r} is {kind} ({tensors[0].dtype}) as floats is wrong — pass int_buffers='max' "
+        "(the most-trained client's count; for bools, their logical OR) or 'first'"
     )
 
 

@@ -57,16 +57,42 @@ _last_shared: dict[bytes, Any] = {}  # in a worker: the last shared value, by it
 _MISSING = object()
 
 
+def _note(e: BaseException, i: int) -> None:
+    """Say on ``e`` which task raised it (a note survives the pickling back from a worker)."""
+    note = (
+        f"map_clients: raised by fn(shared, tasks[{i}]); run that task with pool=None to debug it"
+    )
+    add = getattr(e, "add_note", None)  # Python >= 3.11
+    if add is not None:
+        add(note)
+    else:  # 3.10 keeps the list (the exceptiongroup backport prints it), its traceback does not
+        setattr(e, "__notes__", [*getattr(e, "__notes__", ()), note])  # noqa: B010 (3.10 stubs)
+
+
+def _apply(
+    fn: Callable[[Any, Any], Any], shared: Any, tasks: list[Any], indices: Sequence[int]
+) -> list[Any]:
+    """``[fn(shared, t) for t in tasks]``, an exception noted with its task's index."""
+    out = []
+    for i, t in zip(indices, tasks):
+        try:
+            out.append(fn(shared, t))
+        except Exception as e:
+            _note(e, i)
+            raise
+    return out
+
+
 def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes) -> Any:
     # In the worker: bytes map_clients (below) made in the user's own process and sent to
     # the user's own executor — never cache or checkpoint data (docs/federated.md).
-    digest, blob, spool, shipped = pickle.loads(payload)
+    digest, blob, spool, shipped, indices = pickle.loads(payload)
     shared = _last_shared.get(digest, _MISSING)
     if shared is _MISSING:  # not this round's: unpickle it once, forget the last one
         shared = pickle.loads(blob)  # the same caller's shared value, as dumps wrote it
         _last_shared.clear()
         _last_shared[digest] = shared
-    return ship([fn(shared, t) for t in unship(shipped, spool)], spool)
+    return ship(_apply(fn, shared, unship(shipped, spool), indices), spool)
 
 
 def _default_batches(workers: int, tasks: int, shared_bytes: int) -> int:
@@ -160,7 +186,7 @@ def map_clients(
     """
     tasks = list(tasks)
     if pool is None:
-        return [fn(shared, t) for t in tasks]
+        return _apply(fn, shared, tasks, range(len(tasks)))
     if not tasks:
         return []
     if batches is not None and (
@@ -180,7 +206,7 @@ def map_clients(
     try:
         for g in groups:  # (a loop: a failed submission leaves the earlier ones tracked)
             shipped = ship([tasks[i] for i in g], spool, to_worker=True)
-            payload = pickle.dumps((digest, blob, spool, shipped), protocol=5)
+            payload = pickle.dumps((digest, blob, spool, shipped, g), protocol=5)
             futures[pool.submit(_run_batch, fn, payload)] = g
         out: list[Any] = [None] * len(tasks)
         for f in as_completed(futures):  # unpickle each batch's results as it arrives

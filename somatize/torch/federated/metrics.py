@@ -63,6 +63,13 @@ def weighted_metrics(results: Sequence[Any]) -> dict[str, float]:
                 )
             sums[k] = sums.get(k, 0.0) + n * value
             totals[k] = totals.get(k, 0.0) + n
+    if not sums:  # e.g. Trainers fitted without val=: their TrainResults hold no evaluation
+        raise AggregationError(
+            f"none of the {len(results)} clients reports a metric, so there is nothing to "
+            "average: a TrainResult holds metrics only when its Trainer evaluated — pass "
+            "val= data (and metrics=) to each client's trainer.fit(g, data, val=...), or give "
+            "(num_examples, {metric: value}) pairs from each client's own evaluation"
+        )
     out = {}
     for k, s in sums.items():
         if totals[k] <= 0:

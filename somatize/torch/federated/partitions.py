@@ -11,6 +11,7 @@ data that crosses process boundaries, hashes and indexes any tensor or array
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,10 @@ def _size(data: Any) -> int:
 def _check(n: int, clients: int, min_size: int = 1) -> None:
     if isinstance(clients, bool) or not isinstance(clients, int) or clients < 1:
         raise ValueError(f"clients must be a positive int, not {clients!r}")
+    if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
+        raise ValueError(
+            f"min_size must be a non-negative int (examples per client), not {min_size!r}"
+        )
     if clients * min_size > n:
         raise ValueError(
             f"{n} examples cannot give {clients} clients {min_size} each; use fewer clients "
@@ -57,6 +62,20 @@ def _rng(seed: int) -> np.random.Generator:
 
 def _split(order: np.ndarray[Any, Any], sizes: np.ndarray[Any, Any]) -> Parts:
     return [p.tolist() for p in np.split(order, np.cumsum(sizes)[:-1])]
+
+
+def _warn_empty(name: str, sizes: np.ndarray[Any, Any]) -> None:
+    """With ``min_size=0`` a client may hold nothing: say which, rather than silently."""
+    empty = np.flatnonzero(sizes == 0).tolist()
+    if empty:
+        warnings.warn(
+            f"{name}(min_size=0): client(s) {empty[:10]}{' ...' if len(empty) > 10 else ''} "
+            f"({len(empty)} of {len(sizes)}) hold no examples: such a client cannot train and "
+            "weighs 0 in fedavg — pass min_size=1 (the default) for at least one example each, "
+            "or leave the empty clients out of sampling (weights=[len(p) for p in parts])",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def iid(data: Any, clients: int, *, seed: int = 0) -> Parts:
@@ -126,15 +145,19 @@ def dirichlet(
         for idx in classes:
             share = rng.dirichlet(np.full(clients, float(alpha)))
             share = share * (held < cap)  # a full client takes no more (as NIID-Bench does)
+            if not share.sum() > 0:  # only full clients drew a share (tiny alpha): draw again
+                break
             share = share / share.sum()
             ends = np.round(np.cumsum(share) * len(idx)).astype(np.int64)
             counts: np.ndarray[Any, Any] = np.diff(ends, prepend=0)
             owner[rng.permutation(idx)] = np.repeat(np.arange(clients), counts)
             held += counts
-        sizes = np.bincount(owner, minlength=clients)
-        if sizes.min() >= min_size:
-            order = np.argsort(owner, kind="stable")
-            return _split(order, sizes)
+        else:  # every class dealt
+            sizes = np.bincount(owner, minlength=clients)
+            if sizes.min() >= min_size:
+                _warn_empty("dirichlet", sizes)
+                order = np.argsort(owner, kind="stable")
+                return _split(order, sizes)
     raise ValueError(
         f"no Dirichlet(alpha={alpha}) split in {_TRIES} draws gives each of {clients} clients "
         f"{min_size} examples; raise alpha, lower min_size, or use fewer clients"
@@ -161,6 +184,7 @@ def quantity_skew(
     rest = n - clients * min_size
     share = rng.dirichlet(np.full(clients, float(alpha)))
     extra = np.diff(np.round(np.cumsum(share) * rest).astype(np.int64), prepend=0)
+    _warn_empty("quantity_skew", extra + min_size)
     return _split(rng.permutation(n), extra + min_size)
 
 

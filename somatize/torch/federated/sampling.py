@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,8 +42,7 @@ def sample(
         >>> len(sample(100, fraction=0.1, round=3, seed=0))
         10
     """
-    if isinstance(clients, bool) or not isinstance(clients, int) or clients < 1:
-        raise ValueError(f"clients must be a positive int (how many there are), not {clients!r}")
+    clients = _int("clients", clients, 1, "a positive int (how many there are)")
     if (fraction is None) == (count is None):
         raise ValueError("give exactly one of fraction= (a share of the clients) or count=")
     if fraction is not None:
@@ -49,10 +50,11 @@ def sample(
             raise ValueError(f"fraction must be in (0, 1], not {fraction!r}")
         count = max(1, math.floor(_round9(fraction * clients)))
     assert count is not None
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= clients:
+    count = _int("count", count, 1, f"an int in [1, {clients}]")
+    if count > clients:
         raise ValueError(f"count must be an int in [1, {clients}], not {count!r}")
-    if isinstance(round, bool) or not isinstance(round, int) or round < 0:
-        raise ValueError(f"round must be a non-negative int, not {round!r}")
+    round = _int("round", round, 0, "a non-negative int")
+    seed = _int("seed", seed, 0, "a non-negative int (numpy seeds cannot be negative)")
     rng = np.random.default_rng([seed, round])
     p = None
     if weights is not None:
@@ -67,6 +69,20 @@ def sample(
             )
         p = w / w.sum()
     return sorted(int(c) for c in rng.choice(clients, size=count, replace=False, p=p))
+
+
+def _int(name: str, value: Any, least: int, what: str) -> int:
+    """``value`` as an int (numpy's integers too, as ``operator.index`` takes them), at
+    least ``least``; never a bool or a float."""
+    try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be {what}, not {value!r}") from None
+    if n < least:
+        raise ValueError(f"{name} must be {what}, not {value!r}")
+    return n
 
 
 def _round9(x: float) -> float:

@@ -19,17 +19,45 @@ continues bitwise.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
 
 from ...errors import AggregationError
+from ..result import TrainResult
 
 __all__ = ["FedAdagrad", "FedAdam", "FedAvgM", "FedYogi", "ServerOptimizer"]
 
 Rule = Literal["avgm", "adam", "yogi", "adagrad"]
+# the hyper-parameters each rule's update reads (state_dict() saves them all)
+_USES = {
+    "avgm": ("lr", "beta1"),
+    "adam": ("lr", "beta1", "beta2", "tau"),
+    "yogi": ("lr", "beta1", "beta2", "tau"),
+    "adagrad": ("lr", "beta1", "tau"),
+}
+
+
+def _check_state(name: str, value: Any) -> None:
+    """``value`` is a state dict of tensors (a mistake here used to end in AttributeError)."""
+    fix = (
+        "pass the global state dict and st.fedavg(results): "
+        "global_state = server.step(global_state, st.fedavg(results))"
+    )
+    if isinstance(value, TrainResult):
+        raise TypeError(f"{name} is a TrainResult, not a state dict (its .state is one); {fix}")
+    if not isinstance(value, Mapping):
+        hint = " (the clients' results?)" if isinstance(value, (list, tuple)) else ""
+        raise TypeError(f"{name} is a {type(value).__qualname__}{hint}, not a state dict; {fix}")
+    for k, t in value.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"{name}[{k!r}] is a {type(t).__qualname__}, not a tensor: a state dict maps "
+                f"names to tensors; {fix}"
+            )
 
 
 @dataclass
@@ -69,7 +97,15 @@ class ServerOptimizer:
     def step(
         self, global_state: Mapping[str, torch.Tensor], aggregate: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
-        """The next global state from this round's aggregate (``fedavg`` of the clients)."""
+        """The next global state from this round's aggregate (``fedavg`` of the clients).
+
+        Raises:
+            TypeError: either argument is not a state dict of tensors (a list of results,
+                a ``TrainResult``): pass the global state and ``st.fedavg(results)``.
+            AggregationError: their keys, or a key's shape or dtype, differ.
+        """
+        _check_state("global_state", global_state)
+        _check_state("aggregate", aggregate)
         if global_state.keys() != aggregate.keys():
             diff = sorted(set(global_state) ^ set(aggregate))
             raise AggregationError(
@@ -116,16 +152,30 @@ class ServerOptimizer:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """The moments and step count (tensors and numbers: ``torch.save`` them)."""
+        """The hyper-parameters, moments and step count (tensors and numbers: ``torch.save``
+        them, and ``torch.load`` with ``weights_only=True``)."""
         return {
             "rule": self.rule,
+            "lr": self.lr,
+            "beta1": self.beta1,
+            "beta2": self.beta2,
+            "tau": self.tau,
             "steps": self.steps,
             "m": {k: t.clone() for k, t in self.m.items()},
             "v": {k: t.clone() for k, t in self.v.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what ``state_dict()`` returned."""
+        """Restore what ``state_dict()`` returned.
+
+        As the Trainer does for an optimizer on resume, a hyper-parameter that differs from
+        this optimizer's warns, naming both values, and the checkpoint's is kept, so that
+        the loop resumes exactly; set the attribute afterwards (``server.lr = 0.1``) to go
+        on with the new value. (A state saved before the hyper-parameters were, has none.)
+
+        Raises:
+            ValueError: not a server optimizer's state, or another rule's.
+        """
         missing = {"rule", "steps", "m", "v"} - set(state)
         if missing:
             raise ValueError(f"not a server optimizer state: missing {sorted(missing)}")
@@ -133,6 +183,23 @@ class ServerOptimizer:
             raise ValueError(
                 f"this state is of a {state['rule']!r} server optimizer, not {self.rule!r}"
             )
+        saved = {k: state[k] for k in ("lr", "beta1", "beta2", "tau") if k in state}
+        try:  # the checkpoint's values, checked as the constructor checks them
+            replace(self, m={}, v={}, **saved)
+        except ValueError as e:
+            raise ValueError(f"the checkpoint's server optimizer state is invalid: {e}") from e
+        for k in _USES[self.rule]:
+            if k in saved and saved[k] != getattr(self, k):
+                warnings.warn(
+                    f"server optimizer hyper-parameter {k!r} changed: the checkpoint has "
+                    f"{saved[k]!r}, this {self.rule!r} optimizer {getattr(self, k)!r}; the "
+                    f"checkpoint's value is kept so the loop resumes exactly (set server.{k} = "
+                    f"{getattr(self, k)!r} after load_state_dict to go on with the new value)",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        for k, value in saved.items():
+            setattr(self, k, value)
         self.steps = int(state["steps"])
         self.m = {k: t.clone() for k, t in state["m"].items()}
         self.v = {k: t.clone() for k, t in state["v"].items()}

@@ -8,6 +8,10 @@ In the pipe, a large message is written in pieces by the executor's feeder threa
 needs the GIL between them while this process may be unpickling the last batch's results;
 the worker reading it can wait meanwhile. Through the spool the pipe carries only the rest of the pickle.
 
+Every tensor rebuilt here starts on 64 bytes, as torch allocates them: the spool file
+lays the buffers out at aligned offsets, and an in-band buffer that is not aligned is
+copied (CPU GEMM sums in another order on misaligned storage: other bits than serially).
+
 Everything here is unpickled only by the user's own processes, from bytes the user's own
 code made and sent to the user's own executor (docs/federated.md); the spool files hold
 raw tensor bytes, never unpickled.
@@ -40,10 +44,18 @@ _NUMPY = {
 }  # fmt: skip
 
 
+# Where a tensor's data starts matters: CPU kernels (GEMM) split and sum in another order
+# on storage that is not 64-byte aligned, so a client would compute other bits in a worker.
+_ALIGN = 64  # torch's own CPU allocator aligns to 64 bytes (c10::gAlignment)
+
+
 def _rebuild(buf: Any, dtype: np.dtype[Any], shape: tuple[int, ...]) -> torch.Tensor:
-    """A tensor over ``buf``, a writable buffer the unpickling made (its own: no copy).
+    """A tensor over ``buf``, a writable buffer the unpickling made (its own: no copy), or
+    a copy in torch's own storage where ``buf`` is not 64-byte aligned (an in-band
+    buffer: the unpickler's ``bytearray``; ``unship`` lays the spool's out aligned).
     (numpy's ``frombuffer`` and ``from_numpy`` cost less than ``torch.frombuffer``.)"""
-    return torch.from_numpy(np.frombuffer(buf, dtype=dtype).reshape(shape))
+    t = torch.from_numpy(np.frombuffer(buf, dtype=dtype).reshape(shape))
+    return t.clone() if t.data_ptr() % _ALIGN else t
 
 
 def _buffered(t: torch.Tensor, array: np.ndarray[Any, Any]) -> Any:
@@ -122,7 +134,7 @@ def ship(values: list[Any], spool: str | None, *, to_worker: bool = False) -> An
         try:
             fd, path = tempfile.mkstemp(dir=spool)
             try:
-                _write_all(fd, views)
+                _write_all(fd, _padded(views))
             except BaseException:
                 os.unlink(path)
                 raise
@@ -133,6 +145,32 @@ def ship(values: list[Any], spool: str | None, *, to_worker: bool = False) -> An
         else:
             return path, head, [v.nbytes for v in views]
     return _pickled(values, None, to_worker)
+
+
+def _offsets(sizes: list[int]) -> tuple[list[int], int]:
+    """Where each buffer starts in a spool file, every one at a multiple of ``_ALIGN``,
+    and the file's length (no padding after the last)."""
+    offsets, end = [], 0
+    for n in sizes:
+        start = -(-end // _ALIGN) * _ALIGN
+        offsets.append(start)
+        end = start + n
+    return offsets, end
+
+
+_ZEROS = memoryview(bytes(_ALIGN))
+
+
+def _padded(views: list[memoryview]) -> list[memoryview]:
+    """``views`` with the zero bytes between them that ``_offsets`` lays out."""
+    offsets, _ = _offsets([v.nbytes for v in views])
+    out, end = [], 0
+    for v, start in zip(views, offsets):
+        if start > end:
+            out.append(_ZEROS[: start - end])
+        out.append(v)
+        end = start + v.nbytes
+    return out
 
 
 def _write_all(fd: int, views: list[memoryview]) -> None:
@@ -160,16 +198,16 @@ def unship(shipped: Any, spool: str | None) -> list[Any]:
     path, head, sizes = shipped
     if spool is None or os.path.dirname(path) != spool:
         raise ValueError(f"a batch names {path!r}, outside this call's spool {spool!r}")
-    data = bytearray(sum(sizes))
+    offsets, length = _offsets(sizes)
+    raw = np.empty(length + _ALIGN, dtype=np.uint8)  # read into its 64-byte-aligned part
+    skip = -raw.ctypes.data % _ALIGN
+    view = memoryview(raw[skip : skip + length])  # type: ignore[arg-type]
     with open(path, "rb") as fh:
-        got = fh.readinto(data)
+        got = fh.readinto(view)
     os.unlink(path)
-    if got != len(data):
-        raise ValueError(f"a batch's spool file {path!r} holds {got} bytes of {len(data)}")
-    view, start, buffers = memoryview(data), 0, []
-    for n in sizes:
-        buffers.append(view[start : start + n])
-        start += n
+    if got != length:
+        raise ValueError(f"a batch's spool file {path!r} holds {got} bytes of {length}")
+    buffers = [view[start : start + n] for start, n in zip(offsets, sizes)]
     # the pickle ship made; the file's bytes only fill its tensors' buffers
     return pickle.loads(head, buffers=buffers)  # type: ignore[no-any-return]
 
