@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import random
 import re
 import warnings
 import zipfile
@@ -31,6 +30,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from . import ddp, integrity
+from .rng import restore_rank_rng, rng_state, set_rng_state
 
 __all__ = [
     "Checkpointing",
@@ -381,42 +381,3 @@ def restore_scaler(payload: dict[str, Any], scaler: Any) -> None:
             "without one (another precision); resume with the precision it was written with"
         )
     scaler.load_state_dict(state)
-
-
-def restore_rank_rng(payload: dict[str, Any], rank: int, world: int) -> None:
-    """Under DDP, put this rank's own RNG states back (a checkpoint holds every rank's as
-    ``rngs``; ``rng`` is rank 0's, which a checkpoint of another world size falls back to)."""
-    rngs = payload.get("rngs")
-    if world > 1 and rngs is not None and len(rngs) == world:
-        set_rng_state(rngs[rank])
-
-
-def rng_state() -> dict[str, Any]:
-    """Every RNG state as tensors and ints (loadable with ``weights_only=True``)."""
-    version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {
-        "python": [version, torch.tensor(internal, dtype=torch.int64), gauss],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-    with contextlib.suppress(ImportError):
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
-        keys = np.asarray(keys, dtype="int64")
-        state["numpy"] = [kind, torch.from_numpy(keys), pos, has_gauss, cached]
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``rng_state`` captured."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal.tolist()), gauss))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from .batches import loss_of, num_examples, split, to_device
-from .checkpoint import rng_state, set_rng_state
 from .evaluation import evaluate_into
 from .policy import save
+from .rng import rng_state, set_rng_state
 from .settings import check_batch
 from .step import _nonfinite
 

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 from ..watchers import EpochEnd, Metrics, StepEnd, notify
 from .batches import epoch_batches
 from .carry import reset
-from .checkpoint import rng_state, set_rng_state
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
 from .module import GraphModule
 from .policy import save
+from .rng import rng_state, set_rng_state
 from .step import step
 
 if TYPE_CHECKING:

@@ -87,10 +87,10 @@ def test_fedavg_slice_by_slice_is_within_half_an_ulp_of_a_float64_reference(
     # of clients at a time: tiny sizes put many slice boundaries (and a short last slice)
     # inside every tensor, or several groups (and a short last one) in every key — of every
     # dtype, non-contiguous tensors included
-    from somatize.torch.federated import aggregation
+    from somatize.torch.federated import accumulate
 
-    monkeypatch.setattr(aggregation, "_CHUNK", chunk)
-    monkeypatch.setattr(aggregation, "_SMALL", small)
+    monkeypatch.setattr(accumulate, "_CHUNK", chunk)
+    monkeypatch.setattr(accumulate, "_SMALL", small)
     g = torch.Generator().manual_seed(3)
     states = [
         {
@@ -355,7 +355,7 @@ def test_the_submodules_docstring_examples_run():
 def test_fedavg_reuses_its_blocks_for_every_group_and_key():
     # fresh buffers of a block's size come from fresh pages, whose faults cost more than
     # the sums: small tensors are stacked into blocks kept for the whole call
-    from somatize.torch.federated.aggregation import _Scratch
+    from somatize.torch.federated.accumulate import _Scratch
 
     scratch = _Scratch()
     first = scratch.block(64, 4096, torch.float32)
