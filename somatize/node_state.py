@@ -8,7 +8,7 @@ a node whose weights or settings changed is never served a stale entry:
 * containers item by item: list, tuple, dict, and also any mapping (``OrderedDict``),
   namedtuple, set, dataclass or ``SimpleNamespace``;
 * functions, classes and bound methods by their code (``identity.fingerprint``);
-* a node held by the node by its identity and its own state;
+* a node held by the node by its class's code and its own state;
 * any other object by the modules and tensors it holds directly; the rest of it is left
   to the declaration (the constructor arguments that made it).
 """
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
-from .identity import _describe, identity
+from .identity import _describe
 from .node import Node
 from .values import digest, encode, is_data
 
@@ -38,7 +38,7 @@ __all__ = ["state"]
 def _state_part(value: Any, codecs: Sequence[Codec], path: frozenset[int] = frozenset()) -> Any:
     """How one attribute of a node enters its state: data as it is, what a codec
     fingerprints (modules, tensors) by that, containers item by item, code by its
-    fingerprint, a held node by its identity and state."""
+    fingerprint, a held node by its class and state."""
     if is_data(value):
         return value
     for codec in codecs:
@@ -53,8 +53,8 @@ def _state_part(value: Any, codecs: Sequence[Codec], path: frozenset[int] = froz
         return [_state_part(v, codecs, inner) for v in value]
     if t is dict:
         return {str(k): _state_part(v, codecs, inner) for k, v in value.items()}
-    if isinstance(value, Node):
-        return {"node": identity(value), "state": _state_parts(value, codecs, inner)}
+    if isinstance(value, Node):  # (its class's code read once, not its identity every key)
+        return {"node": _code(type(value)), "state": _state_parts(value, codecs, inner)}
     return _other_part(value, codecs, inner)
 
 

@@ -286,7 +286,7 @@ _global_hooks = (  # (torch's own dicts, mutated in place when a global hook is 
     nn.modules.module._global_forward_pre_hooks,
     nn.modules.module._global_forward_hooks,
 )
-_SETTING = frozenset({int, float, bool, str, type(None), tuple})
+_SETTING = frozenset({int, float, bool, str, type(None)})
 _CLASS_IDS: dict[type, str] = {}
 
 
@@ -315,6 +315,10 @@ def _settings(mod: nn.Module, digest: Any) -> list[tuple[str, Any]]:
 
 
 def _other_setting(v: Any) -> Any:
+    if isinstance(v, tuple):  # kernel_size, stride (a torch.Size too): item by item
+        return tuple(x if type(x) in _SETTING else _other_setting(x) for x in v)
+    if isinstance(v, torch.Tensor):  # (inside a tuple)
+        return f"tensor:{tuple(v.shape)}:{v.dtype}:{blake3(_tensor_bytes(v)).hexdigest()}"
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type)):
         return _code(v)  # TransformerEncoderLayer.activation
     try:

@@ -246,3 +246,18 @@ def test_a_dict_output_comes_back_in_one_order_hit_or_miss(per):
     miss, hit = g.forward(X), g.forward(X)
     assert list(miss) == list(hit)
     assert torch.equal(torch.cat(list(miss.values())), torch.cat(list(hit.values())))
+
+
+def test_tuple_settings_enter_by_value_and_a_tensor_in_one_does_not_break_the_memo():
+    codec = st.TensorCodec()
+    conv = nn.Conv2d(1, 2, 3)
+    before = codec.fingerprint(conv)
+    assert codec.fingerprint(conv) == before  # served from the memo
+    conv.padding = (1, 1)
+    assert codec.fingerprint(conv) != before
+    odd = nn.Identity()
+    odd.pair = (torch.ones(2), 3)  # (== between tuples holding tensors would raise)
+    first = codec.fingerprint(odd)
+    assert codec.fingerprint(odd) == first
+    odd.pair = (torch.zeros(2), 3)
+    assert codec.fingerprint(odd) != first
