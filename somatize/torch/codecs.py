@@ -192,7 +192,11 @@ class TensorCodec:
             t: the tensor.
             fresh: hash the bytes even if the memo says they have not changed.
         """
-        seen = (t._version, t.data_ptr(), t.dtype, t.shape, t.stride())
+        seen: tuple[Any, ...]
+        try:
+            seen = (t._version, t.data_ptr(), t.dtype, t.shape, t.stride())
+        except RuntimeError:  # made under torch.inference_mode(): no version counter to trust
+            seen, fresh = (), True
         memo = self._memo.get(id(t))
         if not fresh and memo is not None and memo[0]() is t and memo[1] == seen:
             return memo[2]
@@ -201,6 +205,8 @@ class TensorCodec:
         h.update(_tensor_bytes(t))
         result = h.hexdigest()
         self.hashed += 1
+        if not seen:
+            return result
         if len(self._memo) > self._limit:  # forget tensors that no longer exist
             self._memo = {k: v for k, v in self._memo.items() if v[0]() is not None}
             self._limit = max(4096, 2 * len(self._memo))

@@ -261,3 +261,16 @@ def test_tuple_settings_enter_by_value_and_a_tensor_in_one_does_not_break_the_me
     assert codec.fingerprint(odd) == first
     odd.pair = (torch.zeros(2), 3)
     assert codec.fingerprint(odd) != first
+
+
+def test_a_buffer_made_under_inference_mode_is_hashed_every_time():
+    node = Enc()
+    with torch.inference_mode():
+        node.net[0].register_buffer("offset", torch.zeros(8))  # no version counter
+    g = cached(node)
+    first = g.forward(X)
+    assert torch.equal(first, fresh(node, X))
+    codec = next(c for c in g.codecs if isinstance(c, st.TensorCodec))
+    hashed = codec.hashed
+    assert torch.equal(g.forward(X), first)
+    assert codec.hashed > hashed  # no memo for it: hashed again
