@@ -126,11 +126,13 @@ class Metrics(Event):
 
 @dataclass(frozen=True, slots=True)
 class FitStart(Event):
-    """A training run began: planned epochs and steps (``max_steps`` 0 when unbounded)."""
+    """A training run began: planned epochs and steps (``max_steps`` 0 when unbounded), and
+    the steps it will take in all, when the data's length says (``total_steps``, else 0)."""
 
     epochs: int
     max_steps: int
     start_step: int
+    total_steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .run import ActiveRun
     from .trainer import Trainer
 
-__all__ = ["check_fresh", "resume_path", "save"]
+__all__ = ["check_fresh", "resume_path", "save", "total_steps"]
 
 
 def resume_path(trainer: Trainer, resume: Any) -> Path | None:
@@ -133,6 +133,20 @@ def _planned(trainer: Trainer, train: Iterable[Any], world: int) -> int | None:
         return None
     per_epoch = -(-(size // world if world > 1 else size) // trainer.options.accumulate)
     return per_epoch * trainer.epochs
+
+
+def total_steps(trainer: Trainer, train: Iterable[Any], world: int) -> int:
+    """The optimizer steps the run will take in all: the data's batches per epoch (a
+    sequence's or a DataLoader's length) times the epochs, at most ``max_steps``; 0 when
+    unknown (an iterable without a length, or several ranks)."""
+    size = len(train) if isinstance(train, Sized) and world == 1 else None
+    by_data = (
+        -(-size // trainer.options.accumulate) * trainer.epochs
+        if size is not None and trainer.epochs is not None
+        else None
+    )
+    bounds = [n for n in (by_data, trainer.max_steps) if n is not None]
+    return min(bounds) if bounds else 0
 
 
 def best_step(s: RunState) -> int | None:

@@ -36,7 +36,8 @@ class Progress:
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, FitStart):
-            self._epochs, self._max_steps = event.epochs, event.max_steps
+            self._epochs = event.epochs
+            self._max_steps = event.total_steps or event.max_steps
         elif isinstance(event, StepEnd):
             self._examples += event.examples
             self._seconds += event.seconds

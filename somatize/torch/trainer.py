@@ -46,7 +46,15 @@ from .checkpoint import (
 from .loop import train as train_loop
 from .metrics import Metric, evaluate
 from .options import Options, check_device
-from .policy import best_step, check_extension, check_fresh, horizon, resume_path, save
+from .policy import (
+    best_step,
+    check_extension,
+    check_fresh,
+    horizon,
+    resume_path,
+    save,
+    total_steps,
+)
 from .result import TrainResult
 from .run import ActiveRun
 from .settings import (
@@ -192,7 +200,9 @@ class Trainer:
         n_train = count_examples(train, world)
         run.tally = tally.attach(run.net)  # counts what remembered nodes find (tally.py)
         try:
-            notify(run.watchers, FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step))
+            total = total_steps(self, train, world)
+            start = FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step, total)
+            notify(run.watchers, start)
             with dynamic_step() if run.compiled else contextlib.nullcontext():
                 train_loop(self, run, train, val)
             s.flush(world)

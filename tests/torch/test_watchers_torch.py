@@ -127,8 +127,8 @@ def test_the_progress_line_writes_to_a_given_stream(capsys):
     stream = io.StringIO()
     fit([st.Progress(stream=stream, interval=0.0)])
     text = stream.getvalue()
-    assert "epoch 1/2 · step 1 · loss " in text
-    assert "epoch 2/2 · step 6 · loss " in text and "lr 2.50e-02" in text
+    assert "epoch 1/2 · step 1/6 · loss " in text  # the total, from the data's length
+    assert "epoch 2/2 · step 6/6 · loss " in text and "lr 2.50e-02" in text
     assert "step 3 · val_loss " in text and "val_acc " in text
     assert re.search(r"done: 6 steps in [0-9.]+s\n$", text)
     assert capsys.readouterr().err == ""  # not on standard error, which is not a terminal here
