@@ -95,14 +95,33 @@ def horizon(sched: Any) -> dict[str, int]:
 def check_extension(
     trainer: Trainer, run: ActiveRun, path: Path, fresh: dict[str, int], train: Iterable[Any]
 ) -> None:
-    """Warn when a resumed run cannot go on as asked: stopped early by its pruner, or a
-    restored scheduler built for fewer steps than this run plans."""
+    """Warn when a resumed run cannot go on as asked: stopped early by its pruner, already
+    past this Trainer's ``max_steps`` or ``epochs``, or a restored scheduler built for fewer
+    steps than this run plans."""
     s = run.state
     if s.pruned:
         warnings.warn(
             f"the run resumed from {path} was stopped early by its pruner at step {s.step} "
             f"(epoch {s.epoch}); nothing more is trained. To train further, resume from a "
             "checkpoint before it stopped, or start a fresh run in another directory",
+            UserWarning,
+            stacklevel=4,
+        )
+        return
+    past = [
+        f"{name}={limit}"
+        for name, limit, reached in (
+            ("max_steps", trainer.max_steps, s.step),
+            ("epochs", trainer.epochs, s.epoch),
+        )
+        if limit is not None and reached > limit
+    ]
+    if past:
+        warnings.warn(
+            f"the run resumed from {path} is already at step {s.step} (epoch {s.epoch}), past "
+            f"this Trainer's {' and '.join(past)}; nothing is trained and the checkpoint's "
+            "result is returned. Resume with the limits it was trained with, or start a fresh "
+            "run in another directory for a shorter one",
             UserWarning,
             stacklevel=4,
         )

@@ -81,3 +81,12 @@ def test_resuming_an_early_stopped_run_says_so(tmp_path):
     with pytest.warns(UserWarning, match="stopped early by its pruner at step"):
         again = trainer(tmp_path, 10, pruner=stop).fit(graph(), data(), val=data(1), resume="last")
     assert again.steps == first.steps and again.pruned
+
+
+def test_resuming_a_run_past_this_trainers_limits_says_nothing_is_trained(tmp_path):
+    first = trainer(tmp_path, 4).fit(graph(), data())
+    with pytest.warns(
+        UserWarning, match=r"already at step 12 \(epoch 4\), past this Trainer's epochs=2"
+    ):
+        again = trainer(tmp_path, 2).fit(graph(), data(), resume="last")
+    assert again.steps == first.steps == 12
