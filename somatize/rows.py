@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
 from .errors import CacheError
 from .explain import note
 from .node import Ctx, Done, not_done
+from .row_batches import Leaf, RowCodec, _rebuild, _split, device_of, place
 from .values import Opaque, decode, encode, is_data
 from .watchers import CacheRows, notify
 
@@ -55,53 +56,6 @@ _MAGIC = b"SMZR"
 _LEN = struct.Struct(">I")
 
 
-class RowCodec(Protocol):
-    """What a codec offers per-example memory, as its ``rows`` attribute."""
-
-    def count(self, value: Any) -> int:
-        """Rows along the first dimension (``ValueError`` if the value has none)."""
-        ...
-
-    def layout(self, value: Any) -> Any:
-        """One row's dtype and shape, as plain data."""
-        ...
-
-    def keys(self, value: Any, salt: bytes) -> list[str]:
-        """One hex key per row: blake3 keyed by ``salt`` (32 bytes) over the row's bytes."""
-        ...
-
-    def digests(self, value: Any) -> list[bytes]:
-        """One 32-byte blake3 digest per row (for batches of several leaves)."""
-        ...
-
-    def rows(self, value: Any) -> tuple[memoryview, int]:
-        """Every row's bytes on the CPU, in order, and the bytes of one row."""
-        ...
-
-    def take(self, value: Any, index: Sequence[int]) -> Any:
-        """The rows at ``index``, stacked, where ``value`` lives."""
-        ...
-
-    def build(self, layout: Any, raw: bytearray, n: int, device: str | None) -> Any:
-        """``n`` rows of ``layout`` from their concatenated bytes, on ``device``."""
-        ...
-
-    def scatter(self, parts: Sequence[tuple[Sequence[int], Any]], n: int) -> Any:
-        """``n`` rows assembled from (positions, rows) parts."""
-        ...
-
-    def device(self, value: Any) -> str | None:
-        """Where the value lives."""
-        ...
-
-    def move(self, value: Any, device: str) -> Any:
-        """The value on ``device`` (itself if it is there already)."""
-        ...
-
-
-Leaf = tuple[str, RowCodec, Any]  # codec tag, its rows, the value
-
-
 def get_many(keeper: Keeper | None, keys: Sequence[str]) -> list[bytes | None]:
     """Entries under ``keys`` in one call (a keeper without ``get_many``: one by one)."""
     if keeper is None:
@@ -118,72 +72,6 @@ def put_many(keeper: Keeper, items: Sequence[tuple[str, bytes]], pinned: bool) -
     else:
         for k, data in items:
             keeper.put(k, data, pinned=pinned)
-
-
-def _leaf(value: Any, codecs: Sequence[Any]) -> Leaf | None:
-    for c in codecs:
-        rows = getattr(c, "rows", None)
-        if rows is not None and c.accepts(value):
-            return c.tag, rows, value
-    return None
-
-
-def _split(
-    value: Any, codecs: Sequence[Any], label: str, what: str
-) -> tuple[str, tuple[Any, ...], list[Leaf], int]:
-    """(kind, field names, leaves, rows) of a batch; a clear error if it is not one."""
-    leaf = _leaf(value, codecs)
-    names: tuple[Any, ...] = ()
-    items: list[Any] = []
-    if leaf is not None:
-        kind, leaves = "leaf", [leaf]
-    else:
-        if type(value) in (tuple, list):
-            kind, items = type(value).__name__, list(value)
-        elif type(value) is dict and all(type(k) is str for k in value):
-            kind, names = "dict", tuple(sorted(value))
-            items = [value[k] for k in names]
-        else:
-            kind = ""
-        found = [_leaf(v, codecs) for v in items]
-        if not items or any(f is None for f in found):
-            raise CacheError(
-                f"node {label!r} is cached per example but its {what} is "
-                f"{_describe(value)}; per-example memory takes a tensor batch, or a tuple, "
-                f"list or dict of tensors with the same first dimension — use .mapped() for "
-                f"a list of items, or cache it per batch: g.cache({label!r})"
-            )
-        leaves = [f for f in found if f is not None]
-    counts = set()
-    for _, rows, v in leaves:
-        try:
-            counts.add(rows.count(v))
-        except ValueError as e:
-            raise CacheError(
-                f"node {label!r} is cached per example but its {what} has no rows ({e}); "
-                f"give it a batch dimension, or cache it per batch: g.cache({label!r})"
-            ) from None
-    if len(counts) != 1:
-        raise CacheError(
-            f"node {label!r} is cached per example but the tensors of its {what} have "
-            f"different numbers of rows ({sorted(counts)}); every tensor of a batch needs the "
-            f"same first dimension, or cache it per batch: g.cache({label!r})"
-        )
-    return kind, names, leaves, counts.pop()
-
-
-def _describe(value: Any) -> str:
-    if type(value) in (list, tuple) and value:
-        return f"a {type(value).__name__} of {type(value[0]).__name__}"
-    return f"a {type(value).__name__}"
-
-
-def _rebuild(kind: str, names: tuple[Any, ...], leaves: list[Any]) -> Any:
-    if kind == "leaf":
-        return leaves[0]
-    if kind == "dict":
-        return dict(zip(names, leaves))
-    return tuple(leaves) if kind == "tuple" else list(leaves)
 
 
 def _keys(leaves: list[Leaf], salt: bytes) -> list[str]:
@@ -277,32 +165,6 @@ def discard(keeper: Keeper | None, key: str) -> None:
     drop = getattr(keeper, "discard", None)
     if drop is not None:
         drop(key)
-
-
-def device_of(value: Any, codecs: Sequence[Any]) -> str | None:
-    """The device of the first leaf of ``value`` a row codec knows (None if none)."""
-    leaf = _leaf(value, codecs)
-    if leaf is not None:
-        return leaf[1].device(value)
-    if type(value) in (tuple, list):
-        return next((d for v in value if (d := device_of(v, codecs)) is not None), None)
-    if type(value) is dict:
-        return next((d for v in value.values() if (d := device_of(v, codecs)) is not None), None)
-    return None
-
-
-def place(value: Any, device: str | None, codecs: Sequence[Any]) -> Any:
-    """``value`` with every leaf a row codec knows moved to ``device`` (None: unchanged)."""
-    if device is None:
-        return value
-    leaf = _leaf(value, codecs)
-    if leaf is not None:
-        return leaf[1].move(value, device)
-    if type(value) in (tuple, list):
-        return type(value)(place(v, device, codecs) for v in value)
-    if type(value) is dict:
-        return {k: place(v, device, codecs) for k, v in value.items()}
-    return value
 
 
 def _recall(
