@@ -30,7 +30,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from . import ddp, integrity
-from .rng import restore_rank_rng, rng_state, set_rng_state
+from .rng import as_state, restore_rank_rng, rng_state, set_rng_state
 
 __all__ = [
     "Checkpointing",
@@ -273,7 +273,7 @@ class RunState:
         self.ranked: list[list[float]] = []  # [value, step] of the best checkpoints, best first
         self.last_finite: int | None = None  # the step of the newest checkpoint with finite weights
         self.skipped = 0  # steps skipped for a non-finite loss
-        self.epoch_rng: dict[str, Any] | None = None  # every RNG state as the epoch began
+        self.epoch_rng: Any = None  # every RNG state as the epoch began (rng.snapshot)
         self.epoch_rngs: list[Any] | None = None  # under DDP, every rank's (from a checkpoint)
 
     def flush(self, world: int) -> None:
@@ -309,7 +309,7 @@ def capture(
         "skipped": s.skipped,
         "pruner": pruner_state() if pruner_state is not None else None,
         "rng": rng_state(),
-        "epoch_rng": s.epoch_rng,
+        "epoch_rng": as_state(s.epoch_rng),
         "seed": seed,
     }
 

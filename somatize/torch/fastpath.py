@@ -17,7 +17,7 @@ from torch import nn
 from .batches import loss_of, num_examples, split, to_device
 from .evaluation import evaluate_into
 from .policy import save
-from .rng import rng_state, set_rng_state
+from .rng import put_back, snapshot
 from .settings import check_batch
 from .step import _nonfinite
 
@@ -98,14 +98,14 @@ def fast_epoch(
     last = -1  # the last batch trained on (or skipped): the position is the one after it
     # The RNG states as the last step left them, when the run stops after it: the loop reads
     # one more batch to learn whether the epoch ended, and that read may draw (augmentation).
-    stopped: dict[str, Any] | None = None
+    stopped: tuple[Any, ...] | None = None
     try:
         for i, batch in enumerate(batches):
             if i < start:  # resuming mid-epoch: these batches were already trained on
                 continue
             if step >= max_steps or s.pruned:
                 if stopped is not None:
-                    set_rng_state(stopped)
+                    put_back(stopped)
                 return i, False
             if clock is not None:
                 clock["step"] = step + 1  # nodes see the number of the step they compute
@@ -162,8 +162,8 @@ def fast_epoch(
                     evaluate_into(trainer, run, val)  # type: ignore[arg-type]
                 if run.due or (ckpt_every and step % ckpt_every == 0):
                     save(trainer, run)
-            if step >= max_steps or s.pruned:
-                stopped = rng_state()  # reading one more batch must not move what is saved
+            if run.replay and (step >= max_steps or s.pruned):
+                stopped = snapshot()  # reading one more batch must not move what is saved
     finally:
         s.step, s.examples_seen = step, examples
         if last >= 0:

@@ -16,7 +16,7 @@ from .evaluation import evaluate_into
 from .fastpath import fast_epoch
 from .module import GraphModule
 from .policy import save
-from .rng import rng_state, set_rng_state
+from .rng import put_back, snapshot
 from .step import step
 
 if TYPE_CHECKING:
@@ -60,6 +60,7 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             UserWarning,
             stacklevel=4,
         )
+    run.replay = trainer.checkpoint is not None and type(data) not in (list, tuple)
     net.train()
     while s.epoch < epochs and not s.pruned and s.step < max_steps:
         batches = _batches(trainer, run, data)
@@ -100,15 +101,17 @@ def _batches(trainer: Trainer, run: ActiveRun, data: Iterable[Any]) -> Iterator[
     dataset, a sampler without a generator), so the RNG state the epoch begins with is
     kept (``RunState.epoch_rng``, in every checkpoint). A run resumed mid-epoch draws the
     batches it skips from that state, as the interrupted run drew them, and then goes on
-    from the checkpoint's own state; the loops skip the positions in front unread."""
+    from the checkpoint's own state; the loops skip the positions in front unread. (Only
+    when checkpoints are written and the data is not a plain list or tuple of batches,
+    whose reading draws nothing: ``run.replay``.)"""
     s = run.state
     if s.epoch_rngs is not None and len(s.epoch_rngs) == run.world:  # DDP: this rank's own
         s.epoch_rng = s.epoch_rngs[run.rank]
     s.epoch_rngs = None
-    resuming = s.position > 0 and s.epoch_rng is not None
-    now = rng_state()
+    resuming = run.replay and s.position > 0 and s.epoch_rng is not None
+    now = snapshot() if run.replay else None
     if resuming:
-        set_rng_state(s.epoch_rng)  # type: ignore[arg-type]
+        put_back(s.epoch_rng)
     else:
         s.epoch_rng = now
     batches = epoch_batches(
@@ -118,7 +121,7 @@ def _batches(trainer: Trainer, run: ActiveRun, data: Iterable[Any]) -> Iterator[
         return batches
     for _ in itertools.islice(batches, s.position):  # (read as the interrupted run read them)
         pass
-    set_rng_state(now)
+    put_back(now)
     return itertools.chain(itertools.repeat(None, s.position), batches)
 
 
@@ -141,7 +144,7 @@ def _epoch(
     for i, group in _groups(batches, s.position, accumulate):
         if s.pruned or s.step >= max_steps:
             if stopped is not None:
-                set_rng_state(stopped)
+                put_back(stopped)
             return i, False
         tick = time.perf_counter() if watchers else 0.0
         if graph_net is not None:
@@ -167,8 +170,8 @@ def _epoch(
             evaluate_into(trainer, run, val)
         if run.due or (ckpt_every and s.step % ckpt_every == 0):
             save(trainer, run)
-        if s.pruned or s.step >= max_steps:
-            stopped = rng_state()
+        if run.replay and (s.pruned or s.step >= max_steps):
+            stopped = snapshot()
     return i, True
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CheckpointError, SettingError
 from . import ddp
 from .checkpoint import RunState, capture, finite, rng_state, scaler_state
+from .rng import as_state
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -67,7 +68,7 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     s.flush(run.world)
     run.due = False
     rngs = ddp.gather(rng_state()) if run.world > 1 else None  # every rank's, for its resume
-    epoch_rngs = ddp.gather(s.epoch_rng) if run.world > 1 else None
+    epoch_rngs = ddp.gather(as_state(s.epoch_rng)) if run.world > 1 else None
     if run.rank == 0:
         if finite(run.net.state_dict()):
             s.last_finite = s.step

@@ -39,4 +39,7 @@ class ActiveRun:
     compiled: bool = False  # trained through torch.compile
     due: bool = False  # an evaluation ranked among the best: checkpoint it now
     tally: Any = None  # a CacheTally on the graph, when it remembers a node (tally.py)
+    # whether reading the data may draw random numbers a resume must replay: checkpoints
+    # are written and the data is not a plain list or tuple of batches (loop._batches)
+    replay: bool = False
     train: Any = None  # the training data (this rank's share): names an empty batch on error

@@ -117,3 +117,24 @@ def test_resuming_with_persistent_workers_warns_that_it_is_not_exact(tmp_path):
     first.fit(graph(0), make())
     with pytest.warns(UserWarning, match="persistent_workers=True.*not be bitwise"):
         trainer(tmp_path).fit(graph(0), make(), resume="last")
+
+
+def test_a_snapshot_puts_every_generator_back_and_converts_to_a_checkpoints_state():
+    import random
+
+    import numpy as np
+
+    from somatize.torch.rng import as_state, put_back, rng_state, snapshot
+
+    taken = snapshot()
+    full = rng_state()
+    first = (random.random(), np.random.rand(), torch.rand(1))
+    put_back(taken)
+    assert (random.random(), np.random.rand(), torch.rand(1)) == first
+    put_back(as_state(taken))  # the checkpoint's form puts back the same states
+    assert (random.random(), np.random.rand(), torch.rand(1)) == first
+    converted = as_state(taken)
+    assert converted is not None and converted.keys() == full.keys()
+    assert torch.equal(converted["torch"], full["torch"])
+    assert torch.equal(converted["python"][1], full["python"][1])
+    assert torch.equal(converted["numpy"][1], full["numpy"][1])
