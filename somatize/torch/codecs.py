@@ -270,7 +270,7 @@ class TensorCodec:
             h.update(f"{name}:{cls}:{training}\0".encode())
             for pname, d in held:
                 h.update(f"{name}.{pname}={d}\0".encode())
-            for key, value in settings:
+            for key, value in zip(*settings):
                 h.update(f"{name}.{key}={value!r}\0".encode())
             if hooks:
                 h.update(f"{name} hooks={hooks!r}\0".encode())
@@ -294,6 +294,8 @@ _global_hooks = (  # (torch's own dicts, mutated in place when a global hook is 
 )
 _SETTING = frozenset({int, float, bool, str, type(None)})
 _CLASS_IDS: dict[type, str] = {}
+_PUBLIC: dict[tuple[type, int], tuple[str, ...]] = {}  # (class, size of __dict__) -> names
+_PLAIN_TUPLES: set[tuple[Any, ...]] = set()  # tuples of plain values seen: (3, 3), (1, 1)
 
 
 def _class_id(cls: type) -> str:
@@ -307,17 +309,32 @@ def _class_id(cls: type) -> str:
     return known
 
 
-def _settings(mod: nn.Module, digest: Any) -> list[tuple[str, Any]]:
-    """A module's plain attributes (``LeakyReLU.negative_slope``, ``BatchNorm.eps``):
-    its public instance attributes, numbers and strings as they are, tensors by digest."""
-    out = []
-    for k, v in mod.__dict__.items():
-        if k[0] == "_" or k == "training":
-            continue
-        if type(v) not in _SETTING:
-            v = digest(v) if isinstance(v, torch.Tensor) else _other_setting(v)
-        out.append((k, v))
-    return out
+def _settings(mod: nn.Module, digest: Any) -> tuple[tuple[str, ...], list[Any]]:
+    """A module's plain attributes (``LeakyReLU.negative_slope``, ``BatchNorm.eps``): the
+    names of its public instance attributes and their values, numbers, strings and tuples
+    of them as they are, tensors by digest. The names are found once per class and size of
+    the instance's ``__dict__`` (an attribute added changes the size; one missing is a
+    ``KeyError``, and the names are found again)."""
+    d = mod.__dict__
+    shape = (type(mod), len(d))
+    names = _PUBLIC.get(shape)
+    try:
+        if names is None:
+            raise KeyError
+        values = [d[k] for k in names]
+    except KeyError:
+        names = tuple(k for k in d if k[0] != "_" and k != "training")
+        if len(_PUBLIC) < 4096:
+            _PUBLIC[shape] = names
+        values = [d[k] for k in names]
+    for i, v in enumerate(values):
+        t = type(v)
+        if t not in _SETTING and not (t is tuple and v in _PLAIN_TUPLES):
+            values[i] = digest(v) if isinstance(v, torch.Tensor) else _other_setting(v)
+            plain = t is tuple and all(type(x) in _SETTING for x in v)
+            if plain and len(_PLAIN_TUPLES) < 4096:
+                _PLAIN_TUPLES.add(v)
+    return names, values
 
 
 def _other_setting(v: Any) -> Any:

@@ -282,3 +282,13 @@ def test_a_batch_that_is_not_rows_is_named_by_its_odd_item():
         g.forward((X, 3))
     with pytest.raises(CacheError, match=r"torch\.from_numpy"):
         g.forward(X.numpy())
+
+
+def test_a_public_attribute_added_to_a_module_enters_its_fingerprint():
+    codec = st.TensorCodec()
+    one, two = nn.ReLU(), nn.ReLU()
+    first = codec.fingerprint(one)
+    assert codec.fingerprint(two) == first  # one class, one layout: the names are found once
+    two.scale = 2.0  # a new attribute: the instance's layout differs
+    assert codec.fingerprint(two) != first
+    assert codec.fingerprint(one) == first
