@@ -214,3 +214,30 @@ def test_a_round_loop_resumed_from_a_checkpoint_is_bitwise_equal(tmp_path):
     assert whole.keys() == resumed.keys()
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
     assert not all(torch.equal(whole[k], start[k]) for k in whole)  # it did train
+
+
+def test_buffers_named_are_taken_from_the_aggregate_and_statistics_left_unnamed_are_warned():
+    import warnings as w
+
+    from torch import nn
+
+    from somatize.errors import AggregationError
+    from somatize.torch import federated as fl
+
+    bn = nn.BatchNorm1d(3)
+    glob = {k: v.clone() for k, v in bn.state_dict().items()}
+    agg = {k: (v + 5.0 if v.is_floating_point() else v + 1) for k, v in glob.items()}
+    buffers = [k for k, _ in bn.named_buffers()]
+    server = fl.FedAdam(lr=0.1, buffers=buffers)
+    with w.catch_warnings():
+        w.simplefilter("error")  # named: nothing to warn about
+        out = server.step(glob, agg)
+    for k in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.equal(out[k], agg[k])  # averages and counters, as aggregated
+    assert torch.allclose(out["weight"], glob["weight"] + 0.1, atol=1e-3)  # a first Adam step: ≈ lr
+    unnamed = fl.FedAdam(lr=0.1)
+    with pytest.warns(UserWarning, match=r"'running_mean'.*BatchNorm running statistics.*buffers="):
+        moved = unnamed.step(glob, agg)
+    assert not torch.equal(moved["running_var"], agg["running_var"])  # moved as a weight
+    with pytest.raises(AggregationError, match=r"buffers names keys the state does not hold"):
+        fl.FedAdam(buffers=["bn.running_mean"]).step(glob, agg)

@@ -11,7 +11,8 @@ optimizer turns it into the next global state::
 
 Everything is matched by name and computed in float64; moments are kept in float64
 and each result is cast back to the global tensor's dtype. Integer tensors
-(counters) are taken from the aggregate as they are. ``state_dict()`` /
+(counters) are taken from the aggregate as they are, and so are the keys named in
+``buffers=`` (BatchNorm's running statistics). ``state_dict()`` /
 ``load_state_dict()`` checkpoint the moments and the step count, so a resumed loop
 continues bitwise.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -71,6 +72,10 @@ class ServerOptimizer:
         beta2: second-moment decay (FedAdam, FedYogi).
         tau: adaptivity τ: the second moment starts at τ², and √v + τ divides.
         steps: rounds taken so far.
+        buffers: keys taken from the aggregate as they are, not moved by the rule: a
+            model's buffers (BatchNorm's running statistics are averages, not weights:
+            Adam's step would move ``running_var`` by about ``lr`` a round whatever its
+            scale). ``[k for k, _ in st.module(g).named_buffers()]`` names them.
     """
 
     rule: Rule
@@ -79,6 +84,7 @@ class ServerOptimizer:
     beta2: float = 0.99
     tau: float = 1e-3
     steps: int = 0
+    buffers: frozenset[str] = frozenset()
     m: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     v: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -93,6 +99,10 @@ class ServerOptimizer:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise ValueError(f"{name} must be in [0, 1), not {value!r}")
+        if isinstance(self.buffers, str):
+            raise TypeError(f"buffers is a list of keys, not the string {self.buffers!r}")
+        self.buffers = frozenset(self.buffers)
+        self._warned = False
 
     def step(
         self, global_state: Mapping[str, torch.Tensor], aggregate: Mapping[str, torch.Tensor]
@@ -112,6 +122,13 @@ class ServerOptimizer:
                 f"the aggregate and the global state differ in keys {diff[:5]}; step the global "
                 "state the clients started from with the aggregate of their results"
             )
+        unknown = sorted(self.buffers - global_state.keys())
+        if unknown:
+            raise AggregationError(
+                f"buffers names keys the state does not hold: {unknown[:5]}; name them as "
+                "st.module(g).named_buffers() does"
+            )
+        self._warn_statistics(global_state)
         out: dict[str, torch.Tensor] = {}
         b1, b2 = self.beta1, self.beta2
         with torch.no_grad():
@@ -122,7 +139,7 @@ class ServerOptimizer:
                         f"key {k!r}: the aggregate is {a.dtype} {tuple(a.shape)}, the global "
                         f"state {x.dtype} {tuple(x.shape)}; they must match"
                     )
-                if not x.is_floating_point():
+                if not x.is_floating_point() or k in self.buffers:
                     out[k] = a.detach().clone()
                     continue
                 x64 = x.detach().to(torch.float64)
@@ -150,6 +167,26 @@ class ServerOptimizer:
                 self.m[k], self.v[k] = m, v
         self.steps += 1
         return out
+
+    def _warn_statistics(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Once: float keys named as BatchNorm's statistics, which the rule would move."""
+        moved = [
+            k
+            for k, t in state.items()
+            if k not in self.buffers
+            and t.is_floating_point()
+            and k.rsplit(".", 1)[-1] in ("running_mean", "running_var")
+        ]
+        if moved and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{moved[0]!r} (and {len(moved) - 1} more) look like BatchNorm running "
+                f"statistics, which the {self.rule} rule moves as if they were weights; pass "
+                "buffers=[k for k, _ in st.module(g).named_buffers()] to take them from the "
+                "aggregate as they are",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """The hyper-parameters, moments and step count (tensors and numbers: ``torch.save``
@@ -205,25 +242,39 @@ class ServerOptimizer:
         self.v = {k: t.clone() for k, t in state["v"].items()}
 
 
-def FedAvgM(*, lr: float = 1.0, momentum: float = 0.9) -> ServerOptimizer:
+def FedAvgM(
+    *, lr: float = 1.0, momentum: float = 0.9, buffers: Iterable[str] = ()
+) -> ServerOptimizer:
     """Server momentum (Hsu et al. 2019): v ← βv + Δ; x ← x + ηv. ``lr=1, momentum=0`` is FedAvg."""
-    return ServerOptimizer("avgm", lr, beta1=momentum)
+    return ServerOptimizer("avgm", lr, beta1=momentum, buffers=frozenset(buffers))
 
 
 def FedAdam(
-    *, lr: float = 1e-2, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3
+    *,
+    lr: float = 1e-2,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    tau: float = 1e-3,
+    buffers: Iterable[str] = (),
 ) -> ServerOptimizer:
     """FedAdam: m ← β₁m + (1−β₁)Δ; v ← β₂v + (1−β₂)Δ²; x ← x + η m / (√v + τ)."""
-    return ServerOptimizer("adam", lr, beta1, beta2, tau)
+    return ServerOptimizer("adam", lr, beta1, beta2, tau, buffers=frozenset(buffers))
 
 
 def FedYogi(
-    *, lr: float = 1e-2, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3
+    *,
+    lr: float = 1e-2,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    tau: float = 1e-3,
+    buffers: Iterable[str] = (),
 ) -> ServerOptimizer:
     """FedYogi: as FedAdam, with v ← v − (1−β₂)Δ² sign(v − Δ²)."""
-    return ServerOptimizer("yogi", lr, beta1, beta2, tau)
+    return ServerOptimizer("yogi", lr, beta1, beta2, tau, buffers=frozenset(buffers))
 
 
-def FedAdagrad(*, lr: float = 1e-2, beta1: float = 0.0, tau: float = 1e-3) -> ServerOptimizer:
+def FedAdagrad(
+    *, lr: float = 1e-2, beta1: float = 0.0, tau: float = 1e-3, buffers: Iterable[str] = ()
+) -> ServerOptimizer:
     """FedAdagrad: m ← β₁m + (1−β₁)Δ; v ← v + Δ²; x ← x + η m / (√v + τ)."""
-    return ServerOptimizer("adagrad", lr, beta1, tau=tau)
+    return ServerOptimizer("adagrad", lr, beta1, tau=tau, buffers=frozenset(buffers))
