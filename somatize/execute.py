@@ -21,7 +21,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .catalog import Catalog
-from .errors import CacheError
+from .errors import CacheError, ValueConversionError
 from .keyed import Env, Forward, Walk, _where, keyed_impl, name_node, recipe_key, walk
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Run, not_done
@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 __all__ = ["Outcome", "Program"]
 
 _new_ctx = tuple.__new__
+
+
+def _none(node: str) -> None:  # the device of every node, when the graph places none
+    return None
+
+
 #: A runtime's hook: ``(node_id, impl, forward) -> forward`` (``Graph.use(wrap=...)``).
 Wrap = Callable[[str, Any, Callable[[Any, Ctx], Any]], Callable[[Any, Ctx], Any]]
 
@@ -129,20 +135,28 @@ class Program:
         self.wrap = wrap
         impls = catalog._impls if type(catalog) is Catalog else dict(catalog)
         subs = self.subprograms
-        # The hot path's steps, built once: (id, forward, one, many, device, where). A run keeps
+        # The hot path's steps, built once: (id, forward, one, many, device). A run keeps
         # values in a list, the graph input at 0 and step i's output at i + 1: a step reads
         # slot ``one``, or, with several inputs, the slots ``many`` (a tuple; else None).
-        self.fast: list[tuple[str, Forward, int, tuple[int, ...] | None, str | None, str]] = []
+        self.fast: list[tuple[str, Forward, int, tuple[int, ...] | None, str | None]] = []
         fast = self.fast.append
+        device = devices.get if devices else _none
         slot: dict[str, int] = {}
         for node, inputs in steps:
             sub = subs.get(node) if subs else None
-            forward = sub.as_forward() if sub is not None else self._forward(node, impls[node])
-            if len(inputs) > 1:
-                one, many = 0, tuple([slot[i] for i in inputs])
+            if sub is not None:
+                forward = sub.as_forward()
+            elif wrap is None:
+                forward = impls[node].forward
             else:
-                one, many = (slot[inputs[0]] if inputs else 0), None
-            fast((node, forward, one, many, devices.get(node), _where(node)))
+                impl = impls[node]
+                forward = wrap(node, impl, impl.forward)
+            if len(inputs) == 1:
+                fast((node, forward, slot[inputs[0]], None, device(node)))
+            elif inputs:
+                fast((node, forward, 0, tuple([slot[i] for i in inputs]), device(node)))
+            else:
+                fast((node, forward, 0, None, device(node)))
             slot[node] = len(slot) + 1
         self._out = tuple([slot[o] for o in self.output])
         self.keyed: bool = bool(memory.cached or memory.named) or any(
@@ -224,7 +238,7 @@ class Program:
         metrics: dict[str, Any] = {}
         codecs = self.codecs
         ctx = _new_ctx  # Ctx(...) without NamedTuple's Python-level __new__ (half the cost)
-        for node, forward, one, many, device, where in self.fast:
+        for node, forward, one, many, device in self.fast:
             try:  # (free in Python >= 3.11 while nothing raises)
                 done = forward(
                     values[one] if many is None else tuple([values[i] for i in many]),
@@ -239,7 +253,13 @@ class Program:
             if type(value) is Opaque:
                 put(value.value)
             else:
-                check(value, codecs, where)
+                try:
+                    check(value, codecs)
+                    bad = False
+                except ValueConversionError:
+                    bad = True
+                if bad:  # checked again, naming the node: the name is made only when needed
+                    check(value, codecs, _where(node))
                 put(value)
             if reported:
                 if node in self.subprograms:  # by inner node: named as on the keyed path

@@ -229,17 +229,24 @@ class Builder:
         preds = {k: tuple(v) for k, v in self._preds.items()}
         order = sorted(nodes, key=self._ord.__getitem__) if self._moved else nodes
         depth: dict[str, int] = {}
+        groups: list[list[str]] = []  # the levels, each in the order its nodes came
         for n in order:  # a node's predecessors come before it in the order
             ps = preds.get(n)
             if ps is None:
-                depth[n] = 0
+                d = 0
             elif len(ps) == 1:
-                depth[n] = depth[ps[0]] + 1
+                d = depth[ps[0]] + 1
             else:
-                depth[n] = max([depth[p] for p in ps]) + 1
-        groups: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
-        for n in nodes:
-            groups[depth[n]].append(n)
+                d = max([depth[p] for p in ps]) + 1
+            depth[n] = d
+            if d < len(groups):  # (d is at most one past the deepest level so far)
+                groups[d].append(n)
+            else:
+                groups.append([n])
+        if self._moved:  # the order differs from the order nodes came: levels made again
+            groups = [[] for _ in groups]
+            for n in nodes:
+                groups[depth[n]].append(n)
         t: Topology = object.__new__(Topology)  # (a frozen dataclass, built as its __init__ does)
         t.__dict__.update(
             nodes=nodes,

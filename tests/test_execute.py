@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import somatize.plan as plan_module
-from somatize import Done, EmptyGraphError, Graph, Node, Opaque, Recorder, Run
+from somatize import Done, EmptyGraphError, Graph, Node, Opaque, Recorder, Run, ValueConversionError
 from somatize.catalog import Catalog
 from somatize.execute import Program
 
@@ -84,10 +84,8 @@ def test_a_program_from_a_plan_equals_the_one_from_its_topology() -> None:
     g = diamond()
     ours = g.program()
     theirs = Program(g.plan(), Catalog(g._impls), g.memory, g.codecs, {})
-    strip = [(n, one, many, device, where) for n, _, one, many, device, where in ours.fast]
-    assert strip == [
-        (n, one, many, device, where) for n, _, one, many, device, where in theirs.fast
-    ]
+    strip = [(n, one, many, device) for n, _, one, many, device in ours.fast]
+    assert strip == [(n, one, many, device) for n, _, one, many, device in theirs.fast]
     assert ours.steps == theirs.steps == [(s.node, s.inputs) for s in g.plan().steps]
     assert ours.output == theirs.output == ("mix", "tail")
     assert theirs.run_fast(2, Run())[0] == walk_by_hand(2) == ours.run_fast(2, Run())[0]
@@ -96,3 +94,19 @@ def test_a_program_from_a_plan_equals_the_one_from_its_topology() -> None:
 def test_an_empty_graph_still_fails_when_its_program_is_built() -> None:
     with pytest.raises(EmptyGraphError, match="no nodes"):
         Graph().program()
+
+
+class Leak(Node):
+    """Returns an object as data instead of wrapping it in Opaque."""
+
+    def forward(self, x: Any, ctx: Any) -> Done:
+        return Done({"kept": object()})
+
+
+def test_a_node_output_that_is_not_data_is_named_by_the_node_on_the_hot_path() -> None:
+    g = Graph.somatize(Add(1) >> Leak().with_id("leak"))
+    with pytest.raises(ValueConversionError) as caught:
+        g.forward(1)
+    message = str(caught.value)
+    assert message.startswith("the output of node 'leak' at ['kept']"), message
+    assert not isinstance(caught.value.__context__, ValueConversionError)  # raised once

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-__all__ = ["blank", "lazy"]
+__all__ = ["blank", "lazy", "maker"]
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -56,11 +56,15 @@ def _probe() -> dict[str, Any] | None:
     return probe
 
 
-def _recipe(keep: tuple[str, ...] | None = None) -> Callable[[type[Any]], Any] | None:
+def _recipe(
+    keep: tuple[str, ...] | None = None, cls: type[Any] | None = None, extra: tuple[str, ...] = ()
+) -> Callable[..., Any] | None:
     """A function ``cls -> instance`` copying a plain ``nn.Module()``'s attributes (those in
-    ``keep`` only, if given), or None when ``_probe`` finds one it cannot copy."""
+    ``keep`` only, if given), or None when ``_probe`` finds one it cannot copy. Given
+    ``cls``, the function makes instances of it, taking the values of ``extra`` (more
+    instance attributes) as its arguments."""
     probe = _probe()
-    if probe is None:
+    if probe is None or not all(name.isidentifier() for name in extra):
         return None
     items = []
     for name, value in probe.items():
@@ -68,10 +72,11 @@ def _recipe(keep: tuple[str, ...] | None = None) -> Callable[[type[Any]], Any] |
             continue
         kind = type(value)
         items.append(f"{name!r}: {_EMPTY[kind]}" if kind in _EMPTY else f"{name!r}: {value!r}")
+    items += [f"{name!r}: {name}" for name in extra]
     # A dict display evaluates each fresh container in C: a third of a loop's cost.
     source = (
-        "def blank(cls):\n"
-        "    instance = _new(cls)\n"
+        f"def blank({'cls' if cls is None else ', '.join(extra)}):\n"
+        f"    instance = _new({'cls' if cls is None else '_cls'})\n"
         f"    _setattr(instance, '__dict__', {{{', '.join(items)}}})\n"
         "    return instance\n"
     )
@@ -79,9 +84,10 @@ def _recipe(keep: tuple[str, ...] | None = None) -> Callable[[type[Any]], Any] |
         "_new": object.__new__,
         "_setattr": object.__setattr__,
         "_OrderedDict": OrderedDict,
+        "_cls": cls,
     }
     exec(compile(source, "<somatize.torch.blank>", "exec"), scope)  # (the source: built above)
-    made: Callable[[type[Any]], Any] = scope["blank"]
+    made: Callable[..., Any] = scope["blank"]
     return made
 
 
@@ -142,3 +148,28 @@ def blank(cls: type[M]) -> M:
         return cls()
     instance: M = made(cls)
     return instance
+
+
+def maker(cls: type[M], *extra: str) -> Callable[..., M]:
+    """A function making ``blank(cls)`` instances that also hold the attributes ``extra``,
+    given as its arguments: ``maker(C, "a", "b")(1, 2)`` is ``blank(C)`` with ``a=1, b=2``
+    in its instance dict, at the cost of one dict display.
+
+    Example:
+        >>> @lazy
+        ... class Tagged(nn.Module): pass
+        >>> make = maker(Tagged, "tag")
+        >>> m = make("x")
+        >>> m.tag, m.training, dict(m._modules)
+        ('x', True, {})
+    """
+    made = _recipe(_OWN if cls in _LAZY else None, cls, extra)
+    if made is not None:
+        return made
+
+    def fallback(*values: Any) -> M:  # (cls() when blank cannot copy this torch's nn.Module)
+        instance = blank(cls)
+        vars(instance).update(zip(extra, values))
+        return instance
+
+    return fallback

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import StateError
 from ..node import Mapped, Node
-from .blank import blank, lazy
+from .blank import lazy, maker
 
 __all__ = ["MODULE_NAMES", "Holdings", "held_by", "holds_any", "node_holdings"]
 
@@ -55,7 +55,10 @@ class Holdings(nn.Module):
         return self
 
 
-def node_holdings(impl: Any, where: str, seen: frozenset[int]) -> Holdings | None:
+_new_holdings = maker(Holdings, "_impl", "_params", "_tensors")
+
+
+def node_holdings(impl: Any, where: str, seen: frozenset[int] = frozenset()) -> Holdings | None:
     """The ``Holdings`` of the node ``impl`` (at ``where``, for error messages), or None
     when it holds no module and no tensor."""
     held: Holdings | None = None
@@ -78,10 +81,7 @@ def node_holdings(impl: Any, where: str, seen: frozenset[int]) -> Holdings | Non
                 "every nn.Module already has; rename the attribute"
             )
         if held is None:  # nn.Module.__init__'s attributes at a dict's cost (see blank.py)
-            held = blank(Holdings)
-            attrs = held.__dict__  # (plain attributes: nn.Module's __setattr__ not needed)
-            attrs["_impl"] = impl
-            attrs["_params"] = attrs["_tensors"] = ()
+            held = _new_holdings(impl, (), ())
         if isinstance(inner, nn.Module):
             if name and "." not in name and name not in _OWN:
                 held._modules[name] = inner  # what add_module checks, checked above
@@ -89,10 +89,10 @@ def node_holdings(impl: Any, where: str, seen: frozenset[int]) -> Holdings | Non
                 held.add_module(name, inner)  # raises its own error
         elif isinstance(inner, nn.Parameter):
             held.register_parameter(name, inner)
-            attrs["_params"] += (name,)
+            vars(held)["_params"] += (name,)  # (a plain attribute: no __setattr__ needed)
         else:
             held.register_buffer(name, inner)
-            attrs["_tensors"] += (name,)
+            vars(held)["_tensors"] += (name,)
     return held
 
 

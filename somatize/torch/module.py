@@ -63,7 +63,7 @@ class _Nodes(nn.Module):
             label = prefix + node_id
             if isinstance(impl, Node) and not isinstance(impl, Mapped):  # (most nodes)
                 # (holdings are made only for something registered: never empty)
-                held: nn.Module | None = node_holdings(impl, label, frozenset())
+                held: nn.Module | None = node_holdings(impl, label)
                 if held is None:
                     continue
             else:

@@ -15,7 +15,7 @@ from torch import nn
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
 from somatize.torch import blank as blank_module
-from somatize.torch.blank import blank, lazy
+from somatize.torch.blank import blank, lazy, maker
 from somatize.torch.holdings import Holdings
 
 
@@ -169,6 +169,33 @@ def test_blank_falls_back_to_the_constructor_for_an_attribute_it_cannot_copy(
 
     assert lazy(Later) is Later and Later not in blank_module._LAZY  # left as it is
     assert "_forward_hooks" not in vars(Later) and vars(blank(Later))["_unknown"] == []
+
+
+@pytest.mark.parametrize("cls", [Plain, LazyPlain])
+def test_maker_makes_a_blank_module_holding_the_attributes_given(cls: type[nn.Module]) -> None:
+    make = maker(cls, "tag", "names")
+    made, other = make("x", ()), make("y", ("a",))
+    assert type(made) is cls and (made.tag, made.names, other.tag) == ("x", (), "y")
+    reference = blank(cls)
+    assert list(vars(made)) == [*vars(reference), "tag", "names"]
+    assert_same_reads(made, cls())
+    made.add_module("lin", nn.Linear(2, 2))
+    assert not other._modules and not reference._modules  # containers: each its own
+
+
+def test_maker_falls_back_to_blank_for_an_attribute_it_cannot_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_init = nn.Module.__init__
+
+    def init(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        object.__setattr__(self, "_unknown", [])
+
+    monkeypatch.setattr(nn.Module, "__init__", init)
+    monkeypatch.setattr(blank_module, "_made", None)
+    made = maker(Plain, "tag")("x")
+    assert made.tag == "x" and made._unknown == [] and isinstance(made._forward_hooks, dict)
 
 
 class Lin(Node):
