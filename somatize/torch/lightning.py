@@ -195,7 +195,7 @@ class LightningGraph(L.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = self._split(batch)
         n = num_examples(x)
-        self.net.step = self.global_step
+        self.net.step = self.global_step + 1  # the number of the step it computes, as st.Trainer
         loss = self._loss_of(self.net(x), y)
         self.log(
             "train_loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=n

@@ -108,3 +108,40 @@ def test_without_a_loss_lightning_gives_the_graph_the_whole_batch_and_logs_its_l
     tested = trainer.test(lg, _loader(2), verbose=False)
     evaluated = st.Trainer().evaluate(ours, _loader(2))
     assert tested[0]["test_loss"] == pytest.approx(evaluated["loss"], rel=1e-6)
+
+
+class Steps(Node):
+    """Records the ctx.step of every training call."""
+
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 3)
+        self.seen: list[int] = []
+
+    def forward(self, x, ctx):
+        if ctx.training:
+            self.seen.append(ctx.step)
+        return Done(Opaque(self.lin(x)))
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
+def test_nodes_see_the_same_step_numbers_under_both_runners():
+    torch.manual_seed(0)
+    xs, ys = torch.randn(24, 4), torch.randint(0, 3, (24,))
+    batches = [(xs[i : i + 8], ys[i : i + 8]) for i in range(0, 24, 8)]
+    ours, theirs = Steps(), Steps()
+    st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=sgd,
+        epochs=2,
+        options=st.Options(shuffle=False, progress=False),
+    ).fit(Graph.somatize(ours), batches)
+    lg = LightningGraph(Graph.somatize(theirs), loss=nn.functional.cross_entropy, optimizer=sgd)
+    L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    ).fit(lg, DataLoader(TensorDataset(xs, ys), batch_size=8))
+    assert ours.seen == theirs.seen == [1, 2, 3, 4, 5, 6]
