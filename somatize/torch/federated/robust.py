@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 
 from ...errors import AggregationError
 from .aggregation import Aggregate, IntPolicy, State, _integer, _prepare, _states, _validate, fedavg
+from .keys import NAME_BUFFERS, _names, _statistics, _unknown
 
 __all__ = ["bulyan", "clip", "fedmedian", "krum", "multi_krum", "trimmed_mean"]
 
@@ -228,14 +230,27 @@ def bulyan(results: Sequence[Any], attackers: int, *, int_buffers: IntPolicy = N
 
 
 def clip(
-    results: Sequence[Any], global_state: Mapping[str, torch.Tensor], max_norm: float
+    results: Sequence[Any],
+    global_state: Mapping[str, torch.Tensor],
+    max_norm: float,
+    *,
+    buffers: Iterable[str] = (),
 ) -> list[Any]:
     """Each client's update (state − global) scaled down to L2 norm ``max_norm`` at most.
 
-    The norm is taken over every floating tensor of the state together. Returns the
-    same kind of thing it was given (``TrainResult``s keep their ``num_examples``), to
-    pass on to ``fedavg`` or any aggregator: norm clipping bounds what one client can
-    move the model (Sun et al. 2019, "Can you really backdoor federated learning?").
+    The norm is taken over every floating tensor of the state together, except the keys
+    named in ``buffers``. Returns the same kind of thing it was given (``TrainResult``s
+    keep their ``num_examples``), to pass on to ``fedavg`` or any aggregator: norm clipping
+    bounds what one client can move the model (Sun et al. 2019, "Can you really backdoor
+    federated learning?").
+
+    Args:
+        buffers: keys that are not weights (BatchNorm's running statistics): left out of
+            the norm and passed on as the client sent them. A client's statistics move
+            with its data, not its training, and counted in the norm they would shrink its
+            weights' update. ``[k for k, _ in st.module(g).named_buffers()]`` names them;
+            float keys named ``running_mean``/``running_var`` left out of it warn (a
+            ``UserWarning``) and are clipped with the weights.
 
     Example:
         >>> g = {"w": torch.zeros(2)}
@@ -244,6 +259,7 @@ def clip(
     """
     if isinstance(max_norm, bool) or not max_norm > 0 or math.isinf(max_norm):
         raise ValueError(f"max_norm must be a positive finite number, not {max_norm!r}")
+    named = _names("buffers", buffers)
     states = _states(results)
     _validate(states)
     if global_state.keys() != states[0].keys():
@@ -252,10 +268,20 @@ def clip(
             f"the global state and the clients' states differ in keys {missing[:5]}; clip "
             "updates of the global state the clients started from"
         )
+    _unknown("buffers", named, global_state)
+    moved = _statistics(global_state, named)
+    if moved:
+        warnings.warn(
+            f"{moved[0]!r} (and {len(moved) - 1} more) look like BatchNorm running statistics, "
+            f"which clip measures and scales as part of each update; pass {NAME_BUFFERS} to "
+            "leave them out of the norm",
+            UserWarning,
+            stacklevel=2,
+        )
     out: list[Any] = []
     with torch.no_grad():
         for r, s in zip(results, states):
-            clipped, _ = clip_state(s, global_state, max_norm)
+            clipped, _ = clip_state(s, global_state, max_norm, exclude=named)
             out.append(
                 dataclasses.replace(r, state=clipped)
                 if dataclasses.is_dataclass(r) and not isinstance(r, type)
@@ -265,10 +291,14 @@ def clip(
 
 
 def clip_state(
-    state: State, global_state: Mapping[str, torch.Tensor], max_norm: float
+    state: State,
+    global_state: Mapping[str, torch.Tensor],
+    max_norm: float,
+    exclude: Collection[str] = (),
 ) -> tuple[dict[str, torch.Tensor], float]:
-    """``state`` with its update clipped to ``max_norm``, and the update's norm before clipping."""
-    keys = [k for k, t in global_state.items() if t.is_floating_point()]
+    """``state`` with its update clipped to ``max_norm``, and the update's norm before clipping
+    (over the floating keys not in ``exclude``, which are left as they are)."""
+    keys = [k for k, t in global_state.items() if t.is_floating_point() and k not in exclude]
     deltas = {
         k: state[k].detach().to(torch.float64) - global_state[k].to(torch.float64) for k in keys
     }

@@ -29,6 +29,7 @@ import torch
 
 from ...errors import AggregationError
 from ..result import TrainResult
+from .keys import NAME_BUFFERS, _names, _statistics, _unknown
 
 __all__ = ["FedAdagrad", "FedAdam", "FedAvgM", "FedYogi", "ServerOptimizer"]
 
@@ -99,9 +100,7 @@ class ServerOptimizer:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise ValueError(f"{name} must be in [0, 1), not {value!r}")
-        if isinstance(self.buffers, str):
-            raise TypeError(f"buffers is a list of keys, not the string {self.buffers!r}")
-        self.buffers = frozenset(self.buffers)
+        self.buffers = _names("buffers", self.buffers)
         self._warned = False
 
     def step(
@@ -122,12 +121,7 @@ class ServerOptimizer:
                 f"the aggregate and the global state differ in keys {diff[:5]}; step the global "
                 "state the clients started from with the aggregate of their results"
             )
-        unknown = sorted(self.buffers - global_state.keys())
-        if unknown:
-            raise AggregationError(
-                f"buffers names keys the state does not hold: {unknown[:5]}; name them as "
-                "st.module(g).named_buffers() does"
-            )
+        _unknown("buffers", self.buffers, global_state)
         self._warn_statistics(global_state)
         out: dict[str, torch.Tensor] = {}
         b1, b2 = self.beta1, self.beta2
@@ -170,20 +164,15 @@ class ServerOptimizer:
 
     def _warn_statistics(self, state: Mapping[str, torch.Tensor]) -> None:
         """Once: float keys named as BatchNorm's statistics, which the rule would move."""
-        moved = [
-            k
-            for k, t in state.items()
-            if k not in self.buffers
-            and t.is_floating_point()
-            and k.rsplit(".", 1)[-1] in ("running_mean", "running_var")
-        ]
-        if moved and not self._warned:
+        if self._warned:
+            return
+        moved = _statistics(state, self.buffers)
+        if moved:
             self._warned = True
             warnings.warn(
                 f"{moved[0]!r} (and {len(moved) - 1} more) look like BatchNorm running "
                 f"statistics, which the {self.rule} rule moves as if they were weights; pass "
-                "buffers=[k for k, _ in st.module(g).named_buffers()] to take them from the "
-                "aggregate as they are",
+                f"{NAME_BUFFERS} to take them from the aggregate as they are",
                 UserWarning,
                 stacklevel=3,
             )
