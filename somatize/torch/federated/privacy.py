@@ -33,7 +33,7 @@ import torch
 
 from ...errors import AggregationError, require
 from .aggregation import _finite, _states, _validate
-from .keys import _names, _statistics, _unknown
+from .keys import Exclude, _local, _names, _rule, _statistics, _unknown, _without
 from .robust import clip_state
 
 __all__ = ["DPFedAvg"]
@@ -83,6 +83,9 @@ class DPFedAvg:
             ``"noised"``: clipped and noised with the update, as weights are. ``"unprotected_mean"``:
             the clients' plain mean, neither clipped nor noised — **not covered by**
             ``epsilon``.
+        exclude: keys the clients keep local (FedBN: ``fl.batchnorm_keys(g)``), as in
+            ``fedavg``: the global state's values are kept, nothing of them leaves a client
+            (the clients may leave them out), and they need no ``buffer_policy``.
 
     Attributes:
         rounds: rounds aggregated so far.
@@ -99,6 +102,7 @@ class DPFedAvg:
         seed: int = 0,
         buffers: Iterable[str] = (),
         buffer_policy: BufferPolicy | None = None,
+        exclude: Exclude = None,
     ) -> None:
         if not (clip > 0 and math.isfinite(clip)):
             raise ValueError(f"clip must be a positive finite norm, not {clip!r}")
@@ -119,24 +123,29 @@ class DPFedAvg:
         self.clip, self.noise = float(clip), float(noise)
         self.per_round, self.sample_rate = per_round, per_round / clients
         self.buffers, self.buffer_policy = _names("buffers", buffers), buffer_policy
+        self.exclude = _rule(exclude)
         self.accountant = _accountant()
         self.generator = torch.Generator().manual_seed(seed)
         self.rounds = 0
         self.norms: tuple[float, ...] = ()
 
-    def _kept(self, global_state: Mapping[str, torch.Tensor]) -> frozenset[str]:
-        """The keys left out of the private update: the float buffers under 'global' or
-        'unprotected_mean' (and, under 'global', the integer buffers named too)."""
+    def _kept(
+        self, global_state: Mapping[str, torch.Tensor], local: frozenset[str]
+    ) -> tuple[frozenset[str], frozenset[str]]:
+        """The keys left out of the private update: those whose global value is kept (the
+        local keys; the buffers under 'global', named integer ones too) and those averaged
+        in the clear (the float buffers under 'unprotected_mean')."""
         _unknown("buffers", self.buffers, global_state)
-        floats = [k for k in self.buffers if global_state[k].is_floating_point()]
-        floats += _statistics(global_state, self.buffers)
+        named = self.buffers - local
+        floats = [k for k in named if global_state[k].is_floating_point()]
+        floats += _statistics(global_state, named | local)
         if floats and self.buffer_policy is None:
             raise _refusal(sorted(floats))
         if self.buffer_policy == "global":
-            return self.buffers | frozenset(floats)
+            return local | named | frozenset(floats), frozenset()
         if self.buffer_policy == "unprotected_mean":
-            return frozenset(floats)
-        return frozenset()
+            return local, frozenset(floats)
+        return local, frozenset()
 
     def step(
         self, global_state: Mapping[str, torch.Tensor], results: Sequence[Any]
@@ -149,34 +158,40 @@ class DPFedAvg:
                 (the error names them and the choices).
         """
         states = _states(results)
+        local = _local(self.exclude, global_state.keys(), "the global state")
+        states = _without(states, local)
         _validate(states)
         _finite(states, "raise")
-        if global_state.keys() != states[0].keys():
-            diff = sorted(set(global_state) ^ set(states[0]))
+        if global_state.keys() - local != states[0].keys():
+            diff = sorted((set(global_state) - local) ^ set(states[0]))
             raise AggregationError(f"the clients' states and the global state differ in {diff[:5]}")
-        for k, x in global_state.items():
-            t = states[0][k]
+        for k, t in states[0].items():
+            x = global_state[k]
             if t.dtype != x.dtype or t.shape != x.shape:
                 raise AggregationError(
                     f"key {k!r}: the clients hold {t.dtype} {tuple(t.shape)}, the global state's "
                     f"{x.dtype} {tuple(x.shape)}; clients must return the state they were sent"
                 )
-        kept = self._kept(global_state)
+        kept, clear = self._kept(global_state, local)
         expected = self.per_round
-        keys = [k for k, t in global_state.items() if t.is_floating_point() and k not in kept]
+        keys = [
+            k
+            for k, t in global_state.items()
+            if t.is_floating_point() and k not in kept and k not in clear
+        ]
         with torch.no_grad():
             total = {k: torch.zeros(global_state[k].shape, dtype=torch.float64) for k in keys}
             norms = []
             for s in states:
-                clipped, norm = clip_state(s, global_state, self.clip, exclude=kept)
+                clipped, norm = clip_state(s, global_state, self.clip, exclude=kept | clear)
                 norms.append(norm)
                 for k in keys:
                     total[k] += clipped[k].to(torch.float64) - global_state[k].to(torch.float64)
             out: dict[str, torch.Tensor] = {}
             for k, x in global_state.items():
-                if k in kept and self.buffer_policy == "global":
+                if k in kept:  # the clients' own, or buffers under 'global': the server's
                     out[k] = x.detach().clone()
-                elif k in kept:  # unprotected_mean: the clients' values, in the clear
+                elif k in clear:  # unprotected_mean: the clients' values, in the clear
                     mean = torch.stack([s[k].detach().to(torch.float64) for s in states]).mean(0)
                     out[k] = mean.to(x.dtype)
                 elif k not in total:
