@@ -21,7 +21,7 @@ Bulyan, clipping), ``partitions``, ``sampling``, ``server`` (server optimizers),
 """
 
 from .aggregation import Aggregate, fedavg
-from .clients import map_clients
+from .clients import ClientFailure, map_clients
 from .keys import batchnorm_keys
 from .metrics import weighted_metrics
 from .partitions import Histogram, dirichlet, histogram, iid, quantity_skew, shards
@@ -33,6 +33,7 @@ from .server import FedAdagrad, FedAdam, FedAvgM, FedYogi, ServerOptimizer
 
 __all__ = [
     "Aggregate",
+    "ClientFailure",
     "DPFedAvg",
     "FedAdagrad",
     "FedAdam",

@@ -18,6 +18,7 @@ import torch
 
 from ...errors import AggregationError
 from .accumulate import _Scratch, _weighted_mean
+from .clients import ClientFailure
 from .keys import Exclude, _local, _without
 
 __all__ = ["Aggregate", "fedavg"]
@@ -63,11 +64,21 @@ def _states(results: Sequence[Any]) -> list[State]:
     for i, r in enumerate(results):
         s = getattr(r, "state", r)
         if not isinstance(s, Mapping):
+            if isinstance(r, ClientFailure):  # (checked here: no cost on the way of a state)
+                raise _failed(i, r)
             raise TypeError(
                 f"client {i} is a {type(r).__qualname__}, not a TrainResult or state dict"
             )
         states.append(s)
     return states
+
+
+def _failed(i: int, r: ClientFailure) -> AggregationError:
+    return AggregationError(
+        f"client {i} did not train: map_clients returned its failure (tasks[{r.index}] raised "
+        f"{r.error!r:.120}); drop failed clients before aggregating — "
+        "results = [r for r in results if not isinstance(r, fl.ClientFailure)]"
+    )
 
 
 def _not_a_tensor(i: int, k: str, t: Any) -> AggregationError:
