@@ -1,6 +1,7 @@
 """exclude= (FedBN: keys kept on the clients) across fedavg, the robust rules, clipping, server
 optimizers and DP-FedAvg: against hand-written computations on the shared keys."""
 
+import io
 import pickle
 import warnings
 
@@ -51,6 +52,10 @@ def test_fedavg_averages_only_the_shared_keys_and_says_which_it_kept_out():
         other = st.fedavg(rs, exclude=rule)
         assert other.keys() == out.keys() and all(torch.equal(other[k], out[k]) for k in out)
     assert pickle.loads(pickle.dumps(out)).excluded == out.excluded
+    f = io.BytesIO()
+    torch.save({"global": out}, f)
+    f.seek(0)
+    assert torch.load(f, weights_only=True)["global"].excluded == out.excluded
     assert st.fedavg(rs, int_buffers="max").excluded == ()
     # clients may keep their local keys to themselves
     bare = [{k: r.state[k] for k in SHARED} for r in rs]

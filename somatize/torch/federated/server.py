@@ -131,7 +131,7 @@ class ServerOptimizer:
                 "state the clients started from with the aggregate of their results"
             )
         _unknown("buffers", self.buffers, global_state)
-        self._warn_statistics(global_state)
+        self._warn_statistics(global_state, local)
         out: dict[str, torch.Tensor] = {}
         b1, b2 = self.beta1, self.beta2
         with torch.no_grad():
@@ -174,11 +174,11 @@ class ServerOptimizer:
         self.steps += 1
         return out
 
-    def _warn_statistics(self, state: Mapping[str, torch.Tensor]) -> None:
+    def _warn_statistics(self, state: Mapping[str, torch.Tensor], local: frozenset[str]) -> None:
         """Once: float keys named as BatchNorm's statistics, which the rule would move."""
         if self._warned:
             return
-        moved = _statistics(state, self.buffers | _local(self.exclude, state.keys()))
+        moved = _statistics(state, self.buffers | local)
         if moved:
             self._warned = True
             warnings.warn(
