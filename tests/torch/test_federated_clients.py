@@ -239,6 +239,55 @@ def test_an_exception_names_the_task_that_raised_it(where):
     ]
 
 
+def fails_on_three_and_seven(shared, task):
+    if task in (3, 7):
+        raise KeyError(f"client {task}'s data missing")
+    return {"w": torch.full((3,), float(task + shared))}
+
+
+@pytest.mark.parametrize("where", ["serial", "pickling", "threads"])
+def test_with_errors_return_a_failing_client_fills_its_slot_and_the_others_run(where):
+    threads = concurrent.futures.ThreadPoolExecutor(2)
+    pool = {"serial": None, "pickling": PicklingPool(), "threads": threads}[where]
+    with threads:
+        out = fl.map_clients(pool, fails_on_three_and_seven, list(range(10)), shared=1,
+                             batches=3, errors="return")  # fmt: skip
+    failed = [r for r in out if isinstance(r, fl.ClientFailure)]
+    assert [f.index for f in failed] == [3, 7] and [out.index(f) for f in failed] == [3, 7]
+    for f in failed:
+        assert type(f.error) is KeyError and f"client {f.index}'s data missing" in str(f.error)
+        assert f.error.__notes__ == [
+            f"map_clients: raised by fn(shared, tasks[{f.index}]); run that task with pool=None "
+            "to debug it"
+        ]
+        assert "in fails_on_three_and_seven" in f.traceback and "KeyError" in f.traceback
+        assert repr(f).startswith(f"ClientFailure(tasks[{f.index}]: KeyError(")
+    ok = [r for r in out if not isinstance(r, fl.ClientFailure)]
+    assert [float(r["w"][0]) for r in ok] == [1, 2, 3, 5, 6, 7, 9, 10]
+    with pytest.raises(ValueError, match=r"errors must be 'raise'.*'return'.*not 'skip'"):
+        fl.map_clients(pool, fails_on_three_and_seven, [1], errors="skip")
+
+
+def test_aggregators_refuse_a_failure_and_say_how_to_drop_it():
+    out = fl.map_clients(None, fails_on_three_and_seven, list(range(5)), shared=0,
+                         errors="return")  # fmt: skip
+    idiom = r"results = \[r for r in results if not isinstance\(r, fl.ClientFailure\)\]"
+    for aggregate in (
+        lambda rs: st.fedavg(rs, weights="uniform"),
+        fl.fedmedian,
+        lambda rs: fl.clip(rs, {"w": torch.zeros(3)}, max_norm=1.0),
+        lambda rs: fl.weighted_metrics(
+            [r if isinstance(r, fl.ClientFailure) else (1, {"a": 1.0}) for r in rs]
+        ),
+    ):
+        with pytest.raises(AggregationError, match=r"client 3 did not train.*tasks\[3\] raised "
+                           r"KeyError.*" + idiom):  # fmt: skip
+            aggregate(out)
+    ok = [r for r in out if not isinstance(r, fl.ClientFailure)]  # the idiom
+    mean = st.fedavg(ok, weights="uniform")["w"]
+    assert torch.equal(mean, torch.full((3,), (0 + 1 + 2 + 4) / 4))
+
+
 def test_map_clients_batches_taper_so_the_workers_finish_together():
     from somatize.torch.federated.clients import _TAIL, _batches, _shares
 

@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 
+import somatize.torch as st
 from recipes import federated as fed
 from recipes import federated_strategies as strategies
 
@@ -74,3 +75,38 @@ def test_the_strategies_recipe_logs_one_tensorboard_run_per_strategy(tmp_path, c
         assert logged[-1] == pytest.approx(finals[name], abs=5e-4)  # the table's final accuracy
     assert max(finals.values()) > 0.2  # above chance (0.1) after four rounds of ten clients
     assert len(set(finals.values())) > 1  # the strategies differ
+
+
+def test_fedbn_keeps_each_clients_batchnorm_and_beats_fedavg_under_feature_shift():
+    from recipes import federated_bn as fedbn
+
+    avg, _, none = fedbn.federate("fedavg", rounds=5)
+    bn, state, local = fedbn.federate("fedbn", rounds=5)
+    assert none == {} and bn[-1] > avg[-1] + 0.2 and bn[-1] > 0.8
+    keys = fedbn.fl.batchnorm_keys(fedbn.make_graph())
+    initial = st.state(fedbn.make_graph())
+    assert all(torch.equal(state[k], initial[k]) for k in keys)  # the server's, never averaged
+    assert sorted(local) == list(range(6)) and all(set(v) == set(keys) for v in local.values())
+    # each client's own statistics follow its scanner's contrast a (variance ∝ a²)
+    var = [float(local[c]["hidden.bn.running_var"].mean()) for c in range(6)]
+    contrast = [a for a, _ in fedbn.SCANNERS]
+    assert sorted(range(6), key=var.__getitem__) == sorted(range(6), key=contrast.__getitem__)
+
+
+@pytest.mark.slow
+def test_fedbn_round_on_the_process_pool_equals_the_serial_loop():
+    from recipes import federated_bn as fedbn
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        serial = fedbn.federate("fedbn", rounds=2, n=4)
+    finally:
+        torch.set_num_threads(before)
+    with st.executor(workers=2) as pool:
+        pooled = fedbn.federate("fedbn", rounds=2, n=4, pool=pool)
+    assert pooled[0] == serial[0]
+    assert all(torch.equal(pooled[1][k], serial[1][k]) for k in serial[1])
+    assert all(
+        torch.equal(pooled[2][c][k], serial[2][c][k]) for c in serial[2] for k in serial[2][c]
+    )

@@ -105,3 +105,26 @@ def test_trimmed_mean_accepts_every_beta_flower_accepts(n):
     for beta in [0.5, -0.1, 1.0]:
         with pytest.raises(ValueError, match=r"beta must be in \[0, 0.5\)"):
             fl.trimmed_mean(states, beta)
+
+
+def test_clip_leaves_named_buffers_out_of_the_norm_and_warns_about_unnamed_statistics():
+    g = torch.Generator().manual_seed(1)
+    glob = {"w": torch.zeros(6), "bn.running_var": torch.ones(3), "bn.count": torch.tensor(2)}
+    states = [
+        {"w": torch.randn(6, generator=g), "bn.running_var": 1 + 9 * torch.rand(3, generator=g),
+         "bn.count": torch.tensor(5)}
+        for _ in range(3)
+    ]  # fmt: skip
+    out = fl.clip(states, glob, max_norm=0.5, buffers=["bn.running_var", "bn.count"])
+    for before, after in zip(states, out):
+        assert torch.equal(after["bn.running_var"], before["bn.running_var"])  # as sent
+        assert torch.equal(after["bn.count"], before["bn.count"])
+        w = before["w"].double()
+        torch.testing.assert_close(after["w"].double(), w * min(1.0, 0.5 / float(w.norm())),
+                                   atol=1e-7, rtol=0)  # fmt: skip
+    with pytest.warns(UserWarning, match=r"'bn.running_var'.*clip measures and scales.*buffers="):
+        scaled = fl.clip(states, glob, max_norm=0.5)
+    d = torch.cat([scaled[0][k].double() - glob[k].double() for k in ("w", "bn.running_var")])
+    assert float(d.norm()) == pytest.approx(0.5, rel=1e-6)  # the statistics counted in the norm
+    with pytest.raises(AggregationError, match=r"buffers names keys the state does not hold"):
+        fl.clip(states, glob, max_norm=0.5, buffers=["running_var"])

@@ -224,3 +224,42 @@ def test_spools_left_by_a_killed_process_are_removed_by_the_next_call(pool):
                 for f in os.listdir(d):
                     os.unlink(os.path.join(d, f))
                 os.rmdir(d)
+
+
+class Unpicklable(Exception):
+    """An exception pickle cannot rebuild: its __init__ takes two arguments, its args one."""
+
+    def __init__(self, code, why):
+        super().__init__(f"{code}: {why}")
+
+
+def fails_two_ways(shared, i):
+    if i == 2:
+        raise ValueError(f"client {i} failed")
+    if i == 5:
+        raise Unpicklable(i, "its own exception type")
+    return {"t": torch.full((64,), float(i)) * shared, "i": i}
+
+
+@needs_shm
+def test_failures_returned_from_workers_match_the_serial_round(pool):
+    before = spools()
+    tasks = list(range(8))
+    serial = fl.map_clients(None, fails_two_ways, tasks, shared=1.5, errors="return")
+    pooled = fl.map_clients(pool, fails_two_ways, tasks, shared=1.5, batches=3, errors="return")
+    assert spools() == before
+    for i, (a, b) in enumerate(zip(serial, pooled)):
+        if i in (2, 5):
+            assert isinstance(a, fl.ClientFailure) and isinstance(b, fl.ClientFailure)
+            assert a.index == b.index == i and "in fails_two_ways" in b.traceback
+        else:
+            same(a, b)  # the clients that trained: bit-identical to the serial round
+    assert type(pooled[2].error) is ValueError and str(pooled[2].error) == "client 2 failed"
+    assert pooled[2].error.__notes__[0].startswith("map_clients: raised by fn(shared, tasks[2]);")
+    assert type(serial[5].error) is Unpicklable  # here, the exception itself
+    assert type(pooled[5].error) is RuntimeError  # from a worker: one that can cross, naming it
+    assert "raised Unpicklable: 5: its own exception type" in str(pooled[5].error)
+    assert "cannot be pickled back" in str(pooled[5].error)
+    assert pooled[5].error.__notes__[0].startswith("map_clients: raised by fn(shared, tasks[5]);")
+    # the pool goes on with the next round
+    assert [r["i"] for r in fl.map_clients(pool, fails_two_ways, [0, 1], shared=1.0)] == [0, 1]

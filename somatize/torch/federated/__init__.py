@@ -17,11 +17,12 @@ function or a small object with ``state_dict()``; none of them owns the loop::
 Files by concern: ``aggregation`` (fedavg), ``robust`` (median, trimmed mean, Krum,
 Bulyan, clipping), ``partitions``, ``sampling``, ``server`` (server optimizers),
 ``privacy`` (DP-FedAvg), ``regularizers`` (FedProx, SCAFFOLD), ``metrics``,
-``clients`` (running a round on an executor).
+``clients`` (running a round on an executor), ``keys`` (buffers, and keys kept local).
 """
 
 from .aggregation import Aggregate, fedavg
-from .clients import map_clients
+from .clients import ClientFailure, map_clients
+from .keys import batchnorm_keys
 from .metrics import weighted_metrics
 from .partitions import Histogram, dirichlet, histogram, iid, quantity_skew, shards
 from .privacy import DPFedAvg
@@ -32,6 +33,7 @@ from .server import FedAdagrad, FedAdam, FedAvgM, FedYogi, ServerOptimizer
 
 __all__ = [
     "Aggregate",
+    "ClientFailure",
     "DPFedAvg",
     "FedAdagrad",
     "FedAdam",
@@ -39,6 +41,7 @@ __all__ = [
     "FedYogi",
     "Histogram",
     "ServerOptimizer",
+    "batchnorm_keys",
     "bulyan",
     "clip",
     "control_variate",

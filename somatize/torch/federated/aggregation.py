@@ -18,6 +18,8 @@ import torch
 
 from ...errors import AggregationError
 from .accumulate import _Scratch, _weighted_mean
+from .clients import ClientFailure
+from .keys import Exclude, _local, _without
 
 __all__ = ["Aggregate", "fedavg"]
 
@@ -32,17 +34,24 @@ class Aggregate(dict[str, torch.Tensor]):
         weights: the normalised weight of each client that was used.
         skipped: indices of clients left out for non-finite values (``nonfinite="skip"``).
         selected: indices of the clients that went into it (Krum and Bulyan choose some).
+        excluded: the keys ``exclude=`` kept local, which it does not hold (FedBN).
     """
 
     weights: tuple[float, ...] = ()
     skipped: tuple[int, ...] = ()
     selected: tuple[int, ...] = ()
+    excluded: tuple[str, ...] = ()
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (``torch.save``, a pool's results, ``copy``) as the ``OrderedDict`` a
         ``state_dict()`` is, the attributes set on it as ``_metadata`` is on a state dict:
         ``torch.load``'s default ``weights_only=True`` builds only such types."""
-        attrs = {"weights": self.weights, "skipped": self.skipped, "selected": self.selected}
+        attrs = {
+            "weights": self.weights,
+            "skipped": self.skipped,
+            "selected": self.selected,
+            "excluded": self.excluded,
+        }
         return OrderedDict, (), attrs, None, iter(self.items())
 
 
@@ -55,11 +64,21 @@ def _states(results: Sequence[Any]) -> list[State]:
     for i, r in enumerate(results):
         s = getattr(r, "state", r)
         if not isinstance(s, Mapping):
+            if isinstance(r, ClientFailure):  # (checked here: no cost on the way of a state)
+                raise _failed(i, r)
             raise TypeError(
                 f"client {i} is a {type(r).__qualname__}, not a TrainResult or state dict"
             )
         states.append(s)
     return states
+
+
+def _failed(i: int, r: ClientFailure) -> AggregationError:
+    return AggregationError(
+        f"client {i} did not train: map_clients returned its failure (tasks[{r.index}] raised "
+        f"{r.error!r:.120}); drop failed clients before aggregating — "
+        "results = [r for r in results if not isinstance(r, fl.ClientFailure)]"
+    )
 
 
 def _not_a_tensor(i: int, k: str, t: Any) -> AggregationError:
@@ -223,13 +242,22 @@ def _check_policies(int_buffers: str | None, nonfinite: str) -> None:
         raise ValueError(f"nonfinite must be 'raise' or 'skip', not {nonfinite!r}")
 
 
-def _prepare(
-    results: Sequence[Any], nonfinite: str, int_buffers: str | None
-) -> tuple[list[State], list[int]]:
-    _check_policies(int_buffers, nonfinite)
+def _shared(results: Sequence[Any], exclude: Exclude) -> tuple[list[State], frozenset[str]]:
+    """The clients' states without the keys ``exclude`` keeps local, and those keys."""
     states = _states(results)
+    if exclude is None:  # (nothing to resolve or copy: fedavg's default path)
+        return states, frozenset()
+    local = _local(exclude, states[0].keys(), "client 0's state")
+    return _without(states, local), local
+
+
+def _prepare(
+    results: Sequence[Any], nonfinite: str, int_buffers: str | None, exclude: Exclude = None
+) -> tuple[list[State], list[int], frozenset[str]]:
+    _check_policies(int_buffers, nonfinite)
+    states, local = _shared(results, exclude)
     _validate(states)
-    return states, _finite(states, nonfinite)
+    return states, _finite(states, nonfinite), local
 
 
 def fedavg(
@@ -238,6 +266,7 @@ def fedavg(
     weights: str | Sequence[float] = "num_examples",
     int_buffers: IntPolicy = None,
     nonfinite: Literal["raise", "skip"] = "raise",
+    exclude: Exclude = None,
 ) -> Aggregate:
     """The weighted mean of client states, matched by name (FedAvg, McMahan et al. 2017).
 
@@ -250,6 +279,10 @@ def fedavg(
             maximum, with a ``RuntimeWarning`` naming the key when the clients' values differ.
         nonfinite: ``"raise"`` on NaN/inf in a client's update, or ``"skip"`` that client
             (a ``RuntimeWarning`` and ``Aggregate.skipped`` report it).
+        exclude: keys each client keeps local, not averaged (FedBN: ``fl.batchnorm_keys(g)``):
+            key names, ``fnmatch`` patterns (``"*.bn.*"``) or a predicate ``key -> bool``.
+            They are left out of the result (``Aggregate.excluded`` lists them), and the
+            clients may leave them out of their states.
 
     Returns:
         An ``Aggregate``: a dict of tensors in each key's original dtype.
@@ -257,7 +290,7 @@ def fedavg(
     Raises:
         AggregationError: a value that is not a real tensor; mismatched keys, shapes or
             dtypes; NaN/inf; weights given as a set, negative or summing to zero — naming
-            the client index and the key.
+            the client index and the key; an ``exclude`` name that matches no key.
 
     Example:
         >>> a = {"w": torch.tensor([0.0, 2.0])}; b = {"w": torch.tensor([2.0, 4.0])}
@@ -265,7 +298,7 @@ def fedavg(
         tensor([1.5000, 3.5000])
     """
     _check_policies(int_buffers, nonfinite)
-    states = _states(results)
+    states, local = _shared(results, exclude)
     _validate(states)
     keep = list(range(len(states)))
     with torch.no_grad():  # nn.Parameters in, plain tensors out
@@ -279,6 +312,8 @@ def fedavg(
                 raise AggregationError("the weighted mean overflows float64; scale the updates")
     out.skipped = tuple(sorted(set(range(len(states))) - set(keep)))
     out.selected = tuple(keep)
+    if local:
+        out.excluded = tuple(sorted(local))
     return out
 
 

@@ -37,15 +37,17 @@ sent, so use them with machines and code you trust.
 from __future__ import annotations
 
 import pickle
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, as_completed
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, overload
 
 from blake3 import blake3
 
 from .spool import dumps, open_spool, remove, ship, unship
 
-__all__ = ["map_clients"]
+__all__ = ["ClientFailure", "map_clients"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -69,21 +71,65 @@ def _note(e: BaseException, i: int) -> None:
         setattr(e, "__notes__", [*getattr(e, "__notes__", ()), note])  # noqa: B010 (3.10 stubs)
 
 
+@dataclass(frozen=True)
+class ClientFailure:
+    """What ``map_clients(..., errors="return")`` puts in the slot of a client that raised.
+
+    Attributes:
+        index: the task's index in ``tasks`` (the exception's note says it too).
+        error: the exception it raised, with a note naming the task (an exception that
+            cannot cross back from a worker arrives as a ``RuntimeError`` that names it).
+        traceback: the traceback, formatted where it was raised (a worker's, on a pool).
+    """
+
+    index: int
+    error: BaseException
+    traceback: str
+
+    def __repr__(self) -> str:
+        return f"ClientFailure(tasks[{self.index}]: {self.error!r})"
+
+
+def _portable(e: Exception) -> Exception:
+    """``e``, or a ``RuntimeError`` naming it where ``e`` would not unpickle in the parent
+    (an exception whose ``__init__`` takes other arguments than its ``args``)."""
+    try:
+        pickle.loads(dumps(e))  # (the caller's own exception, as it would travel back)
+    except Exception as why:
+        return RuntimeError(
+            f"the client raised {type(e).__qualname__}: {e}, which cannot be pickled back "
+            f"from the worker ({type(why).__qualname__}: {why})"
+        )
+    return e
+
+
 def _apply(
-    fn: Callable[[Any, Any], Any], shared: Any, tasks: list[Any], indices: Sequence[int]
+    fn: Callable[[Any, Any], Any],
+    shared: Any,
+    tasks: list[Any],
+    indices: Sequence[int],
+    errors: str = "raise",
+    worker: bool = False,
 ) -> list[Any]:
-    """``[fn(shared, t) for t in tasks]``, an exception noted with its task's index."""
+    """``[fn(shared, t) for t in tasks]``, an exception noted with its task's index (and, with
+    ``errors="return"``, returned in its slot as a ``ClientFailure``)."""
     out = []
     for i, t in zip(indices, tasks):
         try:
             out.append(fn(shared, t))
         except Exception as e:
             _note(e, i)
-            raise
+            if errors == "raise":
+                raise
+            text = traceback.format_exc()
+            error = _portable(e) if worker else e
+            if error is not e:
+                _note(error, i)
+            out.append(ClientFailure(i, error, text))
     return out
 
 
-def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes) -> Any:
+def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes, errors: str = "raise") -> Any:
     # In the worker: bytes map_clients (below) made in the user's own process and sent to
     # the user's own executor — never cache or checkpoint data (docs/federated.md).
     digest, blob, spool, shipped, indices = pickle.loads(payload)
@@ -92,7 +138,8 @@ def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes) -> Any:
         shared = pickle.loads(blob)  # the same caller's shared value, as dumps wrote it
         _last_shared.clear()
         _last_shared[digest] = shared
-    return ship(_apply(fn, shared, unship(shipped, spool), indices), spool)
+    tasks = unship(shipped, spool)
+    return ship(_apply(fn, shared, tasks, indices, errors, worker=True), spool)
 
 
 def _default_batches(workers: int, tasks: int, shared_bytes: int) -> int:
@@ -154,6 +201,32 @@ def _batches(n: int, shares: Sequence[float], sizes: Sequence[float] | None) -> 
     return [sorted(g) for g in out if g]
 
 
+@overload
+def map_clients(
+    pool: Executor | None,
+    fn: Callable[[Any, T], R],
+    tasks: Sequence[T],
+    *,
+    shared: Any = ...,
+    batches: int | None = ...,
+    sizes: Sequence[float] | None = ...,
+    errors: Literal["raise"] = ...,
+) -> list[R]: ...
+
+
+@overload
+def map_clients(
+    pool: Executor | None,
+    fn: Callable[[Any, T], R],
+    tasks: Sequence[T],
+    *,
+    shared: Any = ...,
+    batches: int | None = ...,
+    sizes: Sequence[float] | None = ...,
+    errors: Literal["return"],
+) -> list[R | ClientFailure]: ...
+
+
 def map_clients(
     pool: Executor | None,
     fn: Callable[[Any, T], R],
@@ -162,7 +235,8 @@ def map_clients(
     shared: Any = None,
     batches: int | None = None,
     sizes: Sequence[float] | None = None,
-) -> list[R]:
+    errors: Literal["raise", "return"] = "raise",
+) -> list[Any]:
     """``[fn(shared, task) for task in tasks]`` on ``pool``, ``shared`` shipped once per batch.
 
     Args:
@@ -176,6 +250,11 @@ def map_clients(
             count for one batch each.
         sizes: optional cost of each task (e.g. its number of examples), to balance the
             batches, the largest tasks first; without it every task counts the same.
+        errors: ``"raise"``: a client that raises fails the call with its exception (the
+            batches not started are cancelled). ``"return"``: its slot holds a
+            ``ClientFailure`` (index, exception, traceback) and the others run on, so a
+            round can drop failed clients; ``fedavg`` and the other rules refuse one
+            handed to them, naming it. A worker that dies still fails the call.
 
     Returns:
         The results, in the order of ``tasks``.
@@ -184,9 +263,14 @@ def map_clients(
         >>> map_clients(None, lambda s, t: s + t, [1, 2, 3], shared=10)
         [11, 12, 13]
     """
+    if errors not in ("raise", "return"):
+        raise ValueError(
+            f"errors must be 'raise' (a failing client fails the round) or 'return' (its "
+            f"slot holds a ClientFailure), not {errors!r}"
+        )
     tasks = list(tasks)
     if pool is None:
-        return _apply(fn, shared, tasks, range(len(tasks)))
+        return _apply(fn, shared, tasks, range(len(tasks)), errors)
     if not tasks:
         return []
     if batches is not None and (
@@ -207,7 +291,7 @@ def map_clients(
         for g in groups:  # (a loop: a failed submission leaves the earlier ones tracked)
             shipped = ship([tasks[i] for i in g], spool, to_worker=True)
             payload = pickle.dumps((digest, blob, spool, shipped, g), protocol=5)
-            futures[pool.submit(_run_batch, fn, payload)] = g
+            futures[pool.submit(_run_batch, fn, payload, errors)] = g
         out: list[Any] = [None] * len(tasks)
         for f in as_completed(futures):  # unpickle each batch's results as it arrives
             for i, r in zip(futures[f], unship(f.result(), spool)):

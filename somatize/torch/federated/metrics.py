@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import AggregationError
+from .aggregation import _failed
+from .clients import ClientFailure
 
 __all__ = ["weighted_metrics"]
 
@@ -16,6 +18,8 @@ def _pair(i: int, r: Any) -> tuple[float, Mapping[str, Any]]:
         n, metrics = r
     elif hasattr(r, "metrics") and hasattr(r, "num_examples"):
         n, metrics = r.num_examples, (r.metrics[-1] if r.metrics else {})
+    elif isinstance(r, ClientFailure):
+        raise _failed(i, r)
     else:
         raise AggregationError(
             f"client {i} is a {type(r).__qualname__}; give TrainResults or "

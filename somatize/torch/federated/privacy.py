@@ -16,18 +16,24 @@ its own (``pip install 'somatize[dp]'``)::
 
 The accountant analyses Poisson sampling of clients at rate q = per_round / clients;
 drawing a fixed count per round with ``fl.sample`` is the usual approximation of it.
+
+Float buffers (BatchNorm's running statistics) are not weights, and ε covers only what
+is clipped and noised: a state holding any is refused until ``buffer_policy=`` says what
+to do with them (keep the server's, noise them with the update, or average them in the
+clear, which ε does not cover). Opacus refuses BatchNorm under DP-SGD for the same reason.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 
 from ...errors import AggregationError, require
 from .aggregation import _finite, _states, _validate
+from .keys import Exclude, _local, _names, _rule, _statistics, _unknown, _without
 from .robust import clip_state
 
 __all__ = ["DPFedAvg"]
@@ -36,6 +42,25 @@ __all__ = ["DPFedAvg"]
 def _accountant() -> Any:
     accountants = require("opacus.accountants", "dp")
     return accountants.RDPAccountant()  # type: ignore[attr-defined]
+
+
+BufferPolicy = Literal["global", "noised", "unprotected_mean"]
+_POLICIES = ("global", "noised", "unprotected_mean")
+
+
+def _refusal(keys: list[str]) -> AggregationError:
+    more = f" (and {len(keys) - 3} more)" if len(keys) > 3 else ""
+    return AggregationError(
+        f"DPFedAvg: {keys[:3]}{more} are float buffers (BatchNorm's running statistics), and "
+        "DP-FedAvg's guarantee covers only what it clips and noises — say what to do with "
+        "them: buffer_policy='global' (keep the server's values: private, but they never "
+        "learn from the clients; FedBN keeps them on the clients instead), 'noised' (clipped "
+        "and noised with the update, as weights: private, but they share the clip norm with "
+        "the weights and noise can push running_var below zero), or 'unprotected_mean' (their "
+        "plain mean, neither clipped nor noised: NOT covered by epsilon, it reveals each "
+        "client's feature statistics); or replace BatchNorm by GroupNorm, as Opacus's "
+        "ModuleValidator.fix does"
+    )
 
 
 class DPFedAvg:
@@ -48,6 +73,19 @@ class DPFedAvg:
         per_round: how many take part in a round (the sampling rate is per_round / N;
             the sum of clipped updates is divided by per_round).
         seed: seeds the noise (its generator is part of ``state_dict()``).
+        buffers: the keys that are buffers, not weights
+            (``[k for k, _ in st.module(g).named_buffers()]``).
+        buffer_policy: what DP does with the float buffers — the float keys ``buffers``
+            names, and any float key named ``running_mean`` or ``running_var``. Without
+            one, a state holding any is refused, naming them. ``"global"``: the global
+            state's values are kept (named integer buffers too): left out of the update,
+            its norm and its noise — private, but they learn nothing from the clients.
+            ``"noised"``: clipped and noised with the update, as weights are. ``"unprotected_mean"``:
+            the clients' plain mean, neither clipped nor noised — **not covered by**
+            ``epsilon``.
+        exclude: keys the clients keep local (FedBN: ``fl.batchnorm_keys(g)``), as in
+            ``fedavg``: the global state's values are kept, nothing of them leaves a client
+            (the clients may leave them out), and they need no ``buffer_policy``.
 
     Attributes:
         rounds: rounds aggregated so far.
@@ -55,7 +93,16 @@ class DPFedAvg:
     """
 
     def __init__(
-        self, *, clip: float, noise: float, clients: int, per_round: int, seed: int = 0
+        self,
+        *,
+        clip: float,
+        noise: float,
+        clients: int,
+        per_round: int,
+        seed: int = 0,
+        buffers: Iterable[str] = (),
+        buffer_policy: BufferPolicy | None = None,
+        exclude: Exclude = None,
     ) -> None:
         if not (clip > 0 and math.isfinite(clip)):
             raise ValueError(f"clip must be a positive finite norm, not {clip!r}")
@@ -68,48 +115,91 @@ class DPFedAvg:
                 f"need 0 < per_round ≤ clients (ints), not per_round={per_round!r}, "
                 f"clients={clients!r}"
             )
+        if buffer_policy is not None and buffer_policy not in _POLICIES:
+            raise ValueError(
+                f"buffer_policy must be 'global', 'noised' or 'unprotected_mean', not "
+                f"{buffer_policy!r}"
+            )
         self.clip, self.noise = float(clip), float(noise)
         self.per_round, self.sample_rate = per_round, per_round / clients
+        self.buffers, self.buffer_policy = _names("buffers", buffers), buffer_policy
+        self.exclude = _rule(exclude)
         self.accountant = _accountant()
         self.generator = torch.Generator().manual_seed(seed)
         self.rounds = 0
         self.norms: tuple[float, ...] = ()
 
+    def _kept(
+        self, global_state: Mapping[str, torch.Tensor], local: frozenset[str]
+    ) -> tuple[frozenset[str], frozenset[str]]:
+        """The keys left out of the private update: those whose global value is kept (the
+        local keys; the buffers under 'global', named integer ones too) and those averaged
+        in the clear (the float buffers under 'unprotected_mean')."""
+        _unknown("buffers", self.buffers, global_state)
+        named = self.buffers - local
+        floats = [k for k in named if global_state[k].is_floating_point()]
+        floats += _statistics(global_state, named | local)
+        if floats and self.buffer_policy is None:
+            raise _refusal(sorted(floats))
+        if self.buffer_policy == "global":
+            return local | named | frozenset(floats), frozenset()
+        if self.buffer_policy == "unprotected_mean":
+            return local, frozenset(floats)
+        return local, frozenset()
+
     def step(
         self, global_state: Mapping[str, torch.Tensor], results: Sequence[Any]
     ) -> dict[str, torch.Tensor]:
-        """The next global state from this round's client results (``TrainResult``s or states)."""
+        """The next global state from this round's client results (``TrainResult``s or states).
+
+        Raises:
+            AggregationError: the clients' states do not match each other or the global
+                state; NaN or inf in an update; float buffers without a ``buffer_policy``
+                (the error names them and the choices).
+        """
         states = _states(results)
+        local = _local(self.exclude, global_state.keys(), "the global state")
+        states = _without(states, local)
         _validate(states)
         _finite(states, "raise")
-        if global_state.keys() != states[0].keys():
-            diff = sorted(set(global_state) ^ set(states[0]))
+        if global_state.keys() - local != states[0].keys():
+            diff = sorted((set(global_state) - local) ^ set(states[0]))
             raise AggregationError(f"the clients' states and the global state differ in {diff[:5]}")
-        for k, x in global_state.items():
-            t = states[0][k]
+        for k, t in states[0].items():
+            x = global_state[k]
             if t.dtype != x.dtype or t.shape != x.shape:
                 raise AggregationError(
                     f"key {k!r}: the clients hold {t.dtype} {tuple(t.shape)}, the global state's "
                     f"{x.dtype} {tuple(x.shape)}; clients must return the state they were sent"
                 )
+        kept, clear = self._kept(global_state, local)
         expected = self.per_round
-        keys = [k for k, t in global_state.items() if t.is_floating_point()]
+        keys = [
+            k
+            for k, t in global_state.items()
+            if t.is_floating_point() and k not in kept and k not in clear
+        ]
         with torch.no_grad():
             total = {k: torch.zeros(global_state[k].shape, dtype=torch.float64) for k in keys}
             norms = []
             for s in states:
-                clipped, norm = clip_state(s, global_state, self.clip)
+                clipped, norm = clip_state(s, global_state, self.clip, exclude=kept | clear)
                 norms.append(norm)
                 for k in keys:
                     total[k] += clipped[k].to(torch.float64) - global_state[k].to(torch.float64)
             out: dict[str, torch.Tensor] = {}
             for k, x in global_state.items():
-                if k not in total:
+                if k in kept:  # the clients' own, or buffers under 'global': the server's
+                    out[k] = x.detach().clone()
+                elif k in clear:  # unprotected_mean: the clients' values, in the clear
+                    mean = torch.stack([s[k].detach().to(torch.float64) for s in states]).mean(0)
+                    out[k] = mean.to(x.dtype)
+                elif k not in total:
                     out[k] = torch.stack([s[k] for s in states]).amax(0)  # counters
-                    continue
-                noise = torch.randn(x.shape, dtype=torch.float64, generator=self.generator)
-                mean = (total[k] + noise * (self.noise * self.clip)) / expected
-                out[k] = (x.to(torch.float64) + mean).to(x.dtype)
+                else:
+                    noise = torch.randn(x.shape, dtype=torch.float64, generator=self.generator)
+                    mean = (total[k] + noise * (self.noise * self.clip)) / expected
+                    out[k] = (x.to(torch.float64) + mean).to(x.dtype)
         if self.noise > 0:
             self.accountant.step(noise_multiplier=self.noise, sample_rate=self.sample_rate)
         self.rounds += 1

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 
 from ...errors import AggregationError
 from .aggregation import Aggregate, IntPolicy, State, _integer, _prepare, _states, _validate, fedavg
+from .keys import NAME_BUFFERS, Exclude, _local, _names, _statistics, _unknown, _without
 
 __all__ = ["bulyan", "clip", "fedmedian", "krum", "multi_krum", "trimmed_mean"]
 
@@ -30,8 +32,9 @@ def _coordinatewise(
     int_buffers: IntPolicy,
     nonfinite: str,
     reduce: Callable[[torch.Tensor], torch.Tensor],
+    exclude: Exclude,
 ) -> Aggregate:
-    states, keep = _prepare(results, nonfinite, int_buffers)
+    states, keep, local = _prepare(results, nonfinite, int_buffers, exclude)
     out = Aggregate()
     with torch.no_grad():
         for k, ref in states[0].items():
@@ -43,16 +46,21 @@ def _coordinatewise(
             out[k] = reduce(stacked.sort(dim=0).values).to(ref.dtype)
     n = len(keep)
     out.weights, out.skipped = (1.0 / n,) * n, tuple(sorted(set(range(len(states))) - set(keep)))
-    out.selected = tuple(keep)
+    out.selected, out.excluded = tuple(keep), tuple(sorted(local))
     return out
 
 
 def fedmedian(
-    results: Sequence[Any], *, int_buffers: IntPolicy = None, nonfinite: NonFinite = "raise"
+    results: Sequence[Any],
+    *,
+    int_buffers: IntPolicy = None,
+    nonfinite: NonFinite = "raise",
+    exclude: Exclude = None,
 ) -> Aggregate:
     """The coordinate-wise median of client states (robust to a minority of bad clients).
 
     With an even number of clients, the mean of the two middle values. Unweighted.
+    ``exclude=`` keeps keys local (not aggregated, left out of the result), as in ``fedavg``.
 
     Example:
         >>> s = [{"w": torch.tensor([v])} for v in (1.0, 2.0, 1e6)]
@@ -64,7 +72,7 @@ def fedmedian(
         n = sorted_.shape[0]
         return (sorted_[(n - 1) // 2] + sorted_[n // 2]) / 2
 
-    return _coordinatewise(results, int_buffers, nonfinite, median)
+    return _coordinatewise(results, int_buffers, nonfinite, median, exclude)
 
 
 def trimmed_mean(
@@ -73,12 +81,14 @@ def trimmed_mean(
     *,
     int_buffers: IntPolicy = None,
     nonfinite: NonFinite = "raise",
+    exclude: Exclude = None,
 ) -> Aggregate:
     """The coordinate-wise mean after dropping the ``beta`` fraction of largest and smallest values.
 
     Args:
         beta: the fraction trimmed at each end, in [0, 0.5) (Flower's range);
             ``int(beta * n)`` values each, as Flower and ``scipy.stats.trim_mean`` cut.
+        exclude: keys kept local (not aggregated, left out of the result), as in ``fedavg``.
 
     Example:
         >>> s = [{"w": torch.tensor([v])} for v in (1.0, 2.0, 3.0, 1e6)]
@@ -93,7 +103,7 @@ def trimmed_mean(
         cut = int(beta * n)
         return sorted_[cut : n - cut].mean(dim=0)
 
-    return _coordinatewise(results, int_buffers, nonfinite, trim)
+    return _coordinatewise(results, int_buffers, nonfinite, trim, exclude)
 
 
 def _flat(states: list[State]) -> torch.Tensor:
@@ -137,6 +147,7 @@ def multi_krum(
     *,
     weights: str | Sequence[float] = "uniform",
     int_buffers: IntPolicy = None,
+    exclude: Exclude = None,
 ) -> Aggregate:
     """The mean of the ``keep`` clients with the best Krum scores (Blanchard et al. 2017).
 
@@ -148,6 +159,7 @@ def multi_krum(
         keep: how many of the best-scoring clients to average (1 is Krum).
         weights: passed to ``fedavg`` over the kept clients (``"uniform"`` by default:
             a Byzantine client can claim any ``num_examples``).
+        exclude: keys kept local, as in ``fedavg``: left out of the distances too.
 
     Returns:
         An ``Aggregate`` whose ``selected`` lists the kept clients, best first.
@@ -157,7 +169,8 @@ def multi_krum(
         >>> multi_krum(s, attackers=1, keep=2).selected
         (0, 1)
     """
-    states, _ = _prepare(results, "raise", int_buffers)  # NaN/inf: every distance meaningless
+    # NaN/inf: every distance meaningless
+    states, _, _ = _prepare(results, "raise", int_buffers, exclude)
     n = len(states)
     _check_attackers("Krum", n, attackers, 2 * attackers + 3, "n ≥ 2f + 3")
     if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= n:
@@ -170,35 +183,50 @@ def multi_krum(
         if len(w) != n:
             raise AggregationError(f"{len(w)} weights for {n} clients; give one per client")
         w = [float(w[i]) for i in chosen]
-    out = fedavg(picked, weights=w, int_buffers=int_buffers)
+    out = fedavg(picked, weights=w, int_buffers=int_buffers, exclude=exclude)
     out.selected = tuple(chosen)
     return out
 
 
-def krum(results: Sequence[Any], attackers: int, *, int_buffers: IntPolicy = None) -> Aggregate:
+def krum(
+    results: Sequence[Any],
+    attackers: int,
+    *,
+    int_buffers: IntPolicy = None,
+    exclude: Exclude = None,
+) -> Aggregate:
     """The one client whose update is closest to its n − f − 2 nearest others (Krum).
+
+    ``exclude=`` keeps keys local (left out of the distances and the result), as in ``fedavg``.
 
     Example:
         >>> s = [{"w": torch.tensor([v])} for v in (1.0, 1.1, 0.9, 1.2, 50.0)]
         >>> krum(s, attackers=1)["w"]
         tensor([1.])
     """
-    return multi_krum(results, attackers, 1, int_buffers=int_buffers)
+    return multi_krum(results, attackers, 1, int_buffers=int_buffers, exclude=exclude)
 
 
-def bulyan(results: Sequence[Any], attackers: int, *, int_buffers: IntPolicy = None) -> Aggregate:
+def bulyan(
+    results: Sequence[Any],
+    attackers: int,
+    *,
+    int_buffers: IntPolicy = None,
+    exclude: Exclude = None,
+) -> Aggregate:
     """Bulyan (El Mhamdi et al. 2018): Krum picks θ = n − 2f clients one at a time, then
     each coordinate is the mean of the β = θ − 2f values closest to their median.
 
     Args:
         attackers: the number f of Byzantine clients assumed; needs n ≥ 4f + 3.
+        exclude: keys kept local, as in ``fedavg``: left out of the distances too.
 
     Example:
         >>> s = [{"w": torch.tensor([v])} for v in (1.0, 1.1, 0.9, 1.2, 1.05, 1.15, 50.0)]
         >>> round(bulyan(s, attackers=1)["w"].item(), 4)
         1.15
     """
-    states, _ = _prepare(results, "raise", int_buffers)
+    states, _, local = _prepare(results, "raise", int_buffers, exclude)
     n = len(states)
     _check_attackers("Bulyan", n, attackers, 4 * attackers + 3, "n ≥ 4f + 3")
     theta, beta = n - 2 * attackers, n - 4 * attackers
@@ -224,18 +252,35 @@ def bulyan(results: Sequence[Any], attackers: int, *, int_buffers: IntPolicy = N
             nearest = (stacked - median).abs().topk(beta, dim=0, largest=False).indices
             out[k] = stacked.gather(0, nearest).mean(dim=0).to(ref.dtype)
     out.weights, out.selected = (1.0 / theta,) * theta, tuple(chosen)
+    out.excluded = tuple(sorted(local))
     return out
 
 
 def clip(
-    results: Sequence[Any], global_state: Mapping[str, torch.Tensor], max_norm: float
+    results: Sequence[Any],
+    global_state: Mapping[str, torch.Tensor],
+    max_norm: float,
+    *,
+    buffers: Iterable[str] = (),
+    exclude: Exclude = None,
 ) -> list[Any]:
     """Each client's update (state − global) scaled down to L2 norm ``max_norm`` at most.
 
-    The norm is taken over every floating tensor of the state together. Returns the
-    same kind of thing it was given (``TrainResult``s keep their ``num_examples``), to
-    pass on to ``fedavg`` or any aggregator: norm clipping bounds what one client can
-    move the model (Sun et al. 2019, "Can you really backdoor federated learning?").
+    The norm is taken over every floating tensor of the state together, except the keys
+    named in ``buffers``. Returns the same kind of thing it was given (``TrainResult``s
+    keep their ``num_examples``), to pass on to ``fedavg`` or any aggregator: norm clipping
+    bounds what one client can move the model (Sun et al. 2019, "Can you really backdoor
+    federated learning?").
+
+    Args:
+        buffers: keys that are not weights (BatchNorm's running statistics): left out of
+            the norm and passed on as the client sent them. A client's statistics move
+            with its data, not its training, and counted in the norm they would shrink its
+            weights' update. ``[k for k, _ in st.module(g).named_buffers()]`` names them;
+            float keys named ``running_mean``/``running_var`` left out of it warn (a
+            ``UserWarning``) and are clipped with the weights.
+        exclude: keys the clients keep local (FedBN), as in ``fedavg``: not measured, not
+            scaled, passed on as sent (a client may leave them out).
 
     Example:
         >>> g = {"w": torch.zeros(2)}
@@ -244,18 +289,31 @@ def clip(
     """
     if isinstance(max_norm, bool) or not max_norm > 0 or math.isinf(max_norm):
         raise ValueError(f"max_norm must be a positive finite number, not {max_norm!r}")
+    named = _names("buffers", buffers)
     states = _states(results)
-    _validate(states)
-    if global_state.keys() != states[0].keys():
-        missing = sorted(set(states[0]) ^ set(global_state))
+    keys = {**global_state, **states[0]}.keys()
+    local = _local(exclude, keys, "the global state or client 0's")
+    _validate(_without(states, local))
+    if global_state.keys() - local != states[0].keys() - local:
+        missing = sorted((set(states[0]) ^ set(global_state)) - local)
         raise AggregationError(
             f"the global state and the clients' states differ in keys {missing[:5]}; clip "
             "updates of the global state the clients started from"
         )
+    _unknown("buffers", named, global_state)
+    moved = _statistics(global_state, named | local)
+    if moved:
+        warnings.warn(
+            f"{moved[0]!r} (and {len(moved) - 1} more) look like BatchNorm running statistics, "
+            f"which clip measures and scales as part of each update; pass {NAME_BUFFERS} to "
+            "leave them out of the norm",
+            UserWarning,
+            stacklevel=2,
+        )
     out: list[Any] = []
     with torch.no_grad():
         for r, s in zip(results, states):
-            clipped, _ = clip_state(s, global_state, max_norm)
+            clipped, _ = clip_state(s, global_state, max_norm, exclude=named | local)
             out.append(
                 dataclasses.replace(r, state=clipped)
                 if dataclasses.is_dataclass(r) and not isinstance(r, type)
@@ -265,10 +323,14 @@ def clip(
 
 
 def clip_state(
-    state: State, global_state: Mapping[str, torch.Tensor], max_norm: float
+    state: State,
+    global_state: Mapping[str, torch.Tensor],
+    max_norm: float,
+    exclude: Collection[str] = (),
 ) -> tuple[dict[str, torch.Tensor], float]:
-    """``state`` with its update clipped to ``max_norm``, and the update's norm before clipping."""
-    keys = [k for k, t in global_state.items() if t.is_floating_point()]
+    """``state`` with its update clipped to ``max_norm``, and the update's norm before clipping
+    (over the floating keys not in ``exclude``, which are left as they are)."""
+    keys = [k for k, t in global_state.items() if t.is_floating_point() and k not in exclude]
     deltas = {
         k: state[k].detach().to(torch.float64) - global_state[k].to(torch.float64) for k in keys
     }

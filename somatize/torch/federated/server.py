@@ -29,6 +29,7 @@ import torch
 
 from ...errors import AggregationError
 from ..result import TrainResult
+from .keys import NAME_BUFFERS, Exclude, _local, _names, _rule, _statistics, _unknown
 
 __all__ = ["FedAdagrad", "FedAdam", "FedAvgM", "FedYogi", "ServerOptimizer"]
 
@@ -76,6 +77,9 @@ class ServerOptimizer:
             model's buffers (BatchNorm's running statistics are averages, not weights:
             Adam's step would move ``running_var`` by about ``lr`` a round whatever its
             scale). ``[k for k, _ in st.module(g).named_buffers()]`` names them.
+        exclude: keys the clients keep local (FedBN: ``fl.batchnorm_keys(g)``), as in
+            ``fedavg``: names, ``fnmatch`` patterns or a predicate. The global state's
+            values are kept, and the aggregate may leave them out (``fedavg(exclude=)`` does).
     """
 
     rule: Rule
@@ -85,6 +89,7 @@ class ServerOptimizer:
     tau: float = 1e-3
     steps: int = 0
     buffers: frozenset[str] = frozenset()
+    exclude: Exclude = None
     m: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     v: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -99,9 +104,8 @@ class ServerOptimizer:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise ValueError(f"{name} must be in [0, 1), not {value!r}")
-        if isinstance(self.buffers, str):
-            raise TypeError(f"buffers is a list of keys, not the string {self.buffers!r}")
-        self.buffers = frozenset(self.buffers)
+        self.buffers = _names("buffers", self.buffers)
+        self.exclude = _rule(self.exclude)
         self._warned = False
 
     def step(
@@ -112,27 +116,29 @@ class ServerOptimizer:
         Raises:
             TypeError: either argument is not a state dict of tensors (a list of results,
                 a ``TrainResult``): pass the global state and ``st.fedavg(results)``.
-            AggregationError: their keys, or a key's shape or dtype, differ.
+            AggregationError: their keys, or a key's shape or dtype, differ (the keys
+                ``exclude`` names may be missing from the aggregate).
         """
         _check_state("global_state", global_state)
         _check_state("aggregate", aggregate)
-        if global_state.keys() != aggregate.keys():
-            diff = sorted(set(global_state) ^ set(aggregate))
+        local = _local(self.exclude, global_state.keys(), "the global state")
+        if global_state.keys() - local != aggregate.keys() - local or not (
+            aggregate.keys() <= global_state.keys()
+        ):
+            diff = sorted((set(global_state) ^ set(aggregate)) - local)
             raise AggregationError(
                 f"the aggregate and the global state differ in keys {diff[:5]}; step the global "
                 "state the clients started from with the aggregate of their results"
             )
-        unknown = sorted(self.buffers - global_state.keys())
-        if unknown:
-            raise AggregationError(
-                f"buffers names keys the state does not hold: {unknown[:5]}; name them as "
-                "st.module(g).named_buffers() does"
-            )
-        self._warn_statistics(global_state)
+        _unknown("buffers", self.buffers, global_state)
+        self._warn_statistics(global_state, local)
         out: dict[str, torch.Tensor] = {}
         b1, b2 = self.beta1, self.beta2
         with torch.no_grad():
             for k, x in global_state.items():
+                if k in local:  # the clients' own: the server keeps its value
+                    out[k] = x.detach().clone()
+                    continue
                 a = aggregate[k]
                 if a.shape != x.shape or a.dtype != x.dtype:
                     raise AggregationError(
@@ -168,22 +174,17 @@ class ServerOptimizer:
         self.steps += 1
         return out
 
-    def _warn_statistics(self, state: Mapping[str, torch.Tensor]) -> None:
+    def _warn_statistics(self, state: Mapping[str, torch.Tensor], local: frozenset[str]) -> None:
         """Once: float keys named as BatchNorm's statistics, which the rule would move."""
-        moved = [
-            k
-            for k, t in state.items()
-            if k not in self.buffers
-            and t.is_floating_point()
-            and k.rsplit(".", 1)[-1] in ("running_mean", "running_var")
-        ]
-        if moved and not self._warned:
+        if self._warned:
+            return
+        moved = _statistics(state, self.buffers | local)
+        if moved:
             self._warned = True
             warnings.warn(
                 f"{moved[0]!r} (and {len(moved) - 1} more) look like BatchNorm running "
                 f"statistics, which the {self.rule} rule moves as if they were weights; pass "
-                "buffers=[k for k, _ in st.module(g).named_buffers()] to take them from the "
-                "aggregate as they are",
+                f"{NAME_BUFFERS} to take them from the aggregate as they are",
                 UserWarning,
                 stacklevel=3,
             )
@@ -243,10 +244,16 @@ class ServerOptimizer:
 
 
 def FedAvgM(
-    *, lr: float = 1.0, momentum: float = 0.9, buffers: Iterable[str] = ()
+    *,
+    lr: float = 1.0,
+    momentum: float = 0.9,
+    buffers: Iterable[str] = (),
+    exclude: Exclude = None,
 ) -> ServerOptimizer:
     """Server momentum (Hsu et al. 2019): v ← βv + Δ; x ← x + ηv. ``lr=1, momentum=0`` is FedAvg."""
-    return ServerOptimizer("avgm", lr, beta1=momentum, buffers=frozenset(buffers))
+    return ServerOptimizer(
+        "avgm", lr, beta1=momentum, buffers=_names("buffers", buffers), exclude=exclude
+    )
 
 
 def FedAdam(
@@ -256,9 +263,12 @@ def FedAdam(
     beta2: float = 0.99,
     tau: float = 1e-3,
     buffers: Iterable[str] = (),
+    exclude: Exclude = None,
 ) -> ServerOptimizer:
     """FedAdam: m ← β₁m + (1−β₁)Δ; v ← β₂v + (1−β₂)Δ²; x ← x + η m / (√v + τ)."""
-    return ServerOptimizer("adam", lr, beta1, beta2, tau, buffers=frozenset(buffers))
+    return ServerOptimizer(
+        "adam", lr, beta1, beta2, tau, buffers=_names("buffers", buffers), exclude=exclude
+    )
 
 
 def FedYogi(
@@ -268,13 +278,23 @@ def FedYogi(
     beta2: float = 0.99,
     tau: float = 1e-3,
     buffers: Iterable[str] = (),
+    exclude: Exclude = None,
 ) -> ServerOptimizer:
     """FedYogi: as FedAdam, with v ← v − (1−β₂)Δ² sign(v − Δ²)."""
-    return ServerOptimizer("yogi", lr, beta1, beta2, tau, buffers=frozenset(buffers))
+    return ServerOptimizer(
+        "yogi", lr, beta1, beta2, tau, buffers=_names("buffers", buffers), exclude=exclude
+    )
 
 
 def FedAdagrad(
-    *, lr: float = 1e-2, beta1: float = 0.0, tau: float = 1e-3, buffers: Iterable[str] = ()
+    *,
+    lr: float = 1e-2,
+    beta1: float = 0.0,
+    tau: float = 1e-3,
+    buffers: Iterable[str] = (),
+    exclude: Exclude = None,
 ) -> ServerOptimizer:
     """FedAdagrad: m ← β₁m + (1−β₁)Δ; v ← v + Δ²; x ← x + η m / (√v + τ)."""
-    return ServerOptimizer("adagrad", lr, beta1, tau=tau, buffers=frozenset(buffers))
+    return ServerOptimizer(
+        "adagrad", lr, beta1, tau=tau, buffers=_names("buffers", buffers), exclude=exclude
+    )
