@@ -17,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "api.md"
+sys.path.insert(0, str(ROOT))  # this checkout's package (an editable install may be another's)
 MODULES = [
     ("somatize", "The engine (no torch)"),
     ("somatize.transports", "Transports: plan slices on other hosts"),
