@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import struct
 import sys
-import types
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -30,12 +29,9 @@ from blake3 import blake3
 from torch import nn
 
 from ..errors import ValueConversionError
-from ..identity import _is_user_module
-from ..identity import fingerprint as fingerprint_code
-from ..node_state import _code
 from ..values import decode as decode_data
-from ..values import digest as digest_data
 from ..values import encode as encode_data
+from .fingerprints import module_fingerprint
 
 __all__ = ["NdarrayCodec", "TensorCodec", "default_codecs"]
 
@@ -214,8 +210,9 @@ class TensorCodec:
         return result
 
     def fingerprint(self, obj: Any) -> str | None:
-        """The digest of a tensor, of a module's structure, modes and state, or the name of
-        a dtype, device, layout or memory format.
+        """The digest of a tensor, of a module's structure, modes and state
+        (``somatize.torch.fingerprints``), or the name of a dtype, device, layout or
+        memory format.
 
         A module's fingerprint is made of each submodule's name, class (and, for the
         user's own classes, the fingerprint of their code), mode, plain attributes
@@ -229,130 +226,16 @@ class TensorCodec:
             return self.digest(obj)
         if not isinstance(obj, nn.Module):
             return f"{type(obj).__name__}:{obj}" if isinstance(obj, _NAMED) else None
-        # hooks every module runs, then per module: name, class, mode, parameter and buffer
-        # digests, plain attributes, forward hooks
-        parts: list[tuple[Any, ...]] = [
-            _hooks(*_global_hooks) if _global_hooks[0] or _global_hooks[1] else ()
-        ]
-        extra = False
-        digest = self.digest
-        for name, mod in obj.named_modules():
-            held: list[tuple[str, str]] = []  # (plain loops: cheaper than generators here)
-            if mod._parameters:
-                for pname, p in mod._parameters.items():
-                    if p is not None:
-                        held.append((pname, digest(p)))
-            if mod._buffers:
-                # Batch norm updates its running statistics in place without moving their
-                # version counter: buffers of a module in training mode are always hashed.
-                for bname, b in mod._buffers.items():
-                    if b is not None:
-                        held.append((bname, digest(b, fresh=mod.training)))
-            cls = type(mod)
-            hooks = (
-                _hooks(mod._forward_pre_hooks, mod._forward_hooks)
-                if mod._forward_pre_hooks or mod._forward_hooks
-                else ()
-            )
-            cls_id = _CLASS_IDS.get(cls) or _class_id(cls)
-            parts.append((name, cls_id, mod.training, held, _settings(mod, digest), hooks))
-            if cls.get_extra_state is not _NO_EXTRA:
-                extra = True
-        memo = self._modules.get(id(obj))
-        if not extra and memo is not None and memo[0]() is obj and memo[1] == parts:
-            return memo[2]
-        h = blake3()
-        if parts[0]:
-            h.update(f"global hooks={parts[0]!r}\0".encode())
-        for (name, cls, training, held, settings, hooks), (_, mod) in zip(
-            parts[1:], obj.named_modules()
-        ):
-            h.update(f"{name}:{cls}:{training}\0".encode())
-            for pname, d in held:
-                h.update(f"{name}.{pname}={d}\0".encode())
-            for key, value in zip(*settings):
-                h.update(f"{name}.{key}={value!r}\0".encode())
-            if hooks:
-                h.update(f"{name} hooks={hooks!r}\0".encode())
-            if type(mod).get_extra_state is not _NO_EXTRA:
-                # extra state may change with no tensor moving: never served from the memo
-                state = digest_data(mod.get_extra_state(), (self,), f"the extra state of {name!r}")
-                h.update(f"{name}._extra_state={state}\0".encode())
-        result = h.hexdigest()
-        if not extra:
-            if len(self._modules) > 1024:  # forget modules that no longer exist
-                self._modules = {k: v for k, v in self._modules.items() if v[0]() is not None}
-            self._modules[id(obj)] = (weakref.ref(obj), parts, result)
-        return result
+        return module_fingerprint(self, obj)
+
+    def _remember_module(self, obj: nn.Module, parts: list[Any], result: str) -> None:
+        """Keep what ``obj``'s fingerprint ``result`` was made of (see ``fingerprints``)."""
+        if len(self._modules) > 1024:  # forget modules that no longer exist
+            self._modules = {k: v for k, v in self._modules.items() if v[0]() is not None}
+        self._modules[id(obj)] = (weakref.ref(obj), parts, result)
 
 
-_NO_EXTRA = nn.Module.get_extra_state
 _NAMED = (torch.dtype, torch.device, torch.layout, torch.memory_format)  # enter a state by name
-_global_hooks = (  # (torch's own dicts, mutated in place when a global hook is registered)
-    nn.modules.module._global_forward_pre_hooks,
-    nn.modules.module._global_forward_hooks,
-)
-_SETTING = frozenset({int, float, bool, str, type(None)})
-_CLASS_IDS: dict[type, str] = {}
-_PUBLIC: dict[tuple[type, int], tuple[str, ...]] = {}  # (class, size of __dict__) -> names
-_PLAIN_TUPLES: set[tuple[Any, ...]] = set()  # tuples of plain values seen: (3, 3), (1, 1)
-
-
-def _class_id(cls: type) -> str:
-    """How a module's class enters a fingerprint: its name; and, when it is the user's own
-    class (not a library's, which enters by version), the fingerprint of its code."""
-    known = cls.__qualname__
-    if _is_user_module(sys.modules.get(cls.__module__)):
-        known = f"{cls.__module__}.{known}:{fingerprint_code(cls)}"
-    if len(_CLASS_IDS) < 4096:
-        _CLASS_IDS[cls] = known
-    return known
-
-
-def _settings(mod: nn.Module, digest: Any) -> tuple[tuple[str, ...], list[Any]]:
-    """A module's plain attributes (``LeakyReLU.negative_slope``, ``BatchNorm.eps``): the
-    names of its public instance attributes and their values, numbers, strings and tuples
-    of them as they are, tensors by digest. The names are found once per class and size of
-    the instance's ``__dict__`` (an attribute added changes the size; one missing is a
-    ``KeyError``, and the names are found again)."""
-    d = mod.__dict__
-    shape = (type(mod), len(d))
-    names = _PUBLIC.get(shape)
-    try:
-        if names is None:
-            raise KeyError
-        values = [d[k] for k in names]
-    except KeyError:
-        names = tuple(k for k in d if k[0] != "_" and k != "training")
-        if len(_PUBLIC) < 4096:
-            _PUBLIC[shape] = names
-        values = [d[k] for k in names]
-    for i, v in enumerate(values):
-        t = type(v)
-        if t not in _SETTING and not (t is tuple and v in _PLAIN_TUPLES):
-            values[i] = digest(v) if isinstance(v, torch.Tensor) else _other_setting(v)
-            plain = t is tuple and all(type(x) in _SETTING for x in v)
-            if plain and len(_PLAIN_TUPLES) < 4096:
-                _PLAIN_TUPLES.add(v)
-    return names, values
-
-
-def _other_setting(v: Any) -> Any:
-    if isinstance(v, tuple):  # kernel_size, stride (a torch.Size too): item by item
-        return tuple(x if type(x) in _SETTING else _other_setting(x) for x in v)
-    if isinstance(v, torch.Tensor):  # (inside a tuple)
-        return f"tensor:{tuple(v.shape)}:{v.dtype}:{blake3(_tensor_bytes(v)).hexdigest()}"
-    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type)):
-        return _code(v)  # TransformerEncoderLayer.activation
-    try:
-        return digest_data(v, (), "a module attribute")  # a list or dict of numbers
-    except Exception:  # anything else: its class (what made it is the module's own code)
-        return f"obj:{type(v).__qualname__}"
-
-
-def _hooks(*tables: Any) -> tuple[str, ...]:
-    """The code of the forward hooks registered in ``tables`` (each hook changes outputs)."""
-    return tuple(_code(h) for table in tables for h in table.values())
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")

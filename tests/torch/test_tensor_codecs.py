@@ -24,6 +24,7 @@ from somatize import (
     encode,
 )
 from somatize.torch import NdarrayCodec, TensorCodec
+from somatize.torch.fingerprints import _named_modules
 
 CODECS = (TensorCodec(), NdarrayCodec())
 
@@ -379,3 +380,47 @@ def test_cached_tensor_output_survives_a_disk_keeper_without_pickle(tmp_path):
     assert torch.equal(first, later)
     stored = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
     assert stored and not any(b"torch._utils" in p.read_bytes() for p in stored)
+
+
+def test_the_fingerprint_walks_modules_as_named_modules_does() -> None:
+    """Its own walk: the same names, in the same order, a shared module named where it is
+    first reached, None children skipped, cycles-free nesting at any depth."""
+    shared = nn.Linear(2, 2)
+    inner = nn.Sequential(shared, nn.ReLU(), nn.Sequential(nn.Tanh(), shared))
+    root = nn.ModuleDict({"b": inner, "a": shared, "c": nn.ModuleList([inner, nn.Identity()])})
+    root.register_module("gone", None)
+    deep: nn.Module = nn.Identity()
+    for _ in range(30):
+        deep = nn.Sequential(deep, nn.ReLU())
+    for m in (root, inner, shared, deep, nn.TransformerEncoderLayer(8, 2, 16)):
+        assert _named_modules(m) == list(m.named_modules())
+
+
+def test_a_module_fingerprint_from_its_memos_equals_one_made_afresh() -> None:
+    """The memo path (unchanged weights and settings read back, no hashing) gives what a
+    new codec, hashing everything, gives — after each kind of change, too."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.LeakyReLU(0.1)).eval()
+
+    def step_weights() -> None:
+        with torch.no_grad():
+            net[0].weight.add_(1.0)
+
+    changes = [
+        lambda: None,
+        step_weights,
+        lambda: setattr(net[2], "negative_slope", 0.3),
+        lambda: net.train(),
+        lambda: net[1].running_mean.add_(1.0),  # in training mode: buffers hashed each time
+        lambda: net.eval(),
+        lambda: setattr(net[0], "bias", nn.Parameter(torch.zeros(4))),
+    ]
+    warm, seen = TensorCodec(), []
+    for change in changes:
+        change()
+        got = warm.fingerprint(net)
+        assert got == TensorCodec().fingerprint(net)
+        seen.append(got)
+    assert len(set(seen)) == len(seen)  # every change is seen
+    hashed = warm.hashed
+    assert warm.fingerprint(net) == seen[-1] and warm.hashed == hashed  # read from the memos
