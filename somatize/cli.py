@@ -25,6 +25,7 @@ from . import runs_cli
 from .errors import KeeperError
 from .graph import Graph
 from .keepers import DiskKeeper
+from .rows import check_entry
 from .values import decode
 
 __all__ = ["main"]
@@ -44,6 +45,8 @@ def _decoder() -> Callable[[bytes], object]:
 
     def check(payload: bytes) -> object:
         try:
+            if check_entry(payload, codecs):  # a per-example row (somatize.rows), not a value
+                return None
             return decode(payload, codecs)
         except ValueError as e:
             if "which was not passed" in str(e):  # values.decode: an unknown codec's value

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ROWS_VERSION",
     "RowCodec",
+    "check_entry",
     "device_of",
     "discard",
     "get_many",
@@ -158,6 +159,21 @@ def _layout(entry: bytes, codecs: Sequence[Any]) -> _Layout:
             _layouts.clear()
         layout = _layouts[memo] = _Layout(memo[0], codecs)
     return layout
+
+
+def check_entry(entry: bytes, codecs: Sequence[Any]) -> bool:
+    """Whether ``entry`` is a per-example row (False: some other kind of entry); raises
+    ``ValueError`` when it is one that does not parse or whose length its layout does not
+    give (``somatize cache verify``). A row needing a codec not in ``codecs`` raises the
+    ``"which was not passed"`` error a data value would."""
+    if entry[:4] != _MAGIC:
+        return False
+    layout = _layout(entry, codecs)
+    if len(entry) != layout.size:
+        raise ValueError(
+            f"a per-example row of {len(entry)} bytes where its layout gives {layout.size}"
+        )
+    return True
 
 
 def discard(keeper: Keeper | None, key: str) -> None:
