@@ -23,7 +23,9 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[
     kept = [c.value for c in run.carries]  # training's carried state, given back afterwards
     reset(run.carries)
     with run.tally.paused() if run.tally is not None else contextlib.nullcontext():
-        evaluated = trainer._evaluate(run.net, val, run.device, run.autocast, run.rank, run.world)
+        evaluated = trainer._evaluate(
+            run.net, val, run.device, run.autocast, run.rank, run.world, run.val_batches
+        )
     for c, value in zip(run.carries, kept):
         c.value = value
     values = {f"val_{k}": v for k, v in evaluated.items()}

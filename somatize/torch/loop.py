@@ -14,6 +14,7 @@ from .batches import epoch_batches
 from .carry import reset
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
+from .limits import limited
 from .module import GraphModule
 from .policy import save
 from .rng import put_back, snapshot
@@ -114,8 +115,9 @@ def _batches(trainer: Trainer, run: ActiveRun, data: Iterable[Any]) -> Iterator[
         put_back(s.epoch_rng)
     else:
         s.epoch_rng = now
-    batches = epoch_batches(
-        data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world
+    batches = limited(
+        epoch_batches(data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world),
+        run.train_batches,
     )
     if not resuming:
         return batches

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 
 from ..errors import SettingError
+from .limits import check_limit
 from .settings import choice, count, positive
 
 __all__ = ["PRECISIONS", "Options", "check_device"]
@@ -44,6 +45,12 @@ class Options:
             weights are ever checkpointed); ``"skip"`` the step (counted in
             ``TrainResult.skipped``); ``"ignore"``: step anyway. ``"raise"`` and ``"skip"``
             read the loss back every step (a device synchronisation on a GPU).
+        limit_train_batches: train each epoch on at most this many batches (an int), or on
+            this fraction of them (a float in (0, 1]: ``int(len(train) * fraction)``) —
+            Lightning's ``limit_train_batches``; the first of each epoch's order. None: all.
+        limit_val_batches: evaluate on at most this many batches of ``val`` (an int), or on
+            this fraction of them (a float in (0, 1]). None: all. ``evaluate()`` reads all
+            the data it is given.
     """
 
     device: str | torch.device | None = None
@@ -58,6 +65,8 @@ class Options:
     nonfinite: Literal["raise", "skip", "ignore"] = "raise"
     accumulate: int = 1
     compile: bool | Mapping[str, Any] = False
+    limit_train_batches: int | float | None = None
+    limit_val_batches: int | float | None = None
 
     def __post_init__(self) -> None:
         choice(
@@ -90,6 +99,8 @@ class Options:
             )
         if self.device is not None:
             _check_device(self.device)
+        check_limit("limit_train_batches", self.limit_train_batches)
+        check_limit("limit_val_batches", self.limit_val_batches)
 
 
 def _check_device(device: Any) -> None:

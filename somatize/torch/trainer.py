@@ -43,6 +43,7 @@ from .checkpoint import (
     restore_rank_rng,
     restore_scaler,
 )
+from .limits import epoch_examples, resolve
 from .loop import train as train_loop
 from .metrics import Metric, evaluate
 from .options import Options, check_device
@@ -69,7 +70,6 @@ from .start import (
     autocast_for,
     close,
     compiled,
-    count_examples,
     dynamic_step,
     seed_everything,
     trainable,
@@ -189,18 +189,19 @@ class Trainer:
         started: float,
     ) -> TrainResult:
         train = ddp.shard(train, rank, world, self.seed)  # each rank reads only its share
+        train_n, val_n = resolve(self.options, train, val, rank, world)  # before any step
         run = self._start(model, resume, run_id, rank, world, train)
-        run.train = train
+        run.train, run.train_batches, run.val_batches = train, train_n, val_n
         if run.plateau and val is None:
             raise ValueError(
                 "ReduceLROnPlateau is stepped with the monitored metric after each evaluation, "
                 "but fit() got no val= data; pass val=batches (and Options(monitor=...))"
             )
         s = run.state
-        n_train = count_examples(train, world)
+        n_train = epoch_examples(train, train_n, self.seed, self.options.shuffle, world)
         run.tally = tally.attach(run.net)  # counts what remembered nodes find (tally.py)
         try:
-            total = total_steps(self, train, world)
+            total = total_steps(self, train, world, train_n)
             start = FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step, total)
             notify(run.watchers, start)
             with dynamic_step() if run.compiled else contextlib.nullcontext():
@@ -353,6 +354,7 @@ class Trainer:
         autocast: Callable[[], Any],
         rank: int,
         world: int,
+        limit: int | None = None,
     ) -> dict[str, float]:
         fns = {"loss": self._loss, **self.metrics}
         return evaluate(
@@ -364,6 +366,7 @@ class Trainer:
             autocast=autocast,
             rank=rank,
             world=world,
+            limit=limit,
         )
 
     # -- reporting --------------------------------------------------------------------
