@@ -18,6 +18,7 @@ from .limits import limited
 from .module import GraphModule
 from .policy import save
 from .rng import put_back, snapshot
+from .schedule import evaluates_at_epoch_end
 from .step import step
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     per_step = trainer.options.scheduler_every == "step"
     sched = None if run.plateau else run.sched  # a plateau scheduler is stepped by evaluations
     step_sched, epoch_sched = (sched, None) if per_step else (None, sched)
-    every = trainer.options.eval_every_steps
     accumulate = trainer.options.accumulate
     # the common case takes a loop with every call it does not need inlined (issue 16)
     fast = (
@@ -81,7 +81,11 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                     " is used up after one epoch)"
                 )
             cache = run.tally.end_epoch(s.epoch, warn=run.rank == 0) if run.tally else {}
-            record = evaluate_into(trainer, run, val) if val is not None and not every else None
+            record = (
+                evaluate_into(trainer, run, val)
+                if val is not None and evaluates_at_epoch_end(trainer.options, s.epoch)
+                else None
+            )
             if epoch_sched is not None:  # after the epoch's evaluation, as torch documents
                 epoch_sched.step()
             s.flush(run.world)

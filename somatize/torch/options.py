@@ -10,6 +10,7 @@ import torch
 
 from ..errors import SettingError
 from .limits import check_limit
+from .schedule import check_schedule
 from .settings import choice, count, positive
 
 __all__ = ["PRECISIONS", "Options", "check_device"]
@@ -28,7 +29,9 @@ class Options:
             autocast with a gradient scaler (``torch.amp.GradScaler``, checkpointed).
         clip_grad_norm: clip the gradients' total norm to this value before each step.
         shuffle: permute a sequence of batches every epoch (seeded by ``(seed, epoch)``).
-        eval_every_steps: evaluate every N steps instead of at each epoch end.
+        eval_every_steps: evaluate every N optimizer steps instead of at each epoch end.
+        eval_every_epochs: evaluate at the end of every N-th epoch only (Lightning's
+            ``check_val_every_n_epoch``): epochs N, 2N... Not with ``eval_every_steps``.
         monitor: the metric ``TrainResult.best`` tracks (and pruners without a ``metric``).
         mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
         progress: show a progress bar; None: when standard error is a terminal.
@@ -67,6 +70,7 @@ class Options:
     compile: bool | Mapping[str, Any] = False
     limit_train_batches: int | float | None = None
     limit_val_batches: int | float | None = None
+    eval_every_epochs: int | None = None
 
     def __post_init__(self) -> None:
         choice(
@@ -91,12 +95,7 @@ class Options:
                 "it is the largest total gradient norm kept (a value <= 0 would flip or zero "
                 "the update); pass None not to clip",
             )
-        if self.eval_every_steps is not None:
-            count(
-                "Options eval_every_steps",
-                self.eval_every_steps,
-                hint="pass None to evaluate at each epoch end",
-            )
+        check_schedule(self.eval_every_steps, self.eval_every_epochs)
         if self.device is not None:
             _check_device(self.device)
         check_limit("limit_train_batches", self.limit_train_batches)

@@ -199,6 +199,9 @@ def check_fit(trainer: Any, val: Any) -> None:
         )
     if val is not None:
         check_monitor(trainer.options.monitor, trainer.metrics)
+        from .schedule import check_schedule_fits
+
+        check_schedule_fits(trainer.options.eval_every_epochs, trainer.epochs)
     check_pruner_mode(trainer.pruner, trainer.options.monitor, trainer.options.mode)
 
 

@@ -148,7 +148,8 @@ class Trainer:
         Args:
             model: a ``Graph``, ``module(g)``, or any ``nn.Module``.
             train: a sequence of batches (the Trainer shuffles it) or a DataLoader.
-            val: batches to evaluate on, at each epoch end or every ``eval_every_steps``.
+            val: batches to evaluate on: at each epoch end, every ``eval_every_steps`` or at
+                the end of every ``eval_every_epochs``-th epoch.
             resume: ``"last"`` (the latest checkpoint, or a fresh start when there is none)
                 or a checkpoint path; the run continues bitwise identically.
 
