@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..watchers import Metrics, notify
 from .carry import reset
+from .schedule import may_stop
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -17,8 +18,11 @@ if TYPE_CHECKING:
 __all__ = ["evaluate_into", "rank_checkpoint"]
 
 
-def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[str, float]:
-    """Evaluate, record, tell the watchers, and ask the pruner."""
+def evaluate_into(
+    trainer: Trainer, run: ActiveRun, val: Iterable[Any], *, epoch_end: bool = False
+) -> dict[str, float]:
+    """Evaluate, record, tell the watchers, and ask the pruner (``epoch_end``: the epoch
+    ``run.state.epoch`` has ended, for ``Options(min_epochs=)``)."""
     s = run.state
     kept = [c.value for c in run.carries]  # training's carried state, given back afterwards
     reset(run.carries)
@@ -56,7 +60,10 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[
                 f"evaluated: {', '.join(values)} (name a metric from Trainer(metrics=...))"
             )
         pruner.report(record[name], s.step)
-        s.pruned = bool(pruner.should_prune())
+        # below Options(min_epochs=, min_steps=) a "stop" is not acted on (schedule.py)
+        s.pruned = bool(pruner.should_prune()) and may_stop(
+            trainer.options, s.epoch + epoch_end, s.step
+        )
     return record
 
 

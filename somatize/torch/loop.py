@@ -82,7 +82,7 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                 )
             cache = run.tally.end_epoch(s.epoch, warn=run.rank == 0) if run.tally else {}
             record = (
-                evaluate_into(trainer, run, val)
+                evaluate_into(trainer, run, val, epoch_end=True)
                 if val is not None and evaluates_at_epoch_end(trainer.options, s.epoch)
                 else None
             )

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import SettingError
 from .limits import check_limit
-from .schedule import check_schedule
+from .schedule import check_floor, check_schedule
 from .settings import choice, count, positive
 
 __all__ = ["PRECISIONS", "Options", "check_device"]
@@ -32,6 +32,10 @@ class Options:
         eval_every_steps: evaluate every N optimizer steps instead of at each epoch end.
         eval_every_epochs: evaluate at the end of every N-th epoch only (Lightning's
             ``check_val_every_n_epoch``): epochs N, 2N... Not with ``eval_every_steps``.
+        min_epochs: a pruner cannot stop the run before this many epochs have ended: a
+            "stop" earlier is not acted on, and the pruner is asked again at the next
+            evaluation (Lightning's ``min_epochs``). ``epochs`` still ends the run.
+        min_steps: the same, counted in optimizer steps (``max_steps`` still ends the run).
         monitor: the metric ``TrainResult.best`` tracks (and pruners without a ``metric``).
         mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
         progress: show a progress bar; None: when standard error is a terminal.
@@ -71,6 +75,8 @@ class Options:
     limit_train_batches: int | float | None = None
     limit_val_batches: int | float | None = None
     eval_every_epochs: int | None = None
+    min_epochs: int | None = None
+    min_steps: int | None = None
 
     def __post_init__(self) -> None:
         choice(
@@ -96,6 +102,7 @@ class Options:
                 "the update); pass None not to clip",
             )
         check_schedule(self.eval_every_steps, self.eval_every_epochs)
+        check_floor(self.min_epochs, self.min_steps, None, None)  # the Trainer's at fit()
         if self.device is not None:
             _check_device(self.device)
         check_limit("limit_train_batches", self.limit_train_batches)

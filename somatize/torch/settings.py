@@ -185,6 +185,10 @@ def check_metrics(metrics: Any) -> None:
 
 def check_fit(trainer: Any, val: Any) -> None:
     """What ``fit`` needs of the settings together, checked before any step is trained."""
+    from .schedule import check_floor, check_schedule_fits
+
+    o = trainer.options
+    check_floor(o.min_epochs, o.min_steps, trainer.epochs, trainer.max_steps)
     if trainer.pruner is not None and val is None:
         raise SettingError(
             "a pruner is asked after each evaluation, but fit() got no val= data; "
@@ -199,9 +203,7 @@ def check_fit(trainer: Any, val: Any) -> None:
         )
     if val is not None:
         check_monitor(trainer.options.monitor, trainer.metrics)
-        from .schedule import check_schedule_fits
-
-        check_schedule_fits(trainer.options.eval_every_epochs, trainer.epochs)
+        check_schedule_fits(o.eval_every_epochs, trainer.epochs)
     check_pruner_mode(trainer.pruner, trainer.options.monitor, trainer.options.mode)
 
 
