@@ -12,6 +12,7 @@ from ..errors import SettingError
 from .limits import check_limit
 from .schedule import check_floor, check_schedule
 from .settings import choice, count, positive
+from .smoke import check_smoke
 
 __all__ = ["PRECISIONS", "Options", "check_device"]
 
@@ -36,6 +37,10 @@ class Options:
             "stop" earlier is not acted on, and the pruner is asked again at the next
             evaluation (Lightning's ``min_epochs``). ``epochs`` still ends the run.
         min_steps: the same, counted in optimizer steps (``max_steps`` still ends the run).
+        smoke: a smoke run (Lightning's ``fast_dev_run``): ``fit`` trains one epoch of N
+            batches (True: 1), evaluates N batches of ``val`` once, writes no checkpoint,
+            tells no watcher, returns the result and puts the model's weights and the RNG
+            states back; ``evaluate`` and ``predict`` read N batches.
         monitor: the metric ``TrainResult.best`` tracks (and pruners without a ``metric``).
         mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
         progress: show a progress bar; None: when standard error is a terminal.
@@ -77,6 +82,7 @@ class Options:
     eval_every_epochs: int | None = None
     min_epochs: int | None = None
     min_steps: int | None = None
+    smoke: bool | int = False
 
     def __post_init__(self) -> None:
         choice(
@@ -102,6 +108,7 @@ class Options:
                 "the update); pass None not to clip",
             )
         check_schedule(self.eval_every_steps, self.eval_every_epochs)
+        check_smoke(self.smoke)
         check_floor(self.min_epochs, self.min_steps, None, None)  # the Trainer's at fit()
         if self.device is not None:
             _check_device(self.device)

@@ -33,9 +33,9 @@ from torch import nn
 
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
-from . import ddp, tally
-from .batches import loss_of, split, to_device
-from .carry import carries, reset
+from . import ddp, inference, tally
+from .batches import loss_of, split
+from .carry import carries
 from .checkpoint import (
     Checkpointing,
     load_checkpoint,
@@ -65,6 +65,7 @@ from .settings import (
     check_parts,
     check_scheduler,
 )
+from .smoke import smoke_fit
 from .start import (
     as_module,
     autocast_for,
@@ -165,6 +166,8 @@ class Trainer:
                 "st.Trainer(..., optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)) "
                 "(evaluate() and predict() do without one)"
             )
+        if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
+            return smoke_fit(self, model, train, val)
         check_fit(self, val)
         run_id = uuid.uuid4().hex[:12]
         rank, world, own_group = ddp.setup()
@@ -308,44 +311,26 @@ class Trainer:
     # -- evaluation ---------------------------------------------------------------------
 
     def evaluate(self, model: Graph | nn.Module, data: Iterable[Any]) -> dict[str, float]:
-        """The loss and metrics of ``model`` on ``data``, averaged over examples.
+        """The loss and metrics of ``model`` on ``data``, averaged over examples (under
+        ``Options(smoke=N)``, of its first N batches).
 
         Example:
             >>> trainer.evaluate(g, val)  # doctest: +SKIP
             {'loss': 0.31, 'acc': 0.92}
         """
-        net = as_module(model)
-        reset(carries(net))
-        rank, world = ddp.rank_world()
-        device = next((p.device for p in net.parameters()), torch.device("cpu"))
-        return self._evaluate(
-            net, data, device, autocast_for(self.options.precision, device), rank, world
-        )
+        return inference.evaluate(self, model, data)
 
     def predict(self, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
         """The model's output for each batch of ``data``, in order, in eval mode, without grad.
 
         A batch ``(x, y)`` (or ``{"x": ..., "y": ...}``) is predicted from ``x``; any other
-        batch is the input. The module's mode is restored afterwards.
+        batch is the input. The module's mode is restored afterwards. Under
+        ``Options(smoke=N)``, only the first N batches.
 
         Example:
             >>> logits = torch.cat(trainer.predict(g, batches))  # doctest: +SKIP
         """
-        net = as_module(model)
-        device = next((p.device for p in net.parameters()), torch.device("cpu"))
-        autocast = autocast_for(self.options.precision, device)
-        reset(carries(net))  # carried state starts afresh, as for an evaluation
-        was_training, out = net.training, []
-        net.eval()
-        try:
-            with torch.no_grad():
-                for batch in data:
-                    x = to_device(split(batch)[0], device)
-                    with autocast():
-                        out.append(net(x))
-        finally:
-            net.train(was_training)
-        return out
+        return inference.predict(self, model, data)
 
     def _evaluate(
         self,
