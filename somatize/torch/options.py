@@ -10,6 +10,7 @@ import torch
 
 from ..errors import SettingError
 from .limits import check_limit
+from .sanity import check_sanity
 from .schedule import check_floor, check_schedule
 from .settings import choice, count, positive
 from .smoke import check_smoke
@@ -41,6 +42,11 @@ class Options:
             batches (True: 1), evaluates N batches of ``val`` once, writes no checkpoint,
             tells no watcher, returns the result and puts the model's weights and the RNG
             states back; ``evaluate`` and ``predict`` read N batches.
+        sanity_val_batches: before a fresh run's first step, evaluate this many batches of
+            ``val`` once (Lightning's ``num_sanity_val_steps``, 2 there too), so a broken
+            validation fails at once; it changes nothing the run computes (RNG states put
+            back, nothing recorded or reported) and is skipped where it could (see
+            ``sanity.py``). 0 turns it off.
         monitor: the metric ``TrainResult.best`` tracks (and pruners without a ``metric``).
         mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
         progress: show a progress bar; None: when standard error is a terminal.
@@ -83,6 +89,7 @@ class Options:
     min_epochs: int | None = None
     min_steps: int | None = None
     smoke: bool | int = False
+    sanity_val_batches: int = 2
 
     def __post_init__(self) -> None:
         choice(
@@ -109,6 +116,7 @@ class Options:
             )
         check_schedule(self.eval_every_steps, self.eval_every_epochs)
         check_smoke(self.smoke)
+        check_sanity(self.sanity_val_batches)
         check_floor(self.min_epochs, self.min_steps, None, None)  # the Trainer's at fit()
         if self.device is not None:
             _check_device(self.device)

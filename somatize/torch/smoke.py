@@ -69,6 +69,7 @@ def smoke_fit(
         eval_every_epochs=None,
         min_epochs=None,
         min_steps=None,
+        sanity_val_batches=0,  # the smoke run's one evaluation is the check
         progress=False,
     )
     net = as_module(model)

@@ -58,6 +58,7 @@ from .policy import (
 )
 from .result import TrainResult
 from .run import ActiveRun
+from .sanity import sanity_check
 from .settings import (
     check_arguments,
     check_fit,
@@ -205,6 +206,7 @@ class Trainer:
         n_train = epoch_examples(train, train_n, self.seed, self.options.shuffle, world)
         run.tally = tally.attach(run.net)  # counts what remembered nodes find (tally.py)
         try:
+            sanity_check(self, run, val)  # a few val batches first; changes nothing (sanity.py)
             total = total_steps(self, train, world, train_n)
             start = FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step, total)
             notify(run.watchers, start)

@@ -230,7 +230,7 @@ def test_a_limited_evaluation_reads_no_batch_past_the_limit():
     st.Trainer(
         loss=F.cross_entropy, optimizer=sgd, epochs=2, options=quiet(limit_val_batches=2)
     ).fit(make_graph(), batches(2), val=Counting())
-    assert read == [0, 1, 0, 1]
+    assert read == [0, 1, 0, 1, 0, 1]  # the sanity check, then two evaluations
 
 
 # -- checkpoints and resume -----------------------------------------------------------

@@ -114,3 +114,11 @@ def test_the_real_runs_settings_are_still_checked():
 def test_bad_smoke_values_are_refused(value):
     with pytest.raises(SettingError, match=r"Options\(smoke=.*must be True"):
         st.Options(smoke=value)
+
+
+def test_a_smoke_run_has_no_sanity_check_its_one_evaluation_is_one():
+    from tests.torch.test_trainer_sanity import Counting
+
+    val = Counting(batches(4, seed=4))
+    make(smoke=2).fit(make_graph(), batches(6), val=val)
+    assert val.read == 2
