@@ -15,6 +15,7 @@ from .carry import carries, reset
 from .limits import limited
 from .smoke import smoke_batches
 from .start import as_module, autocast_for
+from .valsets import refuse_sets
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -28,6 +29,7 @@ def _where(net: nn.Module) -> torch.device:
 
 def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> dict[str, float]:
     """``Trainer.evaluate``: the loss and metrics over ``data``, averaged over examples."""
+    refuse_sets(data, "evaluate")
     net = as_module(model)
     reset(carries(net))
     rank, world = ddp.rank_world()
@@ -39,6 +41,7 @@ def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) ->
 
 def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
     """``Trainer.predict``: the output of each batch, in order, in eval mode, without grad."""
+    refuse_sets(data, "predict")
     net = as_module(model)
     device = _where(net)
     autocast = autocast_for(trainer.options.precision, device)

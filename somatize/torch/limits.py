@@ -23,7 +23,6 @@ __all__ = [
     "epoch_examples",
     "length",
     "limited",
-    "resolve",
     "share",
     "steps_per_epoch",
 ]
@@ -119,23 +118,6 @@ def batches_per_epoch(
             f"or a count of batches ({name}=1)"
         )
     return n if n < size else None
-
-
-def resolve(
-    options: Any, train: Iterable[Any], val: Iterable[Any] | None, rank: int, world: int
-) -> tuple[int | None, int | None]:
-    """The batches a training epoch and an evaluation take under ``options`` (None: all)."""
-    train_n = batches_per_epoch(
-        "limit_train_batches", options.limit_train_batches, train, rank, world, even=True
-    )
-    val_n = (
-        batches_per_epoch(
-            "limit_val_batches", options.limit_val_batches, val, rank, world, even=False
-        )
-        if val is not None
-        else None
-    )
-    return train_n, val_n
 
 
 def limited(batches: Iterator[Any], n: int | None) -> Iterator[Any]:

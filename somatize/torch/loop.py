@@ -82,7 +82,7 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                 )
             cache = run.tally.end_epoch(s.epoch, warn=run.rank == 0) if run.tally else {}
             record = (
-                evaluate_into(trainer, run, val, epoch_end=True)
+                evaluate_into(trainer, run, epoch_end=True)
                 if val is not None and evaluates_at_epoch_end(trainer.options, s.epoch)
                 else None
             )
@@ -173,7 +173,7 @@ def _epoch(
         if watchers:
             _report_step(run, loss, lr, n, tick)
         if val is not None and every and s.step % every == 0:
-            evaluate_into(trainer, run, val)
+            evaluate_into(trainer, run)
         if run.due or (ckpt_every and s.step % ckpt_every == 0):
             save(trainer, run)
         if run.replay and (s.pruned or s.step >= max_steps):

@@ -21,7 +21,7 @@ It is skipped where it could change what the run computes, or where it cannot he
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -52,35 +52,41 @@ def _lazy(net: nn.Module) -> bool:
     return any(nn.parameter.is_lazy(p) for p in net.parameters())
 
 
-def sanity_check(trainer: Trainer, run: ActiveRun, val: Iterable[Any] | None) -> bool:
-    """Evaluate the first ``Options.sanity_val_batches`` batches of ``val`` and forget it;
-    whether it ran. Raises what the evaluation raises, with a note saying where."""
+def sanity_check(trainer: Trainer, run: ActiveRun) -> bool:
+    """Evaluate the first ``Options.sanity_val_batches`` batches of each validation set
+    and forget it; whether it ran. Raises what an evaluation raises, noting where."""
     n = trainer.options.sanity_val_batches
     fresh = run.checkpoint is None and run.state.step == 0
-    if (
-        not n
-        or val is None
-        or not fresh
-        or isinstance(val, Iterator)
-        or (getattr(val, "persistent_workers", False) and getattr(val, "num_workers", 0))
-        or run.tally is not None
-        or _lazy(run.net)
-    ):
+    if not n or not run.val_sets or not fresh or run.tally is not None or _lazy(run.net):
         return False
-    limit = n if run.val_batches is None else min(n, run.val_batches)
+    sets = [vs for vs in run.val_sets if _reusable(vs.data)]
     kept = snapshot()
-    reset(run.carries)
     try:
-        trainer._evaluate(run.net, val, run.device, run.autocast, run.rank, run.world, limit)
-    except Exception as e:
-        if hasattr(e, "add_note"):  # Python >= 3.11
-            e.add_note(
-                f"(raised by the sanity check before training, which evaluates {limit} "
-                f"val batch{'es' if limit != 1 else ''}: fix the validation, or turn the "
-                "check off with Options(sanity_val_batches=0))"
-            )
-        raise
+        for vs in sets:
+            reset(run.carries)
+            limit = n if vs.limit is None else min(n, vs.limit)
+            try:
+                trainer._evaluate(
+                    run.net, vs.data, run.device, run.autocast, run.rank, run.world, limit
+                )
+            except Exception as e:
+                if hasattr(e, "add_note"):  # Python >= 3.11
+                    where = f" of val set {vs.name!r}" if vs.name else ""
+                    e.add_note(
+                        f"(raised by the sanity check before training, which evaluates {limit} "
+                        f"batch{'es' if limit != 1 else ''}{where}: fix the validation, or turn "
+                        "the check off with Options(sanity_val_batches=0))"
+                    )
+                raise
     finally:
         put_back(kept)
         reset(run.carries)
-    return True
+    return bool(sets)
+
+
+def _reusable(data: Any) -> bool:
+    """Whether reading ``data`` once more leaves later reads as they were."""
+    if isinstance(data, Iterator):
+        return False  # a one-shot iterator: used up
+    # persistent workers' random streams run on from one pass to the next
+    return not (getattr(data, "persistent_workers", False) and getattr(data, "num_workers", 0))

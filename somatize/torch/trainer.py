@@ -43,7 +43,7 @@ from .checkpoint import (
     restore_rank_rng,
     restore_scaler,
 )
-from .limits import epoch_examples, resolve
+from .limits import batches_per_epoch, epoch_examples
 from .loop import train as train_loop
 from .metrics import Metric, evaluate
 from .options import Options, check_device
@@ -77,6 +77,7 @@ from .start import (
     trainable,
     wrap,
 )
+from .valsets import val_sets
 
 __all__ = ["Options", "Trainer"]
 
@@ -141,7 +142,7 @@ class Trainer:
         self,
         model: Graph | nn.Module,
         train: Iterable[Any],
-        val: Iterable[Any] | None = None,
+        val: Iterable[Any] | Mapping[str, Iterable[Any]] | None = None,
         *,
         resume: str | os.PathLike[str] | None = None,
     ) -> TrainResult:
@@ -151,7 +152,8 @@ class Trainer:
             model: a ``Graph``, ``module(g)``, or any ``nn.Module``.
             train: a sequence of batches (the Trainer shuffles it) or a DataLoader.
             val: batches to evaluate on: at each epoch end, every ``eval_every_steps`` or at
-                the end of every ``eval_every_epochs``-th epoch.
+                the end of every ``eval_every_epochs``-th epoch. A dict name → batches
+                evaluates each set, its metrics named ``val_<name>_loss``...
             resume: ``"last"`` (the latest checkpoint, or a fresh start when there is none)
                 or a checkpoint path; the run continues bitwise identically.
 
@@ -194,9 +196,13 @@ class Trainer:
         started: float,
     ) -> TrainResult:
         train = ddp.shard(train, rank, world, self.seed)  # each rank reads only its share
-        train_n, val_n = resolve(self.options, train, val, rank, world)  # before any step
+        o = self.options  # limits resolved against the data before any step (limits.py)
+        train_n = batches_per_epoch(
+            "limit_train_batches", o.limit_train_batches, train, rank, world, even=True
+        )
+        sets = val_sets(val, o.limit_val_batches, rank, world)  # one or several (valsets.py)
         run = self._start(model, resume, run_id, rank, world, train)
-        run.train, run.train_batches, run.val_batches = train, train_n, val_n
+        run.train, run.train_batches, run.val_sets = train, train_n, sets
         if run.plateau and val is None:
             raise ValueError(
                 "ReduceLROnPlateau is stepped with the monitored metric after each evaluation, "
@@ -206,7 +212,7 @@ class Trainer:
         n_train = epoch_examples(train, train_n, self.seed, self.options.shuffle, world)
         run.tally = tally.attach(run.net)  # counts what remembered nodes find (tally.py)
         try:
-            sanity_check(self, run, val)  # a few val batches first; changes nothing (sanity.py)
+            sanity_check(self, run)  # a few val batches first; changes nothing (sanity.py)
             total = total_steps(self, train, world, train_n)
             start = FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step, total)
             notify(run.watchers, start)
