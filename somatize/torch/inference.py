@@ -1,4 +1,9 @@
-"""A Trainer's work outside a run: ``evaluate`` and ``predict`` (no optimizer needed)."""
+"""A Trainer's work outside a run: ``evaluate`` and ``predict`` (no optimizer needed).
+
+Both run where ``fit`` would: ``Options(device=...)`` (the model is moved there, as ``fit``
+moves it), else this rank's GPU under torchrun with CUDA, else where the parameters are;
+batches are moved to it. Outputs of ``predict`` stay on that device.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from .batches import split, to_device
 from .carry import carries, reset
 from .limits import limited
 from .smoke import smoke_batches
-from .start import as_module, autocast_for
+from .start import as_module, autocast_for, place
 from .valsets import refuse_sets
 
 if TYPE_CHECKING:
@@ -23,17 +28,13 @@ if TYPE_CHECKING:
 __all__ = ["evaluate", "predict"]
 
 
-def _where(net: nn.Module) -> torch.device:
-    return next((p.device for p in net.parameters()), torch.device("cpu"))
-
-
 def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> dict[str, float]:
     """``Trainer.evaluate``: the loss and metrics over ``data``, averaged over examples."""
     refuse_sets(data, "evaluate")
     net = as_module(model)
     reset(carries(net))
     rank, world = ddp.rank_world()
-    device = _where(net)
+    device = place(net, trainer.options.device, world)  # where fit() would run it
     autocast = autocast_for(trainer.options.precision, device)
     limit = smoke_batches(trainer.options)
     return trainer._evaluate(net, data, device, autocast, rank, world, limit)
@@ -43,7 +44,7 @@ def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> 
     """``Trainer.predict``: the output of each batch, in order, in eval mode, without grad."""
     refuse_sets(data, "predict")
     net = as_module(model)
-    device = _where(net)
+    device = place(net, trainer.options.device, ddp.rank_world()[1])
     autocast = autocast_for(trainer.options.precision, device)
     reset(carries(net))  # carried state starts afresh, as for an evaluation
     was_training, out = net.training, []

@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import sys
 import time
@@ -46,7 +45,7 @@ from .checkpoint import (
 from .limits import batches_per_epoch, epoch_examples
 from .loop import train as train_loop
 from .metrics import Metric, evaluate
-from .options import Options, check_device
+from .options import Options
 from .policy import (
     best_step,
     check_extension,
@@ -73,6 +72,7 @@ from .start import (
     close,
     compiled,
     dynamic_step,
+    place,
     seed_everything,
     trainable,
     wrap,
@@ -263,12 +263,7 @@ class Trainer:
     ) -> ActiveRun:
         """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh."""
         net, user_compiled = as_module(model), compiled(model)
-        default = next((p.device for p in net.parameters()), torch.device("cpu"))
-        device = ddp.device(self.options.device, world, default)
-        check_device(device)
-        tensors = itertools.chain(net.parameters(), net.buffers())
-        if any(t.device != device for t in tensors):  # .to() walks every module even when idle
-            net.to(device)
+        device = place(net, self.options.device, world)
         params = trainable(net)
         assert self.optimizer is not None  # fit() checked
         opt = self.optimizer(params)
@@ -320,7 +315,8 @@ class Trainer:
 
     def evaluate(self, model: Graph | nn.Module, data: Iterable[Any]) -> dict[str, float]:
         """The loss and metrics of ``model`` on ``data``, averaged over examples (under
-        ``Options(smoke=N)``, of its first N batches).
+        ``Options(smoke=N)``, of its first N batches), computed on ``Options(device)`` as
+        ``fit`` would (the module is moved there).
 
         Example:
             >>> trainer.evaluate(g, val)  # doctest: +SKIP
@@ -332,7 +328,8 @@ class Trainer:
         """The model's output for each batch of ``data``, in order, in eval mode, without grad.
 
         A batch ``(x, y)`` (or ``{"x": ..., "y": ...}``) is predicted from ``x``; any other
-        batch is the input. The module's mode is restored afterwards. Under
+        batch is the input, moved to ``Options(device)`` (where ``fit`` would run; the
+        module is moved there too). The module's mode is restored afterwards. Under
         ``Options(smoke=N)``, only the first N batches.
 
         Example:
