@@ -3,30 +3,35 @@
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..watchers import Metrics, notify
 from .carry import reset
+from .schedule import may_stop
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from .run import ActiveRun
     from .trainer import Trainer
 
 __all__ = ["evaluate_into", "rank_checkpoint"]
 
 
-def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[str, float]:
-    """Evaluate, record, tell the watchers, and ask the pruner."""
+def evaluate_into(trainer: Trainer, run: ActiveRun, *, epoch_end: bool = False) -> dict[str, float]:
+    """Evaluate every validation set of the run (``run.val_sets``, see ``valsets.py``),
+    record, tell the watchers, and ask the pruner (``epoch_end``: the epoch
+    ``run.state.epoch`` has ended, for ``Options(min_epochs=)``)."""
     s = run.state
     kept = [c.value for c in run.carries]  # training's carried state, given back afterwards
-    reset(run.carries)
+    values: dict[str, float] = {}
     with run.tally.paused() if run.tally is not None else contextlib.nullcontext():
-        evaluated = trainer._evaluate(run.net, val, run.device, run.autocast, run.rank, run.world)
+        for vs in run.val_sets or ():
+            reset(run.carries)  # each set's evaluation starts afresh
+            evaluated = trainer._evaluate(
+                run.net, vs.data, run.device, run.autocast, run.rank, run.world, vs.limit
+            )
+            values.update({f"{vs.prefix}{k}": v for k, v in evaluated.items()})
     for c, value in zip(run.carries, kept):
         c.value = value
-    values = {f"val_{k}": v for k, v in evaluated.items()}
     record: dict[str, float] = {"step": s.step, "epoch": s.epoch, **values}
     s.metrics.append(record)
     monitor, mode = trainer.options.monitor, trainer.options.mode
@@ -54,7 +59,10 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, val: Iterable[Any]) -> dict[
                 f"evaluated: {', '.join(values)} (name a metric from Trainer(metrics=...))"
             )
         pruner.report(record[name], s.step)
-        s.pruned = bool(pruner.should_prune())
+        # below Options(min_epochs=, min_steps=) a "stop" is not acted on (schedule.py)
+        s.pruned = bool(pruner.should_prune()) and may_stop(
+            trainer.options, s.epoch + epoch_end, s.step
+        )
     return record
 
 

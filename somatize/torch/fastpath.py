@@ -159,7 +159,7 @@ def fast_epoch(
             if (every and step % every == 0) or run.due or (ckpt_every and step % ckpt_every == 0):
                 s.step, s.examples_seen, s.position = step, examples, i + 1
                 if every and step % every == 0:
-                    evaluate_into(trainer, run, val)  # type: ignore[arg-type]
+                    evaluate_into(trainer, run)
                 if run.due or (ckpt_every and step % ckpt_every == 0):
                     save(trainer, run)
             if run.replay and (step >= max_steps or s.pruned):

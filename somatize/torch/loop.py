@@ -14,9 +14,11 @@ from .batches import epoch_batches
 from .carry import reset
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
+from .limits import limited
 from .module import GraphModule
 from .policy import save
 from .rng import put_back, snapshot
+from .schedule import evaluates_at_epoch_end
 from .step import step
 
 if TYPE_CHECKING:
@@ -39,7 +41,6 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     per_step = trainer.options.scheduler_every == "step"
     sched = None if run.plateau else run.sched  # a plateau scheduler is stepped by evaluations
     step_sched, epoch_sched = (sched, None) if per_step else (None, sched)
-    every = trainer.options.eval_every_steps
     accumulate = trainer.options.accumulate
     # the common case takes a loop with every call it does not need inlined (issue 16)
     fast = (
@@ -80,7 +81,11 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                     " is used up after one epoch)"
                 )
             cache = run.tally.end_epoch(s.epoch, warn=run.rank == 0) if run.tally else {}
-            record = evaluate_into(trainer, run, val) if val is not None and not every else None
+            record = (
+                evaluate_into(trainer, run, epoch_end=True)
+                if val is not None and evaluates_at_epoch_end(trainer.options, s.epoch)
+                else None
+            )
             if epoch_sched is not None:  # after the epoch's evaluation, as torch documents
                 epoch_sched.step()
             s.flush(run.world)
@@ -114,8 +119,9 @@ def _batches(trainer: Trainer, run: ActiveRun, data: Iterable[Any]) -> Iterator[
         put_back(s.epoch_rng)
     else:
         s.epoch_rng = now
-    batches = epoch_batches(
-        data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world
+    batches = limited(
+        epoch_batches(data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world),
+        run.train_batches,
     )
     if not resuming:
         return batches
@@ -167,7 +173,7 @@ def _epoch(
         if watchers:
             _report_step(run, loss, lr, n, tick)
         if val is not None and every and s.step % every == 0:
-            evaluate_into(trainer, run, val)
+            evaluate_into(trainer, run)
         if run.due or (ckpt_every and s.step % ckpt_every == 0):
             save(trainer, run)
         if run.replay and (s.pruned or s.step >= max_steps):

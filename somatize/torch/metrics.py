@@ -24,6 +24,7 @@ from torch import nn
 
 from . import ddp
 from .batches import epoch_batches, num_examples, to_device
+from .limits import limited
 
 __all__ = ["Metric", "accuracy", "evaluate", "is_metric"]
 
@@ -67,9 +68,11 @@ def evaluate(
     autocast: Callable[[], Any],
     rank: int = 0,
     world: int = 1,
+    limit: int | None = None,
 ) -> dict[str, float]:
     """Each of ``fns`` on ``net``'s outputs over ``data`` (and ranks): functions averaged
     over examples, metric objects computed over the whole set; then node metrics.
+    ``limit``: only the first batches of this rank's share (``Options(limit_val_batches=)``).
 
     Runs in eval mode under ``torch.no_grad()`` and restores the module's mode. Under
     DDP each rank takes every ``world``-th batch, none dropped, and the sums are reduced.
@@ -88,7 +91,7 @@ def evaluate(
     node_sums: dict[str, Any] = {}  # "<node>/<name>" -> example-weighted sum
     try:
         with torch.no_grad():
-            for batch in epoch_batches(data, 0, 0, False, rank, world, even=False):
+            for batch in limited(epoch_batches(data, 0, 0, False, rank, world, even=False), limit):
                 x, y = split(batch)
                 x, y = to_device(x, device), to_device(y, device)
                 with autocast():

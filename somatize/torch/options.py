@@ -9,7 +9,11 @@ from typing import Any, Literal
 import torch
 
 from ..errors import SettingError
+from .limits import check_limit
+from .sanity import check_sanity
+from .schedule import check_floor, check_schedule
 from .settings import choice, count, positive
+from .smoke import check_smoke
 
 __all__ = ["PRECISIONS", "Options", "check_device"]
 
@@ -27,7 +31,22 @@ class Options:
             autocast with a gradient scaler (``torch.amp.GradScaler``, checkpointed).
         clip_grad_norm: clip the gradients' total norm to this value before each step.
         shuffle: permute a sequence of batches every epoch (seeded by ``(seed, epoch)``).
-        eval_every_steps: evaluate every N steps instead of at each epoch end.
+        eval_every_steps: evaluate every N optimizer steps instead of at each epoch end.
+        eval_every_epochs: evaluate at the end of every N-th epoch only (Lightning's
+            ``check_val_every_n_epoch``): epochs N, 2N... Not with ``eval_every_steps``.
+        min_epochs: a pruner cannot stop the run before this many epochs have ended: a
+            "stop" earlier is not acted on, and the pruner is asked again at the next
+            evaluation (Lightning's ``min_epochs``). ``epochs`` still ends the run.
+        min_steps: the same, counted in optimizer steps (``max_steps`` still ends the run).
+        smoke: a smoke run (Lightning's ``fast_dev_run``): ``fit`` trains one epoch of N
+            batches (True: 1), evaluates N batches of ``val`` once, writes no checkpoint,
+            tells no watcher, returns the result and puts the model's weights and the RNG
+            states back; ``evaluate`` and ``predict`` read N batches.
+        sanity_val_batches: before a fresh run's first step, evaluate this many batches of
+            ``val`` once (Lightning's ``num_sanity_val_steps``, 2 there too), so a broken
+            validation fails at once; it changes nothing the run computes (RNG states put
+            back, nothing recorded or reported) and is skipped where it could (see
+            ``sanity.py``). 0 turns it off.
         monitor: the metric ``TrainResult.best`` tracks (and pruners without a ``metric``).
         mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
         progress: show a progress bar; None: when standard error is a terminal.
@@ -44,6 +63,12 @@ class Options:
             weights are ever checkpointed); ``"skip"`` the step (counted in
             ``TrainResult.skipped``); ``"ignore"``: step anyway. ``"raise"`` and ``"skip"``
             read the loss back every step (a device synchronisation on a GPU).
+        limit_train_batches: train each epoch on at most this many batches (an int), or on
+            this fraction of them (a float in (0, 1]: ``int(len(train) * fraction)``) —
+            Lightning's ``limit_train_batches``; the first of each epoch's order. None: all.
+        limit_val_batches: evaluate on at most this many batches of ``val`` (an int), or on
+            this fraction of them (a float in (0, 1]). None: all. ``evaluate()`` reads all
+            the data it is given.
     """
 
     device: str | torch.device | None = None
@@ -58,6 +83,13 @@ class Options:
     nonfinite: Literal["raise", "skip", "ignore"] = "raise"
     accumulate: int = 1
     compile: bool | Mapping[str, Any] = False
+    limit_train_batches: int | float | None = None
+    limit_val_batches: int | float | None = None
+    eval_every_epochs: int | None = None
+    min_epochs: int | None = None
+    min_steps: int | None = None
+    smoke: bool | int = False
+    sanity_val_batches: int = 2
 
     def __post_init__(self) -> None:
         choice(
@@ -82,14 +114,14 @@ class Options:
                 "it is the largest total gradient norm kept (a value <= 0 would flip or zero "
                 "the update); pass None not to clip",
             )
-        if self.eval_every_steps is not None:
-            count(
-                "Options eval_every_steps",
-                self.eval_every_steps,
-                hint="pass None to evaluate at each epoch end",
-            )
+        check_schedule(self.eval_every_steps, self.eval_every_epochs)
+        check_smoke(self.smoke)
+        check_sanity(self.sanity_val_batches)
+        check_floor(self.min_epochs, self.min_steps, None, None)  # the Trainer's at fit()
         if self.device is not None:
             _check_device(self.device)
+        check_limit("limit_train_batches", self.limit_train_batches)
+        check_limit("limit_val_batches", self.limit_val_batches)
 
 
 def _check_device(device: Any) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Sized
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, SettingError
 from . import ddp
 from .checkpoint import RunState, capture, finite, rng_state, scaler_state
+from .limits import batches_per_epoch, steps_per_epoch
 from .rng import as_state
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def check_extension(
         )
         return
     restored = horizon(run.sched)
-    planned = _planned(trainer, train, run.world)
+    planned = _planned(trainer, run, train)
     for key, built in restored.items():
         wanted = max(fresh.get(key, 0), planned or 0)
         if built < wanted:
@@ -142,28 +143,35 @@ def check_extension(
             )
 
 
-def _planned(trainer: Trainer, train: Iterable[Any], world: int) -> int | None:
+def _planned(trainer: Trainer, run: ActiveRun, train: Iterable[Any]) -> int | None:
     """Scheduler steps this run plans in all (None when the data cannot say)."""
     if trainer.options.scheduler_every == "epoch":
         return trainer.epochs
     if trainer.max_steps is not None:
         return trainer.max_steps
-    size = len(train) if isinstance(train, Sized) else None
-    if size is None or trainer.epochs is None:
+    limit = batches_per_epoch(
+        "limit_train_batches",
+        trainer.options.limit_train_batches,
+        train,
+        run.rank,
+        run.world,
+        even=True,
+    )
+    per_epoch = steps_per_epoch(train, limit, trainer.options.accumulate, run.rank, run.world)
+    if per_epoch is None or trainer.epochs is None:
         return None
-    per_epoch = -(-(size // world if world > 1 else size) // trainer.options.accumulate)
     return per_epoch * trainer.epochs
 
 
-def total_steps(trainer: Trainer, train: Iterable[Any], world: int) -> int:
-    """The optimizer steps the run will take in all: the data's batches per epoch (a
-    sequence's or a DataLoader's length) times the epochs, at most ``max_steps``; 0 when
-    unknown (an iterable without a length, or several ranks)."""
-    size = len(train) if isinstance(train, Sized) and world == 1 else None
+def total_steps(trainer: Trainer, train: Iterable[Any], world: int, limit: int | None) -> int:
+    """The optimizer steps the run will take in all: the batches an epoch takes (the data's
+    length, or ``Options(limit_train_batches=)``) in groups of ``accumulate``, times the
+    epochs, at most ``max_steps``; 0 when unknown (no length, or several ranks)."""
+    per_epoch = (
+        steps_per_epoch(train, limit, trainer.options.accumulate, 0, 1) if world == 1 else None
+    )
     by_data = (
-        -(-size // trainer.options.accumulate) * trainer.epochs
-        if size is not None and trainer.epochs is not None
-        else None
+        per_epoch * trainer.epochs if per_epoch is not None and trainer.epochs is not None else None
     )
     bounds = [n for n in (by_data, trainer.max_steps) if n is not None]
     return min(bounds) if bounds else 0

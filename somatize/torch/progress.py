@@ -1,8 +1,10 @@
 """A progress line on standard error: epoch, step, loss, learning rate, throughput.
 
 On by default when standard error is a terminal (``Options(progress=...)`` decides
-otherwise); no dependency: it redraws one line with a carriage return, at most
-ten times a second.
+otherwise); no dependency. On a terminal it redraws one line with a carriage return, at
+most ten times a second; on anything else (a file, a pipe, a CI log) it writes plain
+lines instead — one at each epoch's end (and every N steps with ``every_steps=N``), one
+per evaluation, one at the end — with no control codes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,14 @@ from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
 __all__ = ["Progress"]
 
 
+def _terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except (ValueError, OSError):  # a closed or detached stream
+        return False
+
+
 class Progress:
     """Draws ``epoch 2/10 · step 120/500 · loss 0.1234 · lr 1e-03 · 5.2k ex/s``; keeps a line
     per evaluation and, when the graph remembers a node, one per epoch with what its cache
@@ -23,16 +33,34 @@ class Progress:
 
     Args:
         stream: where to draw (default: standard error).
-        interval: the shortest time between redraws, in seconds.
+        interval: the shortest time between redraws, in seconds (on a terminal).
+        redraw: redraw one line in place (``\\r`` and an erase code) — None: when ``stream``
+            is a terminal. Otherwise each line is written once, plainly.
+        every_steps: without redrawing, also write a line every N steps (else one an epoch).
     """
 
-    def __init__(self, stream: TextIO | None = None, interval: float = 0.1) -> None:
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        interval: float = 0.1,
+        *,
+        redraw: bool | None = None,
+        every_steps: int | None = None,
+    ) -> None:
+        from .settings import count
+
+        if every_steps is not None:
+            count("Progress every_steps", every_steps, hint="pass None for a line an epoch")
         self.stream = stream if stream is not None else sys.stderr
         self.interval = interval
+        self.redraw = _terminal(self.stream) if redraw is None else redraw
+        self.every_steps = every_steps
+        self._clear = "\r\x1b[2K" if self.redraw else ""
         self._epochs = self._max_steps = 0
         self._last = 0.0
         self._examples = 0
         self._seconds = 0.0
+        self._step: StepEnd | None = None  # the last step not yet written (plain lines)
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, FitStart):
@@ -41,33 +69,48 @@ class Progress:
         elif isinstance(event, StepEnd):
             self._examples += event.examples
             self._seconds += event.seconds
-            now = time.monotonic()
-            if now - self._last >= self.interval:
-                self._last = now
-                self._draw(event)
+            if self.redraw:
+                now = time.monotonic()
+                if now - self._last >= self.interval:
+                    self._last = now
+                    self._write(self._line(event))
+            elif self.every_steps and event.step % self.every_steps == 0:
+                self._write(self._line(event) + "\n")
+                self._step = None
+            else:
+                self._step = event
         elif isinstance(event, Metrics) and not event.node:  # an evaluation: one line kept
+            self._flush_step()
             shown = " · ".join(f"{k} {float(v):.4g}" for k, v in event.values.items())
-            self.stream.write(f"\r\x1b[2Kstep {event.step} · {shown}\n")
-            self.stream.flush()
-        elif isinstance(event, EpochEnd) and event.cache:  # what the cache found: one line
+            self._write(f"{self._clear}step {event.step} · {shown}\n")
+        elif isinstance(event, EpochEnd):
+            self._flush_step()
             shown = " · ".join(
                 f"{node} {c['hits'] / total:.0%} of {total:,}"
                 for node, c in event.cache.items()
                 if (total := c["hits"] + c["misses"])
             )
-            if shown:
-                self.stream.write(f"\r\x1b[2Kepoch {event.epoch + 1} · cache hits: {shown}\n")
-                self.stream.flush()
+            if shown:  # what the cache found: one line
+                self._write(f"{self._clear}epoch {event.epoch + 1} · cache hits: {shown}\n")
         elif isinstance(event, FitEnd):
+            self._flush_step()
             end = " (pruned)" if event.pruned else ""
-            self.stream.write(f"\r\x1b[2Kdone: {event.step} steps in {event.seconds:.1f}s{end}\n")
-            self.stream.flush()
+            self._write(f"{self._clear}done: {event.step} steps in {event.seconds:.1f}s{end}\n")
 
-    def _draw(self, e: StepEnd) -> None:
+    def _flush_step(self) -> None:
+        """Without redrawing, write the step not yet written (the epoch's last, say)."""
+        if self._step is not None:
+            self._write(self._line(self._step) + "\n")
+            self._step = None
+
+    def _line(self, e: StepEnd) -> str:
         epoch = f"epoch {e.epoch + 1}" + (f"/{self._epochs}" if self._epochs else "")
         step = f"step {e.step}" + (f"/{self._max_steps}" if self._max_steps else "")
         rate = self._examples / self._seconds if self._seconds > 0 else 0.0
-        self.stream.write(
-            f"\r\x1b[2K{epoch} · {step} · loss {e.loss:.4f} · lr {e.lr:.2e} · {rate:,.0f} ex/s"
+        return (
+            f"{self._clear}{epoch} · {step} · loss {e.loss:.4f} · lr {e.lr:.2e} · {rate:,.0f} ex/s"
         )
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
         self.stream.flush()

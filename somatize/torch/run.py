@@ -43,3 +43,7 @@ class ActiveRun:
     # are written and the data is not a plain list or tuple of batches (loop._batches)
     replay: bool = False
     train: Any = None  # the training data (this rank's share): names an empty batch on error
+    # Options(limit_train_batches=) resolved against the data (limits.py): batches an
+    # epoch takes; None: all of them
+    train_batches: int | None = None
+    val_sets: list[Any] | None = None  # the ValSets of val= (valsets.py), limits resolved

@@ -185,6 +185,10 @@ def check_metrics(metrics: Any) -> None:
 
 def check_fit(trainer: Any, val: Any) -> None:
     """What ``fit`` needs of the settings together, checked before any step is trained."""
+    from .schedule import check_floor, check_schedule_fits
+
+    o = trainer.options
+    check_floor(o.min_epochs, o.min_steps, trainer.epochs, trainer.max_steps)
     if trainer.pruner is not None and val is None:
         raise SettingError(
             "a pruner is asked after each evaluation, but fit() got no val= data; "
@@ -198,7 +202,11 @@ def check_fit(trainer: Any, val: Any) -> None:
             "val= data to evaluate on; pass val=batches (or Checkpointing(best=0))"
         )
     if val is not None:
-        check_monitor(trainer.options.monitor, trainer.metrics)
+        from .valsets import check_val, evaluated_names
+
+        check_val(val, trainer.metrics)
+        check_monitor(trainer.options.monitor, evaluated_names(val, trainer.metrics), val)
+        check_schedule_fits(o.eval_every_epochs, trainer.epochs)
     check_pruner_mode(trainer.pruner, trainer.options.monitor, trainer.options.mode)
 
 
@@ -221,21 +229,27 @@ def check_pruner_mode(pruner: Any, monitor: str, mode: str) -> None:
         )
 
 
-def check_monitor(monitor: str, metrics: Any) -> None:
-    """``Options.monitor`` must name a metric evaluation produces: ``val_loss``,
-    ``val_<name>`` of ``Trainer(metrics=...)``, or a node's ``val_<node>/<name>``
-    (which only the evaluation knows; it checks those)."""
-    known = ["val_loss", *(f"val_{k}" for k in metrics)]
+def check_monitor(monitor: str, known: list[str], val: Any = None) -> None:
+    """``Options.monitor`` must name a metric evaluation produces (``known``: ``val_loss``,
+    ``val_<name>`` of ``Trainer(metrics=...)``, each prefixed by its set's name for a dict
+    ``val=``), or a node's ``val_<node>/<name>`` (which only the evaluation knows; it
+    checks those)."""
     if monitor in known or (monitor.startswith("val_") and "/" in monitor):
         return
-    hint = (
-        f"did you mean {'val_' + monitor!r}? evaluated metrics carry the val_ prefix"
-        if f"val_{monitor}" in known
-        else "set Options(monitor=...) to one of them"
-    )
+    several = isinstance(val, Mapping)
+    if f"val_{monitor}" in known:
+        hint = f"did you mean {'val_' + monitor!r}? evaluated metrics carry the val_ prefix"
+    elif several:
+        hint = (
+            "with several validation sets every name carries its set's: name one, e.g. "
+            f"Options(monitor={known[0]!r})"
+        )
+    else:
+        hint = "set Options(monitor=...) to one of them"
+    node = "val_<set>_<node>/<name>" if several else "val_<node>/<name>"
     raise KeyError(
         f"Options(monitor={monitor!r}) names a metric evaluation does not produce; it "
-        f"evaluates {', '.join(known)} (and each node's val_<node>/<name>): {hint}"
+        f"evaluates {', '.join(known)} (and each node's {node}): {hint}"
     )
 
 

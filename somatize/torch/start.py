@@ -5,6 +5,7 @@ Used by ``Trainer`` (``trainer.py``); plain functions."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "compiled",
     "count_examples",
     "dynamic_step",
+    "place",
     "seed_everything",
     "trainable",
     "wrap",
@@ -67,6 +69,25 @@ def dynamic_step() -> Any:
     import torch._dynamo
 
     return torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
+
+
+def place(net: nn.Module, requested: Any, world: int) -> torch.device:
+    """Where ``fit``, ``evaluate`` and ``predict`` run ``net``: ``Options(device=...)``, else
+    (under torchrun with CUDA) this rank's GPU, else where its parameters are. The module
+    is moved there (and stays), as ``fit`` has always moved it.
+
+    Raises:
+        SettingError: the device asks for CUDA on a machine without it.
+    """
+    from .options import check_device
+
+    default = next((p.device for p in net.parameters()), torch.device("cpu"))
+    device = ddp.device(requested, world, default)
+    check_device(device)
+    tensors = itertools.chain(net.parameters(), net.buffers())
+    if any(t.device != device for t in tensors):  # .to() walks every module even when idle
+        net.to(device)
+    return device
 
 
 def trainable(net: nn.Module) -> list[nn.Parameter]:

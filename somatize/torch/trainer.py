@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import sys
 import time
@@ -33,9 +32,9 @@ from torch import nn
 
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
-from . import ddp, tally
-from .batches import loss_of, split, to_device
-from .carry import carries, reset
+from . import ddp, inference, tally
+from .batches import loss_of, split
+from .carry import carries
 from .checkpoint import (
     Checkpointing,
     load_checkpoint,
@@ -43,9 +42,10 @@ from .checkpoint import (
     restore_rank_rng,
     restore_scaler,
 )
+from .limits import batches_per_epoch, epoch_examples
 from .loop import train as train_loop
 from .metrics import Metric, evaluate
-from .options import Options, check_device
+from .options import Options
 from .policy import (
     best_step,
     check_extension,
@@ -57,6 +57,7 @@ from .policy import (
 )
 from .result import TrainResult
 from .run import ActiveRun
+from .sanity import sanity_check
 from .settings import (
     check_arguments,
     check_fit,
@@ -64,17 +65,19 @@ from .settings import (
     check_parts,
     check_scheduler,
 )
+from .smoke import smoke_fit
 from .start import (
     as_module,
     autocast_for,
     close,
     compiled,
-    count_examples,
     dynamic_step,
+    place,
     seed_everything,
     trainable,
     wrap,
 )
+from .valsets import val_sets
 
 __all__ = ["Options", "Trainer"]
 
@@ -139,7 +142,7 @@ class Trainer:
         self,
         model: Graph | nn.Module,
         train: Iterable[Any],
-        val: Iterable[Any] | None = None,
+        val: Iterable[Any] | Mapping[str, Iterable[Any]] | None = None,
         *,
         resume: str | os.PathLike[str] | None = None,
     ) -> TrainResult:
@@ -148,7 +151,9 @@ class Trainer:
         Args:
             model: a ``Graph``, ``module(g)``, or any ``nn.Module``.
             train: a sequence of batches (the Trainer shuffles it) or a DataLoader.
-            val: batches to evaluate on, at each epoch end or every ``eval_every_steps``.
+            val: batches to evaluate on: at each epoch end, every ``eval_every_steps`` or at
+                the end of every ``eval_every_epochs``-th epoch. A dict name → batches
+                evaluates each set, its metrics named ``val_<name>_loss``...
             resume: ``"last"`` (the latest checkpoint, or a fresh start when there is none)
                 or a checkpoint path; the run continues bitwise identically.
 
@@ -164,6 +169,8 @@ class Trainer:
                 "st.Trainer(..., optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)) "
                 "(evaluate() and predict() do without one)"
             )
+        if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
+            return smoke_fit(self, model, train, val)
         check_fit(self, val)
         run_id = uuid.uuid4().hex[:12]
         rank, world, own_group = ddp.setup()
@@ -189,18 +196,24 @@ class Trainer:
         started: float,
     ) -> TrainResult:
         train = ddp.shard(train, rank, world, self.seed)  # each rank reads only its share
+        o = self.options  # limits resolved against the data before any step (limits.py)
+        train_n = batches_per_epoch(
+            "limit_train_batches", o.limit_train_batches, train, rank, world, even=True
+        )
+        sets = val_sets(val, o.limit_val_batches, rank, world)  # one or several (valsets.py)
         run = self._start(model, resume, run_id, rank, world, train)
-        run.train = train
+        run.train, run.train_batches, run.val_sets = train, train_n, sets
         if run.plateau and val is None:
             raise ValueError(
                 "ReduceLROnPlateau is stepped with the monitored metric after each evaluation, "
                 "but fit() got no val= data; pass val=batches (and Options(monitor=...))"
             )
         s = run.state
-        n_train = count_examples(train, world)
+        n_train = epoch_examples(train, train_n, self.seed, self.options.shuffle, world)
         run.tally = tally.attach(run.net)  # counts what remembered nodes find (tally.py)
         try:
-            total = total_steps(self, train, world)
+            sanity_check(self, run)  # a few val batches first; changes nothing (sanity.py)
+            total = total_steps(self, train, world, train_n)
             start = FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step, total)
             notify(run.watchers, start)
             with dynamic_step() if run.compiled else contextlib.nullcontext():
@@ -250,12 +263,7 @@ class Trainer:
     ) -> ActiveRun:
         """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh."""
         net, user_compiled = as_module(model), compiled(model)
-        default = next((p.device for p in net.parameters()), torch.device("cpu"))
-        device = ddp.device(self.options.device, world, default)
-        check_device(device)
-        tensors = itertools.chain(net.parameters(), net.buffers())
-        if any(t.device != device for t in tensors):  # .to() walks every module even when idle
-            net.to(device)
+        device = place(net, self.options.device, world)
         params = trainable(net)
         assert self.optimizer is not None  # fit() checked
         opt = self.optimizer(params)
@@ -306,44 +314,28 @@ class Trainer:
     # -- evaluation ---------------------------------------------------------------------
 
     def evaluate(self, model: Graph | nn.Module, data: Iterable[Any]) -> dict[str, float]:
-        """The loss and metrics of ``model`` on ``data``, averaged over examples.
+        """The loss and metrics of ``model`` on ``data``, averaged over examples (under
+        ``Options(smoke=N)``, of its first N batches), computed on ``Options(device)`` as
+        ``fit`` would (the module is moved there).
 
         Example:
             >>> trainer.evaluate(g, val)  # doctest: +SKIP
             {'loss': 0.31, 'acc': 0.92}
         """
-        net = as_module(model)
-        reset(carries(net))
-        rank, world = ddp.rank_world()
-        device = next((p.device for p in net.parameters()), torch.device("cpu"))
-        return self._evaluate(
-            net, data, device, autocast_for(self.options.precision, device), rank, world
-        )
+        return inference.evaluate(self, model, data)
 
     def predict(self, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
         """The model's output for each batch of ``data``, in order, in eval mode, without grad.
 
         A batch ``(x, y)`` (or ``{"x": ..., "y": ...}``) is predicted from ``x``; any other
-        batch is the input. The module's mode is restored afterwards.
+        batch is the input, moved to ``Options(device)`` (where ``fit`` would run; the
+        module is moved there too). The module's mode is restored afterwards. Under
+        ``Options(smoke=N)``, only the first N batches.
 
         Example:
             >>> logits = torch.cat(trainer.predict(g, batches))  # doctest: +SKIP
         """
-        net = as_module(model)
-        device = next((p.device for p in net.parameters()), torch.device("cpu"))
-        autocast = autocast_for(self.options.precision, device)
-        reset(carries(net))  # carried state starts afresh, as for an evaluation
-        was_training, out = net.training, []
-        net.eval()
-        try:
-            with torch.no_grad():
-                for batch in data:
-                    x = to_device(split(batch)[0], device)
-                    with autocast():
-                        out.append(net(x))
-        finally:
-            net.train(was_training)
-        return out
+        return inference.predict(self, model, data)
 
     def _evaluate(
         self,
@@ -353,6 +345,7 @@ class Trainer:
         autocast: Callable[[], Any],
         rank: int,
         world: int,
+        limit: int | None = None,
     ) -> dict[str, float]:
         fns = {"loss": self._loss, **self.metrics}
         return evaluate(
@@ -364,6 +357,7 @@ class Trainer:
             autocast=autocast,
             rank=rank,
             world=world,
+            limit=limit,
         )
 
     # -- reporting --------------------------------------------------------------------

@@ -490,7 +490,8 @@ def test_reduce_lr_on_plateau_steps_with_the_monitored_metric_after_each_evaluat
         epochs=4,
         metrics={"score": lambda out, y: torch.tensor(next(scores))},
         watchers=[rec],
-        options=quiet(monitor="val_score", mode="max"),
+        # a scripted metric: the sanity check's call would take a score too
+        options=quiet(monitor="val_score", mode="max", sanity_val_batches=0),
     )
     trainer.fit(make_graph(), batches(2), val=batches(1))
     # epoch 1: 0.5 is the best so far; epoch 2: worse (patience 0) halves; then again twice

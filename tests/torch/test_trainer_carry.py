@@ -44,6 +44,7 @@ def test_carried_state_is_reset_at_epoch_and_evaluation_starts_and_given_back_af
     ).fit(g, data(3), val=data(2))
     train_t, val_t = (True, True), (False, True)
     assert node.starts == [
+        val_t, (False, False),  # the sanity check before training (2 batches of val)
         train_t, (True, False),  # epoch 0: fresh, then carried
         val_t, (False, False),  # evaluation at step 2: fresh, then carried within it
         (True, False),  # training carries on from its own state, not the evaluation's

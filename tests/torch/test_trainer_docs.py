@@ -33,6 +33,12 @@ def test_the_trainer_docs_examples_run(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr()
     assert "TrainResult(30 steps, 3 epochs, 160 examples" in out.out
     assert "True 3" in out.out  # the Patience example stops where its comment says
+    assert "True 5" in out.out  # ...and under Options(min_epochs=5), no earlier
+    assert "'val_clean_acc', 'val_clean_loss', 'val_noisy_acc', 'val_noisy_loss']" in out.out
+    assert "\n[1, 3]\n" in out.out  # eval_every_epochs=2 over 4 epochs
+    assert "\n6 32\n" in out.out  # limit_train_batches=0.25: 2 batches of 16 an epoch
+    assert "\n1 1 None\n" in out.out  # the smoke run: one step, one evaluation, no checkpoint
+    assert not (tmp_path / "runs" / "smoke").exists()
     assert "runs/example/ckpt/step-000000030.ckpt" in out.out
     assert "done: 20 steps" in out.err  # the progress line
     assert (tmp_path / "runs" / "example" / "run.jsonl").exists()

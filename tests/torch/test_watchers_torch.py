@@ -125,7 +125,7 @@ def test_the_core_json_lines_log_is_a_trainer_watcher(tmp_path):
 
 def test_the_progress_line_writes_to_a_given_stream(capsys):
     stream = io.StringIO()
-    fit([st.Progress(stream=stream, interval=0.0)])
+    fit([st.Progress(stream=stream, interval=0.0, redraw=True)])  # as on a terminal
     text = stream.getvalue()
     assert "epoch 1/2 · step 1/6 · loss " in text  # the total, from the data's length
     assert "epoch 2/2 · step 6/6 · loss " in text and "lr 2.50e-02" in text

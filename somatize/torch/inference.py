@@ -1,0 +1,60 @@
+"""A Trainer's work outside a run: ``evaluate`` and ``predict`` (no optimizer needed).
+
+Both run where ``fit`` would: ``Options(device=...)`` (the model is moved there, as ``fit``
+moves it), else this rank's GPU under torchrun with CUDA, else where the parameters are;
+batches are moved to it. Outputs of ``predict`` stay on that device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..graph import Graph
+from . import ddp
+from .batches import split, to_device
+from .carry import carries, reset
+from .limits import limited
+from .smoke import smoke_batches
+from .start import as_module, autocast_for, place
+from .valsets import refuse_sets
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["evaluate", "predict"]
+
+
+def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> dict[str, float]:
+    """``Trainer.evaluate``: the loss and metrics over ``data``, averaged over examples."""
+    refuse_sets(data, "evaluate")
+    net = as_module(model)
+    reset(carries(net))
+    rank, world = ddp.rank_world()
+    device = place(net, trainer.options.device, world)  # where fit() would run it
+    autocast = autocast_for(trainer.options.precision, device)
+    limit = smoke_batches(trainer.options)
+    return trainer._evaluate(net, data, device, autocast, rank, world, limit)
+
+
+def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
+    """``Trainer.predict``: the output of each batch, in order, in eval mode, without grad."""
+    refuse_sets(data, "predict")
+    net = as_module(model)
+    device = place(net, trainer.options.device, ddp.rank_world()[1])
+    autocast = autocast_for(trainer.options.precision, device)
+    reset(carries(net))  # carried state starts afresh, as for an evaluation
+    was_training, out = net.training, []
+    net.eval()
+    try:
+        with torch.no_grad():
+            for batch in limited(iter(data), smoke_batches(trainer.options)):
+                x = to_device(split(batch)[0], device)
+                with autocast():
+                    out.append(net(x))
+    finally:
+        net.train(was_training)
+    return out

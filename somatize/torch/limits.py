@@ -1,0 +1,163 @@
+"""Limiting batches: ``Options(limit_train_batches=, limit_val_batches=)``, as in Lightning.
+
+A limit is a count (an int: at most that many batches) or a fraction of the data's length
+(a float in (0, 1]: ``int(length * fraction)`` batches, rounded down as Lightning rounds).
+A training epoch takes the first batches of its order — with shuffling, another subset each
+epoch — and an evaluation the first of the validation data. Under DDP a limit is per rank,
+of the rank's own share (Lightning's "per device"). Limits are resolved against the data
+when ``fit`` starts, so a fraction the data cannot honour is an error before any step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from typing import Any
+
+from ..errors import SettingError
+
+__all__ = [
+    "batches_per_epoch",
+    "check_limit",
+    "epoch_examples",
+    "length",
+    "limited",
+    "share",
+    "steps_per_epoch",
+]
+
+
+def check_limit(name: str, value: Any) -> None:
+    """``Options(<name>=value)``: None, a count >= 1, or a fraction in (0, 1]."""
+    if value is None:
+        return
+    what = "train on" if name == "limit_train_batches" else "evaluate on"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SettingError(
+            f"Options({name}={value!r}) must be a count of batches (an int, {name}=10), a "
+            f"fraction of the data's batches (a float in (0, 1], {name}=0.25), or None for all"
+        )
+    if isinstance(value, int) and value < 1:
+        hint = (
+            "to train nothing, do not call fit()"
+            if name == "limit_train_batches"
+            else "to evaluate nothing, fit without val="
+        )
+        raise SettingError(
+            f"Options({name}={value}) would {what} no batch; pass at least 1 ({hint}), or "
+            "None for all batches"
+        )
+    if isinstance(value, float) and not 0.0 < value <= 1.0:
+        count = (
+            f"; for a count of batches pass an int ({name}={int(value)})"
+            if math.isfinite(value) and value > 1 and value == int(value)
+            else ""
+        )
+        raise SettingError(
+            f"Options({name}={value}) is a fraction of the data's batches and must be in "
+            f"(0, 1], e.g. {name}=0.25{count}"
+        )
+
+
+def length(data: Any) -> int | None:
+    """``len(data)``, or None when it has none (a generator; a DataLoader over an
+    ``IterableDataset``, whose ``len`` raises)."""
+    if not isinstance(data, Sized):
+        return None
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def share(data: Any, rank: int, world: int, *, even: bool) -> int | None:
+    """Batches this rank reads of ``data`` in one pass (None when the data has no length).
+
+    A DataLoader over a ``DistributedSampler`` is already this rank's share; anything else
+    is read every ``world``-th batch — dropping the last ``len % world`` for training
+    (``even``), none for an evaluation (see ``batches.epoch_batches``)."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    size = length(data)
+    if size is None or world == 1 or isinstance(getattr(data, "sampler", None), DistributedSampler):
+        return size
+    return size // world if even else len(range(rank, size, world))
+
+
+def batches_per_epoch(
+    name: str, limit: int | float | None, data: Iterable[Any], rank: int, world: int, *, even: bool
+) -> int | None:
+    """How many batches ``limit`` lets a pass over ``data`` take (None: every batch, also
+    when the limit is at least the data's length).
+
+    Raises:
+        SettingError: a fraction other than 1.0 of data without a length, or a fraction so
+            small it takes no batch.
+    """
+    if limit is None:
+        return None
+    size = share(data, rank, world, even=even)
+    if isinstance(limit, int):
+        return limit if size is None or limit < size else None
+    if size is None:
+        if limit == 1.0:
+            return None
+        raise SettingError(
+            f"Options({name}={limit}) is a fraction of the data's length, but the "
+            f"{type(data).__qualname__} given has none (a generator, an IterableDataset); "
+            f"pass a count of batches ({name}=100), or 1.0 for all"
+        )
+    if size == 0:
+        return None  # no batches at all: the Trainer's own error for empty data says so
+    n = int(size * limit)
+    if n == 0:
+        raise SettingError(
+            f"Options({name}={limit}) takes int({size} * {limit}) = 0 of the {size} batches"
+            f"{' this rank reads' if world > 1 else ''}; pass a fraction of at least 1/{size}, "
+            f"or a count of batches ({name}=1)"
+        )
+    return n if n < size else None
+
+
+def limited(batches: Iterator[Any], n: int | None) -> Iterator[Any]:
+    """The first ``n`` of ``batches`` (all of them for None); the rest is never read."""
+    return batches if n is None else itertools.islice(batches, n)
+
+
+def steps_per_epoch(
+    data: Iterable[Any], limit: int | None, accumulate: int, rank: int, world: int
+) -> int | None:
+    """Optimizer steps in one training epoch (None when the data cannot say): its batches —
+    as many as ``limit`` lets it take — in groups of ``accumulate``, the last maybe smaller."""
+    size = share(data, rank, world, even=True)
+    batches = limit if size is None else (size if limit is None else min(size, limit))
+    return None if batches is None else -(-batches // accumulate)
+
+
+def epoch_examples(
+    data: Iterable[Any], n: int | None, seed: int, shuffle: bool, world: int
+) -> int | None:
+    """Examples one epoch trains on, over all ranks (None when the data cannot say).
+
+    Unlimited (``n`` None): the data's (``start.count_examples``). Limited to ``n`` batches
+    a rank: for a sequence, those of the first epoch's first ``n`` batches of each rank;
+    for a DataLoader with a ``batch_size``, ``n`` full batches a rank, at most its dataset.
+    """
+    from .batches import epoch_batches, num_examples
+    from .start import count_examples
+
+    if n is None:
+        return count_examples(data, world)
+
+    if isinstance(data, Sequence):
+        return sum(
+            num_examples(b)
+            for rank in range(world)
+            for b in itertools.islice(epoch_batches(data, 0, seed, shuffle, rank, world), n)
+        )
+    size, dataset = getattr(data, "batch_size", None), getattr(data, "dataset", None)
+    full = length(dataset)
+    if isinstance(size, int) and full is not None:
+        return min(n * size * world, full)
+    return None

@@ -1,0 +1,86 @@
+"""A smoke run, ``Options(smoke=True)`` (or ``smoke=N``): Lightning's ``fast_dev_run``.
+
+``fit`` trains one epoch of N batches (N = 1 for True) and evaluates N batches of each
+validation set once at its end, reading and writing no checkpoint and telling no watcher,
+and returns the ``TrainResult``. The model's weights and buffers, its mode and the global
+RNG states are then put back as they were, so a smoke run costs the real run nothing:
+``fit`` after it trains exactly as ``fit`` alone would. ``evaluate`` and ``predict`` read
+the first N batches of their data, so a whole script runs in seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import SettingError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..graph import Graph
+    from .result import TrainResult
+    from .trainer import Trainer
+
+__all__ = ["check_smoke", "smoke_batches", "smoke_fit"]
+
+
+def check_smoke(value: Any) -> None:
+    """``Options(smoke=...)``: True, False, or a whole number of batches (0: off)."""
+    if isinstance(value, bool):
+        return
+    if not isinstance(value, int) or value < 0:
+        raise SettingError(
+            f"Options(smoke={value!r}) must be True (one batch of training and of each "
+            "validation set), a whole number N of batches (smoke=3), or False"
+        )
+
+
+def smoke_batches(options: Any) -> int | None:
+    """The batches a smoke run reads of each data (None: not a smoke run)."""
+    return int(options.smoke) if options.smoke else None
+
+
+def smoke_fit(
+    trainer: Trainer,
+    model: Graph | nn.Module,
+    train: Iterable[Any],
+    val: Iterable[Any] | None,
+) -> TrainResult:
+    """``fit`` under ``Options(smoke=N)``: see the module's docstring."""
+    import torch
+
+    from .rng import put_back, snapshot
+    from .settings import check_fit
+    from .start import as_module
+
+    check_fit(trainer, val)  # the real run's settings, which the smoke run lifts, hold too
+    n = int(trainer.options.smoke)
+    quick = copy.copy(trainer)
+    quick.epochs, quick.max_steps, quick.checkpoint, quick.watchers = 1, None, None, []
+    quick.options = dataclasses.replace(
+        trainer.options,
+        smoke=False,
+        limit_train_batches=n,
+        limit_val_batches=n,
+        eval_every_steps=None,
+        eval_every_epochs=None,
+        min_epochs=None,
+        min_steps=None,
+        sanity_val_batches=0,  # the smoke run's one evaluation is the check
+        progress=False,
+    )
+    net = as_module(model)
+    kept = {k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}
+    mode = {m: m.training for m in net.modules()}
+    rng = snapshot()
+    try:
+        return quick.fit(model, train, val)
+    finally:
+        with torch.no_grad():
+            net.load_state_dict(kept)
+        for m, training in mode.items():
+            m.training = training
+        put_back(rng)

@@ -1,0 +1,101 @@
+"""Validation sets: ``fit(val=loader)``, or ``fit(val={"clean": a, "noisy": b})``.
+
+One loader's metrics are named as they always were: ``val_loss``, ``val_<metric>``,
+``val_<node>/<name>``. A dict of name → loader evaluates each set at every evaluation, in
+the dict's order, and prefixes its metrics with its name: ``val_clean_loss``,
+``val_clean_<metric>``, ``val_clean_<node>/<name>``; ``Options(monitor=...)`` (and a
+pruner's metric) names one of them. All sets' values go into one record per evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SettingError
+from .limits import batches_per_epoch
+
+__all__ = ["ValSet", "check_val", "evaluated_names", "refuse_sets", "val_sets"]
+
+
+@dataclass(frozen=True)
+class ValSet:
+    """One validation set of a run: its name ("" for a single ``val``), its batches, and
+    how many of them an evaluation takes (``Options(limit_val_batches=)``; None: all)."""
+
+    name: str
+    data: Iterable[Any]
+    limit: int | None = None
+
+    @property
+    def prefix(self) -> str:
+        """What its metrics' names start with: ``val_``, or ``val_<name>_``."""
+        return f"val_{self.name}_" if self.name else "val_"
+
+
+def check_val(val: Any, metrics: Mapping[str, Any]) -> None:
+    """A dict ``val=``: named sets (non-empty strings, no ``/``), whose metric names —
+    ``val_<set>_<metric>`` — do not collide (``a`` + ``b_loss`` vs ``a_b`` + ``loss``)."""
+    if not isinstance(val, Mapping):
+        return
+    if not val:
+        raise SettingError(
+            "val= is an empty dict; pass {name: batches} with at least one set, one loader "
+            "(val=batches), or None to train without evaluating"
+        )
+    for name, data in val.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise SettingError(
+                f"val= names its sets by non-empty strings without '/', not {name!r}; e.g. "
+                "val={'clean': clean_batches, 'noisy': noisy_batches}"
+            )
+        if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+            raise SettingError(
+                f"val set {name!r} is {type(data).__qualname__}, not batches; each value of "
+                "val= is a sequence of batches or a DataLoader"
+            )
+    seen: dict[str, str] = {}
+    for name in val:
+        for metric in ("loss", *metrics):
+            key = f"val_{name}_{metric}"
+            if key in seen:
+                raise SettingError(
+                    f"val sets {seen[key]!r} and {name!r} would both log {key!r}; rename a "
+                    "set (or a metric) so every evaluated name is its own"
+                )
+            seen[key] = name
+
+
+def evaluated_names(val: Any, metrics: Mapping[str, Any]) -> list[str]:
+    """The names an evaluation of ``val`` produces (node metrics aside)."""
+    prefixes = [f"val_{name}_" for name in val] if isinstance(val, Mapping) else ["val_"]
+    return [f"{p}{m}" for p in prefixes for m in ("loss", *metrics)]
+
+
+def val_sets(
+    val: Iterable[Any] | Mapping[str, Iterable[Any]] | None,
+    limit: int | float | None,
+    rank: int,
+    world: int,
+) -> list[ValSet] | None:
+    """``val=`` as a run's sets, each with its batch limit resolved against its data."""
+    if val is None:
+        return None
+    named = val.items() if isinstance(val, Mapping) else [("", val)]
+    return [
+        ValSet(
+            name, data, batches_per_epoch("limit_val_batches", limit, data, rank, world, even=False)
+        )
+        for name, data in named
+    ]
+
+
+def refuse_sets(data: Any, method: str) -> None:
+    """``evaluate``/``predict`` take one data set, not a dict of them."""
+    if isinstance(data, Mapping):
+        raise SettingError(
+            f"{method}() takes one data set (batches or a DataLoader), not a dict of them; "
+            f"for several, call it on each: {{name: trainer.{method}(model, data) for name, "
+            "data in sets.items()}"
+        )

@@ -1,0 +1,91 @@
+"""The progress line: redrawn in place on a terminal, plain lines anywhere else."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize import Graph
+from somatize.errors import SettingError
+from tests.torch.test_watchers_torch import Body, Head, data, fit
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def lines(text: str) -> list[str]:
+    return [
+        re.sub(r"[0-9.,]+ ex/s", "R ex/s", re.sub(r"in [0-9.]+s", "in Ts", line))
+        for line in text.splitlines()
+    ]
+
+
+def test_a_stream_that_is_not_a_terminal_gets_plain_lines_one_an_epoch():
+    stream = io.StringIO()
+    fit([st.Progress(stream=stream, interval=0.0)])
+    text = stream.getvalue()
+    assert "\r" not in text and "\x1b" not in text
+    got = lines(text)
+    assert [line.split(" · loss")[0] for line in got if line.startswith("epoch")] == [
+        "epoch 1/2 · step 3/6",
+        "epoch 2/2 · step 6/6",
+    ]
+    assert [line.split(" · ")[0] for line in got] == [
+        "epoch 1/2",
+        "step 3",  # the evaluation after the epoch's last step
+        "epoch 2/2",
+        "step 6",
+        "done: 6 steps in Ts",
+    ]
+    assert "lr 5.00e-02 · R ex/s" in got[0] and got[1].startswith("step 3 · val_loss ")
+
+
+def test_every_steps_adds_a_plain_line_every_n_steps():
+    stream = io.StringIO()
+    fit([st.Progress(stream=stream, every_steps=2)])
+    steps = [int(m) for m in re.findall(r"^epoch \d/2 · step (\d)/6", stream.getvalue(), re.M)]
+    assert steps == [2, 3, 4, 6]  # every 2nd, and the first epoch's last (3)
+
+
+def test_a_run_stopped_mid_epoch_still_writes_its_last_step():
+    stream = io.StringIO()
+    st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        max_steps=2,
+        watchers=[st.Progress(stream=stream)],
+        options=st.Options(progress=False),
+    ).fit(Graph.somatize(Body() >> Head()), data())
+    assert [line.split(" · loss")[0] for line in lines(stream.getvalue())][-2:] == [
+        "epoch 1 · step 2/2",
+        "done: 2 steps in Ts",
+    ]
+
+
+def test_a_terminal_is_redrawn_in_place():
+    stream = Terminal()
+    fit([st.Progress(stream=stream, interval=0.0)])
+    text = stream.getvalue()
+    assert text.count("\r\x1b[2Kepoch ") == 6  # every step redrawn
+    assert "\r\x1b[2Kdone: 6 steps" in text
+    plain = io.StringIO()
+    fit([st.Progress(stream=plain, redraw=False)])  # or asked not to
+    assert "\x1b" not in plain.getvalue()
+
+
+def test_progress_true_to_a_captured_standard_error_writes_no_control_codes(capsys):
+    fit([], progress=True)
+    err = capsys.readouterr().err
+    assert "done: 6 steps" in err and "\x1b" not in err and "\r" not in err
+
+
+def test_bad_every_steps_is_refused():
+    with pytest.raises(SettingError, match="Progress every_steps must be at least 1"):
+        st.Progress(every_steps=0)
