@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .identity import _describe, _is_user_module, _own, _references, _versions
-from .values import digest, is_data
 
 if TYPE_CHECKING:
     from .codecs import Codec
@@ -60,8 +59,5 @@ def key_parts(
     memo: dict[int, str] = {id(obj): "self"}
     refs = {}
     for dotted, target in _references(obj):
-        described = _describe(target, memo)
-        if described.startswith("obj:") and codecs and is_data(target, codecs):
-            described = "data:" + digest(target, codecs)
-        refs[dotted] = described
+        refs[dotted] = _describe(target, memo, codecs)
     return _own(obj)[0].hex(), refs, _versions()

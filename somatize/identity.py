@@ -200,17 +200,21 @@ def _referenced(tree: ast.AST) -> list[list[str]]:
     return chains if outside is None else [c for c in chains if c[0] in outside]
 
 
-def _describe(obj: Any, memo: dict[int, str]) -> str:
-    """How a referenced global enters a fingerprint."""
+def _describe(obj: Any, memo: dict[int, str], codecs: Sequence[Codec] = ()) -> str:
+    """How a referenced global enters a fingerprint: user code by its fingerprint, library
+    code by name, data by content (with ``codecs``, tensors and arrays too), anything else
+    by its type."""
     if isinstance(obj, (types.FunctionType, type)) and _is_user_module(
         sys.modules.get(obj.__module__)
     ):
-        return "code:" + _fingerprint(obj, memo)
+        return "code:" + _fingerprint(obj, memo, codecs)
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)):
         name = getattr(obj, "__qualname__", None) or obj.__name__
         return f"lib:{getattr(obj, '__module__', '') or ''}.{name}"
     if is_data(obj):
         return "data:" + digest(obj)
+    if codecs and is_data(obj, codecs):  # a global tensor or array (normalising constants)
+        return "data:" + digest(obj, codecs)
     return "obj:" + type(obj).__qualname__
 
 
@@ -240,7 +244,7 @@ def _own(obj: Any) -> tuple[bytes, list[list[str]]]:
     return result
 
 
-def _fingerprint(obj: Any, memo: dict[int, str]) -> str:
+def _fingerprint(obj: Any, memo: dict[int, str], codecs: Sequence[Codec] = ()) -> str:
     """``obj``'s code and, transitively, the user code it references.
 
     ``memo`` holds what one top-level call has computed, so the result depends only on
@@ -252,7 +256,7 @@ def _fingerprint(obj: Any, memo: dict[int, str]) -> str:
     memo[id(obj)] = "cycle:" + str(obj.__qualname__)  # recursion between helpers
     h = blake3(_own(obj)[0])
     for dotted, target in _references(obj):
-        h.update(f"{dotted}={_describe(target, memo)}\0".encode())
+        h.update(f"{dotted}={_describe(target, memo, codecs)}\0".encode())
     result = h.hexdigest()
     memo[id(obj)] = result
     return result
@@ -291,12 +295,13 @@ def _references(obj: Any) -> list[tuple[str, Any]]:
     return found
 
 
-def fingerprint(obj: type | types.FunctionType) -> str:
-    """A digest of a class's or function's code and of the user helpers it references."""
-    return _fingerprint(obj, {})
+def fingerprint(obj: type | types.FunctionType, codecs: Sequence[Codec] = ()) -> str:
+    """A digest of a class's or function's code and of the user helpers it references
+    (and of the data they read as globals: with ``codecs``, tensors and arrays too)."""
+    return _fingerprint(obj, {}, codecs)
 
 
-def identity(impl: Any) -> str:
+def identity(impl: Any, codecs: Sequence[Codec] = ()) -> str:
     """The identity part of a node's key: qualified class name, code fingerprint, versions.
 
     Example:
@@ -306,7 +311,7 @@ def identity(impl: Any) -> str:
         True
     """
     cls = type(impl)
-    return f"{cls.__module__}.{cls.__qualname__}:{fingerprint(cls)}:{_versions()}"
+    return f"{cls.__module__}.{cls.__qualname__}:{fingerprint(cls, codecs)}:{_versions()}"
 
 
 def _declare(value: Any, where: str, codecs: Sequence[Codec]) -> Any:

@@ -110,7 +110,7 @@ class NodeKeys:
             return parts
         fixed = self._fixed.get(id(impl))
         if fixed is None or fixed[0] is not impl:
-            fixed = (impl, identity(impl), declaration(impl, self.codecs))
+            fixed = (impl, identity(impl, self.codecs), declaration(impl, self.codecs))
             self._fixed[id(impl)] = fixed
         context = [ctx for f in self._contexts if (ctx := f()) is not None] or None
         return fixed[1], fixed[2], state(impl, self.codecs, context)

@@ -292,3 +292,41 @@ def test_a_public_attribute_added_to_a_module_enters_its_fingerprint():
     two.scale = 2.0  # a new attribute: the instance's layout differs
     assert codec.fingerprint(two) != first
     assert codec.fingerprint(one) == first
+
+
+SHIFT = torch.zeros(3)  # a module-level constant the node below reads (its normalisation)
+SCALE = [1.0, 1.0, 1.0]
+
+
+class Normalise(Node):
+    """Reads a global tensor, as a backbone normalising with dataset statistics does."""
+
+    rowwise = True
+
+    def forward(self, x: Any, ctx: Any) -> Done:
+        return Done(Opaque((x - SHIFT) * torch.tensor(SCALE)))
+
+
+def test_a_global_tensor_a_node_reads_enters_its_key_by_content() -> None:
+    """Another SHIFT (as a new process computing other statistics would see it) is a miss,
+    not the rows of the old one; an equal one is a hit."""
+    global SHIFT
+    keeper, x = MemoryKeeper(), torch.randn(4, 3)
+
+    def run() -> tuple[torch.Tensor, dict[str, Any]]:
+        g = Graph.somatize(Normalise().with_id("norm"), keeper=keeper)
+        g.freeze("norm").cache("norm", per="example")
+        st.module(g)
+        return g.forward(x), keeper.stats().entries
+
+    try:
+        first, entries = run()
+        assert torch.equal(first, x) and entries == 4
+        SHIFT = torch.full((3,), 0.5)
+        second, entries = run()
+        assert torch.equal(second, x - 0.5) and entries == 8  # computed, not recalled
+        SHIFT = torch.full((3,), 0.5)  # equal content, another tensor: the same key
+        third, entries = run()
+        assert torch.equal(third, x - 0.5) and entries == 8
+    finally:
+        SHIFT = torch.zeros(3)
