@@ -174,11 +174,14 @@ def _reason(value: object) -> str:
             )
     if isinstance(value, (bytearray, memoryview)):
         return f"a {name}; convert it with bytes(...) or wrap it in Opaque(...)"
-    hint = ""
     if t.__module__.split(".")[0] in ("torch", "numpy"):
-        hint = " (tensors and arrays are data only with the codecs of somatize.torch)"
+        return (
+            f"an object of type {name}: tensors and arrays are data only with the codecs of "
+            "somatize.torch — call st.module(g) first, which gives the graph its codecs (the "
+            "Trainer does), or wrap it in Opaque(...) to pass it by identity (never cached)"
+        )
     return (
-        f"an object of type {name}{hint}; convert it to plain data (dict, list, str, numbers) "
+        f"an object of type {name}; convert it to plain data (dict, list, str, numbers) "
         "or wrap it in Opaque(...) to pass it by identity"
     )
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .pool import TorchPool
+from .settings import count
 
 __all__ = ["Summary", "executor", "summarize"]
 
@@ -242,6 +243,8 @@ def executor(
         >>> with executor(workers=2) as pool:  # doctest: +SKIP
         ...     results = list(pool.map(train_one_seed, range(4)))
     """
+    if workers is not None:
+        count("executor workers", workers, hint="leave it out (None) for one per CPU")
     chosen = _pick_start_method(start_method, threads_per_worker)
     ctx = multiprocessing.get_context(chosen)
     fallback = None
@@ -254,7 +257,7 @@ def executor(
         if c is not None and c.get_start_method() == "forkserver":
             c.set_forkserver_preload(list(PRELOAD))
     return TorchPool(
-        max_workers=workers or os.cpu_count() or 1,
+        max_workers=workers if workers is not None else os.cpu_count() or 1,
         mp_context=ctx,
         initializer=_init_worker,
         initargs=(threads_per_worker,),

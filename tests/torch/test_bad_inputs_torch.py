@@ -221,3 +221,22 @@ def test_the_catalogue_holds_over_a_hundred_bad_inputs():
     from tests.test_bad_inputs import CASES as CORE
 
     assert len(CASES) + len(CORE) >= 100
+
+
+class Ident(Node):
+    def forward(self, x: Any, ctx: Any) -> Done:
+        return Done(x)
+
+
+def test_a_tensor_into_a_graph_without_the_torch_codecs_points_to_st_module() -> None:
+    g = Graph.somatize(Ident())
+    with pytest.raises(VCE, match=r"call st\.module\(g\) first"):
+        g.forward(torch.ones(2))
+    st.module(g)  # the fix the message gives
+    assert torch.equal(g.forward(torch.ones(2)), torch.ones(2))
+
+
+@pytest.mark.parametrize("workers", [0, -1, 1.5, True])
+def test_executor_refuses_a_worker_count_that_is_not_a_positive_int(workers: Any) -> None:
+    with pytest.raises(SomatizeError, match="executor workers must be"):
+        st.executor(workers=workers)
