@@ -9,7 +9,7 @@ attribute, or in a node it holds — is registered under the node's id, so ``par
     opt = torch.optim.Adam(parameters(g), lr=1e-3)
 
 Frozen nodes: parameters with ``requires_grad=False``, eval mode kept even when the
-module is put in train mode, run under ``torch.no_grad()``.
+module is put in train mode (and ``ctx.training`` False), run under ``torch.no_grad()``.
 """
 
 from __future__ import annotations
@@ -102,6 +102,9 @@ def _frozen_wrap(
             if pending[0]:
                 pending[0] = False
                 _check_eval(node_id, impl)
+            run = ctx.run
+            if run.training:  # its modules run in eval mode: so does what reads ctx.training
+                ctx = Ctx(ctx.node, ctx.device, run._replace(training=False))
             # torch.no_grad() as a context costs a few µs per call; the switch it flips, not
             if not _grad_enabled():
                 return forward(x, ctx)

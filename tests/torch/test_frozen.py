@@ -166,3 +166,33 @@ def test_requires_grad_tensor_as_data_is_the_specific_error():
     assert "node 'enc'" in msg and "requires grad" in msg
     assert "wrap it in Opaque" in msg and "detach it" in msg
     assert isinstance(e.value, TypeError)
+
+
+class Functional(Node):
+    """Drops out through ctx.training, as F.dropout(x, training=ctx.training) does."""
+
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 4)
+        self.seen: list[bool] = []
+
+    def forward(self, x, ctx):
+        self.seen.append(ctx.training)
+        return Done(Opaque(nn.functional.dropout(self.lin(x), 0.5, training=ctx.training)))
+
+
+def test_a_frozen_node_sees_ctx_training_false_as_its_modules_run_in_eval_mode():
+    torch.manual_seed(0)
+    enc, head = Functional(), Functional()
+    g = Graph.somatize(enc.with_id("enc") >> head.with_id("head")).freeze("enc")
+    x = torch.randn(3, 4)
+    data = [(x, torch.randn(3, 4))]
+    st.Trainer(
+        loss=nn.functional.mse_loss,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=2,
+        options=st.Options(progress=False),
+    ).fit(g, data)
+    assert enc.seen == [False, False] and head.seen == [True, True]
+    st.module(g).train()
+    g.forward(x, training=True)  # (the graph's own run, in training mode)
+    assert enc.seen[-1] is False and head.seen[-1] is True
