@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..errors import SettingError
 from .pool import TorchPool
-from .settings import count
 
 __all__ = ["Summary", "executor", "summarize"]
 
@@ -243,8 +243,11 @@ def executor(
         >>> with executor(workers=2) as pool:  # doctest: +SKIP
         ...     results = list(pool.map(train_one_seed, range(4)))
     """
-    if workers is not None:
-        count("executor workers", workers, hint="leave it out (None) for one per CPU")
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise SettingError(
+            f"st.executor(workers={workers!r}): workers is a whole number of processes, at "
+            "least 1; leave it out (None) for one per CPU"
+        )
     chosen = _pick_start_method(start_method, threads_per_worker)
     ctx = multiprocessing.get_context(chosen)
     fallback = None
