@@ -65,6 +65,28 @@ def test_the_check_changes_nothing_the_run_computes_with_dropout_and_random_val_
     assert len(checked.metrics) == 3  # its values are not recorded
 
 
+def test_a_val_loader_with_a_generator_of_its_own_starts_where_it_would_have():
+    """A shuffled val loader with a generator of its own: after the check, the first real
+    evaluation reads the same (limited) batches as without it (every reading of a loader
+    draws from generators the Trainer seeds by epoch, batches.epoch_batches)."""
+
+    def run(n):
+        val = DataLoader(
+            Augmented(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3)
+        )
+        return st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.Adam(ps, lr=2e-2),
+            epochs=2,
+            seed=5,
+            options=quiet(sanity_val_batches=n, limit_val_batches=1),
+        ).fit(graph(0), batches(3), val=val)
+
+    checked, unchecked = run(2), run(0)
+    assert_same(checked, unchecked)
+    assert [m["val_loss"] for m in checked.metrics] == [m["val_loss"] for m in unchecked.metrics]
+
+
 def test_batch_norm_statistics_are_untouched_by_the_check():
     def run(n):
         torch.manual_seed(0)
