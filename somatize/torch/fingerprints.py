@@ -10,8 +10,9 @@ last fingerprint was made of, that fingerprint is returned without hashing anyth
 
 What that check costs is a walk of the modules: per tensor one read of its version,
 address, dtype, shape and strides against the codec's memo, per module its table of
-children, its plain attributes and its hook tables — a few hundred ns each, no Python
-call per tensor (a 150-module backbone: about a third of a ms per batch, not half of one).
+children, its plain attributes and its hook tables, with no Python call per tensor (a
+150-module, 350-tensor backbone: 435–465 µs per batch, measured, against 494 µs walking
+``named_modules`` and calling ``digest`` per tensor).
 """
 
 from __future__ import annotations
