@@ -126,3 +126,16 @@ def require(module: str, extra: str) -> object:
         raise MissingExtraError(
             f"{module!r} is not installed; install it with: pip install 'somatize[{extra}]'"
         ) from e
+
+
+def add_note(e: BaseException, note: str) -> None:
+    """Add ``note`` to ``e``'s notes once (``BaseException.add_note`` on Python >= 3.11; the
+    ``__notes__`` list before, which the exceptiongroup backport prints). A note survives
+    the pickling of ``e`` back from a worker process."""
+    if note in getattr(e, "__notes__", ()):
+        return
+    add = getattr(e, "add_note", None)
+    if add is not None:
+        add(note)
+    else:
+        setattr(e, "__notes__", [*getattr(e, "__notes__", ()), note])  # noqa: B010 (3.10 stubs)

@@ -13,7 +13,8 @@ and writes the id of the call it is running into it; the dead worker is the one 
 process has exited when the pool reports the break.
 
 ``run_all(pool, fn, items)`` runs a campaign over any executor and returns every run
-that finished, with the lost ones reported by index.
+that finished, with the lost ones (and, with ``errors="return"``, the failed ones)
+reported by index.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import cloudpickle
 
-from ..errors import WorkerLostError
+from ..errors import WorkerLostError, add_note
 
 __all__ = ["Runs", "TorchPool", "run_all"]
 
@@ -250,20 +251,25 @@ def _cancel(task: _Task) -> None:
 
 @dataclass(frozen=True)
 class Runs:
-    """The outcome of ``run_all``: what finished, and what was lost.
+    """The outcome of ``run_all``: what finished, what was lost, and what failed.
 
     Attributes:
-        results: one entry per item, in item order; None where the run was lost.
+        results: one entry per item, in item order; None where the run was lost or failed.
         lost: item index -> why its run was lost (its worker died, more than retried).
+        failed: item index -> the exception its run raised, with a note naming the item
+            (``run_all(..., errors="return")`` only; with ``"raise"`` it is raised).
     """
 
     results: list[Any]
     lost: dict[int, str]
+    failed: dict[int, BaseException] = field(default_factory=dict)
 
     @property
     def finished(self) -> list[Any]:
         """The results of the runs that finished, in item order (for ``summarize``, ``fedavg``)."""
-        return [r for i, r in enumerate(self.results) if i not in self.lost]
+        return [
+            r for i, r in enumerate(self.results) if i not in self.lost and i not in self.failed
+        ]
 
 
 def _is_loss(e: BaseException) -> bool:
@@ -271,36 +277,62 @@ def _is_loss(e: BaseException) -> bool:
     return isinstance(e, BrokenExecutor) or type(e).__name__ == "KilledWorker"
 
 
-def run_all(pool: Executor, fn: Callable[[Any], Any], items: Iterable[Any]) -> Runs:
+def run_all(
+    pool: Executor,
+    fn: Callable[[Any], Any],
+    items: Iterable[Any],
+    *,
+    errors: Literal["raise", "return"] = "raise",
+) -> Runs:
     """Run ``fn`` over ``items`` on ``pool``; return every run that finishes.
 
     A run whose worker is lost (and is not re-run by the pool: ``st.executor`` re-runs it
     once, Dask reschedules it) is reported in ``Runs.lost`` by index; the other runs are
-    unaffected. An exception ``fn`` raises is raised (the first, by index) once every run
-    has settled.
+    unaffected.
+
+    Args:
+        pool: any ``concurrent.futures.Executor`` (``st.executor()``, a
+            ``ProcessPoolExecutor``, ``client.get_executor()``).
+        fn: ``fn(item) -> result``, one run.
+        items: one per run (a seed, a config).
+        errors: ``"raise"``: an exception ``fn`` raises is raised (the first, by index)
+            once every run has settled. ``"return"``: it is kept in ``Runs.failed`` by
+            index, its result None, and the campaign's other results are returned — a
+            sweep keeps the configurations that ran when one diverges or runs out of memory.
 
     Example:
         >>> with executor(workers=2) as pool:  # doctest: +SKIP
-        ...     runs = run_all(pool, train_one_seed, range(8))
-        >>> runs.lost                           # doctest: +SKIP
-        {}
+        ...     runs = run_all(pool, train_one_seed, range(8), errors="return")
+        >>> runs.lost, runs.failed              # doctest: +SKIP
+        ({}, {})
     """
     if not callable(getattr(pool, "submit", None)):
         raise TypeError(
             f"run_all takes an executor (st.executor(), a ProcessPoolExecutor, "
             f"client.get_executor()), not {pool!r:.60}"
         )
+    if errors not in ("raise", "return"):
+        raise ValueError(
+            f"errors must be 'raise' (a run that raises fails the campaign) or 'return' (it "
+            f"is kept in Runs.failed), not {errors!r}"
+        )
     futures: Sequence[Future[Any]] = [pool.submit(fn, item) for item in items]
     wait(futures)
     results: list[Any] = []
     lost: dict[int, str] = {}
+    failed: dict[int, BaseException] = {}
     for i, f in enumerate(futures):
         e = f.exception()
         if e is None:
             results.append(f.result())
-        elif _is_loss(e):
-            results.append(None)
+            continue
+        results.append(None)
+        if _is_loss(e):
             lost[i] = f"{type(e).__name__}: {e}"
-        else:
+            continue
+        note = f"run_all: raised by fn(items[{i}]); run that item with fn(item) here to debug it"
+        add_note(e, note)
+        if errors == "raise":
             raise e
-    return Runs(results, lost)
+        failed[i] = e
+    return Runs(results, lost, failed)

@@ -60,10 +60,52 @@ def test_retries_zero_loses_only_the_run_whose_worker_died(tmp_path):
 
 
 def test_an_exception_the_run_raises_is_raised_not_counted_as_lost():
-    with st.executor(workers=1) as pool, pytest.raises(ZeroDivisionError):
+    with st.executor(workers=1) as pool, pytest.raises(ZeroDivisionError) as raised:
         st.run_all(pool, lambda x: 1 / x, [1, 0, 2])
+    assert r"fn(items[1])" in "".join(raised.value.__notes__)  # names the run that raised
     with pytest.raises(ValueError, match="retries=-1"):
         st.executor(retries=-1)
+
+
+def test_errors_return_keeps_the_runs_that_finished_beside_the_one_that_raised():
+    with st.executor(workers=1) as pool:
+        runs = st.run_all(pool, lambda x: 1 / x, [1, 0, 4], errors="return")
+    assert runs.results == [1.0, None, 0.25]
+    assert list(runs.failed) == [1] and isinstance(runs.failed[1], ZeroDivisionError)
+    assert "fn(items[1])" in "".join(runs.failed[1].__notes__)
+    assert runs.finished == [1.0, 0.25] and runs.lost == {}
+
+
+def test_errors_return_works_on_any_executor_and_a_bad_errors_value_is_refused():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(seed):
+        if seed == 2:
+            raise RuntimeError("diverged")
+        return 0.5 + seed / 10
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = st.run_all(pool, run, range(4), errors="return")
+        with pytest.raises(ValueError, match="errors must be 'raise'.*or 'return'.*'ignore'"):
+            st.run_all(pool, run, range(4), errors="ignore")  # type: ignore[arg-type]
+    assert runs.finished == [0.5, 0.6, 0.8]
+    assert str(runs.failed[2]) == "diverged"
+    assert st.summarize(runs.finished, "val_acc").n == 3
+
+
+@pytest.mark.slow
+def test_a_lost_run_and_a_failed_run_are_both_left_out_of_finished(tmp_path):
+    marker = str(tmp_path / "died")
+
+    def run(job):
+        if job == 3:
+            raise ValueError("bad config")
+        return square_or_die((job, marker if job == 1 else None, True))[0]
+
+    with st.executor(workers=2, retries=0) as pool:
+        runs = st.run_all(pool, run, range(5), errors="return")
+    assert list(runs.lost) == [1] and list(runs.failed) == [3]
+    assert runs.finished == [0, 4, 16]
 
 
 def _frozen(_):

@@ -45,6 +45,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from blake3 import blake3
 
+from ...errors import add_note
 from .spool import dumps, open_spool, remove, ship, unship
 
 __all__ = ["ClientFailure", "map_clients"]
@@ -61,14 +62,10 @@ _MISSING = object()
 
 def _note(e: BaseException, i: int) -> None:
     """Say on ``e`` which task raised it (a note survives the pickling back from a worker)."""
-    note = (
-        f"map_clients: raised by fn(shared, tasks[{i}]); run that task with pool=None to debug it"
+    add_note(
+        e,
+        f"map_clients: raised by fn(shared, tasks[{i}]); run that task with pool=None to debug it",
     )
-    add = getattr(e, "add_note", None)  # Python >= 3.11
-    if add is not None:
-        add(note)
-    else:  # 3.10 keeps the list (the exceptiongroup backport prints it), its traceback does not
-        setattr(e, "__notes__", [*getattr(e, "__notes__", ()), note])  # noqa: B010 (3.10 stubs)
 
 
 @dataclass(frozen=True)
