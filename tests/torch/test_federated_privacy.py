@@ -162,6 +162,19 @@ def test_global_policy_keeps_the_servers_buffers_out_of_the_norm_and_the_noise()
     assert not torch.allclose(out["0.weight"], want["0.weight"], atol=1e-3)  # but on weights
 
 
+def test_global_policy_keeps_integer_buffers_buffers_did_not_name():
+    # the statistics are found by name; their counter must stay the server's too, or the
+    # round would publish the largest client's number of batches, which epsilon does not cover
+    glob, states, _ = bn_round()
+    dp = fl.DPFedAvg(clip=0.5, noise=0.0, clients=10, per_round=4, buffer_policy="global")
+    out = dp.step(glob, states)
+    for k in (*STATS, "1.num_batches_tracked"):
+        assert torch.equal(out[k], glob[k])
+    want, _ = reference(glob, states, WEIGHTS, clip=0.5, per_round=4)
+    for k in WEIGHTS:
+        torch.testing.assert_close(out[k], want[k], atol=1e-7, rtol=0)
+
+
 def test_unprotected_mean_policy_averages_the_buffers_in_the_clear():
     glob, states, buffers = bn_round()
     dp = fl.DPFedAvg(clip=0.5, noise=3.0, clients=10, per_round=4, buffers=buffers,

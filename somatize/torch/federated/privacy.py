@@ -78,7 +78,7 @@ class DPFedAvg:
         buffer_policy: what DP does with the float buffers — the float keys ``buffers``
             names, and any float key named ``running_mean`` or ``running_var``. Without
             one, a state holding any is refused, naming them. ``"global"``: the global
-            state's values are kept (named integer buffers too): left out of the update,
+            state's values are kept (every integer buffer too, named or not): left out of the update,
             its norm and its noise — private, but they learn nothing from the clients.
             ``"noised"``: clipped and noised with the update, as weights are. ``"unprotected_mean"``:
             the clients' plain mean, neither clipped nor noised — **not covered by**
@@ -133,7 +133,7 @@ class DPFedAvg:
         self, global_state: Mapping[str, torch.Tensor], local: frozenset[str]
     ) -> tuple[frozenset[str], frozenset[str]]:
         """The keys left out of the private update: those whose global value is kept (the
-        local keys; the buffers under 'global', named integer ones too) and those averaged
+        local keys; the buffers under 'global', every integer one too) and those averaged
         in the clear (the float buffers under 'unprotected_mean')."""
         _unknown("buffers", self.buffers, global_state)
         named = self.buffers - local
@@ -141,8 +141,11 @@ class DPFedAvg:
         floats += _statistics(global_state, named | local)
         if floats and self.buffer_policy is None:
             raise _refusal(sorted(floats))
-        if self.buffer_policy == "global":
-            return local | named | frozenset(floats), frozenset()
+        if self.buffer_policy == "global":  # every integer key too: only buffers are integers
+            ints = [
+                k for k, t in global_state.items() if not (t.is_floating_point() or t.is_complex())
+            ]
+            return local | named | frozenset(floats) | frozenset(ints), frozenset()
         if self.buffer_policy == "unprotected_mean":
             return local, frozenset(floats)
         return local, frozenset()
