@@ -8,7 +8,7 @@ the digest of its own code and of each user helper it reaches, its declaration, 
 state and its input. ``g.explain(x)`` runs the graph on ``x`` against a read-only view of
 the keeper (nothing is written) and, for each remembered node that missed, compares the
 parts it has now with the record: which of code (and which helper), declaration, state
-(weights) or input changed since the last entry.
+(weights), context (torch: the autocast dtype) or input changed since the last entry.
 
 Example:
     >>> from somatize import Graph, Node, Done
@@ -41,6 +41,7 @@ from .values import Opaque, check, decode, digest, encode
 if TYPE_CHECKING:
     from .graph import Graph
     from .keepers import Keeper
+    from .memory import NodeKeys
 
 __all__ = ["Explanation", "Why", "explain", "explain_run", "note"]
 
@@ -93,8 +94,16 @@ def _read(keeper: Any, label: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def note(keeper: Keeper, label: str, impl: Any, parts: Sequence[str], input: str | None) -> None:
-    """Record the key parts of what node ``label`` just stored (skipped when unchanged)."""
+def note(
+    keeper: Keeper,
+    label: str,
+    impl: Any,
+    parts: Sequence[str],
+    input: str | None,
+    context: list[Any] | None = None,
+) -> None:
+    """Record the key parts of what node ``label`` just stored (skipped when unchanged),
+    and the codecs' context that entered its state (``NodeKeys.context``)."""
     stamp = (*parts[:3], input)  # (compared as strings: no hash per batch)
     try:
         seen = _written.setdefault(keeper, {})
@@ -106,6 +115,7 @@ def note(keeper: Keeper, label: str, impl: Any, parts: Sequence[str], input: str
         "identity": parts[0],
         "declaration": parts[1],
         "state": parts[2],
+        "context": context,  # (records before it lack it: their misses say "state")
         "input": input,
         "code": _code(impl),
     }
@@ -160,8 +170,35 @@ class Explanation(tuple[Why, ...]):
         return super().__getitem__(i)
 
 
+def _context(context: list[Any] | None) -> str:
+    """A context as read (torch's: ((device type, autocast dtype), ...))."""
+    if context is None:
+        return "off"
+    pairs = [p for c in context for p in (c if isinstance(c, tuple) else (c,))]
+    return ", ".join(" ".join(map(str, p)) if isinstance(p, tuple) else str(p) for p in pairs)
+
+
+def _state(record: dict[str, Any], impl: Any, keys: NodeKeys | None) -> list[str]:
+    """Why the state part differs: the weights, only the context (autocast), or both."""
+    weights = ["state (weights or held data)"]
+    if keys is None or "context" not in record or record["context"] == keys.context():
+        return weights
+    before = record["context"]
+    context = [f"context (autocast {_context(keys.context())}, was {_context(before)})"]
+    inner = impl.inner if isinstance(impl, Mapped) else impl  # what keys its rows
+    try:  # the state it has now, under the context it had then
+        same = keys.under(before).parts(inner)[2] == record["state"]
+    except Exception:  # a diagnosis: never fail for it
+        return weights
+    return context if same else weights + context
+
+
 def _changed(
-    record: dict[str, Any] | None, impl: Any, parts: Sequence[str], input: str | None
+    record: dict[str, Any] | None,
+    impl: Any,
+    parts: Sequence[str],
+    input: str | None,
+    keys: NodeKeys | None = None,
 ) -> list[str]:
     if record is None:
         return ["nothing stored under this node yet"]
@@ -173,14 +210,15 @@ def _changed(
     if record.get("declaration") != parts[1]:
         out.append("declaration (constructor arguments)")
     if record.get("state") != parts[2]:
-        out.append("state (weights or held data)")
+        out += _state(record, impl, keys)
     if input is not None and record.get("input") != input:
         out.append("input changed")
     return out
 
 
-def explain(keeper: Keeper | None, looked: list[Any]) -> Explanation:
-    """Turn the walk's lookups into an Explanation (reading each node's record)."""
+def explain(keeper: Keeper | None, looked: list[Any], keys: NodeKeys | None = None) -> Explanation:
+    """Turn the walk's lookups into an Explanation (reading each node's record); ``keys``
+    (the graph's) tell a change of context from one of state."""
     out = []
     for label, impl, parts, input, found in looked:
         rows = found if isinstance(found, tuple) else None
@@ -188,7 +226,7 @@ def explain(keeper: Keeper | None, looked: list[Any]) -> Explanation:
         changed: list[str] = []
         if not hit:
             record = _read(keeper, label) if keeper is not None else None
-            changed = _changed(record, impl, parts, None if rows is not None else input)
+            changed = _changed(record, impl, parts, None if rows is not None else input, keys)
             if not changed and rows is not None:
                 changed = [f"input: {rows[1]} examples not seen before"]
             elif not changed:
@@ -216,7 +254,7 @@ def explain_run(
     looked: list[Any] = []
     view = ReadOnly(g.keeper)
     program.run_keyed(x, opaque, x_key, run, g.keys, view, (), explained=looked)
-    return explain(g.keeper, looked)
+    return explain(g.keeper, looked, g.keys)
 
 
 class ReadOnly:

@@ -242,7 +242,8 @@ def walk(
                 keeper.put(node_key, data, pinned=node in memory.pinned)
                 value = in_decoded_order(value)  # (dicts in the order a hit gives them)
                 if not per_item:  # what explain compares a later miss with
-                    note(keeper, label, impl, env.node_keys.parts(impl), digest(tuple(in_keys)))
+                    parts, in_key = env.node_keys.parts(impl), digest(tuple(in_keys))
+                    note(keeper, label, impl, parts, in_key, env.node_keys.context())
             if node in memory.named:
                 keeper.name(memory.named[node], node_key)
         elif sub is None:

@@ -17,6 +17,7 @@ Keys are Merkle-style recipe keys::
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -101,6 +102,21 @@ class NodeKeys:
         self._fixed: dict[int, tuple[Any, str, str]] = {}
         # what codecs say outputs depend on besides state and inputs (torch: autocast)
         self._contexts = [f for c in self.codecs if (f := getattr(c, "context", None))]
+        self._held: tuple[list[Any] | None] | None = None  # a context fixed by ``under``
+
+    def context(self) -> list[Any] | None:
+        """What the codecs say outputs depend on now besides state and inputs (torch: the
+        autocast dtype of each device type), folded into the state part; None when nothing."""
+        if self._held is not None:
+            return self._held[0]
+        return [ctx for f in self._contexts if (ctx := f()) is not None] or None
+
+    def under(self, context: list[Any] | None) -> NodeKeys:
+        """These keys as made under another ``context()``: ``g.explain`` asks whether a
+        changed state is the weights or only the context (the codecs and memos are shared)."""
+        keys = copy.copy(self)
+        keys._held = (context,)
+        return keys
 
     def parts(self, impl: Any) -> tuple[str, str, str]:
         """(identity, declaration, state) of a node implementation."""
@@ -112,8 +128,7 @@ class NodeKeys:
         if fixed is None or fixed[0] is not impl:
             fixed = (impl, identity(impl, self.codecs), declaration(impl, self.codecs))
             self._fixed[id(impl)] = fixed
-        context = [ctx for f in self._contexts if (ctx := f()) is not None] or None
-        return fixed[1], fixed[2], state(impl, self.codecs, context)
+        return fixed[1], fixed[2], state(impl, self.codecs, self.context())
 
     def of(self, impl: Any, predecessors: Sequence[str]) -> str:
         return key(*self.parts(impl), predecessors)

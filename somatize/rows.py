@@ -271,7 +271,7 @@ def remember(
     if keeper is not None:
         stored = _entries(okind, onames, oleaves, m)
         put_many(keeper, [(keys[i], e) for i, e in zip(miss, stored)], node in env.memory.pinned)
-        note(keeper, label, impl, parts, None)
+        note(keeper, label, impl, parts, None, env.node_keys.context())
     if not hits:  # (a dict as a hit gives it: its fields in sorted order)
         return _rebuild(okind, onames, [v for _, _, v in oleaves]), node_key, metrics
     merged = [rows.scatter([(miss, v), (hit, h)], n) for (_, rows, v), h in zip(oleaves, hits)]

@@ -2,7 +2,9 @@
 
 ``fit`` trains one epoch of N batches (N = 1 for True) and evaluates N batches of each
 validation set once at its end, reading and writing no checkpoint and telling no watcher,
-and returns the ``TrainResult``. The model's weights and buffers, its mode and the global
+and returns the ``TrainResult``. ``resume=`` is checked as the real run would check it
+(the value; ``"last"`` needs a ``Checkpointing``; a named checkpoint must be there) but
+not read. The model's weights and buffers, its mode and the global
 RNG states are then put back as they were, so a smoke run costs the real run nothing:
 ``fit`` after it trains exactly as ``fit`` alone would. ``evaluate`` and ``predict`` read
 the first N batches of their data, so a whole script runs in seconds.
@@ -15,7 +17,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SettingError
+from ..errors import CheckpointError, SettingError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
     from .result import TrainResult
     from .trainer import Trainer
 
-__all__ = ["check_smoke", "smoke_batches", "smoke_fit"]
+__all__ = ["check_resume", "check_smoke", "smoke_batches", "smoke_fit"]
 
 
 def check_smoke(value: Any) -> None:
@@ -43,11 +45,26 @@ def smoke_batches(options: Any) -> int | None:
     return int(options.smoke) if options.smoke else None
 
 
+def check_resume(trainer: Trainer, resume: Any) -> None:
+    """``fit(resume=...)`` under a smoke run: refused where the real run would refuse it,
+    without reading the checkpoint."""
+    from .policy import resume_path
+
+    path = resume_path(trainer, resume)  # the value, and "last" without a Checkpointing
+    if path is not None and not path.is_file():
+        raise CheckpointError(
+            f"fit(resume={str(resume)!r}) under Options(smoke=...): no checkpoint at {path}, "
+            "so the real run would fail to resume (a smoke run checks that it is there but "
+            "does not read it); pass resume='last' or the path of a checkpoint file"
+        )
+
+
 def smoke_fit(
     trainer: Trainer,
     model: Graph | nn.Module,
     train: Iterable[Any],
     val: Iterable[Any] | None,
+    resume: Any = None,
 ) -> TrainResult:
     """``fit`` under ``Options(smoke=N)``: see the module's docstring."""
     import torch
@@ -57,6 +74,7 @@ def smoke_fit(
     from .start import as_module
 
     check_fit(trainer, val)  # the real run's settings, which the smoke run lifts, hold too
+    check_resume(trainer, resume)
     n = int(trainer.options.smoke)
     quick = copy.copy(trainer)
     quick.epochs, quick.max_steps, quick.checkpoint, quick.watchers = 1, None, None, []

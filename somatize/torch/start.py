@@ -20,6 +20,7 @@ from .module import GraphModule, module
 
 __all__ = [
     "as_module",
+    "as_placed",
     "autocast_for",
     "close",
     "compiled",
@@ -79,14 +80,29 @@ def place(net: nn.Module, requested: Any, world: int) -> torch.device:
     Raises:
         SettingError: the device asks for CUDA on a machine without it.
     """
-    from .options import check_device
-
     default = next((p.device for p in net.parameters()), torch.device("cpu"))
-    device = ddp.device(requested, world, default)
-    check_device(device)
+    device = as_placed(ddp.device(requested, world, default))
     tensors = itertools.chain(net.parameters(), net.buffers())
     if any(t.device != device for t in tensors):  # .to() walks every module even when idle
         net.to(device)
+    return device
+
+
+def as_placed(device: torch.device) -> torch.device:
+    """``device`` as the tensors put there report theirs, so that a module or batch already
+    there compares equal and is not moved: ``cpu:0`` is ``cpu`` (CPU tensors have no index),
+    ``cuda`` the current CUDA device (``cuda:0``). CUDA is asked only for a CUDA device.
+
+    Raises:
+        SettingError: the device asks for CUDA on a machine without it.
+    """
+    from .options import check_device
+
+    check_device(device)
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
     return device
 
 

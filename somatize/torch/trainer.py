@@ -170,7 +170,7 @@ class Trainer:
                 "(evaluate() and predict() do without one)"
             )
         if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
-            return smoke_fit(self, model, train, val)
+            return smoke_fit(self, model, train, val, resume)
         check_fit(self, val)
         run_id = uuid.uuid4().hex[:12]
         rank, world, own_group = ddp.setup()

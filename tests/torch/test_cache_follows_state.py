@@ -13,9 +13,11 @@ import pytest
 import torch
 from torch import nn
 
+import somatize.explain as records
 import somatize.torch as st
 from somatize import Done, Graph, MemoryKeeper, Node, Opaque
 from somatize.errors import CacheError
+from somatize.values import decode, encode
 
 
 class Enc(Node):
@@ -74,6 +76,35 @@ def test_autocast_enters_the_key(per):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         again = g.forward(X)  # the bf16 rows are found again
         assert again.dtype == torch.bfloat16 and torch.equal(again, low)
+
+
+@pytest.mark.parametrize("per", ["example", "batch"])
+def test_explain_tells_a_change_of_autocast_from_one_of_weights(per):
+    node = Enc()
+    g = cached(node, per)
+    g.forward(X)  # float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert g.explain(X)["enc"].changed == ("context (autocast cpu torch.bfloat16, was off)",)
+        with torch.no_grad():
+            node.net[0].weight.mul_(2)
+        assert g.explain(X)["enc"].changed == (
+            "state (weights or held data)",
+            "context (autocast cpu torch.bfloat16, was off)",
+        )
+    assert g.explain(X)["enc"].changed == ("state (weights or held data)",)
+
+
+def test_explain_reads_a_record_written_before_contexts_were_recorded():
+    g = cached(Enc(), "batch")
+    g.forward(X)
+    notes = records._notes(g.keeper)
+    assert isinstance(notes, dict)
+    slot = records._slot("enc")
+    record = decode(notes[slot])
+    assert record.pop("context") is None
+    notes[slot] = encode(record)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert g.explain(X)["enc"].changed == ("state (weights or held data)",)
 
 
 # -- what a node holds, however it holds it ----------------------------------------------

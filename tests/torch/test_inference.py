@@ -26,10 +26,16 @@ class Recording(nn.Sequential):
 
 
 # torch.device("cpu", 0) is not the parameters' torch.device("cpu"): a move a CPU-only
-# machine can observe
+# machine can observe, once place() no longer reads cpu:0 as cpu (see test_start.py)
 ELSEWHERE = torch.device("cpu", 0)
 
 
+@pytest.fixture
+def elsewhere(monkeypatch):
+    monkeypatch.setattr("somatize.torch.start.as_placed", lambda device: device)
+
+
+@pytest.mark.usefixtures("elsewhere")
 @pytest.mark.parametrize("method", ["evaluate", "predict"])
 def test_evaluate_and_predict_move_the_model_to_the_options_device(method):
     model = Recording()
@@ -41,6 +47,7 @@ def test_evaluate_and_predict_move_the_model_to_the_options_device(method):
     assert unplaced.moved == []  # without a device: where the parameters are
 
 
+@pytest.mark.usefixtures("elsewhere")
 def test_evaluate_places_the_model_as_fit_does():
     fitted, evaluated = Recording(), Recording()
     trainer = st.Trainer(

@@ -8,7 +8,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Recorder
-from somatize.errors import SettingError
+from somatize.errors import CheckpointError, SettingError
 from tests.torch.test_trainer import batches, make_graph, quiet
 
 
@@ -101,6 +101,28 @@ def test_a_smoke_run_reads_no_checkpoint_and_leaves_an_earlier_runs_alone(tmp_pa
     assert result.steps == 1 and result.checkpoint is None
     assert sorted((tmp_path / "ckpt").iterdir()) == files
     assert [f.stat().st_mtime_ns for f in files] == stamps
+
+
+@pytest.mark.parametrize(
+    ("resume", "error", "match"),
+    [
+        (True, SettingError, "resume must be 'last' or a checkpoint's path, not True"),
+        ("latest", SettingError, "resume='latest' is neither 'last' nor a checkpoint's path"),
+        ("last", CheckpointError, r"resume='last' needs checkpoint=Checkpointing\(dir\)"),
+        ("gone.pt", CheckpointError, r"fit\(resume='gone.pt'\) under Options\(smoke=...\): no"),
+    ],
+)
+def test_a_smoke_run_refuses_a_resume_the_real_run_would_refuse(resume, error, match):
+    with pytest.raises(error, match=match):
+        make(smoke=True).fit(make_graph(), batches(2), resume=resume)
+
+
+def test_a_smoke_run_given_a_checkpoints_path_does_not_read_it(tmp_path):
+    make(tmp_path).fit(make_graph(), batches(2))
+    last = st.Checkpointing(tmp_path / "ckpt").last()
+    last.write_bytes(b"torn")  # the real run would refuse it; the smoke run does not read it
+    result = make(smoke=True).fit(make_graph(), batches(2), resume=last)
+    assert result.steps == 1 and result.checkpoint is None
 
 
 def test_the_real_runs_settings_are_still_checked():
