@@ -21,7 +21,7 @@ STEPS = (
     (rows, "_keys", "row keys"),
     (rows, "get_many", "keeper lookup"),
     (rows, "_recall", "entry checks"),
-    (rows._Layout, "build", "assembly"),
+    (rows.Layout, "build", "assembly"),
     (NodeKeys, "parts", "the frozen node's state"),
     (rows, "remember", "all"),
 )

@@ -14,16 +14,16 @@ The engine knows no tensor: a codec offers rows through a ``rows`` attribute sha
 ``RowCodec`` (``somatize.torch``: tensors, along dim 0). A batch is one such leaf, or a
 tuple, list or dict (str keys) of leaves with the same number of rows; so is the output.
 
-An entry holds one example's output: ``SMZR``, the layout's length, the layout (the
-output's structure, each leaf's codec, row dtype and shape, bytes per row — canonical
-data), then the leaves' row bytes. All entries of a node share the layout, so a batch of
-hits is checked by comparing prefixes and assembled with one join per leaf. An entry that
-does not match is a miss: it is discarded and computed again, never returned.
+An entry holds one example's output: a prefix naming its layout (the output's structure,
+each leaf's codec, row dtype and shape, bytes per row), then the leaves' row bytes
+(``row_entries.py``). All entries of a node share the prefix, so a batch of hits is
+checked by comparing prefixes and assembled with one join. An entry that does not match
+is a miss: it is discarded and computed again, never returned.
 """
 
 from __future__ import annotations
 
-import struct
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,8 @@ from .errors import CacheError
 from .explain import note
 from .node import Ctx, Done, not_done
 from .row_batches import Leaf, RowCodec, _rebuild, _split, device_of, place
-from .values import Opaque, decode, encode, is_data
+from .row_entries import ROWS_VERSION, Layout, check_entry, encode_rows, is_current, layout_of
+from .values import Opaque, encode, is_data
 from .watchers import CacheRows, notify
 
 if TYPE_CHECKING:
@@ -51,10 +52,6 @@ __all__ = [
     "put_many",
     "remember",
 ]
-
-ROWS_VERSION = "somatize.rows/1"
-_MAGIC = b"SMZR"
-_LEN = struct.Struct(">I")
 
 
 def get_many(keeper: Keeper | None, keys: Sequence[str]) -> list[bytes | None]:
@@ -88,92 +85,8 @@ def _keys(leaves: list[Leaf], salt: bytes) -> list[str]:
     return out
 
 
-def _entries(kind: str, names: tuple[Any, ...], leaves: list[Leaf], n: int) -> list[bytes]:
-    """One entry per row of an output batch."""
-    blobs = [rows.rows(v) for _, rows, v in leaves]
-    infos = tuple((tag, rows.layout(v), nb) for (tag, rows, v), (_, nb) in zip(leaves, blobs))
-    memo: tuple[Any, ...] | None = (kind, names, infos)
-    try:
-        prefix = _prefixes.get(memo)  # type: ignore[arg-type]
-    except TypeError:  # a codec's layout that does not hash: encoded every time
-        prefix, memo = None, None
-    if prefix is None:  # a node's batches share one layout: encoded once
-        layout = encode((ROWS_VERSION, kind, names, list(infos)))
-        prefix = _MAGIC + _LEN.pack(len(layout)) + layout
-        if memo is not None:
-            if len(_prefixes) > 256:
-                _prefixes.clear()
-            _prefixes[memo] = prefix
-    if len(blobs) == 1:
-        mv, nb = blobs[0]
-        return [prefix + mv[i : i + nb] for i in range(0, n * nb, nb)] if nb else [prefix] * n
-    return [b"".join([prefix, *(mv[i * nb : (i + 1) * nb] for mv, nb in blobs)]) for i in range(n)]
-
-
-class _Layout:
-    """The parsed layout of a node's entries: structure, and where each leaf's bytes lie."""
-
-    def __init__(self, prefix: bytes, codecs: Sequence[Any]) -> None:
-        self.prefix = prefix
-        version, self.kind, names, infos = decode(prefix[8:])
-        if version != ROWS_VERSION:
-            raise ValueError(f"entry written by {version!r}")
-        self.names = tuple(names)
-        by_tag = {c.tag: getattr(c, "rows", None) for c in codecs}
-        self.leaves: list[tuple[RowCodec, Any, int, int]] = []
-        start = len(prefix)
-        for tag, layout, nb in infos:
-            rows = by_tag.get(tag)
-            if rows is None:
-                raise ValueError(f"entry needs codec {tag!r}, which was not passed")
-            self.leaves.append((rows, layout, start, nb))
-            start += nb
-        self.size = start
-
-    def build(self, entries: list[bytes], device: str | None) -> list[Any]:
-        # One join of the whole entries, each leaf's rows read from it as a grid (one entry
-        # a line): a slice per entry cost more than copying the entries' prefixes along.
-        raw, n = bytearray().join(entries), len(entries)
-        return [
-            rows.build(layout, raw, n, device, (self.size, start, nb))
-            for rows, layout, start, nb in self.leaves
-        ]
-
-
 # The key salt of a node's rows by (node parts, batch structure, row layouts).
 _salts: dict[tuple[Any, ...], bytes] = {}
-# Entry prefixes by (kind, field names, leaf layouts), encoded once.
-_prefixes: dict[tuple[Any, ...], bytes] = {}
-# Parsed layouts by (entry prefix, codec tags): a node's entries share one, parsed once.
-_layouts: dict[tuple[bytes, tuple[str, ...]], _Layout] = {}
-
-
-def _layout(entry: bytes, codecs: Sequence[Any]) -> _Layout:
-    if entry[:4] != _MAGIC or len(entry) < 8:
-        raise ValueError("not a per-example entry")
-    (size,) = _LEN.unpack_from(entry, 4)
-    memo = (entry[: 8 + size], tuple(c.tag for c in codecs))
-    layout = _layouts.get(memo)
-    if layout is None:
-        if len(_layouts) > 256:
-            _layouts.clear()
-        layout = _layouts[memo] = _Layout(memo[0], codecs)
-    return layout
-
-
-def check_entry(entry: bytes, codecs: Sequence[Any]) -> bool:
-    """Whether ``entry`` is a per-example row (False: some other kind of entry); raises
-    ``ValueError`` when it is one that does not parse or whose length its layout does not
-    give (``somatize cache verify``). A row needing a codec not in ``codecs`` raises the
-    ``"which was not passed"`` error a data value would."""
-    if entry[:4] != _MAGIC:
-        return False
-    layout = _layout(entry, codecs)
-    if len(entry) != layout.size:
-        raise ValueError(
-            f"a per-example row of {len(entry)} bytes where its layout gives {layout.size}"
-        )
-    return True
 
 
 def discard(keeper: Keeper | None, key: str) -> None:
@@ -185,17 +98,28 @@ def discard(keeper: Keeper | None, key: str) -> None:
 
 def _recall(
     found: list[bytes | None], keys: list[str], env: Env
-) -> tuple[_Layout | None, list[int], list[bytes]]:
-    """The layout, positions and entries of the hits that fit; the rest become misses."""
+) -> tuple[Layout | None, list[int], list[bytes]]:
+    """The layout, positions and entries of the hits that fit; the rest become misses.
+
+    The hits must share one layout: the first entry's of the form written now, else the
+    first's. An entry of the older form beside it is a miss (computed again, so rewritten
+    in the current form); one that does not parse or fit is discarded."""
     layout = None
     for i, e in enumerate(found):
         if e is not None:
             try:
-                layout = _layout(e, env.codecs)
-                break
+                layout = layout_of(e, env.codecs)
             except Exception:  # torn, foreign or undecodable: a miss, computed again
                 discard(env.keeper, keys[i])
                 found[i] = None
+                continue
+            if layout.current:
+                break
+            newer = next((e for e in found[i + 1 :] if e is not None and is_current(e)), None)
+            if newer is not None:
+                with contextlib.suppress(Exception):  # (if not: kept, computed again below)
+                    layout = layout_of(newer, env.codecs)
+            break
     if layout is None:
         return None, [], []
     size, prefix = layout.size, layout.prefix
@@ -206,7 +130,7 @@ def _recall(
     if len(where) < len(found) - found.count(None):
         fits = set(where)
         for i, e in enumerate(found):
-            if e is not None and i not in fits:
+            if e is not None and i not in fits and (layout.current == is_current(e)):
                 discard(env.keeper, keys[i])
     return layout, where, entries
 
@@ -269,7 +193,7 @@ def remember(
             f"batch instead: g.cache({label!r})"
         )
     if keeper is not None:
-        stored = _entries(okind, onames, oleaves, m)
+        stored = encode_rows(okind, onames, oleaves, m)
         put_many(keeper, [(keys[i], e) for i, e in zip(miss, stored)], node in env.memory.pinned)
         note(keeper, label, impl, parts, None, env.node_keys.context())
     if not hits:  # (a dict as a hit gives it: its fields in sorted order)

@@ -54,7 +54,7 @@ def test_cache_verify_keeps_sound_rows_and_removes_a_row_its_layout_does_not_fit
     keeper = DiskKeeper(path)
     bad = sorted(keeper.keys())[0]
     entry = keeper.get(bad)
-    assert entry is not None and entry[:4] == b"SMZR"
+    assert entry is not None and entry[:4] == b"SMZ2"
     keeper.put(bad, entry[:-4])  # checksummed as written (over the packed copy), but short
     assert main(["cache", "verify", "--dir", str(path)]) == 1
     out = capsys.readouterr().out

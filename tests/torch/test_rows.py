@@ -301,8 +301,8 @@ def test_a_corrupt_entry_is_a_miss_and_is_recomputed():
     x = data().tensors[0][:4]
     good = m(x).detach()
     keys = keeper.keys
-    assert len(keys) == 4 and all(keeper.get(k).startswith(b"SMZR") for k in keys)
-    keeper.put(keys[0], b"SMZR\x00\x00\x00\x05junk!")  # torn layout
+    assert len(keys) == 4 and all(keeper.get(k).startswith(b"SMZ2") for k in keys)
+    keeper.put(keys[0], b"SMZ2\x00\x05junk!")  # torn layout
     keeper.put(keys[1], keeper.get(keys[1])[:-3])  # truncated row
     Encoder.rows = 0
     assert_close(m(x), good)
