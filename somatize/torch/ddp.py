@@ -1,13 +1,14 @@
 """Data-parallel training under ``torchrun``: process group, DDP wrapping, reductions.
 
 When ``WORLD_SIZE`` > 1 the Trainer initialises the process group (gloo on CPU,
-nccl on GPU) unless the caller already did, wraps the module in
+nccl on GPU) unless the caller already did, and keeps it for later fits, wraps the module in
 ``DistributedDataParallel``, gives each rank its share of the batches, reduces
 losses and metrics, and checkpoints and logs from rank 0 only.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any
 
@@ -18,36 +19,58 @@ from torch import nn
 __all__ = [
     "barrier",
     "device",
+    "finish",
     "gather",
     "mean",
     "rank_world",
     "setup",
     "shard",
-    "teardown",
     "total",
     "wrap",
 ]
 
 
 def setup() -> tuple[int, int, bool]:
-    """(rank, world size, whether this call created the process group)."""
+    """(rank, world size, whether the Trainer made the process group — in this call or an
+    earlier ``fit``'s).
+
+    A group the Trainer makes lives until the process exits, for every later ``fit`` to
+    use: destroying it and making another in the same job (a sweep of fits under one
+    ``torchrun``) hung gloo's rendezvous about one time in two.
+    """
+    global _made
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1, False
-    created = False
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        created = True
-    return dist.get_rank(), dist.get_world_size(), created
+        if not _made:
+            atexit.register(_destroy)
+        _made = True
+    return dist.get_rank(), dist.get_world_size(), _made
 
 
-def teardown(barrier: bool = False) -> None:
-    """Destroy the process group; with ``barrier``, once every rank has got here (a rank
-    destroying its group while a peer still talks to it can abort the peer, in gloo)."""
+_made = False  # whether this process's group was made by setup() (destroyed at exit)
+
+
+def _destroy() -> None:
     if dist.is_initialized():
-        if barrier:
-            dist.barrier()
         dist.destroy_process_group()
+
+
+def finish(failed: bool) -> None:
+    """After a ``fit`` on a group ``setup`` made. Done: wait until every rank has got here,
+    keeping the group for the next ``fit``. Failed: destroy it, so that peers waiting on
+    this rank fail at once instead of waiting out the timeout (a later ``fit`` makes a new
+    one)."""
+    global _made
+    if not dist.is_initialized():
+        return
+    if not failed:
+        dist.barrier()
+        return
+    dist.destroy_process_group()
+    _made = False
 
 
 def rank_world() -> tuple[int, int]:

@@ -178,10 +178,10 @@ class Trainer:
             result = self._fit(model, train, val, resume, run_id, rank, world, started)
         except BaseException:
             if own_group:
-                ddp.teardown()  # no barrier: a rank that failed may leave the others waiting
+                ddp.finish(failed=True)  # the group goes: peers waiting on this rank fail now
             raise
         if own_group:
-            ddp.teardown(barrier=True)
+            ddp.finish(failed=False)  # every rank leaves fit together; the group stays
         return result
 
     def _fit(

@@ -1,0 +1,42 @@
+"""The process group the Trainer makes under torchrun: one for a whole sweep of fits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import somatize.torch as st
+from tests.torch.test_ddp import ddp_train, torchrun
+
+
+@pytest.mark.slow
+def test_a_sweep_of_fits_in_one_torchrun_job_uses_one_group_and_equals_the_joined_batches(
+    tmp_path,
+):
+    # Destroying the group after each fit and making another hung gloo's rendezvous in
+    # about one job in two; one group, kept, serves every fit and the evaluation after.
+    assert torchrun(tmp_path, script="ddp_sweep.py") == 0, (tmp_path / "torchrun.log").read_text()
+    r0, r1 = (torch.load(tmp_path / f"sweep-rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert r0["one_group"] and r1["one_group"]
+    train, val = ddp_train.data()
+    joined = [  # 2 ranks × batches of 4: each step is two consecutive batches joined
+        (torch.cat([train[i][0], train[i + 1][0]]), torch.cat([train[i][1], train[i + 1][1]]))
+        for i in range(0, 8, 2)
+    ]
+    for lr, f0, f1 in zip((0.1, 0.05, 0.01), r0["fits"], r1["fits"]):
+        single = st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps, lr=lr: torch.optim.SGD(ps, lr=lr),
+            epochs=1,
+            seed=0,
+            options=st.Options(progress=False, shuffle=False),
+        ).fit(ddp_train.graph(), joined, val=val)
+        assert f0["losses"] == f1["losses"]
+        torch.testing.assert_close(torch.tensor(f0["losses"]), torch.tensor(single.losses))
+        for name, value in single.state.items():
+            torch.testing.assert_close(f0["state"][name], value)
+            torch.testing.assert_close(f1["state"][name], value)
+    assert r0["evaluated"] == r1["evaluated"]  # sharded over the kept group, averaged
+    alone = st.Trainer(loss=F.cross_entropy).evaluate(ddp_train.graph(), val)
+    assert r0["evaluated"] == pytest.approx(alone, rel=1e-6)
