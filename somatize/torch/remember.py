@@ -6,7 +6,8 @@ A finished ``TrainResult`` is stored in the keeper through the codecs — never 
 and a call with the same key returns it without running. Each run has a checkpoint
 directory named by its key (``run_checkpointing()`` inside the function): a call after a
 kill resumes from the last checkpoint. A second process asking for a run that is
-computing waits for it (a lock per key), then recalls it.
+computing waits for it (a lock per key), then recalls it. Under torchrun the ranks of a
+job call together: rank 0 takes the lock and decides, the others follow (one DDP run).
 
 Example:
     >>> import tempfile
@@ -18,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import inspect
 import os
 import tempfile
@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import nn
 
 from .. import runkey, runs
@@ -38,71 +40,13 @@ from ..errors import KeeperError, ValueConversionError
 from ..graph import Graph
 from ..keepers import Keeper
 from ..node import Node
-from ..values import decode, encode, is_data
+from . import ddp
 from .checkpoint import Checkpointing
 from .codecs import default_codecs
 from .result import TrainResult
+from .result_store import FIELDS, RememberedResult, decode_result, encode_result
 
 __all__ = ["Remembered", "RememberedResult", "remember", "run_checkpointing"]
-
-FORMAT = "somatize.train-result/1"
-
-
-@dataclass(frozen=True, repr=False)
-class RememberedResult(TrainResult):
-    """A ``TrainResult`` from a remembered run, saying where it came from.
-
-    Attributes:
-        recalled: True when it was read back from the keeper without running.
-        key: the run's key (``somatize runs show KEY``).
-    """
-
-    recalled: bool = False
-    key: str = ""
-
-    def __repr__(self) -> str:
-        return super().__repr__()[:-1] + (", recalled)" if self.recalled else ")")
-
-
-_FIELDS = tuple(f for f in dataclasses.fields(TrainResult))
-
-
-def encode_result(result: TrainResult, codecs: Sequence[Any]) -> bytes:
-    """A ``TrainResult`` as bytes, field by field through the codecs (never pickled)."""
-    values = {}
-    for f in _FIELDS:
-        v = getattr(result, f.name)
-        if isinstance(v, Mapping):
-            v = dict(v)
-        elif isinstance(v, os.PathLike):  # a checkpoint's path comes back as a str
-            v = os.fspath(v)
-        if not is_data(v, codecs):
-            raise ValueConversionError(
-                f"field {f.name!r} of the TrainResult holds a value of type {type(v).__qualname__}, "
-                "which is not data, so the result cannot be written down (it is never pickled); keep "
-                "numbers, strings, lists, dicts and tensors in a TrainResult's fields"
-            )
-        values[f.name] = v
-    return encode({"format": FORMAT, "fields": values}, codecs, where="the TrainResult")
-
-
-def decode_result(data: bytes, codecs: Sequence[Any], key: str) -> RememberedResult | None:
-    """The result back, or None when it was written by a TrainResult with other fields."""
-    try:
-        stored = decode(data, codecs)
-    except ValueError:
-        return None
-    if not isinstance(stored, dict) or stored.get("format") != FORMAT:
-        return None
-    values = stored["fields"]
-    has_default = dataclasses.MISSING
-    for f in _FIELDS:
-        if f.name not in values and f.default is has_default and f.default_factory is has_default:
-            return None  # a field this TrainResult needs was not written: not this result
-    known = {f.name for f in _FIELDS}
-    return RememberedResult(
-        **{k: v for k, v in values.items() if k in known}, recalled=True, key=key
-    )
 
 
 @dataclass(frozen=True)
@@ -242,6 +186,9 @@ class Remembered:
 
     def __call__(self, *args: Any, **kwargs: Any) -> RememberedResult:
         ck = self.call_key(*args, **kwargs)
+        rank, world, _ = ddp.setup()  # (the group fit would make; it stays for the fit)
+        if world > 1:
+            return self._call_ranks(ck, args, kwargs, rank)
         found = self._recall(ck.key)
         if found is not None:
             return found
@@ -251,11 +198,44 @@ class Remembered:
                 return found
             return self._compute(ck, args, kwargs)
 
+    def _call_ranks(
+        self, ck: runkey.CallKey, args: Sequence[Any], kwargs: Mapping[str, Any], rank: int
+    ) -> RememberedResult:
+        """Under torchrun every rank makes the call: rank 0 holds the key's lock (against
+        other jobs), decides between recalling and running and tells the others, which
+        run the function with it (the fit inside is one DDP run) or recall, never write."""
+        if rank != 0:
+            if not _decided(False):
+                return self._compute(ck, args, kwargs, write=False)
+            found = self._recall(ck.key)
+            if found is None:
+                raise KeeperError(
+                    f"rank {rank} cannot read the run {ck.key[:16]}… that rank 0 recalled from "
+                    f"{self.keeper!r}: under torchrun every rank reads the result, so the "
+                    "keeper must be one they all see (a DiskKeeper on a shared directory)"
+                )
+            return found
+        with self.store.lock(ck.key):
+            found = self._recall(ck.key)
+            _decided(found is not None)
+            return found if found is not None else self._compute(ck, args, kwargs)
+
     def _compute(
-        self, ck: runkey.CallKey, args: Sequence[Any], kwargs: Mapping[str, Any]
+        self,
+        ck: runkey.CallKey,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        write: bool = True,
     ) -> RememberedResult:
         problems: list[str] = []
         checkpoints: Path | None = self.store.checkpoints(ck.key)
+        if not write:  # a DDP rank other than 0: it runs the same fit, rank 0 records it
+            token = _current.set(_Current(ck.key, checkpoints))
+            try:
+                result = self.fn(*args, **kwargs)
+            finally:
+                _current.reset(token)
+            return self._returned(result, ck.key) if isinstance(result, TrainResult) else result
         record = {
             "function": ck.function,
             "code": ck.code,
@@ -327,8 +307,17 @@ class Remembered:
 
     @staticmethod
     def _returned(result: TrainResult, key: str) -> RememberedResult:
-        fields = {f.name: getattr(result, f.name) for f in _FIELDS}
+        fields = {f.name: getattr(result, f.name) for f in FIELDS}
         return RememberedResult(**fields, recalled=False, key=key)
+
+
+def _decided(recalled: bool) -> bool:
+    """Rank 0's ``recalled``, on every rank (a broadcast over the process group)."""
+    flag = torch.tensor([int(recalled)])
+    if dist.get_backend() == "nccl":
+        flag = flag.to("cuda")
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
 
 
 def remember(

@@ -1,4 +1,4 @@
-"""The process group the Trainer makes under torchrun: one for a whole sweep of fits."""
+"""Jobs under torchrun: one process group for a sweep of fits, and remembered fits."""
 
 from __future__ import annotations
 
@@ -40,3 +40,26 @@ def test_a_sweep_of_fits_in_one_torchrun_job_uses_one_group_and_equals_the_joine
     assert r0["evaluated"] == r1["evaluated"]  # sharded over the kept group, averaged
     alone = st.Trainer(loss=F.cross_entropy).evaluate(ddp_train.graph(), val)
     assert r0["evaluated"] == pytest.approx(alone, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_remembered_fit_under_torchrun_runs_once_as_one_ddp_run_then_every_rank_recalls(
+    tmp_path,
+):
+    # every rank calls with the same key: rank 1 used to wait on the key's lock while rank
+    # 0, holding it, waited for rank 1 in DDP
+    for _ in range(2):
+        assert torchrun(tmp_path, script="ddp_remember.py") == 0, (
+            tmp_path / "torchrun.log"
+        ).read_text()
+    got = {
+        (r, j): torch.load(tmp_path / f"remember-rank{r}-{j}.pt", weights_only=True)
+        for r in (0, 1)
+        for j in (0, 1)
+    }
+    assert [got[r, 0]["recalled"] for r in (0, 1)] == [False, False]  # one run, both ranks
+    assert [got[r, 1]["recalled"] for r in (0, 1)] == [True, True]  # then recalled by both
+    for r, j in got:
+        assert got[r, j]["losses"] == got[0, 0]["losses"]
+        for name, value in got[0, 0]["state"].items():
+            assert torch.equal(got[r, j]["state"][name], value)

@@ -1,0 +1,49 @@
+"""``st.remember`` around a fit under torchrun, launched by the DDP test as
+
+    torchrun --nproc_per_node=2 ... tests/torch/scripts/ddp_remember.py OUT_DIR
+
+Every rank calls the remembered function with the same arguments (one key); each writes
+OUT_DIR/remember-rank<R>-<N>.pt for its N-th job in OUT_DIR (whether it recalled, the
+losses and weights).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize import DiskKeeper
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ddp_train import data, graph
+
+
+def train(lr: float) -> st.TrainResult:
+    return st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=lr),
+        epochs=1,
+        seed=0,
+        checkpoint=st.run_checkpointing(),
+        options=st.Options(progress=False, shuffle=False),
+    ).fit(graph(), data()[0], resume="last")
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    out, rank = Path(sys.argv[1]), int(os.environ["RANK"])
+    result = st.remember(train, keeper=DiskKeeper(out / "runs"))(0.1)
+    job = len(list(out.glob(f"remember-rank{rank}-*.pt")))
+    torch.save(
+        {"recalled": result.recalled, "losses": result.losses, "state": dict(result.state)},
+        out / f"remember-rank{rank}-{job}.pt",
+    )
+
+
+if __name__ == "__main__":
+    main()
