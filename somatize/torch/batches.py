@@ -13,11 +13,14 @@ what makes resuming mid-epoch exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
+from . import ddp
+from .limits import length
 from .samplers import epoch_generator, rank_share
 
 __all__ = ["chunk", "epoch_batches", "loss_of", "num_examples", "split", "to_device"]
@@ -120,7 +123,11 @@ def epoch_batches(
             DataLoader's sampler reads only this rank's share (``ddp.shard`` gives a loader
             one; ``samplers.reads_share``); it is ``set_epoch``-ed.
         even: give every rank the same number of batches (dropping at most
-            ``world - 1``), as training needs — DDP waits on every rank each step.
+            ``world - 1``), as training needs — DDP waits on every rank each step. The
+            batches are read in rounds of ``world``; a rank takes its batch of a round once
+            the round is full, and for data without a length (an iterable, a loader over an
+            ``IterableDataset``) the ranks agree on that each round (one all-reduce), so
+            they stop at the same step even if their streams differ in length.
     """
     gen = epoch_generator(seed, epoch)
     if isinstance(data, Sequence):
@@ -142,7 +149,20 @@ def epoch_batches(
     it: Iterator[Any] = iter(data)
     if world == 1 or share is not None:
         return it
-    # no sampler to shard by: every rank reads, keeps its share
-    size = len(data) if isinstance(data, Sized) else None
-    limit = size - size % world if size is not None and even else None
-    return (b for i, b in enumerate(it) if i % world == rank and (limit is None or i < limit))
+    if not even:  # no sampler to shard by: every rank reads, keeps its share
+        return (b for i, b in enumerate(it) if i % world == rank)
+    return _rounds(it, rank, world, agree=length(data) is None)
+
+
+def _rounds(it: Iterator[Any], rank: int, world: int, *, agree: bool) -> Iterator[Any]:
+    """Batch ``rank`` of each full round of ``world`` batches; with ``agree``, only while
+    every rank has a full round (one all-reduce a round)."""
+    while True:
+        batches = list(itertools.islice(it, world))
+        full = len(batches) == world
+        if agree:
+            short = ddp.total(torch.tensor([0 if full else 1]))
+            full = int(short.item()) == 0
+        if not full:
+            return
+        yield batches[rank]

@@ -18,7 +18,7 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 from somatize.errors import SettingError
-from somatize.torch import ddp, samplers
+from somatize.torch import batches, ddp, samplers
 from somatize.torch.samplers import BatchShare, RankShare, epoch_generator
 
 
@@ -92,3 +92,35 @@ def test_shard_keeps_a_ranked_sampler_replaces_only_the_default_and_wraps_the_re
 
     stream = DataLoader(Stream(), batch_size=2)
     assert ddp.shard(stream, 1, 2, seed=0) is stream  # epoch_batches shares it by rounds
+
+
+def test_a_stream_is_shared_in_full_rounds_agreed_on_when_it_has_no_length(monkeypatch):
+    said = []
+
+    def total(t):  # rank 1 of 2; the other rank's stream is one round shorter
+        said.append(int(t.item()))
+        return t + (1 if len(said) == 2 else 0)
+
+    monkeypatch.setattr(batches.ddp, "total", total)
+
+    class Stream:
+        def __iter__(self):
+            return iter(range(7))
+
+    assert list(batches.epoch_batches(Stream(), 0, 0, False, 1, 2)) == [1]  # 3 full rounds here
+    assert said == [0, 0]  # one all-reduce a round, until a rank ran short
+    said.clear()
+    assert list(batches.epoch_batches(list(range(7)), 0, 0, False, 1, 2)) == [1, 3, 5]
+    assert list(batches.epoch_batches(SizedStream(7), 0, 0, False, 1, 2)) == [1, 3, 5]
+    assert said == []  # data with a length: the ranks know alike where the rounds end
+
+
+class SizedStream:  # a re-iterable with a length, not a sequence
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
