@@ -13,10 +13,15 @@ what makes resuming mid-epoch exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+from . import ddp
+from .limits import length
+from .samplers import epoch_generator, rank_share
 
 __all__ = ["chunk", "epoch_batches", "loss_of", "num_examples", "split", "to_device"]
 
@@ -115,12 +120,16 @@ def epoch_batches(
         epoch, seed: seed the order (a sequence's permutation, a DataLoader's generators).
         shuffle: permute a sequence (a DataLoader shuffles per its own sampler).
         rank, world: take every ``world``-th batch, starting at ``rank`` — unless the
-            DataLoader's sampler is a ``DistributedSampler`` (``ddp.shard`` gives a
-            loader one), which reads only this rank's share; it is ``set_epoch``-ed.
+            DataLoader's sampler reads only this rank's share (``ddp.shard`` gives a loader
+            one; ``samplers.reads_share``); it is ``set_epoch``-ed.
         even: give every rank the same number of batches (dropping at most
-            ``world - 1``), as training needs — DDP waits on every rank each step.
+            ``world - 1``), as training needs — DDP waits on every rank each step. The
+            batches are read in rounds of ``world``; a rank takes its batch of a round once
+            the round is full, and for data without a length (an iterable, a loader over an
+            ``IterableDataset``) the ranks agree on that each round (one all-reduce), so
+            they stop at the same step even if their streams differ in length.
     """
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    gen = epoch_generator(seed, epoch)
     if isinstance(data, Sequence):
         n = len(data)
         order: list[int] = torch.randperm(n, generator=gen).tolist() if shuffle else list(range(n))
@@ -130,16 +139,30 @@ def epoch_batches(
     sampler = getattr(data, "sampler", None)
     if isinstance(sampler, torch.utils.data.RandomSampler):
         sampler.generator = gen
-    sharded = isinstance(sampler, torch.utils.data.distributed.DistributedSampler)
-    if sharded:
-        sampler.set_epoch(epoch)  # type: ignore[union-attr]  # a new permutation each epoch
+    share = rank_share(data)
+    if share is not None and hasattr(share, "set_epoch"):
+        share.set_epoch(epoch)  # a new permutation each epoch
     if isinstance(data, torch.utils.data.DataLoader):
         # iter() draws the workers' base seed from this generator, or else from the global
         # torch RNG, which would then differ between a resumed run and an uninterrupted one
         data.generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch + 500_009)
     it: Iterator[Any] = iter(data)
-    if world > 1 and not sharded:  # no sampler to shard by: every rank reads, keeps its share
-        size = len(data) if isinstance(data, Sized) else None
-        limit = size - size % world if size is not None and even else None
-        it = (b for i, b in enumerate(it) if i % world == rank and (limit is None or i < limit))
-    return it
+    if world == 1 or share is not None:
+        return it
+    if not even:  # no sampler to shard by: every rank reads, keeps its share
+        return (b for i, b in enumerate(it) if i % world == rank)
+    return _rounds(it, rank, world, agree=length(data) is None)
+
+
+def _rounds(it: Iterator[Any], rank: int, world: int, *, agree: bool) -> Iterator[Any]:
+    """Batch ``rank`` of each full round of ``world`` batches; with ``agree``, only while
+    every rank has a full round (one all-reduce a round)."""
+    while True:
+        batches = list(itertools.islice(it, world))
+        full = len(batches) == world
+        if agree:
+            short = ddp.total(torch.tensor([0 if full else 1]))
+            full = int(short.item()) == 0
+        if not full:
+            return
+        yield batches[rank]

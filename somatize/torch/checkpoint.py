@@ -275,6 +275,7 @@ class RunState:
         self.skipped = 0  # steps skipped for a non-finite loss
         self.epoch_rng: Any = None  # every RNG state as the epoch began (rng.snapshot)
         self.epoch_rngs: list[Any] | None = None  # under DDP, every rank's (from a checkpoint)
+        self.saved_world = 1  # the number of processes of the run a checkpoint came from
 
     def flush(self, world: int) -> None:
         """Read the pending step losses back (one transfer), averaged over ranks."""
@@ -355,6 +356,8 @@ def restore(
     s.last_finite, s.skipped = payload.get("last_finite"), payload.get("skipped", 0)
     s.epoch_rng = payload.get("epoch_rng")  # (None in a checkpoint from before it was kept)
     s.epoch_rngs = payload.get("epoch_rngs")
+    # (a checkpoint from before "world" was kept says it by its ranks' RNG states)
+    s.saved_world = payload.get("world", len(payload.get("rngs") or [None]))
     loader = getattr(pruner, "load_state_dict", None)
     if loader is not None and payload["pruner"] is not None:
         loader(payload["pruner"])

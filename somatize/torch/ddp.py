@@ -121,43 +121,66 @@ def gather(value: Any) -> list[Any]:
 
 
 def shard(data: Any, rank: int, world: int, seed: int) -> Any:
-    """A DataLoader that reads only this rank's share: the same loader over a
-    ``DistributedSampler`` (shuffled as the original was, seeded by ``seed``; the Trainer
-    calls ``set_epoch`` each epoch). Anything else is returned as it is: a sequence of
-    batches, an iterable dataset, a custom batch sampler, or a loader already sharded."""
-    from torch.utils.data import DataLoader, RandomSampler
+    """A DataLoader that reads only this rank's share (as Lightning does it):
+
+    * its default sampler (``shuffle=True`` or not) becomes a ``DistributedSampler``,
+      shuffled as the loader was, seeded by ``seed`` (the Trainer ``set_epoch``-s it);
+    * a sampler that already shards by rank (``samplers.reads_share``) is kept;
+    * any other sampler is wrapped in a ``samplers.RankShare``, a batch sampler of your
+      own in a ``samplers.BatchShare``: each rank keeps every ``world``-th element of
+      the inner sampler's draw, which must be the same on every rank.
+
+    Anything else is returned as it is: a sequence of batches, an iterable, a loader over
+    an ``IterableDataset`` or of a ``DataLoader`` subclass (``batches.epoch_batches``
+    gives each rank every ``world``-th batch of those)."""
+    from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
     from torch.utils.data.distributed import DistributedSampler
 
-    if world <= 1 or type(data) is not DataLoader:
+    from .samplers import BatchShare, RankShare, rank_share
+
+    if world <= 1 or type(data) is not DataLoader or isinstance(data.dataset, IterableDataset):
         return data
-    if isinstance(data.sampler, DistributedSampler) or data.batch_size is None:
+    if rank_share(data) is not None:
         return data
-    dataset = data.dataset
-    if not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
-        return data
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        dataset,
+    if data.batch_size is None and data.batch_sampler is not None:  # a batch sampler of yours
+        return _rebuilt(data, batch_sampler=BatchShare(data.batch_sampler, rank, world, seed))
+    sampler = data.sampler
+    default = type(sampler) is SequentialSampler or (
+        type(sampler) is RandomSampler
+        and not sampler.replacement
+        and sampler._num_samples is None
+        and getattr(sampler, "data_source", None) is data.dataset
+    )
+    if not default:
+        wrapped = RankShare(sampler, rank, world, seed)
+        return _rebuilt(data, batch_size=data.batch_size, sampler=wrapped, drop_last=data.drop_last)
+    distributed: DistributedSampler[Any] = DistributedSampler(
+        data.dataset,
         num_replicas=world,
         rank=rank,
-        shuffle=isinstance(data.sampler, RandomSampler),
+        shuffle=isinstance(sampler, RandomSampler),
         seed=seed,
     )
-    extra: dict[str, Any] = {}
+    return _rebuilt(data, batch_size=data.batch_size, sampler=distributed, drop_last=data.drop_last)
+
+
+def _rebuilt(data: Any, **how: Any) -> Any:
+    """The same DataLoader (dataset, workers, collate function...) with another sampler."""
+    from torch.utils.data import DataLoader
+
     if data.num_workers > 0:
-        extra = {
-            "prefetch_factor": data.prefetch_factor,
-            "persistent_workers": data.persistent_workers,
-        }
+        how["prefetch_factor"] = data.prefetch_factor
+        how["persistent_workers"] = data.persistent_workers
+    if hasattr(data, "in_order"):  # torch >= 2.6
+        how["in_order"] = data.in_order
     return DataLoader(
-        dataset,
-        batch_size=data.batch_size,
-        sampler=sampler,
+        data.dataset,
         num_workers=data.num_workers,
         collate_fn=data.collate_fn,
         pin_memory=data.pin_memory,
-        drop_last=data.drop_last,
         timeout=data.timeout,
         worker_init_fn=data.worker_init_fn,
         multiprocessing_context=data.multiprocessing_context,
-        **extra,
+        pin_memory_device=data.pin_memory_device,
+        **how,
     )

@@ -74,13 +74,14 @@ def length(data: Any) -> int | None:
 def share(data: Any, rank: int, world: int, *, even: bool) -> int | None:
     """Batches this rank reads of ``data`` in one pass (None when the data has no length).
 
-    A DataLoader over a ``DistributedSampler`` is already this rank's share; anything else
-    is read every ``world``-th batch — dropping the last ``len % world`` for training
-    (``even``), none for an evaluation (see ``batches.epoch_batches``)."""
-    from torch.utils.data.distributed import DistributedSampler
+    A DataLoader whose sampler reads only this rank's share (``samplers.reads_share``) is
+    that share; anything else is read every ``world``-th batch — dropping the last
+    ``len % world`` for training (``even``), none for an evaluation (see
+    ``batches.epoch_batches``)."""
+    from .samplers import rank_share
 
     size = length(data)
-    if size is None or world == 1 or isinstance(getattr(data, "sampler", None), DistributedSampler):
+    if size is None or world == 1 or rank_share(data) is not None:
         return size
     return size // world if even else len(range(rank, size, world))
 

@@ -75,6 +75,7 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
             s.last_finite = s.step
         payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
         payload["scaler"] = scaler_state(run.scaler)
+        payload["world"] = run.world  # a mid-epoch position is one of this world's shares
         if rngs is not None:
             payload["rngs"], payload["epoch_rngs"] = rngs, epoch_rngs
         protect = [int(r[1]) for r in s.ranked]
@@ -99,7 +100,12 @@ def check_extension(
 ) -> None:
     """Warn when a resumed run cannot go on as asked: stopped early by its pruner, already
     past this Trainer's ``max_steps`` or ``epochs``, or a restored scheduler built for fewer
-    steps than this run plans."""
+    steps than this run plans.
+
+    Raises:
+        CheckpointError: the checkpoint was written in mid-epoch by a run of another
+            number of processes (``check_world``).
+    """
     s = run.state
     if s.pruned:
         warnings.warn(
@@ -128,6 +134,7 @@ def check_extension(
             stacklevel=4,
         )
         return
+    check_world(run, path)
     restored = horizon(run.sched)
     planned = _planned(trainer, run, train)
     for key, built in restored.items():
@@ -141,6 +148,35 @@ def check_extension(
                 UserWarning,
                 stacklevel=4,
             )
+
+
+def check_world(run: ActiveRun, path: Path) -> None:
+    """Refuse to go on in mid-epoch from a checkpoint of another number of processes: its
+    position counts batches of its own ranks' shares, which another world size orders and
+    splits otherwise, so no position here resumes it exactly (an epoch's end does).
+
+    Raises:
+        CheckpointError: ``path`` is in mid-epoch and was written by another world size.
+    """
+    s, saved = run.state, run.state.saved_world
+    if s.position == 0 or saved == run.world:
+        return
+
+    def processes(n: int) -> str:
+        return f"{n} process{'es' if n > 1 else ''}"
+
+    how = (
+        "in one process (without torchrun)"
+        if saved == 1
+        else f"with {processes(saved)} in all (torchrun --nproc_per_node={saved} on one machine)"
+    )
+    raise CheckpointError(
+        f"{path} was written mid-epoch (epoch {s.epoch}, batch {s.position} of its share) by a "
+        f"run of {processes(saved)}; this run has {run.world}, whose ranks split the epoch's "
+        f"batches otherwise, so it cannot go on from that batch. Resume {how}, or from a "
+        "checkpoint written at an epoch's end (fit(..., resume=PATH); one is written after "
+        "every epoch), which resumes on any number of processes"
+    )
 
 
 def _planned(trainer: Trainer, run: ActiveRun, train: Iterable[Any]) -> int | None:

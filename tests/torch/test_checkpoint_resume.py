@@ -171,6 +171,36 @@ def test_resuming_another_model_is_refused(tmp_path):
         trainer(tmp_path).fit(other, data(), val=data(2), resume="last")
 
 
+@pytest.mark.parametrize("kept", ["world", "rngs"])  # a checkpoint from before "world" was kept
+def test_resuming_in_mid_epoch_a_checkpoint_of_another_world_size_is_refused(tmp_path, kept):
+    from somatize.torch import integrity
+
+    with pytest.raises(Crash):  # checkpoints at step 3 (batch 3 of 5) and 5 (the epoch's end)
+        trainer(tmp_path, watchers=[CrashAt(6)], pruner=None).fit(graph(0), data(), val=data(2))
+    ckpt = tmp_path / "ckpt"
+    for step in (3, 5):  # as if 2 ranks had written them
+        path = ckpt / f"step-{step:09d}.ckpt"
+        payload = st.load_checkpoint(path)
+        assert payload["world"] == 1
+        if kept == "rngs":
+            del payload["world"]
+            payload["rngs"] = [payload["rng"]] * 2
+        else:
+            payload["world"] = 2
+        integrity.write_checkpoint(path, payload)
+    mid = ckpt / "step-000000003.ckpt"
+    with pytest.raises(
+        CheckpointError,
+        match=r"mid-epoch \(epoch 0, batch 3 of its share\) by"
+        r" a run of 2 processes; this run has 1.*torchrun --nproc_per_node=2",
+    ):
+        trainer(tmp_path, pruner=None).fit(graph(0), data(), val=data(2), resume=mid)
+    end = trainer(tmp_path, pruner=None).fit(
+        graph(0), data(), val=data(2), resume=ckpt / "step-000000005.ckpt"
+    )
+    assert end.steps == 20  # an epoch's end resumes on any number of processes
+
+
 def test_one_trainer_runs_many_fits_each_from_the_pruners_start(tmp_path):
     t = trainer(tmp_path, pruner="patience")
     t.checkpoint = None

@@ -25,8 +25,9 @@ def free_port() -> int:
 
 
 def torchrun(out: Path, *args: str, nproc: int = 2, script: str = "ddp_train.py") -> int:
-    """Run ``script`` (of ``scripts/``) under torchrun; once more on another port if another
-    process took the one ``free_port`` found free (between its check and torchrun binding it)."""
+    """Run ``script`` (of tests/torch/scripts) under torchrun; once more on another port if
+    another process took the one ``free_port`` found free (between its check and torchrun
+    binding it)."""
     for _ in range(2):
         code, said = _torchrun_once(out, args, nproc, script)
         if code == 0 or b"EADDRINUSE" not in said:
@@ -34,9 +35,7 @@ def torchrun(out: Path, *args: str, nproc: int = 2, script: str = "ddp_train.py"
     return code
 
 
-def _torchrun_once(
-    out: Path, args: tuple[str, ...], nproc: int, script: str = "ddp_train.py"
-) -> tuple[int, bytes]:
+def _torchrun_once(out: Path, args: tuple[str, ...], nproc: int, script: str) -> tuple[int, bytes]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -176,3 +175,89 @@ def test_accumulation_under_ddp_equals_one_process_on_the_groups_joined(tmp_path
     torch.testing.assert_close(torch.tensor(r0["losses"]), torch.tensor(single.losses))
     for name, value in single.state.items():
         torch.testing.assert_close(r0["state"][name], value)
+
+
+@pytest.fixture(scope="module")
+def data_run(tmp_path_factory):
+    import ddp_data
+
+    out = tmp_path_factory.mktemp("ddp-data")
+    ddp_data.one_process_checkpoints(out / "w1")  # read by the job's last fits
+    assert torchrun(out, str(out / "w1"), script="ddp_data.py") == 0, (
+        out / "torchrun.log"
+    ).read_text()
+    return [torch.load(out / f"data-rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+@pytest.mark.slow
+def test_a_loaders_own_sampler_is_sharded_not_replaced_each_rank_takes_its_share(data_run):
+    import ddp_data
+    from torch.utils.data import SubsetRandomSampler, WeightedRandomSampler
+
+    from somatize.torch.samplers import epoch_generator
+
+    def draw(name, epoch):  # the inner sampler's draw, as the Trainer seeds it
+        gen = epoch_generator(0, epoch)
+        if name == "subset":
+            return list(SubsetRandomSampler(range(32), generator=gen))
+        return list(WeightedRandomSampler(ddp_data.WEIGHTS, 32, generator=gen))
+
+    for name in ("subset", "weighted"):
+        r0, r1 = data_run[0][name], data_run[1][name]
+        assert r0["steps"] == r1["steps"] == 8  # 32 rows / 2 ranks / 4 a batch, 2 epochs
+        for epoch in range(2):
+            a, b = (
+                r0["rows"][16 * epoch : 16 * epoch + 16],
+                r1["rows"][16 * epoch : 16 * epoch + 16],
+            )
+            assert a == draw(name, epoch)[0::2] and b == draw(name, epoch)[1::2], name
+        assert max(r0["rows"] + r1["rows"]) < 32  # no held-out row read
+        for key, value in r0["state"].items():
+            assert torch.equal(value, r1["state"][key]), key
+    # a batch sampler of one's own: every other batch of its 9, the ninth dropped
+    order = [8, 0, 7, 1, 6, 2, 5, 3]
+    for rank in (0, 1):
+        got = data_run[rank]["batch_sampler"]
+        assert got["steps"] == 4
+        assert got["rows"] == [i for b in order[rank::2] for i in range(4 * b, 4 * b + 4)]
+    # a sampler drawing differently on each rank is refused, by name, with the fix
+    for rank in (0, 1):
+        said = data_run[rank]["per_rank_error"]
+        assert "PerRank drew a different sequence on each rank in epoch 0" in said
+        assert "generator" in said and "DistributedSampler" in said
+
+
+@pytest.mark.slow
+def test_a_wrapped_sampler_resumes_exactly_under_ddp(data_run):
+    for rank in (0, 1):
+        (want_losses, want_state), (losses, state) = (
+            data_run[rank]["resume"]["whole"],
+            data_run[rank]["resume"]["resumed"],
+        )
+        assert losses == want_losses and len(losses) == 8
+        for key, value in want_state.items():
+            assert torch.equal(state[key], value), key
+
+
+@pytest.mark.slow
+def test_iterables_without_a_length_give_every_rank_as_many_steps(data_run):
+    import ddp_data
+
+    targets = [y.tolist() for _, y in ddp_data.batches(5)]
+    for name in ("stream", "row_stream"):  # 5 batches: 2 rounds of 2, the fifth dropped
+        for rank in (0, 1):
+            got = data_run[rank][name]
+            assert got["steps"] == 4, name  # 2 an epoch, 2 epochs
+            assert got["targets"] == [targets[rank], targets[2 + rank]] * 2, name
+    # rank 0 streams 3 batches, rank 1 five: they agree each round and stop together
+    assert data_run[0]["uneven"]["steps"] == data_run[1]["uneven"]["steps"] == 2
+
+
+@pytest.mark.slow
+def test_resuming_another_world_sizes_checkpoint_in_mid_epoch_is_refused(data_run):
+    for rank in (0, 1):
+        said = data_run[rank]["other_world_error"]
+        assert "mid-epoch (epoch 0, batch 3 of its share) by a run of 1 process" in said
+        assert "this run has 2" in said and "Resume in one process (without torchrun)" in said
+        # one written at an epoch's end goes on: epoch 1 is 4 steps a rank
+        assert data_run[rank]["other_world_epoch_end"] == {"steps": 12, "epochs": 2}
