@@ -22,7 +22,9 @@ class TrainResult:
     Attributes:
         state: the final state, name-keyed as ``module(g).state_dict()``, detached, on CPU.
         num_examples: training examples in one epoch, over all ranks (the weight ``fedavg``
-            uses); examples seen, when the data has no length.
+            uses): a DataLoader's are what its sampler draws (a ``SubsetRandomSampler``'s
+            indices, not the whole dataset), less an incomplete last batch under
+            ``drop_last``; examples seen, when the data has no length.
         steps: optimizer steps taken in total.
         epochs: epochs completed.
         losses: the training loss of every step.

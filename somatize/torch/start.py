@@ -143,13 +143,26 @@ def autocast_for(precision: str, device: torch.device) -> Callable[[], Any]:
 
 
 def count_examples(train: Iterable[Any], world: int) -> int | None:
-    """Examples one epoch trains on, over all ranks (None when the data cannot say)."""
+    """Examples one epoch trains on, over all ranks (None when the data cannot say).
+
+    A DataLoader's are what its sampler draws an epoch (a ``SubsetRandomSampler`` its
+    indices, a ``WeightedRandomSampler`` its ``num_samples``), less the last incomplete
+    batch under ``drop_last``; a sampler reading one rank's share counts once per rank.
+    Without a sampler that says (a batch sampler of its own), the dataset's length."""
+    from .samplers import reads_share
+
     if isinstance(train, Sequence):
         return sum(num_examples(train[i]) for i in range(len(train) - len(train) % world))
     dataset = getattr(train, "dataset", None)
-    if dataset is not None and hasattr(dataset, "__len__"):
+    if dataset is None or not hasattr(dataset, "__len__"):
+        return None
+    sampler, size = getattr(train, "sampler", None), getattr(train, "batch_size", None)
+    if not isinstance(size, int) or not hasattr(sampler, "__len__"):
         return len(dataset)
-    return None
+    drawn = len(sampler)
+    if getattr(train, "drop_last", False):
+        drawn -= drawn % size
+    return drawn * world if world > 1 and reads_share(sampler) else drawn
 
 
 def close(watchers: list[Watcher]) -> None:
