@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from typing import Any
 
 import torch
@@ -157,7 +157,7 @@ def count_examples(train: Iterable[Any], world: int) -> int | None:
     if dataset is None or not hasattr(dataset, "__len__"):
         return None
     sampler, size = getattr(train, "sampler", None), getattr(train, "batch_size", None)
-    if not isinstance(size, int) or not hasattr(sampler, "__len__"):
+    if not isinstance(size, int) or not isinstance(sampler, Sized):
         return len(dataset)
     drawn = len(sampler)
     if getattr(train, "drop_last", False):
