@@ -24,17 +24,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(out: Path, *args: str, nproc: int = 2) -> int:
-    """Run ``ddp_train.py`` under torchrun; once more on another port if another process took
-    the one ``free_port`` found free (between its check and torchrun binding it)."""
+def torchrun(out: Path, *args: str, nproc: int = 2, script: str = "ddp_train.py") -> int:
+    """Run ``script`` (of ``scripts/``) under torchrun; once more on another port if another
+    process took the one ``free_port`` found free (between its check and torchrun binding it)."""
     for _ in range(2):
-        code, said = _torchrun_once(out, args, nproc)
+        code, said = _torchrun_once(out, args, nproc, script)
         if code == 0 or b"EADDRINUSE" not in said:
             break
     return code
 
 
-def _torchrun_once(out: Path, args: tuple[str, ...], nproc: int) -> tuple[int, bytes]:
+def _torchrun_once(out: Path, args: tuple[str, ...], nproc: int, script: str) -> tuple[int, bytes]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -44,7 +44,7 @@ def _torchrun_once(out: Path, args: tuple[str, ...], nproc: int) -> tuple[int, b
         sys.executable, "-m", "torch.distributed.run",
         f"--nproc_per_node={nproc}", "--nnodes=1",
         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-        str(SCRIPTS / "ddp_train.py"), str(out), *args,
+        str(SCRIPTS / script), str(out), *args,
     ]  # fmt: skip
     path = out / "torchrun.log"
     start = path.stat().st_size if path.exists() else 0
