@@ -1,7 +1,9 @@
-"""Evaluation under ``torchrun --nproc_per_node=2`` on CPU (gloo): every rank
-ends with the values one process computes over all the data."""
+"""Evaluation and logging under ``torchrun --nproc_per_node=2`` on CPU (gloo): every rank
+ends with the values one process computes over all the data, and the logs agree."""
 
 from __future__ import annotations
+
+import csv
 
 import pytest
 import torch
@@ -45,3 +47,18 @@ def test_a_metric_object_without_merge_is_refused_by_fit_and_evaluate_on_every_r
         for message in r["refused"]:
             assert "'hits' (Unmergeable) has no merge(other)" in message
             assert "torchmetrics.Metric" in message
+
+
+@pytest.mark.slow
+def test_logged_step_losses_and_examples_are_over_all_ranks_as_in_the_result(ranks):
+    out, r0, _ = ranks
+    with (out / "log.csv").open(newline="") as f:
+        steps = [row for row in csv.DictReader(f) if row["kind"] == "step"]
+    assert [float(row["loss"]) for row in steps] == r0["losses"]
+    assert [int(row["examples"]) for row in steps] == [8, 8, 8, 7] * 2  # 4 + 4 and 4 + 3
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    logged = [e.value for e in events.Scalars("train/loss")]
+    assert logged == pytest.approx(r0["losses"], rel=1e-6)
