@@ -137,7 +137,11 @@ class FitStart(Event):
 
 @dataclass(frozen=True, slots=True)
 class StepEnd(Event):
-    """An optimizer step finished: its loss, learning rate, examples and duration."""
+    """An optimizer step finished: its loss, learning rate, examples and duration.
+
+    Under DDP (told on rank 0 only) ``loss`` is the ranks' mean and ``examples`` all
+    ranks' together, unless ``Options(nonfinite="ignore")`` (then rank 0's own);
+    ``lr`` and ``seconds`` are rank 0's."""
 
     step: int
     epoch: int

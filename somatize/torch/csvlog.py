@@ -5,7 +5,8 @@ Columns: ``kind`` (``step``, ``eval`` or ``epoch``), ``step``, ``epoch``, then `
 step they were computed in, and the evaluation's values (``val_loss``, ``val_acc``...) on
 eval rows. When the graph remembers a node, an epoch row after each epoch holds what
 its cache found: ``cache/<node>/hits`` and ``cache/<node>/misses`` (``EpochEnd.cache``).
-``pandas.read_csv(path)`` reads it as it is.
+``pandas.read_csv(path)`` reads it as it is. Under DDP rank 0 writes, and a step's
+``loss`` and ``examples`` are over all ranks as ``StepEnd`` says.
 
 Each row is one ``write`` to a file opened for appending, so a process killed at any
 instant leaves whole rows; when a new column appears (the first evaluation) the file

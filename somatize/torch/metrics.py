@@ -7,33 +7,43 @@ A metric is either
   (right for accuracy or a mean loss, wrong for F1 or AUROC); or
 * an object with ``reset()``, ``update(output, target)`` and ``compute()`` — a
   ``torchmetrics.Metric`` as it is — computed over the whole set: reset when an
-  evaluation starts, updated per batch, computed at its end. Under DDP the object
-  reduces over ranks itself (torchmetrics does, in ``compute``).
+  evaluation starts, updated per batch, computed at its end.
 
 Metrics nodes return in ``Done(..., metrics=...)`` during evaluation are averaged
 over examples too, as ``<node>/<name>``.
+
+Under DDP every value is over all ranks' batches, the same on every rank: sums are
+all-reduced (the node metrics' names agreed on first, so a rank that saw none adds
+zeros); a torchmetrics metric reduces itself in ``compute``; any other metric object
+needs ``merge(other)``, which folds another rank's object into it: every rank gathers
+all ranks' objects, merges them into rank 0's in rank order, and computes that.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
+from ..errors import SettingError
 from . import ddp
 from .batches import epoch_batches, num_examples, to_device
 from .limits import limited
 
-__all__ = ["Metric", "accuracy", "evaluate", "is_metric"]
+__all__ = ["Metric", "accuracy", "check_ranks", "evaluate", "is_metric"]
 
 
 @runtime_checkable
 class Metric(Protocol):
     """A metric over a whole set: ``reset``, ``update`` per batch, ``compute`` at the end.
 
-    ``torchmetrics.Metric`` fits as it is.
+    ``torchmetrics.Metric`` fits as it is. Under DDP an object of your own also needs
+    ``merge(other)``: fold ``other`` (the same kind of object, updated on another rank's
+    batches, a copy unpickled here) into this one, so that ``compute`` then gives the
+    value over both (see ``check_ranks``).
     """
 
     def reset(self) -> None: ...
@@ -46,6 +56,54 @@ class Metric(Protocol):
 def is_metric(value: Any) -> bool:
     """Whether ``value`` is a metric object (not a plain function)."""
     return all(callable(getattr(value, m, None)) for m in ("reset", "update", "compute"))
+
+
+def check_ranks(fns: Mapping[str, Any], world: int) -> None:
+    """Refuse, under DDP (``world`` > 1), a metric object that cannot combine over ranks.
+
+    A ``torchmetrics.Metric`` reduces its states over ranks in ``compute``; any other
+    object needs ``merge(other)``. Without either each rank would compute over its own
+    share of the evaluation data, and the ranks would rank checkpoints and prune on
+    different values.
+
+    Raises:
+        SettingError: naming each such metric and the fix.
+
+    Example:
+        >>> class Hits:
+        ...     def reset(self): self.hits = 0
+        ...     def update(self, output, target): self.hits += int((output.argmax(-1) == target).sum())
+        ...     def compute(self): return self.hits
+        ...     def merge(self, other): self.hits += other.hits
+        >>> check_ranks({"hits": Hits()}, world=2)  # no error: Hits can merge
+    """
+    if world <= 1:
+        return
+    for name, m in fns.items():
+        if not is_metric(m):
+            continue
+        kind = type(m).__qualname__
+        if _torchmetrics(m):
+            if getattr(m, "sync_on_compute", True) is False:
+                raise SettingError(
+                    f"metric {name!r} ({kind}) was made with sync_on_compute=False, so under "
+                    f"DDP each of the {world} ranks would compute it over its own share of "
+                    "the evaluation data; leave sync_on_compute=True (the default)"
+                )
+        elif not callable(getattr(m, "merge", None)):
+            raise SettingError(
+                f"metric {name!r} ({kind}) has no merge(other), so under DDP each of the "
+                f"{world} ranks would compute it over its own share of the evaluation data; "
+                f"give {kind} a method merge(self, other) that adds another rank's state "
+                "into its own (e.g. self.hits += other.hits; self.total += other.total), or "
+                "make it a torchmetrics.Metric (add_state(..., dist_reduce_fx='sum'))"
+            )
+
+
+def _torchmetrics(m: Any) -> bool:
+    """Whether ``m`` is a torchmetrics metric (which reduces over ranks itself)."""
+    tm = sys.modules.get("torchmetrics")  # imported already if ``m`` is one
+    return tm is not None and isinstance(m, tm.Metric)
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -75,9 +133,14 @@ def evaluate(
     ``limit``: only the first batches of this rank's share (``Options(limit_val_batches=)``).
 
     Runs in eval mode under ``torch.no_grad()`` and restores the module's mode. Under
-    DDP each rank takes every ``world``-th batch, none dropped, and the sums are reduced.
-    Values are summed on the device: no synchronisation per batch.
+    DDP each rank takes every ``world``-th batch, none dropped, and the sums are reduced
+    (metric objects merged: see the module's docstring). Values are summed on the
+    device: no synchronisation per batch.
+
+    Raises:
+        SettingError: under DDP, a metric object that cannot combine over ranks.
     """
+    check_ranks(fns, world)
     was_training = net.training
     net.eval()
     names = [k for k, f in fns.items() if not is_metric(f)]
@@ -109,9 +172,14 @@ def evaluate(
     finally:
         net.train(was_training)
     node_names = sorted(node_sums)
+    merging = {k: m for k, m in objects.items() if not _torchmetrics(m)}
+    if world > 1 and (merging or isinstance(getattr(net, "metrics", None), Mapping)):
+        node_names, objects = _combined(node_names, objects, merging)
     if node_names:  # one reduction and one read-back for all of them
-        node_t = torch.stack([torch.as_tensor(node_sums[k], device=device) for k in node_names])
-        sums = torch.cat([sums[:-1], node_t.to(dtype), sums[-1:]])
+        node_t = torch.stack(
+            [torch.as_tensor(node_sums.get(k, 0.0), device=device).to(dtype) for k in node_names]
+        )
+        sums = torch.cat([sums[:-1], node_t, sums[-1:]])
     if world > 1:
         sums = ddp.total(sums)
     values = sums.tolist()
@@ -123,6 +191,25 @@ def evaluate(
     for j, key in enumerate(node_names):
         out_values[key] = values[len(names) + j] / values[-1]
     return {k: out_values[k] for k in [*fns, *node_names]}
+
+
+def _combined(
+    node_names: list[str], objects: dict[str, Metric], merging: dict[str, Metric]
+) -> tuple[list[str], dict[str, Metric]]:
+    """Under DDP, in one gather: the node metrics' names any rank saw (a rank may have seen
+    none: it had no batch, or a node reported only on some), sorted so every rank reduces
+    them in one order; and each object of ``merging`` as every rank's merged into rank 0's
+    copy in rank order, the same on every rank (torchmetrics ones stay: they reduce
+    themselves)."""
+    gathered = ddp.gather((node_names, merging))
+    names = sorted({k for rank_names, _ in gathered for k in rank_names})
+    merged = dict(objects)
+    for name in merging:
+        into = gathered[0][1][name]
+        for _, theirs in gathered[1:]:
+            into.merge(theirs[name])  # type: ignore[attr-defined]
+        merged[name] = into
+    return names, merged
 
 
 def _computed(value: Any, name: str) -> float:

@@ -34,8 +34,9 @@ def step(
     gradients are all-reduced once, on the last backward.
 
     Returns:
-        the group's loss (a float when the non-finite check read it back, else a tensor
-        still on the device), its number of examples, and whether the optimizer stepped
+        the group's loss (a float when the non-finite check read it back — under DDP, the
+        ranks' mean — else a tensor still on the device), its number of examples (under
+        DDP with the check, every rank's together), and whether the optimizer stepped
         (False: skipped for a non-finite loss).
 
     Raises:
@@ -94,10 +95,14 @@ def step(
             return value, n, False
         _update(trainer, run, opt)
         return value, n, True
-    if policy != "ignore" and not _finite(total, run.world):
-        _nonfinite(trainer, run, policy, float(total), index, group)
-        opt.zero_grad(set_to_none=True)
-        return total, n, False
+    if policy != "ignore":  # under DDP: the check's all-reduce brings the ranks' loss too
+        bad, mean, examples = _over_ranks(total, n, run.world)
+        if bad:
+            _nonfinite(trainer, run, policy, float(total), index, group)
+            opt.zero_grad(set_to_none=True)
+            return total, n, False
+        _update(trainer, run, opt)
+        return mean, examples, True
     _update(trainer, run, opt)
     return total, n, True
 
@@ -173,9 +178,12 @@ def _update(trainer: Trainer, run: ActiveRun, opt: torch.optim.Optimizer) -> Non
         scaler.update()
 
 
-def _finite(loss: torch.Tensor, world: int) -> bool:
-    """Whether the loss is finite (on every rank: they all skip, or none does)."""
-    if world == 1:
-        return math.isfinite(loss.item())
-    bad = torch.tensor(0.0 if math.isfinite(loss.item()) else 1.0, device=loss.device)
-    return float(ddp.total(bad)) == 0.0
+def _over_ranks(loss: torch.Tensor, n: int, world: int) -> tuple[bool, float, int]:
+    """Under DDP, in one all-reduce: whether the loss is non-finite on any rank (they all
+    skip, or none does), the ranks' mean loss (as ``RunState.flush`` would average it, in
+    float32) and their examples together, for the history and the watchers."""
+    value = loss.item()
+    finite = math.isfinite(value)
+    local = torch.tensor([0.0 if finite else 1.0, value if finite else 0.0, n], device=loss.device)
+    bad, total, examples = ddp.total(local)
+    return bool(bad), float(total / world), int(examples)

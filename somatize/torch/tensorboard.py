@@ -6,7 +6,8 @@ for each remembered node, ``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cach
 each epoch end; ``node/<node>/<metric>`` for metrics nodes return in ``Done`` during
 training, ``val/<node>/<metric>`` during evaluation. With ``hparams=``, the run's
 hyper-parameters and its final metrics go to TensorBoard's HParams view at the end.
-Needs the ``tensorboard`` package (in the ``somatize[torch]`` extra).
+Under DDP rank 0 writes, and ``train/loss`` and ``train/examples_per_second`` are over
+all ranks as ``StepEnd`` says. Needs the ``tensorboard`` package (in the ``somatize[torch]`` extra).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from .checkpoint import (
 )
 from .limits import batches_per_epoch, epoch_examples
 from .loop import train as train_loop
-from .metrics import Metric, evaluate
+from .metrics import Metric, check_ranks, evaluate
 from .options import Options
 from .policy import (
     best_step,
@@ -97,8 +97,9 @@ class Trainer:
         micro_batches: split each batch into this many chunks (``torch.chunk``) and
             accumulate; the gradient equals the full batch's for a mean-reduced loss.
         metrics: name → ``fn(output, target)`` (a batch mean, averaged over examples) or a
-            metric object with ``reset``/``update``/``compute`` (a ``torchmetrics.Metric``),
-            evaluated on ``val`` and logged as ``val_<name>``.
+            metric object with ``reset``/``update``/``compute`` (a ``torchmetrics.Metric``;
+            one of your own also needs ``merge`` under DDP), evaluated on ``val`` and
+            logged as ``val_<name>``.
         checkpoint: a ``Checkpointing`` (directory, frequency, how many to keep).
         watchers: told of every step, epoch and node metric (``TensorBoard``, ``Progress``...).
         pruner: asked after each evaluation (``Patience``, ``Threshold``, an Optuna ``Trial``).
@@ -201,6 +202,8 @@ class Trainer:
             "limit_train_batches", o.limit_train_batches, train, rank, world, even=True
         )
         sets = val_sets(val, o.limit_val_batches, rank, world)  # one or several (valsets.py)
+        if sets:
+            check_ranks(self.metrics, world)  # before any step: objects must merge under DDP
         run = self._start(model, resume, run_id, rank, world, train)
         run.train, run.train_batches, run.val_sets = train, train_n, sets
         if run.plateau and val is None:

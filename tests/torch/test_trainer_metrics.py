@@ -118,3 +118,24 @@ def test_a_metric_object_computing_a_vector_is_refused():
         st.Trainer(loss=F.cross_entropy, metrics={"v": Vector()}).evaluate(
             Graph.somatize(Linear()), data()
         )
+
+
+class Mergeable(Positives):
+    def merge(self, other: Positives) -> None:
+        self.hits += other.hits
+        self.total += other.total
+
+
+def test_under_ddp_a_metric_object_must_merge_or_be_a_torchmetrics_metric():
+    import torchmetrics
+
+    from somatize.errors import SettingError
+    from somatize.torch.metrics import check_ranks
+
+    check_ranks({"pos": Positives(), "acc": st.accuracy}, world=1)  # one process: no merge
+    check_ranks({"pos": Mergeable(), "f1": torchmetrics.classification.BinaryF1Score()}, 2)
+    with pytest.raises(SettingError, match=r"'pos' \(Positives\) has no merge\(other\)"):
+        check_ranks({"pos": Positives()}, world=2)
+    unsynced = torchmetrics.classification.BinaryF1Score(sync_on_compute=False)
+    with pytest.raises(SettingError, match="'f1' .*sync_on_compute=False.*leave"):
+        check_ranks({"f1": unsynced}, world=2)
