@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -56,10 +57,37 @@ def _torchrun_once(out: Path, args: tuple[str, ...], nproc: int, script: str) ->
         try:
             code = proc.wait(timeout=300)
         finally:
-            if proc.poll() is None:  # stop the launcher and its workers alike
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=60)
+            if proc.poll() is None:
+                stop(proc)
     return code, path.read_bytes()[start:]
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a torchrun launcher and its workers. The workers run in sessions of their own,
+    out of the launcher's process group: SIGTERM asks the launcher to stop them; whatever
+    is left after is killed, the workers by pid."""
+    workers = _children(proc.pid)
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+    return out
 
 
 @pytest.fixture(scope="module")
