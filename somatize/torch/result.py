@@ -24,7 +24,8 @@ class TrainResult:
         num_examples: training examples in one epoch, over all ranks (the weight ``fedavg``
             uses): a DataLoader's are what its sampler draws (a ``SubsetRandomSampler``'s
             indices, not the whole dataset), less an incomplete last batch under
-            ``drop_last``; examples seen, when the data has no length.
+            ``drop_last``. When the data has no length: the examples the run trained on,
+            over all its epochs (and ranks).
         steps: optimizer steps taken in total.
         epochs: epochs completed.
         losses: the training loss of every step.
