@@ -1,9 +1,10 @@
 """Data-parallel training under ``torchrun``: process group, DDP wrapping, reductions.
 
 When ``WORLD_SIZE`` > 1 the Trainer initialises the process group (gloo on CPU,
-nccl on GPU) unless the caller already did, and keeps it for later fits, wraps the module in
-``DistributedDataParallel``, gives each rank its share of the batches, reduces
-losses and metrics, and checkpoints and logs from rank 0 only.
+nccl on GPU, each rank's GPU made its current device) unless the caller already did, and
+keeps it for later fits; it wraps the module in ``DistributedDataParallel``, gives
+each rank its share of the batches, reduces losses and metrics, and checkpoints and
+logs from rank 0 only.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def setup() -> tuple[int, int, bool]:
     if world <= 1:
         return 0, 1, False
     if not dist.is_initialized():
+        if torch.cuda.is_available():  # "cuda" is then this rank's GPU (nccl's tensors)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         if not _made:
             atexit.register(_destroy)
