@@ -43,13 +43,8 @@ class RowCodec(Protocol):
         """The rows at ``index``, stacked, where ``value`` lives."""
         ...
 
-    def build(
-        self, layout: Any, raw: bytearray, n: int, device: str | None, grid: tuple[int, int, int]
-    ) -> Any:
-        """``n`` rows of ``layout`` on ``device``; ``grid`` is (stride, offset, nb): row
-        ``i`` is the ``nb`` bytes at ``raw[offset + i * stride]`` (``raw``: the joined
-        entries, ``stride`` one entry's length, ``offset`` where this leaf's bytes lie in
-        it). ``ValueError`` if ``nb`` is not what ``layout`` gives."""
+    def build(self, layout: Any, raw: bytearray, n: int, device: str | None) -> Any:
+        """``n`` rows of ``layout`` from their concatenated bytes, on ``device``."""
         ...
 
     def scatter(self, parts: Sequence[tuple[Sequence[int], Any]], n: int) -> Any:

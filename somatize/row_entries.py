@@ -119,13 +119,15 @@ class Layout:
         self.size = start
 
     def build(self, entries: list[bytes], device: str | None) -> list[Any]:
-        # One join of the whole entries, each leaf's rows read from it as a grid (one entry
-        # a line): a slice per entry cost more than copying the entries' prefixes along.
-        raw, n = bytearray().join(entries), len(entries)
-        return [
-            rows.build(layout, raw, n, device, (self.size, start, nb))
-            for rows, layout, start, nb in self.leaves
-        ]
+        out = []
+        for rows, layout, start, nb in self.leaves:
+            end = start + nb
+            # memoryview slices: the row bytes are copied once, into the joined buffer (a
+            # join of the whole entries, then a strided copy out of it, measured slower in
+            # a warm epoch, 40 against 30 µs a batch of 64 rows, though faster in a loop)
+            raw = bytearray().join([memoryview(e)[start:end] for e in entries])
+            out.append(rows.build(layout, raw, len(entries), device))
+        return out
 
 
 def is_current(entry: bytes) -> bool:

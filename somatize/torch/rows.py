@@ -2,13 +2,11 @@
 
 A row is ``t[i]`` along dim 0. Hashing a batch is one keyed blake3 call per row over a
 zero-copy view of the batch's bytes (no per-row tensor is made); stored rows are rebuilt
-with one ``torch.frombuffer`` over the joined entries, each leaf's rows copied out of
-it at once, then moved to the target device.
+with one ``torch.frombuffer`` over their joined bytes, then moved to the target device.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,24 +66,13 @@ class TensorRows:
     def take(self, t: torch.Tensor, index: Sequence[int]) -> torch.Tensor:
         return t.index_select(0, torch.as_tensor(index, dtype=torch.long, device=t.device))
 
-    def build(
-        self, layout: Any, raw: bytearray, n: int, device: str | None, grid: tuple[int, int, int]
-    ) -> torch.Tensor:
+    def build(self, layout: Any, raw: bytearray, n: int, device: str | None) -> torch.Tensor:
         name, shape = layout
         dtype = getattr(torch, name, None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"a row layout names {name!r}, which is not a torch dtype")
-        stride, offset, nb = grid
-        if (
-            nb != dtype.itemsize * math.prod(shape)
-            or len(raw) != n * stride
-            or offset + nb > stride
-        ):
-            raise ValueError(f"rows of {nb} bytes at {offset} do not fit a {name} {shape} layout")
-        if nb and n:
-            entries = torch.frombuffer(raw, dtype=torch.uint8).view(n, stride)
-            # (a fresh tensor: its rows start aligned for any dtype)
-            out = entries[:, offset : offset + nb].contiguous().view(dtype).reshape(n, *shape)
+        if raw:
+            out = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(n, *shape)
         else:
             out = torch.empty((n, *shape), dtype=dtype)
         return self.move(out, device) if device is not None else out
