@@ -13,6 +13,7 @@ all ranks as ``StepEnd`` says. Needs the ``tensorboard`` package (in the ``somat
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +63,15 @@ class TensorBoard:
     def on_event(self, event: Event) -> None:
         if isinstance(event, FitStart):
             self._start = event.start_step
+            if not self._start and self._writer is None and _has_events(self.log_dir):
+                warnings.warn(
+                    f"TensorBoard: {self.log_dir} already holds the event files of an earlier "
+                    "run, and this one starts afresh: tensorboard draws both runs' curves as "
+                    "one, over each other. Give each run a log_dir of its own (e.g. "
+                    "st.TensorBoard(f'runs/digits/lr={lr}')), or remove the old files",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         elif isinstance(event, StepEnd):
             self._final["train/loss"] = event.loss
             if event.step % self.every_steps:
@@ -115,3 +125,11 @@ class TensorBoard:
 
     def __getstate__(self) -> dict[str, Any]:  # a copy in another process opens its own writer
         return {**self.__dict__, "_writer": None}
+
+
+def _has_events(log_dir: str) -> bool:
+    """Whether ``log_dir`` holds TensorBoard event files already."""
+    try:
+        return any(n.startswith("events.out.tfevents.") for n in os.listdir(log_dir))
+    except OSError:  # not there yet
+        return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
+import warnings
 
 import pytest
 import torch
@@ -195,9 +196,29 @@ def test_tensorboard_after_a_resume_shows_each_step_once(tmp_path):
     (first,) = (tmp_path / "tb").iterdir()
     stamp = first.name.split(".")[3]
     first.rename(first.with_name(first.name.replace(stamp, str(int(stamp) - 1), 1)))
-    result = trainer([st.TensorBoard(tmp_path / "tb")]).fit(
-        Graph.somatize(Body() >> Head()), data(), resume="last"
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a resumed run continues the curves: no warning
+        result = trainer([st.TensorBoard(tmp_path / "tb")]).fit(
+            Graph.somatize(Body() >> Head()), data(), resume="last"
+        )
     got = scalars(tmp_path / "tb")["train/loss"]
     assert [s for s, _ in got] == list(range(1, 10))
     assert [v for _, v in got] == pytest.approx(result.losses)
+
+
+def test_tensorboard_warns_when_a_fresh_run_logs_into_a_directory_another_run_used(tmp_path):
+    def fit():
+        torch.manual_seed(0)
+        st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            epochs=1,
+            watchers=[st.TensorBoard(tmp_path / "tb")],
+            options=st.Options(progress=False),
+        ).fit(Graph.somatize(Body() >> Head()), data())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit()  # a new directory: nothing to say
+    with pytest.warns(RuntimeWarning, match=r"already holds the event files of an earlier run"):
+        fit()
