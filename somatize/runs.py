@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +79,11 @@ class RunStore:
             os.utime(self.dir(key) / "run.json")
 
     @contextlib.contextmanager
-    def lock(self, key: str) -> Iterator[bool]:
+    def lock(self, key: str, waiting: Callable[[], None] | None = None) -> Iterator[bool]:
         """Hold run ``key``'s lock (waiting for another process that holds it); yields whether
-        a lock could be taken (not on a read-only disk, nor where ``fcntl`` is missing)."""
+        a lock could be taken (not on a read-only disk, nor where ``fcntl`` is missing).
+        With ``waiting``, the lock is tried every second and ``waiting()`` called between
+        tries (a DDP rank 0 telling its peers it still waits)."""
         try:
             import fcntl
 
@@ -91,7 +93,16 @@ class RunStore:
             yield False
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
+            if waiting is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
+            else:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        waiting()
+                        time.sleep(1.0)
             yield True
         finally:
             os.close(fd)

@@ -203,10 +203,20 @@ class Remembered:
     ) -> RememberedResult:
         """Under torchrun every rank makes the call: rank 0 holds the key's lock (against
         other jobs), decides between recalling and running and tells the others, which
-        run the function with it (the fit inside is one DDP run) or recall, never write."""
+        run the function with it (the fit inside is one DDP run) or recall, never write.
+        While rank 0 waits for another job's lock it tells them so every second, so that
+        no collective waits on a file lock past the process group's timeout."""
         if rank != 0:
-            if not _decided(False):
-                return self._compute(ck, args, kwargs, write=False)
+            code = _broadcast(0)
+            while code == _WAIT:
+                code = _broadcast(0)
+            if code == _FAILED:
+                raise RuntimeError(
+                    f"rank 0 failed before it decided whether to run or recall {ck.function} "
+                    f"(key {ck.key[:16]}…); its error says why"
+                )
+            if code != _RECALL:  # the checkpoints where rank 0 keeps them (or none)
+                return self._follow(ck, args, kwargs, keyed=code == _RUN)
             found = self._recall(ck.key)
             if found is None:
                 raise KeeperError(
@@ -215,27 +225,46 @@ class Remembered:
                     "keeper must be one they all see (a DiskKeeper on a shared directory)"
                 )
             return found
-        with self.store.lock(ck.key):
-            found = self._recall(ck.key)
-            _decided(found is not None)
-            return found if found is not None else self._compute(ck, args, kwargs)
+        decided = [False]
+
+        def tell(code: int) -> None:
+            decided[0] = code != _WAIT
+            _broadcast(code)
+
+        try:
+            with self.store.lock(ck.key, waiting=lambda: tell(_WAIT)):
+                found = self._recall(ck.key)
+                if found is not None:
+                    tell(_RECALL)
+                    return found
+                return self._compute(ck, args, kwargs, tell)
+        except BaseException:
+            if not decided[0]:  # the others wait for a decision: tell them there is none
+                tell(_FAILED)
+            raise
+
+    def _follow(
+        self, ck: runkey.CallKey, args: Sequence[Any], kwargs: Mapping[str, Any], keyed: bool
+    ) -> RememberedResult:
+        """A DDP rank other than 0 runs the same fit, with rank 0's checkpoint directory
+        (``keyed``) or, as rank 0, a temporary one; rank 0 records the run."""
+        checkpoints = self.store.checkpoints(ck.key) if keyed else None
+        token = _current.set(_Current(ck.key, checkpoints))
+        try:
+            result = self.fn(*args, **kwargs)
+        finally:
+            _current.reset(token)
+        return self._returned(result, ck.key) if isinstance(result, TrainResult) else result
 
     def _compute(
         self,
         ck: runkey.CallKey,
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
-        write: bool = True,
+        tell: Callable[[int], None] | None = None,
     ) -> RememberedResult:
         problems: list[str] = []
         checkpoints: Path | None = self.store.checkpoints(ck.key)
-        if not write:  # a DDP rank other than 0: it runs the same fit, rank 0 records it
-            token = _current.set(_Current(ck.key, checkpoints))
-            try:
-                result = self.fn(*args, **kwargs)
-            finally:
-                _current.reset(token)
-            return self._returned(result, ck.key) if isinstance(result, TrainResult) else result
         record = {
             "function": ck.function,
             "code": ck.code,
@@ -251,6 +280,8 @@ class Remembered:
         except KeeperError as e:
             problems.append(str(e))
             checkpoints = None  # checkpoints go to a temporary directory instead
+        if tell is not None:  # under torchrun: the other ranks run it too, checkpointed alike
+            tell(_RUN if checkpoints is not None else _RUN_UNKEYED)
         token = _current.set(_Current(ck.key, checkpoints))
         try:
             result = self.fn(*args, **kwargs)
@@ -311,13 +342,17 @@ class Remembered:
         return RememberedResult(**fields, recalled=False, key=key)
 
 
-def _decided(recalled: bool) -> bool:
-    """Rank 0's ``recalled``, on every rank (a broadcast over the process group)."""
-    flag = torch.tensor([int(recalled)])
+# What rank 0 tells the other ranks of a remembered call (``_call_ranks``).
+_WAIT, _RECALL, _RUN, _RUN_UNKEYED, _FAILED = range(5)
+
+
+def _broadcast(code: int) -> int:
+    """Rank 0's ``code``, on every rank (a broadcast over the process group)."""
+    flag = torch.tensor([code])
     if dist.get_backend() == "nccl":
         flag = flag.to("cuda")
     dist.broadcast(flag, src=0)
-    return bool(flag.item())
+    return int(flag.item())
 
 
 def remember(

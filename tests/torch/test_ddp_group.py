@@ -63,3 +63,17 @@ def test_a_remembered_fit_under_torchrun_runs_once_as_one_ddp_run_then_every_ran
         assert got[r, j]["losses"] == got[0, 0]["losses"]
         for name, value in got[0, 0]["state"].items():
             assert torch.equal(got[r, j]["state"][name], value)
+
+
+@pytest.mark.slow
+def test_a_remembered_fit_under_torchrun_waits_out_another_jobs_lock_past_the_group_timeout(
+    tmp_path,
+):
+    # rank 0 waits 10 s for the key's lock (another job computing the run) under a 4 s
+    # process-group timeout: it tells the other ranks it waits each second; before, rank 1
+    # sat in one broadcast for the decision and timed out
+    code = torchrun(tmp_path, "--held", "10", script="ddp_remember.py")
+    assert code == 0, (tmp_path / "torchrun.log").read_text()
+    got = [torch.load(tmp_path / f"remember-rank{r}-0.pt", weights_only=True) for r in (0, 1)]
+    assert [g["recalled"] for g in got] == [False, False]
+    assert got[0]["losses"] == got[1]["losses"]
