@@ -134,7 +134,8 @@ def check_extension(
             stacklevel=4,
         )
         return
-    check_world(run, path)
+    if trainer.max_steps is None or s.step < trainer.max_steps:  # (at it: nothing to train)
+        check_world(run, path)
     restored = horizon(run.sched)
     planned = _planned(trainer, run, train)
     for key, built in restored.items():

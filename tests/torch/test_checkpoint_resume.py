@@ -195,6 +195,9 @@ def test_resuming_in_mid_epoch_a_checkpoint_of_another_world_size_is_refused(tmp
         r" a run of 2 processes; this run has 1.*torchrun --nproc_per_node=2",
     ):
         trainer(tmp_path, pruner=None).fit(graph(0), data(), val=data(2), resume=mid)
+    done = trainer(tmp_path, pruner=None)
+    done.max_steps, done.checkpoint = 3, None  # stopped at the mid-epoch checkpoint: done
+    assert done.fit(graph(0), data(), val=data(2), resume=mid).steps == 3
     end = trainer(tmp_path, pruner=None).fit(
         graph(0), data(), val=data(2), resume=ckpt / "step-000000005.ckpt"
     )
