@@ -3,8 +3,8 @@
 ``fit`` trains one epoch of N batches (N = 1 for True) and evaluates N batches of each
 validation set once at its end, reading and writing no checkpoint and telling no watcher,
 and returns the ``TrainResult``. ``resume=`` is checked as the real run would check it
-(the value; ``"last"`` needs a ``Checkpointing``; a named checkpoint must be there) but
-not read. The model's weights and buffers, its mode and the global
+(the value; ``"last"`` needs a ``Checkpointing``; a named checkpoint must be there; a
+fresh start must not be over an earlier run's checkpoints) but not read. The model's weights and buffers, its mode and the global
 RNG states are then put back as they were, so a smoke run costs the real run nothing:
 ``fit`` after it trains exactly as ``fit`` alone would. ``evaluate`` and ``predict`` read
 the first N batches of their data, so a whole script runs in seconds.
@@ -48,9 +48,11 @@ def smoke_batches(options: Any) -> int | None:
 def check_resume(trainer: Trainer, resume: Any) -> None:
     """``fit(resume=...)`` under a smoke run: refused where the real run would refuse it,
     without reading the checkpoint."""
-    from .policy import resume_path
+    from .policy import check_fresh, resume_path
 
     path = resume_path(trainer, resume)  # the value, and "last" without a Checkpointing
+    if path is None:  # a fresh start, refused over an earlier run's checkpoints
+        check_fresh(trainer)
     if path is not None and not path.is_file():
         raise CheckpointError(
             f"fit(resume={str(resume)!r}) under Options(smoke=...): no checkpoint at {path}, "

@@ -125,6 +125,13 @@ def test_a_smoke_run_given_a_checkpoints_path_does_not_read_it(tmp_path):
     assert result.steps == 1 and result.checkpoint is None
 
 
+def test_a_smoke_run_refuses_a_fresh_start_over_an_earlier_runs_checkpoints(tmp_path):
+    make(tmp_path).fit(make_graph(), batches(2))
+    with pytest.raises(CheckpointError, match="already holds checkpoints of an earlier run"):
+        make(tmp_path, smoke=True).fit(make_graph(), batches(2))  # as the real run would
+    assert make(tmp_path, smoke=True).fit(make_graph(), batches(2), resume="last").steps == 1
+
+
 def test_the_real_runs_settings_are_still_checked():
     t = make(smoke=True)
     t.pruner = st.Patience("val_loss")
