@@ -14,6 +14,8 @@ from tests.torch.test_ddp import ddp_train, torchrun
 def test_a_sweep_of_fits_in_one_torchrun_job_uses_one_group_and_equals_the_joined_batches(
     tmp_path,
 ):
+    import ddp_sweep  # (of scripts/, which test_ddp puts on the path)
+
     # Destroying the group after each fit and making another hung gloo's rendezvous in
     # about one job in two; one group, kept, serves every fit and the evaluation after.
     assert torchrun(tmp_path, script="ddp_sweep.py") == 0, (tmp_path / "torchrun.log").read_text()
@@ -24,14 +26,8 @@ def test_a_sweep_of_fits_in_one_torchrun_job_uses_one_group_and_equals_the_joine
         (torch.cat([train[i][0], train[i + 1][0]]), torch.cat([train[i][1], train[i + 1][1]]))
         for i in range(0, 8, 2)
     ]
-    for lr, f0, f1 in zip((0.1, 0.05, 0.01), r0["fits"], r1["fits"]):
-        single = st.Trainer(
-            loss=F.cross_entropy,
-            optimizer=lambda ps, lr=lr: torch.optim.SGD(ps, lr=lr),
-            epochs=1,
-            seed=0,
-            options=st.Options(progress=False, shuffle=False),
-        ).fit(ddp_train.graph(), joined, val=val)
+    for lr, f0, f1 in zip(ddp_sweep.LRS, r0["fits"], r1["fits"]):
+        single = ddp_sweep.sweep_trainer(lr).fit(ddp_train.graph(), joined, val=val)
         assert f0["losses"] == f1["losses"]
         torch.testing.assert_close(torch.tensor(f0["losses"]), torch.tensor(single.losses))
         for name, value in single.state.items():

@@ -22,20 +22,27 @@ import somatize.torch as st
 sys.path.insert(0, str(Path(__file__).parent))
 from ddp_train import data, graph
 
+LRS = (0.1, 0.05, 0.01)  # the sweep
+
+
+def sweep_trainer(lr: float) -> st.Trainer:
+    """One fit of the sweep (the test trains the same in one process)."""
+    return st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=lr),
+        epochs=1,
+        seed=0,
+        options=st.Options(progress=False, shuffle=False),
+    )
+
 
 def main() -> None:
     torch.set_num_threads(1)
     out, rank = Path(sys.argv[1]), int(os.environ["RANK"])
     train, val = data()
     fits, groups = [], []
-    for lr in (0.1, 0.05, 0.01):
-        trainer = st.Trainer(
-            loss=F.cross_entropy,
-            optimizer=lambda ps, lr=lr: torch.optim.SGD(ps, lr=lr),
-            epochs=1,
-            seed=0,
-            options=st.Options(progress=False, shuffle=False),
-        )
+    for lr in LRS:
+        trainer = sweep_trainer(lr)
         result = trainer.fit(graph(), train, val=val)
         groups.append(dist.group.WORLD if dist.is_initialized() else None)
         fits.append({"losses": result.losses, "state": dict(result.state)})
