@@ -264,10 +264,14 @@ def _show(v: Any) -> str:
 
 def _ranges(p: Mapping[str, Any]) -> list[str]:
     problems = [f"{k!r}={p[k]} is negative" for k in ("step", "epoch", "examples_seen") if p[k] < 0]
-    if not 0 <= p["position"] <= max(p["step"], 0):  # one batch per step so far
+    # Each batch read was trained on (at least one example each: several a step under
+    # accumulate or micro-batches) or skipped for a non-finite loss.
+    read = max(p["examples_seen"], 0) + (p["skipped"] if _is_int(p.get("skipped")) else 0)
+    if not 0 <= p["position"] <= read:
         problems.append(
-            f"'position'={p['position']} is out of range: a run at step {p['step']} has "
-            f"trained on 0 to {p['step']} batches of its epoch"
+            f"'position'={p['position']} is out of range: a run that has trained on "
+            f"{p['examples_seen']} examples and skipped {p.get('skipped', 0)} batches has read "
+            f"0 to {read} batches of its epoch"
         )
     if not all(isinstance(t, torch.Tensor) for t in p["model"].values()):
         bad = next(k for k, t in p["model"].items() if not isinstance(t, torch.Tensor))

@@ -58,6 +58,42 @@ def test_resume_with_accumulation_is_bitwise_identical(tmp_path):
     assert_same(resumed, reference)
 
 
+def _every_step(path, watchers=(), **options) -> st.Trainer:
+    return st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.Adam(ps, lr=2e-2),
+        epochs=2,
+        checkpoint=st.Checkpointing(path, every_steps=1, keep=20),
+        watchers=watchers,
+        seed=5,
+        options=quiet(**options),
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"accumulate": 3}, {"nonfinite": "skip", "shuffle": False}],
+    ids=["accumulate", "skip"],
+)
+def test_a_checkpoint_read_further_into_its_epoch_than_its_step_resumes(tmp_path, options):
+    # Under accumulate=3 step 2 is taken after 6 batches of epoch 0; under "skip", a batch
+    # skipped at the start puts every later checkpoint of the epoch one batch ahead of its
+    # step. Such checkpoints were refused as damaged ("'position' is out of range").
+    train = data(10)
+    if options.get("nonfinite") == "skip":
+        train[0][0][0, 0] = float("nan")  # the first batch's loss: skipped
+    reference = _every_step(tmp_path / "ref", **options).fit(graph(0), train)
+    with pytest.raises(Crash):
+        _every_step(tmp_path / "cut", [CrashAt(3)], **options).fit(graph(0), train)
+    last = st.load_checkpoint(st.Checkpointing(tmp_path / "cut").last())
+    assert (last["step"], last["epoch"]) == (2, 0)
+    assert last["position"] > last["step"]
+    resumed = _every_step(tmp_path / "cut", **options).fit(graph(4), train, resume="last")
+    assert resumed.losses == reference.losses
+    for name, value in reference.state.items():
+        assert torch.equal(value, resumed.state[name]), name
+
+
 def test_bad_accumulate_is_refused():
     with pytest.raises(ValueError, match="accumulate must be at least 1"):
         st.Options(accumulate=0)
