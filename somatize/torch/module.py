@@ -88,36 +88,50 @@ class _Nodes(nn.Module):
         return "Graph"
 
 
-def _frozen_wrap(
-    g: Graph,
-) -> Callable[[str, Any, Callable[[Any, Ctx], Done]], Callable[[Any, Ctx], Done]]:
-    def wrap(
-        node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]
+class _FrozenWrap:
+    """The graph's runtime wrap: a frozen node's forward runs in eval mode, without grad.
+
+    Classes, not closures, so that a graph and its module stay picklable
+    (``torch.save(model)``, ``copy``, a worker's task)."""
+
+    def __init__(self, g: Graph) -> None:
+        self._somatize_graph = g  # which graph it was made for
+
+    def __call__(
+        self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]
     ) -> Callable[[Any, Ctx], Done]:
-        if node_id not in g.memory.frozen:
+        memory = self._somatize_graph.memory
+        if node_id not in memory.frozen:
             return forward
-        pending = [node_id in g.memory.cached]  # a cached node's modes, checked at its first call
+        return _Frozen(node_id, impl, forward, node_id in memory.cached)
 
-        def frozen(x: Any, ctx: Ctx) -> Done:
-            if pending[0]:
-                pending[0] = False
-                _check_eval(node_id, impl)
-            run = ctx.run
-            if run.training:  # its modules run in eval mode: so does what reads ctx.training
-                ctx = Ctx(ctx.node, ctx.device, run._replace(training=False))
-            # torch.no_grad() as a context costs a few µs per call; the switch it flips, not
-            if not _grad_enabled():
-                return forward(x, ctx)
-            _set_grad_enabled(False)
-            try:
-                return forward(x, ctx)
-            finally:
-                _set_grad_enabled(True)
 
-        return frozen
+class _Frozen:
+    """A frozen node's forward (see ``_FrozenWrap``)."""
 
-    wrap._somatize_graph = g  # type: ignore[attr-defined]  # which graph it was made for
-    return wrap
+    __slots__ = ("forward", "impl", "node_id", "pending")
+
+    def __init__(
+        self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done], pending: bool
+    ) -> None:
+        self.node_id, self.impl, self.forward = node_id, impl, forward
+        self.pending = pending  # a cached node's modes, checked at its first call
+
+    def __call__(self, x: Any, ctx: Ctx) -> Done:
+        if self.pending:
+            self.pending = False
+            _check_eval(self.node_id, self.impl)
+        run = ctx.run
+        if run.training:  # its modules run in eval mode: so does what reads ctx.training
+            ctx = Ctx(ctx.node, ctx.device, run._replace(training=False))
+        # torch.no_grad() as a context costs a few µs per call; the switch it flips, not
+        if not _grad_enabled():
+            return self.forward(x, ctx)
+        _set_grad_enabled(False)
+        try:
+            return self.forward(x, ctx)
+        finally:
+            _set_grad_enabled(True)
 
 
 def _check_eval(node_id: str, impl: Any) -> None:
@@ -142,11 +156,11 @@ def equip(g: Graph) -> Graph:
     """Give a graph (and its subgraphs) the torch codecs and the frozen-node runtime."""
     made_for = getattr(g.wrap, "_somatize_graph", None)
     if not any(isinstance(c, TensorCodec) for c in g.codecs):
-        g.use(codecs=(*g.codecs, TensorCodec(), NdarrayCodec()), wrap=_frozen_wrap(g))
+        g.use(codecs=(*g.codecs, TensorCodec(), NdarrayCodec()), wrap=_FrozenWrap(g))
     elif g.wrap is None or (made_for is not None and made_for is not g):
         # A deep copy of an equipped graph: its runtime (and the program built with it)
         # still call the original's nodes. Remaking the runtime rebuilds the program.
-        g.use(wrap=_frozen_wrap(g))
+        g.use(wrap=_FrozenWrap(g))
     for sub in g._subgraphs().values():
         equip(sub)
     return g

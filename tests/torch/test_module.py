@@ -382,6 +382,27 @@ def test_deep_copy_of_the_module_runs_its_own_nodes():
     assert twin.get_parameter("z.lin.weight") is twin.graph["z"].lin.weight
 
 
+def test_the_module_and_its_graph_pickle_after_use():
+    """torch.save(model), a worker's task: the frozen-node runtime is made of classes."""
+    import io
+    import pickle
+
+    torch.manual_seed(0)
+    g = Graph.somatize(Linear(2, 2).with_id("a") >> Linear(2, 2).with_id("z")).freeze("z")
+    m = st.module(g)
+    x = torch.tensor([[1.0, -2.0]])
+    want = m(x).detach()
+    torch.save(m, io.BytesIO())
+    twin = pickle.loads(pickle.dumps(m))
+    assert_close(twin(x), want)
+    assert not twin.get_parameter("z.lin.weight").requires_grad  # still frozen
+    with torch.no_grad():  # the copy runs its own nodes
+        twin.get_parameter("a.lin.weight").zero_()
+    assert not torch.equal(twin(x), want)
+    assert_close(m(x), want)
+    assert pickle.loads(pickle.dumps(g)).memory.frozen == {"z"}
+
+
 def test_a_shape_error_inside_a_node_names_the_node_on_every_path():
     """torch's own message is kept; a note names the node: on the module's one-tensor path,
     through the graph's hot path with several inputs, and on the keyed path."""
