@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..watchers import Metrics, notify
 from .carry import reset
+from .ema import swapped
 from .schedule import may_stop
 
 if TYPE_CHECKING:
@@ -23,7 +24,8 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, *, epoch_end: bool = False) 
     s = run.state
     kept = [c.value for c in run.carries]  # training's carried state, given back afterwards
     values: dict[str, float] = {}
-    with run.tally.paused() if run.tally is not None else contextlib.nullcontext():
+    paused = run.tally.paused() if run.tally is not None else contextlib.nullcontext()
+    with paused, swapped(run.average):  # Options(ema=): the average is what is evaluated
         for vs in run.val_sets or ():
             reset(run.carries)  # each set's evaluation starts afresh
             evaluated = trainer._evaluate(

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 
 from ..errors import SettingError
+from .ema import check_decay
 from .limits import check_limit
 from .sanity import check_sanity
 from .schedule import check_floor, check_schedule
@@ -69,6 +70,10 @@ class Options:
         limit_val_batches: evaluate on at most this many batches of ``val`` (an int), or on
             this fraction of them (a float in (0, 1]). None: all. ``evaluate()`` reads all
             the data it is given.
+        ema: keep an exponential moving average of the weights with this decay (0.999:
+            about the last 1,000 steps), by torch's ``get_ema_multi_avg_fn`` after every
+            optimizer step; evaluation runs on it and the model holds it when ``fit``
+            returns (Lightning's ``EMAWeightAveraging``). Checkpointed. See ``ema.py``.
     """
 
     device: str | torch.device | None = None
@@ -90,6 +95,7 @@ class Options:
     min_steps: int | None = None
     smoke: bool | int = False
     sanity_val_batches: int = 2
+    ema: float | None = None
 
     def __post_init__(self) -> None:
         choice(
@@ -122,6 +128,7 @@ class Options:
             _check_device(self.device)
         check_limit("limit_train_batches", self.limit_train_batches)
         check_limit("limit_val_batches", self.limit_val_batches)
+        check_decay(self.ema)
 
 
 def _check_device(device: Any) -> None:

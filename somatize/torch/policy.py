@@ -76,6 +76,8 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
         payload["scaler"] = scaler_state(run.scaler)
         payload["world"] = run.world  # a mid-epoch position is one of this world's shares
+        if run.average is not None:
+            payload["ema"] = run.average.state()
         if rngs is not None:
             payload["rngs"], payload["epoch_rngs"] = rngs, epoch_rngs
         protect = [int(r[1]) for r in s.ranked]

@@ -36,6 +36,7 @@ class ActiveRun:
     checkpoint: Path | None = None  # the last checkpoint written, or resumed from
     plateau: bool = False  # the scheduler is stepped with the monitored metric (ReduceLROnPlateau)
     carries: list[Any] = field(default_factory=list)  # every Carry of the model
+    average: Any = None  # Options(ema=): the weight average (ema.py)
     compiled: bool = False  # trained through torch.compile
     due: bool = False  # an evaluation ranked among the best: checkpoint it now
     tally: Any = None  # a CacheTally on the graph, when it remembers a node (tally.py)

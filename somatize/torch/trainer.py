@@ -42,6 +42,7 @@ from .checkpoint import (
     restore_rank_rng,
     restore_scaler,
 )
+from .ema import averaged, restore_average
 from .limits import batches_per_epoch, epoch_examples
 from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate
@@ -228,9 +229,13 @@ class Trainer:
                 and run.checkpoint != self.checkpoint.file(s.step)
             ):
                 save(self, run)
+            if run.average is not None and run.average.updates:
+                run.average.exchange()  # the model keeps the average (checkpoints: both)
             seconds = time.perf_counter() - started
             notify(run.watchers, FitEnd(run.id, s.step, s.epoch, seconds, s.pruned))
         finally:
+            if run.average is not None:
+                run.average.detach()
             tally.detach(run.net, run.tally)
             close(run.watchers)  # also when training fails: event files are flushed
         return TrainResult(
@@ -288,6 +293,7 @@ class Trainer:
             world=world,
         )
         run.carries = carries(net)
+        run.average = averaged(net, opt, self.options.ema)
         run.compiled = bool(self.options.compile) or user_compiled is not None
         run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
         path = resume_path(self, resume)
@@ -297,6 +303,7 @@ class Trainer:
             restore(payload, run.state, net, opt, run.sched, self.pruner, self.seed)
             check_extension(self, run, path, fresh, train)
             restore_scaler(payload, run.scaler)
+            restore_average(payload, run.average, path)
             restore_rank_rng(payload, rank, world)
             run.checkpoint = path
         else:
