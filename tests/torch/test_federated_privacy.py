@@ -209,3 +209,19 @@ def test_buffer_arguments_are_checked():
                      buffer_policy="global")  # fmt: skip
     with pytest.raises(AggregationError, match=r"buffers names keys the state does not hold"):
         dp.step(GLOBAL, [GLOBAL, GLOBAL])
+
+
+def test_a_round_larger_than_per_round_warns_and_one_larger_than_clients_is_refused():
+    # epsilon is charged at rate per_round / clients: 20 updates from a per_round=10
+    # accountant (every client of a 20-client population, say) would under-report it
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=20, per_round=10)
+    with pytest.warns(UserWarning, match=r"got 20 updates in one round: epsilon"):
+        dp.step(GLOBAL, round_of(GLOBAL, 0.01, clients=20))
+    with pytest.raises(AggregationError, match=r"clients=20\) got 21 updates"):
+        dp.step(GLOBAL, round_of(GLOBAL, 0.01, clients=21))
+    assert dp.rounds == 1  # the refused round charged nothing
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dp.step(GLOBAL, round_of(GLOBAL, 0.01, clients=10))  # as many as planned: silent

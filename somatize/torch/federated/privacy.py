@@ -26,6 +26,7 @@ clear, which ε does not cover). Opacus refuses BatchNorm under DP-SGD for the s
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -121,7 +122,7 @@ class DPFedAvg:
                 f"{buffer_policy!r}"
             )
         self.clip, self.noise = float(clip), float(noise)
-        self.per_round, self.sample_rate = per_round, per_round / clients
+        self.clients, self.per_round, self.sample_rate = clients, per_round, per_round / clients
         self.buffers, self.buffer_policy = _names("buffers", buffers), buffer_policy
         self.exclude = _rule(exclude)
         self.accountant = _accountant()
@@ -161,6 +162,7 @@ class DPFedAvg:
                 (the error names them and the choices).
         """
         states = _states(results)
+        self._check_count(len(states))
         local = _local(self.exclude, global_state.keys(), "the global state")
         states = _without(states, local)
         _validate(states)
@@ -208,6 +210,25 @@ class DPFedAvg:
         self.rounds += 1
         self.norms = tuple(norms)
         return out
+
+    def _check_count(self, n: int) -> None:
+        """ε is charged at rate per_round / clients: a round of more updates than clients
+        is a mistake, and one of more than per_round is either a Poisson draw's spread or
+        clients chosen otherwise, which the accountant cannot see (ε under-reported)."""
+        if n > self.clients:
+            raise AggregationError(
+                f"DPFedAvg(clients={self.clients}) got {n} updates in one round, more than there "
+                "are clients; pass clients= the population the round's clients are drawn from"
+            )
+        if n > self.per_round:
+            warnings.warn(
+                f"DPFedAvg(per_round={self.per_round}) got {n} updates in one round: epsilon "
+                f"is charged as if each client took part with probability "
+                f"{self.per_round}/{self.clients} (Poisson sampling, whose count varies). If the "
+                "round's clients were chosen otherwise (every client, or a larger fixed draw), "
+                "epsilon is under-reported: set per_round to the number each round trains",
+                stacklevel=3,
+            )
 
     def epsilon(self, delta: float) -> float:
         """ε spent so far at this δ (Opacus's RDP accountant); inf without noise."""
