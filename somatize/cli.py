@@ -31,10 +31,29 @@ from .values import decode
 __all__ = ["main"]
 
 
-def _decoder() -> Callable[[bytes], object]:
+class _Damaged(Exception):
+    """A codec here could not read a value written in its name."""
+
+
+class _Judged:
+    """A codec whose failures are told apart from bytes that are not an encoded value."""
+
+    def __init__(self, codec: Any) -> None:
+        self.tag, self._codec = codec.tag, codec
+
+    def decode(self, data: bytes) -> Any:
+        try:
+            return self._codec.decode(data)
+        except Exception as e:
+            raise _Damaged(f"codec {self.tag!r}") from e
+
+
+def _decoder(foreign: list[int]) -> Callable[[bytes], object]:
     """What ``cache verify`` decodes each payload with: the data codecs, and the torch
-    codecs when torch is importable. A payload written by a codec that is not here (a
-    user's own) cannot be judged, so it is kept."""
+    codecs when torch is importable. A value a codec here cannot read (a tensor of the
+    wrong size) is removed; a payload that is not an encoded value — bytes the user stored
+    themselves (a keeper stores bytes), or written by a codec that is not here — is intact
+    (its checksum held) and not ours to judge: it is kept and counted in ``foreign``."""
     codecs: tuple[Any, ...] = ()
     try:
         from .torch.codecs import default_codecs
@@ -44,14 +63,17 @@ def _decoder() -> Callable[[bytes], object]:
         codecs = default_codecs()
 
     def check(payload: bytes) -> object:
+        if check_entry(payload, codecs):  # a per-example row (somatize.rows): raises if torn
+            return None
         try:
-            if check_entry(payload, codecs):  # a per-example row (somatize.rows), not a value
-                return None
-            return decode(payload, codecs)
-        except ValueError as e:
-            if "which was not passed" in str(e):  # values.decode: an unknown codec's value
-                return None
-            raise
+            return decode(payload, judged)
+        except _Damaged as e:  # a value of a codec here that does not fit: ours, removed
+            raise ValueError(str(e.__cause__)) from e
+        except Exception:  # (struct.error, UnicodeDecodeError... for bytes of another form)
+            foreign[0] += 1
+            return None
+
+    judged = tuple(_Judged(c) for c in codecs)
 
     return check
 
@@ -104,9 +126,15 @@ def _tend(keeper: DiskKeeper, args: argparse.Namespace) -> int:
     if args.action == "stats":
         print(keeper.stats())
     elif args.action == "verify":
-        bad = keeper.verify(decode=_decoder())
+        foreign = [0]
+        bad = keeper.verify(decode=_decoder(foreign))
         for key in bad:
             print(f"removed corrupt entry {key}")
+        if foreign[0]:
+            print(
+                f"{foreign[0]} intact entries are not somatize values (bytes stored through "
+                "the keeper, or a codec not importable here): kept"
+            )
         print(f"{len(bad)} corrupt entries removed; {keeper.stats()}")
         return 1 if bad else 0
     elif args.action == "gc":

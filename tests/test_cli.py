@@ -112,7 +112,7 @@ def test_cache_stats_of_a_store_without_packs_creates_none(
     assert sorted(p.relative_to(store.path) for p in store.path.rglob("*")) == before
 
 
-def test_cache_verify_decodes_tensors_and_removes_what_does_not_decode(
+def test_cache_verify_decodes_tensors_and_removes_what_a_codec_cannot_read(
     store: DiskKeeper, capsys: pytest.CaptureFixture[str]
 ) -> None:
     torch = pytest.importorskip("torch")
@@ -121,12 +121,14 @@ def test_cache_verify_decodes_tensors_and_removes_what_does_not_decode(
     good = encode(torch.arange(6.0).reshape(2, 3), default_codecs())
     store.put(k(4), good)
     store.put_many([(k(5), good), (k(6), good.replace(b"\x02", b"\x07", 1))])  # a bad shape
-    store.put(k(7), b"\xff not an encoded value")  # its checksum holds all the same
+    store.put(k(7), b"\xff not an encoded value")  # bytes of the user's own: kept
     rc, out, _ = run(["cache", "verify", "--dir", str(store.path)], capsys)
     assert rc == 1
     removed = sorted(line.split()[-1] for line in out.splitlines() if line.startswith("removed"))
-    assert removed == [k(6), k(7)]
+    assert removed == [k(6)]
+    assert "1 intact entries are not somatize values" in out
     assert store.get(k(4)) == good and store.get_many([k(5), k(6)]) == [good, None]
+    assert store.get(k(7)) == b"\xff not an encoded value"
 
 
 GRAPH_MODULE = """
@@ -254,3 +256,18 @@ def test_the_installed_console_script(
         timeout=120,
     )
     assert out.returncode == 0 and out.stdout.startswith("3 entries")
+
+
+def test_cache_verify_keeps_intact_bytes_that_are_not_somatize_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A keeper stores bytes: the caching docs' own put_many example stores raw ones.
+    # Their checksums hold, so verify keeps them (it removed every one of them).
+    keeper = DiskKeeper(tmp_path / "raw")
+    keeper.put_many([(k(i), b"features of example %d" % i) for i in range(1, 11)])
+    keeper.put(k(11), b"a loose raw entry")
+    rc, out, _ = run(["cache", "verify", "--dir", str(keeper.path)], capsys)
+    assert rc == 0
+    assert "11 intact entries are not somatize values" in out
+    assert "0 corrupt entries removed; 11 entries" in out
+    assert DiskKeeper(keeper.path).get(k(3)) == b"features of example 3"
