@@ -66,7 +66,7 @@ def _decoder(foreign: list[int]) -> Callable[[bytes], object]:
         if check_entry(payload, codecs):  # a per-example row (somatize.rows): raises if torn
             return None
         try:
-            return decode(payload, judged)
+            return decode(payload, judged)  # type: ignore[arg-type]  # (tag and decode only)
         except _Damaged as e:  # a value of a codec here that does not fit: ours, removed
             raise ValueError(str(e.__cause__)) from e
         except Exception:  # (struct.error, UnicodeDecodeError... for bytes of another form)
