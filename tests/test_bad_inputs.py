@@ -207,3 +207,29 @@ def test_a_bad_input_is_a_clear_error_naming_it(
 
 def test_the_catalogue_is_large():
     assert len(CASES) >= 70
+
+
+def test_disk_keeper_refuses_an_empty_path_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"DiskKeeper\(''\): .*empty path"):
+        DiskKeeper("")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("max_bytes", [-5, -1, 1.5, "1GB", True])
+def test_disk_keeper_gc_refuses_a_size_below_0_and_keeps_every_entry(
+    tmp_path: Path, max_bytes: Any
+) -> None:
+    keeper = DiskKeeper(tmp_path / "cache")
+    keeper.put("a" * 64, encode("x" * 50))
+    with pytest.raises(ValueError, match=r"DiskKeeper\.gc\(max_bytes=.*0 or more"):
+        keeper.gc(max_bytes)
+    assert keeper.get("a" * 64) == encode("x" * 50)
+
+
+@pytest.mark.parametrize("max_bytes", ["1GB", -1, 0, 1.5, None])
+def test_memory_keeper_refuses_a_budget_that_is_not_a_positive_int(max_bytes: Any) -> None:
+    with pytest.raises(ValueError, match=r"MemoryKeeper\(max_bytes=.*an int of 1 or more"):
+        MemoryKeeper(max_bytes=max_bytes)
