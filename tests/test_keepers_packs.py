@@ -129,7 +129,6 @@ def test_a_key_in_two_packs_is_found_in_the_other_when_one_goes(tmp_path: Path) 
     assert keeper.stats().entries == 1
 
 
-
 def test_packs_sharing_keys_removed_by_another_process_are_misses_not_a_key_error(
     tmp_path: Path,
 ) -> None:
