@@ -173,6 +173,28 @@ class FitEnd(Event):
     pruned: bool
 
 
+def check_watchers(watchers: Any, where: str) -> list[Watcher]:
+    """``watchers`` as a list, each checked to have ``on_event``.
+
+    Raises:
+        TypeError: naming ``where`` and the one that is not a watcher.
+    """
+    if callable(getattr(watchers, "on_event", None)) or not isinstance(watchers, Iterable):
+        raise TypeError(
+            f"{where}: watchers is a list of watchers, not a {type(watchers).__qualname__}; "
+            "write watchers=[w]"
+        )
+    out = list(watchers)
+    for w in out:
+        if not callable(getattr(w, "on_event", None)):
+            raise TypeError(
+                f"{where}: {w!r} is not a watcher: a watcher has a method on_event(event) "
+                "(e.g. Recorder(), JsonLines(path)); wrap a function f in a class whose "
+                "on_event calls f"
+            )
+    return out
+
+
 def notify(watchers: Iterable[Watcher], event: Event) -> None:
     """Tell every watcher about ``event``."""
     for w in watchers:
