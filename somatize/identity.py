@@ -22,6 +22,7 @@ import enum
 import functools
 import importlib.metadata
 import inspect
+import logging
 import os
 import re
 import sys
@@ -148,6 +149,8 @@ def _describe_object(
     t = type(obj)
     if isinstance(obj, enum.Enum):
         return f"enum:{_describe(t, memo, codecs, blind)}.{obj.name}"
+    if isinstance(obj, logging.Logger):  # `log.info(...)` in a node: no part of its output
+        return f"logger:{obj.name}"
     if isinstance(obj, re.Pattern):
         return "re:" + digest([obj.pattern, obj.flags])
     if isinstance(obj, functools.partial):
