@@ -107,6 +107,8 @@ class RunStore:
             try:
                 self.dir(key).mkdir(parents=True, exist_ok=True)
                 fd = os.open(self.dir(key) / "lock", os.O_RDWR | os.O_CREAT, 0o666)
+            except FileNotFoundError:  # `runs gc` moved the directory between the two
+                continue
             except OSError:
                 yield False
                 return

@@ -123,3 +123,20 @@ def test_an_unreadable_record_is_an_error_naming_it_not_an_unfinished_run(
         runs.RunStore(tmp_path / runs.FOLDER).record(key)
     (listed,) = runs.RunStore(tmp_path / runs.FOLDER).records()
     assert listed["status"] == "unreadable" and listed["key"] == key
+
+
+def test_a_run_whose_directory_gc_moves_while_it_locks_still_gets_a_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = runs.RunStore(tmp_path / runs.FOLDER)
+    real, moved = os.open, []
+
+    def racing(path: object, *args: object, **kwargs: object) -> int:
+        if str(path).endswith("lock") and not moved:  # gc renames the directory just now
+            moved.append(path)
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real(path, *args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(os, "open", racing)
+    with store.lock("9" * 64) as locked:
+        assert moved and locked  # tried again in the new directory, not run unlocked
