@@ -202,7 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache.add_argument("action", choices=["stats", "verify", "gc", "ls", "explain"])
     cache.add_argument("targets", nargs="*", help="for explain: GRAPH and INPUT as MODULE:ATTR")
     cache.add_argument("--dir", default=os.environ.get("SOMATIZE_CACHE", ".somatize-cache"))
-    cache.add_argument("--max-bytes", type=int, default=None, help="for gc: the size to shrink to")
+    cache.add_argument(
+        "--max-bytes", type=runs_cli.byte_count, default=None, help="for gc: the size to shrink to"
+    )
     graph = sub.add_parser("graph", help="draw a graph defined in a module")
     graph.add_argument("target", help="MODULE:ATTR naming a Graph, or a function returning one")
     graph.add_argument("--format", choices=["mermaid", "text"], default="text")

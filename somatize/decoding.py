@@ -16,9 +16,18 @@ _FLOAT = struct.Struct(">d")
 
 
 def decode(data: bytes | memoryview, codecs: Sequence[Codec] = ()) -> Any:
-    """Read back a value written by ``encode`` (codec leaves need the same codecs)."""
+    """Read back a value written by ``encode`` (codec leaves need the same codecs).
+
+    Raises:
+        ValueError: ``data`` is not an encoded value (torn, cut or altered), whatever
+            the damage: a caller treating damage as absence catches this one error.
+    """
     view = memoryview(data)
-    value, end = _decode(view, 0, {c.tag: c for c in codecs})
+    try:
+        value, end = _decode(view, 0, {c.tag: c for c in codecs})
+    except (struct.error, IndexError, TypeError, RecursionError) as e:
+        # a cut length field, a list as a dict key, nesting past the stack
+        raise ValueError(f"not an encoded value (damaged?): {type(e).__name__}: {e}") from e
     if end != len(view):
         raise ValueError(f"{len(view) - end} trailing bytes after an encoded value")
     return value

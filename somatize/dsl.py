@@ -3,7 +3,8 @@
 ``a >> (b | c) >> d`` hands ``d`` both outputs as a tuple, in written order — what
 ``nn.Sequential`` cannot express. Ids default to the class name in snake case,
 made unique (``classify``, ``classify_2``); ``node.with_id("enc")`` sets one.
-The same node instance written twice is one node.
+The same node instance written twice is one node: it may feed two branches, but not
+itself, nor one node twice.
 
 Example:
     >>> from somatize import Node, Done, Graph
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .compose import Composable
-from .errors import DuplicateNodeError
+from .errors import CycleError, DuplicateNodeError, GraphError
 from .graph import Graph
 from .node import Mapped, Node
 
@@ -189,7 +190,53 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
         return first_src, prev_sinks
 
     walk(root)
+    _check_repeats(refs, ids, edges)
     return nodes, edges
+
+
+def _check_repeats(refs: list[Ref], ids: dict[int, str], edges: list[tuple[str, str]]) -> None:
+    """An instance written twice is one node: fine where the expression shares it
+    (``(enc >> a) | (enc >> b)``), an error where that makes a loop, a cycle or an edge
+    given twice — said so, instead of the bare cycle the graph would report.
+
+    Raises:
+        CycleError: the repeated instance feeds itself (``n >> n``, ``n >> m >> n``).
+        GraphError: it is an input of one node twice (``a >> (b | b)``).
+    """
+    seen: set[int] = set()
+    repeated: set[str] = set()
+    for r in refs:
+        if id(r.impl) in seen:
+            repeated.add(ids[id(r.impl)])
+        seen.add(id(r.impl))
+    if not repeated:
+        return
+    fix = (
+        "use two instances for two nodes (Inc() >> Inc()), or add the node with g.node "
+        "under two ids to share its weights"
+    )
+    after: dict[str, set[str]] = {}
+    for a, b in edges:
+        if b in after.setdefault(a, set()):
+            twice = b if b in repeated else a
+            raise GraphError(
+                f"node {twice!r} is written twice side by side (x | x), and one instance "
+                f"written twice is one node, so the edge {a!r} -> {b!r} would be given twice; "
+                f"{fix}"
+            )
+        after[a].add(b)
+    for nid in sorted(repeated):
+        todo, reached = list(after.get(nid, ())), set()
+        while todo:
+            n = todo.pop()
+            if n == nid:
+                raise CycleError(
+                    f"node {nid!r} is written twice in the expression, and one instance "
+                    f"written twice is one node: its output would feed itself; {fix}"
+                )
+            if n not in reached:
+                reached.add(n)
+                todo.extend(after.get(n, ()))
 
 
 def _refs(e: Expr) -> list[Ref]:

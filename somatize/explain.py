@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from blake3 import blake3
+
 from .changes import code_parts
 from .keepers import atomic_write
 from .node import _NO_VALUES, Mapped, Run
@@ -45,7 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Explanation", "Why", "explain", "explain_run", "note"]
 
-RECORD = "somatize.explain/1"
+RECORD = "somatize.explain/2"  # /2: a record on disk starts with the checksum of the rest
+_SUM = 16  # bytes of blake3 checksum before a record on disk
 # What this process last wrote, by keeper and node: a record is written when it changes.
 _written: weakref.WeakKeyDictionary[Any, dict[str, tuple[str | None, ...]]] = (
     weakref.WeakKeyDictionary()
@@ -83,13 +86,15 @@ def _notes(keeper: Any) -> Path | dict[str, bytes]:
 def _read(keeper: Any, label: str) -> dict[str, Any] | None:
     notes = _notes(keeper)
     try:
-        data = (
-            (notes / _slot(label)).read_bytes()
-            if isinstance(notes, Path)
-            else notes.get(_slot(label))
-        )
+        if isinstance(notes, Path):
+            raw = (notes / _slot(label)).read_bytes()
+            if blake3(raw[_SUM:]).digest(_SUM) != raw[:_SUM]:
+                return None  # torn, cut or altered: it says nothing
+            data: bytes | None = raw[_SUM:]
+        else:
+            data = notes.get(_slot(label))
         record = decode(data) if data is not None else None
-    except (OSError, ValueError):  # absent, unreadable or torn: it says nothing
+    except (OSError, ValueError):  # absent, unreadable, or does not decode: it says nothing
         return None
     return record if isinstance(record, dict) else None
 
@@ -122,7 +127,8 @@ def note(
     notes = _notes(keeper)
     if isinstance(notes, Path):
         try:
-            atomic_write(notes / _slot(label), encode(record))
+            data = encode(record)
+            atomic_write(notes / _slot(label), [blake3(data).digest(_SUM), data])
         except OSError:  # a record is a diagnosis: never fail a run for it
             return
     else:

@@ -8,7 +8,6 @@ construction, ``forward``, introspection, rendering, memory settings.
 from __future__ import annotations
 
 import time
-import types
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,13 +19,14 @@ from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
 from .keepers import MemoryKeeper
 from .keepers.pins import PinLog, unpin
+from .keepers.protocol import check_keeper
 from .memory import Memory, NodeKeys
-from .node import _NO_VALUES, Ctx, Done, Node, Run, check_forward
+from .node import Ctx, Done, Node, Run, check_forward, graph_input
 from .placement import Placement
 from .plan import Plan, compile
 from .topology import Builder, Topology
-from .values import Opaque, check, digest
-from .watchers import RunEnd, RunStart, notify
+from .values import digest
+from .watchers import RunEnd, RunStart, check_watchers, notify
 
 if TYPE_CHECKING:
     from .codecs import Codec
@@ -70,9 +70,9 @@ class Graph(Composable):
         self._shape = Builder()  # node ids and edges, checked edge by edge
         self.placement = Placement()
         self.memory = Memory()
-        self.keeper = keeper
+        self.keeper = check_keeper(keeper, "Graph(keeper=...)")
         self.codecs: tuple[Codec, ...] = tuple(codecs)
-        self.watchers: list[Watcher] = list(watchers)
+        self.watchers: list[Watcher] = check_watchers(watchers, "Graph(watchers=...)")
         #: A runtime's hook (``somatize.torch`` sets it): ``(node_id, impl, forward) -> forward``.
         self.wrap: Callable[[str, Any, Forward], Forward] | None = None
         self.run_id = uuid.uuid4().hex[:12]
@@ -233,8 +233,9 @@ class Graph(Composable):
                 ``"example"`` keys each row of a tensor batch (every tensor of a tuple or
                 dict batch, along dim 0) by its content, so memory survives a shuffled
                 ``DataLoader``: only the rows not seen before are computed. A node cached
-                per example must be frozen (eval mode: its rows do not interact) or
-                declare ``rowwise = True``.
+                per example must be frozen or declare ``rowwise = True``, and its rows must
+                not interact in eval mode (no centring or pooling over the batch): each
+                row is served from the batch it was first computed in.
         """
         self._require(node_id)
         if per not in ("batch", "example"):
@@ -322,17 +323,8 @@ class Graph(Composable):
     ) -> Outcome:
         """Like ``forward``, but returns the ``Outcome``: value, key and node metrics."""
         program = self.program()
-        if len(inputs) == 1:
-            x = inputs[0]
-            opaque = type(x) is Opaque
-            x = x.value if opaque else x
-        else:
-            opaque = any(type(i) is Opaque for i in inputs)
-            x = tuple(i.value if type(i) is Opaque else i for i in inputs)
-        injected = types.MappingProxyType(dict(values)) if values else _NO_VALUES  # read-only
+        x, opaque, injected = graph_input(inputs, values, self.codecs)
         run = Run(run_id or self.run_id, step, training, injected)
-        if not opaque:
-            check(x, self.codecs, "the graph input")
         if self.placement.hosts and self.placement.multi_host:  # nodes on other hosts
             from .hosts import run_across
 

@@ -5,7 +5,9 @@ These are three of the four parts of a node's key (the fourth: its predecessors'
 * identity — the qualified class name plus a fingerprint of its code: the AST with
   docstrings and comments removed, *and* the code of every helper function or class
   from the user's own modules it references, transitively (site-packages and the
-  standard library enter by name; the somatize and torch versions enter too).
+  standard library enter by name; the somatize and torch versions enter too). The globals
+  that code reads enter by content where they can (data, a ``functools.partial``, an
+  instance of a user class); one that enters by type alone makes a warning.
 * declaration — the constructor arguments, bound to parameter names with defaults
   applied, canonicalised the first time a key is needed.
 * state — what the node holds that changes its output: plain-data attributes, and
@@ -16,17 +18,17 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import dis
+import enum
 import functools
 import importlib.metadata
 import inspect
-import linecache
+import logging
 import os
-import symtable
+import re
 import sys
 import sysconfig
-import textwrap
 import types
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,6 +37,14 @@ from blake3 import blake3
 
 from .errors import DeclarationError
 from .node import Node
+from .source_code import (
+    code_digest,
+    code_names,
+    functions,
+    referenced,
+    source_tree,
+    strip_docstrings,
+)
 from .values import digest, is_data
 
 if TYPE_CHECKING:
@@ -79,135 +89,26 @@ def _is_user_module(module: types.ModuleType | None) -> bool:
     return not os.path.realpath(file).startswith(_library_roots())
 
 
-def _strip_docstrings(tree: ast.AST) -> None:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
-            body = node.body
-            if (
-                body
-                and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)
-            ):
-                node.body = body[1:] or [ast.Pass()]
-
-
-def _source_tree(obj: Any) -> ast.AST | None:
-    try:
-        file = inspect.getsourcefile(obj)
-        entry = linecache.cache.get(file or "")
-        if file and entry is not None and len(entry) == 4 and entry[1] is not None:
-            # A file read from disk (not a notebook cell, which has no mtime): read it again,
-            # since an edit of the same size within one mtime tick escapes checkcache().
-            del linecache.cache[file]
-        lines, start = inspect.getsourcelines(obj)
-        if isinstance(obj, type) and not _spans(obj, file, start, start + len(lines)):
-            return None  # another class of the same name (3.11 finds the first): by bytecode
-        return ast.parse(textwrap.dedent("".join(lines)))
-    except (OSError, TypeError, SyntaxError):
-        return None
-
-
-def _spans(cls: type, file: str | None, first: int, end: int) -> bool:
-    """Whether the source lines ``first``..``end`` hold the methods of ``cls`` defined in
-    ``file``: the source found is that class's, not an earlier one's of the same name."""
-    for f in _functions(cls):
-        code = f.__code__
-        if code.co_filename == file and not first <= code.co_firstlineno < end:
-            return False
-    return True
-
-
-def _code_digest(code: types.CodeType, h: Any) -> None:
-    """Fallback when no source is available: the bytecode, constants and names."""
-    h.update(code.co_code)
-    h.update(repr((code.co_names, code.co_freevars)).encode())
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            _code_digest(const, h)
-        elif isinstance(const, frozenset):  # `x in {"a", "b"}`: its repr follows hash order
-            h.update(repr(sorted(map(repr, const))).encode())
-        else:
-            h.update(repr(const).encode())
-
-
-_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF"})
-
-
-def _code_names(code: types.CodeType) -> list[list[str]]:
-    """Dotted chains of the global and closure names a code object (and code nested in it)
-    reads: ``helper``, ``mod.helper``. Locals, parameters and attribute names are not."""
-    names: list[list[str]] = []
-    chain: list[str] | None = None
-    for ins in dis.get_instructions(code):
-        if ins.opname in _LOADS:
-            chain = [str(ins.argval)]
-            names.append(chain)
-        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and chain is not None:
-            chain.append(str(ins.argval))
-        elif ins.opname not in ("CACHE", "PRECALL", "EXTENDED_ARG"):
-            chain = None
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names += _code_names(const)
-    return names
-
-
-def _functions(obj: Any) -> list[types.FunctionType]:
-    """A function itself, or the functions defined in a class's body."""
-    if isinstance(obj, types.FunctionType):
-        return [obj]
-    found = []
-    for member in vars(obj).values():
-        for f in (getattr(member, "__func__", member), getattr(member, "fget", None)):
-            if isinstance(f, types.FunctionType):
-                found.append(f)
-    return found
-
-
-def _outside_names(tree: ast.AST) -> set[str] | None:
-    """The names the code reads from outside itself (globals, builtins, closure cells), not
-    its parameters and locals; None if the code cannot be analysed on its own."""
-    try:
-        top = symtable.symtable(ast.unparse(tree), "<fingerprint>", "exec")
-    except SyntaxError:  # e.g. `nonlocal x` bound in a function around the snippet
-        return None
-    names: set[str] = set()
-    tables = [top]
-    while tables:
-        table = tables.pop()
-        names.update(s.get_name() for s in table.get_symbols() if s.is_global())
-        tables.extend(table.get_children())
-    return names
-
-
-def _referenced(tree: ast.AST) -> list[list[str]]:
-    """Dotted name chains the code reads from outside itself: ``helper``, ``mod.helper``,
-    ``pkg.mod.helper``. A local that happens to share a global's name is not one of them."""
-    outside = _outside_names(tree)
-    chains = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute):
-            parts: list[str] = []
-            cur: ast.AST = node
-            while isinstance(cur, ast.Attribute):
-                parts.append(cur.attr)
-                cur = cur.value
-            if isinstance(cur, ast.Name):
-                chains.append([cur.id, *reversed(parts)])
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            chains.append([node.id])
-    return chains if outside is None else [c for c in chains if c[0] in outside]
-
-
-def _describe(obj: Any, memo: dict[int, str], codecs: Sequence[Codec] = ()) -> str:
+def _describe(
+    obj: Any, memo: dict[int, str], codecs: Sequence[Codec] = (), blind: list[str] | None = None
+) -> str:
     """How a referenced global enters a fingerprint: user code by its fingerprint, library
-    code by name, data by content (with ``codecs``, tensors and arrays too), anything else
-    by its type."""
+    code by name, data by content (with ``codecs``, tensors, arrays and modules too), a
+    ``functools.partial`` by its function and arguments, an instance of the user's own
+    class by its class's code and its attributes, and anything else by its type alone.
+
+    What enters by type alone is what the key cannot see change; where it sits is added
+    to ``blind``: ``" (a Lock)"`` for ``obj`` itself, ``".attr (a Lock)"`` for a part of it,
+    ``" → TOK (a Tok)"`` for what a helper it calls reads.
+    """
     if isinstance(obj, (types.FunctionType, type)) and _is_user_module(
         sys.modules.get(obj.__module__)
     ):
-        return "code:" + _fingerprint(obj, memo, codecs)
+        inner: list[str] = []
+        result = "code:" + _fingerprint(obj, memo, codecs, inner)
+        if blind is not None:
+            blind.extend(" → " + where for where in inner)  # `helper → TOK (a Tok)`
+        return result
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)):
         name = getattr(obj, "__qualname__", None) or obj.__name__
         return f"lib:{getattr(obj, '__module__', '') or ''}.{name}"
@@ -215,7 +116,79 @@ def _describe(obj: Any, memo: dict[int, str], codecs: Sequence[Codec] = ()) -> s
         return "data:" + digest(obj)
     if codecs and is_data(obj, codecs):  # a global tensor or array (normalising constants)
         return "data:" + digest(obj, codecs)
-    return "obj:" + type(obj).__qualname__
+    for codec in codecs:  # a global module (its weights), a dtype or a device
+        fp = codec.fingerprint(obj)
+        if fp is not None:
+            return "state:" + fp
+    known = memo.get(id(obj))
+    if known is not None:  # seen in this fingerprint already, or an object holding itself
+        return known
+    memo[id(obj)] = "cycle:" + type(obj).__qualname__
+    seen: list[str] = []
+    try:
+        result = _describe_object(obj, memo, codecs, seen)
+    except RecursionError:
+        result, seen = "obj:" + type(obj).__qualname__, [f" (a {type(obj).__qualname__})"]
+    if blind is not None:
+        blind.extend(seen)
+    memo[id(obj)] = result
+    return result
+
+
+def _describe_object(
+    obj: Any, memo: dict[int, str], codecs: Sequence[Codec], blind: list[str]
+) -> str:
+    """``_describe`` for what is neither code nor data: its parts, each described."""
+
+    def part(value: Any, where: str) -> str:
+        inner: list[str] = []
+        described = _describe(value, memo, codecs, inner)
+        blind.extend(where + w for w in inner)
+        return described
+
+    t = type(obj)
+    if isinstance(obj, enum.Enum):
+        return f"enum:{_describe(t, memo, codecs, blind)}.{obj.name}"
+    if isinstance(obj, logging.Logger):  # `log.info(...)` in a node: no part of its output
+        return f"logger:{obj.name}"
+    if isinstance(obj, re.Pattern):
+        return "re:" + digest([obj.pattern, obj.flags])
+    if isinstance(obj, functools.partial):
+        parts = [part(obj.func, ".func")]
+        parts += [part(a, f".args[{i}]") for i, a in enumerate(obj.args)]
+        parts += [f"{k}={part(v, f'.keywords[{k!r}]')}" for k, v in sorted(obj.keywords.items())]
+    elif isinstance(obj, types.MethodType):  # a bound method: `go = TOK.go`
+        parts = [part(obj.__func__, ".__func__"), part(obj.__self__, ".__self__")]
+    elif t in (list, tuple):  # plain containers holding something that is not data
+        parts = [part(v, f"[{i}]") for i, v in enumerate(obj)]
+    elif t is dict and all(type(k) in (str, int) for k in obj):
+        parts = [f"{k!r}={part(v, f'[{k!r}]')}" for k, v in obj.items()]
+        parts.sort()
+    elif t in (set, frozenset):
+        parts = sorted(part(v, "{...}") for v in obj)
+    elif _is_user_module(sys.modules.get(t.__module__)) and _has_attributes(obj):
+        # a module-level instance of the user's own class (a tokenizer, a config)
+        parts = [_describe(t, memo, codecs, blind)]
+        parts += [f"{k}={part(v, f'.{k}')}" for k, v in sorted(_attributes(obj).items())]
+    else:
+        blind.append(f" (a {t.__qualname__})")
+        return "obj:" + t.__qualname__
+    return f"{t.__qualname__}:" + blake3("\0".join(parts).encode()).hexdigest()
+
+
+def _has_attributes(obj: Any) -> bool:
+    return hasattr(obj, "__dict__") or any("__slots__" in vars(c) for c in type(obj).__mro__)
+
+
+def _attributes(obj: Any) -> dict[str, Any]:
+    """An instance's data attributes: its ``__dict__`` and its slots that are set."""
+    found = dict(getattr(obj, "__dict__", {}))
+    for cls in type(obj).__mro__:
+        slots = vars(cls).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                found.setdefault(name, getattr(obj, name))
+    return found
 
 
 def _own(obj: Any) -> tuple[bytes, list[list[str]]]:
@@ -228,27 +201,31 @@ def _own(obj: Any) -> tuple[bytes, list[list[str]]]:
     # The source of a lambda is the whole statement around it, shared by every lambda in
     # it (`Apply(lambda x: x + 1) | Apply(lambda x: x * 2)`): a lambda is known by its code.
     is_lambda = getattr(obj, "__name__", None) == "<lambda>"
-    tree = None if is_lambda else _source_tree(obj)
+    tree = None if is_lambda else source_tree(obj)
     if tree is None:
         names: list[list[str]] = []
-        for f in _functions(obj):
-            _code_digest(f.__code__, h)
-            names += _code_names(f.__code__)
+        for f in functions(obj):
+            code_digest(f.__code__, h)
+            names += code_names(f.__code__)
     else:
-        _strip_docstrings(tree)
+        strip_docstrings(tree)
         h.update(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
-        names = _referenced(tree)
+        names = referenced(tree)
     result = (h.digest(), names)
     with contextlib.suppress(TypeError):  # objects that take no weak reference
         _sources[obj] = result
     return result
 
 
-def _fingerprint(obj: Any, memo: dict[int, str], codecs: Sequence[Codec] = ()) -> str:
+def _fingerprint(
+    obj: Any, memo: dict[int, str], codecs: Sequence[Codec] = (), blind: list[str] | None = None
+) -> str:
     """``obj``'s code and, transitively, the user code it references.
 
     ``memo`` holds what one top-level call has computed, so the result depends only on
-    the object fingerprinted, never on what was fingerprinted before it.
+    the object fingerprinted, never on what was fingerprinted before it. What the key
+    cannot see of the globals read (see ``_describe``) is added to ``blind``:
+    ``"TOK.lock (a Lock)"``.
     """
     done_or_running = memo.get(id(obj))
     if done_or_running is not None:
@@ -256,7 +233,10 @@ def _fingerprint(obj: Any, memo: dict[int, str], codecs: Sequence[Codec] = ()) -
     memo[id(obj)] = "cycle:" + str(obj.__qualname__)  # recursion between helpers
     h = blake3(_own(obj)[0])
     for dotted, target in _references(obj):
-        h.update(f"{dotted}={_describe(target, memo, codecs)}\0".encode())
+        inner: list[str] = []
+        h.update(f"{dotted}={_describe(target, memo, codecs, inner)}\0".encode())
+        if blind is not None:
+            blind.extend(dotted + where for where in inner)
     result = h.hexdigest()
     memo[id(obj)] = result
     return result
@@ -271,7 +251,7 @@ def _references(obj: Any) -> list[tuple[str, Any]]:
         scope.update(obj.__globals__)
     # Closures: `def make(k): class Mul(Node): ... x * k` makes classes that differ by `k`
     # alone; a closure variable shadows a global of the same name.
-    for f in _functions(obj):
+    for f in functions(obj):
         for name, cell in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True):
             with contextlib.suppress(ValueError):  # an empty cell: not assigned yet
                 scope[name] = cell.cell_contents
@@ -311,7 +291,31 @@ def identity(impl: Any, codecs: Sequence[Codec] = ()) -> str:
         True
     """
     cls = type(impl)
-    return f"{cls.__module__}.{cls.__qualname__}:{fingerprint(cls, codecs)}:{_versions()}"
+    blind: list[str] = []
+    fp = _fingerprint(cls, {}, codecs, blind)
+    for where in blind:
+        _warn_blind(cls, where)
+    return f"{cls.__module__}.{cls.__qualname__}:{fp}:{_versions()}"
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_blind(cls: type, where: str) -> None:
+    """Say once per process that a node's key cannot see an object its code reads."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if (name, where) in _warned:
+        return
+    _warned.add((name, where))
+    warnings.warn(
+        f"node class {name!r} reads the global {where}, which enters its key by type "
+        "alone: a change to that object will not be seen, and a cached output computed "
+        "before the change will be served after it. Make it plain data, a function, a "
+        "functools.partial or an instance of your own class holding data, or pass it as "
+        "a constructor argument",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _declare(value: Any, where: str, codecs: Sequence[Codec]) -> Any:

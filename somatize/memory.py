@@ -22,7 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .errors import GraphError
 from .identity import declaration, identity
+from .keepers.protocol import is_name
 from .node_state import state
 from .values import digest
 
@@ -57,20 +59,43 @@ class Memory:
     per_example: frozenset[str] = frozenset()  # cached row by row (a subset of cached)
 
     def freeze(self, node: str, on: bool = True) -> Memory:
+        _flag("freeze", node, on)
         return replace(self, frozen=self.frozen | {node} if on else self.frozen - {node})
 
     def cache(self, node: str, on: bool = True, *, per_example: bool = False) -> Memory:
+        _flag("cache", node, on)
         rows = self.per_example | {node} if on and per_example else self.per_example - {node}
         cached = self.cached | {node} if on else self.cached - {node}
         return replace(self, cached=cached, per_example=rows)
 
     def name(self, node: str, name: str | None) -> Memory:
+        """Record ``node``'s output under ``name`` too (None: no longer).
+
+        Raises:
+            GraphError: ``name`` is not a keeper name (letters, digits, ``.``, ``_``,
+                ``-``; at most 200), or another node of the graph has it already.
+        """
+        if name is not None:
+            if not is_name(name):
+                raise GraphError(
+                    f"g.name({node!r}, {name!r}): a name is a str of letters, digits, '.', "
+                    "'_' or '-' (1 to 200 of them), as it becomes a file name in the keeper; "
+                    "e.g. g.name(node, 'features-v1')"
+                )
+            other = next((k for k, v in self.named.items() if v == name and k != node), None)
+            if other is not None:
+                raise GraphError(
+                    f"g.name({node!r}, {name!r}): node {other!r} already has that name, and "
+                    "one name records one output; give each node its own name, or remove "
+                    f"the other first with g.name({other!r}, None)"
+                )
         named = {k: v for k, v in self.named.items() if k != node}
         if name is not None:
             named[node] = name
         return replace(self, named=named)
 
     def pin(self, node: str, on: bool = True) -> Memory:
+        _flag("pin", node, on)
         return replace(self, pinned=self.pinned | {node} if on else self.pinned - {node})
 
     def remembers(self, node: str) -> bool:
@@ -87,6 +112,15 @@ class Memory:
         if node in self.pinned:
             out.append("pinned")
         return out
+
+
+def _flag(setter: str, node: str, on: object) -> None:
+    """A memory setting is True or False: ``g.freeze(node, "no")`` would freeze."""
+    if type(on) is not bool:
+        raise GraphError(
+            f"g.{setter}({node!r}, {on!r}): on is True or False, not a {type(on).__name__} "
+            f"(a non-empty string is true); write g.{setter}({node!r}, False) to undo it"
+        )
 
 
 class NodeKeys:

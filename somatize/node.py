@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .compose import Composable
 from .errors import NodeError
-from .values import Opaque
+from .values import Opaque, check
 
 if TYPE_CHECKING:
     from .dsl import Expr
@@ -94,7 +94,8 @@ def check_forward(node_id: str, impl: Any) -> None:
     """Refuse a node whose ``forward`` cannot be called as ``forward(x, ctx)``.
 
     Raises:
-        NodeError: ``forward`` takes fewer than two positional arguments (``ctx`` forgotten).
+        NodeError: ``forward`` takes fewer than two positional arguments (``ctx``
+            forgotten), or requires more than two (one per input: they come as one tuple).
     """
     cls = type(impl)
     if cls in _CHECKED:
@@ -113,6 +114,15 @@ def check_forward(node_id: str, impl: Any) -> None:
             f"node {node_id!r}: {cls.__qualname__}.forward({names}) takes no ctx, but every "
             "node is called as forward(x, ctx); write def forward(self, x, ctx) (ctx may go unused)"
         )
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) > 2:
+        names = ", ".join(["self", *(p.name for p in positional)])
+        first = ", ".join(p.name for p in required[:-1])
+        raise NodeError(
+            f"node {node_id!r}: {cls.__qualname__}.forward({names}) takes {len(required)} "
+            "arguments, but every node is called as forward(x, ctx), a node with several "
+            f"inputs receiving them as one tuple x; write def forward(self, x, ctx): {first} = x"
+        )
     _CHECKED.add(cls)
 
 
@@ -127,8 +137,9 @@ class Node(Composable):
 
     _somatize_args: tuple[tuple[Any, ...], dict[str, Any]]
     #: Whether each row of a batch is computed from that row alone (no batch norm in train
-    #: mode, no attention across the batch). Frozen nodes qualify anyway (eval mode); a
-    #: trainable node must say so to be cached per example (``g.cache(id, per="example")``).
+    #: mode, no attention across the batch). A frozen node is taken to qualify (eval mode
+    #: removes batch statistics, not a forward that mixes rows itself, which must not be
+    #: cached per example); a trainable node must say so (``g.cache(id, per="example")``).
     rowwise: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -208,3 +219,37 @@ def map_items(inner: Node, items: Any, ctx: Ctx, node_id: str) -> Any:
             "return the same kind for every item"
         )
     return out
+
+
+def graph_input(
+    inputs: tuple[Any, ...], values: Any, codecs: Any
+) -> tuple[Any, bool, Mapping[str, Any]]:
+    """What ``Graph.forward(*inputs, values=values)`` runs on: (x, whether x is Opaque,
+    the injected values, read-only). Each input that is not ``Opaque`` is checked as data,
+    also beside one that is.
+
+    Raises:
+        ValueConversionError: an input is not data (naming which one).
+        TypeError: ``values`` is not a mapping with str keys.
+    """
+    if values is not None and not (
+        isinstance(values, Mapping) and all(type(k) is str for k in values)
+    ):
+        raise TypeError(
+            f"forward(..., values={values!r}): values is a mapping of str names to what "
+            "nodes read as ctx.values[name], e.g. values={'lr': 0.1}"
+        )
+    injected = types.MappingProxyType(dict(values)) if values else _NO_VALUES
+    if len(inputs) == 1:
+        x = inputs[0]
+        opaque = type(x) is Opaque
+        if not opaque:
+            check(x, codecs, "the graph input")
+        return (x.value if opaque else x), opaque, injected
+    opaque = any(type(i) is Opaque for i in inputs)
+    if not opaque:
+        check(inputs, codecs, "the graph input")
+    for n, i in enumerate(inputs):
+        if type(i) is not Opaque:
+            check(i, codecs, f"graph input {n} (beside an Opaque one)")
+    return tuple(i.value if type(i) is Opaque else i for i in inputs), opaque, injected

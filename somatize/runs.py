@@ -24,12 +24,14 @@ from typing import Any
 
 from .errors import KeeperError
 from .keepers import atomic_write
+from .keepers.protocol import is_key
 from .runkey import CallKey
 
 __all__ = ["RunStore", "explain", "gc", "parse_age"]
 
 FORMAT = "somatize.run/1"
 FOLDER = "remembered"  # under a DiskKeeper's directory
+_STALE = 3600.0  # seconds: a temp file or trash folder this old belongs to no live process
 
 
 def _size(path: Path) -> int:
@@ -54,9 +56,21 @@ class RunStore:
         return self.dir(key) / "ckpt"
 
     def record(self, key: str) -> dict[str, Any] | None:
-        """The record of run ``key``, or None (never started, or unreadable)."""
+        """The record of run ``key``, or None (never started, or damaged).
+
+        Raises:
+            KeeperError: the record exists but this process may not read it (another
+                user's store): naming the file, rather than taking the run as unfinished.
+        """
+        file = self.dir(key) / "run.json"
         try:
-            record = json.loads((self.dir(key) / "run.json").read_text())
+            record = json.loads(file.read_text())
+        except PermissionError as e:
+            raise KeeperError(
+                f"cannot read the run record {file}: {e.strerror or e}; give this user read "
+                "and write access to the store (its files follow the umask of the process "
+                "that wrote them), or use a store of its own"
+            ) from e
         except (OSError, ValueError):
             return None
         return record if isinstance(record, dict) and record.get("format") == FORMAT else None
@@ -86,23 +100,36 @@ class RunStore:
         tries (a DDP rank 0 telling its peers it still waits)."""
         try:
             import fcntl
-
-            self.dir(key).mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.dir(key) / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except (ImportError, OSError):
+        except ImportError:
             yield False
             return
+        while True:
+            try:
+                self.dir(key).mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.dir(key) / "lock", os.O_RDWR | os.O_CREAT, 0o666)
+            except FileNotFoundError:  # `runs gc` moved the directory between the two
+                continue
+            except OSError:
+                yield False
+                return
+            try:
+                if waiting is None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
+                else:
+                    while True:
+                        try:
+                            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                            break
+                        except BlockingIOError:
+                            waiting()
+                            time.sleep(1.0)
+                if _still_there(fd, self.dir(key) / "lock"):
+                    break
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # `runs gc` removed the run meanwhile: lock the new directory
         try:
-            if waiting is None:
-                fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
-            else:
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        waiting()
-                        time.sleep(1.0)
             yield True
         finally:
             os.close(fd)
@@ -114,9 +141,15 @@ class RunStore:
         if not self.root.is_dir():
             return out
         for d in sorted(self.root.iterdir()):
-            if d.name.startswith("."):
+            if not is_key(d.name):  # a trash folder, a temp file, something not ours
                 continue
-            record = self.record(d.name) or {"key": d.name, "status": "unknown"}
+            try:
+                record = self.record(d.name) or {"status": "unknown"}
+            except KeeperError:
+                record = {"status": "unreadable"}
+            # The key is the directory's name, never what the record says: a copied or
+            # forged run.json must not point gc at another run, or outside the store.
+            record = {**record, "key": d.name}
             try:
                 used = (d / "run.json").stat().st_mtime
             except OSError:
@@ -128,15 +161,29 @@ class RunStore:
             out.append({**record, "size": size, "used": used})
         return out
 
-    def remove(self, key: str, keeper: Any = None) -> None:
-        """Forget run ``key``: its directory, and its result in ``keeper`` (a DiskKeeper)."""
+    def remove(self, key: str, keeper: Any = None) -> bool:
+        """Forget run ``key``: its directory, and its result in ``keeper`` (a DiskKeeper).
+        Returns whether the directory was removed (False: gone already, or not removable).
+
+        Raises:
+            ValueError: ``key`` is not a key (64 hex digits).
+        """
+        if not is_key(key):
+            raise ValueError(
+                f"{key!r} is not a run key (64 lowercase hex digits); nothing was removed"
+            )
         d = self.dir(key)
         trash = self.root / f".trash-{key}-{os.getpid()}"
-        with contextlib.suppress(OSError):
+        try:
             os.replace(d, trash)  # the record disappears at once: no half-removed run is recalled
-            shutil.rmtree(trash, ignore_errors=True)
-        if keeper is None:
-            return
+        except OSError:
+            return False
+        shutil.rmtree(trash, ignore_errors=True)
+        if keeper is not None:
+            self._discard(key, keeper)
+        return True
+
+    def _discard(self, key: str, keeper: Any) -> None:
         discard = getattr(keeper, "discard", None)
         with contextlib.suppress(OSError):  # KeeperError is an OSError
             if discard is not None:
@@ -155,9 +202,12 @@ def parse_age(text: str) -> float:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
     try:
-        return float(number) * units[unit]
+        seconds = float(number) * units[unit]
     except ValueError:
         raise ValueError(f"not an age: {text!r}; write e.g. 90, 30m, 12h or 7d") from None
+    if not seconds >= 0 or seconds == float("inf"):  # -3d would forget every run; so would nan
+        raise ValueError(f"not an age: {text!r}; an age is 0 or more, e.g. 90, 30m, 12h or 7d")
+    return seconds
 
 
 def gc(
@@ -168,39 +218,86 @@ def gc(
 ) -> list[dict[str, Any]]:
     """Forget remembered runs unused for ``older_than`` seconds, then the least recently used
     until at most ``max_bytes`` remain. Runs computing now (their lock held) are kept.
-    Returns the records of the runs removed."""
+    Temp files and trash folders left by killed processes (over an hour old) go too.
+    Returns the records of the runs removed.
+
+    Raises:
+        ValueError: ``older_than`` or ``max_bytes`` is below 0.
+    """
     from .keepers import DiskKeeper
 
+    if older_than is not None and not older_than >= 0:
+        raise ValueError(f"older_than={older_than!r}: an age in seconds is 0 or more")
+    if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes < 0):
+        raise ValueError(f"max_bytes={max_bytes!r}: a size in bytes is 0 or more")
     keeper = DiskKeeper(keeper_dir)
     store = RunStore(Path(keeper_dir) / FOLDER)
+    _clean_leftovers(store.root)
     runs = sorted(store.records(), key=lambda r: float(r["used"]))
     now, removed = time.time(), []
     total = sum(int(r["size"]) for r in runs)
     for r in runs:
         old = older_than is not None and now - float(r["used"]) > older_than
         big = max_bytes is not None and total > max_bytes
-        if not (old or big) or _busy(store, str(r["key"])):
+        if not (old or big):
             continue
-        store.remove(str(r["key"]), keeper)
+        with _unless_busy(store, str(r["key"])) as free:
+            # removed while its lock is held: a run starting now waits, then finds it gone
+            if not free or not store.remove(str(r["key"]), keeper):
+                continue
         total -= int(r["size"])
         removed.append(r)
     return removed
 
 
-def _busy(store: RunStore, key: str) -> bool:
+def _still_there(fd: int, path: Path) -> bool:
+    """Whether the locked file ``fd`` is still the one at ``path`` (not moved to the trash)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _unless_busy(store: RunStore, key: str) -> Iterator[bool]:
+    """Hold run ``key``'s lock if no process holds it; yields whether the run may go."""
     try:
         import fcntl
 
-        fd = os.open(store.dir(key) / "lock", os.O_RDWR)
-    except (ImportError, OSError):
-        return False
+        fd = os.open(store.dir(key) / "lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except (ImportError, OSError):  # no lock to take (read-only, or gone): the removal says
+        yield True
+        return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False  # computing now
+            return
+        yield True
     finally:
         os.close(fd)
+
+
+def _clean_leftovers(root: Path) -> None:
+    """Remove trash folders of a killed ``gc`` and temp files of a killed record write."""
+    stale = time.time() - _STALE
+    with contextlib.suppress(OSError), os.scandir(root) as it:
+        for e in it:
+            with contextlib.suppress(OSError):
+                if e.name.startswith(".trash-") and e.stat(follow_symlinks=False).st_mtime < stale:
+                    shutil.rmtree(e.path, ignore_errors=True)
+                elif is_key(e.name) and e.is_dir(follow_symlinks=False):
+                    _clean_temps(e.path, stale)
+
+
+def _clean_temps(directory: str, stale: float) -> None:
+    with os.scandir(directory) as it:
+        for e in it:
+            if e.name.startswith(".") and e.name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    if e.stat(follow_symlinks=False).st_mtime < stale:
+                        os.unlink(e.path)
 
 
 def explain(store: RunStore, ck: CallKey, recalled: bool) -> str:

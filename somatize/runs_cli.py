@@ -19,7 +19,23 @@ from typing import Any
 
 from . import runs
 
-__all__ = ["add_parser", "command"]
+__all__ = ["add_parser", "byte_count", "command"]
+
+
+def byte_count(text: str) -> int:
+    """An argparse type: a size in bytes, 0 or more (``--max-bytes -5`` would empty the store)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a number of bytes: {text!r}; write e.g. 1000000000"
+        ) from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text} is below 0: write the size to shrink to, 0 or more (0 removes everything "
+            "not pinned or running)"
+        )
+    return n
 
 
 def add_parser(sub: Any) -> None:
@@ -29,7 +45,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("key", nargs="?", help="for show: a run's key, or a unique prefix of it")
     p.add_argument("--dir", default=os.environ.get("SOMATIZE_RUNS", "runs"))
     p.add_argument("--older-than", help="for gc: forget runs unused this long (30m, 12h, 7d)")
-    p.add_argument("--max-bytes", type=int, help="for gc: then shrink to this many bytes")
+    p.add_argument("--max-bytes", type=byte_count, help="for gc: then shrink to this many bytes")
 
 
 def _size(n: float) -> str:

@@ -25,9 +25,11 @@ __all__ = ["Builder", "Topology", "check_id"]
 
 
 def check_id(node_id: object) -> None:
-    """Raise ``GraphError`` unless ``node_id`` is a non-empty string."""
-    if not isinstance(node_id, str) or not node_id:
-        raise GraphError(f"node id {node_id!r} is not a non-empty string")
+    """Raise ``GraphError`` unless ``node_id`` is a string that is not empty or blank."""
+    if not isinstance(node_id, str) or not node_id.strip():
+        raise GraphError(
+            f"node id {node_id!r} is not a non-empty string; give a name such as 'encoder'"
+        )
 
 
 @dataclass(frozen=True)

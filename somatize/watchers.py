@@ -13,6 +13,7 @@ Events of one graph execution: ``RunStart``, ``NodeStart``/``NodeEnd``,
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -173,6 +174,28 @@ class FitEnd(Event):
     pruned: bool
 
 
+def check_watchers(watchers: Any, where: str) -> list[Watcher]:
+    """``watchers`` as a list, each checked to have ``on_event``.
+
+    Raises:
+        TypeError: naming ``where`` and the one that is not a watcher.
+    """
+    if callable(getattr(watchers, "on_event", None)) or not isinstance(watchers, Iterable):
+        raise TypeError(
+            f"{where}: watchers is a list of watchers, not a {type(watchers).__qualname__}; "
+            "write watchers=[w]"
+        )
+    out = list(watchers)
+    for w in out:
+        if not callable(getattr(w, "on_event", None)):
+            raise TypeError(
+                f"{where}: {w!r} is not a watcher: a watcher has a method on_event(event) "
+                "(e.g. Recorder(), JsonLines(path)); wrap a function f in a class whose "
+                "on_event calls f"
+            )
+    return out
+
+
 def notify(watchers: Iterable[Watcher], event: Event) -> None:
     """Tell every watcher about ``event``."""
     for w in watchers:
@@ -219,8 +242,10 @@ def _plain(value: Any) -> Any:
 class JsonLines:
     """A run log: one JSON object per event, appended to ``path``.
 
-    Every line is written with a single ``write`` on a file opened for appending,
-    so a process killed at any instant leaves whole lines behind.
+    Every line is written with a single ``write`` on a file opened for appending. A
+    process killed in the middle of a write may leave its last line torn (the kernel
+    copies a long line page by page); a writer that finds a torn last line starts on a
+    new line, and ``read`` skips torn lines. A short write (a full disk) raises.
 
     Args:
         path: the log file (its directory is created).
@@ -232,6 +257,7 @@ class JsonLines:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.nodes = nodes
+        self._fresh_line = False  # whether the next line must start with "\n" (a torn tail)
 
     def on_event(self, event: Event) -> None:
         if not self.nodes and isinstance(event, (NodeStart, NodeEnd)):
@@ -240,8 +266,18 @@ class JsonLines:
         record.update({f.name: _plain(getattr(event, f.name)) for f in fields(event)})
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(self._fd, line)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+            self._fresh_line = _torn_tail(self._fd)
+        if self._fresh_line:  # after a torn line: start a new one rather than join it
+            line = b"\n" + line
+        written = os.write(self._fd, line)
+        self._fresh_line = written != len(line)
+        if written != len(line):
+            raise OSError(
+                errno.ENOSPC,
+                f"JsonLines: wrote {written} of the {len(line)} bytes of a line to {self.path} "
+                "(is the disk full?); that line is torn, and the next starts on a new line",
+            )
 
     def close(self) -> None:
         if self._fd is not None:
@@ -256,6 +292,34 @@ class JsonLines:
 
     @staticmethod
     def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-        """The records of a run log."""
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        """The records of a run log. A torn line (cut short by a killed writer: it does not
+        end its object with ``}``) is skipped.
+
+        Raises:
+            ValueError: a whole line that is not JSON, naming the file and the line.
+        """
+        records = []
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                line = raw.strip()
+                if not line:
+                    continue
+                try:
+                    records.append(json.loads(line))
+                except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+                    if not line.endswith(b"}"):
+                        continue  # torn by a writer killed mid-line
+                    raise ValueError(
+                        f"{path}, line {n}: not a JSON record ({e}); the log was altered "
+                        "there: delete that line to read the rest"
+                    ) from e
+        return records
+
+
+def _torn_tail(fd: int) -> bool:
+    """Whether the file open at ``fd`` ends inside a line (a writer killed mid-line)."""
+    try:
+        size = os.fstat(fd).st_size
+        return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+    except OSError:  # unreadable: write as before
+        return False

@@ -66,6 +66,11 @@ class GivesObject(Node):
         return Done(object())
 
 
+class TwoInputs(Node):
+    def forward(self, x, y, ctx):  # one argument per input: they come as one tuple x
+        return Done(x + y)
+
+
 class MyInt(int):
     pass
 
@@ -165,6 +170,23 @@ CASES = [
     P(lambda t: one().forward(recursive()), ValueConversionError, "graph input.*contains itself", id="forward-recursive"),
     P(lambda t: one().forward(object()), ValueConversionError, "graph input.*type object", id="forward-object"),
     P(lambda t: one().forward([1, {2: {3}}]), ValueConversionError, r"graph input at \[1\]\[2\]", id="forward-nested-set"),
+    P(lambda t: one().forward(Opaque(1), {1, 2}), ValueConversionError, r"graph input 1 \(beside an Opaque one\).*a set", id="forward-set-beside-opaque"),
+    P(lambda t: one().forward(1, values=[1]), TypeError, r"values=\[1\]\): values is a mapping", id="forward-values-list"),
+    # -- graphs: constructor, names, flags, the DSL (audit: S11, M5, C5, C6, M1, section 5)
+    P(lambda t: Graph(keeper=42), TypeError, r"Graph\(keeper=\.\.\.\): 42 \(int\) is not a keeper", id="graph-keeper-int"),
+    P(lambda t: Graph(watchers=[print]), TypeError, r"Graph\(watchers=\.\.\.\): <built-in function print> is not a watcher", id="graph-watchers-print"),
+    P(lambda t: Graph(watchers=print), TypeError, "watchers is a list of watchers, not a builtin_function", id="graph-watchers-not-a-list"),
+    P(lambda t: chain().name("a", "same").name("b", "same"), GraphError, r"g.name\('b', 'same'\): node 'a' already has that name", id="name-twice"),
+    P(lambda t: one().name("inc", 5), GraphError, r"g.name\('inc', 5\): a name is a str", id="name-int"),
+    P(lambda t: one().name("inc", ""), GraphError, r"g.name\('inc', ''\)", id="name-empty"),
+    P(lambda t: one().name("inc", "a b"), GraphError, r"g.name\('inc', 'a b'\)", id="name-space"),
+    P(lambda t: one().freeze("inc", "no"), GraphError, r"g.freeze\('inc', 'no'\): on is True or False", id="freeze-truthy-str"),
+    P(lambda t: one().cache("inc", 1), GraphError, r"g.cache\('inc', 1\)", id="cache-int-flag"),
+    P(lambda t: Graph().node(" ", Inc()), GraphError, "node id ' '", id="node-id-blank"),
+    P(lambda t: Graph().node("two", TwoInputs()), NodeError, r"node 'two': TwoInputs.forward\(self, x, y, ctx\) takes 3 arguments.*x, y = x", id="node-one-argument-per-input"),
+    P(lambda t: Graph.somatize((n := Inc()) >> n), CycleError, "'inc' is written twice.*use two instances", id="dsl-instance-feeds-itself"),
+    P(lambda t: Graph.somatize((n := Inc()) >> Wrap() >> n), CycleError, "'inc' is written twice.*feed itself", id="dsl-instance-two-cycle"),
+    P(lambda t: Graph.somatize(Wrap() >> ((n := Inc()) | n)), GraphError, "'inc' is written twice side by side.*use two instances", id="dsl-instance-side-by-side"),
     # -- topology ---------------------------------------------------------------------
     P(lambda t: Topology(nodes=("a"), edges=(("a", "b"),)), MissingNodeError, "'b'", id="topology-edge-to-nowhere"),
     P(lambda t: Topology(nodes=("a", "b"), edges=(("a", "b"), ("b", "a"))), CycleError, "a -> b -> a", id="topology-cycle"),
@@ -207,3 +229,29 @@ def test_a_bad_input_is_a_clear_error_naming_it(
 
 def test_the_catalogue_is_large():
     assert len(CASES) >= 70
+
+
+def test_disk_keeper_refuses_an_empty_path_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"DiskKeeper\(''\): .*empty path"):
+        DiskKeeper("")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("max_bytes", [-5, -1, 1.5, "1GB", True])
+def test_disk_keeper_gc_refuses_a_size_below_0_and_keeps_every_entry(
+    tmp_path: Path, max_bytes: Any
+) -> None:
+    keeper = DiskKeeper(tmp_path / "cache")
+    keeper.put("a" * 64, encode("x" * 50))
+    with pytest.raises(ValueError, match=r"DiskKeeper\.gc\(max_bytes=.*0 or more"):
+        keeper.gc(max_bytes)
+    assert keeper.get("a" * 64) == encode("x" * 50)
+
+
+@pytest.mark.parametrize("max_bytes", ["1GB", -1, 0, 1.5, None])
+def test_memory_keeper_refuses_a_budget_that_is_not_a_positive_int(max_bytes: Any) -> None:
+    with pytest.raises(ValueError, match=r"MemoryKeeper\(max_bytes=.*an int of 1 or more"):
+        MemoryKeeper(max_bytes=max_bytes)

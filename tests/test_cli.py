@@ -271,3 +271,21 @@ def test_cache_verify_keeps_intact_bytes_that_are_not_somatize_values(
     assert "11 intact entries are not somatize values" in out
     assert "0 corrupt entries removed; 11 entries" in out
     assert DiskKeeper(keeper.path).get(k(3)) == b"features of example 3"
+
+
+@pytest.mark.parametrize("command", ["cache", "runs"])
+def test_gc_refuses_a_negative_max_bytes_and_removes_nothing(
+    store: DiskKeeper, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    before = sorted(store.keys())
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "gc", "--max-bytes", "-5", "--dir", str(store.path)])
+    assert exit_.value.code == 2
+    assert "-5 is below 0" in capsys.readouterr().err
+    assert sorted(store.keys()) == before
+
+
+def test_runs_gc_refuses_a_negative_age(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "remembered").mkdir()
+    rc, _, err = run(["runs", "gc", "--older-than=-3d", "--dir", str(tmp_path)], capsys)
+    assert rc == 2 and "not an age: '-3d'" in err

@@ -129,6 +129,21 @@ def test_a_key_in_two_packs_is_found_in_the_other_when_one_goes(tmp_path: Path) 
     assert keeper.stats().entries == 1
 
 
+def test_packs_sharing_keys_removed_by_another_process_are_misses_not_a_key_error(
+    tmp_path: Path,
+) -> None:
+    a = DiskKeeper(tmp_path / "store")
+    a.put_many(rows(0, 10))
+    a.put_many(rows(5, 10))  # rows 5-9 in both packs
+    a.put_many(rows(0, 10))  # the first batch again: the same pack, indexed anew
+    keys = [k(i) for i in range(15)]
+    assert None not in a.get_many(keys)
+    assert DiskKeeper(tmp_path / "store").gc(0) > 0  # another process removes both packs
+    assert a.get_many(keys) == [None] * 15  # dropping both: no KeyError
+    a.put_many(rows(0, 3))  # and the index still works
+    assert a.get_many(keys[:4]) == [v for _, v in rows(0, 3)] + [None]
+
+
 @pytest.mark.parametrize("where", ["payload", "checksum", "index", "truncate"])
 def test_a_damaged_pack_is_a_miss_and_verify_cleans_it(tmp_path: Path, where: str) -> None:
     keeper = DiskKeeper(tmp_path / "store")

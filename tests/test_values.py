@@ -377,3 +377,12 @@ def test_in_decoded_order_gives_dicts_the_order_decode_gives_them():
     assert list(ordered) == list(back)
     assert list(ordered["a"][0]) == list(back["a"][0])
     assert list(ordered["a"][1][1]) == list(back["a"][1][1])
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"l\x00", b"d" + (1).to_bytes(8, "big") + encode([1]) + encode(2), b"f\x00\x01", b""],
+)
+def test_decode_of_damaged_bytes_is_a_value_error(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode(data)

@@ -148,3 +148,48 @@ def test_json_lines_that_cannot_open_its_directory_fails_cleanly(tmp_path: Path)
     with pytest.raises(OSError):
         JsonLines(blocker / "run.jsonl")
     gc.collect()  # __del__ of the half-made object must not raise (warnings are errors)
+
+
+def test_a_torn_last_line_is_skipped_and_a_resumed_writer_starts_a_new_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "run.jsonl"
+    log = JsonLines(path)
+    log.on_event(RunStart(run_id="r1", nodes=1))
+    log.close()
+    whole = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(whole[: len(whole) // 2])  # a writer killed mid-line: no newline
+    assert [r["run_id"] for r in JsonLines.read(path)] == ["r1"]
+    resumed = JsonLines(path)
+    resumed.on_event(RunStart(run_id="r2", nodes=1))
+    resumed.close()
+    assert [r["run_id"] for r in JsonLines.read(path)] == ["r1", "r2"]  # not joined
+
+
+def test_a_whole_line_that_is_not_json_is_an_error_naming_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    log = JsonLines(path)
+    log.on_event(RunStart(run_id="r1", nodes=1))
+    log.close()
+    with open(path, "ab") as f:
+        f.write(b'{"event": oops}\n')
+    with pytest.raises(ValueError, match=r"run\.jsonl, line 2: not a JSON record"):
+        JsonLines.read(path)
+
+
+def test_a_short_write_is_an_error_and_the_next_line_starts_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    path = tmp_path / "run.jsonl"
+    log = JsonLines(path)
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real(fd, bytes(data)[:10]))  # disk full
+    with pytest.raises(OSError, match=r"wrote 10 of the \d+ bytes of a line to .*run\.jsonl"):
+        log.on_event(RunStart(run_id="r1", nodes=1))
+    monkeypatch.setattr(os, "write", real)
+    log.on_event(RunStart(run_id="r2", nodes=1))
+    log.close()
+    assert [r["run_id"] for r in JsonLines.read(path)] == ["r2"]

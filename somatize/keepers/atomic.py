@@ -4,6 +4,10 @@ Every write goes to a temp file in the target's directory, is fsynced, and is
 renamed over the target (``os.replace``, atomic on POSIX). A reader therefore sees
 the old file or the new one, never a torn one, whatever instant a writer is killed.
 On an error the temp file is removed and what existed is untouched.
+
+Files are created as a plain ``open(path, "w")`` creates them: mode ``0o666`` less the
+process's umask (``0o644`` under the usual 022; ``0o664`` for a group-shared store
+under 002), whichever helper writes them.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -32,7 +35,7 @@ def atomic_file(path: Path, *, sync: bool = True, sync_dir: bool = True) -> Iter
     after the last). On an exception the temp file is removed.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temp(str(path.parent), path.name)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -69,6 +72,18 @@ def fsync_dir(directory: Path | str) -> None:
         os.close(fd)
 
 
+def _create_temp(directory: str, name: str) -> tuple[int, str]:
+    """A new temp file ``.<name>.<pid>-<n>.tmp`` in ``directory``, created exclusively (no
+    two writers share one, no symlink is followed) with mode ``0o666`` less the umask."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = f"{directory}/.{name}.{os.getpid()}-{next(_tmp_serial)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:  # left by a dead process that had our pid: take the next
+            continue
+
+
 def _write_all(fd: int, chunks: Sequence[bytes | memoryview]) -> None:
     if len(chunks) > 1 and sum(len(c) for c in chunks) < _SMALL:
         chunks = [b"".join(chunks)]
@@ -93,18 +108,11 @@ def replace_with(path: str, chunks: Sequence[bytes | memoryview], *, durable: bo
         OSError: as the OS reported it; the temp file is removed and ``path`` untouched.
     """
     directory, name = os.path.split(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    while True:
-        tmp = f"{directory}/.{name}.{os.getpid()}-{next(_tmp_serial)}.tmp"
-        try:
-            fd = os.open(tmp, flags, 0o644)
-            break
-        except FileExistsError:  # left by a dead process that had our pid: take the next
-            continue
-        except FileNotFoundError:
-            os.makedirs(directory, exist_ok=True)
-            fd = os.open(tmp, flags, 0o644)
-            break
+    try:
+        fd, tmp = _create_temp(directory, name)
+    except FileNotFoundError:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = _create_temp(directory, name)
     try:
         try:
             _write_all(fd, chunks)

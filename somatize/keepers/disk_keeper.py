@@ -92,6 +92,12 @@ class DiskKeeper:
         create: bool = True,
         read_cache: int = DEFAULT_READ_CACHE,
     ) -> None:
+        if isinstance(path, (str, bytes, os.PathLike)) and not os.fspath(path):
+            raise ValueError(
+                "DiskKeeper(''): the cache directory is an empty path, which would fill the "
+                "current directory with objects/, packs/, names/ ...; give a directory, e.g. "
+                "DiskKeeper('.somatize-cache') (an unset environment variable gives '')"
+            )
         self.path = Path(path)
         self._root = os.fspath(self.path)
         if create:
@@ -371,7 +377,13 @@ class DiskKeeper:
         One listing and one stat per file: no entry is opened.
 
         Raises:
+            ValueError: ``max_bytes`` is not an int of 0 or more (``-5`` would empty it).
             KeeperError: a file could not be removed (read-only disk); what was
                 removed before stays removed, nothing else is touched.
         """
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(
+                f"DiskKeeper.gc(max_bytes={max_bytes!r}): give the size to shrink to, an int "
+                "of 0 or more (0 removes every entry not pinned)"
+            )
         return upkeep.gc(self._root, self._index, max_bytes)

@@ -28,6 +28,9 @@ class MemoryKeeper:
         max_bytes: the most bytes kept (default 1 GiB). Pinned entries are never
             evicted, so they may hold more than this on their own.
 
+    Raises:
+        ValueError: ``max_bytes`` is not an int of 1 or more.
+
     Example:
         >>> k = MemoryKeeper(max_bytes=1 << 20)
         >>> k.put("0" * 64, b"abc"); k.get("0" * 64)
@@ -35,6 +38,12 @@ class MemoryKeeper:
     """
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(
+                f"MemoryKeeper(max_bytes={max_bytes!r}): give the most bytes to keep, an int of "
+                "1 or more (e.g. 1 << 30 for 1 GiB); a keeper that keeps nothing would make "
+                "every cached node a miss: leave the graph without a keeper instead"
+            )
         self.max_bytes = max_bytes
         self._lru: OrderedDict[str, bytes] = OrderedDict()  # unpinned, oldest first
         self._held: dict[str, bytes] = {}  # pinned entries

@@ -322,7 +322,7 @@ class PackIndex:
             where, other = self.where, self._other
             for p in gone:
                 for key in p.keys:
-                    if where.get(key, (p,))[0] is not p:
+                    if where.get(key, (None,))[0] is not p:  # elsewhere, or dropped just now
                         continue
                     del where[key]
                     alternatives = other.pop(key, [])
@@ -361,7 +361,6 @@ class PackIndex:
             for e in it:
                 if e.name.endswith(".pack") and not e.name.startswith("."):
                     names.add(e.name)
-        self._seen, self._listed_ns = seen, listed_ns
         gone = [n for n in self.packs if n not in names]
         self.drop(gone)
         for name in list(self.bad):
@@ -370,6 +369,9 @@ class PackIndex:
         new = [n for n in names if n not in self.packs and n not in self.bad]
         for name in sorted(new):
             self.load(name)
+        # Only now: a listing whose packs were not all read (an error above) is read again
+        # at the next refresh, instead of its new packs staying unseen until packs/ changes.
+        self._seen, self._listed_ns = seen, listed_ns
         return bool(gone or new)
 
     def load(self, name: str) -> Pack | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import KeeperError
 
@@ -101,6 +101,32 @@ def check_name(name: str) -> None:
         raise KeeperError(
             f"invalid name {name!r}: use letters, digits, '.', '_' or '-' (at most 200)"
         )
+
+
+_KEEPER_METHODS = ("get", "put", "get_many", "put_many", "name", "lookup")
+
+
+def check_keeper(keeper: Any, where: str) -> Any:
+    """``keeper`` itself, unless it is neither None nor shaped like a ``Keeper``.
+
+    Raises:
+        TypeError: naming ``where`` and the methods it lacks.
+    """
+    if keeper is None:
+        return None
+    missing = [m for m in _KEEPER_METHODS if not callable(getattr(keeper, m, None))]
+    if missing:
+        raise TypeError(
+            f"{where}: {keeper!r} ({type(keeper).__qualname__}) is not a keeper, it has no "
+            f"{', '.join(missing)}; pass MemoryKeeper(), DiskKeeper(path), or an object with "
+            "the Keeper protocol's methods"
+        )
+    return keeper
+
+
+def is_name(name: object) -> bool:
+    """Whether ``name`` may name an entry (``Keeper.name``): a safe file name."""
+    return type(name) is str and _NAME.match(name) is not None
 
 
 def is_key(name: str) -> bool:

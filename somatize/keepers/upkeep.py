@@ -222,10 +222,12 @@ def gc(root: str, index: PackIndex, max_bytes: int) -> int:
             except FileNotFoundError:  # removed meanwhile
                 continue
             ranked.append((st.st_mtime, st.st_size, e.path))
-    with contextlib.suppress(FileNotFoundError), os.scandir(index.directory) as it:
-        for e in it:
-            if e.name[0] == "." and e.name.endswith(".tmp"):
-                freed += _stale_temp(e, stale)
+    # temp files of killed writers: packs, names, pins, and g.explain's notes
+    for folder in (index.directory, f"{root}/names", f"{root}/pins", f"{root}/notes"):
+        with contextlib.suppress(FileNotFoundError), os.scandir(folder) as it:
+            for e in it:
+                if e.name[0] == "." and e.name.endswith(".tmp"):
+                    freed += _stale_temp(e, stale)
     index.refresh(force=True)
     remove_bad(index, root)
     ranked += [(st.st_mtime, st.st_size, index.path(p.name)) for p, st in index.sizes()]

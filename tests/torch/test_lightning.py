@@ -32,6 +32,8 @@ from somatize.torch.lightning import LightningGraph, Watch, result  # noqa: E402
 from somatize.watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd  # noqa: E402
 
 pytestmark = [
+    # the nodes count their calls in CALLS, which their keys cannot (and need not) see
+    pytest.mark.filterwarnings("ignore:node class .* reads the global CALLS"),
     # lightning 2.6's CombinedLoader uses torch.utils._pytree.LeafSpec, deprecated in the
     # torch we run (2.13): every fit warns, whatever the module does.
     pytest.mark.filterwarnings(
