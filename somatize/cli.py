@@ -196,6 +196,19 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``somatize`` command. Output piped into a reader that stops early
+    (``somatize cache ls | head``) ends it quietly, as other shell tools do."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at nothing, so that the closed
+        # pipe raises no second error there.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool a pipe stopped
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="somatize", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     cache = sub.add_parser("cache", help="inspect or tend a DiskKeeper cache")

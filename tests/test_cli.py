@@ -289,3 +289,17 @@ def test_runs_gc_refuses_a_negative_age(tmp_path: Path, capsys: pytest.CaptureFi
     (tmp_path / "remembered").mkdir()
     rc, _, err = run(["runs", "gc", "--older-than=-3d", "--dir", str(tmp_path)], capsys)
     assert rc == 2 and "not an age: '-3d'" in err
+
+
+def test_output_cut_short_by_a_pipe_ends_quietly(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    keeper = DiskKeeper(tmp_path / "many")
+    keeper.put_many([(f"{i:064x}", b"x") for i in range(3000)])  # far more than a pipe holds
+    cmd = f"{sys.executable} -m somatize.cli cache ls --dir {keeper.path} 2>err | head -1"
+    out = subprocess.run(
+        cmd, shell=True, cwd=tmp_path, env=subprocess_env, capture_output=True, text=True
+    )
+    assert out.stdout.startswith(f"{0:064x}")
+    err = (tmp_path / "err").read_text()
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
