@@ -75,6 +75,8 @@ def check_arguments(
             f"scheduler must be a factory over the optimizer, not {type(scheduler).__qualname__}; "
             "e.g. scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
         )
+    _check_factory("optimizer", optimizer, "params", "torch.optim.AdamW(params, lr=1e-3)")
+    _check_factory("scheduler", scheduler, "opt", "torch.optim.lr_scheduler.StepLR(opt, 10)")
     count("micro_batches", micro_batches, hint="it is how many chunks each batch is split into")
     if epochs is not None:
         count("epochs", epochs, hint="a run trains whole epochs; use max_steps to stop mid-epoch")
@@ -90,6 +92,31 @@ def check_arguments(
         raise SettingError(
             f"seed must be a whole number from 0 to 2**32 - 1 (what numpy accepts), not {seed!r}"
         )
+
+
+def _check_factory(name: str, factory: Any, arg: str, example: str) -> None:
+    """A factory must take one argument (the parameters, the optimizer) and no other: a
+    class needing more (``StepLR``'s ``step_size``), or a function taking none, is refused."""
+    import inspect
+
+    if factory is None:
+        return
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: it is called as it is
+        return
+    try:
+        signature.bind(object())
+    except TypeError as e:
+        what = (
+            f"the class {factory.__qualname__}"
+            if isinstance(factory, type)
+            else f"{getattr(factory, '__qualname__', type(factory).__qualname__)}{signature}"
+        )
+        raise SettingError(
+            f"{name} is called with one argument ({arg}), and {what} cannot be ({e}); pass "
+            f"a factory of one argument, e.g. {name}=lambda {arg}: {example}"
+        ) from None
 
 
 def check_parts(loss: Any, checkpoint: Any, watchers: Any, options: Any) -> None:
@@ -275,14 +302,35 @@ def check_optimizer(opt: Any, params: list[Any]) -> None:
         )
 
 
-def check_scheduler(sched: Any) -> None:
-    """What the scheduler factory made."""
+def check_scheduler(sched: Any, options: Any) -> None:
+    """What the scheduler factory made: an LR scheduler (not the optimizer itself, which
+    would then step twice a step); a ``ReduceLROnPlateau``, stepped with
+    ``Options.monitor``, must improve the way ``Options.mode`` says."""
+    import torch
+
+    example = "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
+    if isinstance(sched, torch.optim.Optimizer):
+        raise SettingError(
+            f"the scheduler factory returned the optimizer ({type(sched).__qualname__}), not "
+            "an LR scheduler: the Trainer would step it twice a step; return a scheduler "
+            f"built over it, e.g. {example}, or pass no scheduler"
+        )
     if sched is None or not callable(getattr(sched, "step", None)):
         raise SettingError(
             f"the scheduler factory returned {sched!r}, not an LR scheduler; it must return "
-            "one built over the optimizer it is given, e.g. "
-            "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
+            f"one built over the optimizer it is given, e.g. {example}"
         )
+    if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        monitor, mode = options.monitor, options.mode
+        if sched.mode != mode:
+            raise SettingError(
+                f"ReduceLROnPlateau(mode={sched.mode!r}) is stepped with "
+                f"Options(monitor={monitor!r}), which improves by "
+                f"{'falling' if mode == 'min' else 'rising'} (Options(mode={mode!r})), so it "
+                "would cut the learning rate while the run improves; pass "
+                f"ReduceLROnPlateau(opt, mode={mode!r}) (or set Options(mode=...) to the "
+                "way the monitored metric improves)"
+            )
 
 
 def check_batch(x: Any, batch: Any) -> None:

@@ -273,7 +273,7 @@ class Trainer:
         check_optimizer(opt, params)
         sched = self.scheduler(opt) if self.scheduler is not None else None
         if self.scheduler is not None:
-            check_scheduler(sched)
+            check_scheduler(sched, self.options)
         run = ActiveRun(
             id=run_id,
             net=net,

@@ -1,0 +1,111 @@
+"""The Trainer's settings checks (settings.py, options.py): each mistake a SettingError
+(or a warning, where the setting could be meant) naming the value and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.errors import SettingError
+
+torch.set_num_threads(1)
+
+
+class Linear(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+def sgd(ps):
+    return torch.optim.SGD(ps, lr=0.1)
+
+
+def data(n=2):
+    g = torch.Generator().manual_seed(0)
+    return [
+        (torch.randn(4, 3, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)
+    ]
+
+
+def quiet(**kw):
+    return st.Options(progress=False, sanity_val_batches=0, **kw)
+
+
+# -- the scheduler (S1, S2/F2, C12) ----------------------------------------------------
+
+
+def test_a_scheduler_factory_returning_the_optimizer_is_refused():
+    trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, scheduler=lambda opt: opt)
+    with pytest.raises(SettingError, match=r"returned the optimizer \(SGD\).*step it twice"):
+        trainer.fit(Graph.somatize(Linear()), data())
+
+
+def plateau(mode):
+    return lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode=mode, patience=0)
+
+
+@pytest.mark.parametrize(
+    ("sched_mode", "monitor", "mode"), [("min", "val_acc", "max"), ("max", "val_loss", "min")]
+)
+def test_a_plateau_scheduler_improving_the_other_way_than_the_monitor_is_refused(
+    sched_mode, monitor, mode
+):
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=sgd,
+        scheduler=plateau(sched_mode),
+        metrics={"acc": st.accuracy},
+        options=quiet(monitor=monitor, mode=mode),
+    )
+    g = Graph.somatize(Linear())
+    before = g["linear"].lin.weight.detach().clone()
+    with pytest.raises(
+        SettingError, match=rf"ReduceLROnPlateau\(mode='{sched_mode}'\).*mode='{mode}'"
+    ):
+        trainer.fit(g, data(), val=data(1))
+    assert torch.equal(g["linear"].lin.weight, before)  # refused before any step
+
+
+def test_a_plateau_scheduler_agreeing_with_the_monitor_trains():
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=sgd,
+        scheduler=plateau("max"),
+        epochs=2,
+        metrics={"acc": st.accuracy},
+        options=quiet(monitor="val_acc", mode="max"),
+    )
+    assert trainer.fit(Graph.somatize(Linear()), data(), val=data(1)).steps == 4
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (
+            {"optimizer": lambda: torch.optim.SGD([], lr=0.1)},
+            r"optimizer is called with one argument \(params\).*lambda params:",
+        ),
+        (
+            {"optimizer": sgd, "scheduler": torch.optim.lr_scheduler.StepLR},
+            r"scheduler is called with one argument \(opt\), and the class StepLR cannot be.*"
+            r"step_size.*lambda opt:",
+        ),
+    ],
+)
+def test_a_factory_that_cannot_take_one_argument_is_refused_when_the_trainer_is_made(kw, match):
+    with pytest.raises(SettingError, match=match):
+        st.Trainer(loss=F.cross_entropy, **kw)
+
+
+def test_an_optimizer_class_taking_the_parameters_alone_is_a_factory():
+    result = st.Trainer(loss=F.cross_entropy, optimizer=torch.optim.Adam).fit(
+        Graph.somatize(Linear()), data()
+    )
+    assert result.steps == 2
