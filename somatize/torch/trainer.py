@@ -42,6 +42,7 @@ from .checkpoint import (
     restore_rank_rng,
     restore_scaler,
 )
+from .first_step import first_step
 from .limits import batches_per_epoch, epoch_examples
 from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate
@@ -219,7 +220,8 @@ class Trainer:
             total = total_steps(self, train, world, train_n)
             start = FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step, total)
             notify(run.watchers, start)
-            with dynamic_step() if run.compiled else contextlib.nullcontext():
+            compiling = dynamic_step() if run.compiled else contextlib.nullcontext()
+            with compiling, first_step(self, run, train):  # checks made once (first_step.py)
                 train_loop(self, run, train, val)
             s.flush(world)
             if (
