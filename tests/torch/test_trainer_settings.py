@@ -109,3 +109,36 @@ def test_an_optimizer_class_taking_the_parameters_alone_is_a_factory():
         Graph.somatize(Linear()), data()
     )
     assert result.steps == 2
+
+
+# -- a module shared by a frozen and a trainable node (S5) ------------------------------
+
+
+class Uses(Node):
+    def __init__(self, m: nn.Module) -> None:
+        self.m = m
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.m(x)))
+
+
+def test_a_module_held_by_a_frozen_and_a_trainable_node_is_refused_naming_both():
+    from somatize.errors import StateError
+
+    shared = nn.Linear(3, 3)
+    g = Graph.somatize(Uses(shared).with_id("backbone") >> Uses(shared).with_id("adapter"))
+    g.freeze("backbone")
+    with pytest.raises(
+        StateError,
+        match=r"node 'backbone' is frozen and node 'adapter' is not.*"
+        r"copy.deepcopy",
+    ):
+        st.module(g)
+    g.freeze("adapter")  # both frozen: consistent
+    assert st.parameters(g) == []
+
+
+def test_a_module_shared_by_two_trainable_nodes_stays_tied():
+    shared = nn.Linear(3, 3)
+    g = Graph.somatize(Uses(shared).with_id("a") >> Uses(shared).with_id("b"))
+    assert len(st.parameters(g)) == 2
