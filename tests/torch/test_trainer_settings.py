@@ -142,3 +142,55 @@ def test_a_module_shared_by_two_trainable_nodes_stays_tied():
     shared = nn.Linear(3, 3)
     g = Graph.somatize(Uses(shared).with_id("a") >> Uses(shared).with_id("b"))
     assert len(st.parameters(g)) == 2
+
+
+# -- Options' types and names (S3, S9, C3) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"shuffle": "no"}, r"shuffle must be True or False, not 'no' \(any non-empty string"),
+        ({"shuffle": 0}, r"shuffle must be True or False, not 0; pass shuffle=True or"),
+        ({"progress": "yes"}, r"progress must be True or False \(or None.*not 'yes'"),
+        ({"monitor": 5}, r"monitor must name an evaluated metric \(a string\), not 5"),
+        ({"monitor": ""}, r"monitor must name an evaluated metric"),
+        ({"compile": {"bogus": 1}}, r"compile=...\) has 'bogus', which torch.compile does not"),
+        ({"device": "meta"}, r"device 'meta' holds no data.*pass 'cpu'"),
+    ],
+)
+def test_options_of_the_wrong_type_are_refused_when_made(kw, match):
+    with pytest.raises(SettingError, match=match):
+        st.Options(**kw)
+
+
+def test_options_of_the_right_type_are_kept():
+    o = st.Options(shuffle=False, progress=None, compile={"mode": "max-autotune"})
+    assert (o.shuffle, o.progress, dict(o.compile)) == (False, None, {"mode": "max-autotune"})
+
+
+@pytest.mark.parametrize(
+    ("monitor", "mode", "way"),
+    [("val_acc", "min", "max"), ("val_clean_f1", "min", "max"), ("val_loss", "max", "min")],
+)
+def test_a_monitor_whose_name_says_the_other_way_than_mode_is_warned_about(monitor, mode, way):
+    with pytest.warns(UserWarning, match=rf"monitor='{monitor}', mode='{mode}'.*mode='{way}'"):
+        st.Options(monitor=monitor, mode=mode)
+
+
+def test_best_keeps_the_best_accuracy_when_the_mode_agrees():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        options = quiet(monitor="val_acc", mode="max")
+        st.Options(monitor="val_nll")  # names that say nothing are not guessed at
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=sgd,
+        epochs=3,
+        metrics={"acc": st.accuracy},
+        options=options,
+    )
+    result = trainer.fit(Graph.somatize(Linear()), data(), val=data(1))
+    assert result.best == max(m["val_acc"] for m in result.metrics)
