@@ -59,6 +59,7 @@ from .policy import (
 from .result import TrainResult
 from .run import ActiveRun
 from .sanity import sanity_check
+from .schedule import check_steps_fit
 from .settings import (
     check_arguments,
     check_fit,
@@ -205,6 +206,8 @@ class Trainer:
         sets = val_sets(val, o.limit_val_batches, rank, world)  # one or several (valsets.py)
         if sets:
             check_ranks(self.metrics, world)  # before any step: objects must merge under DDP
+        total = total_steps(self, train, world, train_n)
+        check_steps_fit(o.eval_every_steps if sets and not resume else None, total)
         run = self._start(model, resume, run_id, rank, world, train)
         run.train, run.train_batches, run.val_sets = train, train_n, sets
         if run.plateau and val is None:
@@ -217,7 +220,6 @@ class Trainer:
         run.tally = tally.attach(run.net)  # counts what remembered nodes find (tally.py)
         try:
             sanity_check(self, run)  # a few val batches first; changes nothing (sanity.py)
-            total = total_steps(self, train, world, train_n)
             start = FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step, total)
             notify(run.watchers, start)
             compiling = dynamic_step() if run.compiled else contextlib.nullcontext()
