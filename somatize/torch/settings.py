@@ -229,9 +229,10 @@ def check_fit(trainer: Any, val: Any) -> None:
             "val= data to evaluate on; pass val=batches (or Checkpointing(best=0))"
         )
     if val is not None:
-        from .valsets import check_val, evaluated_names
+        from .valsets import check_reusable, check_val, evaluated_names
 
         check_val(val, trainer.metrics)
+        check_reusable(val, trainer.epochs, o)
         check_monitor(trainer.options.monitor, evaluated_names(val, trainer.metrics), val)
         check_schedule_fits(o.eval_every_epochs, trainer.epochs)
     check_pruner_mode(trainer.pruner, trainer.options.monitor, trainer.options.mode)
