@@ -12,6 +12,7 @@ __all__ = [
     "check_arguments",
     "check_batch",
     "check_fit",
+    "check_loss",
     "check_metrics",
     "check_optimizer",
     "check_parts",
@@ -121,22 +122,11 @@ def _check_factory(name: str, factory: Any, arg: str, example: str) -> None:
 
 def check_parts(loss: Any, checkpoint: Any, watchers: Any, options: Any) -> None:
     """The Trainer constructor's arguments that are objects of a given kind."""
-    import torch
 
     from .checkpoint import Checkpointing
     from .options import Options
 
-    if isinstance(loss, type):
-        fn = _functional(loss.__name__) if issubclass(loss, torch.nn.Module) else ""
-        raise SettingError(
-            f"loss is the class {loss.__qualname__}, not a loss; pass an instance, "
-            f"{loss.__name__}(){f' or {fn}' if fn else ''}"
-        )
-    if loss is not None and not callable(loss):
-        raise SettingError(
-            f"loss must be a function loss(output, target) -> scalar, not {loss!r}; e.g. "
-            "loss=F.cross_entropy, or None when the graph's output is the loss"
-        )
+    check_loss(loss)
     if not isinstance(options, Options):
         extra = f"st.Options(**{options!r})" if isinstance(options, Mapping) else "st.Options(...)"
         raise SettingError(
@@ -161,6 +151,23 @@ def check_parts(loss: Any, checkpoint: Any, watchers: Any, options: Any) -> None
                 "one (st.CSVLog, st.TensorBoard, st.Progress, somatize.JsonLines...), not a "
                 "function"
             )
+
+
+def check_loss(loss: Any) -> None:
+    """``loss``: a function ``loss(output, target)`` or None — not a loss class."""
+    import torch
+
+    if isinstance(loss, type):
+        fn = _functional(loss.__name__) if issubclass(loss, torch.nn.Module) else ""
+        raise SettingError(
+            f"loss is the class {loss.__qualname__}, not a loss; pass an instance, "
+            f"{loss.__name__}(){f' or {fn}' if fn else ''}"
+        )
+    if loss is not None and not callable(loss):
+        raise SettingError(
+            f"loss must be a function loss(output, target) -> scalar, not {loss!r}; e.g. "
+            "loss=F.cross_entropy, or None when the graph's output is the loss"
+        )
 
 
 def _functional(name: str) -> str:
