@@ -382,12 +382,12 @@ class LightningGraph(L.LightningModule):
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
-        cls, checkpoint_path: Any, *args: Any, weights_only: bool | None = True, **kwargs: Any
+        cls, checkpoint_path: Any, map_location: Any = None, *, weights_only: bool = True, **kw: Any
     ) -> Any:
         """Lightning's, with ``weights_only=True`` unless told otherwise: a checkpoint's
         pickles run no code, whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says."""
         load = super().load_from_checkpoint
-        return load(checkpoint_path, *args, weights_only=weights_only, **kwargs)
+        return load(checkpoint_path, map_location, weights_only=weights_only, **kw)
 
 
 from .lightning_result import result  # noqa: E402 -- beside, re-exported

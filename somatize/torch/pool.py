@@ -342,7 +342,8 @@ def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     """The call as cloudpickle bytes; what cannot be pickled is named (the function, or
     which argument), since cloudpickle's own message names only a type."""
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        payload: bytes = cloudpickle.dumps((fn, args, kwargs))
+        return payload
     except Exception as e:
         name = getattr(fn, "__qualname__", type(fn).__qualname__)
         parts = [("the function", fn)] + [
