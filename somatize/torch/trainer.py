@@ -97,7 +97,8 @@ class Trainer:
         epochs: passes over the training data (default 1, or unbounded with ``max_steps``).
         max_steps: stop after this many optimizer steps.
         micro_batches: split each batch into this many chunks (``torch.chunk``) and
-            accumulate; the gradient equals the full batch's for a mean-reduced loss.
+            accumulate; for a mean-reduced loss the gradient is the full batch's up to
+            rounding (not with BatchNorm: each chunk is normalised by its own statistics).
         metrics: name → ``fn(output, target)`` (a batch mean, averaged over examples) or a
             metric object with ``reset``/``update``/``compute`` (a ``torchmetrics.Metric``;
             one of your own also needs ``merge`` under DDP), evaluated on ``val`` and
