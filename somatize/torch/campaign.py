@@ -248,6 +248,12 @@ def executor(
             f"st.executor(workers={workers!r}): workers is a whole number of processes, at "
             "least 1; leave it out (None) for one per CPU"
         )
+    if type(threads_per_worker) is not int or threads_per_worker < 1:
+        raise SettingError(
+            f"st.executor(threads_per_worker={threads_per_worker!r}): it is how many torch "
+            "threads each worker runs (torch.set_num_threads), a whole number of at least 1; "
+            "leave it at 1 when there are as many workers as cores"
+        )
     chosen = _pick_start_method(start_method, threads_per_worker)
     ctx = multiprocessing.get_context(chosen)
     fallback = None

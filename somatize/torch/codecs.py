@@ -133,7 +133,9 @@ class TensorCodec:
         if value.requires_grad:
             raise ValueConversionError(
                 f"a tensor of shape {tuple(value.shape)} that requires grad; wrap it in Opaque(...) "
-                "to keep the autograd graph, or detach it (.detach()) to pass it as data"
+                "to keep the autograd graph (a node's output that should train its node), or "
+                "detach it (.detach()) to pass it as data — a detached output trains nothing "
+                "before it, so freeze that node (g.freeze(...)) if that is what you mean"
             )
         if value.layout != torch.strided or value.is_quantized or value.device.type == "meta":
             raise ValueConversionError(

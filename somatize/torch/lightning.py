@@ -37,7 +37,7 @@ from .batches import loss_of, num_examples, split
 from .carry import carries, reset
 from .metrics import is_metric
 from .module import GraphModule, module, parameters
-from .settings import check_metrics
+from .settings import check_loss, check_metrics
 
 try:
     import lightning as L
@@ -141,6 +141,7 @@ class LightningGraph(L.LightningModule):
                 "scheduler must be a factory over the optimizer, e.g. "
                 "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
             )
+        check_loss(loss)
         check_metrics(metrics)
         self.graph = g
         self.net: GraphModule = module(g)
@@ -378,6 +379,15 @@ class LightningGraph(L.LightningModule):
             self._losses = list(state["losses"])
             self.history = [dict(r) for r in state["history"]]
             self._examples = dict(state["examples"])
+
+    @classmethod
+    def load_from_checkpoint(  # type: ignore[override]
+        cls, checkpoint_path: Any, map_location: Any = None, *, weights_only: bool = True, **kw: Any
+    ) -> Any:
+        """Lightning's, with ``weights_only=True`` unless told otherwise: a checkpoint's
+        pickles run no code, whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says."""
+        load = super().load_from_checkpoint
+        return load(checkpoint_path, map_location, weights_only=weights_only, **kw)
 
 
 from .lightning_result import result  # noqa: E402 -- beside, re-exported

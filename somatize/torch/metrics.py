@@ -21,6 +21,7 @@ all ranks' objects, merges them into rank 0's in rank order, and computes that.
 
 from __future__ import annotations
 
+import numbers
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -166,9 +167,17 @@ def evaluate(
                     m.update(out, y)
                 sums[-1] += n
                 for node, values in (getattr(net, "metrics", None) or {}).items():
+                    if not isinstance(values, Mapping):
+                        raise TypeError(
+                            f"node {node!r} returned Done(..., metrics={values!r}); metrics "
+                            "is a dict name → number, e.g. Done(out, metrics={'mean': "
+                            "out.mean()})"
+                        )
                     for k, v in values.items():
                         key = f"{node}/{k}"
-                        node_sums[key] = node_sums.get(key, 0.0) + _scalar(v, key) * n
+                        node_sums[key] = (
+                            node_sums.get(key, 0.0) + _scalar(v, k, f"node {node!r}: ") * n
+                        )
     finally:
         net.train(was_training)
     node_names = sorted(node_sums)
@@ -220,15 +229,25 @@ def _computed(value: Any, name: str) -> float:
                 "gives one number (for torchmetrics, pass average='macro' or similar)"
             )
         return float(value)
-    return float(value)
+    return _number(value, f"metric {name!r} computed")
 
 
-def _scalar(value: Any, name: str) -> Any:
+def _scalar(value: Any, name: str, whose: str = "") -> Any:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise TypeError(
-                f"{name!r} must give one number per batch (a mean), got a tensor of shape "
-                f"{tuple(value.shape)}; reduce it, e.g. with .mean()"
+                f"{whose}{name!r} must give one number per batch (a mean), got a tensor of "
+                f"shape {tuple(value.shape)}; reduce it, e.g. with .mean()"
             )
         return value.detach().reshape(())
+    return _number(value, f"{whose}metric {name!r} gave")
+
+
+def _number(value: Any, what: str) -> float:
+    """``value`` as a float; anything but a real number is a TypeError naming ``what``."""
+    if not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{what} {value!r} ({type(value).__qualname__}), not a number; a metric gives one "
+            "number per batch — a float, an int or a one-element tensor (e.g. x.mean())"
+        )
     return float(value)

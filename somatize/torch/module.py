@@ -179,6 +179,22 @@ def _frozen_holdings(m: nn.Module, g: Graph, prefix: str = "") -> Iterator[tuple
             yield from _frozen_holdings(held, sub, f"{prefix}{node_id}.")
 
 
+def _check_shared(m: nn.Module, frozen: Mapping[str, nn.Module]) -> None:
+    """A module held by a frozen node and by a trainable one cannot be both frozen and
+    trained: freezing would silently win, and the trainable node never train."""
+    owner = {id(p): path for path, held in frozen.items() for p in held.parameters()}
+    for name, p in m.named_parameters(remove_duplicate=False):
+        path = owner.get(id(p))
+        if path is not None and not any(name.startswith(f"{f}.") for f in frozen):
+            node = name.split(".", 1)[0]
+            raise StateError(
+                f"node {path!r} is frozen and node {node!r} is not, but they hold the same "
+                f"module (its parameter {name!r}): it cannot be both frozen and trained. Give "
+                f"the frozen node its own copy (copy.deepcopy(module)), freeze {node!r} too, "
+                f"or unfreeze {path!r} (g.freeze({path.split('.')[0]!r}, False))"
+            )
+
+
 class GraphModule(nn.Module):
     """The ``nn.Module`` over a graph, made by ``module(g)``.
 
@@ -220,6 +236,8 @@ class GraphModule(nn.Module):
         self._modules.update(_Nodes(g)._modules)
         frozen = dict(_frozen_holdings(self, g))
         still = {id(p) for held in frozen.values() for p in held.parameters()}
+        if frozen:
+            _check_shared(self, frozen)
         unfrozen = self._frozen - frozen.keys()
         if unfrozen:  # unfrozen since: back to the module's mode
             now = dict(self.named_modules())

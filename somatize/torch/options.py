@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -109,8 +110,35 @@ class Options:
                 f"compile must be True, False or torch.compile's keyword arguments, not "
                 f"{self.compile!r}"
             )
+        if isinstance(self.compile, Mapping):
+            _check_compile(self.compile)
+        for name in ("shuffle", "progress"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "progress" and value is None):
+                raise SettingError(
+                    f"Options {name} must be True or False"
+                    + (
+                        " (or None: when standard error is a terminal)"
+                        if name == "progress"
+                        else ""
+                    )
+                    + f", not {value!r}"
+                    + (
+                        " (any non-empty string, 'no' too, is true)"
+                        if isinstance(value, str)
+                        else ""
+                    )
+                    + f"; pass {name}=True or {name}=False"
+                )
+        if not isinstance(self.monitor, str) or not self.monitor:
+            raise SettingError(
+                f"Options monitor must name an evaluated metric (a string), not "
+                f"{self.monitor!r}; e.g. Options(monitor='val_loss') or monitor='val_acc' "
+                "with mode='max'"
+            )
         count("accumulate", self.accumulate, hint="it is how many batches make one step")
         choice("mode", self.mode, ("min", "max"))
+        check_monitor_mode(self.monitor, self.mode)
         choice("nonfinite", self.nonfinite, ("raise", "skip", "ignore"))
         choice("scheduler_every", self.scheduler_every, ("step", "epoch"))
         if self.clip_grad_norm is not None:
@@ -133,12 +161,58 @@ class Options:
 
 def _check_device(device: Any) -> None:
     try:
-        torch.device(device)
+        kind = torch.device(device).type
     except (RuntimeError, TypeError) as e:
         raise SettingError(
             f"device {device!r} is not a torch device ({e}); pass 'cpu', 'cuda', 'cuda:1', "
             "'mps' or a torch.device"
         ) from e
+    if kind == "meta":
+        raise SettingError(
+            f"device {device!r} holds no data (meta tensors have shapes only), so nothing can "
+            "train on it; pass 'cpu', 'cuda' or None to train where the model is (a model "
+            "built on meta needs its weights materialised first: module.to_empty(device=...))"
+        )
+
+
+def _check_compile(kwargs: Mapping[str, Any]) -> None:
+    """``Options(compile={...})``: keywords ``torch.compile`` takes (checked here, not when
+    the first step compiles)."""
+    import inspect
+
+    known = [n for n in inspect.signature(torch.compile).parameters if n != "model"]
+    unknown = [k for k in kwargs if k not in known]
+    if unknown:
+        raise SettingError(
+            f"Options(compile=...) has {', '.join(map(repr, unknown))}, which torch.compile "
+            f"does not take; its keywords are {', '.join(known)} (e.g. "
+            "compile={'mode': 'max-autotune'}; inductor settings go in 'options')"
+        )
+
+
+# summarize's rule for which way a metric improves (campaign.py), and names that rise
+_FALLING = ("loss", "err")
+_RISING = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "bleu")
+
+
+def check_monitor_mode(monitor: Any, mode: str) -> None:
+    """Warn when ``Options.monitor``'s name says it improves the other way than ``mode``:
+    ``best``, ``Checkpointing(best=)`` and ``ReduceLROnPlateau`` would keep the worst."""
+    if not isinstance(monitor, str):
+        return
+    name = monitor.rsplit("/", 1)[-1].lower()
+    falls = any(w in name for w in _FALLING)
+    rises = not falls and any(w in name for w in _RISING)
+    if (falls and mode == "max") or (rises and mode == "min"):
+        way = "min" if falls else "max"
+        warnings.warn(
+            f"Options(monitor={monitor!r}, mode={mode!r}): the name says it improves by "
+            f"{'falling' if falls else 'rising'}, so TrainResult.best and Checkpointing(best=) "
+            f"would keep the worst evaluation; pass Options(monitor={monitor!r}, "
+            f"mode={way!r}) (mode={mode!r} stays if it is what you mean)",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def check_device(device: torch.device) -> None:

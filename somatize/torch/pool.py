@@ -165,7 +165,7 @@ class TorchPool(Executor):
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            task = _Task(next(self._ids), cloudpickle.dumps((fn, args, kwargs)))
+            task = _Task(next(self._ids), _payload(fn, args, kwargs))
             task.future.add_done_callback(lambda f: _cancel(task) if f.cancelled() else None)
             self._send(task)
         return task.future
@@ -336,3 +336,29 @@ def run_all(
             raise e
         failed[i] = e
     return Runs(results, lost, failed)
+
+
+def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """The call as cloudpickle bytes; what cannot be pickled is named (the function, or
+    which argument), since cloudpickle's own message names only a type."""
+    try:
+        payload: bytes = cloudpickle.dumps((fn, args, kwargs))
+        return payload
+    except Exception as e:
+        name = getattr(fn, "__qualname__", type(fn).__qualname__)
+        parts = [("the function", fn)] + [
+            (f"positional argument {i}", a) for i, a in enumerate(args)
+        ]
+        parts += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+        for what, value in parts:
+            try:
+                cloudpickle.dumps(value)
+            except Exception:
+                add_note(
+                    e,
+                    f"submit({name}, ...): {what} ({type(value).__qualname__}) cannot be "
+                    "pickled to go to a worker process; pass what it is made from (a path, "
+                    "a config dict, a seed) and build it inside the function",
+                )
+                break
+        raise

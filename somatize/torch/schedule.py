@@ -21,6 +21,7 @@ __all__ = [
     "check_floor",
     "check_schedule",
     "check_schedule_fits",
+    "check_steps_fit",
     "evaluates_at_epoch_end",
     "may_stop",
 ]
@@ -55,6 +56,20 @@ def check_schedule_fits(every_epochs: int | None, epochs: int | None) -> None:
             f"{every_epochs}, {2 * every_epochs}..., but this Trainer trains {epochs} "
             f"epoch{'s' if epochs != 1 else ''}, so val= would never be evaluated; pass "
             f"eval_every_epochs <= {epochs}, or fit without val="
+        )
+
+
+def check_steps_fit(every_steps: int | None, total: int) -> None:
+    """A fresh run given ``val=`` must evaluate at least once: ``eval_every_steps`` <= the
+    run's optimizer steps (``total``; 0 when unknown, e.g. data without a length). (A
+    resumed run may have evaluated before its checkpoint, so it is not asked.)"""
+    if every_steps is not None and total and every_steps > total:
+        raise SettingError(
+            f"Options(eval_every_steps={every_steps}) evaluates after step {every_steps}, "
+            f"{2 * every_steps}..., but this run takes {total} optimizer step"
+            f"{'s' if total != 1 else ''}, so val= would never be evaluated (no best, no "
+            f"pruning, no best checkpoint); pass eval_every_steps <= {total}, None to "
+            "evaluate at each epoch end, or fit without val="
         )
 
 

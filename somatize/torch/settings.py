@@ -12,6 +12,7 @@ __all__ = [
     "check_arguments",
     "check_batch",
     "check_fit",
+    "check_loss",
     "check_metrics",
     "check_optimizer",
     "check_parts",
@@ -75,6 +76,8 @@ def check_arguments(
             f"scheduler must be a factory over the optimizer, not {type(scheduler).__qualname__}; "
             "e.g. scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
         )
+    _check_factory("optimizer", optimizer, "params", "torch.optim.AdamW(params, lr=1e-3)")
+    _check_factory("scheduler", scheduler, "opt", "torch.optim.lr_scheduler.StepLR(opt, 10)")
     count("micro_batches", micro_batches, hint="it is how many chunks each batch is split into")
     if epochs is not None:
         count("epochs", epochs, hint="a run trains whole epochs; use max_steps to stop mid-epoch")
@@ -92,24 +95,38 @@ def check_arguments(
         )
 
 
+def _check_factory(name: str, factory: Any, arg: str, example: str) -> None:
+    """A factory must take one argument (the parameters, the optimizer) and no other: a
+    class needing more (``StepLR``'s ``step_size``), or a function taking none, is refused."""
+    import inspect
+
+    if factory is None:
+        return
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: it is called as it is
+        return
+    try:
+        signature.bind(object())
+    except TypeError as e:
+        what = (
+            f"the class {factory.__qualname__}"
+            if isinstance(factory, type)
+            else f"{getattr(factory, '__qualname__', type(factory).__qualname__)}{signature}"
+        )
+        raise SettingError(
+            f"{name} is called with one argument ({arg}), and {what} cannot be ({e}); pass "
+            f"a factory of one argument, e.g. {name}=lambda {arg}: {example}"
+        ) from None
+
+
 def check_parts(loss: Any, checkpoint: Any, watchers: Any, options: Any) -> None:
     """The Trainer constructor's arguments that are objects of a given kind."""
-    import torch
 
     from .checkpoint import Checkpointing
     from .options import Options
 
-    if isinstance(loss, type):
-        fn = _functional(loss.__name__) if issubclass(loss, torch.nn.Module) else ""
-        raise SettingError(
-            f"loss is the class {loss.__qualname__}, not a loss; pass an instance, "
-            f"{loss.__name__}(){f' or {fn}' if fn else ''}"
-        )
-    if loss is not None and not callable(loss):
-        raise SettingError(
-            f"loss must be a function loss(output, target) -> scalar, not {loss!r}; e.g. "
-            "loss=F.cross_entropy, or None when the graph's output is the loss"
-        )
+    check_loss(loss)
     if not isinstance(options, Options):
         extra = f"st.Options(**{options!r})" if isinstance(options, Mapping) else "st.Options(...)"
         raise SettingError(
@@ -134,6 +151,23 @@ def check_parts(loss: Any, checkpoint: Any, watchers: Any, options: Any) -> None
                 "one (st.CSVLog, st.TensorBoard, st.Progress, somatize.JsonLines...), not a "
                 "function"
             )
+
+
+def check_loss(loss: Any) -> None:
+    """``loss``: a function ``loss(output, target)`` or None — not a loss class."""
+    import torch
+
+    if isinstance(loss, type):
+        fn = _functional(loss.__name__) if issubclass(loss, torch.nn.Module) else ""
+        raise SettingError(
+            f"loss is the class {loss.__qualname__}, not a loss; pass an instance, "
+            f"{loss.__name__}(){f' or {fn}' if fn else ''}"
+        )
+    if loss is not None and not callable(loss):
+        raise SettingError(
+            f"loss must be a function loss(output, target) -> scalar, not {loss!r}; e.g. "
+            "loss=F.cross_entropy, or None when the graph's output is the loss"
+        )
 
 
 def _functional(name: str) -> str:
@@ -202,9 +236,10 @@ def check_fit(trainer: Any, val: Any) -> None:
             "val= data to evaluate on; pass val=batches (or Checkpointing(best=0))"
         )
     if val is not None:
-        from .valsets import check_val, evaluated_names
+        from .valsets import check_reusable, check_val, evaluated_names
 
         check_val(val, trainer.metrics)
+        check_reusable(val, trainer.epochs, o)
         check_monitor(trainer.options.monitor, evaluated_names(val, trainer.metrics), val)
         check_schedule_fits(o.eval_every_epochs, trainer.epochs)
     check_pruner_mode(trainer.pruner, trainer.options.monitor, trainer.options.mode)
@@ -275,14 +310,35 @@ def check_optimizer(opt: Any, params: list[Any]) -> None:
         )
 
 
-def check_scheduler(sched: Any) -> None:
-    """What the scheduler factory made."""
+def check_scheduler(sched: Any, options: Any) -> None:
+    """What the scheduler factory made: an LR scheduler (not the optimizer itself, which
+    would then step twice a step); a ``ReduceLROnPlateau``, stepped with
+    ``Options.monitor``, must improve the way ``Options.mode`` says."""
+    import torch
+
+    example = "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
+    if isinstance(sched, torch.optim.Optimizer):
+        raise SettingError(
+            f"the scheduler factory returned the optimizer ({type(sched).__qualname__}), not "
+            "an LR scheduler: the Trainer would step it twice a step; return a scheduler "
+            f"built over it, e.g. {example}, or pass no scheduler"
+        )
     if sched is None or not callable(getattr(sched, "step", None)):
         raise SettingError(
             f"the scheduler factory returned {sched!r}, not an LR scheduler; it must return "
-            "one built over the optimizer it is given, e.g. "
-            "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
+            f"one built over the optimizer it is given, e.g. {example}"
         )
+    if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        monitor, mode = options.monitor, options.mode
+        if sched.mode != mode:
+            raise SettingError(
+                f"ReduceLROnPlateau(mode={sched.mode!r}) is stepped with "
+                f"Options(monitor={monitor!r}), which improves by "
+                f"{'falling' if mode == 'min' else 'rising'} (Options(mode={mode!r})), so it "
+                "would cut the learning rate while the run improves; pass "
+                f"ReduceLROnPlateau(opt, mode={mode!r}) (or set Options(mode=...) to the "
+                "way the monitored metric improves)"
+            )
 
 
 def check_batch(x: Any, batch: Any) -> None:

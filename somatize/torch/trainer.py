@@ -43,6 +43,7 @@ from .checkpoint import (
     restore_scaler,
 )
 from .ema import averaged, restore_average
+from .first_step import first_step
 from .limits import batches_per_epoch, epoch_examples
 from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate
@@ -59,6 +60,7 @@ from .policy import (
 from .result import TrainResult
 from .run import ActiveRun
 from .sanity import sanity_check
+from .schedule import check_steps_fit
 from .settings import (
     check_arguments,
     check_fit,
@@ -96,7 +98,8 @@ class Trainer:
         epochs: passes over the training data (default 1, or unbounded with ``max_steps``).
         max_steps: stop after this many optimizer steps.
         micro_batches: split each batch into this many chunks (``torch.chunk``) and
-            accumulate; the gradient equals the full batch's for a mean-reduced loss.
+            accumulate; for a mean-reduced loss the gradient is the full batch's up to
+            rounding (not with BatchNorm: each chunk is normalised by its own statistics).
         metrics: name → ``fn(output, target)`` (a batch mean, averaged over examples) or a
             metric object with ``reset``/``update``/``compute`` (a ``torchmetrics.Metric``;
             one of your own also needs ``merge`` under DDP), evaluated on ``val`` and
@@ -205,6 +208,8 @@ class Trainer:
         sets = val_sets(val, o.limit_val_batches, rank, world)  # one or several (valsets.py)
         if sets:
             check_ranks(self.metrics, world)  # before any step: objects must merge under DDP
+        total = total_steps(self, train, world, train_n)
+        check_steps_fit(o.eval_every_steps if sets and not resume else None, total)
         run = self._start(model, resume, run_id, rank, world, train)
         run.train, run.train_batches, run.val_sets = train, train_n, sets
         if run.plateau and val is None:
@@ -217,10 +222,10 @@ class Trainer:
         run.tally = tally.attach(run.net)  # counts what remembered nodes find (tally.py)
         try:
             sanity_check(self, run)  # a few val batches first; changes nothing (sanity.py)
-            total = total_steps(self, train, world, train_n)
             start = FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step, total)
             notify(run.watchers, start)
-            with dynamic_step() if run.compiled else contextlib.nullcontext():
+            compiling = dynamic_step() if run.compiled else contextlib.nullcontext()
+            with compiling, first_step(self, run, train):  # checks made once (first_step.py)
                 train_loop(self, run, train, val)
             s.flush(world)
             if (
@@ -278,7 +283,7 @@ class Trainer:
         check_optimizer(opt, params)
         sched = self.scheduler(opt) if self.scheduler is not None else None
         if self.scheduler is not None:
-            check_scheduler(sched)
+            check_scheduler(sched, self.options)
         run = ActiveRun(
             id=run_id,
             net=net,

@@ -9,14 +9,14 @@ pruner's metric) names one of them. All sets' values go into one record per eval
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SettingError
 from .limits import batches_per_epoch
 
-__all__ = ["ValSet", "check_val", "evaluated_names", "refuse_sets", "val_sets"]
+__all__ = ["ValSet", "check_reusable", "check_val", "evaluated_names", "refuse_sets", "val_sets"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,23 @@ def check_val(val: Any, metrics: Mapping[str, Any]) -> None:
                     "set (or a metric) so every evaluated name is its own"
                 )
             seen[key] = name
+
+
+def check_reusable(val: Any, epochs: int | None, options: Any) -> None:
+    """A one-shot iterator (a generator) as ``val`` is used up by its first evaluation:
+    refused when the run evaluates more than once (more than one epoch end on the
+    schedule, or every N steps), before any step rather than after the first evaluation."""
+    every_epochs = options.eval_every_epochs or 1
+    once = options.eval_every_steps is None and epochs is not None and epochs // every_epochs <= 1
+    named = val.items() if isinstance(val, Mapping) else [("", val)]
+    for name, data in named:
+        if isinstance(data, Iterator) and not once:
+            which = f"val set {name!r}" if name else "val="
+            raise SettingError(
+                f"{which} is a {type(data).__qualname__}, an iterator the first evaluation "
+                "uses up, and this run evaluates more than once; pass a list of batches "
+                "(list(...) of it) or a DataLoader, which can be read again"
+            )
 
 
 def evaluated_names(val: Any, metrics: Mapping[str, Any]) -> list[str]:

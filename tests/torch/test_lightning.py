@@ -602,3 +602,35 @@ def test_carried_state_is_reset_at_each_epoch_and_validation_start(tmp_path):
     assert train_starts.count(True) == 2  # once per epoch
     assert val_starts.count(True) == 2  # once per validation
     assert train_starts[4] is True and not any(train_starts[1:4])
+
+
+def test_a_loss_class_is_refused_when_made_naming_the_instance_and_the_function():
+    from somatize.errors import SettingError
+
+    with pytest.raises(
+        SettingError,
+        match=r"class CrossEntropyLoss.*CrossEntropyLoss\(\) or "
+        r"F.cross_entropy",
+    ):
+        LightningGraph(
+            _graph(), loss=nn.CrossEntropyLoss, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1)
+        )
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("*** code from the checkpoint ran ***",))
+
+
+@pytest.mark.filterwarnings("ignore:Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+def test_load_from_checkpoint_runs_no_pickled_code_even_when_the_environment_says_so(
+    tmp_path, monkeypatch, capsys
+):
+    path = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "x": _RunsCode()}, path)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # an explicit value wins
+    with pytest.raises(Exception, match="Weights only load failed"):
+        LightningGraph.load_from_checkpoint(
+            path, g=_graph(), loss=None, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1)
+        )
+    assert "code from the checkpoint ran" not in capsys.readouterr().out

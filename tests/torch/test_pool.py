@@ -118,3 +118,31 @@ def test_a_worker_freezes_what_it_inherited():
     # a full collection in a worker scans what the worker made, not torch and the parent
     with st.executor(workers=1) as pool:
         assert pool.submit(_frozen, 0).result() > 10_000
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"threads_per_worker": 0}, r"threads_per_worker=0\).*at least 1"),
+        ({"threads_per_worker": 1.5}, r"threads_per_worker=1.5\).*whole number"),
+    ],
+)
+def test_bad_executor_settings_are_refused_before_any_worker_starts(kw, match):
+    from somatize.errors import SettingError
+
+    with pytest.raises(SettingError, match=match):
+        st.executor(workers=1, **kw)
+
+
+def test_an_argument_that_cannot_be_pickled_is_named():
+    import threading
+
+    with st.executor(workers=1) as pool:
+        with pytest.raises(TypeError, match="pickle") as info:
+            pool.submit(max, 1, 2, key=threading.Lock())
+        notes = "".join(info.value.__notes__)
+        assert "submit(max, ...): keyword argument 'key' (lock) cannot be pickled" in notes
+        with pytest.raises(TypeError) as info:
+            pool.submit(max, threading.Lock(), 2)
+        assert "positional argument 0 (lock)" in "".join(info.value.__notes__)
+        assert pool.submit(max, 1, 2).result() == 2  # the pool goes on

@@ -507,9 +507,9 @@ def test_reduce_lr_on_plateau_needs_validation_data_and_a_known_metric():
     with pytest.raises(ValueError, match="ReduceLROnPlateau .* no val= data"):
         trainer.fit(make_graph(), batches(1))
     trainer = st.Trainer(
-        loss=F.cross_entropy, optimizer=sgd, scheduler=plateau, options=quiet(monitor="val_f1")
+        loss=F.cross_entropy, optimizer=sgd, scheduler=plateau, options=quiet(monitor="val_nll")
     )
-    with pytest.raises(KeyError, match="monitor='val_f1'"):
+    with pytest.raises(KeyError, match="monitor='val_nll'"):
         trainer.fit(make_graph(), batches(1), val=batches(1))
 
 

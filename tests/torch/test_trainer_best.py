@@ -143,7 +143,9 @@ def best_trainer(tmp_path, monitor, **kwargs):
         optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
         metrics={"score": lambda out, y: torch.tensor(0.5)},
         checkpoint=st.Checkpointing(tmp_path / "ckpt", keep=1, best=1),
-        options=st.Options(progress=False, monitor=monitor, mode="max"),
+        options=st.Options(
+            progress=False, monitor=monitor, mode="min" if "loss" in monitor else "max"
+        ),
         **kwargs,
     )
 

@@ -115,3 +115,25 @@ def test_resume_with_an_epoch_schedule_is_bitwise_identical(tmp_path, crash_at):
         make(tmp_path, watchers=[CrashAt(crash_at)]).fit(graph(0), data(), val=data(2))
     resumed = make(tmp_path).fit(graph(5), data(), val=data(2), resume="last")
     assert_same(resumed, reference)
+
+
+@pytest.mark.parametrize(("kw", "steps"), [({"epochs": 2}, 8), ({"epochs": 5, "max_steps": 6}, 6)])
+def test_eval_every_steps_beyond_the_runs_steps_is_refused_before_any_step(kw, steps):
+    g = make_graph()
+    before = {k: v.clone() for k, v in st.module(g).state_dict().items()}
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=sgd,
+        pruner=st.Patience("val_loss", patience=1),
+        options=quiet(eval_every_steps=steps + 1),
+        **kw,
+    )
+    with pytest.raises(
+        SettingError,
+        match=rf"eval_every_steps={steps + 1}\) evaluates after step {steps + 1}.*takes {steps} "
+        rf"optimizer steps.*never be evaluated.*eval_every_steps <= {steps}",
+    ):
+        trainer.fit(g, batches(4), val=batches(1))
+    assert all(torch.equal(v, st.module(g).state_dict()[k]) for k, v in before.items())
+    trainer.options = quiet(eval_every_steps=steps)  # the last step evaluates
+    assert len(trainer.fit(g, batches(4), val=batches(1)).metrics) == 1

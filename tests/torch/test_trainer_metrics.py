@@ -139,3 +139,30 @@ def test_under_ddp_a_metric_object_must_merge_or_be_a_torchmetrics_metric():
     unsynced = torchmetrics.classification.BinaryF1Score(sync_on_compute=False)
     with pytest.raises(SettingError, match="'f1' .*sync_on_compute=False.*leave"):
         check_ranks({"f1": unsynced}, world=2)
+
+
+class Reports(Node):
+    def __init__(self, metrics) -> None:
+        self.lin, self.metrics = nn.Linear(3, 2), metrics
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)), metrics=self.metrics)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "match"),
+    [
+        ([1], r"node 'reports' returned Done\(..., metrics=\[1\]\); metrics is a dict"),
+        ({"m": "x"}, r"node 'reports': metric 'm' gave 'x' \(str\), not a number"),
+        ({"m": None}, r"node 'reports': metric 'm' gave None \(NoneType\), not a number"),
+    ],
+)
+def test_bad_node_metrics_are_named_by_node_and_metric(metrics, match):
+    with pytest.raises(TypeError, match=match):
+        st.Trainer(loss=F.cross_entropy).evaluate(Graph.somatize(Reports(metrics)), data())
+
+
+def test_a_metric_function_giving_a_string_is_named():
+    trainer = st.Trainer(loss=F.cross_entropy, metrics={"acc": lambda out, y: "high"})
+    with pytest.raises(TypeError, match=r"metric 'acc' gave 'high' \(str\), not a number"):
+        trainer.evaluate(Graph.somatize(Linear()), data())

@@ -188,3 +188,32 @@ def test_resume_with_several_sets_is_bitwise_identical(tmp_path, crash_at):
     resumed = make(tmp_path).fit(graph(5), data(), val=val(), resume="last")
     assert_same(resumed, reference)
     assert "val_a_acc" in reference.metrics[0] and "val_b_loss" in reference.metrics[0]
+
+
+@pytest.mark.parametrize(
+    ("val", "which", "kw"),
+    [
+        (lambda: (b for b in batches(2)), r"val= is a generator", {"epochs": 2}),
+        (
+            lambda: {"a": batches(1), "b": iter(batches(2))},
+            r"val set 'b' is a list_iterator",
+            {"options": quiet(eval_every_steps=1)},
+        ),
+    ],
+)
+def test_a_one_shot_val_iterator_is_refused_before_any_step_when_it_would_be_read_again(
+    val, which, kw
+):
+    g = make_graph()
+    before = {k: v.clone() for k, v in st.module(g).state_dict().items()}
+    trainer = st.Trainer(loss=F.cross_entropy, optimizer=still, **kw)
+    with pytest.raises(SettingError, match=rf"{which}.*evaluates more than once.*list\(\.\.\.\)"):
+        trainer.fit(g, batches(2), val=val())
+    assert all(torch.equal(v, st.module(g).state_dict()[k]) for k, v in before.items())
+
+
+def test_a_one_shot_val_iterator_read_once_is_still_taken():
+    result = st.Trainer(loss=F.cross_entropy, optimizer=still, options=quiet()).fit(
+        make_graph(), batches(2), val=(b for b in batches(2))
+    )
+    assert len(result.metrics) == 1

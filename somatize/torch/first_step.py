@@ -1,0 +1,198 @@
+"""What the Trainer checks on a run's first optimizer step, so that no later step pays.
+
+* **Gradient reach.** When the optimizer first steps, every trainable parameter should
+  have a gradient. One without any belongs to a node whose output the loss does not
+  depend on: a node returning ``self.lin(x).detach()``, a loss that ignores the output,
+  a branch never taken. Such parameters never train; a warning names their nodes.
+* **A first step that fails** (before the optimizer ever stepped) with a ``TypeError`` or
+  ``ValueError`` gets a note explaining the batch rule when the batch was not split the
+  way the caller probably meant (``(x, y, w)``, ``{"image", "label"}``, ``fit((X, Y))``,
+  a pair fed whole without ``loss=``), and a loss that does not require grad (an integer
+  tensor, one computed under ``no_grad``) gets a note naming the loss.
+
+The check is an optimizer step pre-hook that takes itself out once it has run, so the
+steps after the first call nothing (the step's hot path is measured against a plain
+loop, ``benchmarks/bench_training.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..errors import add_note
+
+if TYPE_CHECKING:
+    from .run import ActiveRun
+    from .trainer import Trainer
+
+__all__ = ["describe", "first_step"]
+
+
+@contextlib.contextmanager
+def first_step(trainer: Trainer, run: ActiveRun, train: Any) -> Iterator[None]:
+    """Around a run's loop: check gradient reach at the first optimizer step, and explain
+    a failure that comes before it."""
+    opt = run.opt
+    stepped = False
+
+    def check(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        nonlocal stepped
+        stepped = True
+        # torch is iterating over this dict's values now, and deleting from it would break
+        # that: the optimizer gets a copy without this hook (the iteration keeps the old)
+        hooks = optimizer._optimizer_step_pre_hooks
+        optimizer._optimizer_step_pre_hooks = OrderedDict(
+            (k, h) for k, h in hooks.items() if h is not check
+        )
+        warn_unreached(run.net, run.params)
+
+    handle = opt.register_step_pre_hook(check)
+    try:
+        yield
+    except (TypeError, ValueError, RuntimeError) as e:
+        if not stepped:
+            explain(e, trainer, train)
+        raise
+    finally:
+        handle.remove()
+
+
+def warn_unreached(net: nn.Module, params: Sequence[nn.Parameter]) -> None:
+    """Warn, naming their nodes, about trainable parameters the first backward did not reach."""
+    trained = {id(p) for p in params}
+    missing = [n for n, p in net.named_parameters() if id(p) in trained and p.grad is None]
+    if not missing:
+        return
+    from .module import GraphModule
+
+    by: dict[str, list[str]] = {}
+    for name in missing:
+        owner = name.split(".", 1)[0] if isinstance(net, GraphModule) else name.rpartition(".")[0]
+        by.setdefault(owner, []).append(name)
+    shown = "; ".join(
+        f"{'node' if isinstance(net, GraphModule) else 'module'} {owner!r} "
+        f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+        for owner, names in by.items()
+    )
+    warnings.warn(
+        f"{len(missing)} trainable parameters got no gradient from the first step, so "
+        f"they will never train: {shown}. The loss does not depend on them — a node's "
+        "output detached (.detach()) or unused, or a loss that ignores the output. Return "
+        "the output un-detached (Done(Opaque(out))) to train them, or freeze the node "
+        "(g.freeze(...)) / set requires_grad_(False) if they are meant to stay",
+        UserWarning,
+        stacklevel=2,
+    )
+
+
+def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
+    """Add a note to a first step's failure: the batch rule, or the loss without grad."""
+    if isinstance(e, RuntimeError) and "does not require grad" in str(e):
+        name = getattr(trainer.loss, "__qualname__", type(trainer.loss).__qualname__)
+        what = f"the loss function {name}" if trainer.loss is not None else "the graph"
+        add_note(
+            e,
+            f"{what} returned a loss that does not require grad, so backward() has nothing "
+            "to differentiate: an integer tensor (a count, argmax, an accuracy), a value "
+            "computed under torch.no_grad() or from .item()/.detach(), or a model whose "
+            "output is detached. Return a float tensor computed from the model's output "
+            "(e.g. loss=F.cross_entropy); a metric belongs in Trainer(metrics=...)",
+        )
+        return
+    if isinstance(e, RuntimeError):
+        return
+    batch = _failing_batch(e)
+    if batch is None:
+        return
+    note = _batch_note(batch, trainer.loss is not None) + _train_hint(train)
+    if note:
+        add_note(e, note)
+
+
+def _failing_batch(e: BaseException) -> Any:
+    """The batch the step was on, read from the failing frames of the step's code (the
+    loops keep it in a local, so finding it costs the steps that go well nothing)."""
+    from .fastpath import fast_epoch
+    from .step import step
+
+    tb: types.TracebackType | None = e.__traceback__
+    while tb is not None:
+        code, local = tb.tb_frame.f_code, tb.tb_frame.f_locals
+        if code is fast_epoch.__code__ and "batch" in local:
+            return local["batch"]
+        if code is step.__code__ and local.get("group"):
+            return local["group"][0]
+        tb = tb.tb_next
+    return None
+
+
+def _batch_note(batch: Any, with_loss: bool) -> str:
+    shape = describe(batch)
+    pair = isinstance(batch, (tuple, list)) and len(batch) == 2
+    if not with_loss:
+        if not pair and not (isinstance(batch, Mapping) and "x" in batch):
+            return ""
+        return (
+            f"the batch is {shape}, and without loss= the graph gets the whole batch as its "
+            "input and its output is the loss; pass loss=fn(output, target) (e.g. "
+            "F.cross_entropy) to have (x, y) split, or make the graph take the pair"
+        )
+    if pair or (isinstance(batch, Mapping) and "x" in batch):
+        return ""  # it was split: the failure is the model's or the loss's own
+    fix = (
+        f"e.g. a collate_fn or dataset returning {{'x': ..., 'y': ...}} from its keys "
+        f"({', '.join(map(repr, batch))})"
+        if isinstance(batch, Mapping)
+        else "e.g. TensorDataset(X, Y), ((x1, x2), y) for two inputs, or a collate_fn "
+        "returning (inputs, target)"
+    )
+    return (
+        f"the batch is {shape}, which the Trainer does not split: with a loss function a "
+        "batch is (x, y) or a dict with 'x' (and 'y'); anything else is the model's input "
+        "whole, and the loss is called as loss(output). Give batches that form, " + fix
+    )
+
+
+def _train_hint(train: Any) -> str:
+    if isinstance(train, torch.Tensor):
+        return (
+            "; fit() was given one tensor as train, so each batch is one row of it: pass "
+            "batches, e.g. DataLoader(TensorDataset(X, Y), batch_size=32)"
+        )
+    if (
+        isinstance(train, (tuple, list))
+        and len(train) == 2
+        and all(isinstance(t, torch.Tensor) for t in train)
+    ):
+        return (
+            "; fit() was given a pair (X, Y), which is a sequence of two batches, X and Y: "
+            "pass [(X, Y)] for one batch, or DataLoader(TensorDataset(X, Y), batch_size=32)"
+        )
+    return ""
+
+
+def describe(value: Any, depth: int = 0) -> str:
+    """A short account of a batch's structure: ``a tuple of 3 (tensor (4, 3), ...)``."""
+    if isinstance(value, torch.Tensor):
+        return (
+            f"a tensor of shape {tuple(value.shape)}"
+            if depth == 0
+            else f"tensor {tuple(value.shape)}"
+        )
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{k!r}: {describe(v, depth + 1)}" for k, v in list(value.items())[:6])
+        return f"a dict {{{inner}}}" if depth == 0 else f"{{{inner}}}"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(describe(v, depth + 1) for v in value[:6])
+        more = ", ..." if len(value) > 6 else ""
+        kind = type(value).__name__
+        return f"a {kind} of {len(value)} ({inner}{more})" if depth == 0 else f"({inner}{more})"
+    return type(value).__qualname__

@@ -1,0 +1,155 @@
+"""first_step.py: gradient reach checked once, and a first step's failure explained."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+
+torch.set_num_threads(1)
+
+
+class Enc(Node):
+    def __init__(self, detach: bool = False) -> None:
+        self.lin, self.detach = nn.Linear(3, 4), detach
+
+    def forward(self, x, ctx):
+        out = self.lin(x)
+        return Done(out.detach() if self.detach else Opaque(out))
+
+
+class Head(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+def sgd(ps):
+    return torch.optim.SGD(ps, lr=0.1)
+
+
+def data(n=3):
+    g = torch.Generator().manual_seed(0)
+    return [
+        (torch.randn(4, 3, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)
+    ]
+
+
+def graph(detach=False):
+    return Graph.somatize(Enc(detach).with_id("enc") >> Head().with_id("head"))
+
+
+Q = st.Options(progress=False, sanity_val_batches=0)
+
+
+@pytest.mark.parametrize("options", [Q, st.Options(progress=False, accumulate=2)])
+def test_a_detached_node_output_is_named_once_by_its_parameters(options):
+    g = graph(detach=True)
+    before = g["enc"].lin.weight.detach().clone()
+    trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, epochs=2, options=options)
+    with pytest.warns(UserWarning, match=r"2 trainable parameters got no gradient") as caught:
+        result = trainer.fit(g, data(4))
+    found = [w for w in caught if "got no gradient" in str(w.message)]
+    assert len(found) == 1  # the first step only, not every step
+    assert "node 'enc' (enc.lin.weight, enc.lin.bias)" in str(found[0].message)
+    assert "head" not in str(found[0].message)
+    assert result.steps == (8 if options.accumulate == 1 else 4)
+    assert torch.equal(g["enc"].lin.weight, before)  # what the warning says: it did not train
+
+
+def test_a_loss_that_ignores_the_output_is_warned_about():
+    g = graph()
+    trainer = st.Trainer(
+        loss=lambda out, y: torch.ones((), requires_grad=True), optimizer=sgd, options=Q
+    )
+    with pytest.warns(UserWarning, match=r"4 trainable parameters.*node 'enc'.*node 'head'"):
+        trainer.fit(g, data())
+
+
+def test_a_model_the_loss_reaches_everywhere_warns_nothing_and_trains_as_before():
+    g = graph()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        st.Trainer(loss=F.cross_entropy, optimizer=sgd, epochs=2, options=Q).fit(g, data())
+    assert all(p.grad is not None for p in st.parameters(g))
+
+
+def test_the_check_leaves_no_hook_on_the_optimizer():
+    made = []
+
+    def factory(ps):
+        made.append(torch.optim.SGD(ps, lr=0.1))
+        return made[-1]
+
+    st.Trainer(loss=F.cross_entropy, optimizer=factory, options=Q).fit(graph(), data())
+    assert len(made[0]._optimizer_step_pre_hooks) == 0
+
+
+class Weighted(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+@pytest.mark.parametrize(
+    ("batch", "shape"),
+    [
+        ((torch.randn(4, 3), torch.randint(0, 2, (4,)), torch.ones(4)), r"a tuple of 3"),
+        ({"image": torch.randn(4, 3), "label": torch.randint(0, 2, (4,))}, r"a dict \{'image'"),
+    ],
+)
+@pytest.mark.parametrize("options", [Q, st.Options(progress=False, accumulate=2)])
+def test_a_batch_that_is_not_split_fails_with_a_note_naming_its_structure_and_the_rule(
+    batch, shape, options
+):
+    trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=options)
+    with pytest.raises(TypeError) as info:
+        trainer.fit(Graph.somatize(Weighted()), [batch, batch])
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert re.search(shape, notes), notes
+    assert "a batch is (x, y) or a dict with 'x'" in notes
+    assert "loss(output)" in notes
+
+
+def test_fit_given_a_pair_of_tensors_is_told_it_is_two_batches():
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=Q)
+    with pytest.raises(TypeError) as info:
+        trainer.fit(Graph.somatize(Weighted()), (x, y))
+    assert "fit() was given a pair (X, Y), which is a sequence of two batches" in "".join(
+        info.value.__notes__
+    )
+
+
+def test_a_pair_fed_whole_without_a_loss_is_told_to_pass_loss():
+    trainer = st.Trainer(optimizer=sgd, options=Q)
+    with pytest.raises(TypeError) as info:
+        trainer.fit(Graph.somatize(Weighted()), data())
+    assert "without loss= the graph gets the whole batch" in "".join(info.value.__notes__)
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        lambda out, y: (out.argmax(1) == y).sum(),  # an int count
+        lambda out, y: F.cross_entropy(out.detach(), y),  # no grad
+    ],
+)
+def test_a_loss_without_grad_is_named_on_the_first_step(loss):
+    trainer = st.Trainer(loss=loss, optimizer=sgd, options=Q)
+    with pytest.raises(RuntimeError) as info:
+        trainer.fit(Graph.somatize(Weighted()), data())
+    notes = "".join(info.value.__notes__)
+    assert "the loss function" in notes and "<lambda>" in notes
+    assert "does not require grad" in notes
