@@ -105,10 +105,10 @@ def test_a_resumed_run_continues_the_average_bitwise(tmp_path):
 
 
 def test_the_checkpoint_holds_the_trained_weights_and_the_average_apart(tmp_path):
-    g = graph()
+    g, made = graph(), []
     st.Trainer(
         loss=F.cross_entropy,
-        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.5),
+        optimizer=lambda ps: made.append(torch.optim.SGD(ps, lr=0.5)) or made[-1],
         epochs=1,
         checkpoint=st.Checkpointing(tmp_path),
         options=st.Options(progress=False, ema=DECAY),
@@ -120,6 +120,7 @@ def test_the_checkpoint_holds_the_trained_weights_and_the_average_apart(tmp_path
     for name, value in ema.items():
         assert torch.equal(value, held[name]), name
     assert not torch.equal(payload["model"]["net.lin.weight"], held["net.lin.weight"])
+    assert len(made[0]._optimizer_step_post_hooks) == 0  # the update leaves with the fit
 
 
 def test_average_update_matches_averaged_model_and_swaps_back():
