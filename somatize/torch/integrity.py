@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import stat
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
@@ -49,6 +50,7 @@ TRAILER = len(MAGIC) + 32
 _EOCD = b"PK\x05\x06"  # a zip archive's end-of-central-directory record (22 bytes, no comment)
 _CHUNK = 1 << 22
 _crc_lock = threading.Lock()
+_NONBLOCK = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class _Hashing:
@@ -99,6 +101,12 @@ def _os_error(e: BaseException) -> OSError | None:
 
 def _write_error(path: Path, cause: OSError, what: str = "checkpoint") -> CheckpointError:
     why = cause.strerror or str(cause)
+    if isinstance(cause, IsADirectoryError):
+        return CheckpointError(
+            f"could not write {what} {path}: a directory is in its place ({why}); remove "
+            "it (nothing the Trainer writes is a directory there) — earlier checkpoints "
+            "and 'last' are untouched"
+        )
     return CheckpointError(
         f"could not write {what} {path}: {why} ({type(cause).__name__}, errno "
         f"{cause.errno}); free space or permissions on {path.parent}, or checkpoint "
@@ -148,8 +156,45 @@ def write_pointer(path: Path, name: str) -> None:
         raise _write_error(path, e, "checkpoint pointer") from e
 
 
+@contextlib.contextmanager
+def open_checkpoint(path: Path) -> Iterator[BinaryIO]:
+    """``path`` opened for reading, never blocking: a FIFO or a device is refused.
+
+    Raises:
+        CheckpointError: nothing is there, it is not a regular file, or it cannot be read.
+    """
+    try:
+        fd = os.open(path, _NONBLOCK)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"no checkpoint at {path}") from e
+    except IsADirectoryError as e:
+        raise CheckpointError(
+            f"{path} is a directory, not a checkpoint; pass one of its step-NNNNNNNNN.ckpt "
+            f"files, or resume='last' with checkpoint=st.Checkpointing({str(path)!r})"
+        ) from e
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, a device)"
+        raise CheckpointError(
+            f"{path} is {what}, not a checkpoint; pass a step-NNNNNNNNN.ckpt file the "
+            "Trainer wrote, or remove it from the checkpoint directory"
+        )
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as f:
+        yield f
+
+
 def verify_file(path: Path) -> bool:
-    """Check ``path``'s checksum without unpickling anything.
+    """Check ``path``'s checksum without unpickling anything (``verify_open``)."""
+    with open_checkpoint(path) as f:
+        return verify_open(path, f)
+
+
+def verify_open(path: Path, f: BinaryIO) -> bool:
+    """Check the checksum of ``f`` (``path``, open) without unpickling anything.
 
     Returns:
         True when the checksum matches; False for a file written before checksums
@@ -160,32 +205,30 @@ def verify_file(path: Path) -> bool:
             neither a checkpoint with a trailer nor a zip archive.
     """
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            tail = b""
-            if size >= TRAILER:
-                f.seek(size - TRAILER)
-                tail = f.read(TRAILER)
-            elif size:
-                tail = f.read()
-            if tail[: len(MAGIC)] != MAGIC:
-                if len(tail) >= 22 and tail[-22:-18] == _EOCD and tail[-2:] == b"\0\0":
-                    return False  # a complete archive from before checksums
-                raise CheckpointError(
-                    f"{path} is truncated, corrupt or not a torch checkpoint (no checksum "
-                    "trailer and not a torch.save archive); resume from an earlier checkpoint"
-                )
+        size = os.fstat(f.fileno()).st_size
+        tail = b""
+        if size >= TRAILER:
+            f.seek(size - TRAILER)
+            tail = f.read(TRAILER)
+        elif size:
             f.seek(0)
-            h, left, buf = blake3(), size - TRAILER, bytearray(min(_CHUNK, size))
-            view = memoryview(buf)
-            while left:
-                n = f.readinto(view[: min(left, len(buf))])
-                if not n:
-                    break
-                h.update(view[:n])
-                left -= n
-    except FileNotFoundError as e:
-        raise CheckpointError(f"no checkpoint at {path}") from e
+            tail = f.read()
+        if tail[: len(MAGIC)] != MAGIC:
+            if len(tail) >= 22 and tail[-22:-18] == _EOCD and tail[-2:] == b"\0\0":
+                return False  # a complete archive from before checksums
+            raise CheckpointError(
+                f"{path} is truncated, corrupt or not a torch checkpoint (no checksum "
+                "trailer and not a torch.save archive); resume from an earlier checkpoint"
+            )
+        f.seek(0)
+        h, left, buf = blake3(), size - TRAILER, bytearray(min(_CHUNK, size))
+        view = memoryview(buf)
+        while left:
+            n = f.readinto(view[: min(left, len(buf))])  # type: ignore[attr-defined]
+            if not n:
+                break
+            h.update(view[:n])
+            left -= n
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
     if left or h.digest() != tail[len(MAGIC) :]:

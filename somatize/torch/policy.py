@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, SettingError
 from . import ddp
 from .checkpoint import RunState, capture, finite, rng_state, scaler_state
+from .ckptdir import writer
 from .limits import batches_per_epoch, steps_per_epoch
 from .rng import as_state
 
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
     from .run import ActiveRun
     from .trainer import Trainer
 
-__all__ = ["check_fresh", "resume_path", "save", "total_steps"]
+__all__ = ["check_fresh", "resume_path", "save", "total_steps", "writing"]
 
 
 def resume_path(trainer: Trainer, resume: Any) -> Path | None:
@@ -43,7 +45,23 @@ def resume_path(trainer: Trainer, resume: Any) -> Path | None:
                 "resume='last' needs checkpoint=Checkpointing(dir) to know where to look"
             )
         return trainer.checkpoint.last()
+    if Path(resume).is_dir():
+        raise CheckpointError(
+            f"resume={str(resume)!r} is a directory, not a checkpoint; to continue from its "
+            f"newest checkpoint pass resume='last' with checkpoint=st.Checkpointing("
+            f"{str(resume)!r}), or pass the path of one of its step-NNNNNNNNN.ckpt files"
+        )
     return Path(resume)
+
+
+@contextlib.contextmanager
+def writing(trainer: Trainer, rank: int) -> Iterator[None]:
+    """Hold the checkpoint directory's lock for a fit (rank 0, which writes; ``ckptdir``)."""
+    if trainer.checkpoint is None or rank != 0:
+        yield
+        return
+    with writer(trainer.checkpoint.path):
+        yield
 
 
 def _word(resume: str) -> bool:
@@ -81,7 +99,9 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         protect = [int(r[1]) for r in s.ranked]
         if s.last_finite is not None:
             protect.append(s.last_finite)
-        ckpt.save(payload, s.step, protect=protect, best=best_step(s))
+        s.checkpoints = ckpt.save_chain(
+            payload, s.step, protect=protect, best=best_step(s), known=s.checkpoints
+        )
     if run.world > 1:
         ddp.barrier()
     run.checkpoint = ckpt.file(s.step)
