@@ -89,6 +89,10 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     rngs = ddp.gather(rng_state()) if run.world > 1 else None  # every rank's, for its resume
     epoch_rngs = ddp.gather(as_state(s.epoch_rng)) if run.world > 1 else None
     if run.rank == 0:
+        for w in run.watchers:  # what they hold back (a CSV row) goes to disk before the
+            flush = getattr(w, "flush", None)  # checkpoint that covers it
+            if callable(flush):
+                flush()
         if finite(run.net.state_dict()):
             s.last_finite = s.step
         payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
