@@ -283,6 +283,7 @@ class RunState:
         # the run's checkpoints on disk, the only ones rotation deletes (None: a checkpoint
         # from before they were listed, whose directory rotation then treats as the run's)
         self.checkpoints: list[str] | None = []
+        self.order: dict[str, Any] | None = None  # what a checkpoint's position depends on
 
     def flush(self, world: int) -> None:
         """Read the pending step losses back (one transfer), averaged over ranks."""
@@ -367,6 +368,7 @@ def restore(
     s.saved_world = payload.get("world", len(payload.get("rngs") or [None]))
     chain = payload.get("checkpoints")
     s.checkpoints = [str(n) for n in chain] if isinstance(chain, list) else None
+    s.order = payload.get("order") if isinstance(payload.get("order"), dict) else None
     loader = getattr(pruner, "load_state_dict", None)
     if loader is not None and payload["pruner"] is not None:
         loader(payload["pruner"])

@@ -13,7 +13,7 @@ from ..errors import CheckpointError, SettingError
 from . import ddp
 from .checkpoint import RunState, capture, finite, rng_state, scaler_state
 from .ckptdir import writer
-from .limits import batches_per_epoch, steps_per_epoch
+from .limits import batches_per_epoch, share, steps_per_epoch
 from .rng import as_state
 
 if TYPE_CHECKING:
@@ -98,6 +98,7 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
         payload["scaler"] = scaler_state(run.scaler)
         payload["world"] = run.world  # a mid-epoch position is one of this world's shares
+        payload["order"] = order(trainer, run.train, run.rank, run.world)
         if rngs is not None:
             payload["rngs"], payload["epoch_rngs"] = rngs, epoch_rngs
         protect = [int(r[1]) for r in s.ranked]
@@ -160,6 +161,7 @@ def check_extension(
         return
     if trainer.max_steps is None or s.step < trainer.max_steps:  # (at it: nothing to train)
         check_world(run, path)
+        check_order(trainer, run, path, train)
     restored = horizon(run.sched)
     planned = _planned(trainer, run, train)
     for key, built in restored.items():
@@ -202,6 +204,77 @@ def check_world(run: ActiveRun, path: Path) -> None:
         "checkpoint written at an epoch's end (fit(..., resume=PATH); one is written after "
         "every epoch), which resumes on any number of processes"
     )
+
+
+def order(trainer: Trainer, train: Iterable[Any], rank: int, world: int) -> dict[str, Any]:
+    """What a mid-epoch position means: the batches an epoch takes (None when the data has
+    no length), and the settings that order and group them."""
+    o = trainer.options
+    size = share(train, rank, world, even=True) if train is not None else None
+    limit = batches_per_epoch(
+        "limit_train_batches", o.limit_train_batches, train, rank, world, even=True
+    )
+    batches = size if limit is None else limit if size is None else min(size, limit)
+    return {
+        "batches": batches,
+        "accumulate": o.accumulate,
+        "micro_batches": trainer.micro_batches,
+        "shuffle": o.shuffle,
+        "limit_train_batches": o.limit_train_batches,
+    }
+
+
+_ORDER_FIX = {
+    "batches": "resume with the data it was trained on",
+    "accumulate": "resume with Options(accumulate={})",
+    "shuffle": "resume with Options(shuffle={})",
+    "limit_train_batches": "resume with Options(limit_train_batches={})",
+}
+
+
+def check_order(trainer: Trainer, run: ActiveRun, path: Path, train: Iterable[Any]) -> None:
+    """Refuse to go on in mid-epoch when the checkpoint's position means another batch here:
+    the epoch has another number of batches (other data, another limit), or its batches are
+    ordered (``shuffle``) or grouped (``accumulate``) otherwise. A checkpoint from before
+    this was recorded is not checked. Another ``micro_batches`` only warns: the position is
+    the same batch, but the sums round otherwise.
+
+    Raises:
+        CheckpointError: naming each setting, its value then and now, and the fix.
+    """
+    s = run.state
+    if s.position == 0 or s.order is None:
+        return
+    now = order(trainer, train, run.rank, run.world)
+    then = s.order
+    differ = [
+        k
+        for k in _ORDER_FIX
+        if k in then and then[k] != now[k] and not (k == "batches" and None in (then[k], now[k]))
+    ]
+    where = f"{path} was written mid-epoch (epoch {s.epoch}, batch {s.position})"
+    if differ:
+        said = "; ".join(
+            f"its epoch had {then[k]} batches, this run's has {now[k]}"
+            if k == "batches"
+            else f"it was written with {k}={then[k]!r}, this run has {k}={now[k]!r}"
+            for k in differ
+        )
+        fixes = ", ".join(_ORDER_FIX[k].format(repr(then[k])) for k in differ)
+        raise CheckpointError(
+            f"{where}, and its position means another batch here: {said}. To go on from "
+            f"it, {fixes}; or resume from a checkpoint written at an epoch's end (one is "
+            "written after every epoch), which goes on with any data and settings"
+        )
+    if "micro_batches" in then and then["micro_batches"] != now["micro_batches"]:
+        warnings.warn(
+            f"{where} by a run with micro_batches={then['micro_batches']}, this run has "
+            f"micro_batches={now['micro_batches']}: it goes on from the same batch, but its "
+            "gradients sum otherwise, so it is not bitwise identical to an uninterrupted run; "
+            f"resume with micro_batches={then['micro_batches']} for an exact resume",
+            UserWarning,
+            stacklevel=5,
+        )
 
 
 def _planned(trainer: Trainer, run: ActiveRun, train: Iterable[Any]) -> int | None:
