@@ -284,6 +284,7 @@ class RunState:
         # from before they were listed, whose directory rotation then treats as the run's)
         self.checkpoints: list[str] | None = []
         self.order: dict[str, Any] | None = None  # what a checkpoint's position depends on
+        self.carried: list[Any] | None = None  # a checkpoint's st.Carry values, to put back
 
     def flush(self, world: int) -> None:
         """Read the pending step losses back (one transfer), averaged over ranks."""
@@ -369,6 +370,7 @@ def restore(
     chain = payload.get("checkpoints")
     s.checkpoints = [str(n) for n in chain] if isinstance(chain, list) else None
     s.order = payload.get("order") if isinstance(payload.get("order"), dict) else None
+    s.carried = payload.get("carry") if isinstance(payload.get("carry"), list) else None
     loader = getattr(pruner, "load_state_dict", None)
     if loader is not None and payload["pruner"] is not None:
         loader(payload["pruner"])

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, SettingError
 from . import ddp
+from .carry import stored
 from .checkpoint import RunState, capture, finite, rng_state, scaler_state
 from .ckptdir import writer
 from .limits import batches_per_epoch, share, steps_per_epoch
@@ -88,6 +89,9 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     run.due = False
     rngs = ddp.gather(rng_state()) if run.world > 1 else None  # every rank's, for its resume
     epoch_rngs = ddp.gather(as_state(s.epoch_rng)) if run.world > 1 else None
+    carry = None  # every rank's st.Carry values, to go on from in mid-epoch
+    if s.position and run.carries:
+        carry = ddp.gather(stored(run.carries)) if run.world > 1 else [stored(run.carries)]
     if run.rank == 0:
         for w in run.watchers:  # what they hold back (a CSV row) goes to disk before the
             flush = getattr(w, "flush", None)  # checkpoint that covers it
@@ -99,6 +103,8 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         payload["scaler"] = scaler_state(run.scaler)
         payload["world"] = run.world  # a mid-epoch position is one of this world's shares
         payload["order"] = order(trainer, run.train, run.rank, run.world)
+        if carry is not None:
+            payload["carry"] = carry
         if rngs is not None:
             payload["rngs"], payload["epoch_rngs"] = rngs, epoch_rngs
         protect = [int(r[1]) for r in s.ranked]
