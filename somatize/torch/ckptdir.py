@@ -233,12 +233,13 @@ def writer(directory: Path) -> Iterator[None]:
     """
     if directory.exists() and not directory.is_dir():
         raise not_a_directory(directory)
-    try:
+    fd = None
+    with contextlib.suppress(ImportError, OSError):
         import fcntl
 
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except (ImportError, OSError):
+    if fd is None:  # (outside the except: the fit's own errors chain to nothing of ours)
         yield
         return
     try:

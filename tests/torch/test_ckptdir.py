@@ -204,3 +204,14 @@ def test_a_second_fit_into_a_directory_another_fit_writes_is_refused(tmp_path):
         assert names(ckpt) == []
     assert fit(ckpt).steps == 6  # released when that fit ends
     assert fit(ckpt, epochs=3, resume="last").steps == 9  # and by each fit
+
+
+def test_a_directory_in_place_of_a_checkpoint_is_named_as_such_not_a_full_disk(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    fit(ckpt, epochs=1)
+    (ckpt / "step-000000003.ckpt").unlink()
+    (ckpt / "step-000000003.ckpt").mkdir()
+    with pytest.warns(UserWarning, match="falling back"):
+        with pytest.raises(CheckpointError, match="a directory is in its place") as e:
+            fit(ckpt, epochs=2, resume="last")
+    assert "free space" not in str(e.value)
