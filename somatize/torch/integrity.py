@@ -167,20 +167,21 @@ def open_checkpoint(path: Path) -> Iterator[BinaryIO]:
         fd = os.open(path, _NONBLOCK)
     except FileNotFoundError as e:
         raise CheckpointError(f"no checkpoint at {path}") from e
-    except IsADirectoryError as e:
-        raise CheckpointError(
-            f"{path} is a directory, not a checkpoint; pass one of its step-NNNNNNNNN.ckpt "
-            f"files, or resume='last' with checkpoint=st.Checkpointing({str(path)!r})"
-        ) from e
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
     mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+        os.close(fd)
+        raise CheckpointError(
+            f"{path} is a directory, not a checkpoint; pass one of its step-NNNNNNNNN.ckpt "
+            f"files, or resume='last' with checkpoint=st.Checkpointing({str(path)!r})"
+        )
     if not stat.S_ISREG(mode):
         os.close(fd)
-        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, a device)"
         raise CheckpointError(
-            f"{path} is {what}, not a checkpoint; pass a step-NNNNNNNNN.ckpt file the "
-            "Trainer wrote, or remove it from the checkpoint directory"
+            f"{path} is not a regular file (a FIFO, a device), not a checkpoint; pass a "
+            "step-NNNNNNNNN.ckpt file the Trainer wrote, or remove it from the checkpoint "
+            "directory"
         )
     os.set_blocking(fd, True)
     with os.fdopen(fd, "rb") as f:

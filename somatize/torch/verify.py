@@ -51,7 +51,7 @@ def verify_checkpoints(path: str | os.PathLike[str]) -> list[Verdict]:
             except CheckpointError as e:
                 verdicts.append(Verdict(path / pointer, "damaged", str(e)))
                 continue
-            if name is None or (not name and pointer == "last"):  # empty: the newest intact
+            if not name:  # absent, or empty (a power cut): "last" then names the newest intact
                 continue
             if name not in passed:
                 why = "a damaged checkpoint" if (path / name).is_file() else "no checkpoint"
