@@ -38,6 +38,7 @@ from .ckptdir import (
     rotate,
     rotation,
 )
+from .resumed_optimizer import check_optimizer, optimizer_class
 from .rng import as_state, restore_rank_rng, rng_state, set_rng_state
 
 __all__ = [
@@ -304,7 +305,7 @@ def capture(
     return {
         "model": net.state_dict(),
         "optimizer": opt.state_dict(),
-        "optimizer_class": integrity.optimizer_class(opt),
+        "optimizer_class": optimizer_class(opt),
         "scheduler": sched.state_dict() if sched is not None else None,
         "step": s.step,
         "epoch": s.epoch,
@@ -346,7 +347,7 @@ def restore(
             f"the checkpoint was written by a run with seed={payload['seed']}, this Trainer has "
             f"seed={seed}; resume with the same seed (it fixes the batch order)"
         )
-    integrity.check_optimizer(payload, opt)
+    check_optimizer(payload, opt)
     try:
         net.load_state_dict(payload["model"])
         opt.load_state_dict(payload["optimizer"])
