@@ -28,18 +28,7 @@ def resume_path(trainer: Trainer, resume: Any) -> Path | None:
     """The checkpoint ``fit(resume=...)`` names (None: a fresh start)."""
     if resume is None:
         return None
-    if isinstance(resume, bool) or not isinstance(resume, (str, os.PathLike)):
-        raise SettingError(
-            f"resume must be 'last' or a checkpoint's path, not {resume!r}; pass "
-            "resume='last' to continue from the newest checkpoint of Checkpointing(dir), "
-            "a path to continue from that checkpoint, or None for a fresh start"
-        )
-    if isinstance(resume, str) and resume != "last" and _word(resume):
-        raise SettingError(
-            f"resume={resume!r} is neither 'last' nor a checkpoint's path (there is no "
-            f"file {resume!r}); pass resume='last' for the newest checkpoint of "
-            "Checkpointing(dir), or the path of a checkpoint file"
-        )
+    check_resume(resume)
     if resume == "last":
         if trainer.checkpoint is None:
             raise CheckpointError(
@@ -55,9 +44,33 @@ def resume_path(trainer: Trainer, resume: Any) -> Path | None:
     return Path(resume)
 
 
+def check_resume(resume: Any) -> None:
+    """``fit(resume=...)`` is None, ``"last"`` or a path (before anything is written).
+
+    Raises:
+        SettingError: it is none of them, naming it and what to pass.
+    """
+    if resume is None:
+        return
+    if isinstance(resume, bool) or not isinstance(resume, (str, os.PathLike)):
+        raise SettingError(
+            f"resume must be 'last' or a checkpoint's path, not {resume!r}; pass "
+            "resume='last' to continue from the newest checkpoint of Checkpointing(dir), "
+            "a path to continue from that checkpoint, or None for a fresh start"
+        )
+    if isinstance(resume, str) and resume != "last" and _word(resume):
+        raise SettingError(
+            f"resume={resume!r} is neither 'last' nor a checkpoint's path (there is no "
+            f"file {resume!r}); pass resume='last' for the newest checkpoint of "
+            "Checkpointing(dir), or the path of a checkpoint file"
+        )
+
+
 @contextlib.contextmanager
-def writing(trainer: Trainer, rank: int) -> Iterator[None]:
-    """Hold the checkpoint directory's lock for a fit (rank 0, which writes; ``ckptdir``)."""
+def writing(trainer: Trainer, rank: int, resume: Any) -> Iterator[None]:
+    """Hold the checkpoint directory's lock for a fit (rank 0, which writes; ``ckptdir``),
+    once ``resume`` is known to be a value ``fit`` takes (``check_resume``)."""
+    check_resume(resume)
     if trainer.checkpoint is None or rank != 0:
         yield
         return

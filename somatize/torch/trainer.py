@@ -177,7 +177,7 @@ class Trainer:
         run_id = uuid.uuid4().hex[:12]
         rank, world, own_group = ddp.setup()
         try:
-            with writing(self, rank):  # one fit writes a checkpoint directory at a time
+            with writing(self, rank, resume):  # one fit writes a checkpoint directory at a time
                 result = self._fit(model, train, val, resume, run_id, rank, world, started)
         except BaseException:
             if own_group:

@@ -213,7 +213,9 @@ def test_a_directory_in_place_of_a_checkpoint_is_named_as_such_not_a_full_disk(t
     fit(ckpt, epochs=1)
     (ckpt / "step-000000003.ckpt").unlink()
     (ckpt / "step-000000003.ckpt").mkdir()
-    with pytest.warns(UserWarning, match="falling back"):
-        with pytest.raises(CheckpointError, match="a directory is in its place") as e:
-            fit(ckpt, epochs=2, resume="last")
+    with (
+        pytest.warns(UserWarning, match="falling back"),
+        pytest.raises(CheckpointError, match="a directory is in its place") as e,
+    ):
+        fit(ckpt, epochs=2, resume="last")
     assert "free space" not in str(e.value)
