@@ -49,8 +49,9 @@ def checkpoint_files(directory: Path) -> list[str]:
 
 
 def not_a_directory(directory: Path) -> CheckpointError:
+    where = "is a file" if directory.is_file() else "lies under a file (a part of its path)"
     return CheckpointError(
-        f"the checkpoint directory {directory} is a file, not a directory; "
+        f"the checkpoint directory {directory} {where}, not a directory; "
         "Checkpointing(dir) takes a directory (created if missing): move the file away, "
         "or pass another path"
     )
@@ -68,6 +69,8 @@ def read_pointer(path: Path) -> str | None:
         fd = os.open(path, _NONBLOCK)  # a FIFO would hang a plain open
     except FileNotFoundError:
         return None
+    except NotADirectoryError as e:
+        raise not_a_directory(path.parent) from e
     except OSError as e:
         raise CheckpointError(
             f"cannot read the checkpoint pointer {path}: {e.strerror or e}; give this user "

@@ -189,10 +189,13 @@ def test_an_empty_checkpoint_dir_is_refused_rather_than_the_current_directory():
         st.Checkpointing("")
 
 
-def test_a_checkpoint_dir_that_is_a_file_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize(
+    ("where", "said"), [("afile", "is a file, not"), ("afile/sub", "lies under a file")]
+)
+def test_a_checkpoint_dir_that_is_a_file_is_a_clear_error(tmp_path, where, said):
     (tmp_path / "afile").write_text("keep me")
-    with pytest.raises(CheckpointError, match="is a file, not a directory"):
-        fit(tmp_path / "afile")
+    with pytest.raises(CheckpointError, match=f"{said}.*move the file away"):
+        fit(tmp_path / where)
     assert (tmp_path / "afile").read_text() == "keep me"
 
 
