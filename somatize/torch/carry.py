@@ -4,7 +4,9 @@ A node keeps it in a ``Carry`` attribute. The Trainer resets every ``Carry`` of 
 model to None at the start of each epoch and of each evaluation (and gives training
 its own back after an evaluation in the middle of an epoch); ``evaluate`` and
 ``predict`` start from None too. A ``Carry`` is not a tensor attribute, so it never
-becomes a buffer: it is not in ``state_dict()``, ``state(g)`` or checkpoints.
+becomes a buffer: it is not in ``state_dict()`` or ``state(g)``. A checkpoint written in
+the middle of an epoch holds every ``Carry``'s value (``payload["carry"]``, detached
+tensors), so a run resumed there goes on from the state the interrupted one had.
 
 Example:
     >>> class LM(Node):                                    # doctest: +SKIP
@@ -19,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -27,7 +30,7 @@ from torch import nn
 from ..graph import Graph
 from ..node import Node
 
-__all__ = ["Carry", "carries", "reset"]
+__all__ = ["Carry", "carries", "reset", "start_epoch", "stored"]
 
 
 class Carry:
@@ -105,3 +108,84 @@ def reset(found: list[Carry]) -> None:
     """Reset each of them to None."""
     for c in found:
         c.value = None
+
+
+def stored(found: list[Carry]) -> list[dict[str, Any]]:
+    """Each ``Carry``'s value as a checkpoint holds it: ``{"value": v}`` (tensors detached,
+    on the CPU) when it is tensors, numbers, strings and None in tuples, lists and dicts
+    (what ``torch.load(weights_only=True)`` reads); ``{"kind": name}`` for anything else."""
+    return [
+        {"value": _plain(c.value)} if _storable(c.value) else {"kind": type(c.value).__qualname__}
+        for c in found
+    ]
+
+
+def start_epoch(
+    found: list[Carry], saved: list[Any] | None, position: int, device: Any, rank: int = 0
+) -> None:
+    """Reset every ``Carry`` as an epoch starts, or, for an epoch resumed at batch
+    ``position`` > 0, put back the values its checkpoint saved: ``saved[rank]`` (each
+    rank's ``stored``, in rank order).
+
+    Warns:
+        UserWarning: a resumed epoch has no saved value for some ``Carry`` (a checkpoint
+            from before they were kept, another model, or a value that could not be
+            stored): it starts from None and the run is not bitwise the uninterrupted one.
+    """
+    reset(found)
+    if not position or not found:
+        return
+    mine = saved[rank] if saved is not None and rank < len(saved) else None
+    entries = mine if isinstance(mine, list) and len(mine) == len(found) else None
+    lost = []
+    for i, c in enumerate(found):
+        entry = entries[i] if entries is not None else None
+        if isinstance(entry, dict) and "value" in entry:
+            c.value = _to(entry["value"], device)
+        else:
+            lost.append(entry.get("kind", "?") if isinstance(entry, dict) else "not saved")
+    if lost:
+        why = (
+            f"its checkpoint holds no carried state for {len(found)} st.Carry (written before "
+            "it was kept, or by another model)"
+            if entries is None
+            else f"the carried value(s) of type {sorted(set(lost))} could not be checkpointed "
+            "(only tensors, numbers, strings and None, in tuples, lists and dicts can)"
+        )
+        warnings.warn(
+            f"resumed in the middle of an epoch (batch {position}), but {why}: the rest of the "
+            "epoch starts from None, so the run is not bitwise identical to an uninterrupted "
+            "one. Resume from a checkpoint written at an epoch's end for an exact resume",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _storable(value: Any) -> bool:
+    if value is None or type(value) in (bool, int, float, str) or isinstance(value, torch.Tensor):
+        return True
+    if type(value) in (tuple, list):
+        return all(_storable(v) for v in value)
+    if type(value) is dict:
+        return all(type(k) in (str, int) and _storable(v) for k, v in value.items())
+    return False
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _to(value: Any, device: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value

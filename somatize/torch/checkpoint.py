@@ -14,22 +14,31 @@ back to the newest intact checkpoint when the one ``last`` names is damaged.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
-import re
-import warnings
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from . import ddp, integrity
+from . import ckptdir, ddp, integrity
+from .ckptdir import (
+    FILE,
+    check_name,
+    checkpoint_files,
+    newest_intact,
+    orphans,
+    read_pointer,
+    remove,
+    rotate,
+    rotation,
+)
+from .resumed_optimizer import check_optimizer, optimizer_class
 from .rng import as_state, restore_rank_rng, rng_state, set_rng_state
 
 __all__ = [
@@ -47,8 +56,6 @@ __all__ = [
     "set_rng_state",
 ]
 
-_FILE = re.compile(r"^step-(\d{9})\.ckpt$")
-_TEMP = re.compile(r"^\.(step-\d{9}\.ckpt|last|best)\..*\.tmp$")  # atomic_write's temp names
 FORMAT = "somatize.checkpoint/1"
 
 
@@ -80,8 +87,20 @@ class Checkpointing:
     best: int = 0
 
     def __post_init__(self) -> None:
+        from ..errors import SettingError
         from .settings import count
 
+        if isinstance(self.dir, bool) or not isinstance(self.dir, (str, os.PathLike)):
+            raise SettingError(
+                f"Checkpointing(dir) takes the path of a directory (a str or a pathlib.Path), "
+                f"not {self.dir!r}; e.g. st.Checkpointing('runs/digits/ckpt')"
+            )
+        if not str(os.fspath(self.dir)).strip():
+            raise SettingError(
+                "Checkpointing(dir='') is an empty path (an unset environment variable?), which "
+                "would checkpoint into the current directory; pass a directory, e.g. "
+                "st.Checkpointing('runs/digits/ckpt'), or '.' to mean the current one"
+            )
         count("Checkpointing keep", self.keep, hint="it is how many recent checkpoints stay")
         count("Checkpointing best", self.best, 0, hint="it is how many best checkpoints stay")
         if self.every_steps is not None:
@@ -97,29 +116,31 @@ class Checkpointing:
         """The newest intact checkpoint: the one ``last`` names, or None when there is none yet.
 
         When that file fails its checksum, the newest older checkpoint that passes is
-        returned instead, with a warning naming both.
+        returned instead, with a warning naming both. An empty ``last`` (a fresh run's,
+        or one a power cut emptied) names the newest intact checkpoint.
 
         Raises:
-            CheckpointError: ``last`` names no checkpoint, or no checkpoint is intact.
+            CheckpointError: ``last`` names no checkpoint or cannot be read, no checkpoint
+                is intact, or the directory holds checkpoints but no ``last`` (an earlier
+                run's, which this run must not overwrite).
         """
-        try:
-            name = (self.path / "last").read_text().strip()
-        except FileNotFoundError:
+        pointer = self.path / "last"
+        name = read_pointer(pointer)
+        if name is None:
+            if files := checkpoint_files(self.path):
+                raise orphans(self.path, files)
             return None
-        if name and not _FILE.match(name):
-            raise CheckpointError(
-                f"{self.path / 'last'} does not name a checkpoint ({name!r}); "
-                "delete it to start afresh, or resume from an explicit path"
-            )
-        return newest_intact(self.path, name or None)  # empty: lost to a power cut
+        if name:
+            check_name(pointer, name)
+        return newest_intact(self.path, name or None)
 
     def best_file(self) -> Path | None:
         """The checkpoint ``best`` names (the best by the monitored metric), or None."""
         try:
-            name = (self.path / "best").read_text().strip()
-        except FileNotFoundError:
+            name = read_pointer(self.path / "best")
+        except CheckpointError:
             return None
-        return self.path / name if _FILE.match(name) else None
+        return self.path / name if name and FILE.match(name) else None
 
     def file(self, step: int) -> Path:
         """The checkpoint file of ``step``: ``step-NNNNNNNNN.ckpt`` in the directory."""
@@ -143,63 +164,34 @@ class Checkpointing:
             CheckpointError: the disk is full or read-only (names the file, chains the
                 OS error); earlier checkpoints and ``last`` are left as they were.
         """
+        self.save_chain(payload, step, protect=protect, best=best, known=None)
+        return self.file(step)
+
+    def save_chain(
+        self,
+        payload: dict[str, Any],
+        step: int,
+        *,
+        protect: Iterable[int],
+        best: int | None,
+        known: Iterable[str] | None,
+    ) -> list[str]:
+        """``save``, rotating only ``known``: the names of the run's earlier checkpoints
+        (None: every checkpoint in the directory). Returns the run's checkpoints kept,
+        oldest first, this one last (``payload["checkpoints"]`` in the file)."""
         file = self.file(step)
-        integrity.write_checkpoint(file, {"format": FORMAT, **payload})  # checksummed
-        integrity.write_pointer(self.path / "last", file.name)
+        pointer = self.path / "last"
+        if not pointer.exists():  # a fresh run's: its checkpoints never lie without one
+            integrity.write_pointer(pointer, "")
+        kept, doomed = rotation(
+            self.path, self.keep, file.name, {self.file(p).name for p in protect}, known
+        )
+        integrity.write_checkpoint(file, {"format": FORMAT, **payload, "checkpoints": kept})
+        integrity.write_pointer(pointer, file.name)
         if best is not None and self.file(best).exists():
             integrity.write_pointer(self.path / "best", self.file(best).name)
-        rotate(self.path, self.keep, file.name, {self.file(p).name for p in protect})
-        return file
-
-
-def newest_intact(directory: Path, name: str | None) -> Path | None:
-    """``directory / name`` if its checksum holds, else the newest older one that does.
-
-    ``name=None`` (an empty ``last``): the newest intact checkpoint of the directory,
-    or None when it holds none.
-    """
-    files = sorted((f for f in os.listdir(directory) if _FILE.match(f)), reverse=True)
-    if name is None:
-        if not files:
-            return None
-        name, files = files[0], files[1:]
-    first = directory / name
-    try:
-        integrity.verify_file(first)
-        return first
-    except CheckpointError as e:
-        damage = e
-    older = [f for f in files if f < name]
-    for other in older:
-        try:
-            integrity.verify_file(directory / other)
-        except CheckpointError:
-            continue
-        warnings.warn(
-            f"{first} is damaged ({damage}); falling back to the newest intact checkpoint, "
-            f"{directory / other}",
-            UserWarning,
-            stacklevel=3,
-        )
-        return directory / other
-    raise CheckpointError(
-        f"no intact checkpoint in {directory}: {damage}; "
-        + (f"the {len(older)} older one(s) are damaged too" if older else "there is no older one")
-        + " — delete the directory to start afresh"
-    ) from damage
-
-
-def rotate(directory: Path, keep: int, newest: str, protect: set[str]) -> None:
-    """Delete all but the newest ``keep`` checkpoints (``newest`` among them) and ``protect``."""
-    names = os.listdir(directory)
-    # the one just written always stays (``last`` names it), with the newest keep-1 others
-    older = sorted(f for f in names if _FILE.match(f) and f != newest)
-    doomed = [f for f in older[: max(len(older) - (keep - 1), 0)] if f not in protect]
-    # temp files a killed writer left behind (one writer per directory)
-    doomed += [f for f in names if _TEMP.match(f)]
-    for name in doomed:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(directory / name)
+        remove(self.path, doomed)
+        return kept
 
 
 def finite(state: Mapping[str, torch.Tensor]) -> bool:
@@ -221,16 +213,37 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             wrong type or out of range (each named).
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
-    verified = integrity.verify_file(path)
-    if not verified and not zipfile.is_zipfile(path):
+    with integrity.open_checkpoint(path) as f:  # one open file: what is verified is loaded
+        ckptdir.refuse_pointer(path, f)
+        verified = integrity.verify_open(path, f)
+        f.seek(0)
+        if not verified and not zipfile.is_zipfile(f):
+            raise CheckpointError(
+                f"{path} is truncated, corrupt or not a torch checkpoint (not a torch.save "
+                "archive); resume from an earlier checkpoint"
+            )
+        payload = _load(path, f)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(
-            f"{path} is truncated, corrupt or not a torch checkpoint (not a torch.save archive); "
-            "resume from an earlier checkpoint"
+            f"{path} is a torch file but not a somatize Trainer checkpoint (no format "
+            f"{FORMAT!r}); load it with torch.load, or resume from a Trainer checkpoint"
         )
+    integrity.check_payload(payload, path)
+    if not verified:
+        integrity.warn_unverified(path)
+    return payload
+
+
+def _load(path: Path, f: BinaryIO) -> Any:
+    """``torch.load`` of the open, verified file ``f``, with ``weights_only=True``:
+    memory-mapped through ``/proc/self/fd`` (the same file, whatever was renamed over
+    ``path`` since), or read from ``f`` where there is no such directory."""
+    fd_path = f"/proc/self/fd/{f.fileno()}"
+    mmap = os.path.exists(fd_path)
+    source: Any = fd_path if mmap else f
+    f.seek(0)
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        payload = torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         # torch wraps every unpickling failure in one preamble; the reason is a later line
         lines = [ln for ln in str(e).splitlines()[1:] if ln.strip()]
@@ -249,14 +262,6 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path} is truncated or corrupt and cannot be read ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}); resume from an earlier checkpoint"
         ) from e
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(
-            f"{path} is a torch file but not a somatize Trainer checkpoint (no format "
-            f"{FORMAT!r}); load it with torch.load, or resume from a Trainer checkpoint"
-        )
-    integrity.check_payload(payload, path)
-    if not verified:
-        integrity.warn_unverified(path)
     return payload
 
 
@@ -276,6 +281,11 @@ class RunState:
         self.epoch_rng: Any = None  # every RNG state as the epoch began (rng.snapshot)
         self.epoch_rngs: list[Any] | None = None  # under DDP, every rank's (from a checkpoint)
         self.saved_world = 1  # the number of processes of the run a checkpoint came from
+        # the run's checkpoints on disk, the only ones rotation deletes (None: a checkpoint
+        # from before they were listed, whose directory rotation then treats as the run's)
+        self.checkpoints: list[str] | None = []
+        self.order: dict[str, Any] | None = None  # what a checkpoint's position depends on
+        self.carried: list[Any] | None = None  # a checkpoint's st.Carry values, to put back
 
     def flush(self, world: int) -> None:
         """Read the pending step losses back (one transfer), averaged over ranks."""
@@ -295,7 +305,7 @@ def capture(
     return {
         "model": net.state_dict(),
         "optimizer": opt.state_dict(),
-        "optimizer_class": integrity.optimizer_class(opt),
+        "optimizer_class": optimizer_class(opt),
         "scheduler": sched.state_dict() if sched is not None else None,
         "step": s.step,
         "epoch": s.epoch,
@@ -337,7 +347,7 @@ def restore(
             f"the checkpoint was written by a run with seed={payload['seed']}, this Trainer has "
             f"seed={seed}; resume with the same seed (it fixes the batch order)"
         )
-    integrity.check_optimizer(payload, opt)
+    check_optimizer(payload, opt)
     try:
         net.load_state_dict(payload["model"])
         opt.load_state_dict(payload["optimizer"])
@@ -358,6 +368,10 @@ def restore(
     s.epoch_rngs = payload.get("epoch_rngs")
     # (a checkpoint from before "world" was kept says it by its ranks' RNG states)
     s.saved_world = payload.get("world", len(payload.get("rngs") or [None]))
+    chain = payload.get("checkpoints")
+    s.checkpoints = [str(n) for n in chain] if isinstance(chain, list) else None
+    s.order = payload.get("order") if isinstance(payload.get("order"), dict) else None
+    s.carried = payload.get("carry") if isinstance(payload.get("carry"), list) else None
     loader = getattr(pruner, "load_state_dict", None)
     if loader is not None and payload["pruner"] is not None:
         loader(payload["pruner"])

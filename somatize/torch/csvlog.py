@@ -10,8 +10,11 @@ its cache found: ``cache/<node>/hits`` and ``cache/<node>/misses`` (``EpochEnd.c
 
 Each row is one ``write`` to a file opened for appending, so a process killed at any
 instant leaves whole rows; when a new column appears (the first evaluation) the file
-is rewritten atomically under the wider header. A resumed run drops the rows the
-interrupted one wrote after its checkpoint.
+is rewritten atomically under the wider header. A step's row waits for its node metrics,
+and goes to disk before a checkpoint is written (the Trainer calls ``flush()``), so a
+resumed run drops the rows the interrupted one wrote after its checkpoint, and only
+those. A damaged row (a step that is not a number) is dropped with a warning; a log
+whose header is damaged is set aside as ``<name>.damaged`` and started anew.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +87,50 @@ class CSVLog:
             self._finish()
 
     def _start(self, start_step: int) -> None:
-        self._pending = None
         self._rows, self._columns, self._pending = [], list(_FIRST), None
         if start_step and self.path.exists():  # resumed: keep what led up to the checkpoint
-            with self.path.open(newline="") as f:
-                reader = csv.DictReader(f)
-                self._columns = list(reader.fieldnames or _FIRST)
-                self._rows = [r for r in reader if r.get("step") and int(r["step"]) <= start_step]
+            self._rows = self._read(start_step)
         self._rewrite()
+
+    def _read(self, start_step: int) -> list[dict[str, Any]]:
+        """The rows of the log up to ``start_step``, damaged ones dropped with a warning."""
+        text = self.path.read_bytes().decode("utf-8", errors="replace").replace("\0", "")
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        columns = list(reader.fieldnames or [])
+        if columns[:3] != _FIRST[:3]:
+            aside = self.path.with_name(self.path.name + ".damaged")
+            os.replace(self.path, aside)
+            warnings.warn(
+                f"CSVLog: the header of {self.path} is damaged ({columns[:3]}, not {_FIRST[:3]}); "
+                f"it was moved to {aside} and the log starts anew from step {start_step}. Its "
+                "rows are readable there by hand",
+                UserWarning,
+                stacklevel=4,
+            )
+            return []
+        self._columns = columns
+        rows, damaged = [], []
+        for row in reader:
+            try:
+                step = int(row.get("step") or "")
+            except ValueError:
+                damaged.append(reader.line_num)
+                continue
+            if step <= start_step:
+                rows.append(row)
+        if damaged:
+            warnings.warn(
+                f"CSVLog: {len(damaged)} damaged row(s) of {self.path} (line(s) "
+                f"{', '.join(map(str, damaged[:5]))}{'…' if len(damaged) > 5 else ''}: a step "
+                "that is not a number) were dropped; the run goes on with the others",
+                UserWarning,
+                stacklevel=4,
+            )
+        return rows
+
+    def flush(self) -> None:
+        """Write the row still open: a checkpoint is about to cover its step."""
+        self._finish()
 
     def _finish(self) -> None:
         if self._pending is not None:

@@ -21,8 +21,8 @@ the file.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
+import stat
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
@@ -37,7 +37,6 @@ from ..keepers import atomic_file, fsync_dir
 
 __all__ = [
     "MAGIC",
-    "check_optimizer",
     "check_payload",
     "verify_file",
     "write_checkpoint",
@@ -49,6 +48,7 @@ TRAILER = len(MAGIC) + 32
 _EOCD = b"PK\x05\x06"  # a zip archive's end-of-central-directory record (22 bytes, no comment)
 _CHUNK = 1 << 22
 _crc_lock = threading.Lock()
+_NONBLOCK = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class _Hashing:
@@ -99,6 +99,12 @@ def _os_error(e: BaseException) -> OSError | None:
 
 def _write_error(path: Path, cause: OSError, what: str = "checkpoint") -> CheckpointError:
     why = cause.strerror or str(cause)
+    if isinstance(cause, IsADirectoryError):
+        return CheckpointError(
+            f"could not write {what} {path}: a directory is in its place ({why}); remove "
+            "it (nothing the Trainer writes is a directory there) — earlier checkpoints "
+            "and 'last' are untouched"
+        )
     return CheckpointError(
         f"could not write {what} {path}: {why} ({type(cause).__name__}, errno "
         f"{cause.errno}); free space or permissions on {path.parent}, or checkpoint "
@@ -148,8 +154,46 @@ def write_pointer(path: Path, name: str) -> None:
         raise _write_error(path, e, "checkpoint pointer") from e
 
 
+@contextlib.contextmanager
+def open_checkpoint(path: Path) -> Iterator[BinaryIO]:
+    """``path`` opened for reading, never blocking: a FIFO or a device is refused.
+
+    Raises:
+        CheckpointError: nothing is there, it is not a regular file, or it cannot be read.
+    """
+    try:
+        fd = os.open(path, _NONBLOCK)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"no checkpoint at {path}") from e
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+        os.close(fd)
+        raise CheckpointError(
+            f"{path} is a directory, not a checkpoint; pass one of its step-NNNNNNNNN.ckpt "
+            f"files, or resume='last' with checkpoint=st.Checkpointing({str(path)!r})"
+        )
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise CheckpointError(
+            f"{path} is not a regular file (a FIFO, a device), not a checkpoint; pass a "
+            "step-NNNNNNNNN.ckpt file the Trainer wrote, or remove it from the checkpoint "
+            "directory"
+        )
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as f:
+        yield f
+
+
 def verify_file(path: Path) -> bool:
-    """Check ``path``'s checksum without unpickling anything.
+    """Check ``path``'s checksum without unpickling anything (``verify_open``)."""
+    with open_checkpoint(path) as f:
+        return verify_open(path, f)
+
+
+def verify_open(path: Path, f: BinaryIO) -> bool:
+    """Check the checksum of ``f`` (``path``, open) without unpickling anything.
 
     Returns:
         True when the checksum matches; False for a file written before checksums
@@ -160,32 +204,30 @@ def verify_file(path: Path) -> bool:
             neither a checkpoint with a trailer nor a zip archive.
     """
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            tail = b""
-            if size >= TRAILER:
-                f.seek(size - TRAILER)
-                tail = f.read(TRAILER)
-            elif size:
-                tail = f.read()
-            if tail[: len(MAGIC)] != MAGIC:
-                if len(tail) >= 22 and tail[-22:-18] == _EOCD and tail[-2:] == b"\0\0":
-                    return False  # a complete archive from before checksums
-                raise CheckpointError(
-                    f"{path} is truncated, corrupt or not a torch checkpoint (no checksum "
-                    "trailer and not a torch.save archive); resume from an earlier checkpoint"
-                )
+        size = os.fstat(f.fileno()).st_size
+        tail = b""
+        if size >= TRAILER:
+            f.seek(size - TRAILER)
+            tail = f.read(TRAILER)
+        elif size:
             f.seek(0)
-            h, left, buf = blake3(), size - TRAILER, bytearray(min(_CHUNK, size))
-            view = memoryview(buf)
-            while left:
-                n = f.readinto(view[: min(left, len(buf))])
-                if not n:
-                    break
-                h.update(view[:n])
-                left -= n
-    except FileNotFoundError as e:
-        raise CheckpointError(f"no checkpoint at {path}") from e
+            tail = f.read()
+        if tail[: len(MAGIC)] != MAGIC:
+            if len(tail) >= 22 and tail[-22:-18] == _EOCD and tail[-2:] == b"\0\0":
+                return False  # a complete archive from before checksums
+            raise CheckpointError(
+                f"{path} is truncated, corrupt or not a torch checkpoint (no checksum "
+                "trailer and not a torch.save archive); resume from an earlier checkpoint"
+            )
+        f.seek(0)
+        h, left, buf = blake3(), size - TRAILER, bytearray(min(_CHUNK, size))
+        view = memoryview(buf)
+        while left:
+            n = f.readinto(view[: min(left, len(buf))])  # type: ignore[attr-defined]
+            if not n:
+                break
+            h.update(view[:n])
+            left -= n
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
     if left or h.digest() != tail[len(MAGIC) :]:
@@ -290,79 +332,3 @@ def _ranges(p: Mapping[str, Any]) -> list[str]:
     ):
         problems.append("'rng' lacks the python, torch or cuda RNG state")
     return problems
-
-
-# -- the optimizer a run resumes with ---------------------------------------------------
-
-# keys a scheduler writes into param groups as it runs: they change without the user
-_SCHEDULED = {"lr", "initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"}
-_SCHEDULED_MOMENTUM = {"momentum", "betas"}
-
-
-def optimizer_class(opt: torch.optim.Optimizer) -> str:
-    t = type(opt)
-    return f"{t.__module__}.{t.__qualname__}"
-
-
-def check_optimizer(payload: Mapping[str, Any], opt: torch.optim.Optimizer) -> None:
-    """The checkpoint's optimizer is this run's class; changed hyper-parameters warn.
-
-    Raises:
-        CheckpointError: the checkpoint was written with another optimizer class (both
-            named), or its param groups are of another kind or number.
-
-    Warns:
-        UserWarning: a hyper-parameter differs (old and new values named); the
-            checkpoint's value is kept, so the run resumes exactly.
-    """
-    ours = optimizer_class(opt)
-    theirs = payload.get("optimizer_class")
-    groups = payload["optimizer"]["param_groups"]
-    if theirs is not None and theirs != ours:
-        raise CheckpointError(
-            f"the checkpoint was written with optimizer {theirs}, this run uses {ours}; "
-            "resume with the optimizer it was written with, or start a fresh run from its "
-            "weights: st.load_state(g, st.load_checkpoint(path)['model'])"
-        )
-    if len(groups) != len(opt.param_groups):
-        raise CheckpointError(
-            f"the checkpoint's optimizer has {len(groups)} parameter group(s), this run's "
-            f"{ours} has {len(opt.param_groups)}; resume with the optimizer it was written with"
-        )
-    for i, (old, new) in enumerate(zip(groups, opt.param_groups)):
-        scheduled = "initial_lr" in old or "initial_lr" in new
-        keys = (set(old) | set(new)) - {"params"} - _SCHEDULED
-        if theirs is None and {k for k in keys if (k in old) != (k in new)}:
-            raise CheckpointError(
-                f"the checkpoint's optimizer is not this run's {ours}: its parameter group "
-                f"{i} has settings {sorted(set(old) - {'params'})}, this one "
-                f"{sorted(set(new) - {'params'})}; resume with the optimizer it was written with"
-            )
-        # a scheduler moves lr as it runs: compare where it started, or not at all
-        compare = ["initial_lr"] if scheduled else [] if payload.get("scheduler") else ["lr"]
-        compare += sorted(k for k in keys if k in old and k in new)
-        if "max_momentum" in old:  # OneCycleLR cycles the momentum too
-            compare = [k for k in compare if k not in _SCHEDULED_MOMENTUM]
-        for key in compare:
-            if key in old and key in new and not _same(old[key], new[key]):
-                warnings.warn(
-                    f"optimizer hyper-parameter {key!r} of group {i} changed: the checkpoint "
-                    f"has {_plain(old[key])}, this run's optimizer {_plain(new[key])}; the "
-                    "checkpoint's value is kept so the run resumes exactly (start a fresh run "
-                    "from its weights to train with the new value)",
-                    UserWarning,
-                    stacklevel=3,
-                )
-
-
-def _plain(v: Any) -> Any:
-    return v.tolist() if isinstance(v, torch.Tensor) else v
-
-
-def _same(a: Any, b: Any) -> bool:
-    a, b = _plain(a), _plain(b)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return bool(a == b)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..watchers import EpochEnd, Metrics, StepEnd, notify
 from .batches import epoch_batches
-from .carry import reset
+from .carry import start_epoch
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
 from .limits import limited
@@ -65,7 +65,9 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     net.train()
     while s.epoch < epochs and not s.pruned and s.step < max_steps:
         batches = _batches(trainer, run, data)
-        reset(run.carries)  # carried state starts afresh each epoch
+        # carried state starts afresh each epoch, or as a mid-epoch checkpoint left it
+        start_epoch(run.carries, s.carried, s.position, run.device, run.rank)
+        s.carried = None
         if fast:
             i, ended = fast_epoch(trainer, run, batches, val, step_sched, max_steps, graph_net)
         else:

@@ -2,29 +2,56 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, SettingError
 from . import ddp
+from .carry import stored
 from .checkpoint import RunState, capture, finite, rng_state, scaler_state
-from .limits import batches_per_epoch, steps_per_epoch
+from .ckptdir import writer
+from .limits import batches_per_epoch, share, steps_per_epoch
 from .rng import as_state
 
 if TYPE_CHECKING:
     from .run import ActiveRun
     from .trainer import Trainer
 
-__all__ = ["check_fresh", "resume_path", "save", "total_steps"]
+__all__ = ["check_fresh", "resume_path", "save", "total_steps", "writing"]
 
 
 def resume_path(trainer: Trainer, resume: Any) -> Path | None:
     """The checkpoint ``fit(resume=...)`` names (None: a fresh start)."""
     if resume is None:
         return None
+    check_resume(resume)
+    if resume == "last":
+        if trainer.checkpoint is None:
+            raise CheckpointError(
+                "resume='last' needs checkpoint=Checkpointing(dir) to know where to look"
+            )
+        return trainer.checkpoint.last()
+    if Path(resume).is_dir():
+        raise CheckpointError(
+            f"resume={str(resume)!r} is a directory, not a checkpoint; to continue from its "
+            f"newest checkpoint pass resume='last' with checkpoint=st.Checkpointing("
+            f"{str(resume)!r}), or pass the path of one of its step-NNNNNNNNN.ckpt files"
+        )
+    return Path(resume)
+
+
+def check_resume(resume: Any) -> None:
+    """``fit(resume=...)`` is None, ``"last"`` or a path (before anything is written).
+
+    Raises:
+        SettingError: it is none of them, naming it and what to pass.
+    """
+    if resume is None:
+        return
     if isinstance(resume, bool) or not isinstance(resume, (str, os.PathLike)):
         raise SettingError(
             f"resume must be 'last' or a checkpoint's path, not {resume!r}; pass "
@@ -37,13 +64,18 @@ def resume_path(trainer: Trainer, resume: Any) -> Path | None:
             f"file {resume!r}); pass resume='last' for the newest checkpoint of "
             "Checkpointing(dir), or the path of a checkpoint file"
         )
-    if resume == "last":
-        if trainer.checkpoint is None:
-            raise CheckpointError(
-                "resume='last' needs checkpoint=Checkpointing(dir) to know where to look"
-            )
-        return trainer.checkpoint.last()
-    return Path(resume)
+
+
+@contextlib.contextmanager
+def writing(trainer: Trainer, rank: int, resume: Any) -> Iterator[None]:
+    """Hold the checkpoint directory's lock for a fit (rank 0, which writes; ``ckptdir``),
+    once ``resume`` is known to be a value ``fit`` takes (``check_resume``)."""
+    check_resume(resume)
+    if trainer.checkpoint is None or rank != 0:
+        yield
+        return
+    with writer(trainer.checkpoint.path):
+        yield
 
 
 def _word(resume: str) -> bool:
@@ -70,7 +102,14 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     run.due = False
     rngs = ddp.gather(rng_state()) if run.world > 1 else None  # every rank's, for its resume
     epoch_rngs = ddp.gather(as_state(s.epoch_rng)) if run.world > 1 else None
+    carry = None  # every rank's st.Carry values, to go on from in mid-epoch
+    if s.position and run.carries:
+        carry = ddp.gather(stored(run.carries)) if run.world > 1 else [stored(run.carries)]
     if run.rank == 0:
+        for w in run.watchers:  # what they hold back (a CSV row) goes to disk before the
+            flush = getattr(w, "flush", None)  # checkpoint that covers it
+            if callable(flush):
+                flush()
         if finite(run.net.state_dict()):
             s.last_finite = s.step
         payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
@@ -78,12 +117,17 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         payload["world"] = run.world  # a mid-epoch position is one of this world's shares
         if run.average is not None:
             payload["ema"] = run.average.state()
+        payload["order"] = order(trainer, run.train, run.rank, run.world)
+        if carry is not None:
+            payload["carry"] = carry
         if rngs is not None:
             payload["rngs"], payload["epoch_rngs"] = rngs, epoch_rngs
         protect = [int(r[1]) for r in s.ranked]
         if s.last_finite is not None:
             protect.append(s.last_finite)
-        ckpt.save(payload, s.step, protect=protect, best=best_step(s))
+        s.checkpoints = ckpt.save_chain(
+            payload, s.step, protect=protect, best=best_step(s), known=s.checkpoints
+        )
     if run.world > 1:
         ddp.barrier()
     run.checkpoint = ckpt.file(s.step)
@@ -138,6 +182,7 @@ def check_extension(
         return
     if trainer.max_steps is None or s.step < trainer.max_steps:  # (at it: nothing to train)
         check_world(run, path)
+        check_order(trainer, run, path, train)
     restored = horizon(run.sched)
     planned = _planned(trainer, run, train)
     for key, built in restored.items():
@@ -180,6 +225,77 @@ def check_world(run: ActiveRun, path: Path) -> None:
         "checkpoint written at an epoch's end (fit(..., resume=PATH); one is written after "
         "every epoch), which resumes on any number of processes"
     )
+
+
+def order(trainer: Trainer, train: Iterable[Any], rank: int, world: int) -> dict[str, Any]:
+    """What a mid-epoch position means: the batches an epoch takes (None when the data has
+    no length), and the settings that order and group them."""
+    o = trainer.options
+    size = share(train, rank, world, even=True) if train is not None else None
+    limit = batches_per_epoch(
+        "limit_train_batches", o.limit_train_batches, train, rank, world, even=True
+    )
+    batches = size if limit is None else limit if size is None else min(size, limit)
+    return {
+        "batches": batches,
+        "accumulate": o.accumulate,
+        "micro_batches": trainer.micro_batches,
+        "shuffle": o.shuffle,
+        "limit_train_batches": o.limit_train_batches,
+    }
+
+
+_ORDER_FIX = {
+    "batches": "resume with the data it was trained on",
+    "accumulate": "resume with Options(accumulate={})",
+    "shuffle": "resume with Options(shuffle={})",
+    "limit_train_batches": "resume with Options(limit_train_batches={})",
+}
+
+
+def check_order(trainer: Trainer, run: ActiveRun, path: Path, train: Iterable[Any]) -> None:
+    """Refuse to go on in mid-epoch when the checkpoint's position means another batch here:
+    the epoch has another number of batches (other data, another limit), or its batches are
+    ordered (``shuffle``) or grouped (``accumulate``) otherwise. A checkpoint from before
+    this was recorded is not checked. Another ``micro_batches`` only warns: the position is
+    the same batch, but the sums round otherwise.
+
+    Raises:
+        CheckpointError: naming each setting, its value then and now, and the fix.
+    """
+    s = run.state
+    if s.position == 0 or s.order is None:
+        return
+    now = order(trainer, train, run.rank, run.world)
+    then = s.order
+    differ = [
+        k
+        for k in _ORDER_FIX
+        if k in then and then[k] != now[k] and not (k == "batches" and None in (then[k], now[k]))
+    ]
+    where = f"{path} was written mid-epoch (epoch {s.epoch}, batch {s.position})"
+    if differ:
+        said = "; ".join(
+            f"its epoch had {then[k]} batches, this run's has {now[k]}"
+            if k == "batches"
+            else f"it was written with {k}={then[k]!r}, this run has {k}={now[k]!r}"
+            for k in differ
+        )
+        fixes = ", ".join(_ORDER_FIX[k].format(repr(then[k])) for k in differ)
+        raise CheckpointError(
+            f"{where}, and its position means another batch here: {said}. To go on from "
+            f"it, {fixes}; or resume from a checkpoint written at an epoch's end (one is "
+            "written after every epoch), which goes on with any data and settings"
+        )
+    if "micro_batches" in then and then["micro_batches"] != now["micro_batches"]:
+        warnings.warn(
+            f"{where} by a run with micro_batches={then['micro_batches']}, this run has "
+            f"micro_batches={now['micro_batches']}: it goes on from the same batch, but its "
+            "gradients sum otherwise, so it is not bitwise identical to an uninterrupted run; "
+            f"resume with micro_batches={then['micro_batches']} for an exact resume",
+            UserWarning,
+            stacklevel=5,
+        )
 
 
 def _planned(trainer: Trainer, run: ActiveRun, train: Iterable[Any]) -> int | None:

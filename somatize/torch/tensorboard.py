@@ -118,6 +118,11 @@ class TensorBoard:
         for summary in hparams(plain, dict(self._final)):
             w.file_writer.add_summary(summary)
 
+    def flush(self) -> None:
+        """Write out what the writer holds: a checkpoint is about to cover its steps."""
+        if self._writer is not None:
+            self._writer.flush()
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()

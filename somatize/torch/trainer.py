@@ -56,6 +56,7 @@ from .policy import (
     resume_path,
     save,
     total_steps,
+    writing,
 )
 from .result import TrainResult
 from .run import ActiveRun
@@ -180,7 +181,8 @@ class Trainer:
         run_id = uuid.uuid4().hex[:12]
         rank, world, own_group = ddp.setup()
         try:
-            result = self._fit(model, train, val, resume, run_id, rank, world, started)
+            with writing(self, rank, resume):  # one fit writes a checkpoint directory at a time
+                result = self._fit(model, train, val, resume, run_id, rank, world, started)
         except BaseException:
             if own_group:
                 ddp.finish(failed=True)  # the group goes: peers waiting on this rank fail now

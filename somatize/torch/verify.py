@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from .checkpoint import load_checkpoint
+from .ckptdir import read_pointer
 
 __all__ = ["Verdict", "verify_checkpoints", "verify_command"]
 
@@ -38,7 +39,7 @@ def verify_checkpoints(path: str | os.PathLike[str]) -> list[Verdict]:
     if path.is_file():
         files = [path]
     elif path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix == ".ckpt" and p.is_file())
+        files = sorted(p for p in path.iterdir() if p.suffix == ".ckpt" and not p.is_dir())
     else:
         raise CheckpointError(f"no checkpoint or checkpoint directory at {path}")
     verdicts = [_verify(f) for f in files]
@@ -46,11 +47,11 @@ def verify_checkpoints(path: str | os.PathLike[str]) -> list[Verdict]:
         passed = {v.path.name for v in verdicts if v.status != "damaged"}
         for pointer in ("last", "best"):
             try:
-                name = (path / pointer).read_text().strip()
-            except FileNotFoundError:
+                name = read_pointer(path / pointer)
+            except CheckpointError as e:
+                verdicts.append(Verdict(path / pointer, "damaged", str(e)))
                 continue
-            except OSError as e:
-                verdicts.append(Verdict(path / pointer, "damaged", f"unreadable: {e}"))
+            if not name:  # absent, or empty (a power cut): "last" then names the newest intact
                 continue
             if name not in passed:
                 why = "a damaged checkpoint" if (path / name).is_file() else "no checkpoint"

@@ -61,14 +61,20 @@ def test_checkpoints_hold_everything_and_keep_the_newest(tmp_path):
 
 def test_saving_never_deletes_the_checkpoint_last_names(tmp_path):
     directory = tmp_path / "ckpt"
-    directory.mkdir()
-    for step in (96, 98, 100):  # an older, longer run's files (not named by last)
-        (directory / f"step-{step:09d}.ckpt").write_bytes(b"old")
-    (directory / ".step-000000101.ckpt.abc.tmp").write_bytes(b"torn")  # a killed writer's
     train(tmp_path, keep=2)
+    (directory / ".step-000000101.ckpt.abc.tmp").write_bytes(b"torn")  # a killed writer's
+    torch.manual_seed(0)
+    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(3)]
+    st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-2),
+        epochs=3,
+        checkpoint=st.Checkpointing(directory, every_steps=1, keep=2),
+        options=st.Options(progress=False),
+    ).fit(Graph.somatize(Linear()), data, resume="last")
     last = st.Checkpointing(directory).last()
-    assert last.name == "step-000000006.ckpt"
-    assert st.load_checkpoint(last)["step"] == 6
+    assert last.name == "step-000000009.ckpt"
+    assert st.load_checkpoint(last)["step"] == 9
     assert not (directory / ".step-000000101.ckpt.abc.tmp").exists()
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import csv
+import multiprocessing
+import os
+import signal
 
 import pytest
 import torch
@@ -96,3 +99,82 @@ def test_the_csv_log_pickles_without_its_file(tmp_path):
         options=st.Options(progress=False),
     ).fit(__import__("somatize").Graph.somatize(Body() >> Head()), wdata())
     assert pickle.loads(pickle.dumps(log)).path == log.path
+
+
+class KillAt:
+    """SIGKILLs the process as step ``step`` ends: no close(), nothing flushed on the way."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_event(self, event) -> None:
+        from somatize.watchers import StepEnd
+
+        if isinstance(event, StepEnd) and event.step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _killed_fit(tmp_path, kill_at: int) -> None:
+    from tests.torch.test_checkpoint_resume import trainer
+
+    torch.set_num_threads(1)
+    log = st.CSVLog(tmp_path / "log.csv")
+    trainer(tmp_path, watchers=[KillAt(kill_at), log], pruner=None).fit(
+        graph(0), data(), val=data(2)
+    )
+
+
+@pytest.mark.parametrize("kill_at", [7, 11])  # after checkpoint 6 (mid-epoch), 10 (epoch end)
+def test_a_kill_after_a_checkpoint_loses_no_row_it_covers(tmp_path, kill_at):
+    from tests.torch.test_checkpoint_resume import trainer
+
+    child = multiprocessing.get_context("fork").Process(
+        target=_killed_fit, args=(tmp_path, kill_at)
+    )
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL
+    checkpointed = kill_at - 1
+    assert max(int(r["step"]) for r in rows(tmp_path / "log.csv")) == checkpointed
+    trainer(tmp_path, watchers=[st.CSVLog(tmp_path / "log.csv")], pruner=None).fit(
+        graph(0), data(), val=data(2), resume="last"
+    )
+    steps = [int(r["step"]) for r in rows(tmp_path / "log.csv") if r["kind"] == "step"]
+    assert steps == list(range(1, 21))
+
+
+@pytest.mark.parametrize("damage", [b"2x", b"\0"])
+def test_a_damaged_row_is_dropped_with_a_warning_and_the_resume_goes_on(tmp_path, damage):
+    from tests.torch.test_checkpoint_resume import trainer
+
+    log = tmp_path / "log.csv"
+    with pytest.raises(Crash):
+        trainer(tmp_path, watchers=[st.CSVLog(log), CrashAt(7)], pruner=None).fit(
+            graph(0), data(), val=data(2)
+        )
+    lines = log.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b"step,2,", b"step," + damage + b",", 1)  # row of step 2
+    log.write_bytes(b"\n".join(lines))
+    with pytest.warns(UserWarning, match=r"damaged row.*log.csv"):
+        trainer(tmp_path, watchers=[st.CSVLog(log)], pruner=None).fit(
+            graph(0), data(), val=data(2), resume="last"
+        )
+    steps = [r["step"] for r in rows(log) if r["kind"] == "step"]
+    assert steps == [str(n) for n in range(1, 21) if n != 2]
+
+
+def test_a_log_with_a_damaged_header_is_set_aside_and_started_anew(tmp_path):
+    from tests.torch.test_checkpoint_resume import trainer
+
+    log = tmp_path / "log.csv"
+    with pytest.raises(Crash):
+        trainer(tmp_path, watchers=[st.CSVLog(log), CrashAt(7)], pruner=None).fit(
+            graph(0), data(), val=data(2)
+        )
+    log.write_bytes(b"\xff\xfe" + log.read_bytes()[2:])
+    with pytest.warns(UserWarning, match="header of .*log.csv is damaged"):
+        trainer(tmp_path, watchers=[st.CSVLog(log)], pruner=None).fit(
+            graph(0), data(), val=data(2), resume="last"
+        )
+    assert (tmp_path / "log.csv.damaged").exists()
+    assert [int(r["step"]) for r in rows(log) if r["kind"] == "step"] == list(range(7, 21))

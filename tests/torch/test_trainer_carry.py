@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -101,3 +102,73 @@ def test_carry_detaches_nested_values_unless_told_not_to():
     assert keep.value.requires_grad
     keep.reset()
     assert keep.value is None
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAt:
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_event(self, event) -> None:
+        from somatize.watchers import StepEnd
+
+        if isinstance(event, StepEnd) and event.step == self.step:
+            raise Crash
+
+
+class Pair(Node):
+    """An LSTM: its carried state is a tuple (h, c)."""
+
+    def __init__(self) -> None:
+        self.rnn = nn.LSTM(3, 5, batch_first=True)
+        self.out = nn.Linear(5, 2)
+        self.hidden = st.Carry()
+
+    def forward(self, x, ctx):
+        out, hc = self.rnn(x, self.hidden.value)
+        self.hidden.set(hc)
+        return Done(Opaque(self.out(out[:, -1])))
+
+
+def carried_fit(ckpt, node, watchers=(), resume=None):
+    torch.manual_seed(0)
+    return st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-2),
+        epochs=2,
+        checkpoint=st.Checkpointing(ckpt, every_steps=2),
+        watchers=watchers,
+        options=st.Options(progress=False, shuffle=False),
+    ).fit(Graph.somatize(node()), data(5), val=data(2), resume=resume)
+
+
+@pytest.mark.parametrize("node", [Recurrent, Pair])
+def test_a_run_resumed_mid_epoch_goes_on_from_the_carried_state_bitwise(tmp_path, node):
+    whole = carried_fit(tmp_path / "whole", node)
+    with pytest.raises(Crash):
+        carried_fit(tmp_path / "cut", node, [CrashAt(3)])  # last checkpoint: batch 2 of 5
+    payload = st.load_checkpoint(st.Checkpointing(tmp_path / "cut").last())
+    assert payload["position"] == 2 and len(payload["carry"][0]) == 1
+    resumed = carried_fit(tmp_path / "cut", node, resume="last")
+    assert resumed.losses == whole.losses
+    assert resumed.metrics == whole.metrics
+    assert all(torch.equal(v, resumed.state[k]) for k, v in whole.state.items())
+
+
+class Odd(Recurrent):
+    """Carries something a checkpoint cannot hold beside its state."""
+
+    def forward(self, x, ctx):
+        out, h = self.rnn(x, None if self.hidden.value is None else self.hidden.value[0])
+        self.hidden.set((h, object()))
+        return Done(Opaque(self.out(out[:, -1])))
+
+
+def test_a_carried_value_a_checkpoint_cannot_hold_warns_on_a_mid_epoch_resume(tmp_path):
+    with pytest.raises(Crash):
+        carried_fit(tmp_path / "cut", Odd, [CrashAt(3)])
+    with pytest.warns(UserWarning, match=r"type \['tuple'\] could not be checkpointed"):
+        carried_fit(tmp_path / "cut", Odd, resume="last")

@@ -4,7 +4,7 @@
         tests/torch/scripts/ddp_train.py OUT_DIR [--crash-at STEP] [--resume]
 
 Every rank writes what it ends with to OUT_DIR/rank<R>.pt. The ranks share one
-checkpoint directory; each rank that calls ``Checkpointing.save`` leaves a file
+checkpoint directory; each rank that calls ``Checkpointing.save_chain`` leaves a file
 ``saved-rank<R>``, and each gives the Trainer its own run log and TensorBoard
 directory, so the test can see that only rank 0 writes. ``--crash-at`` makes rank
 0 fail at the end of that step; ``--resume`` continues from the last checkpoint.
@@ -109,13 +109,13 @@ def main() -> None:
     torch.set_num_threads(1)
     out = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
-    save = st.Checkpointing.save
+    save = st.Checkpointing.save_chain  # what the Trainer saves with
 
     def recorded(self, payload, step, **kw):
         (out / f"saved-rank{rank}").touch()
         return save(self, payload, step, **kw)
 
-    st.Checkpointing.save = recorded
+    st.Checkpointing.save_chain = recorded
     crash_at = int(sys.argv[sys.argv.index("--crash-at") + 1]) if "--crash-at" in sys.argv else 0
     train, val = data()
     dataset = None

@@ -1,0 +1,92 @@
+"""The optimizer a run resumes with: the checkpoint's class, and its hyper-parameters.
+
+A checkpoint names its optimizer's class (``payload["optimizer_class"]``); resuming with
+another is refused, and a hyper-parameter changed since (say ``lr``) warns while the
+checkpoint's value is kept, so the run resumes exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+
+__all__ = ["check_optimizer", "optimizer_class"]
+
+# keys a scheduler writes into param groups as it runs: they change without the user
+_SCHEDULED = {"lr", "initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"}
+_SCHEDULED_MOMENTUM = {"momentum", "betas"}
+
+
+def optimizer_class(opt: torch.optim.Optimizer) -> str:
+    t = type(opt)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def check_optimizer(payload: Mapping[str, Any], opt: torch.optim.Optimizer) -> None:
+    """The checkpoint's optimizer is this run's class; changed hyper-parameters warn.
+
+    Raises:
+        CheckpointError: the checkpoint was written with another optimizer class (both
+            named), or its param groups are of another kind or number.
+
+    Warns:
+        UserWarning: a hyper-parameter differs (old and new values named); the
+            checkpoint's value is kept, so the run resumes exactly.
+    """
+    ours = optimizer_class(opt)
+    theirs = payload.get("optimizer_class")
+    groups = payload["optimizer"]["param_groups"]
+    if theirs is not None and theirs != ours:
+        raise CheckpointError(
+            f"the checkpoint was written with optimizer {theirs}, this run uses {ours}; "
+            "resume with the optimizer it was written with, or start a fresh run from its "
+            "weights: st.load_state(g, st.load_checkpoint(path)['model'])"
+        )
+    if len(groups) != len(opt.param_groups):
+        raise CheckpointError(
+            f"the checkpoint's optimizer has {len(groups)} parameter group(s), this run's "
+            f"{ours} has {len(opt.param_groups)}; resume with the optimizer it was written with"
+        )
+    for i, (old, new) in enumerate(zip(groups, opt.param_groups)):
+        scheduled = "initial_lr" in old or "initial_lr" in new
+        keys = (set(old) | set(new)) - {"params"} - _SCHEDULED
+        if theirs is None and {k for k in keys if (k in old) != (k in new)}:
+            raise CheckpointError(
+                f"the checkpoint's optimizer is not this run's {ours}: its parameter group "
+                f"{i} has settings {sorted(set(old) - {'params'})}, this one "
+                f"{sorted(set(new) - {'params'})}; resume with the optimizer it was written with"
+            )
+        # a scheduler moves lr as it runs: compare where it started, or not at all
+        compare = ["initial_lr"] if scheduled else [] if payload.get("scheduler") else ["lr"]
+        compare += sorted(k for k in keys if k in old and k in new)
+        if "max_momentum" in old:  # OneCycleLR cycles the momentum too
+            compare = [k for k in compare if k not in _SCHEDULED_MOMENTUM]
+        for key in compare:
+            if key in old and key in new and not _same(old[key], new[key]):
+                warnings.warn(
+                    f"optimizer hyper-parameter {key!r} of group {i} changed: the checkpoint "
+                    f"has {_plain(old[key])}, this run's optimizer {_plain(new[key])}; the "
+                    "checkpoint's value is kept so the run resumes exactly (start a fresh run "
+                    "from its weights to train with the new value)",
+                    UserWarning,
+                    stacklevel=3,
+                )
+
+
+def _plain(v: Any) -> Any:
+    return v.tolist() if isinstance(v, torch.Tensor) else v
+
+
+def _same(a: Any, b: Any) -> bool:
+    a, b = _plain(a), _plain(b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)

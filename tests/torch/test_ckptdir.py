@@ -1,0 +1,224 @@
+"""A checkpoint directory: pointers read safely, earlier runs' files left alone, one writer."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.errors import CheckpointError, SettingError
+from somatize.torch import integrity
+from somatize.torch.verify import verify_checkpoints
+
+
+class Linear(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+def data():
+    gen = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, 3, generator=gen), torch.randint(0, 2, (4,), generator=gen))] * 3
+
+
+def fit(ckpt, epochs=2, resume=None, keep=10, seed=0):
+    torch.manual_seed(0)
+    return st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-2),
+        epochs=epochs,
+        seed=seed,
+        checkpoint=st.Checkpointing(ckpt, every_steps=1, keep=keep),
+        options=st.Options(progress=False),
+    ).fit(Graph.somatize(Linear()), data(), resume=resume)
+
+
+def names(directory):
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("step-"))
+
+
+# -- checkpoints without a 'last' pointer (audit D2) -------------------------------------
+
+
+@pytest.mark.parametrize("resume", [None, "last"])
+def test_checkpoints_without_last_are_never_overwritten_or_rotated(tmp_path, resume):
+    ckpt = tmp_path / "ckpt"
+    fit(ckpt, epochs=3)
+    (ckpt / "last").unlink()  # an rsync of *.ckpt, a clean-up by hand
+    before = {n: (ckpt / n).read_bytes() for n in names(ckpt)}
+    with pytest.raises(CheckpointError, match="no 'last' pointer") as e:
+        fit(ckpt, epochs=1, resume=resume, keep=3, seed=1)
+    assert "step-000000009.ckpt" in str(e.value) and "resume=" in str(e.value)
+    assert {n: (ckpt / n).read_bytes() for n in names(ckpt)} == before
+
+
+def test_a_users_own_file_named_like_a_checkpoint_is_not_rotated_away(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    fit(ckpt, epochs=1, keep=2)
+    (ckpt / "step-000000001.ckpt").write_bytes(b"mine")  # not the run's (it was rotated)
+    fit(ckpt, epochs=3, resume="last", keep=2)
+    assert (ckpt / "step-000000001.ckpt").read_bytes() == b"mine"
+    assert names(ckpt) == ["step-000000001.ckpt", "step-000000008.ckpt", "step-000000009.ckpt"]
+    payload = st.load_checkpoint(ckpt / "step-000000009.ckpt")
+    assert payload["checkpoints"] == ["step-000000008.ckpt", "step-000000009.ckpt"]
+
+
+def test_a_kill_between_the_first_checkpoint_and_its_pointer_still_resumes(tmp_path, monkeypatch):
+    ckpt = tmp_path / "ckpt"
+    real = integrity.write_pointer
+
+    def dies(path, name):
+        if name:  # the first checkpoint is on disk; 'last' is not yet renamed onto it
+            raise KeyboardInterrupt
+        real(path, name)
+
+    monkeypatch.setattr(integrity, "write_pointer", dies)
+    with pytest.raises(KeyboardInterrupt):
+        fit(ckpt)
+    monkeypatch.setattr(integrity, "write_pointer", real)
+    assert names(ckpt) == ["step-000000001.ckpt"]
+    assert (ckpt / "last").read_bytes() == b""  # written empty before the first checkpoint
+    resumed = fit(ckpt, resume="last")
+    assert resumed.losses == fit(tmp_path / "whole").losses
+
+
+# -- damaged or odd pointers and files (audit #4) ----------------------------------------
+
+
+def test_a_pointer_of_binary_bytes_or_a_directory_is_a_checkpoint_error(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    fit(ckpt)
+    (ckpt / "last").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(CheckpointError, match="binary bytes.*step-000000006.ckpt"):
+        fit(ckpt, resume="last")
+    verdicts = {v.path.name: v for v in verify_checkpoints(ckpt)}
+    assert verdicts["last"].status == "damaged"
+    (ckpt / "last").unlink()
+    (ckpt / "last").mkdir()
+    with pytest.raises(CheckpointError, match="is a directory"):
+        fit(ckpt, resume="last")
+
+
+def test_garbage_in_last_says_how_to_mend_it_not_to_delete_it(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    fit(ckpt)
+    (ckpt / "last").write_text("../../etc/passwd")
+    with pytest.raises(CheckpointError, match="does not name a checkpoint") as e:
+        st.Checkpointing(ckpt).last()
+    assert "delete" not in str(e.value) and "step-000000006.ckpt" in str(e.value)
+
+
+def test_a_last_of_nuls_after_a_power_cut_means_the_newest_intact(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    fit(ckpt)
+    (ckpt / "last").write_bytes(b"\0" * 19)
+    assert st.Checkpointing(ckpt).last() == ckpt / "step-000000006.ckpt"
+    assert not [v for v in verify_checkpoints(ckpt) if v.status == "damaged"]
+
+
+def test_a_fifo_in_place_of_the_newest_checkpoint_does_not_hang(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    fit(ckpt)
+    newest = ckpt / "step-000000006.ckpt"
+    newest.unlink()
+    os.mkfifo(newest)
+    found: list[object] = []
+    reader = threading.Thread(
+        target=lambda: found.append(st.Checkpointing(ckpt).last()), daemon=True
+    )
+    with pytest.warns(UserWarning, match="not a regular file"):
+        reader.start()
+        reader.join(20)
+    assert not reader.is_alive(), "reading a FIFO blocked"
+    assert found == [ckpt / "step-000000005.ckpt"]
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        st.load_checkpoint(newest)
+
+
+def test_what_is_verified_is_what_is_loaded(tmp_path, monkeypatch):
+    ckpt = tmp_path / "ckpt"
+    fit(ckpt)
+    path, other = ckpt / "step-000000006.ckpt", ckpt / "step-000000002.ckpt"
+    real = integrity.verify_open
+
+    def then_swapped(p, f):  # another file is renamed over the path once it is verified
+        ok = real(p, f)
+        os.replace(other, path)
+        return ok
+
+    monkeypatch.setattr(integrity, "verify_open", then_swapped)
+    assert st.load_checkpoint(path)["step"] == 6
+
+
+# -- what resume= and load_checkpoint are given (audit M2) -------------------------------
+
+
+def test_the_last_pointer_or_the_directory_given_as_a_checkpoint_says_what_to_pass(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    fit(ckpt)
+    with pytest.raises(CheckpointError, match="'last' pointer.*step-000000006.ckpt.*resume='last'"):
+        st.load_checkpoint(ckpt / "last")
+    with pytest.raises(CheckpointError, match="'last' pointer"):
+        fit(tmp_path / "other", resume=ckpt / "last")
+    with pytest.raises(CheckpointError, match="is a directory.*resume='last'"):
+        fit(tmp_path / "other", resume=str(ckpt))
+    with pytest.raises(CheckpointError, match="is a directory.*resume='last'"):
+        st.load_checkpoint(ckpt)
+
+
+# -- the directory itself (audit D3, C9) and one writer (audit #5) -----------------------
+
+
+@pytest.mark.parametrize("bad", [None, 42, True])
+def test_a_checkpoint_dir_that_is_no_path_is_refused_at_construction(bad):
+    with pytest.raises(TypeError, match="Checkpointing\\(dir\\) takes the path"):
+        st.Checkpointing(bad)
+
+
+def test_an_empty_checkpoint_dir_is_refused_rather_than_the_current_directory():
+    with pytest.raises(SettingError, match="empty path"):
+        st.Checkpointing("")
+
+
+@pytest.mark.parametrize(
+    ("where", "said"), [("afile", "is a file, not"), ("afile/sub", "lies under a file")]
+)
+def test_a_checkpoint_dir_that_is_a_file_is_a_clear_error(tmp_path, where, said):
+    (tmp_path / "afile").write_text("keep me")
+    with pytest.raises(CheckpointError, match=f"{said}.*move the file away"):
+        fit(tmp_path / where)
+    assert (tmp_path / "afile").read_text() == "keep me"
+
+
+def test_a_second_fit_into_a_directory_another_fit_writes_is_refused(tmp_path):
+    from somatize.torch import ckptdir
+
+    ckpt = tmp_path / "ckpt"
+    with ckptdir.writer(ckpt):  # another fit holds it (a lock of another open file)
+        with pytest.raises(CheckpointError, match="is in use.*lock"):
+            fit(ckpt)
+        assert names(ckpt) == []
+    assert fit(ckpt).steps == 6  # released when that fit ends
+    assert fit(ckpt, epochs=3, resume="last").steps == 9  # and by each fit
+
+
+def test_a_directory_in_place_of_a_checkpoint_is_named_as_such_not_a_full_disk(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    fit(ckpt, epochs=1)
+    (ckpt / "step-000000003.ckpt").unlink()
+    (ckpt / "step-000000003.ckpt").mkdir()
+    with (
+        pytest.warns(UserWarning, match="falling back"),
+        pytest.raises(CheckpointError, match="a directory is in its place") as e,
+    ):
+        fit(ckpt, epochs=2, resume="last")
+    assert "free space" not in str(e.value)
