@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import SettingError
+from ..watchers import check_watchers
 
 __all__ = [
     "check_arguments",
@@ -139,18 +140,10 @@ def check_parts(loss: Any, checkpoint: Any, watchers: Any, options: Any) -> None
             f"checkpoint must be an st.Checkpointing, not a {type(checkpoint).__qualname__}; "
             f"e.g. checkpoint=st.Checkpointing({where}, keep=3)"
         )
-    if callable(getattr(watchers, "on_event", None)) or not isinstance(watchers, Iterable):
-        raise SettingError(
-            f"watchers must be a list of watchers, not a {type(watchers).__qualname__}; "
-            f"e.g. watchers=[{type(watchers).__name__}(...)]"
-        )
-    for w in watchers:
-        if not callable(getattr(w, "on_event", None)):
-            raise SettingError(
-                f"watcher {w!r} has no on_event(event) method; a watcher is an object with "
-                "one (st.CSVLog, st.TensorBoard, st.Progress, somatize.JsonLines...), not a "
-                "function"
-            )
+    try:
+        check_watchers(watchers, "Trainer(watchers=...)")
+    except TypeError as e:  # the Graph's check, as the Trainer's error
+        raise SettingError(str(e)) from None
 
 
 def check_loss(loss: Any) -> None:

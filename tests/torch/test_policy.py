@@ -10,7 +10,7 @@ from torch.nn import functional as F
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
 from somatize.errors import CheckpointError
-from somatize.watchers import StepEnd
+from tests.torch.test_checkpoint_resume import Crash, CrashAt
 
 
 class Linear(Node):
@@ -19,19 +19,6 @@ class Linear(Node):
 
     def forward(self, x, ctx):
         return Done(Opaque(self.lin(x)))
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt:
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_event(self, event) -> None:
-        if isinstance(event, StepEnd) and event.step == self.step:
-            raise Crash
 
 
 def data(n: int = 6):

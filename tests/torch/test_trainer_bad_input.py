@@ -85,11 +85,12 @@ def data():
         (lambda: st.Trainer(loss="mse", optimizer=sgd), "loss must be a function"),
         (
             lambda: st.Trainer(optimizer=sgd, watchers=[print]),
-            "watcher <built-in function print> has no on_event",
+            r"Trainer\(watchers=\.\.\.\): <built-in function print> is not a watcher: a watcher "
+            r"has a method on_event\(event\)",
         ),
         (
             lambda: st.Trainer(optimizer=sgd, watchers=st.CSVLog("log.csv")),
-            r"watchers must be a list of watchers, not a CSVLog; e.g. watchers=\[CSVLog\(...\)\]",
+            r"watchers is a list of watchers, not a CSVLog; write watchers=\[w\]",
         ),
         (
             lambda: st.Trainer(optimizer=sgd, options={"progress": False}),

@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
+from tests.torch.test_checkpoint_resume import Crash, CrashAt
 
 
 class Recurrent(Node):
@@ -102,21 +103,6 @@ def test_carry_detaches_nested_values_unless_told_not_to():
     assert keep.value.requires_grad
     keep.reset()
     assert keep.value is None
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt:
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_event(self, event) -> None:
-        from somatize.watchers import StepEnd
-
-        if isinstance(event, StepEnd) and event.step == self.step:
-            raise Crash
 
 
 class Pair(Node):
