@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..errors import SettingError
 from . import ddp
 from .limits import length
 from .samplers import epoch_generator, rank_share
@@ -33,6 +34,39 @@ def split(batch: Any) -> tuple[Any, Any]:
     if isinstance(batch, dict) and "x" in batch:
         return batch["x"], batch.get("y")
     return batch, None
+
+
+def checked_split(
+    fn: Callable[[Any], Any] | None, loss: Any
+) -> Callable[[Any], tuple[Any, Any]] | None:
+    """``Trainer(split=fn)``, checked: a function, given with a loss, whose every result is
+    an ``(inputs, target)`` pair (None: the default ``split``)."""
+    if fn is None:
+        return None
+    if not callable(fn):
+        raise SettingError(
+            f"split must be a function of a batch returning (inputs, target), not "
+            f"{type(fn).__qualname__}; e.g. split=lambda b: (b['input'], b['labels'])"
+        )
+    if loss is None:
+        raise SettingError(
+            "split= gives a loss function its target, but the Trainer has no loss=: without "
+            "one the graph gets the whole batch and computes the loss itself; pass loss=, or "
+            "leave split out"
+        )
+
+    def pair(batch: Any) -> tuple[Any, Any]:
+        out = fn(batch)
+        if type(out) is not tuple or len(out) != 2:
+            raise SettingError(
+                f"split={getattr(fn, '__qualname__', fn)!r} returned "
+                f"{type(out).__qualname__}{'' if type(out) is not tuple else f' of {len(out)}'}"
+                ", not an (inputs, target) pair; return a 2-tuple, with None as the target "
+                "for a loss of the output alone"
+            )
+        return out
+
+    return pair
 
 
 def loss_of(loss: Callable[..., Any] | None, output: Any, target: Any) -> torch.Tensor:

@@ -82,7 +82,7 @@ def fast_epoch(
 ) -> tuple[int, bool]:
     """One epoch's steps: (index of the last batch, whether the epoch ran to its end)."""
     s, net, opt, device = run.state, run.wrapped, run.opt, run.device
-    loss_fn, with_loss = trainer.loss, trainer.loss is not None
+    loss_fn, with_loss, user_split = trainer.loss, trainer.loss is not None, trainer.split
     zero_grad, opt_step = _zero_grad(opt), opt.step
     call = _call(net)
     policy, clip = trainer.options.nonfinite, trainer.options.clip_grad_norm
@@ -113,6 +113,8 @@ def fast_epoch(
                 graph_net.step = step + 1
             if not with_loss:
                 x, y = batch, None
+            elif user_split is not None:
+                x, y = user_split(batch)
             elif type(batch) is tuple and len(batch) == 2:
                 x, y = batch
             else:

@@ -107,6 +107,8 @@ def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
     batch = _failing_batch(e)
     if batch is None:
         return
+    if trainer.split is not None:  # the user's own split: the batch rule does not apply
+        return
     note = _batch_note(batch, trainer.loss is not None) + _train_hint(train)
     if note:
         add_note(e, note)
@@ -143,11 +145,11 @@ def _batch_note(batch: Any, with_loss: bool) -> str:
     if pair or (isinstance(batch, Mapping) and "x" in batch):
         return ""  # it was split: the failure is the model's or the loss's own
     fix = (
-        f"e.g. a collate_fn or dataset returning {{'x': ..., 'y': ...}} from its keys "
-        f"({', '.join(map(repr, batch))})"
+        f"or say how to split it: Trainer(split=lambda b: (b[{next(iter(batch))!r}], "
+        f"b[...])) with two of its keys ({', '.join(map(repr, batch))})"
         if isinstance(batch, Mapping)
-        else "e.g. TensorDataset(X, Y), ((x1, x2), y) for two inputs, or a collate_fn "
-        "returning (inputs, target)"
+        else "e.g. TensorDataset(X, Y), ((x1, x2), y) for two inputs, or say how to split "
+        "it: Trainer(split=lambda b: ((b[0], b[1]), b[2]))"
     )
     return (
         f"the batch is {shape}, which the Trainer does not split: with a loss function a "

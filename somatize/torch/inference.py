@@ -52,7 +52,7 @@ def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> 
     try:
         with torch.no_grad():
             for batch in limited(iter(data), smoke_batches(trainer.options)):
-                x = to_device(split(batch)[0], device)
+                x = to_device((trainer.split or split)(batch)[0], device)
                 with autocast():
                     out.append(net(x))
     finally:

@@ -33,7 +33,7 @@ from torch import nn
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp, inference, tally
-from .batches import loss_of, split
+from .batches import checked_split, loss_of, split
 from .carry import carries
 from .checkpoint import (
     Checkpointing,
@@ -110,6 +110,10 @@ class Trainer:
         pruner: asked after each evaluation (``Patience``, ``Threshold``, an Optuna ``Trial``).
         seed: seeds python, numpy and torch at the start of a fresh run, and the batch order.
         options: the less common settings (device, precision, clipping...).
+        split: how a batch becomes ``(inputs, target)`` — the model gets the inputs, the
+            loss and metrics ``(output, target)`` — for batches of another form than
+            ``(x, y)`` or ``{"x": ..., "y": ...}``: ``split=lambda b: (b["input_ids"],
+            b["labels"])``. Used in training, ``evaluate`` and ``predict``; needs ``loss=``.
     """
 
     def __init__(
@@ -127,11 +131,13 @@ class Trainer:
         pruner: Any = None,
         seed: int = 0,
         options: Options = Options(),  # frozen, so one shared default is safe
+        split: Callable[[Any], tuple[Any, Any]] | None = None,
     ) -> None:
         check_arguments(
             optimizer, scheduler, epochs, max_steps, micro_batches, metrics, pruner, seed
         )
         check_parts(loss, checkpoint, watchers, options)
+        self.split = checked_split(split, loss)
         self.loss, self.optimizer, self.scheduler = loss, optimizer, scheduler
         self.epochs = epochs if epochs is not None else (None if max_steps else 1)
         self.max_steps, self.micro_batches = max_steps, micro_batches
@@ -323,7 +329,9 @@ class Trainer:
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
         # without a loss function the graph computes the loss, so it gets the whole batch
-        return split(batch) if self.loss is not None else (batch, None)
+        if self.loss is None:
+            return batch, None
+        return self.split(batch) if self.split is not None else split(batch)
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
         return loss_of(self.loss, output, target)
