@@ -7,27 +7,14 @@ import threading
 
 import pytest
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 import somatize.torch as st
-from somatize import Done, Graph, Node, Opaque
+from somatize import Graph
 from somatize.errors import CheckpointError, SettingError
 from somatize.torch import integrity
 from somatize.torch.verify import verify_checkpoints
-
-
-class Linear(Node):
-    def __init__(self) -> None:
-        self.lin = nn.Linear(3, 2)
-
-    def forward(self, x, ctx):
-        return Done(Opaque(self.lin(x)))
-
-
-def data():
-    gen = torch.Generator().manual_seed(0)
-    return [(torch.randn(4, 3, generator=gen), torch.randint(0, 2, (4,), generator=gen))] * 3
+from tests.torch.test_integrity import Linear, data
 
 
 def fit(ckpt, epochs=2, resume=None, keep=10, seed=0):

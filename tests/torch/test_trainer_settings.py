@@ -11,20 +11,9 @@ from torch.nn import functional as F
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
 from somatize.errors import SettingError
+from tests.torch.test_trainer_bad_input import Linear, sgd
 
 torch.set_num_threads(1)
-
-
-class Linear(Node):
-    def __init__(self) -> None:
-        self.lin = nn.Linear(3, 2)
-
-    def forward(self, x, ctx):
-        return Done(Opaque(self.lin(x)))
-
-
-def sgd(ps):
-    return torch.optim.SGD(ps, lr=0.1)
 
 
 def data(n=2):
