@@ -18,7 +18,7 @@ __all__ = ["ActiveRun"]
 
 @dataclass(slots=True)
 class ActiveRun:
-    """What one ``fit`` works with (made by ``Trainer._start``, gone when ``fit`` returns)."""
+    """What one ``fit`` works with (made by ``begin.begin``, gone when ``fit`` returns)."""
 
     id: str
     net: nn.Module  # the module trained

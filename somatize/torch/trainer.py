@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -34,52 +33,22 @@ from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp, inference, tally
 from .batches import checked_split, loss_of, split
-from .carry import carries
-from .checkpoint import (
-    Checkpointing,
-    load_checkpoint,
-    restore,
-    restore_rank_rng,
-    restore_scaler,
-)
-from .ema import averaged, restore_average
+from .begin import begin
+from .checkpoint import Checkpointing
 from .first_step import first_step
 from .limits import batches_per_epoch, epoch_examples
 from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate
 from .options import Options
-from .policy import (
-    best_step,
-    check_extension,
-    check_fresh,
-    horizon,
-    resume_path,
-    save,
-    total_steps,
-    writing,
-)
+from .policy import best_step, save, total_steps, writing
 from .result import TrainResult
-from .run import ActiveRun
 from .sanity import sanity_check
 from .schedule import check_steps_fit
-from .settings import (
-    check_arguments,
-    check_fit,
-    check_optimizer,
-    check_parts,
-    check_scheduler,
-)
+from .settings import check_arguments, check_fit, check_parts
 from .smoke import smoke_fit
 from .start import (
-    as_module,
-    autocast_for,
     close,
-    compiled,
     dynamic_step,
-    place,
-    seed_everything,
-    trainable,
-    wrap,
 )
 from .valsets import val_sets
 
@@ -218,7 +187,7 @@ class Trainer:
             check_ranks(self.metrics, world)  # before any step: objects must merge under DDP
         total = total_steps(self, train, world, train_n)
         check_steps_fit(o.eval_every_steps if sets and not resume else None, total)
-        run = self._start(model, resume, run_id, rank, world, train)
+        run = begin(self, model, resume, run_id, rank, world, train)
         run.train, run.train_batches, run.val_sets = train, train_n, sets
         if run.plateau and val is None:
             raise ValueError(
@@ -272,60 +241,6 @@ class Trainer:
             seed=self.seed,
             cache=tally.totals(run.tally),
         )
-
-    def _start(
-        self,
-        model: Graph | nn.Module,
-        resume: Any,
-        run_id: str,
-        rank: int,
-        world: int,
-        train: Iterable[Any],
-    ) -> ActiveRun:
-        """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh."""
-        net, user_compiled = as_module(model), compiled(model)
-        device = place(net, self.options.device, world)
-        params = trainable(net)
-        assert self.optimizer is not None  # fit() checked
-        opt = self.optimizer(params)
-        check_optimizer(opt, params)
-        sched = self.scheduler(opt) if self.scheduler is not None else None
-        if self.scheduler is not None:
-            check_scheduler(sched, self.options)
-        run = ActiveRun(
-            id=run_id,
-            net=net,
-            wrapped=wrap(net, user_compiled, device, world, self.options.compile),
-            params=params,
-            opt=opt,
-            sched=sched,
-            device=device,
-            autocast=autocast_for(self.options.precision, device),
-            scaler=torch.amp.GradScaler(device.type) if self.options.precision == "fp16" else None,
-            rank=rank,
-            world=world,
-        )
-        run.carries = carries(net)
-        run.average = averaged(net, opt, self.options.ema)
-        run.compiled = bool(self.options.compile) or user_compiled is not None
-        run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        path = resume_path(self, resume)
-        if path is not None:
-            payload = load_checkpoint(path)
-            fresh = horizon(run.sched)
-            restore(payload, run.state, net, opt, run.sched, self.pruner, self.seed)
-            check_extension(self, run, path, fresh, train)
-            restore_scaler(payload, run.scaler)
-            restore_average(payload, run.average, path)
-            restore_rank_rng(payload, rank, world)
-            run.checkpoint = path
-        else:
-            check_fresh(self)
-            if self._pruner_start is not None:
-                self.pruner.load_state_dict(self._pruner_start)
-            seed_everything(self.seed)
-        run.watchers = self._watchers() if rank == 0 else []
-        return run
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
         # without a loss function the graph computes the loss, so it gets the whole batch
@@ -384,16 +299,3 @@ class Trainer:
             world=world,
             limit=limit,
         )
-
-    # -- reporting --------------------------------------------------------------------
-
-    def _watchers(self) -> list[Watcher]:
-        from .progress import Progress
-
-        watchers = list(self.watchers)
-        show = self.options.progress
-        if show is None:
-            show = sys.stderr.isatty()
-        if show and not any(isinstance(w, Progress) for w in watchers):
-            watchers.append(Progress())
-        return watchers

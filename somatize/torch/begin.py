@@ -1,0 +1,97 @@
+"""The start of one ``fit``: ``begin(trainer, ...)`` makes its ``ActiveRun`` — the module,
+device, optimizer and scheduler, then a checkpoint restored or the run seeded afresh, and
+the watchers told of it."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..graph import Graph
+from ..watchers import Watcher
+from .carry import carries
+from .checkpoint import load_checkpoint, restore, restore_rank_rng, restore_scaler
+from .ema import averaged, restore_average
+from .policy import check_extension, check_fresh, horizon, resume_path
+from .run import ActiveRun
+from .settings import check_optimizer, check_scheduler
+from .start import as_module, autocast_for, compiled, place, seed_everything, trainable, wrap
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["begin"]
+
+
+def begin(
+    trainer: Trainer,
+    model: Graph | nn.Module,
+    resume: Any,
+    run_id: str,
+    rank: int,
+    world: int,
+    train: Iterable[Any],
+) -> ActiveRun:
+    """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh."""
+    o = trainer.options
+    net, user_compiled = as_module(model), compiled(model)
+    device = place(net, o.device, world)
+    params = trainable(net)
+    assert trainer.optimizer is not None  # fit() checked
+    opt = trainer.optimizer(params)
+    check_optimizer(opt, params)
+    sched = trainer.scheduler(opt) if trainer.scheduler is not None else None
+    if trainer.scheduler is not None:
+        check_scheduler(sched, o)
+    run = ActiveRun(
+        id=run_id,
+        net=net,
+        wrapped=wrap(net, user_compiled, device, world, o.compile),
+        params=params,
+        opt=opt,
+        sched=sched,
+        device=device,
+        autocast=autocast_for(o.precision, device),
+        scaler=torch.amp.GradScaler(device.type) if o.precision == "fp16" else None,
+        rank=rank,
+        world=world,
+    )
+    run.carries = carries(net)
+    run.average = averaged(net, opt, o.ema)
+    run.compiled = bool(o.compile) or user_compiled is not None
+    run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    path = resume_path(trainer, resume)
+    if path is not None:
+        payload = load_checkpoint(path)
+        fresh = horizon(run.sched)
+        restore(payload, run.state, net, opt, run.sched, trainer.pruner, trainer.seed)
+        check_extension(trainer, run, path, fresh, train)
+        restore_scaler(payload, run.scaler)
+        restore_average(payload, run.average, path)
+        restore_rank_rng(payload, rank, world)
+        run.checkpoint = path
+    else:
+        check_fresh(trainer)
+        if trainer._pruner_start is not None:
+            trainer.pruner.load_state_dict(trainer._pruner_start)
+        seed_everything(trainer.seed)
+    run.watchers = watchers(trainer) if rank == 0 else []
+    return run
+
+
+def watchers(trainer: Trainer) -> list[Watcher]:
+    """The trainer's watchers, and a progress bar where ``Options(progress)`` asks for one
+    (by default, when stderr is a terminal)."""
+    from .progress import Progress
+
+    out = list(trainer.watchers)
+    show = trainer.options.progress
+    if show is None:
+        show = sys.stderr.isatty()
+    if show and not any(isinstance(w, Progress) for w in out):
+        out.append(Progress())
+    return out
