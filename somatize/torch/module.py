@@ -109,17 +109,16 @@ class _FrozenWrap:
 class _Frozen:
     """A frozen node's forward (see ``_FrozenWrap``)."""
 
-    __slots__ = ("forward", "impl", "node_id", "pending")
+    __slots__ = ("cached", "forward", "impl", "node_id")
 
     def __init__(
-        self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done], pending: bool
+        self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done], cached: bool
     ) -> None:
         self.node_id, self.impl, self.forward = node_id, impl, forward
-        self.pending = pending  # a cached node's modes, checked at its first call
+        self.cached = cached  # its modes checked at every computation: what it returns is kept
 
     def __call__(self, x: Any, ctx: Ctx) -> Done:
-        if self.pending:
-            self.pending = False
+        if self.cached:  # (only a miss computes: the walk costs little beside the forward)
             _check_eval(self.node_id, self.impl)
         run = ctx.run
         if run.training:  # its modules run in eval mode: so does what reads ctx.training
@@ -147,8 +146,11 @@ def _check_eval(node_id: str, impl: Any) -> None:
         where = ", ".join(repr(f"{node_id}.{n}" if n else node_id) for n in training[:3])
         raise CacheError(
             f"node {node_id!r} is frozen and cached, but its modules are in training mode "
-            f"({where}): g.freeze() reaches the modules through st.module(g) — call "
-            "st.module(g) after freezing (the Trainer does), or put them in eval mode"
+            f"({where}), so a dropout mask or batch statistics would be remembered as its "
+            "output: g.freeze() puts them in eval mode through st.module(g) — call "
+            "st.module(g) after freezing (the Trainer does), and put a module you put back "
+            "in training mode yourself (.train() on the node's own module) in eval mode "
+            "again (st.module(g).train() keeps frozen nodes in eval mode)"
         )
 
 

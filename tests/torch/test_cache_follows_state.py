@@ -263,6 +263,22 @@ def test_a_node_frozen_after_module_and_run_in_training_mode_is_refused_not_reme
     assert torch.equal(g.forward(X), X) and torch.equal(g.forward(X), X)
 
 
+@pytest.mark.parametrize("per", ["example", "batch"])
+def test_a_frozen_cached_node_put_back_in_training_mode_later_is_refused_at_its_next_miss(per):
+    node = Noisy()
+    g = Graph(keeper=MemoryKeeper()).node("enc", node).freeze("enc").cache("enc", per=per)
+    m = st.module(g)
+    assert torch.equal(m(X), X)  # checked at the first call: eval mode
+    node.drop.train()  # the user's own handle on the module, after the first call
+    with pytest.raises(CacheError, match=r"'enc' is frozen and cached.*training mode.*\.train\(\)"):
+        m(X + 1)  # a miss: it would remember a dropout mask
+    assert g.keeper.stats().entries == (X.shape[0] if per == "example" else 1)  # nothing kept
+    node.drop.eval()
+    assert torch.equal(m(X + 1), X + 1)
+    m.train()  # the module's own train(): frozen nodes stay in eval mode
+    assert not node.drop.training and torch.equal(m(X + 2), X + 2)
+
+
 class Fields(Node):
     """Returns a dict whose insertion order is not sorted: code may read it in order."""
 
