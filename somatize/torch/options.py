@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from .sanity import check_sanity
 from .schedule import check_floor, check_schedule
 from .settings import choice, count, positive
 from .smoke import check_smoke
+from .timelimit import check_max_time
 
 __all__ = ["PRECISIONS", "Options", "check_device"]
 
@@ -75,6 +77,10 @@ class Options:
             about the last 1,000 steps), by torch's ``get_ema_multi_avg_fn`` after every
             optimizer step; evaluation runs on it and the model holds it when ``fit``
             returns (Lightning's ``EMAWeightAveraging``). Checkpointed. See ``ema.py``.
+        max_time: a budget of training time (Lightning's ``max_time``): seconds, a
+            ``datetime.timedelta`` or ``"DD:HH:MM:SS"``. Checked after each step; once
+            spent, the run stops there as at ``max_steps`` (checkpointed, with
+            ``TrainResult.timed_out`` True). It counts across resumes. See ``timelimit.py``.
     """
 
     device: str | torch.device | None = None
@@ -97,6 +103,7 @@ class Options:
     smoke: bool | int = False
     sanity_val_batches: int = 2
     ema: float | None = None
+    max_time: float | datetime.timedelta | str | None = None
 
     def __post_init__(self) -> None:
         choice(
@@ -157,6 +164,7 @@ class Options:
         check_limit("limit_train_batches", self.limit_train_batches)
         check_limit("limit_val_batches", self.limit_val_batches)
         check_decay(self.ema)
+        check_max_time(self.max_time)
 
 
 def _check_device(device: Any) -> None:

@@ -33,6 +33,7 @@ class TrainResult:
         monitor: the metric ``best`` refers to.
         best: the best value of ``monitor`` seen, or None without evaluation.
         pruned: whether a pruner stopped the run.
+        timed_out: whether ``Options(max_time=...)`` stopped it (the budget was spent).
         checkpoint: the last checkpoint written, if any.
         best_checkpoint: the checkpoint of the best evaluation by ``monitor``, with
             ``Checkpointing(..., best=k)``; load its weights with
@@ -61,6 +62,7 @@ class TrainResult:
     seconds: float = 0.0
     seed: int | None = None
     cache: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    timed_out: bool = False
 
     def metric(self, name: str) -> float:
         """The last evaluated value of ``name`` (``"val_acc"``...)."""
@@ -91,6 +93,7 @@ class TrainResult:
             "metrics": self.metrics[-1] if self.metrics else {},
             "best": self.best,
             "pruned": self.pruned,
+            "timed_out": self.timed_out,
             "seconds": self.seconds,
             "cache": {node: dict(c) for node, c in self.cache.items()},
         }

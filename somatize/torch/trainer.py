@@ -240,6 +240,7 @@ class Trainer:
             seconds=seconds,
             seed=self.seed,
             cache=tally.totals(run.tally),
+            timed_out=run.timed_out,
         )
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
