@@ -294,7 +294,9 @@ def test_resuming_another_world_sizes_checkpoint_in_mid_epoch_is_refused(data_ru
 @pytest.mark.slow
 def test_a_time_budget_stops_every_rank_at_the_same_step(tmp_path):
     # rank 1's (fake) clock runs twice as fast: its budget is spent after step 3
-    assert torchrun(tmp_path, script="ddp_max_time.py") == 0, (tmp_path / "torchrun.log").read_text()
+    assert torchrun(tmp_path, script="ddp_max_time.py") == 0, (
+        tmp_path / "torchrun.log"
+    ).read_text()
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
     assert r0["timed_out"] and r1["timed_out"] and r0["steps"] == r1["steps"] == 3

@@ -91,7 +91,9 @@ def test_a_budget_the_run_does_not_reach_changes_nothing():
 def test_it_counts_across_resumes_and_a_larger_budget_goes_on_bitwise(tmp_path):
     first = trainer(3.5, ckpt=tmp_path).fit(graph(), data())
     assert first.timed_out and first.steps == 4
-    assert first.checkpoint is not None and first.checkpoint == str(st.Checkpointing(tmp_path).file(4))
+    assert first.checkpoint is not None and first.checkpoint == str(
+        st.Checkpointing(tmp_path).file(4)
+    )
     again = trainer(3.5, ckpt=tmp_path).fit(graph(), data(), resume="last")
     assert again.timed_out and again.steps == 4  # its budget was spent: no step taken
     more = trainer(6.5, ckpt=tmp_path).fit(graph(), data(), resume="last")
