@@ -86,7 +86,8 @@ class LightningGraph(L.LightningModule):
     Attributes:
         graph: the graph; ``net``: ``module(g)``.
         losses: the training loss of every step (checkpointed: a resumed run keeps it).
-        history: one dict per validation, ``{"step", "epoch", "val_loss", "val_<metric>"...}``.
+        history: one dict per validation, ``{"step", "epoch", "val_loss", "val_<metric>"...,
+            "val_<node>/<name>"...}`` (as ``st.Trainer``'s ``result.metrics``).
         seconds: wall-clock time of the last ``fit``.
 
     Example:
@@ -134,11 +135,13 @@ class LightningGraph(L.LightningModule):
         # as st.Trainer: without a loss function the graph computes the loss from the batch
         return split(batch) if self._loss is not None else (batch, None)
 
-    def _log_nodes(self, prefix: str, **how: Any) -> None:
+    def _log_nodes(self, prefix: str, sums: Sums | None = None, **how: Any) -> None:
         for node, values in self.net.metrics.items():
             for name, value in values.items():
-                where = f"node {node!r} metric {name!r}"
-                self.log(f"{prefix}{node}/{name}", scalar(value, where), **how)
+                v = scalar(value, f"node {node!r} metric {name!r}")
+                self.log(f"{prefix}{node}/{name}", v, **how)
+                if sums is not None:  # evaluated: in the history too, as under st.Trainer
+                    sums.add(f"{node}/{name}", v, how["batch_size"], node=True)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = self._split(batch)
@@ -176,7 +179,7 @@ class LightningGraph(L.LightningModule):
             self.log(f"{prefix}{name}", v, prog_bar=name == "loss", **how)
             sums.add(name, v, n)
         sums.examples += n
-        self._log_nodes(prefix, **how)
+        self._log_nodes(prefix, sums, **how)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._evaluate_step(batch, "val_")

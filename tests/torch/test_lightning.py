@@ -456,7 +456,8 @@ def test_watch_forwards_lightnings_lifecycle_as_somatize_events(logged):
 
 def test_somatize_watchers_write_under_lightning(logged):
     scalars = _scalars(logged.root / "watcher")
-    assert {"train/loss", "train/lr", "val/loss", "val/acc", "node/hidden/mean"} <= set(scalars)
+    tags = {"train/loss", "train/lr", "val/loss", "val/acc", "val/hidden/mean", "node/hidden/mean"}
+    assert tags <= set(scalars)
     assert [s for s, _ in scalars["train/loss"]] == list(range(1, 9))
     records = JsonLines.read(logged.root / "run.jsonl")
     kinds = collections.Counter(r["event"] for r in records)
