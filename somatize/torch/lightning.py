@@ -32,7 +32,7 @@ from torch import nn
 from ..errors import CheckpointError, require
 from ..graph import Graph
 from . import tally
-from .batches import loss_of, num_examples, split
+from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
 from .lightning_history import Sums, compute_objects, reset_objects, scalar
 from .lightning_settings import check, configured, hyperparameters
@@ -59,7 +59,7 @@ class LightningGraph(L.LightningModule):
     after ``.train()``) and cached nodes keep caching.
 
     Batches are ``(x, y)`` or a dict with ``"x"`` (and ``"y"``), as for the somatize
-    Trainer. Logged with ``self.log`` (so ``ModelCheckpoint(monitor=...)``,
+    Trainer, or any other form ``split=`` turns into ``(inputs, target)``. Logged with ``self.log`` (so ``ModelCheckpoint(monitor=...)``,
     ``EarlyStopping(monitor=...)`` and every logger see them):
 
     * ``train_loss`` every step; ``<node>/<name>`` for each metric a node returns in
@@ -82,6 +82,10 @@ class LightningGraph(L.LightningModule):
             ``monitor="val_loss"``); or returning Lightning's ``lr_scheduler`` dict
             (``{"scheduler": s, "interval": "step", ...}``) to choose.
         metrics: name → ``fn(output, target)`` evaluated on validation and test data.
+        split: how a batch becomes ``(inputs, target)``, for batches of another form than
+            ``(x, y)`` or ``{"x": ..., "y": ...}``: ``split=lambda b: (b["input_ids"],
+            b["labels"])``, as ``st.Trainer(split=)``. Used in training, validation, test
+            and predict; needs ``loss=``.
 
     Attributes:
         graph: the graph; ``net``: ``module(g)``.
@@ -105,9 +109,11 @@ class LightningGraph(L.LightningModule):
         optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
         scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
         metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
+        split: Callable[[Any], tuple[Any, Any]] | None = None,
     ) -> None:
         super().__init__()
         check(g, loss, optimizer, scheduler, metrics)
+        self.split = checked_split(split, loss, "LightningGraph")
         self.graph = g
         self.net: GraphModule = module(g)
         self._loss, self._optimizer, self._scheduler = loss, optimizer, scheduler
@@ -133,7 +139,9 @@ class LightningGraph(L.LightningModule):
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
         # as st.Trainer: without a loss function the graph computes the loss from the batch
-        return split(batch) if self._loss is not None else (batch, None)
+        if self._loss is None:
+            return batch, None
+        return self.split(batch) if self.split is not None else split(batch)
 
     def _log_nodes(self, prefix: str, sums: Sums | None = None, **how: Any) -> None:
         for node, values in self.net.metrics.items():
@@ -188,7 +196,7 @@ class LightningGraph(L.LightningModule):
         self._evaluate_step(batch, "test_")
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
-        return self.net(split(batch)[0])
+        return self.net((self.split or split)(batch)[0])
 
     def configure_optimizers(self) -> Any:
         return configured(self.graph, self._optimizer, self._scheduler)

@@ -94,7 +94,7 @@ class Watch(L.Callback):
         lr = self._lr
         step, epoch = trainer.global_step, trainer.current_epoch
         seconds = time.perf_counter() - self._tick
-        n = num_examples(split(batch)[0])
+        n = num_examples((pl_module._split if _is_graph(pl_module) else split)(batch)[0])
         notify(self.watchers, StepEnd(self.run_id, step, epoch, float(loss or 0.0), lr, n, seconds))
         if _is_graph(pl_module):
             for node, values in pl_module.net.metrics.items():
