@@ -551,6 +551,10 @@ def test_the_recipe_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     best = next(line for line in done.stdout.splitlines() if line.startswith("best val_acc"))
     assert 0.5 < float(best.split()[-1]) <= 1.0  # digits: well above chance (0.1) after 2 epochs
+    # the cosine is sized in optimizer steps and stepped at each: it ends at 0 (stepped
+    # once per epoch, it would end at 3e-3 * (1 + cos(pi * 2 / 44)) / 2 = 0.00298)
+    lr = next(line for line in done.stdout.splitlines() if line.startswith("final lr"))
+    assert float(lr.split()[-1]) < 1e-9
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
 
