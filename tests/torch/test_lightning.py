@@ -245,6 +245,8 @@ def test_early_stopping_stops_a_run_whose_metric_stalls(tmp_path):
     assert len(lg.history) == 3
     r = result(trainer, lg)
     assert r.pruned and r.epochs < 10 and r.steps == 12
+    assert r.pruned_reason == stop.stopping_reason_message
+    assert r.pruned_reason.startswith("Monitored metric val_loss did not improve")
 
 
 # ckpt_path="last" looks in the ModelCheckpoint's directory, which the first run filled.
