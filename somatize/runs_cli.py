@@ -128,11 +128,14 @@ def command(args: argparse.Namespace) -> int:
             return 2
         keeper_dir = args.keeper
     if not store.root.is_dir():
-        print(
-            f"somatize: no remembered runs under {args.dir!r}: neither a keeper's directory "
-            f"with {runs.FOLDER}/ nor a dir= given to st.remember (set --dir or $SOMATIZE_RUNS)",
-            file=sys.stderr,
+        why = (
+            f"it is a keeper's directory without {runs.FOLDER}/ — runs stored with "
+            "st.remember(..., dir=DIR) are in DIR: pass --dir DIR (and this as --keeper)"
+            if os.path.isdir(os.path.join(args.dir, "objects"))
+            else f"neither a keeper's directory with {runs.FOLDER}/ nor a dir= given to "
+            "st.remember (set --dir or $SOMATIZE_RUNS)"
         )
+        print(f"somatize: no remembered runs under {args.dir!r}: {why}", file=sys.stderr)
         return 2
     records = store.records()
     stored = _stored(keeper_dir, records)

@@ -52,6 +52,7 @@ def test_runs_stored_with_a_dir_of_their_own_are_listed_shown_and_gcd(
     # the keeper's directory has no remembered/: nothing there, said as before
     rc, _, err = run(["ls", "--dir", str(keeper.path)], capsys)
     assert rc == 2 and "no remembered runs under" in err
+    assert "runs stored with st.remember(..., dir=DIR) are in DIR: pass --dir DIR" in err
 
     rc, out, _ = run(["gc", "--older-than", "30d", "--dir", str(mine)], capsys)
     assert rc == 0 and "removed 2 runs; 0 left" in out
