@@ -122,7 +122,7 @@ class LightningGraph(L.LightningModule):
         self.seconds = 0.0
         self._losses: list[float] = []
         self._pending: list[torch.Tensor] = []  # step losses not yet read back from the device
-        self.last_batch: tuple[torch.Tensor, int] | None = None  # the last training batch's
+        self._last_batch: tuple[torch.Tensor, int] | None = None  # the last training batch's
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
         self._sums: dict[str, Sums] = {}  # evaluation prefix → its sums (lightning_history.py)
         self._started = 0.0
@@ -162,7 +162,7 @@ class LightningGraph(L.LightningModule):
         )
         self._log_nodes("", on_step=True, on_epoch=False, batch_size=n)
         self._pending.append(loss.detach())
-        self.last_batch = (loss.detach(), n)  # (read by Watch: Lightning's outputs hold loss / k)
+        self._last_batch = (loss.detach(), n)  # (read by Watch: Lightning's outputs hold loss / k)
         epoch = self.current_epoch
         self._examples[epoch] = self._examples.get(epoch, 0) + n
         return loss

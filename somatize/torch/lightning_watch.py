@@ -37,8 +37,8 @@ def _batch_loss(trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any) ->
     """A training batch's own loss and examples: a LightningGraph's as its step computed
     them; another module's ``outputs["loss"]``, which automatic optimisation has divided
     by ``accumulate_grad_batches``, multiplied back."""
-    if _is_graph(pl_module) and pl_module.last_batch is not None:
-        loss, n = pl_module.last_batch
+    if _is_graph(pl_module) and pl_module._last_batch is not None:
+        loss, n = pl_module._last_batch
         return float(loss), n
     loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
     k = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
