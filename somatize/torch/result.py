@@ -33,6 +33,9 @@ class TrainResult:
         monitor: the metric ``best`` refers to.
         best: the best value of ``monitor`` seen, or None without evaluation.
         pruned: whether a pruner stopped the run.
+        pruned_reason: why, in words, when the pruner says (``Patience``: a NaN or infinite
+            monitor, or its patience run out; ``Threshold``: the bound crossed) — else the
+            pruner's class; under Lightning, ``EarlyStopping``'s message. None if not pruned.
         timed_out: whether ``Options(max_time=...)`` stopped it (the budget was spent).
         checkpoint: the last checkpoint written, if any.
         best_checkpoint: the checkpoint of the best evaluation by ``monitor``, with
@@ -62,6 +65,7 @@ class TrainResult:
     seconds: float = 0.0
     seed: int | None = None
     cache: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    pruned_reason: str | None = None
     timed_out: bool = False
 
     def metric(self, name: str) -> float:
@@ -93,6 +97,7 @@ class TrainResult:
             "metrics": self.metrics[-1] if self.metrics else {},
             "best": self.best,
             "pruned": self.pruned,
+            "pruned_reason": self.pruned_reason,
             "timed_out": self.timed_out,
             "seconds": self.seconds,
             "cache": {node: dict(c) for node, c in self.cache.items()},

@@ -41,6 +41,7 @@ from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate
 from .options import Options
 from .policy import best_step, save, total_steps, writing
+from .pruning import pruned_reason
 from .result import TrainResult
 from .sanity import sanity_check
 from .schedule import check_steps_fit
@@ -230,6 +231,7 @@ class Trainer:
             monitor=self.options.monitor,
             best=s.best,
             pruned=s.pruned,
+            pruned_reason=pruned_reason(self.pruner) if s.pruned else None,
             checkpoint=str(run.checkpoint) if run.checkpoint is not None else None,
             best_checkpoint=(
                 str(self.checkpoint.file(b))
