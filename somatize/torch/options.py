@@ -11,6 +11,7 @@ from typing import Any, Literal
 import torch
 
 from ..errors import SettingError
+from .determinism import check_deterministic
 from .ema import check_decay
 from .limits import check_limit
 from .sanity import check_sanity
@@ -81,6 +82,11 @@ class Options:
             ``datetime.timedelta`` or ``"DD:HH:MM:SS"``. Checked after each step; once
             spent, the run stops there as at ``max_steps`` (checkpointed, with
             ``TrainResult.timed_out`` True). It counts across resumes. See ``timelimit.py``.
+        deterministic: torch's deterministic algorithms during ``fit`` (Lightning's
+            ``deterministic``): True (an operation without a deterministic implementation
+            raises; cuDNN deterministic, no autotuning), ``"warn"``, False, or None to
+            leave torch's settings as they are. Put back when ``fit`` ends. See
+            ``determinism.py``.
     """
 
     device: str | torch.device | None = None
@@ -104,6 +110,7 @@ class Options:
     sanity_val_batches: int = 2
     ema: float | None = None
     max_time: float | datetime.timedelta | str | None = None
+    deterministic: bool | Literal["warn"] | None = None
 
     def __post_init__(self) -> None:
         choice(
@@ -165,6 +172,7 @@ class Options:
         check_limit("limit_val_batches", self.limit_val_batches)
         check_decay(self.ema)
         check_max_time(self.max_time)
+        check_deterministic(self.deterministic)
 
 
 def _check_device(device: Any) -> None:

@@ -35,6 +35,7 @@ from . import ddp, inference, tally
 from .batches import checked_split, loss_of, split
 from .begin import begin
 from .checkpoint import Checkpointing
+from .determinism import deterministic
 from .first_step import first_step
 from .limits import batches_per_epoch, epoch_examples
 from .loop import train as train_loop
@@ -151,8 +152,14 @@ class Trainer:
                 "st.Trainer(..., optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)) "
                 "(evaluate() and predict() do without one)"
             )
-        if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
-            return smoke_fit(self, model, train, val, resume)
+        with deterministic(self.options.deterministic):  # (put back when fit ends)
+            if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
+                return smoke_fit(self, model, train, val, resume)
+            return self._run(model, train, val, resume, started)
+
+    def _run(
+        self, model: Graph | nn.Module, train: Iterable[Any], val: Any, resume: Any, started: float
+    ) -> TrainResult:
         check_fit(self, val)
         run_id = uuid.uuid4().hex[:12]
         rank, world, own_group = ddp.setup()
