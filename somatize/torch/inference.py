@@ -52,9 +52,17 @@ def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> 
     try:
         with torch.no_grad():
             for batch in limited(iter(data), smoke_batches(trainer.options)):
-                x = to_device((trainer.split or split)(batch)[0], device)
+                x = to_device(_inputs(trainer, batch), device)
                 with autocast():
                     out.append(net(x))
     finally:
         net.train(was_training)
     return out
+
+
+def _inputs(trainer: Trainer, batch: Any) -> Any:
+    """What ``predict`` gives the model of a batch: ``split``'s inputs — and the one tensor
+    of a one-item batch, as ``DataLoader(TensorDataset(x))`` yields (``[x]``)."""
+    if trainer.split is None and type(batch) in (list, tuple) and len(batch) == 1:
+        return batch[0]
+    return (trainer.split or split)(batch)[0]

@@ -277,8 +277,9 @@ class Trainer:
     def predict(self, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
         """The model's output for each batch of ``data``, in order, in eval mode, without grad.
 
-        A batch ``(x, y)`` (or ``{"x": ..., "y": ...}``) is predicted from ``x``; any other
-        batch is the input, moved to ``Options(device)`` (where ``fit`` would run; the
+        A batch ``(x, y)`` (or ``{"x": ..., "y": ...}``) is predicted from ``x``, a one-item
+        batch ``[x]`` (``DataLoader(TensorDataset(x))``) from ``x``; any other batch is the
+        input, moved to ``Options(device)`` (where ``fit`` would run; the
         module is moved there too). The module's mode is restored afterwards. Under
         ``Options(smoke=N)``, only the first N batches.
 

@@ -46,3 +46,14 @@ def test_fit_without_an_optimizer_says_what_to_pass():
         st.Trainer(loss=F.cross_entropy).fit(
             Graph.somatize(Net()), [(torch.randn(2, 3), torch.tensor([0, 1]))]
         )
+
+
+def test_predict_over_a_dataloader_of_a_tensordataset_of_inputs_alone():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    g = Graph.somatize(Net())
+    x = torch.randn(10, 3)
+    out = st.Trainer().predict(g, DataLoader(TensorDataset(x), batch_size=4))  # [x] batches
+    with torch.no_grad():
+        assert torch.equal(torch.cat(out), g["net"].lin(x))
