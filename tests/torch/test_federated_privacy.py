@@ -225,3 +225,40 @@ def test_a_round_larger_than_per_round_warns_and_one_larger_than_clients_is_refu
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dp.step(GLOBAL, round_of(GLOBAL, 0.01, clients=10))  # as many as planned: silent
+
+
+def test_the_default_noise_is_seeded_from_the_os_and_cannot_be_regenerated(monkeypatch):
+    # with seed=0 by default, anyone who knew the library stripped the noise off the
+    # published model and recovered a client's update (audit: 3e-16 away)
+    glob = {"w": torch.zeros(20, dtype=torch.float64)}
+    secret = {
+        "w": 0.05 * torch.randn(20, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    }
+    published = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10).step(glob, [secret])
+    for guess in (0, 1, 42):  # the attacker regenerates the noise of a guessed seed
+        noise = torch.randn(20, dtype=torch.float64, generator=torch.Generator().manual_seed(guess))
+        recovered = published["w"] * 10 - noise
+        assert float((recovered - secret["w"]).abs().max()) > 0.1
+    a, b = (fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10) for _ in range(2))
+    assert not torch.equal(a.step(glob, [glob])["w"], b.step(glob, [glob])["w"])
+    # where the seed comes from: 64 bits of the OS's randomness, through secrets
+    monkeypatch.setattr("secrets.randbits", lambda bits: 12345 + bits)
+    drawn = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10).step(glob, [glob])
+    fixed = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, seed=12345 + 64)
+    assert torch.equal(drawn["w"], fixed.step(glob, [glob])["w"])
+
+
+def test_an_explicit_seed_reproduces_the_noise_and_a_default_seeded_run_resumes_bitwise():
+    a, b = (fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, seed=7) for _ in range(2))
+    assert torch.equal(a.step(GLOBAL, [GLOBAL])["w"], b.step(GLOBAL, [GLOBAL])["w"])
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10)  # seeded by the OS
+    x = dp.step(GLOBAL, round_of(GLOBAL, 0.01, seed=1))
+    again = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10)  # another seed ...
+    again.load_state_dict(dp.state_dict())  # ... replaced by the generator's state
+    nxt = round_of(x, 0.01, seed=2)
+    assert all(
+        torch.equal(u, v) for u, v in zip(dp.step(x, nxt).values(), again.step(x, nxt).values())
+    )
+    for bad in (True, 1.5, "0", 2**64):
+        with pytest.raises(ValueError, match=r"seed must be None \(drawn from the OS"):
+            fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2, seed=bad)

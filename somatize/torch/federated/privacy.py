@@ -8,7 +8,7 @@ number of clients per round (the paper's fixed-denominator estimator). The
 privacy spent is tracked by Opacus's RDP accountant — somatize has no accountant of
 its own (``pip install 'somatize[dp]'``)::
 
-    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, seed=0)
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10)
     for r in range(rounds):
         ...
         global_state = dp.step(global_state, results)
@@ -21,11 +21,19 @@ Float buffers (BatchNorm's running statistics) are not weights, and ε covers on
 is clipped and noised: a state holding any is refused until ``buffer_policy=`` says what
 to do with them (keep the server's, noise them with the update, or average them in the
 clear, which ε does not cover). Opacus refuses BatchNorm under DP-SGD for the same reason.
+
+The noise comes from a ``torch.Generator`` seeded from the operating system
+(``secrets``) unless ``seed=`` fixes it. That generator (a Mersenne Twister) is not a
+cryptographically secure one, and ``state_dict()`` holds its state: whoever has a
+checkpoint of it can regenerate the noise of every later round, so keep checkpoints
+as private as the clients' updates. A fixed ``seed=`` is for reproducible experiments,
+never for a release: anyone who knows it can subtract the noise.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -47,6 +55,18 @@ def _accountant() -> Any:
 
 BufferPolicy = Literal["global", "noised", "unprotected_mean"]
 _POLICIES = ("global", "noised", "unprotected_mean")
+
+
+def _seed(seed: int | None) -> int:
+    """The noise generator's seed: ``seed`` as given, or 64 bits from the OS for None."""
+    if seed is None:
+        return secrets.randbits(64)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64:
+        raise ValueError(
+            f"seed must be None (drawn from the OS: the default, for any release) or an int "
+            f"in [-2**63, 2**64) (reproducible experiments only), not {seed!r}"
+        )
+    return seed
 
 
 def _refusal(keys: list[str]) -> AggregationError:
@@ -73,7 +93,12 @@ class DPFedAvg:
         clients: N, how many clients there are in all.
         per_round: how many take part in a round (the sampling rate is per_round / N;
             the sum of clipped updates is divided by per_round).
-        seed: seeds the noise (its generator is part of ``state_dict()``).
+        seed: None (the default): the noise generator is seeded from the operating
+            system's randomness (``secrets``), so nobody can regenerate the noise. An int
+            fixes it, for reproducible experiments only — anyone who knows the seed can
+            subtract the noise from the published model. Either way the generator's state
+            is part of ``state_dict()``: keep checkpoints of it as private as the clients'
+            updates. ``torch.Generator`` is not a cryptographically secure generator.
         buffers: the keys that are buffers, not weights
             (``[k for k, _ in st.module(g).named_buffers()]``).
         buffer_policy: what DP does with the float buffers — the float keys ``buffers``
@@ -100,7 +125,7 @@ class DPFedAvg:
         noise: float,
         clients: int,
         per_round: int,
-        seed: int = 0,
+        seed: int | None = None,
         buffers: Iterable[str] = (),
         buffer_policy: BufferPolicy | None = None,
         exclude: Exclude = None,
@@ -126,7 +151,7 @@ class DPFedAvg:
         self.buffers, self.buffer_policy = _names("buffers", buffers), buffer_policy
         self.exclude = _rule(exclude)
         self.accountant = _accountant()
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(_seed(seed))
         self.rounds = 0
         self.norms: tuple[float, ...] = ()
 
@@ -241,7 +266,11 @@ class DPFedAvg:
         return float(self.accountant.get_epsilon(delta=delta))
 
     def state_dict(self) -> dict[str, Any]:
-        """Rounds, the accountant's history and the noise generator (for an exact resume)."""
+        """Rounds, the accountant's history and the noise generator (for an exact resume).
+
+        The generator's state regenerates the noise of every round after it: keep what
+        this returns (and checkpoints holding it) as private as the clients' updates.
+        """
         return {
             "rounds": self.rounds,
             "history": [tuple(h) for h in self.accountant.history],
