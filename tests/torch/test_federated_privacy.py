@@ -1,5 +1,6 @@
 """DP-FedAvg: clipped updates, noise of scale σ·C, ε from Opacus's accountant growing with rounds."""
 
+import math
 import sys
 
 import pytest
@@ -31,7 +32,7 @@ def test_clipping_bounds_every_update_without_noise():
     out = dp.step(GLOBAL, results)
     assert min(dp.norms) > 100  # every update was far larger than C ...
     for s in results:  # ... and each one, clipped, has norm C
-        clipped, norm = fl.robust.clip_state(s, GLOBAL, 1.0)
+        clipped, norm = fl.clipping.clip_state(s, GLOBAL, 1.0)
         d = torch.cat([(clipped[k] - GLOBAL[k]).reshape(-1).double() for k in ("w", "b")])
         assert norm > 100 and float(d.norm()) == pytest.approx(1.0, rel=1e-5)
     mean = torch.cat([(out[k] - GLOBAL[k]).reshape(-1).double() for k in ("w", "b")])
@@ -262,3 +263,43 @@ def test_an_explicit_seed_reproduces_the_noise_and_a_default_seeded_run_resumes_
     for bad in (True, 1.5, "0", 2**64):
         with pytest.raises(ValueError, match=r"seed must be None \(drawn from the OS"):
             fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2, seed=bad)
+
+
+def low_precision_rounds():
+    """(global state, clients, C) in fp16 and bf16: updates of 0.01 per weight clipped to
+    0.1, and bf16 weights that moved one ulp each clipped to 0.5 (a scale of 0.64)."""
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float16, torch.bfloat16):
+        glob = {"w": (torch.rand(10000, generator=g) + 0.5).to(dtype)}
+        noise = [0.01 * torch.randn(10000, generator=g) for _ in range(4)]
+        yield glob, [{"w": (glob["w"].float() + n).to(dtype)} for n in noise], 0.1
+    glob = {"w": torch.ones(10000, dtype=torch.bfloat16)}
+    yield glob, [{"w": (glob["w"].float() + 2.0**-7).to(torch.bfloat16)}] * 4, 0.5
+
+
+def test_low_precision_contributions_are_within_the_clip_norm(monkeypatch):
+    # each client's clipped state was rounded to the model's dtype and the update read back
+    # from it: an fp16 contribution of 0.1047 for C = 0.1, a bf16 one of 1.56 × C
+    from somatize.torch.federated import privacy
+
+    contributions = []
+
+    def spy(*args, **kwargs):
+        update, norm = real(*args, **kwargs)
+        contributions.append(math.sqrt(sum(float(d.pow(2).sum()) for d in update.values())))
+        return update, norm
+
+    real = privacy.clip_update
+    monkeypatch.setattr(privacy, "clip_update", spy)
+    for glob, states, clip in low_precision_rounds():
+        contributions.clear()
+        dp = fl.DPFedAvg(clip=clip, noise=0.0, clients=100, per_round=10)
+        out = dp.step(glob, states)
+        assert len(contributions) == 4 and max(contributions) <= clip < min(dp.norms)
+        # by hand: float64 updates scaled to C, summed, / per_round, rounded once
+        total = sum(
+            (s["w"].double() - glob["w"].double()) * (clip / norm)
+            for s, norm in zip(states, dp.norms)
+        )
+        want = (glob["w"].double() + total / 10).to(glob["w"].dtype)
+        assert out["w"].dtype == glob["w"].dtype and torch.equal(out["w"], want)

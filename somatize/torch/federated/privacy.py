@@ -42,8 +42,8 @@ import torch
 
 from ...errors import AggregationError, require
 from .aggregation import _finite, _states, _validate
+from .clipping import clip_update
 from .keys import Exclude, _local, _names, _rule, _statistics, _unknown, _without
-from .robust import clip_state
 
 __all__ = ["DPFedAvg"]
 
@@ -212,11 +212,11 @@ class DPFedAvg:
         with torch.no_grad():
             total = {k: torch.zeros(global_state[k].shape, dtype=torch.float64) for k in keys}
             norms = []
-            for s in states:
-                clipped, norm = clip_state(s, global_state, self.clip, exclude=kept | clear)
+            for s in states:  # float64 updates of norm ≤ C, summed as they are: never rounded
+                update, norm = clip_update(s, global_state, self.clip, exclude=kept | clear)
                 norms.append(norm)
                 for k in keys:
-                    total[k] += clipped[k].to(torch.float64) - global_state[k].to(torch.float64)
+                    total[k] += update[k]
             out: dict[str, torch.Tensor] = {}
             for k, x in global_state.items():
                 if k in kept:  # the clients' own, or buffers under 'global': the server's
