@@ -303,3 +303,42 @@ def test_low_precision_contributions_are_within_the_clip_norm(monkeypatch):
         )
         want = (glob["w"].double() + total / 10).to(glob["w"].dtype)
         assert out["w"].dtype == glob["w"].dtype and torch.equal(out["w"], want)
+
+
+def test_an_empty_round_adds_the_noise_alone_and_is_charged():
+    # Poisson sampling (what the accountant analyses) draws nobody now and then, and a round
+    # whose every client failed is empty once they are dropped; both were refused
+    glob, _, buffers = bn_round()
+    dp = fl.DPFedAvg(clip=0.5, noise=1.3, clients=100, per_round=4, seed=5, buffers=buffers,
+                     buffer_policy="unprotected_mean")  # fmt: skip
+    out = dp.step(glob, [])
+    gen = torch.Generator().manual_seed(5)  # by hand: 0 + N(0, (σC)²), over per_round
+    for k, x in glob.items():
+        if k in WEIGHTS:
+            noise = torch.randn(x.shape, dtype=torch.float64, generator=gen)
+            want = (x.double() + noise * (1.3 * 0.5) / 4).to(x.dtype)
+            assert torch.equal(out[k], want)
+        else:  # no client to average the buffers over, nor to count: the server's
+            assert torch.equal(out[k], x)
+    assert dp.rounds == 1 and dp.norms == ()
+    from opacus.accountants import RDPAccountant
+
+    ref = RDPAccountant()
+    ref.step(noise_multiplier=1.3, sample_rate=4 / 100)
+    assert dp.epsilon(1e-5) == ref.get_epsilon(1e-5)
+    with pytest.raises(TypeError, match="aggregate a list"):
+        dp.step(glob, {})  # an empty dict is not an empty round
+
+
+@pytest.mark.filterwarnings(r"ignore:DPFedAvg\(per_round=2\) got \d updates")  # Poisson's spread
+def test_a_poisson_loop_with_empty_rounds_charges_every_round():
+    import numpy as np
+
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=2, seed=0)
+    x, rng, sizes = {"w": torch.zeros(4)}, np.random.default_rng(0), []
+    for _ in range(30):
+        chosen = np.flatnonzero(rng.random(100) < 0.02)
+        sizes.append(len(chosen))
+        x = dp.step(x, [{"w": x["w"] + 0.1} for _ in chosen])
+    assert 0 in sizes and dp.rounds == 30
+    assert sum(n for _, _, n in dp.accountant.history) == 30  # (noise, rate, rounds) entries

@@ -181,27 +181,23 @@ class DPFedAvg:
     ) -> dict[str, torch.Tensor]:
         """The next global state from this round's client results (``TrainResult``s or states).
 
+        A round without results — a Poisson draw of nobody, or one whose every client
+        failed — is a round all the same: the noise alone is added (divided by
+        ``per_round``, as always) and the round is charged; skipping it would reveal that
+        nobody took part, uncharged.
+
         Raises:
             AggregationError: the clients' states do not match each other or the global
                 state; NaN or inf in an update; float buffers without a ``buffer_policy``
                 (the error names them and the choices).
         """
-        states = _states(results)
+        empty = isinstance(results, Sequence) and not isinstance(results, Mapping) and not results
+        states = [] if empty else _states(results)
         self._check_count(len(states))
         local = _local(self.exclude, global_state.keys(), "the global state")
         states = _without(states, local)
-        _validate(states)
-        _finite(states, "raise")
-        if global_state.keys() - local != states[0].keys():
-            diff = sorted((set(global_state) - local) ^ set(states[0]))
-            raise AggregationError(f"the clients' states and the global state differ in {diff[:5]}")
-        for k, t in states[0].items():
-            x = global_state[k]
-            if t.dtype != x.dtype or t.shape != x.shape:
-                raise AggregationError(
-                    f"key {k!r}: the clients hold {t.dtype} {tuple(t.shape)}, the global state's "
-                    f"{x.dtype} {tuple(x.shape)}; clients must return the state they were sent"
-                )
+        if states:
+            self._check(global_state, states, local)
         kept, clear = self._kept(global_state, local)
         expected = self.per_round
         keys = [
@@ -219,7 +215,7 @@ class DPFedAvg:
                     total[k] += update[k]
             out: dict[str, torch.Tensor] = {}
             for k, x in global_state.items():
-                if k in kept:  # the clients' own, or buffers under 'global': the server's
+                if k in kept or (not states and k not in total):  # (no client: the server's)
                     out[k] = x.detach().clone()
                 elif k in clear:  # unprotected_mean: the clients' values, in the clear
                     mean = torch.stack([s[k].detach().to(torch.float64) for s in states]).mean(0)
@@ -235,6 +231,24 @@ class DPFedAvg:
         self.rounds += 1
         self.norms = tuple(norms)
         return out
+
+    @staticmethod
+    def _check(
+        global_state: Mapping[str, torch.Tensor], states: list[Any], local: frozenset[str]
+    ) -> None:
+        """The clients' states match each other and the global state, and are finite."""
+        _validate(states)
+        _finite(states, "raise")
+        if global_state.keys() - local != states[0].keys():
+            diff = sorted((set(global_state) - local) ^ set(states[0]))
+            raise AggregationError(f"the clients' states and the global state differ in {diff[:5]}")
+        for k, t in states[0].items():
+            x = global_state[k]
+            if t.dtype != x.dtype or t.shape != x.shape:
+                raise AggregationError(
+                    f"key {k!r}: the clients hold {t.dtype} {tuple(t.shape)}, the global state's "
+                    f"{x.dtype} {tuple(x.shape)}; clients must return the state they were sent"
+                )
 
     def _check_count(self, n: int) -> None:
         """ε is charged at rate per_round / clients: a round of more updates than clients
