@@ -342,3 +342,34 @@ def test_a_poisson_loop_with_empty_rounds_charges_every_round():
         x = dp.step(x, [{"w": x["w"] + 0.1} for _ in chosen])
     assert 0 in sizes and dp.rounds == 30
     assert sum(n for _, _, n in dp.accountant.history) == 30  # (noise, rate, rounds) entries
+
+
+def test_weighted_sampling_is_charged_at_the_most_likely_clients_rate():
+    # fl.sample(weights=sizes) draws the biggest of Dirichlet(0.5) clients in 16% of the
+    # rounds, not m/N = 10%: charged at 10%, its epsilon was 12.8 where 7.9 was reported
+    import numpy as np
+    from opacus.accountants import RDPAccountant
+
+    labels = np.random.default_rng(0).integers(0, 10, 5000)
+    sizes = [len(p) for p in fl.dirichlet(labels, clients=100, alpha=0.5, seed=0)]
+    big, rounds = int(np.argmax(sizes)), 2000
+    q = sum(big in fl.sample(100, count=10, round=r, seed=1, weights=sizes) for r in range(rounds))
+    q /= rounds
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights=sizes)
+    uniform = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10)
+    x = {"w": torch.zeros(3)}
+    for r in range(100):
+        chosen = fl.sample(100, count=10, round=r, seed=0, weights=sizes)
+        dp.step(x, [x] * len(chosen))
+        uniform.step(x, [x] * len(chosen))
+    real = RDPAccountant()
+    for _ in range(100):
+        real.step(noise_multiplier=1.0, sample_rate=q - 4 * (q * (1 - q) / rounds) ** 0.5)
+    assert uniform.sample_rate == 0.1 and q > 0.15 > dp.sample_rate - 0.02
+    assert dp.epsilon(1e-5) >= real.get_epsilon(1e-5) > 1.2 * uniform.epsilon(1e-5)
+    equal = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights=[2.0] * 100)
+    assert equal.sample_rate == 0.1
+    with pytest.raises(ValueError, match=r"DPFedAvg\(weights=\): weights must be 100 finite"):
+        fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights=sizes[:50])
+    with pytest.raises(ValueError, match="the list of sampling weights given to fl.sample"):
+        fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights="sizes")

@@ -16,6 +16,9 @@ its own (``pip install 'somatize[dp]'``)::
 
 The accountant analyses Poisson sampling of clients at rate q = per_round / clients;
 drawing a fixed count per round with ``fl.sample`` is the usual approximation of it.
+Clients drawn by weight (``fl.sample(..., weights=sizes)``) are not drawn at rate q: a big
+client takes part more often, so give ``DPFedAvg`` the same ``weights=`` and ε is charged
+at the most likely client's rate (an upper bound on it).
 
 Float buffers (BatchNorm's running statistics) are not weights, and ε covers only what
 is clipped and noised: a state holding any is refused until ``buffer_policy=`` says what
@@ -44,6 +47,7 @@ from ...errors import AggregationError, require
 from .aggregation import _finite, _states, _validate
 from .clipping import clip_update
 from .keys import Exclude, _local, _names, _rule, _statistics, _unknown, _without
+from .sampling import _largest_inclusion
 
 __all__ = ["DPFedAvg"]
 
@@ -67,6 +71,19 @@ def _seed(seed: int | None) -> int:
             f"in [-2**63, 2**64) (reproducible experiments only), not {seed!r}"
         )
     return seed
+
+
+def _rate(weights: Sequence[float], clients: int, per_round: int) -> float:
+    """The rate ε is charged at when clients are drawn by ``weights`` (sampling.py)."""
+    if isinstance(weights, (str, Mapping)) or not hasattr(weights, "__len__"):
+        raise ValueError(
+            f"weights must be the list of sampling weights given to fl.sample(weights=), "
+            f"one per client, not {weights!r:.60}"
+        )
+    try:
+        return _largest_inclusion(weights, per_round, clients)
+    except ValueError as e:
+        raise ValueError(f"DPFedAvg(weights=): {e}; pass those given to fl.sample") from None
 
 
 def _refusal(keys: list[str]) -> AggregationError:
@@ -93,6 +110,11 @@ class DPFedAvg:
         clients: N, how many clients there are in all.
         per_round: how many take part in a round (the sampling rate is per_round / N;
             the sum of clipped updates is divided by per_round).
+        weights: the sampling weights the loop gives ``fl.sample(..., weights=)``, one per
+            client, if it draws by weight: ε is then charged at the largest probability
+            with which any client is drawn in a round (``sample_rate``; an upper bound on
+            it, exact for equal weights) instead of per_round / N, which would under-report
+            the big clients' ε. Without them, clients must be drawn uniformly.
         seed: None (the default): the noise generator is seeded from the operating
             system's randomness (``secrets``), so nobody can regenerate the noise. An int
             fixes it, for reproducible experiments only — anyone who knows the seed can
@@ -114,8 +136,11 @@ class DPFedAvg:
             (the clients may leave them out), and they need no ``buffer_policy``.
 
     Attributes:
+        sample_rate: the rate ε is charged at: per_round / clients, or with ``weights=``
+            the most likely client's rate.
         rounds: rounds aggregated so far.
-        norms: the unclipped update norms of the last round, one per client.
+        norms: the unclipped update norms of the last round, one per client — the
+            server's to see, not covered by ε: publishing them leaks what noise protects.
     """
 
     def __init__(
@@ -125,6 +150,7 @@ class DPFedAvg:
         noise: float,
         clients: int,
         per_round: int,
+        weights: Sequence[float] | None = None,
         seed: int | None = None,
         buffers: Iterable[str] = (),
         buffer_policy: BufferPolicy | None = None,
@@ -147,7 +173,10 @@ class DPFedAvg:
                 f"{buffer_policy!r}"
             )
         self.clip, self.noise = float(clip), float(noise)
-        self.clients, self.per_round, self.sample_rate = clients, per_round, per_round / clients
+        self.clients, self.per_round = clients, per_round
+        self.sample_rate = (
+            per_round / clients if weights is None else _rate(weights, clients, per_round)
+        )
         self.buffers, self.buffer_policy = _names("buffers", buffers), buffer_policy
         self.exclude = _rule(exclude)
         self.accountant = _accountant()
@@ -263,7 +292,7 @@ class DPFedAvg:
             warnings.warn(
                 f"DPFedAvg(per_round={self.per_round}) got {n} updates in one round: epsilon "
                 f"is charged as if each client took part with probability "
-                f"{self.per_round}/{self.clients} (Poisson sampling, whose count varies). If the "
+                f"{self.sample_rate:.4g} (Poisson sampling, whose count varies). If the "
                 "round's clients were chosen otherwise (every client, or a larger fixed draw), "
                 "epsilon is under-reported: set per_round to the number each round trains",
                 stacklevel=3,
