@@ -270,6 +270,9 @@ class RunState:
 
     def __init__(self) -> None:
         self.step = self.epoch = self.position = self.examples_seen = 0
+        # the examples the first epoch trained on, over all ranks (None until it ends): the
+        # one-epoch count a result reports when the data cannot say its length
+        self.epoch_examples: int | None = None
         self.losses: list[float] = []
         self.pending: list[torch.Tensor] = []  # step losses not yet read back from the device
         self.metrics: list[dict[str, float]] = []
@@ -311,6 +314,7 @@ def capture(
         "epoch": s.epoch,
         "position": s.position,
         "examples_seen": s.examples_seen,
+        "epoch_examples": s.epoch_examples,
         "losses": s.losses,
         "metrics": s.metrics,
         "best": s.best,
@@ -360,6 +364,7 @@ def restore(
         ) from e
     s.step, s.epoch, s.position = payload["step"], payload["epoch"], payload["position"]
     s.examples_seen = payload["examples_seen"]
+    s.epoch_examples = payload.get("epoch_examples")  # (None in a checkpoint from before)
     s.losses, s.metrics = list(payload["losses"]), list(payload["metrics"])
     s.best, s.pruned = payload["best"], payload["pruned"]
     s.ranked = [list(r) for r in payload.get("ranked", [])]

@@ -24,8 +24,9 @@ class TrainResult:
         num_examples: training examples in one epoch, over all ranks (the weight ``fedavg``
             uses): a DataLoader's are what its sampler draws (a ``SubsetRandomSampler``'s
             indices, not the whole dataset), less an incomplete last batch under
-            ``drop_last``. When the data has no length: the examples the run trained on,
-            over all its epochs (and ranks).
+            ``drop_last``. When the data has no length: the examples its first epoch
+            trained on (over all ranks), whatever the number of epochs; a run that stopped
+            within its first epoch, the examples it trained on.
         steps: optimizer steps taken in total.
         epochs: epochs completed.
         losses: the training loss of every step.

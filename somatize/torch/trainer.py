@@ -36,7 +36,7 @@ from .batches import checked_split, loss_of, split
 from .begin import begin
 from .checkpoint import Checkpointing
 from .first_step import first_step
-from .limits import batches_per_epoch, epoch_examples
+from .limits import batches_per_epoch, epoch_examples, one_epoch
 from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate
 from .options import Options
@@ -222,7 +222,7 @@ class Trainer:
             close(run.watchers)  # also when training fails: event files are flushed
         return TrainResult(
             state={k: v.detach().to("cpu", copy=True) for k, v in run.net.state_dict().items()},
-            num_examples=n_train if n_train is not None else s.examples_seen,
+            num_examples=one_epoch(n_train, s),
             steps=s.step,
             epochs=s.epoch,
             losses=list(s.losses),

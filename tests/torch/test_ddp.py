@@ -279,6 +279,12 @@ def test_iterables_without_a_length_give_every_rank_as_many_steps(data_run):
             assert got["targets"] == [targets[rank], targets[2 + rank]] * 2, name
     # rank 0 streams 3 batches, rank 1 five: they agree each round and stop together
     assert data_run[0]["uneven"]["steps"] == data_run[1]["uneven"]["steps"] == 2
+    # num_examples (fedavg's weight) is one epoch over both ranks, not every epoch's: 2 rounds
+    # of 2 ranks' batches of 8, whether the steps' non-finite check counted them or not
+    for rank in (0, 1):
+        assert data_run[rank]["stream"]["n"] == data_run[rank]["row_stream"]["n"] == 32
+        assert data_run[rank]["stream_ignore"]["n"] == 32  # (3 epochs)
+        assert data_run[rank]["uneven"]["n"] == 16  # 1 round an epoch: a batch of each rank
 
 
 @pytest.mark.slow
