@@ -273,6 +273,7 @@ class RunState:
         # the examples the first epoch trained on, over all ranks (None until it ends): the
         # one-epoch count a result reports when the data cannot say its length
         self.epoch_examples: int | None = None
+        self.val_examples: dict[str, int] = {}  # the last evaluation's examples, by set prefix
         self.losses: list[float] = []
         self.pending: list[torch.Tensor] = []  # step losses not yet read back from the device
         self.metrics: list[dict[str, float]] = []
@@ -315,6 +316,7 @@ def capture(
         "position": s.position,
         "examples_seen": s.examples_seen,
         "epoch_examples": s.epoch_examples,
+        "val_examples": s.val_examples,
         "losses": s.losses,
         "metrics": s.metrics,
         "best": s.best,
@@ -365,6 +367,7 @@ def restore(
     s.step, s.epoch, s.position = payload["step"], payload["epoch"], payload["position"]
     s.examples_seen = payload["examples_seen"]
     s.epoch_examples = payload.get("epoch_examples")  # (None in a checkpoint from before)
+    s.val_examples = dict(payload.get("val_examples") or {})
     s.losses, s.metrics = list(payload["losses"]), list(payload["metrics"])
     s.best, s.pruned = payload["best"], payload["pruned"]
     s.ranked = [list(r) for r in payload.get("ranked", [])]

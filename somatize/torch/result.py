@@ -45,6 +45,10 @@ class TrainResult:
             the evaluations), by node: ``{"enc": {"hits": 9000, "misses": 1000}}`` —
             rows for a node cached per example, items for a cached ``.mapped()`` node,
             calls for a node cached whole. Empty when the graph remembers nothing.
+        val_examples: the examples each validation set's last evaluation averaged over
+            (over all ranks), by the prefix of that set's metrics — ``{"val_": 200}``, or
+            ``{"val_clean_": 100, "val_noisy_": 100}`` for ``val={"clean": ..., "noisy":
+            ...}``: the weight ``fl.weighted_metrics`` gives each client's metrics.
     """
 
     state: Mapping[str, torch.Tensor]
@@ -62,6 +66,7 @@ class TrainResult:
     seconds: float = 0.0
     seed: int | None = None
     cache: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    val_examples: Mapping[str, int] = field(default_factory=dict)
 
     def metric(self, name: str) -> float:
         """The last evaluated value of ``name`` (``"val_acc"``...)."""

@@ -32,7 +32,7 @@ from torch import nn
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp, inference, tally
-from .batches import checked_split, loss_of, split
+from .batches import checked_split, loss_of, num_examples, split
 from .begin import begin
 from .checkpoint import Checkpointing
 from .first_step import first_step
@@ -240,6 +240,7 @@ class Trainer:
             seconds=seconds,
             seed=self.seed,
             cache=tally.totals(run.tally),
+            val_examples=dict(s.val_examples),
         )
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
@@ -286,16 +287,29 @@ class Trainer:
         rank: int,
         world: int,
         limit: int | None = None,
+        counted: list[int] | None = None,
     ) -> dict[str, float]:
         fns = {"loss": self._loss, **self.metrics}
+        split_ = self._split if counted is None else _counting(self._split, counted)
         return evaluate(
             net,
             data,
             fns,
-            split=self._split,
+            split=split_,
             device=device,
             autocast=autocast,
             rank=rank,
             world=world,
             limit=limit,
         )
+
+
+def _counting(split_: Callable[[Any], tuple[Any, Any]], counted: list[int]) -> Callable[..., Any]:
+    """``split_``, adding each batch's examples to ``counted[-1]`` as evaluation counts them."""
+
+    def counting(batch: Any) -> tuple[Any, Any]:
+        x, y = split_(batch)
+        counted[-1] += num_examples(x)
+        return x, y
+
+    return counting

@@ -111,6 +111,7 @@ def test_torchrun_two_ranks_train_as_one_process_on_twice_the_batch(uninterrupte
     assert r0["losses"] == r1["losses"] and len(r0["losses"]) == 8  # 8 batches / 2 ranks, 2 epochs
     assert r0["metrics"] == r1["metrics"]
     assert r0["num_examples"] == r1["num_examples"] == 32
+    assert r0["val_examples"] == r1["val_examples"] == {"val_": 15}  # both ranks' val batches
 
     # only rank 0 checkpoints and logs; every rank knows the checkpoint
     assert (tmp_path / "saved-rank0").exists() and not (tmp_path / "saved-rank1").exists()
