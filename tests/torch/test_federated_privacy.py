@@ -373,3 +373,17 @@ def test_weighted_sampling_is_charged_at_the_most_likely_clients_rate():
         fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights=sizes[:50])
     with pytest.raises(ValueError, match="the list of sampling weights given to fl.sample"):
         fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights="sizes")
+
+
+def test_counts_take_numpy_integers_as_fl_sample_does_and_bools_are_refused():
+    import numpy as np
+
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=np.int64(100), per_round=np.int32(10))
+    assert (dp.clients, dp.per_round, dp.sample_rate) == (100, 10, 0.1)
+    assert type(dp.clients) is int
+    with pytest.raises(ValueError, match=r"clip must be a positive finite norm, not True"):
+        fl.DPFedAvg(clip=True, noise=1.0, clients=10, per_round=2)
+    with pytest.raises(ValueError, match=r"noise must be a non-negative multiplier, not True"):
+        fl.DPFedAvg(clip=1.0, noise=True, clients=10, per_round=2)
+    with pytest.raises(ValueError, match=r"per_round must be a positive int .*, not 2.0"):
+        fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2.0)

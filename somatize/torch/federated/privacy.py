@@ -47,7 +47,7 @@ from ...errors import AggregationError, require
 from .aggregation import _finite, _states, _validate
 from .clipping import clip_update
 from .keys import Exclude, _local, _names, _rule, _statistics, _unknown, _without
-from .sampling import _largest_inclusion
+from .sampling import _int, _largest_inclusion
 
 __all__ = ["DPFedAvg"]
 
@@ -156,13 +156,13 @@ class DPFedAvg:
         buffer_policy: BufferPolicy | None = None,
         exclude: Exclude = None,
     ) -> None:
-        if not (clip > 0 and math.isfinite(clip)):
+        if isinstance(clip, bool) or not (clip > 0 and math.isfinite(clip)):
             raise ValueError(f"clip must be a positive finite norm, not {clip!r}")
-        if not (noise >= 0 and math.isfinite(noise)):
+        if isinstance(noise, bool) or not (noise >= 0 and math.isfinite(noise)):
             raise ValueError(f"noise must be a non-negative multiplier, not {noise!r}")
-        if not (
-            isinstance(per_round, int) and isinstance(clients, int) and 0 < per_round <= clients
-        ):
+        clients = _int("clients", clients, 1, "a positive int (how many there are)")
+        per_round = _int("per_round", per_round, 1, "a positive int (how many a round trains)")
+        if per_round > clients:
             raise ValueError(
                 f"need 0 < per_round ≤ clients (ints), not per_round={per_round!r}, "
                 f"clients={clients!r}"
