@@ -40,10 +40,10 @@ def _pair(i: int, r: Any) -> tuple[Count, Mapping[str, Any]]:
 
 
 def _examples(i: int, n: Any) -> float:
-    n = float(n)
-    if not (n >= 0 and math.isfinite(n)):
-        raise AggregationError(f"client {i} has {n} examples; counts must be finite and ≥ 0")
-    return n
+    count = float(n)
+    if not (count >= 0 and math.isfinite(count)):
+        raise AggregationError(f"client {i} has {count} examples; counts must be finite and ≥ 0")
+    return count
 
 
 def _evaluated(i: int, counts: Mapping[str, int]) -> Count:

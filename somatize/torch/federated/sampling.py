@@ -73,7 +73,8 @@ def _probabilities(weights: Sequence[float], clients: int, count: int) -> np.nda
         raise ValueError(
             f"only {np.count_nonzero(w)} clients have a positive weight; cannot draw {count}"
         )
-    return w / w.sum()
+    p: np.ndarray = w / w.sum()
+    return p
 
 
 def _largest_inclusion(weights: Sequence[float], count: int, clients: int) -> float:
