@@ -11,7 +11,8 @@ The somatize graph is wrapped in ``LightningGraph`` and trained by Lightning wit
 receives the metric the ``Hidden`` node returns in ``Done`` (``hidden/active``).
 ``Watch`` forwards the run to a somatize ``JsonLines`` log, and ``result(...)``
 turns it into the ``TrainResult`` the rest of somatize (``fedavg``, ``summarize``)
-takes. Prints the best validation accuracy and the checkpoint that holds it.
+takes. The learning rate follows a cosine to 0 over the run, stepped every optimizer
+step. Prints the best validation accuracy and the checkpoint that holds it.
 """
 
 from __future__ import annotations
@@ -99,9 +100,14 @@ def main(argv: list[str] | None = None) -> st.TrainResult:
         make_graph(args.seed),
         loss=nn.functional.cross_entropy,
         optimizer=lambda ps: torch.optim.AdamW(ps, lr=3e-3),
-        scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(
-            opt, T_max=args.epochs * len(train)
-        ),  # stepped every optimizer step, as in the somatize Trainer
+        # Lightning steps a plain scheduler once per epoch; this dict asks for every
+        # optimizer step (as the somatize Trainer does), which T_max counts in.
+        scheduler=lambda opt: {
+            "scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(
+                opt, T_max=args.epochs * len(train)
+            ),
+            "interval": "step",
+        },
         metrics={"acc": st.accuracy},
     )
     best = ModelCheckpoint(
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> st.TrainResult:
         callbacks=[
             best,
             EarlyStopping(monitor="val_loss", patience=5),
-            LearningRateMonitor(logging_interval="epoch"),
+            LearningRateMonitor(logging_interval="step"),
             Watch([JsonLines(out / "run.jsonl")]),
         ],
         log_every_n_steps=10,
@@ -130,6 +136,7 @@ def main(argv: list[str] | None = None) -> st.TrainResult:
     r = result(trainer, lg)
     print(r)
     print(f"best val_acc: {float(best.best_model_score):.4f}")
+    print(f"final lr: {trainer.optimizers[0].param_groups[0]['lr']:.3g}")  # 0 at the cosine's end
     print(f"best checkpoint: {best.best_model_path}")
     print(f"last checkpoint: {best.last_model_path}")
     print(f"tensorboard --logdir {out}")

@@ -301,14 +301,14 @@ def identity(impl: Any, codecs: Sequence[Codec] = ()) -> str:
 _warned: set[tuple[str, str]] = set()
 
 
-def _warn_blind(cls: type, where: str) -> None:
+def _warn_blind(cls: type, where: str, reads: str = "reads the global") -> None:
     """Say once per process that a node's key cannot see an object its code reads."""
     name = f"{cls.__module__}.{cls.__qualname__}"
     if (name, where) in _warned:
         return
     _warned.add((name, where))
     warnings.warn(
-        f"node class {name!r} reads the global {where}, which enters its key by type "
+        f"node class {name!r} {reads} {where}, which enters its key by type "
         "alone: a change to that object will not be seen, and a cached output computed "
         "before the change will be served after it. Make it plain data, a function, a "
         "functools.partial or an instance of your own class holding data, or pass it as "
@@ -318,10 +318,12 @@ def _warn_blind(cls: type, where: str) -> None:
     )
 
 
-def _declare(value: Any, where: str, codecs: Sequence[Codec]) -> Any:
+def _declare(value: Any, where: str, codecs: Sequence[Codec], blind: list[tuple[Any, str]]) -> Any:
+    """How one constructor argument enters the declaration; what a function argument's code
+    reads and the key cannot see is added to ``blind`` as (function, where)."""
     t = type(value)
     if t is list or t is tuple:
-        return t(_declare(v, f"{where}[{i}]", codecs) for i, v in enumerate(value))
+        return t(_declare(v, f"{where}[{i}]", codecs, blind) for i, v in enumerate(value))
     if t is dict:
         for k in value:
             if type(k) is not str and type(k) is not int:
@@ -330,13 +332,16 @@ def _declare(value: Any, where: str, codecs: Sequence[Codec]) -> Any:
                     "which cannot be written into a key; use str or int keys, "
                     "or do not cache this node"
                 )
-        return {k: _declare(v, f"{where}[{k!r}]", codecs) for k, v in value.items()}
+        return {k: _declare(v, f"{where}[{k!r}]", codecs, blind) for k, v in value.items()}
     if is_data(value, codecs):
         return value
     if isinstance(value, Node):
-        return {"node": identity(value), "args": declaration(value, codecs)}
-    if isinstance(value, (types.FunctionType, type)):
-        return {"code": _describe(value, {})}
+        return {"node": identity(value, codecs), "args": declaration(value, codecs)}
+    if isinstance(value, (types.FunctionType, type)):  # its code, and what it reads by content
+        inner: list[str] = []
+        described = _describe(value, {}, codecs, inner)
+        blind.extend((value, w) for w in inner)
+        return {"code": described}
     if isinstance(value, (types.BuiltinFunctionType, types.ModuleType)):
         return {"lib": _describe(value, {})}
     for codec in codecs:
@@ -370,7 +375,15 @@ def declaration(impl: Any, codecs: Sequence[Codec] = ()) -> str:
         ba = sig.bind(impl, *args, **kwargs)
         ba.apply_defaults()
         bound = dict(list(ba.arguments.items())[1:])
-    declared = {k: _declare(v, f"{k!r} of {cls.__qualname__}", codecs) for k, v in bound.items()}
+    blind: list[tuple[Any, str]] = []
+    declared = {
+        k: _declare(v, f"{k!r} of {cls.__qualname__}", codecs, blind) for k, v in bound.items()
+    }
+    for fn, where in blind:
+        name = getattr(fn, "__qualname__", type(fn).__qualname__)
+        _warn_blind(
+            cls, where.removeprefix(" → "), f"is given {name!r}, whose code reads the global"
+        )
     result = digest(declared, codecs, where=f"the arguments of {cls.__qualname__}")
     impl.__dict__["_somatize_decl"] = result
     return result

@@ -151,10 +151,16 @@ def walk(
         per_row = node in memory.per_example
         per_item = per_row or (node in memory.cached and isinstance(impl, Mapped))
         if remembered and source is not None:
+            fix = (
+                "pass data as the graph input (a tensor that requires grad, as module(g) gets "
+                "it, is wrapped in Opaque: pass x.detach())"
+                if source == the_input
+                else f"return data (a detached tensor) from {source}"
+            )
+            what = f"its input, {source}," if source == the_input else f"its input from {source}"
             raise CacheError(
-                f"node {label!r} is cached but its input from {source} is Opaque; "
-                f"Opaque values cannot enter a key — return data (a detached tensor) from "
-                f"{source}, or stop caching {label!r}"
+                f"node {label!r} is cached but {what} is Opaque; "
+                f"Opaque values cannot enter a key — {fix}, or stop caching {label!r}"
             )
         # (a cached mapped node still keys each item by its content)
         if keyless is not None and remembered and (not per_item or node in memory.named):
@@ -231,7 +237,7 @@ def walk(
                 raise CacheError(
                     f"node {label!r} is cached or named but returned Opaque holding a "
                     f"{type(value).__qualname__} that is not data (a tensor that requires grad?); "
-                    f"freeze {label!r} or return data (a detached tensor), or stop caching it"
+                    f"{rows.not_data_fix(label, node in memory.frozen)}, or stop caching it"
                 )
             is_opaque = False
         if is_opaque:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import GraphError
 from .identity import declaration, identity
 from .keepers.protocol import is_name
-from .node_state import state
+from .node_state import Codes, state
 from .values import digest
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ class NodeKeys:
     def __init__(self, codecs: Sequence[Codec] = ()) -> None:
         self.codecs = tuple(codecs)
         self._fixed: dict[int, tuple[Any, str, str]] = {}
+        self._codes = Codes(self.codecs)  # the code held nodes hold, read once (node_state)
         # what codecs say outputs depend on besides state and inputs (torch: autocast)
         self._contexts = [f for c in self.codecs if (f := getattr(c, "context", None))]
         self._held: tuple[list[Any] | None] | None = None  # a context fixed by ``under``
@@ -162,7 +163,7 @@ class NodeKeys:
         if fixed is None or fixed[0] is not impl:
             fixed = (impl, identity(impl, self.codecs), declaration(impl, self.codecs))
             self._fixed[id(impl)] = fixed
-        return fixed[1], fixed[2], state(impl, self.codecs, self.context())
+        return fixed[1], fixed[2], state(impl, self.codecs, self.context(), self._codes)
 
     def of(self, impl: Any, predecessors: Sequence[str]) -> str:
         return key(*self.parts(impl), predecessors)

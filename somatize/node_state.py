@@ -20,28 +20,28 @@ import dataclasses
 import functools
 import types
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
-from .identity import _describe
+from .identity import _describe, _warn_blind
 from .node import Node
 from .values import digest, encode, is_data
 
 if TYPE_CHECKING:
     from .codecs import Codec
 
-__all__ = ["state"]
+__all__ = ["Codes", "state"]
 
 
-def _state_part(value: Any, codecs: Sequence[Codec], path: frozenset[int] = frozenset()) -> Any:
+def _state_part(value: Any, codes: Codes, path: frozenset[int] = frozenset()) -> Any:
     """How one attribute of a node enters its state: data as it is, what a codec
     fingerprints (modules, tensors) by that, containers item by item, code by its
     fingerprint, a held node by its class and state."""
     if is_data(value):
         return value
-    for codec in codecs:
+    for codec in codes.codecs:
         fp = codec.fingerprint(value)
         if fp is not None:
             return {"fp": fp}
@@ -50,37 +50,37 @@ def _state_part(value: Any, codecs: Sequence[Codec], path: frozenset[int] = froz
         return {"again": t.__qualname__}
     inner = path | {id(value)}
     if t is list or t is tuple:
-        return [_state_part(v, codecs, inner) for v in value]
+        return [_state_part(v, codes, inner) for v in value]
     if t is dict:
-        return {str(k): _state_part(v, codecs, inner) for k, v in value.items()}
+        return {str(k): _state_part(v, codes, inner) for k, v in value.items()}
     if isinstance(value, Node):  # (its class's code read once, not its identity every key)
-        return {"node": _code(type(value)), "state": _state_parts(value, codecs, inner)}
-    return _other_part(value, codecs, inner)
+        return {"node": codes(type(value)), "state": _state_parts(value, codes, inner)}
+    return _other_part(value, codes, inner)
 
 
-def _other_part(value: Any, codecs: Sequence[Codec], path: frozenset[int]) -> Any:
+def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
     """Containers other than list, tuple and dict; code; objects holding modules or tensors.
     Other objects are left to the declaration (the constructor arguments that made them)."""
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     if isinstance(value, Mapping):  # OrderedDict, ModuleDict-like mappings...
         items = [
-            [_state_part(k, codecs, path), _state_part(v, codecs, path)] for k, v in value.items()
+            [_state_part(k, codes, path), _state_part(v, codes, path)] for k, v in value.items()
         ]
         return {"type": kind, "items": items}
     if isinstance(value, (list, tuple)):  # a namedtuple, torch.Size, a list subclass
-        return {"type": kind, "items": [_state_part(v, codecs, path) for v in value]}
+        return {"type": kind, "items": [_state_part(v, codes, path) for v in value]}
     if isinstance(value, (set, frozenset)):
-        return {"type": kind, "items": sorted(digest(_state_part(v, codecs, path)) for v in value)}
+        return {"type": kind, "items": sorted(digest(_state_part(v, codes, path)) for v in value)}
     if isinstance(value, functools.partial):
         return {
-            "partial": _state_part(value.func, codecs, path),
-            "args": _state_part(list(value.args), codecs, path),
-            "kwargs": _state_part(dict(value.keywords), codecs, path),
+            "partial": _state_part(value.func, codes, path),
+            "args": _state_part(list(value.args), codes, path),
+            "kwargs": _state_part(dict(value.keywords), codes, path),
         }
     if isinstance(value, types.MethodType):
-        return {"method": _code(value.__func__), "of": _state_part(value.__self__, codecs, path)}
+        return {"method": codes(value.__func__), "of": _state_part(value.__self__, codes, path)}
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
-        return {"code": _code(value)}
+        return {"code": codes(value)}
     if isinstance(value, types.SimpleNamespace) or (
         dataclasses.is_dataclass(value) and not isinstance(value, type)
     ):
@@ -91,11 +91,11 @@ def _other_part(value: Any, codecs: Sequence[Codec], path: frozenset[int]) -> An
         )
         return {
             "type": kind,
-            "fields": {k: _state_part(v, codecs, path) for k, v in fields.items()},
+            "fields": {k: _state_part(v, codes, path) for k, v in fields.items()},
         }
     held = {}  # any other object: the modules and tensors it holds, one level down
     for name, v in getattr(value, "__dict__", {}).items():
-        for codec in codecs:
+        for codec in codes.codecs:
             fp = codec.fingerprint(v)
             if fp is not None:
                 held[name] = fp
@@ -103,7 +103,8 @@ def _other_part(value: Any, codecs: Sequence[Codec], path: frozenset[int]) -> An
     return {"type": kind, "holds": held} if held else None
 
 
-# How a function or class attribute enters a state, by the object (its code is read once).
+# How a function attribute enters a module's fingerprint (``somatize.torch.fingerprints``:
+# an activation function, a hook), by the object: its code, read once per process.
 _codes: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
@@ -116,18 +117,110 @@ def _code(obj: Any) -> str:
     return known
 
 
-def _state_parts(impl: Any, codecs: Sequence[Codec], path: frozenset[int]) -> dict[str, Any]:
+class Codes:
+    """How the functions, methods and node classes a node holds enter its state: by their
+    code and by what that code reads (globals and closure variables; tensors, arrays and
+    modules by content, through the codecs).
+
+    The code is read once per ``Codes`` — one per graph's keys (``NodeKeys``), as a node
+    class's own code is — so a global rebound later is seen by a new graph. The tensors,
+    arrays and modules it was found to read are asked for their fingerprints again on
+    every key (memoised by version counter: a walk, not a hash), so a new checkpoint loaded
+    into a module a held function reads, or an in-place write to a tensor it reads, is
+    seen at once. What enters by type alone (a lock, a library object) warns once,
+    naming the node and the function.
+    """
+
+    def __init__(self, codecs: Sequence[Codec] = ()) -> None:
+        self.codecs = tuple(codecs)
+        self.owner: type = object  # the class of the node whose state is being read
+        # obj -> (description, [(what it reads, its codec, fingerprint then)])
+        self._known: weakref.WeakKeyDictionary[Any, tuple[str, list[Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._strong: dict[int, tuple[Any, tuple[str, list[Any]]]] = {}  # (no weak reference)
+
+    def __call__(self, obj: Any) -> str:
+        weak = _weak(obj)
+        known = self._known.get(obj) if weak else self._strong.get(id(obj), (None, None))[1]
+        if known is not None and all(c.fingerprint(o) == fp for o, c, fp in known[1]):
+            return known[0]
+        watch = _Reads(self.codecs)
+        blind: list[str] = []
+        described = _describe(obj, {}, (watch,), blind)
+        if known is None:  # (warned when first read)
+            for where in blind:
+                _warn_held(self.owner, obj, where)
+        if weak:
+            self._known[obj] = (described, watch.read)
+        else:
+            self._strong[id(obj)] = (obj, (described, watch.read))
+        return described
+
+
+class _Reads:
+    """The codecs, seen by ``identity._describe`` as one codec that takes no value as data
+    (so that a tensor or array is described by its fingerprint, as a module is) and keeps
+    what it fingerprinted: what the code read whose content can change in place."""
+
+    tag = "somatize.reads"
+
+    def __init__(self, codecs: Sequence[Codec]) -> None:
+        self.codecs = codecs
+        self.read: list[tuple[Any, Codec, str]] = []
+
+    def accepts(self, value: Any) -> bool:
+        return False
+
+    def check(self, value: Any) -> None:  # (never asked: it accepts nothing)
+        raise TypeError(f"{self.tag} encodes nothing")
+
+    def chunks(self, value: Any) -> Iterable[bytes | memoryview]:
+        raise TypeError(f"{self.tag} encodes nothing")
+
+    def decode(self, payload: bytes) -> Any:
+        raise TypeError(f"{self.tag} decodes nothing")
+
+    def fingerprint(self, obj: Any) -> str | None:
+        for codec in self.codecs:
+            fp = codec.fingerprint(obj)
+            if fp is not None:
+                self.read.append((obj, codec, fp))
+                return fp
+        return None
+
+
+def _weak(obj: Any) -> bool:
+    try:
+        weakref.ref(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _warn_held(cls: type, obj: Any, where: str) -> None:
+    name = getattr(obj, "__qualname__", type(obj).__qualname__)
+    _warn_blind(cls, where.removeprefix(" → "), f"holds {name!r}, whose code reads the global")
+
+
+def _state_parts(impl: Any, codes: Codes, path: frozenset[int]) -> dict[str, Any]:
     return {
-        name: _state_part(value, codecs, path)
+        name: _state_part(value, codes, path)
         for name, value in vars(impl).items()
         if not name.startswith("_somatize")
     }
 
 
-def state(impl: Any, codecs: Sequence[Codec] = (), context: Any = None) -> str:
+def state(
+    impl: Any, codecs: Sequence[Codec] = (), context: Any = None, codes: Codes | None = None
+) -> str:
     """The state part of a node's key: its data attributes and codec-fingerprinted holdings,
-    and the codecs' ``context`` when there is one (torch: the autocast dtype)."""
-    parts = _state_parts(impl, codecs, frozenset({id(impl)}))
+    and the codecs' ``context`` when there is one (torch: the autocast dtype). ``codes``
+    holds the code already read (see ``Codes``); without it, code is read afresh."""
+    if codes is None:
+        codes = Codes(codecs)
+    codes.owner = type(impl)
+    parts = _state_parts(impl, codes, frozenset({id(impl)}))
     if context is not None:
         parts["_somatize_context"] = context  # (no attribute has that name: they are skipped)
     return blake3(encode(parts)).hexdigest()

@@ -54,6 +54,16 @@ __all__ = [
 ]
 
 
+def not_data_fix(label: str, frozen: bool) -> str:
+    """The fix for a cached node returning what is not data (a tensor that requires grad)."""
+    if frozen:  # frozen already: its forward turned grad back on, or returned a parameter
+        return (
+            f"{label!r} is frozen, so its forward runs without grad: return tensors computed "
+            "in it (not under torch.enable_grad(), not a parameter itself), or .detach() them"
+        )
+    return f"freeze {label!r} (g.freeze({label!r})) or return detached tensors"
+
+
 def get_many(keeper: Keeper | None, keys: Sequence[str]) -> list[bytes | None]:
     """Entries under ``keys`` in one call (a keeper without ``get_many``: one by one)."""
     if keeper is None:
@@ -135,6 +145,20 @@ def _recall(
     return layout, where, entries
 
 
+def _distinct(miss: list[int], keys: Sequence[str]) -> tuple[list[int], list[int] | None]:
+    """The rows to compute — the first of each distinct key among ``miss`` — and, when some
+    repeat (a sampler drawing with replacement), where each of ``miss`` is among them."""
+    if len(miss) < 2 or len({keys[i] for i in miss}) == len(miss):
+        return miss, None
+    first: dict[str, int] = {}
+    computed: list[int] = []
+    for i in miss:
+        if keys[i] not in first:
+            first[keys[i]] = len(computed)
+            computed.append(i)
+    return computed, [first[keys[i]] for i in miss]
+
+
 def remember(
     env: Env, node: str, label: str, impl: Any, inp: Any, ctx: Ctx, forward: Forward
 ) -> tuple[Any, str, Any]:
@@ -170,8 +194,11 @@ def remember(
     if not miss and layout is not None:
         return _rebuild(layout.kind, layout.names, hits), node_key, None
 
+    computed, expand = _distinct(miss, keys)  # a row repeated in the batch: computed once
     batch = (  # (an empty batch, n == 0, is computed: it has no rows to remember)
-        inp if len(miss) == n else _rebuild(kind, names, [r.take(v, miss) for _, r, v in leaves])
+        inp
+        if len(computed) == n
+        else _rebuild(kind, names, [r.take(v, computed) for _, r, v in leaves])
     )
     done = forward(batch, ctx)
     if type(done) is not Done:
@@ -182,20 +209,23 @@ def remember(
     if not is_data(value, codecs):
         raise CacheError(
             f"node {label!r} is cached per example but returned a {type(value).__qualname__} "
-            f"that is not data (a tensor that requires grad?); freeze {label!r} or return "
-            "detached tensors, or stop caching it"
+            f"that is not data (a tensor that requires grad?); "
+            f"{not_data_fix(label, node in env.memory.frozen)}, or stop caching it"
         )
     okind, onames, oleaves, m = _split(value, codecs, label, "output")
-    if m != len(miss):
+    if m != len(computed):
         raise CacheError(
-            f"node {label!r} is cached per example but returned {m} rows for {len(miss)} input "
-            f"rows; per-example memory needs one output row per input row — cache it per "
-            f"batch instead: g.cache({label!r})"
+            f"node {label!r} is cached per example but returned {m} rows for {len(computed)} "
+            f"input rows; per-example memory needs one output row per input row — cache it "
+            f"per batch instead: g.cache({label!r})"
         )
     if keeper is not None:
         stored = encode_rows(okind, onames, oleaves, m)
-        put_many(keeper, [(keys[i], e) for i, e in zip(miss, stored)], node in env.memory.pinned)
+        pinned = node in env.memory.pinned
+        put_many(keeper, [(keys[i], e) for i, e in zip(computed, stored)], pinned)
         note(keeper, label, impl, parts, None, env.node_keys.context())
+    if expand is not None:  # each repeated row's output, at every place it was asked for
+        oleaves = [(tag, r, r.take(v, expand)) for tag, r, v in oleaves]
     if not hits:  # (a dict as a hit gives it: its fields in sorted order)
         return _rebuild(okind, onames, [v for _, _, v in oleaves]), node_key, metrics
     merged = [rows.scatter([(miss, v), (hit, h)], n) for (_, rows, v), h in zip(oleaves, hits)]

@@ -211,27 +211,36 @@ def parse_age(text: str) -> float:
 
 
 def gc(
-    keeper_dir: str | os.PathLike[str],
+    keeper_dir: str | os.PathLike[str] | None,
     *,
     older_than: float | None = None,
     max_bytes: int | None = None,
+    runs_dir: str | os.PathLike[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Forget remembered runs unused for ``older_than`` seconds, then the least recently used
     until at most ``max_bytes`` remain. Runs computing now (their lock held) are kept.
     Temp files and trash folders left by killed processes (over an hour old) go too.
     Returns the records of the runs removed.
 
+    Args:
+        keeper_dir: the ``DiskKeeper`` directory holding the runs' results (removed with
+            them); None: results stay where they are (a ``somatize cache gc`` reclaims them).
+        runs_dir: the runs' directory, for ``st.remember(..., dir=...)``; default
+            ``<keeper_dir>/remembered``.
+
     Raises:
-        ValueError: ``older_than`` or ``max_bytes`` is below 0.
+        ValueError: ``older_than`` or ``max_bytes`` is below 0, or neither directory given.
     """
     from .keepers import DiskKeeper
 
+    if keeper_dir is None and runs_dir is None:
+        raise ValueError("gc needs the keeper's directory, the runs' directory, or both")
     if older_than is not None and not older_than >= 0:
         raise ValueError(f"older_than={older_than!r}: an age in seconds is 0 or more")
     if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes < 0):
         raise ValueError(f"max_bytes={max_bytes!r}: a size in bytes is 0 or more")
-    keeper = DiskKeeper(keeper_dir)
-    store = RunStore(Path(keeper_dir) / FOLDER)
+    keeper = DiskKeeper(keeper_dir) if keeper_dir is not None else None
+    store = RunStore(runs_dir if runs_dir is not None else Path(keeper_dir or "") / FOLDER)
     _clean_leftovers(store.root)
     runs = sorted(store.records(), key=lambda r: float(r["used"]))
     now, removed = time.time(), []

@@ -1,11 +1,15 @@
 """``somatize runs``: list, show and clean the runs ``st.remember`` remembered.
 
-    somatize runs ls   [--dir DIR]
-    somatize runs show KEY [--dir DIR]
-    somatize runs gc   [--older-than AGE] [--max-bytes N] [--dir DIR]
+    somatize runs ls   [--dir DIR] [--keeper K]
+    somatize runs show KEY [--dir DIR] [--keeper K]
+    somatize runs gc   [--older-than AGE] [--max-bytes N] [--dir DIR] [--keeper K]
 
-``--dir`` is the keeper's directory (``DiskKeeper("runs")`` → ``runs``); it defaults to
-``$SOMATIZE_RUNS`` or ``runs``. KEY may be a unique prefix (12 digits, as ``ls`` shows).
+``--dir`` is the keeper's directory (``DiskKeeper("runs")`` → ``runs``, whose runs are
+in ``runs/remembered``), or the directory given to ``st.remember(..., dir=DIR)``; it
+defaults to ``$SOMATIZE_RUNS`` or ``runs``. For the latter, ``--keeper`` names the
+keeper's directory (the results: ``gc`` removes them with their runs, ``ls`` and
+``show`` see whether they are still there). KEY may be a unique prefix (12 digits, as
+``ls`` shows).
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ import datetime
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from . import runs
+from .errors import KeeperError
+from .keepers.protocol import is_key
 
-__all__ = ["add_parser", "byte_count", "command"]
+__all__ = ["add_parser", "byte_count", "command", "locate"]
 
 
 def byte_count(text: str) -> int:
@@ -43,7 +50,12 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("runs", help="list, show or clean runs remembered by st.remember")
     p.add_argument("action", choices=["ls", "show", "gc"])
     p.add_argument("key", nargs="?", help="for show: a run's key, or a unique prefix of it")
-    p.add_argument("--dir", default=os.environ.get("SOMATIZE_RUNS", "runs"))
+    p.add_argument(
+        "--dir",
+        default=os.environ.get("SOMATIZE_RUNS", "runs"),
+        help="the keeper's directory, or the dir= given to st.remember",
+    )
+    p.add_argument("--keeper", help="the keeper's directory, when --dir is st.remember's dir=")
     p.add_argument("--older-than", help="for gc: forget runs unused this long (30m, 12h, 7d)")
     p.add_argument("--max-bytes", type=byte_count, help="for gc: then shrink to this many bytes")
 
@@ -70,25 +82,75 @@ def _line(r: dict[str, Any]) -> str:
     fn = str(r.get("function", "?")).rsplit(".", 1)[-1]
     args = ", ".join(f"{k}={v}" for k, v in r.get("summary", {}).items())
     status = r.get("status", "?")
-    tail = _metrics(r) if status == "done" else status
+    tail = {"done": _metrics(r), "collected": f"{_metrics(r)}  ({COLLECTED})"}.get(status, status)
     return f"{str(r['key'])[:12]}  {_size(float(r['size'])):>9}  {fn}({args})  {tail}".rstrip()
+
+
+def locate(directory: str) -> tuple[runs.RunStore, str | None]:
+    """The runs ``--dir`` names, and the keeper directory holding their results (None:
+    unknown). A keeper's directory holds them in ``remembered/``; the directory given to
+    ``st.remember(..., dir=...)`` holds them itself, one directory per key."""
+    base = Path(directory)
+    if (base / runs.FOLDER).is_dir() or not base.is_dir():
+        return runs.RunStore(base / runs.FOLDER), directory
+    try:
+        own = any(is_key(p.name) and p.is_dir() for p in base.iterdir())
+    except OSError:
+        own = False
+    return (runs.RunStore(base), None) if own else (runs.RunStore(base / runs.FOLDER), directory)
+
+
+def _stored(keeper_dir: str | None, records: list[dict[str, Any]]) -> set[str] | None:
+    """The keys the keeper holds (one listing), or None when it is not known."""
+    if keeper_dir is None or not any(r.get("status") == "done" for r in records):
+        return None
+    from .keepers import DiskKeeper
+
+    try:
+        return set(DiskKeeper(keeper_dir, create=False).keys())
+    except (KeeperError, OSError):
+        return None
+
+
+COLLECTED = "result collected (cache gc): the next call computes it again, from its checkpoints"
 
 
 def command(args: argparse.Namespace) -> int:
     """Run ``somatize runs ACTION``; returns the exit status."""
-    store = runs.RunStore(os.path.join(args.dir, runs.FOLDER))
+    store, keeper_dir = locate(args.dir)
+    if args.keeper is not None:
+        if not os.path.isdir(os.path.join(args.keeper, "objects")):
+            print(
+                f"somatize: --keeper {args.keeper!r} is not a keeper's directory (it has no "
+                "objects/); give the directory of the DiskKeeper st.remember stored results in",
+                file=sys.stderr,
+            )
+            return 2
+        keeper_dir = args.keeper
     if not store.root.is_dir():
-        print(
-            f"somatize: no remembered runs under {args.dir!r} (set --dir or $SOMATIZE_RUNS)",
-            file=sys.stderr,
+        why = (
+            f"it is a keeper's directory without {runs.FOLDER}/ — runs stored with "
+            "st.remember(..., dir=DIR) are in DIR: pass --dir DIR (and this as --keeper)"
+            if os.path.isdir(os.path.join(args.dir, "objects"))
+            else f"neither a keeper's directory with {runs.FOLDER}/ nor a dir= given to "
+            "st.remember (set --dir or $SOMATIZE_RUNS)"
         )
+        print(f"somatize: no remembered runs under {args.dir!r}: {why}", file=sys.stderr)
         return 2
     records = store.records()
+    stored = _stored(keeper_dir, records)
+    for r in records:
+        if stored is not None and r.get("status") == "done" and r["key"] not in stored:
+            r["status"] = "collected"
+            r["size"] -= int(r.get("bytes", 0))
     if args.action == "ls":
         for r in sorted(records, key=lambda r: float(r["used"])):
             print(_line(r))
-        done = sum(r.get("status") == "done" for r in records)
-        print(f"{len(records)} runs ({done} finished), {_size(sum(r['size'] for r in records))}")
+        done = sum(r.get("status") in ("done", "collected") for r in records)
+        collected = sum(r.get("status") == "collected" for r in records)
+        gone = f", {collected} of them with the result collected" if collected else ""
+        total = _size(sum(r["size"] for r in records))
+        print(f"{len(records)} runs ({done} finished{gone}), {total}")
         return 0
     if args.action == "show":
         if not args.key:
@@ -100,6 +162,8 @@ def command(args: argparse.Namespace) -> int:
             return 2
         r = found[0]
         r["used"] = datetime.datetime.fromtimestamp(float(r["used"])).isoformat(timespec="seconds")
+        if r.get("status") == "collected":
+            r["status"], r["collected"] = "done", COLLECTED
         print(json.dumps(r, indent=2, sort_keys=True))
         return 0
     if args.older_than is None and args.max_bytes is None:
@@ -110,9 +174,14 @@ def command(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"somatize: {e}", file=sys.stderr)
         return 2
-    removed = runs.gc(args.dir, older_than=age, max_bytes=args.max_bytes)
+    removed = runs.gc(keeper_dir, older_than=age, max_bytes=args.max_bytes, runs_dir=store.root)
     for r in removed:
         print(f"removed {_line(r)}")
     left = store.records()
     print(f"removed {len(removed)} runs; {len(left)} left, {_size(sum(r['size'] for r in left))}")
+    if removed and keeper_dir is None:
+        print(
+            "their results stay in the keeper st.remember stored them in (pass --keeper DIR "
+            "to remove them too, or run somatize cache gc on it)"
+        )
     return 0

@@ -11,6 +11,7 @@ from .codecs import NdarrayCodec, TensorCodec
 from .csvlog import CSVLog
 from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
 from .metrics import accuracy
+from .model_summary import ModelSummary, model_summary
 from .module import GraphModule, module, parameters
 from .pool import Runs, run_all
 from .progress import Progress
@@ -27,6 +28,7 @@ __all__ = [
     "Carry",
     "Checkpointing",
     "GraphModule",
+    "ModelSummary",
     "NdarrayCodec",
     "Options",
     "Patience",
@@ -47,6 +49,7 @@ __all__ = [
     "fedmedian",
     "load_checkpoint",
     "load_state",
+    "model_summary",
     "module",
     "parameters",
     "remember",

@@ -37,10 +37,11 @@ def split(batch: Any) -> tuple[Any, Any]:
 
 
 def checked_split(
-    fn: Callable[[Any], Any] | None, loss: Any
+    fn: Callable[[Any], Any] | None, loss: Any, owner: str = "Trainer"
 ) -> Callable[[Any], tuple[Any, Any]] | None:
-    """``Trainer(split=fn)``, checked: a function, given with a loss, whose every result is
-    an ``(inputs, target)`` pair (None: the default ``split``)."""
+    """``Trainer(split=fn)`` (or ``LightningGraph``'s: ``owner``), checked: a function, given
+    with a loss, whose every result is an ``(inputs, target)`` pair (None: the default
+    ``split``)."""
     if fn is None:
         return None
     if not callable(fn):
@@ -50,7 +51,7 @@ def checked_split(
         )
     if loss is None:
         raise SettingError(
-            "split= gives a loss function its target, but the Trainer has no loss=: without "
+            f"split= gives a loss function its target, but the {owner} has no loss=: without "
             "one the graph gets the whole batch and computes the loss itself; pass loss=, or "
             "leave split out"
         )

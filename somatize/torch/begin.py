@@ -20,6 +20,7 @@ from .policy import check_extension, check_fresh, horizon, resume_path
 from .run import ActiveRun
 from .settings import check_optimizer, check_scheduler
 from .start import as_module, autocast_for, compiled, place, seed_everything, trainable, wrap
+from .timelimit import restored
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -73,6 +74,7 @@ def begin(
         restore_scaler(payload, run.scaler)
         restore_average(payload, run.average, path)
         restore_rank_rng(payload, rank, world)
+        run.clock = restored(payload)  # the seconds trained before (Options.max_time)
         run.checkpoint = path
     else:
         check_fresh(trainer)

@@ -9,6 +9,7 @@ must stay equal to them — ``tests/torch/test_trainer*.py`` run both paths.
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -90,6 +91,7 @@ def fast_epoch(
     ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
     losses = s.losses
     isfinite = math.isfinite
+    deadline, monotonic = run.deadline, time.monotonic
     # GraphModule.step lives in the instance dict (module.py's _OWN): set it there directly
     own = graph_net.__dict__ if graph_net is not None else {}
     clock = own if "step" in own else None
@@ -103,7 +105,7 @@ def fast_epoch(
         for i, batch in enumerate(batches):
             if i < start:  # resuming mid-epoch: these batches were already trained on
                 continue
-            if step >= max_steps or s.pruned:
+            if step >= max_steps or s.pruned or run.timed_out:
                 if stopped is not None:
                     put_back(stopped)
                 return i, False
@@ -164,7 +166,9 @@ def fast_epoch(
                     evaluate_into(trainer, run)
                 if run.due or (ckpt_every and step % ckpt_every == 0):
                     save(trainer, run)
-            if run.replay and (step >= max_steps or s.pruned):
+            if deadline is not None and monotonic() >= deadline:  # (one process: world 1)
+                run.timed_out = True
+            if run.replay and (step >= max_steps or s.pruned or run.timed_out):
                 stopped = snapshot()  # reading one more batch must not move what is saved
     finally:
         s.step, s.examples_seen = step, examples

@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,11 +32,12 @@ from torch import nn
 from ..errors import CheckpointError, require
 from ..graph import Graph
 from . import tally
-from .batches import loss_of, num_examples, split
+from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
+from .lightning_history import Sums, compute_objects, reset_objects, scalar
+from .lightning_settings import check, configured, hyperparameters
 from .metrics import is_metric
-from .module import GraphModule, module, parameters
-from .settings import check_loss, check_metrics
+from .module import GraphModule, module
 
 try:
     import lightning as L
@@ -50,29 +50,6 @@ __all__ = ["LightningGraph", "Watch", "result"]
 Loss = Callable[..., torch.Tensor]
 
 
-def _name(obj: Any) -> str | None:
-    """A readable name of a loss function (for the hyper-parameters)."""
-    if obj is None:
-        return None
-    if isinstance(obj, functools.partial):
-        return _name(obj.func)
-    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    return str(name)
-
-
-def _scalar(value: Any, where: str) -> torch.Tensor | float:
-    """A metric as ``self.log`` takes it: a detached one-element tensor or a float."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.detach().reshape(())
-    if isinstance(value, (bool, int, float)):
-        return float(value)
-    shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
-    raise TypeError(
-        f"{where} is a {type(value).__name__}{shape}; Lightning logs scalars only — "
-        "report a float or a one-element tensor in Done(..., metrics=...)"
-    )
-
-
 class LightningGraph(L.LightningModule):
     """A ``LightningModule`` over a graph: train it with ``lightning.Trainer``.
 
@@ -82,7 +59,7 @@ class LightningGraph(L.LightningModule):
     after ``.train()``) and cached nodes keep caching.
 
     Batches are ``(x, y)`` or a dict with ``"x"`` (and ``"y"``), as for the somatize
-    Trainer. Logged with ``self.log`` (so ``ModelCheckpoint(monitor=...)``,
+    Trainer, or any other form ``split=`` turns into ``(inputs, target)``. Logged with ``self.log`` (so ``ModelCheckpoint(monitor=...)``,
     ``EarlyStopping(monitor=...)`` and every logger see them):
 
     * ``train_loss`` every step; ``<node>/<name>`` for each metric a node returns in
@@ -105,11 +82,16 @@ class LightningGraph(L.LightningModule):
             ``monitor="val_loss"``); or returning Lightning's ``lr_scheduler`` dict
             (``{"scheduler": s, "interval": "step", ...}``) to choose.
         metrics: name → ``fn(output, target)`` evaluated on validation and test data.
+        split: how a batch becomes ``(inputs, target)``, for batches of another form than
+            ``(x, y)`` or ``{"x": ..., "y": ...}``: ``split=lambda b: (b["input_ids"],
+            b["labels"])``, as ``st.Trainer(split=)``. Used in training, validation, test
+            and predict; needs ``loss=``.
 
     Attributes:
         graph: the graph; ``net``: ``module(g)``.
         losses: the training loss of every step (checkpointed: a resumed run keeps it).
-        history: one dict per validation, ``{"step", "epoch", "val_loss", "val_<metric>"...}``.
+        history: one dict per validation, ``{"step", "epoch", "val_loss", "val_<metric>"...,
+            "val_<node>/<name>"...}`` (as ``st.Trainer``'s ``result.metrics``).
         seconds: wall-clock time of the last ``fit``.
 
     Example:
@@ -127,22 +109,11 @@ class LightningGraph(L.LightningModule):
         optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
         scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
         metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
+        split: Callable[[Any], tuple[Any, Any]] | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(g, Graph):
-            raise TypeError(f"LightningGraph takes a somatize Graph, got {type(g).__qualname__}")
-        if not callable(optimizer):
-            raise TypeError(
-                "optimizer must be a factory over parameters, e.g. "
-                "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
-            )
-        if scheduler is not None and not callable(scheduler):
-            raise TypeError(
-                "scheduler must be a factory over the optimizer, e.g. "
-                "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
-            )
-        check_loss(loss)
-        check_metrics(metrics)
+        check(g, loss, optimizer, scheduler, metrics)
+        self.split = checked_split(split, loss, "LightningGraph")
         self.graph = g
         self.net: GraphModule = module(g)
         self._loss, self._optimizer, self._scheduler = loss, optimizer, scheduler
@@ -151,29 +122,13 @@ class LightningGraph(L.LightningModule):
         self.seconds = 0.0
         self._losses: list[float] = []
         self._pending: list[torch.Tensor] = []  # step losses not yet read back from the device
+        self._last_batch: tuple[torch.Tensor, int] | None = None  # the last training batch's
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
-        self._sums: dict[str, list[float]] = {}  # evaluation prefix → weighted sums, examples last
+        self._sums: dict[str, Sums] = {}  # evaluation prefix → its sums (lightning_history.py)
         self._started = 0.0
         self._tally: tally.CacheTally | None = None  # on the graph during fit (tally.py)
         self._epoch_counts: tuple[int, dict[str, dict[str, int]]] = (-1, {})
-        params = parameters(g)
-        opt = optimizer(params) if params else None  # probes, for class names and lr only
-        lr = float(opt.param_groups[0]["lr"]) if opt is not None else None
-        sched = scheduler(opt) if scheduler is not None and opt is not None else None
-        if isinstance(sched, Mapping):
-            sched = sched.get("scheduler")
-        self.save_hyperparameters(
-            {
-                "topology": g.topology.to_json(),
-                "frozen": sorted(g.memory.frozen),
-                "cached": sorted(g.memory.cached),
-                "loss_name": _name(loss),
-                "optimizer_name": type(opt).__qualname__ if opt is not None else None,
-                "lr": lr,
-                "scheduler_name": type(sched).__qualname__ if sched is not None else None,
-                "metric_names": sorted(self._metrics),
-            }
-        )
+        self.save_hyperparameters(hyperparameters(g, loss, optimizer, scheduler, self._metrics))
 
     # -- the steps ------------------------------------------------------------------------
 
@@ -185,13 +140,17 @@ class LightningGraph(L.LightningModule):
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
         # as st.Trainer: without a loss function the graph computes the loss from the batch
-        return split(batch) if self._loss is not None else (batch, None)
+        if self._loss is None:
+            return batch, None
+        return self.split(batch) if self.split is not None else split(batch)
 
-    def _log_nodes(self, prefix: str, **how: Any) -> None:
+    def _log_nodes(self, prefix: str, sums: Sums | None = None, **how: Any) -> None:
         for node, values in self.net.metrics.items():
             for name, value in values.items():
-                where = f"node {node!r} metric {name!r}"
-                self.log(f"{prefix}{node}/{name}", _scalar(value, where), **how)
+                v = scalar(value, f"node {node!r} metric {name!r}")
+                self.log(f"{prefix}{node}/{name}", v, **how)
+                if sums is not None:  # evaluated: in the history too, as under st.Trainer
+                    sums.add(f"{node}/{name}", v, how["batch_size"], node=True)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = self._split(batch)
@@ -203,6 +162,7 @@ class LightningGraph(L.LightningModule):
         )
         self._log_nodes("", on_step=True, on_epoch=False, batch_size=n)
         self._pending.append(loss.detach())
+        self._last_batch = (loss.detach(), n)  # (read by Watch: Lightning's outputs hold loss / k)
         epoch = self.current_epoch
         self._examples[epoch] = self._examples.get(epoch, 0) + n
         return loss
@@ -213,21 +173,23 @@ class LightningGraph(L.LightningModule):
         out = self.net(x)
         values: dict[str, Any] = {"loss": self._loss_of(out, y)}  # the output, without a loss
         values.update({name: fn(out, y) for name, fn in self._metrics.items() if not is_metric(fn)})
-        for m in self._metric_objects():
-            m.update(out, y)
-        sums = self._sums.setdefault(prefix, [0.0] * (len(values) + 1))
+        m: Any
+        for m in self._metrics.values():
+            if is_metric(m):
+                m.update(out, y)
+        sums = self._sums.setdefault(prefix, Sums())
         how: dict[str, Any] = {
             "on_step": False,
             "on_epoch": True,
             "batch_size": n,
             "sync_dist": True,
         }
-        for j, (name, value) in enumerate(values.items()):
-            v = _scalar(value, f"metric {name!r}")
+        for name, value in values.items():
+            v = scalar(value, f"metric {name!r}")
             self.log(f"{prefix}{name}", v, prog_bar=name == "loss", **how)
-            sums[j] += float(v) * n
-        sums[-1] += n
-        self._log_nodes(prefix, **how)
+            sums.add(name, v, n)
+        sums.examples += n
+        self._log_nodes(prefix, sums, **how)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._evaluate_step(batch, "val_")
@@ -236,26 +198,10 @@ class LightningGraph(L.LightningModule):
         self._evaluate_step(batch, "test_")
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
-        return self.net(split(batch)[0])
+        return self.net((self.split or split)(batch)[0])
 
     def configure_optimizers(self) -> Any:
-        params = parameters(self.graph)
-        if not params:
-            raise ValueError(
-                "nothing to train: every node is frozen or holds no parameters "
-                "(unfreeze a node with g.freeze(id, False), or give a node an nn.Module)"
-            )
-        opt = self._optimizer(params)
-        if self._scheduler is None:
-            return opt
-        sched = self._scheduler(opt)
-        if isinstance(sched, Mapping):
-            config = dict(sched)
-        else:  # Lightning's default for a plain scheduler: once per epoch
-            config = {"scheduler": sched, "interval": "epoch"}
-            if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                config["monitor"] = "val_loss"
-        return {"optimizer": opt, "lr_scheduler": config}
+        return configured(self.graph, self._optimizer, self._scheduler)
 
     # -- bookkeeping ----------------------------------------------------------------------
 
@@ -299,24 +245,11 @@ class LightningGraph(L.LightningModule):
                 rate = c["hits"] / total
                 self.log(f"cache/{node}/hit_rate", rate, on_epoch=True, rank_zero_only=True)
 
-    def _metric_objects(self) -> list[Any]:
-        return [m for m in self._metrics.values() if is_metric(m)]
-
-    def _reset_metric_objects(self) -> None:
-        for m in self._metric_objects():
-            m.reset()
-            if isinstance(m, nn.Module):
-                m.to(self.device)
-
     def _compute_metric_objects(self, prefix: str) -> dict[str, float]:
         """Each metric object over the whole evaluation, logged as ``<prefix><name>``."""
-        out = {}
-        m: Any
-        for name, m in self._metrics.items():
-            if is_metric(m):
-                out[name] = float(m.compute())  # torchmetrics reduces over ranks itself
-                self.log(f"{prefix}{name}", out[name], prog_bar=False)
-                m.reset()
+        out = compute_objects(self._metrics)
+        for name, value in out.items():
+            self.log(f"{prefix}{name}", value, prog_bar=False)
         return out
 
     def on_train_epoch_start(self) -> None:
@@ -326,7 +259,7 @@ class LightningGraph(L.LightningModule):
         if self._tally is not None:  # evaluations are not counted
             self._tally.pause(True)
         self._sums.pop("val_", None)
-        self._reset_metric_objects()
+        reset_objects(self._metrics, self.device)
         found = carries(self.net)  # evaluation starts afresh; training's is given back after
         self._carried = [(c, c.value) for c in found]
         reset(found)
@@ -339,20 +272,19 @@ class LightningGraph(L.LightningModule):
         self._carried = []
         sums = self._sums.pop("val_", None)
         computed = self._compute_metric_objects("val_")
-        if self.trainer.sanity_checking or not sums:
+        if self.trainer.sanity_checking or sums is None or not sums.examples:
             return
-        total = torch.tensor(sums, dtype=torch.float64)
-        if self.trainer.world_size > 1:
-            total = self.trainer.strategy.reduce(total.to(self.device), reduce_op="sum").cpu()
-        names = ["loss", *(k for k, f in self._metrics.items() if not is_metric(f))]
+        reduce = self.trainer.strategy.reduce if self.trainer.world_size > 1 else None
+        means = sums.means(self.device, reduce)
         record: dict[str, float] = {"step": self.global_step, "epoch": self.current_epoch}
-        record.update({f"val_{k}": float(total[j] / total[-1]) for j, k in enumerate(names)})
+        record.update({f"val_{k}": v for k, v in means.items() if k in sums.own})
         record.update({f"val_{k}": v for k, v in computed.items()})
+        record.update({f"val_{k}": v for k, v in means.items() if k not in sums.own})
         self.history.append(record)
 
     def on_test_epoch_start(self) -> None:
         self._sums.pop("test_", None)
-        self._reset_metric_objects()
+        reset_objects(self._metrics, self.device)
         reset(carries(self.net))
 
     def on_test_epoch_end(self) -> None:

@@ -23,6 +23,17 @@ def _pruned(trainer: L.Trainer) -> bool:
     return bool(trainer.should_stop)
 
 
+def _pruned_reason(trainer: L.Trainer) -> str | None:
+    """The message of the callback that stopped the run (``EarlyStopping``'s says why)."""
+    if not _pruned(trainer):
+        return None
+    for callback in getattr(trainer, "callbacks", ()):
+        message = getattr(callback, "stopping_reason_message", None)
+        if message and getattr(callback, "stopped_epoch", 0):
+            return str(message)
+    return "a callback set trainer.should_stop"
+
+
 def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
     """The ``TrainResult`` of a graph trained by ``trainer.fit(lg, ...)``.
 
@@ -30,7 +41,8 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
     from either trainer average together in ``fedavg``. ``monitor``/``best`` come from
     the trainer's ``ModelCheckpoint`` when it monitors a metric, else ``val_loss``
     over ``lg.history``; ``checkpoint`` is its last checkpoint (``save_last``) or its
-    best; ``pruned`` is whether a callback stopped the run (``EarlyStopping``...).
+    best; ``pruned`` is whether a callback stopped the run (``EarlyStopping``...), and
+    ``pruned_reason`` its message.
 
     Example:
         >>> trainer.fit(lg, train_loader, val_loader)  # doctest: +SKIP
@@ -69,6 +81,7 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
         monitor=monitor,
         best=best,
         pruned=_pruned(trainer),
+        pruned_reason=_pruned_reason(trainer),
         checkpoint=path or None,
         seconds=lg.seconds,
         seed=int(seed) if seed is not None else None,

@@ -33,14 +33,32 @@ def _pruned(trainer: L.Trainer) -> bool:
     return bool(trainer.should_stop)
 
 
+def _batch_loss(trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any) -> tuple[float, int]:
+    """A training batch's own loss and examples: a LightningGraph's as its step computed
+    them; another module's ``outputs["loss"]``, which automatic optimisation has divided
+    by ``accumulate_grad_batches``, multiplied back."""
+    if _is_graph(pl_module) and pl_module._last_batch is not None:
+        loss, n = pl_module._last_batch
+        return float(loss), n
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    k = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+    return float(loss if loss is not None else 0.0) * k, num_examples(split(batch)[0])
+
+
 class Watch(L.Callback):
     """A Lightning callback telling somatize watchers what Lightning does.
 
     Lightning's lifecycle becomes somatize events, so the watchers of the somatize
     Trainer work unchanged: ``FitStart`` when training starts, ``StepEnd`` and node
-    ``Metrics`` after each training batch, ``EpochEnd`` (with that epoch's validation)
+    ``Metrics`` after each optimizer step, ``EpochEnd`` (with that epoch's validation)
     after each epoch, ``FitEnd`` when training ends. Only global rank 0 reports;
     watchers with ``close()`` are closed at the end of ``fit``.
+
+    Under ``accumulate_grad_batches=k`` a ``StepEnd`` reports the optimizer step as the
+    somatize Trainer's ``Options(accumulate=k)`` does: numbered as ``trainer.global_step``
+    counts it (1, 2, ...), its loss the mean of its batches' losses weighed by their
+    examples (not Lightning's ``loss / k`` that ``outputs["loss"]`` holds), its examples
+    all its batches', its seconds from its first batch's start.
 
     Args:
         watchers: ``TensorBoard``, ``Progress``, ``JsonLines``, ``Recorder``...
@@ -63,19 +81,27 @@ class Watch(L.Callback):
         self.run_id = ""
         self._started = self._tick = self._lr = 0.0
         self._on = False
+        self._step = 0  # trainer.global_step after the last optimizer step reported
+        self._window: list[tuple[float, int]] = []  # (loss, examples) of the step's batches
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.run_id = uuid.uuid4().hex[:12]
         self._started = time.perf_counter()
         self._on = trainer.is_global_zero
+        self._step, self._window = trainer.global_step, []
         if self._on:
             epochs, steps = trainer.max_epochs or 0, trainer.max_steps
             event = FitStart(self.run_id, max(epochs, 0), max(steps, 0), trainer.global_step)
             notify(self.watchers, event)
 
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._window = []  # (Lightning steps on an epoch's last batch: nothing is left over)
+
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if self._window:  # a batch accumulated into the step the window's first one began
+            return
         self._tick = time.perf_counter()
         opt = trainer.optimizers[0] if trainer.optimizers else None
         self._lr = float(opt.param_groups[0]["lr"]) if opt is not None else 0.0  # the step's rate
@@ -90,12 +116,16 @@ class Watch(L.Callback):
     ) -> None:
         if not self._on:
             return
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        lr = self._lr
+        self._window.append(_batch_loss(trainer, pl_module, outputs, batch))
         step, epoch = trainer.global_step, trainer.current_epoch
+        if step == self._step:  # accumulated: the optimizer steps on a later batch
+            return
+        self._step = step
+        n = sum(examples for _, examples in self._window)
+        loss = sum(value * examples for value, examples in self._window) / max(n, 1)
+        self._window = []
         seconds = time.perf_counter() - self._tick
-        n = num_examples(split(batch)[0])
-        notify(self.watchers, StepEnd(self.run_id, step, epoch, float(loss or 0.0), lr, n, seconds))
+        notify(self.watchers, StepEnd(self.run_id, step, epoch, loss, self._lr, n, seconds))
         if _is_graph(pl_module):
             for node, values in pl_module.net.metrics.items():
                 notify(self.watchers, Metrics(self.run_id, node, step, dict(values)))

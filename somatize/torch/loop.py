@@ -23,6 +23,7 @@ from .policy import save
 from .rng import put_back, snapshot
 from .schedule import evaluates_at_epoch_end
 from .step import step
+from .timelimit import seconds_of, time_up
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -64,7 +65,10 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
         )
     run.replay = trainer.checkpoint is not None and type(data) not in (list, tuple)
     net.train()
-    while s.epoch < epochs and not s.pruned and s.step < max_steps:
+    run.clock.start()
+    run.deadline = run.clock.deadline(seconds_of(trainer.options.max_time))
+    run.timed_out = time_up(run)  # (a run resumed with its budget spent takes no step)
+    while s.epoch < epochs and not s.pruned and s.step < max_steps and not run.timed_out:
         batches = _batches(trainer, run, data)
         # carried state starts afresh each epoch, or as a mid-epoch checkpoint left it
         start_epoch(run.carries, s.carried, s.position, run.device, run.rank)
@@ -162,7 +166,7 @@ def _epoch(
     i = -1
     stopped = None  # the RNG states as the last step left them (see fast_epoch)
     for i, group in _groups(batches, s.position, accumulate):
-        if s.pruned or s.step >= max_steps:
+        if s.pruned or s.step >= max_steps or run.timed_out:
             if stopped is not None:
                 put_back(stopped)
             return i, False
@@ -190,7 +194,9 @@ def _epoch(
             evaluate_into(trainer, run)
         if run.due or (ckpt_every and s.step % ckpt_every == 0):
             save(trainer, run)
-        if run.replay and (s.pruned or s.step >= max_steps):
+        if run.deadline is not None:
+            run.timed_out = time_up(run)
+        if run.replay and (s.pruned or s.step >= max_steps or run.timed_out):
             stopped = snapshot()
     return i, True
 

@@ -133,10 +133,12 @@ def evaluate(
     over examples, metric objects computed over the whole set; then node metrics.
     ``limit``: only the first batches of this rank's share (``Options(limit_val_batches=)``).
 
-    Runs in eval mode under ``torch.no_grad()`` and restores the module's mode. Under
-    DDP each rank takes every ``world``-th batch, none dropped, and the sums are reduced
-    (metric objects merged: see the module's docstring). Values are summed on the
-    device: no synchronisation per batch.
+    Runs in eval mode under ``torch.no_grad()`` and restores the module's mode; the
+    forward *and* the functions run under ``autocast`` (Lightning's ``validation_step``
+    does the same), and each batch's value is made float64 (float32 on MPS) before it
+    is weighed by the batch's size. Under DDP each rank takes every ``world``-th batch,
+    none dropped, and the sums are reduced (metric objects merged: see the module's
+    docstring). Values are summed on the device: no synchronisation per batch.
 
     Raises:
         SettingError: under DDP, a metric object that cannot combine over ranks.
@@ -158,13 +160,16 @@ def evaluate(
             for batch in limited(epoch_batches(data, 0, 0, False, rank, world, even=False), limit):
                 x, y = split(batch)
                 x, y = to_device(x, device), to_device(y, device)
+                n = num_examples(x)
+                # the loss and metrics too, as Lightning's validation_step and the training
+                # step compute them: cross_entropy runs in float32 under autocast
                 with autocast():
                     out = net(x)
-                n = num_examples(x)
-                for j, name in enumerate(names):
-                    sums[j] += _scalar(fns[name](out, y), name) * n  # type: ignore[operator]
-                for m in objects.values():
-                    m.update(out, y)
+                    for j, name in enumerate(names):
+                        value = _scalar(fns[name](out, y), name)  # type: ignore[operator]
+                        sums[j] += _exact(value, dtype) * n
+                    for m in objects.values():
+                        m.update(out, y)
                 sums[-1] += n
                 for node, values in (getattr(net, "metrics", None) or {}).items():
                     if not isinstance(values, Mapping):
@@ -175,9 +180,8 @@ def evaluate(
                         )
                     for k, v in values.items():
                         key = f"{node}/{k}"
-                        node_sums[key] = (
-                            node_sums.get(key, 0.0) + _scalar(v, k, f"node {node!r}: ") * n
-                        )
+                        value = _exact(_scalar(v, k, f"node {node!r}: "), dtype)
+                        node_sums[key] = node_sums.get(key, 0.0) + value * n
     finally:
         net.train(was_training)
     node_names = sorted(node_sums)
@@ -241,6 +245,12 @@ def _scalar(value: Any, name: str, whose: str = "") -> Any:
             )
         return value.detach().reshape(())
     return _number(value, f"{whose}metric {name!r} gave")
+
+
+def _exact(value: Any, dtype: torch.dtype) -> Any:
+    """A batch's scalar in the sums' dtype *before* it is weighed by the batch size: a
+    bfloat16 or float16 mean times ``n`` would be rounded again (on the device: no sync)."""
+    return value.to(dtype) if isinstance(value, torch.Tensor) else value
 
 
 def _number(value: Any, what: str) -> float:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..bulk import paused_gc
-from ..errors import CacheError, StateError
+from ..errors import StateError
 from ..graph import Graph
 from ..node import Ctx, Done, Mapped, Node, Run
 from ..values import Opaque
@@ -103,23 +103,19 @@ class _FrozenWrap:
         memory = self._somatize_graph.memory
         if node_id not in memory.frozen:
             return forward
-        return _Frozen(node_id, impl, forward, node_id in memory.cached)
+        return _Frozen(node_id, impl, forward)
 
 
 class _Frozen:
     """A frozen node's forward (see ``_FrozenWrap``)."""
 
-    __slots__ = ("cached", "forward", "impl", "node_id")
+    __slots__ = ("forward", "impl", "node_id")
 
-    def __init__(
-        self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done], cached: bool
-    ) -> None:
+    def __init__(self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]) -> None:
         self.node_id, self.impl, self.forward = node_id, impl, forward
-        self.cached = cached  # its modes checked at every computation: what it returns is kept
 
     def __call__(self, x: Any, ctx: Ctx) -> Done:
-        if self.cached:  # (only a miss computes: the walk costs little beside the forward)
-            _check_eval(self.node_id, self.impl)
+        _keep_eval(self.node_id, self.impl)
         run = ctx.run
         if run.training:  # its modules run in eval mode: so does what reads ctx.training
             ctx = Ctx(ctx.node, ctx.device, run._replace(training=False))
@@ -133,25 +129,19 @@ class _Frozen:
             _set_grad_enabled(True)
 
 
-def _check_eval(node_id: str, impl: Any) -> None:
-    """A frozen, cached node must run its modules in eval mode: in training mode a dropout
-    mask or batch statistics would be remembered and served as the node's output."""
-    held = held_by(impl, node_id)  # (fresh containers around the node's own modules: skipped)
-    training = [
-        name
-        for name, m in (held.named_modules() if held is not None else ())
-        if m.training and type(m) not in (Holdings, nn.Module)
-    ]
-    if training:
-        where = ", ".join(repr(f"{node_id}.{n}" if n else node_id) for n in training[:3])
-        raise CacheError(
-            f"node {node_id!r} is frozen and cached, but its modules are in training mode "
-            f"({where}), so a dropout mask or batch statistics would be remembered as its "
-            "output: g.freeze() puts them in eval mode through st.module(g) — call "
-            "st.module(g) after freezing (the Trainer does), and put a module you put back "
-            "in training mode yourself (.train() on the node's own module) in eval mode "
-            "again (st.module(g).train() keeps frozen nodes in eval mode)"
-        )
+def _keep_eval(node_id: str, impl: Any) -> None:
+    """A frozen node runs its modules in eval mode, at every call: also those put back in
+    training mode since ``module(g)`` applied the freeze — by ``.train()`` on the node's
+    own module, a submodule swapped in, a module made before the freeze — so a dropout
+    mask or batch statistics are never computed, nor remembered by a cached node. (One
+    walk of its modules: little beside the forward it precedes.)"""
+    held = held_by(impl, node_id)  # (fresh containers around the node's own modules)
+    if held is None:
+        return
+    for m in held.modules():
+        if m.training and type(m) not in (Holdings, nn.Module):
+            held.eval()
+            return
 
 
 def equip(g: Graph) -> Graph:

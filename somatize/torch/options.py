@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -10,12 +11,14 @@ from typing import Any, Literal
 import torch
 
 from ..errors import SettingError
+from .determinism import check_deterministic
 from .ema import check_decay
 from .limits import check_limit
 from .sanity import check_sanity
 from .schedule import check_floor, check_schedule
 from .settings import choice, count, positive
 from .smoke import check_smoke
+from .timelimit import check_max_time
 
 __all__ = ["PRECISIONS", "Options", "check_device"]
 
@@ -75,6 +78,15 @@ class Options:
             about the last 1,000 steps), by torch's ``get_ema_multi_avg_fn`` after every
             optimizer step; evaluation runs on it and the model holds it when ``fit``
             returns (Lightning's ``EMAWeightAveraging``). Checkpointed. See ``ema.py``.
+        max_time: a budget of training time (Lightning's ``max_time``): seconds, a
+            ``datetime.timedelta`` or ``"DD:HH:MM:SS"``. Checked after each step; once
+            spent, the run stops there as at ``max_steps`` (checkpointed, with
+            ``TrainResult.timed_out`` True). It counts across resumes. See ``timelimit.py``.
+        deterministic: torch's deterministic algorithms during ``fit`` (Lightning's
+            ``deterministic``): True (an operation without a deterministic implementation
+            raises; cuDNN deterministic, no autotuning), ``"warn"``, False, or None to
+            leave torch's settings as they are. Put back when ``fit`` ends. See
+            ``determinism.py``.
     """
 
     device: str | torch.device | None = None
@@ -97,6 +109,8 @@ class Options:
     smoke: bool | int = False
     sanity_val_batches: int = 2
     ema: float | None = None
+    max_time: float | datetime.timedelta | str | None = None
+    deterministic: bool | Literal["warn"] | None = None
 
     def __post_init__(self) -> None:
         choice(
@@ -157,6 +171,8 @@ class Options:
         check_limit("limit_train_batches", self.limit_train_batches)
         check_limit("limit_val_batches", self.limit_val_batches)
         check_decay(self.ema)
+        check_max_time(self.max_time)
+        check_deterministic(self.deterministic)
 
 
 def _check_device(device: Any) -> None:

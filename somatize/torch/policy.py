@@ -115,6 +115,7 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         payload = capture(s, run.net, run.opt, run.sched, trainer.pruner, trainer.seed)
         payload["scaler"] = scaler_state(run.scaler)
         payload["world"] = run.world  # a mid-epoch position is one of this world's shares
+        payload["elapsed"] = run.clock.spent()  # seconds trained: Options(max_time=) resumes
         if run.average is not None:
             payload["ema"] = run.average.state()
         payload["order"] = order(trainer, run.train, run.rank, run.world)

@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from ..errors import SettingError
 from .settings import count
 
-__all__ = ["Patience", "Pruner", "Threshold"]
+__all__ = ["Patience", "Pruner", "Threshold", "pruned_reason"]
 
 
 @runtime_checkable
@@ -35,6 +35,8 @@ class Patience:
     As Lightning's ``EarlyStopping``: each evaluation that does not improve on the best
     counts, an improvement resets the count, and the run stops when the count reaches
     ``patience`` — so ``patience=0`` stops at the first evaluation that does not improve.
+    A NaN or infinite value stops the run at once (``check_finite=True``, as
+    ``EarlyStopping``'s default): a diverged run does not recover by waiting.
 
     Args:
         metric: the metric to watch (``"val_loss"``, ``"val_acc"``, ...).
@@ -43,6 +45,12 @@ class Patience:
             default): ``"min"``. Left unset on the Trainer's ``Options.monitor`` while
             ``Options(mode="max")``, it is refused when ``fit`` starts (say which you mean).
         min_delta: the smallest change that counts as an improvement (a number >= 0).
+        check_finite: stop when the value is NaN or infinite (False: such a value is one
+            more evaluation that does not improve, and ``-inf`` under ``"min"`` a best).
+
+    Attributes:
+        reason: why ``should_prune()`` answers yes, in words (the value and the best so
+            far), or None while it answers no; ``TrainResult.pruned_reason`` holds it.
 
     Raises:
         SettingError: ``patience`` or ``min_delta`` out of range.
@@ -62,6 +70,7 @@ class Patience:
         patience: int = 3,
         mode: Literal["min", "max"] | None = None,
         min_delta: float = 0.0,
+        check_finite: bool = True,
     ) -> None:
         if mode not in ("min", "max", None):
             raise ValueError(f"Patience mode must be 'min' or 'max', not {mode!r}")
@@ -75,14 +84,26 @@ class Patience:
                 f"Patience min_delta must be a finite number >= 0, not {min_delta!r}; it is "
                 "the smallest change that counts as an improvement (0: any change)"
             )
+        if not isinstance(check_finite, bool):
+            raise SettingError(
+                f"Patience check_finite must be True or False, not {check_finite!r}; True "
+                "stops the run at a NaN or infinite value, as Lightning's EarlyStopping does"
+            )
         self.metric, self.patience, self.min_delta = metric, patience, float(min_delta)
         self.mode: Literal["min", "max"] = mode if mode is not None else "min"
         self.mode_given = mode is not None  # fit() refuses a default "min" on a "max" monitor
+        self.check_finite = check_finite
         self.best: float | None = None
         self.bad = 0
+        self.reason: str | None = None
 
     def report(self, value: float, step: int) -> None:
         value = float(value)
+        best = f"{self.best:.6g}" if self.best is not None else "none yet"
+        if self.check_finite and not math.isfinite(value):
+            # as EarlyStopping: a stop of its own, the count of evaluations left as it is
+            self.reason = f"{self.metric} = {value} at step {step} is not finite (best {best})"
+            return
         better = (
             self.best is None
             or (self.mode == "min" and value < self.best - self.min_delta)
@@ -92,15 +113,25 @@ class Patience:
             self.best, self.bad = value, 0
         else:
             self.bad += 1
+        self.reason = None
+        if self.bad > 0 and self.bad >= self.patience:  # only ever after a non-improvement
+            self.reason = (
+                f"{self.metric} did not improve for {self.bad} evaluation"
+                f"{'s' if self.bad != 1 else ''} (best {best}, min_delta {self.min_delta:g})"
+            )
 
     def should_prune(self) -> bool:
-        return self.bad > 0 and self.bad >= self.patience  # only ever after a non-improvement
+        return self.reason is not None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "bad": self.bad}
+        return {"best": self.best, "bad": self.bad, "reason": self.reason}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.bad = state["best"], state["bad"]
+        # a checkpoint from before ``reason``: the count decides, as it did then
+        patient = self.bad > 0 and self.bad >= self.patience
+        fallback = f"{self.metric} did not improve for {self.bad} evaluations" if patient else None
+        self.reason = state.get("reason", fallback)
 
 
 class Threshold:
@@ -110,6 +141,9 @@ class Threshold:
         metric: the metric to watch.
         upper: prune when the value exceeds it (or is NaN).
         lower: prune when the value falls below it.
+
+    Attributes:
+        reason: the value that crossed the bound, in words (None until one does).
     """
 
     def __init__(
@@ -119,20 +153,35 @@ class Threshold:
             raise ValueError("Threshold needs an upper or a lower bound")
         self.metric, self.upper, self.lower = metric, upper, lower
         self.tripped = False
+        self.reason: str | None = None
 
     def report(self, value: float, step: int) -> None:
         value = float(value)
-        self.tripped = self.tripped or (
-            math.isnan(value)
-            or (self.upper is not None and value > self.upper)
-            or (self.lower is not None and value < self.lower)
-        )
+        if self.tripped:
+            return
+        if math.isnan(value):
+            self.reason = f"{self.metric} = nan at step {step}"
+        elif self.upper is not None and value > self.upper:
+            self.reason = f"{self.metric} = {value:.6g} at step {step} is above {self.upper:g}"
+        elif self.lower is not None and value < self.lower:
+            self.reason = f"{self.metric} = {value:.6g} at step {step} is below {self.lower:g}"
+        self.tripped = self.reason is not None
 
     def should_prune(self) -> bool:
         return self.tripped
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tripped": self.tripped}
+        return {"tripped": self.tripped, "reason": self.reason}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tripped = state["tripped"]
+        self.reason = state.get(
+            "reason", f"{self.metric} crossed a bound" if self.tripped else None
+        )
+
+
+def pruned_reason(pruner: Any) -> str:
+    """Why ``pruner`` stopped a run: its ``reason`` when it gives one (``Patience``,
+    ``Threshold``), else its class (an Optuna ``Trial``: "pruned by Trial")."""
+    reason = getattr(pruner, "reason", None)
+    return str(reason) if reason else f"pruned by {type(pruner).__qualname__}"

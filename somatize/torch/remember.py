@@ -369,7 +369,8 @@ def remember(
         keeper: where results are stored (a ``DiskKeeper`` shared by processes).
         exclude: argument names left out of the key (a pool, a logger, a device).
         dir: the runs' records and checkpoints (default: ``remembered/`` in the keeper's
-            directory).
+            directory); ``somatize runs --dir DIR [--keeper KEEPER_DIR]`` lists and cleans
+            them.
 
     Returns:
         A callable with ``fn``'s arguments returning a ``RememberedResult``;

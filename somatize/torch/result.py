@@ -34,6 +34,10 @@ class TrainResult:
         monitor: the metric ``best`` refers to.
         best: the best value of ``monitor`` seen, or None without evaluation.
         pruned: whether a pruner stopped the run.
+        pruned_reason: why, in words, when the pruner says (``Patience``: a NaN or infinite
+            monitor, or its patience run out; ``Threshold``: the bound crossed) — else the
+            pruner's class; under Lightning, ``EarlyStopping``'s message. None if not pruned.
+        timed_out: whether ``Options(max_time=...)`` stopped it (the budget was spent).
         checkpoint: the last checkpoint written, if any.
         best_checkpoint: the checkpoint of the best evaluation by ``monitor``, with
             ``Checkpointing(..., best=k)``; load its weights with
@@ -66,6 +70,8 @@ class TrainResult:
     seconds: float = 0.0
     seed: int | None = None
     cache: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    pruned_reason: str | None = None
+    timed_out: bool = False
     val_examples: Mapping[str, int] = field(default_factory=dict)
 
     def metric(self, name: str) -> float:
@@ -97,6 +103,8 @@ class TrainResult:
             "metrics": self.metrics[-1] if self.metrics else {},
             "best": self.best,
             "pruned": self.pruned,
+            "pruned_reason": self.pruned_reason,
+            "timed_out": self.timed_out,
             "seconds": self.seconds,
             "cache": {node: dict(c) for node, c in self.cache.items()},
         }

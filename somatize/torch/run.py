@@ -12,6 +12,7 @@ from torch import nn
 
 from ..watchers import Watcher
 from .checkpoint import RunState
+from .timelimit import Clock
 
 __all__ = ["ActiveRun"]
 
@@ -48,3 +49,6 @@ class ActiveRun:
     # epoch takes; None: all of them
     train_batches: int | None = None
     val_sets: list[Any] | None = None  # the ValSets of val= (valsets.py), limits resolved
+    clock: Clock = field(default_factory=Clock)  # seconds trained, across resumes
+    deadline: float | None = None  # Options(max_time=): when it is spent (time.monotonic)
+    timed_out: bool = False  # the run stopped because max_time was spent

@@ -35,12 +35,14 @@ from . import ddp, inference, tally
 from .batches import checked_split, loss_of, num_examples, split
 from .begin import begin
 from .checkpoint import Checkpointing
+from .determinism import deterministic
 from .first_step import first_step
 from .limits import batches_per_epoch, epoch_examples, one_epoch
 from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate
 from .options import Options
 from .policy import best_step, save, total_steps, writing
+from .pruning import pruned_reason
 from .result import TrainResult
 from .sanity import sanity_check
 from .schedule import check_steps_fit
@@ -150,8 +152,14 @@ class Trainer:
                 "st.Trainer(..., optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)) "
                 "(evaluate() and predict() do without one)"
             )
-        if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
-            return smoke_fit(self, model, train, val, resume)
+        with deterministic(self.options.deterministic):  # (put back when fit ends)
+            if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
+                return smoke_fit(self, model, train, val, resume)
+            return self._run(model, train, val, resume, started)
+
+    def _run(
+        self, model: Graph | nn.Module, train: Iterable[Any], val: Any, resume: Any, started: float
+    ) -> TrainResult:
         check_fit(self, val)
         run_id = uuid.uuid4().hex[:12]
         rank, world, own_group = ddp.setup()
@@ -230,6 +238,7 @@ class Trainer:
             monitor=self.options.monitor,
             best=s.best,
             pruned=s.pruned,
+            pruned_reason=pruned_reason(self.pruner) if s.pruned else None,
             checkpoint=str(run.checkpoint) if run.checkpoint is not None else None,
             best_checkpoint=(
                 str(self.checkpoint.file(b))
@@ -240,6 +249,7 @@ class Trainer:
             seconds=seconds,
             seed=self.seed,
             cache=tally.totals(run.tally),
+            timed_out=run.timed_out,
             val_examples=dict(s.val_examples),
         )
 

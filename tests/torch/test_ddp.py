@@ -296,3 +296,16 @@ def test_resuming_another_world_sizes_checkpoint_in_mid_epoch_is_refused(data_ru
         assert "this run has 2" in said and "Resume in one process (without torchrun)" in said
         # one written at an epoch's end goes on: epoch 1 is 4 steps a rank
         assert data_run[rank]["other_world_epoch_end"] == {"steps": 12, "epochs": 2}
+
+
+@pytest.mark.slow
+def test_a_time_budget_stops_every_rank_at_the_same_step(tmp_path):
+    # rank 1's (fake) clock runs twice as fast: its budget is spent after step 3
+    assert torchrun(tmp_path, script="ddp_max_time.py") == 0, (
+        tmp_path / "torchrun.log"
+    ).read_text()
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert r0["timed_out"] and r1["timed_out"] and r0["steps"] == r1["steps"] == 3
+    for name, value in r0["state"].items():
+        assert torch.equal(value, r1["state"][name]), name

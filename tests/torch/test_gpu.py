@@ -90,3 +90,12 @@ def test_nccl_ddp_on_two_gpus(tmp_path):
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
     for name, value in r0["state"].items():
         assert torch.equal(value, r1["state"][name]), name
+
+
+def test_deterministic_training_on_cuda_repeats_bitwise_and_puts_the_settings_back():
+    before = torch.are_deterministic_algorithms_enabled()
+    _, first = _fit(deterministic=True)
+    _, second = _fit(deterministic=True)
+    assert first.losses == second.losses
+    assert all(torch.equal(first.state[k], second.state[k]) for k in first.state)
+    assert torch.are_deterministic_algorithms_enabled() == before

@@ -245,6 +245,8 @@ def test_early_stopping_stops_a_run_whose_metric_stalls(tmp_path):
     assert len(lg.history) == 3
     r = result(trainer, lg)
     assert r.pruned and r.epochs < 10 and r.steps == 12
+    assert r.pruned_reason == stop.stopping_reason_message
+    assert r.pruned_reason.startswith("Monitored metric val_loss did not improve")
 
 
 # ckpt_path="last" looks in the ModelCheckpoint's directory, which the first run filled.
@@ -456,7 +458,8 @@ def test_watch_forwards_lightnings_lifecycle_as_somatize_events(logged):
 
 def test_somatize_watchers_write_under_lightning(logged):
     scalars = _scalars(logged.root / "watcher")
-    assert {"train/loss", "train/lr", "val/loss", "val/acc", "node/hidden/mean"} <= set(scalars)
+    tags = {"train/loss", "train/lr", "val/loss", "val/acc", "val/hidden/mean", "node/hidden/mean"}
+    assert tags <= set(scalars)
     assert [s for s, _ in scalars["train/loss"]] == list(range(1, 9))
     records = JsonLines.read(logged.root / "run.jsonl")
     kinds = collections.Counter(r["event"] for r in records)
@@ -550,6 +553,10 @@ def test_the_recipe_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     best = next(line for line in done.stdout.splitlines() if line.startswith("best val_acc"))
     assert 0.5 < float(best.split()[-1]) <= 1.0  # digits: well above chance (0.1) after 2 epochs
+    # the cosine is sized in optimizer steps and stepped at each: it ends at 0 (stepped
+    # once per epoch, it would end at 3e-3 * (1 + cos(pi * 2 / 44)) / 2 = 0.00298)
+    lr = next(line for line in done.stdout.splitlines() if line.startswith("final lr"))
+    assert float(lr.split()[-1]) < 1e-9
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
 

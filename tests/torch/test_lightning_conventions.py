@@ -65,10 +65,10 @@ class WithLoss(Node):
         return Done(Opaque(nn.functional.cross_entropy(self.lin(x), y)))
 
 
-def _loader(seed: int, n: int = 48) -> DataLoader:
+def _loader(seed: int, n: int = 48, batch: int = 16) -> DataLoader:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 4, generator=gen)
-    return DataLoader(TensorDataset(x, x[:, :3].argmax(dim=1)), batch_size=16)
+    return DataLoader(TensorDataset(x, x[:, :3].argmax(dim=1)), batch_size=batch)
 
 
 def test_without_a_loss_lightning_gives_the_graph_the_whole_batch_and_logs_its_loss(tmp_path):
@@ -145,3 +145,89 @@ def test_nodes_see_the_same_step_numbers_under_both_runners():
         enable_model_summary=False,
     ).fit(lg, DataLoader(TensorDataset(xs, ys), batch_size=8))
     assert ours.seen == theirs.seen == [1, 2, 3, 4, 5, 6]
+
+
+class _ScriptedScore(L.LightningModule):
+    """Logs the next value of a script as val_score at each validation."""
+
+    def __init__(self, values) -> None:
+        super().__init__()
+        self.lin, self.values, self.validations = nn.Linear(4, 3), list(values), 0
+
+    def training_step(self, batch, i):
+        x, y = batch
+        return nn.functional.cross_entropy(self.lin(x), y)
+
+    def validation_step(self, batch, i):
+        self.log("val_score", torch.tensor(self.values[self.validations]), batch_size=1)
+
+    def on_validation_epoch_end(self):
+        self.validations += 1
+
+    def configure_optimizers(self):
+        return sgd(self.parameters())
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1.0, 0.9, 0.9, 0.95, 0.9, 0.8],  # a plateau: patience runs out
+        [1.0, 0.9, float("nan"), 0.8, 0.7, 0.6],
+        [1.0, 0.9, float("inf"), 0.8, 0.7, 0.6],
+    ],
+    ids=["plateau", "nan", "inf"],
+)
+def test_patience_stops_where_early_stopping_does(values):
+    module = _ScriptedScore(values)
+    L.Trainer(
+        max_epochs=len(values),
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=1,
+        callbacks=[EarlyStopping("val_score", patience=2, min_delta=0.02)],
+    ).fit(module, _loader(0), _loader(1))
+    scores = iter(values)
+    ours = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=sgd,
+        epochs=len(values),
+        metrics={"score": lambda out, y: next(scores)},
+        pruner=st.Patience("val_score", patience=2, min_delta=0.02),
+        options=st.Options(progress=False, sanity_val_batches=0, limit_val_batches=1),
+    ).fit(Graph.somatize(Out()), _loader(0), val=_loader(1))
+    assert len(ours.metrics) == module.validations < len(values)
+
+
+def test_val_check_interval_counts_as_eval_every_steps_with_check_val_every_n_epoch_none():
+    """docs/trainer.md's table: val_check_interval=N, check_val_every_n_epoch=None is
+    Options(eval_every_steps=N); Lightning's default (1) restarts the count each epoch."""
+    train, val = _loader(0, n=40, batch=4), _loader(1, n=8, batch=4)  # 10 batches an epoch
+    ours = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=sgd,
+        epochs=3,
+        options=st.Options(eval_every_steps=4, progress=False, sanity_val_batches=0),
+    ).fit(Graph.somatize(Out()), train, val=val)
+
+    def lightning_steps(**kw) -> list[int]:
+        lg = LightningGraph(Graph.somatize(Out()), loss=nn.functional.cross_entropy, optimizer=sgd)
+        L.Trainer(
+            max_epochs=3,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            val_check_interval=4,
+            **kw,
+        ).fit(lg, train, val)
+        return [r["step"] for r in lg.history]
+
+    assert [m["step"] for m in ours.metrics] == [4, 8, 12, 16, 20, 24, 28]
+    assert lightning_steps(check_val_every_n_epoch=None) == [4, 8, 12, 16, 20, 24, 28]
+    assert lightning_steps() == [4, 8, 14, 18, 24, 28]  # batches 4 and 8 of each epoch

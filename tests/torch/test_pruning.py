@@ -99,15 +99,19 @@ def test_patience_stops_when_the_metric_stalls():
 
 
 def test_patience_by_hand():
-    p = st.Patience("val_acc", patience=2, mode="max", min_delta=0.05)
+    p = st.Patience("val_acc", patience=2, mode="max", min_delta=0.05, check_finite=False)
     for v in [0.5, 0.52, 0.6, 0.61]:  # +0.02 and +0.01 are within min_delta
         p.report(v, 0)
-    assert p.best == 0.6 and p.bad == 1 and not p.should_prune()
+    assert p.best == 0.6 and p.bad == 1 and not p.should_prune() and p.reason is None
     p.report(math.nan, 0)
     assert p.should_prune()  # NaN is never an improvement
+    assert p.reason == "val_acc did not improve for 2 evaluations (best 0.6, min_delta 0.05)"
     q = st.Patience("val_acc", patience=2, mode="max")
     q.load_state_dict(p.state_dict())
     assert (q.best, q.bad, q.should_prune()) == (0.6, 2, True)
+    old = st.Patience("val_acc", patience=2, mode="max")  # a checkpoint from before reason
+    old.load_state_dict({"best": 0.6, "bad": 2})
+    assert old.should_prune()
     with pytest.raises(ValueError, match="mode"):
         st.Patience(mode="up")
 
@@ -124,9 +128,58 @@ def test_patience_zero_stops_at_the_first_evaluation_that_does_not_improve():
     assert result.pruned and len(result.metrics) == 2
 
 
+class Scripted:
+    """A metric function giving the values of a script, one per evaluation (one batch)."""
+
+    def __init__(self, values) -> None:
+        self.values = iter(values)
+
+    def __call__(self, out, y):
+        return next(self.values)
+
+
+def scripted(values, pruner):
+    return st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=len(values),
+        metrics={"score": Scripted(values)},
+        pruner=pruner,
+        options=st.Options(progress=False, sanity_val_batches=0),
+    ).fit(graph(), data(), val=data(1))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_patience_stops_at_a_non_finite_value_as_lightnings_early_stopping(bad):
+    # EarlyStopping("val_score", patience=2, min_delta=0.02) stops at the 3rd validation here
+    values = [1.0, 0.9, bad, 0.8, 0.7, 0.6]
+    result = scripted(values, st.Patience("val_score", patience=2, min_delta=0.02))
+    assert result.pruned and len(result.metrics) == 3
+    assert result.pruned_reason == f"val_score = {bad} at step 6 is not finite (best 0.9)"
+    assert result.summary()["pruned_reason"] == result.pruned_reason
+    # check_finite=False, as EarlyStopping(check_finite=False): NaN and inf are one more
+    # evaluation that does not improve, so 0.8 resets the count and the run goes on; -inf
+    # is a best under "min", that 0.8 and 0.7 do not improve on
+    counting = scripted(values, st.Patience("val_score", patience=2, check_finite=False))
+    assert counting.pruned == (bad == -math.inf)
+    assert len(counting.metrics) == (5 if bad == -math.inf else 6)
+
+
+def test_the_reason_of_a_stop_is_in_the_result():
+    result = fit(st.Patience("val_loss", patience=1), lr=0.0)
+    assert result.pruned_reason is not None
+    assert result.pruned_reason.startswith("val_loss did not improve for 1 evaluation (best ")
+    assert fit(st.Threshold("val_loss", upper=0.0)).pruned_reason.startswith(
+        "val_loss = "
+    )  # "... at step 2 is above 0"
+    assert fit(FakeTrial(prune_at=1)).pruned_reason == "pruned by FakeTrial"
+    assert fit(st.Patience("val_loss", patience=2), epochs=1).pruned_reason is None
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
+        ({"check_finite": "yes"}, "Patience check_finite must be True or False, not 'yes'"),
         ({"patience": -1}, "Patience patience must be at least 0, not -1"),
         ({"patience": 1.5}, r"Patience patience must be a whole number, not 1.5"),
         ({"patience": True}, "Patience patience must be a whole number, not True"),

@@ -373,3 +373,18 @@ def test_runs_ls_show_gc_from_the_command_line(keeper, capsys, tmp_path):
     assert not list(keeper.keys())  # their results left the keeper too
     calls: list = []
     assert not train(0, data(), calls=calls).recalled and calls == [0]
+
+
+def test_runs_remembered_in_a_dir_of_their_own_are_seen_by_the_command_line(tmp_path, capsys):
+    keeper, mine = DiskKeeper(tmp_path / "K"), tmp_path / "myruns"
+    train = st.remember(train_one, keeper=keeper, exclude=("calls", "crash_at"), dir=mine)
+    first = train(0, data())
+    assert main(["runs", "ls", "--dir", str(mine)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(first.key[:12]) and out[-1].startswith("1 runs (1 finished)")
+    assert (
+        main(["runs", "gc", "--older-than", "0s", "--dir", str(mine), "--keeper", str(keeper.path)])
+        == 0
+    )
+    assert "removed 1 runs; 0 left" in capsys.readouterr().out
+    assert not list(keeper.keys()) and not train(0, data()).recalled

@@ -67,3 +67,54 @@ def test_resuming_an_fp32_checkpoint_in_fp16_is_refused(tmp_path):
         trainer(tmp_path, watchers=[CrashAt(4)]).fit(graph(0), data(), val=data(2))
     with pytest.raises(CheckpointError, match="without one"):
         trainer(tmp_path, precision="fp16").fit(graph(0), data(), val=data(2), resume="last")
+
+
+def _wide_graph():
+    """64 inputs -> 10 logits: a loss near 2.3, where bfloat16 keeps 1/64ths only."""
+    from somatize import Done, Graph, Node, Opaque
+
+    class Wide(Node):
+        def __init__(self) -> None:
+            self.lin = torch.nn.Linear(64, 10)
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.lin(x)), metrics={"mean": self.lin(x).mean()})
+
+    torch.manual_seed(0)
+    return Graph.somatize(Wide().with_id("wide"))
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16)]
+)
+def test_evaluation_under_autocast_computes_the_loss_there_as_a_plain_loop(precision, dtype):
+    gen = torch.Generator().manual_seed(1)
+    val = [
+        (torch.randn(n, 64, generator=gen), torch.randint(0, 10, (n,), generator=gen))
+        for n in (7, 7, 5)  # a smaller last batch: weighed by its size
+    ]
+    g = _wide_graph()
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        metrics={"acc": st.accuracy},
+        options=st.Options(precision=precision, progress=False),
+    )
+    got = trainer.evaluate(g, val)
+
+    lin = g["wide"].lin
+    sums = {"loss": 0.0, "acc": 0.0, "wide/mean": 0.0}
+    outside = 0.0
+    with torch.no_grad():
+        for x, y in val:
+            with torch.autocast("cpu", dtype=dtype):
+                out = lin(x)
+                loss = F.cross_entropy(out, y)  # float32 here: autocast runs it so
+                acc = st.accuracy(out, y)
+            assert loss.dtype == torch.float32 and out.dtype == dtype
+            sums["loss"] += float(loss) * len(x)
+            sums["acc"] += float(acc) * len(x)
+            sums["wide/mean"] += float(out.mean()) * len(x)
+            outside += float(F.cross_entropy(out, y)) * len(x)  # the old way: a bf16 loss
+    want = {k: v / 19 for k, v in sums.items()}
+    assert got == pytest.approx(want, rel=1e-12)
+    assert abs(got["loss"] - outside / 19) > 1e-4  # the two ways differ here: the test can fail

@@ -1,0 +1,115 @@
+"""What a ``LightningGraph``'s evaluations add up to: the records of ``lg.history``.
+
+Each validation (and test) sums, by name, its batches' values weighed by their
+examples — the loss, the metric functions, and the metrics nodes return in
+``Done(..., metrics=...)`` — on the device in float64 (no synchronisation per batch);
+metric objects (``torchmetrics``) are updated per batch and computed over the whole
+set. At its end the sums are reduced over ranks (the node metrics' names agreed on
+first: a rank may have seen other ones) and averaged over examples into the record
+``lg.history`` keeps, named as ``st.Trainer`` names its own: ``val_loss``,
+``val_<metric>``, ``val_<node>/<name>``.
+
+Used by ``somatize.torch.lightning``; needs the ``lightning`` extra there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .metrics import is_metric
+
+__all__ = ["Sums", "compute_objects", "reset_objects", "scalar"]
+
+
+def scalar(value: Any, where: str) -> torch.Tensor | float:
+    """A metric as ``self.log`` takes it: a detached one-element tensor or a float.
+
+    Raises:
+        TypeError: anything else, naming ``where`` it came from.
+    """
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.detach().reshape(())
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
+    raise TypeError(
+        f"{where} is a {type(value).__name__}{shape}; Lightning logs scalars only — "
+        "report a float or a one-element tensor in Done(..., metrics=...)"
+    )
+
+
+def _dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+class Sums:
+    """One evaluation's example-weighted sums: the loss and the metric functions (in the
+    order given), and the node metrics (``<node>/<name>``, whichever nodes reported)."""
+
+    def __init__(self) -> None:
+        self.own: dict[str, Any] = {}
+        self.nodes: dict[str, Any] = {}
+        self.examples = 0
+
+    def add(self, name: str, value: torch.Tensor | float, n: int, *, node: bool = False) -> None:
+        """Add a batch's ``value`` (a mean over its ``n`` examples), made float64 first: a
+        bfloat16 mean times ``n`` would be rounded again."""
+        if isinstance(value, torch.Tensor):
+            weighted: Any = value.detach().to(_dtype(value.device)) * n
+        else:
+            weighted = float(value) * n
+        into = self.nodes if node else self.own
+        into[name] = into.get(name, 0.0) + weighted
+
+    def means(self, device: torch.device, reduce: Any = None) -> dict[str, float]:
+        """Each sum over the examples, over ranks when ``reduce`` (the strategy's
+        ``reduce``; the ranks' node metric names are agreed on first) is given."""
+        nodes = sorted(self.nodes)
+        if reduce is not None:
+            nodes = _agreed(nodes)
+        names = [*self.own, *nodes]
+        dtype = _dtype(device)
+        parts = [
+            torch.as_tensor(self.own.get(k, self.nodes.get(k, 0.0)), device=device).to(dtype)
+            for k in names
+        ]
+        total = torch.stack([*parts, torch.tensor(float(self.examples), device=device).to(dtype)])
+        if reduce is not None:
+            total = reduce(total, reduce_op="sum")
+        values = total.cpu().tolist()
+        return {k: values[j] / values[-1] for j, k in enumerate(names)}
+
+
+def _agreed(names: list[str]) -> list[str]:
+    """The node metric names any rank saw, sorted: one order for the all-reduce."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return names
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, names)
+    return sorted({k for rank_names in gathered for k in rank_names})
+
+
+def reset_objects(metrics: Mapping[str, Any], device: torch.device) -> None:
+    """Reset each metric object (and move a ``torchmetrics`` one to ``device``)."""
+    for m in metrics.values():
+        if is_metric(m):
+            m.reset()
+            if isinstance(m, nn.Module):
+                m.to(device)
+
+
+def compute_objects(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Each metric object over the whole evaluation (``torchmetrics`` reduces over ranks
+    itself), reset afterwards."""
+    out = {}
+    for name, m in metrics.items():
+        if is_metric(m):
+            out[name] = float(m.compute())
+            m.reset()
+    return out

@@ -1,0 +1,97 @@
+"""``LightningGraph``'s arguments: checked when it is made, as ``st.Trainer`` checks its own;
+the hyper-parameters Lightning saves with them; the optimizer configuration they give.
+
+Used by ``somatize.torch.lightning``; needs the ``lightning`` extra there.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..graph import Graph
+from .module import parameters
+from .settings import check_loss, check_metrics
+
+__all__ = ["check", "configured", "hyperparameters"]
+
+
+def check(g: Any, loss: Any, optimizer: Any, scheduler: Any, metrics: Any) -> None:
+    """Refuse a bad argument when a ``LightningGraph`` is made, naming it and the fix."""
+    if not isinstance(g, Graph):
+        raise TypeError(f"LightningGraph takes a somatize Graph, got {type(g).__qualname__}")
+    if not callable(optimizer):
+        raise TypeError(
+            "optimizer must be a factory over parameters, e.g. "
+            "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
+        )
+    if scheduler is not None and not callable(scheduler):
+        raise TypeError(
+            "scheduler must be a factory over the optimizer, e.g. "
+            "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
+        )
+    check_loss(loss)
+    check_metrics(metrics)
+
+
+def _name(obj: Any) -> str | None:
+    """A readable name of a loss function (for the hyper-parameters)."""
+    if obj is None:
+        return None
+    if isinstance(obj, functools.partial):
+        return _name(obj.func)
+    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return str(name)
+
+
+def hyperparameters(
+    g: Graph, loss: Any, optimizer: Any, scheduler: Any, metrics: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What ``save_hyperparameters`` records: the topology (checked when a checkpoint is
+    loaded), the memory settings, and the names of the loss, optimizer and scheduler."""
+    params = parameters(g)
+    opt = optimizer(params) if params else None  # probes, for class names and lr only
+    lr = float(opt.param_groups[0]["lr"]) if opt is not None else None
+    sched = scheduler(opt) if scheduler is not None and opt is not None else None
+    if isinstance(sched, Mapping):
+        sched = sched.get("scheduler")
+    return {
+        "topology": g.topology.to_json(),
+        "frozen": sorted(g.memory.frozen),
+        "cached": sorted(g.memory.cached),
+        "loss_name": _name(loss),
+        "optimizer_name": type(opt).__qualname__ if opt is not None else None,
+        "lr": lr,
+        "scheduler_name": type(sched).__qualname__ if sched is not None else None,
+        "metric_names": sorted(metrics),
+    }
+
+
+def configured(g: Graph, optimizer: Any, scheduler: Any) -> Any:
+    """What ``configure_optimizers`` returns: the optimizer, and the scheduler's config —
+    a plain scheduler once per epoch, as Lightning steps one (a ``ReduceLROnPlateau`` on
+    ``val_loss``); a dict the factory returned, as it is.
+
+    Raises:
+        ValueError: nothing to train.
+    """
+    params = parameters(g)
+    if not params:
+        raise ValueError(
+            "nothing to train: every node is frozen or holds no parameters "
+            "(unfreeze a node with g.freeze(id, False), or give a node an nn.Module)"
+        )
+    opt = optimizer(params)
+    if scheduler is None:
+        return opt
+    sched = scheduler(opt)
+    if isinstance(sched, Mapping):
+        config = dict(sched)
+    else:  # Lightning's default for a plain scheduler: once per epoch
+        config = {"scheduler": sched, "interval": "epoch"}
+        if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            config["monitor"] = "val_loss"
+    return {"optimizer": opt, "lr_scheduler": config}

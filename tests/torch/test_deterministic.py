@@ -1,0 +1,106 @@
+"""``Options(deterministic=...)``: torch's deterministic settings during ``fit`` — seen by
+the nodes' forward — and put back as they were when it returns or fails."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.errors import SettingError
+
+SEEN: list[tuple[bool, bool, bool, bool, str | None]] = []
+
+
+def flags() -> tuple[bool, bool, bool, bool, str | None]:
+    cudnn = torch.backends.cudnn
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        cudnn.deterministic,
+        cudnn.benchmark,
+        os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    )
+
+
+class Watch(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(2, 1)
+
+    def forward(self, x, ctx):
+        SEEN.append(flags())
+        if ctx.step == 2 and FAIL:
+            raise RuntimeError("failing at step 2")
+        return Done(Opaque(self.lin(x)))
+
+
+FAIL = False
+
+
+def fit(mode) -> None:
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(3)]
+    st.Trainer(
+        loss=nn.functional.mse_loss,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        options=st.Options(deterministic=mode, progress=False),
+    ).fit(Graph.somatize(Watch()), data)
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    global FAIL
+    FAIL = False
+    SEEN.clear()
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    torch.use_deterministic_algorithms(False)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize(
+    ("mode", "inside"),
+    [
+        (True, (True, False, True, False, ":4096:8")),
+        ("warn", (True, True, True, False, ":4096:8")),
+        (False, (False, False, False, torch.backends.cudnn.benchmark, None)),
+    ],
+)
+def test_the_settings_hold_during_fit_and_are_put_back_after(mode, inside):
+    before = flags()
+    fit(mode)
+    assert SEEN and all(seen == inside for seen in SEEN)
+    assert flags() == before
+
+
+def test_none_leaves_torchs_settings_as_they_are():
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    before = flags()
+    fit(None)
+    assert all(seen == before for seen in SEEN) and flags() == before
+
+
+def test_false_turns_them_off_for_the_fit_and_back_on_after(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    torch.use_deterministic_algorithms(True)
+    fit(False)
+    assert all(not seen[0] for seen in SEEN)
+    assert flags()[0] and flags()[4] == ":16:8"  # the user's own setting kept
+
+
+def test_they_are_put_back_when_fit_fails():
+    global FAIL
+    FAIL = True
+    before = flags()
+    with pytest.raises(RuntimeError, match="failing at step 2"):
+        fit(True)
+    assert SEEN[0][0] and flags() == before
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, "strict"])
+def test_other_values_are_refused_naming_the_choices(bad):
+    with pytest.raises(SettingError, match=r"deterministic must be True, False, 'warn' or None"):
+        st.Options(deterministic=bad)

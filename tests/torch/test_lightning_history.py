@@ -1,0 +1,143 @@
+"""lg.history (lightning_history.py): what LightningGraph's validations record, against
+st.Trainer's evaluation and a plain LightningModule's logged values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+L = pytest.importorskip("lightning")
+
+import somatize.torch as st  # noqa: E402
+from somatize import Done, Graph, Node, Opaque, Recorder  # noqa: E402
+from somatize.torch.lightning import LightningGraph, Watch, result  # noqa: E402
+from somatize.watchers import EpochEnd  # noqa: E402
+
+pytestmark = [
+    # lightning 2.6's CombinedLoader uses torch.utils._pytree.LeafSpec, deprecated in the
+    # torch we run: every fit warns, whatever the module does (as in test_lightning.py).
+    pytest.mark.filterwarnings(
+        r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning"
+    ),
+    pytest.mark.filterwarnings("ignore:The '.*' does not have many workers"),
+]
+
+
+class Hidden(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(64, 16)
+
+    def forward(self, x, ctx):
+        h = torch.relu(self.lin(x))
+        return Done(Opaque(h), metrics={"active": (h > 0).float().mean()})
+
+
+class Out(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(16, 10)
+
+    def forward(self, h, ctx):
+        return Done(Opaque(self.lin(h)))
+
+
+def graph() -> Graph:
+    torch.manual_seed(0)
+    return Graph.somatize(Hidden() >> Out())
+
+
+def loader(n: int, seed: int, batch: int) -> DataLoader:
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n, 64, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+    return DataLoader(TensorDataset(x, y), batch_size=batch)
+
+
+def lightning(**kw) -> L.Trainer:
+    settings = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+    }
+    return L.Trainer(**{**settings, **kw})
+
+
+def lg_of(g: Graph) -> LightningGraph:
+    return LightningGraph(
+        g,
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        metrics={"acc": st.accuracy},
+    )
+
+
+def test_validation_node_metrics_are_in_the_history_the_result_and_watch():
+    rec = Recorder()
+    lg = lg_of(graph())
+    val = loader(38, 1, batch=16)  # 16, 16, 6: a smaller last batch weighs less
+    trainer = lightning(max_epochs=2, callbacks=[Watch([rec])])
+    trainer.fit(lg, loader(64, 0, batch=16), val)
+
+    records = result(trainer, lg).metrics
+    assert records == lg.history and len(records) == 2
+    last = records[-1]
+    assert list(last) == ["step", "epoch", "val_loss", "val_acc", "val_hidden/active"]
+    # what Lightning logged (its own example-weighted mean, in float32)
+    logged = trainer.callback_metrics
+    for name in ("val_loss", "val_acc", "val_hidden/active"):
+        assert last[name] == pytest.approx(float(logged[name]), rel=1e-6), name
+    # what the somatize Trainer evaluates on the same weights, under the same names
+    evaluated = st.Trainer(loss=F.cross_entropy, metrics={"acc": st.accuracy}).evaluate(
+        lg.graph, val
+    )
+    assert set(evaluated) == {"loss", "acc", "hidden/active"}
+    for name, value in evaluated.items():
+        assert last[f"val_{name}"] == pytest.approx(value, rel=1e-12), name
+    epochs = rec.of(EpochEnd)
+    assert [e.metrics["val_hidden/active"] for e in epochs] == [
+        r["val_hidden/active"] for r in records
+    ]
+
+
+class Plain(L.LightningModule):
+    """graph()'s network as a plain LightningModule (the same initial weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = graph()
+        self.hidden, self.out = g["hidden"].lin, g["out"].lin
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
+
+    def training_step(self, batch, i):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def validation_step(self, batch, i):
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y), batch_size=len(x))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_under_bf16_val_loss_is_lightnings_and_the_somatize_trainers():
+    train, val = loader(64, 0, batch=16), loader(38, 1, batch=16)
+    plain = Plain()
+    done = lightning(max_epochs=1, precision="bf16-mixed")
+    done.fit(plain, train, val)
+    lg = lg_of(graph())
+    lightning(max_epochs=1, precision="bf16-mixed").fit(lg, train, val)
+    assert torch.equal(lg.graph["out"].lin.weight, plain.out.weight)
+
+    bf16 = st.Trainer(loss=F.cross_entropy, options=st.Options(precision="bf16", progress=False))
+    evaluated = bf16.evaluate(lg.graph, val)["loss"]
+    want = float(done.callback_metrics["val_loss"])
+    assert lg.history[-1]["val_loss"] == pytest.approx(want, rel=1e-6, abs=0)
+    assert evaluated == pytest.approx(want, rel=1e-6, abs=0)

@@ -1,0 +1,144 @@
+"""Watch (lightning_watch.py) under accumulate_grad_batches: one StepEnd per optimizer step, as the
+somatize Trainer sends under Options(accumulate=)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+L = pytest.importorskip("lightning")
+
+import somatize.torch as st  # noqa: E402
+from somatize import Done, Graph, Node, Opaque, Recorder  # noqa: E402
+from somatize.torch.lightning import LightningGraph, Watch  # noqa: E402
+from somatize.watchers import Metrics, StepEnd  # noqa: E402
+
+pytestmark = [
+    # lightning 2.6's CombinedLoader uses torch.utils._pytree.LeafSpec, deprecated in the
+    # torch we run: every fit warns, whatever the module does (as in test_lightning.py).
+    pytest.mark.filterwarnings(
+        r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning"
+    ),
+    pytest.mark.filterwarnings("ignore:The '.*' does not have many workers"),
+    pytest.mark.filterwarnings(
+        "ignore:You defined a `validation_step` but have no `val_dataloader`"
+    ),
+]
+
+
+class Net(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(8, 3)
+
+    def forward(self, x, ctx):
+        out = self.lin(x)
+        return Done(Opaque(out), metrics={"mean": out.detach().mean()})
+
+
+def graph() -> Graph:
+    torch.manual_seed(0)
+    return Graph.somatize(Net().with_id("net"))
+
+
+def batches(n: int, size: int = 16, last: int | None = None):
+    gen = torch.Generator().manual_seed(0)
+    sizes = [size] * (n - 1) + [last or size]
+    return [
+        (torch.randn(s, 8, generator=gen), torch.randint(0, 3, (s,), generator=gen)) for s in sizes
+    ]
+
+
+def loader(data) -> DataLoader:
+    x, y = torch.cat([b[0] for b in data]), torch.cat([b[1] for b in data])
+    return DataLoader(TensorDataset(x, y), batch_size=len(data[0][1]))
+
+
+def lightning(**kw) -> L.Trainer:
+    settings = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+    return L.Trainer(**{**settings, **kw})
+
+
+def sgd(ps):
+    return torch.optim.SGD(ps, lr=0.1)
+
+
+def test_one_step_end_per_optimizer_step_as_the_somatize_trainer_sends():
+    data = batches(6)  # 2 full groups of 3 an epoch: both trainers take the same steps
+    ours = Recorder()
+    st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=sgd,
+        epochs=2,
+        watchers=[ours],
+        options=st.Options(accumulate=3, shuffle=False, progress=False),
+    ).fit(graph(), data)
+    theirs = Recorder()
+    lg = LightningGraph(graph(), loss=F.cross_entropy, optimizer=sgd)
+    lightning(max_epochs=2, accumulate_grad_batches=3, callbacks=[Watch([theirs])]).fit(
+        lg, loader(data)
+    )
+
+    want, got = ours.of(StepEnd), theirs.of(StepEnd)
+    assert [e.step for e in got] == [e.step for e in want] == [1, 2, 3, 4]
+    assert [e.epoch for e in got] == [e.epoch for e in want] == [0, 0, 1, 1]
+    assert [e.examples for e in got] == [e.examples for e in want] == [48] * 4
+    assert [e.lr for e in got] == [e.lr for e in want]
+    # the step's loss, not Lightning's loss / 3 (the gradients agree up to rounding: x / 3
+    # against x * (16 / 48))
+    assert [e.loss for e in got] == pytest.approx([e.loss for e in want], rel=1e-5)
+    node = [m.step for m in theirs.of(Metrics) if m.node == "net"]
+    assert node == [m.step for m in ours.of(Metrics) if m.node == "net"] == [1, 2, 3, 4]
+
+
+def test_a_steps_loss_weighs_its_batches_by_their_examples():
+    data = batches(5, last=4)  # groups of 2: (16, 16), (16, 16), (4)
+    rec = Recorder()
+    lg = LightningGraph(graph(), loss=F.cross_entropy, optimizer=sgd)
+    lightning(max_epochs=1, accumulate_grad_batches=2, callbacks=[Watch([rec])]).fit(
+        lg, loader(data)
+    )
+    steps = rec.of(StepEnd)
+    losses = lg.losses  # one per batch
+    assert [e.step for e in steps] == [1, 2, 3] and [e.examples for e in steps] == [32, 32, 4]
+    want = [(losses[0] + losses[1]) / 2, (losses[2] + losses[3]) / 2, losses[4]]
+    assert [e.loss for e in steps] == pytest.approx(want, rel=1e-6)
+
+
+class Plain(L.LightningModule):
+    """Any LightningModule: Watch multiplies outputs["loss"] (loss / k) back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = graph()["net"].lin
+        self.batch_losses: list[float] = []
+
+    def training_step(self, batch, i):
+        x, y = batch
+        loss = F.cross_entropy(self.lin(x), y)
+        self.batch_losses.append(float(loss.detach()))
+        return loss
+
+    def configure_optimizers(self):
+        return sgd(self.parameters())
+
+
+def test_any_lightning_modules_step_loss_is_its_batches_mean():
+    rec, plain = Recorder(), Plain()
+    lightning(max_epochs=1, accumulate_grad_batches=3, callbacks=[Watch([rec])]).fit(
+        plain, loader(batches(6))
+    )
+    b = plain.batch_losses
+    assert [e.step for e in rec.of(StepEnd)] == [1, 2]
+    assert [e.loss for e in rec.of(StepEnd)] == pytest.approx(
+        [sum(b[:3]) / 3, sum(b[3:]) / 3], rel=1e-6
+    )

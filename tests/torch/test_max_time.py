@@ -1,0 +1,120 @@
+"""``Options(max_time=...)``: a budget of training time, checked after each step, counted
+across resumes (Lightning's ``max_time``).
+
+The clock is a fake one that a node moves one second per forward, so each test knows at
+which step the budget is spent: no test waits for, or depends on, real time."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.errors import SettingError
+from somatize.watchers import Recorder
+
+NOW = [0.0]
+
+
+@pytest.fixture(autouse=True)
+def fake_clock(monkeypatch):
+    NOW[0] = 0.0
+    monkeypatch.setattr(time, "monotonic", lambda: NOW[0])
+
+
+class Tick(Node):
+    """A linear layer whose every training forward takes one (fake) second."""
+
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 1)
+
+    def forward(self, x, ctx):
+        if ctx.training:
+            NOW[0] += 1.0
+        return Done(Opaque(self.lin(x)))
+
+
+def data() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(5)]
+
+
+def graph() -> Graph:
+    torch.manual_seed(0)
+    return Graph.somatize(Tick())
+
+
+def trainer(
+    max_time=None, ckpt=None, watchers=(), epochs: int = 3, max_steps=None, **options
+) -> st.Trainer:
+    return st.Trainer(
+        loss=nn.functional.mse_loss,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=epochs,
+        max_steps=max_steps,
+        checkpoint=st.Checkpointing(ckpt) if ckpt is not None else None,
+        watchers=watchers,
+        options=st.Options(max_time=max_time, progress=False, **options),
+    )
+
+
+@pytest.mark.parametrize(
+    "value", [3.5, datetime.timedelta(seconds=3.5), "00:00:00:04"], ids=["s", "td", "dhms"]
+)
+def test_the_run_stops_after_the_step_that_spends_the_budget(value):
+    result = trainer(value).fit(graph(), data())
+    assert result.timed_out and result.steps == 4  # spent after the 4th second
+    assert result.epochs == 0  # in the middle of the first epoch of 5 steps
+
+
+@pytest.mark.parametrize("path", ["fast", "step"])
+def test_what_it_trained_equals_a_run_of_that_many_steps(path):
+    watchers = [Recorder()] if path == "step" else []  # a watcher takes the step path
+    timed = trainer(7.5, watchers=watchers).fit(graph(), data())
+    plain = trainer(watchers=watchers, max_steps=8).fit(graph(), data())
+    assert timed.timed_out and not plain.timed_out and timed.steps == plain.steps == 8
+    assert timed.losses == plain.losses
+    assert all(torch.equal(timed.state[k], plain.state[k]) for k in plain.state)
+
+
+def test_a_budget_the_run_does_not_reach_changes_nothing():
+    timed, plain = trainer(1e6).fit(graph(), data()), trainer().fit(graph(), data())
+    assert not timed.timed_out and timed.steps == plain.steps == 15
+    assert all(torch.equal(timed.state[k], plain.state[k]) for k in plain.state)
+
+
+def test_it_counts_across_resumes_and_a_larger_budget_goes_on_bitwise(tmp_path):
+    first = trainer(3.5, ckpt=tmp_path).fit(graph(), data())
+    assert first.timed_out and first.steps == 4
+    assert first.checkpoint is not None and first.checkpoint == str(
+        st.Checkpointing(tmp_path).file(4)
+    )
+    again = trainer(3.5, ckpt=tmp_path).fit(graph(), data(), resume="last")
+    assert again.timed_out and again.steps == 4  # its budget was spent: no step taken
+    more = trainer(6.5, ckpt=tmp_path).fit(graph(), data(), resume="last")
+    assert more.timed_out and more.steps == 7  # 4 seconds before, 3 now: 7 in all
+    rest = trainer(None, ckpt=tmp_path).fit(graph(), data(), resume="last")
+    plain = trainer().fit(graph(), data())
+    assert not rest.timed_out and rest.steps == plain.steps == 15
+    assert rest.losses == plain.losses
+    assert all(torch.equal(rest.state[k], plain.state[k]) for k in plain.state)
+
+
+def test_the_epoch_that_spends_it_at_its_last_step_still_ends_and_evaluates():
+    val = data()[:2]
+    result = trainer(5.0, epochs=3).fit(graph(), data(), val)
+    assert result.timed_out and result.steps == 5 and result.epochs == 1
+    assert [m["step"] for m in result.metrics] == [5]
+
+
+@pytest.mark.parametrize(
+    "bad", [0, -1.0, float("nan"), float("inf"), True, "1h", "00:00:61", [3], "1:2:3"]
+)
+def test_a_budget_that_is_not_a_positive_duration_is_refused_naming_the_forms(bad):
+    with pytest.raises(SettingError, match=r"max_time"):
+        st.Options(max_time=bad)
