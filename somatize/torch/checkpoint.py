@@ -270,9 +270,7 @@ class RunState:
 
     def __init__(self) -> None:
         self.step = self.epoch = self.position = self.examples_seen = 0
-        # the examples the first epoch trained on, over all ranks (None until it ends): the
-        # one-epoch count a result reports when the data cannot say its length
-        self.epoch_examples: int | None = None
+        self.epoch_examples: int | None = None  # the first epoch's, all ranks (limits.one_epoch)
         self.val_examples: dict[str, int] = {}  # the last evaluation's examples, by set prefix
         self.losses: list[float] = []
         self.pending: list[torch.Tensor] = []  # step losses not yet read back from the device
