@@ -270,6 +270,8 @@ class RunState:
 
     def __init__(self) -> None:
         self.step = self.epoch = self.position = self.examples_seen = 0
+        self.epoch_examples: int | None = None  # the first epoch's, all ranks (limits.one_epoch)
+        self.val_examples: dict[str, int] = {}  # the last evaluation's examples, by set prefix
         self.losses: list[float] = []
         self.pending: list[torch.Tensor] = []  # step losses not yet read back from the device
         self.metrics: list[dict[str, float]] = []
@@ -311,6 +313,8 @@ def capture(
         "epoch": s.epoch,
         "position": s.position,
         "examples_seen": s.examples_seen,
+        "epoch_examples": s.epoch_examples,
+        "val_examples": s.val_examples,
         "losses": s.losses,
         "metrics": s.metrics,
         "best": s.best,
@@ -360,6 +364,8 @@ def restore(
         ) from e
     s.step, s.epoch, s.position = payload["step"], payload["epoch"], payload["position"]
     s.examples_seen = payload["examples_seen"]
+    s.epoch_examples = payload.get("epoch_examples")  # (None in a checkpoint from before)
+    s.val_examples = dict(payload.get("val_examples") or {})
     s.losses, s.metrics = list(payload["losses"]), list(payload["metrics"])
     s.best, s.pruned = payload["best"], payload["pruned"]
     s.ranked = [list(r) for r in payload.get("ranked", [])]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
+import torch
+
 from ..watchers import Metrics, notify
+from . import ddp
 from .carry import reset
 from .ema import swapped
 from .schedule import may_stop
@@ -24,16 +27,22 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, *, epoch_end: bool = False) 
     s = run.state
     kept = [c.value for c in run.carries]  # training's carried state, given back afterwards
     values: dict[str, float] = {}
+    counted: list[int] = []  # each set's examples (this rank's), for TrainResult.val_examples
     paused = run.tally.paused() if run.tally is not None else contextlib.nullcontext()
     with paused, swapped(run.average):  # Options(ema=): the average is what is evaluated
         for vs in run.val_sets or ():
             reset(run.carries)  # each set's evaluation starts afresh
+            counted.append(0)
             evaluated = trainer._evaluate(
-                run.net, vs.data, run.device, run.autocast, run.rank, run.world, vs.limit
-            )
+                run.net, vs.data, run.device, run.autocast, run.rank, run.world, vs.limit,
+                counted=counted,
+            )  # fmt: skip
             values.update({f"{vs.prefix}{k}": v for k, v in evaluated.items()})
     for c, value in zip(run.carries, kept):
         c.value = value
+    if run.world > 1 and counted:  # every rank's share, in one reduction for all sets
+        counted = [int(n) for n in ddp.total(torch.tensor(counted)).tolist()]
+    s.val_examples = {vs.prefix: n for vs, n in zip(run.val_sets or (), counted)}
     record: dict[str, float] = {"step": s.step, "epoch": s.epoch, **values}
     s.metrics.append(record)
     monitor, mode = trainer.options.monitor, trainer.options.mode

@@ -23,6 +23,7 @@ __all__ = [
     "epoch_examples",
     "length",
     "limited",
+    "one_epoch",
     "share",
     "steps_per_epoch",
 ]
@@ -162,3 +163,12 @@ def epoch_examples(
     if isinstance(size, int) and full is not None:
         return min(n * size * world, full)
     return None
+
+
+def one_epoch(n: int | None, s: Any) -> int:
+    """A result's ``num_examples``: ``n``, what one epoch of the data holds
+    (``epoch_examples``); when the data cannot say, the examples the run's first epoch
+    trained on (``RunState.epoch_examples``), or those of a run that stopped within it."""
+    if n is not None:
+        return n
+    return int(s.epoch_examples if s.epoch_examples is not None else s.examples_seen)

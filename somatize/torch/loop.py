@@ -9,7 +9,10 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ..watchers import EpochEnd, Metrics, StepEnd, notify
+from . import ddp
 from .batches import epoch_batches
 from .carry import start_epoch
 from .evaluation import evaluate_into
@@ -24,8 +27,6 @@ from .timelimit import seconds_of, time_up
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
-
-    import torch
 
     from .run import ActiveRun
     from .trainer import Trainer
@@ -86,6 +87,8 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                     + "; pass a non-empty sequence of batches or a DataLoader (a generator"
                     " is used up after one epoch)"
                 )
+            if s.epoch == 0:
+                s.epoch_examples = _over_ranks(trainer, run, s.examples_seen)
             cache = run.tally.end_epoch(s.epoch, warn=run.rank == 0) if run.tally else {}
             record = (
                 evaluate_into(trainer, run, epoch_end=True)
@@ -101,6 +104,15 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                 save(trainer, run)
             continue
         break
+
+
+def _over_ranks(trainer: Trainer, run: ActiveRun, examples: int) -> int:
+    """``examples`` over all ranks. The steps count every rank's examples already (their
+    non-finite check reduces them), except under ``Options(nonfinite="ignore")``, which
+    skips that check: then they are this rank's, and are summed here, once a run."""
+    if run.world == 1 or trainer.options.nonfinite != "ignore":
+        return examples
+    return int(ddp.total(torch.tensor([examples]))[0])
 
 
 def _persistent_workers(data: Any) -> bool:

@@ -24,8 +24,9 @@ class TrainResult:
         num_examples: training examples in one epoch, over all ranks (the weight ``fedavg``
             uses): a DataLoader's are what its sampler draws (a ``SubsetRandomSampler``'s
             indices, not the whole dataset), less an incomplete last batch under
-            ``drop_last``. When the data has no length: the examples the run trained on,
-            over all its epochs (and ranks).
+            ``drop_last``. When the data has no length: the examples its first epoch
+            trained on (over all ranks), whatever the number of epochs; a run that stopped
+            within its first epoch, the examples it trained on.
         steps: optimizer steps taken in total.
         epochs: epochs completed.
         losses: the training loss of every step.
@@ -48,6 +49,10 @@ class TrainResult:
             the evaluations), by node: ``{"enc": {"hits": 9000, "misses": 1000}}`` —
             rows for a node cached per example, items for a cached ``.mapped()`` node,
             calls for a node cached whole. Empty when the graph remembers nothing.
+        val_examples: the examples each validation set's last evaluation averaged over
+            (over all ranks), by the prefix of that set's metrics — ``{"val_": 200}``, or
+            ``{"val_clean_": 100, "val_noisy_": 100}`` for ``val={"clean": ..., "noisy":
+            ...}``: the weight ``fl.weighted_metrics`` gives each client's metrics.
     """
 
     state: Mapping[str, torch.Tensor]
@@ -67,6 +72,7 @@ class TrainResult:
     cache: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     pruned_reason: str | None = None
     timed_out: bool = False
+    val_examples: Mapping[str, int] = field(default_factory=dict)
 
     def metric(self, name: str) -> float:
         """The last evaluated value of ``name`` (``"val_acc"``...)."""

@@ -32,12 +32,12 @@ from torch import nn
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp, inference, tally
-from .batches import checked_split, loss_of, split
+from .batches import checked_split, loss_of, num_examples, split
 from .begin import begin
 from .checkpoint import Checkpointing
 from .determinism import deterministic
 from .first_step import first_step
-from .limits import batches_per_epoch, epoch_examples
+from .limits import batches_per_epoch, epoch_examples, one_epoch
 from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate
 from .options import Options
@@ -230,7 +230,7 @@ class Trainer:
             close(run.watchers)  # also when training fails: event files are flushed
         return TrainResult(
             state={k: v.detach().to("cpu", copy=True) for k, v in run.net.state_dict().items()},
-            num_examples=n_train if n_train is not None else s.examples_seen,
+            num_examples=one_epoch(n_train, s),
             steps=s.step,
             epochs=s.epoch,
             losses=list(s.losses),
@@ -250,6 +250,7 @@ class Trainer:
             seed=self.seed,
             cache=tally.totals(run.tally),
             timed_out=run.timed_out,
+            val_examples=dict(s.val_examples),
         )
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
@@ -297,16 +298,29 @@ class Trainer:
         rank: int,
         world: int,
         limit: int | None = None,
+        counted: list[int] | None = None,
     ) -> dict[str, float]:
         fns = {"loss": self._loss, **self.metrics}
+        split_ = self._split if counted is None else _counting(self._split, counted)
         return evaluate(
             net,
             data,
             fns,
-            split=self._split,
+            split=split_,
             device=device,
             autocast=autocast,
             rank=rank,
             world=world,
             limit=limit,
         )
+
+
+def _counting(split_: Callable[[Any], tuple[Any, Any]], counted: list[int]) -> Callable[..., Any]:
+    """``split_``, adding each batch's examples to ``counted[-1]`` as evaluation counts them."""
+
+    def counting(batch: Any) -> tuple[Any, Any]:
+        x, y = split_(batch)
+        counted[-1] += num_examples(x)
+        return x, y
+
+    return counting

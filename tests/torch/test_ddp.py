@@ -111,6 +111,7 @@ def test_torchrun_two_ranks_train_as_one_process_on_twice_the_batch(uninterrupte
     assert r0["losses"] == r1["losses"] and len(r0["losses"]) == 8  # 8 batches / 2 ranks, 2 epochs
     assert r0["metrics"] == r1["metrics"]
     assert r0["num_examples"] == r1["num_examples"] == 32
+    assert r0["val_examples"] == r1["val_examples"] == {"val_": 15}  # both ranks' val batches
 
     # only rank 0 checkpoints and logs; every rank knows the checkpoint
     assert (tmp_path / "saved-rank0").exists() and not (tmp_path / "saved-rank1").exists()
@@ -279,6 +280,12 @@ def test_iterables_without_a_length_give_every_rank_as_many_steps(data_run):
             assert got["targets"] == [targets[rank], targets[2 + rank]] * 2, name
     # rank 0 streams 3 batches, rank 1 five: they agree each round and stop together
     assert data_run[0]["uneven"]["steps"] == data_run[1]["uneven"]["steps"] == 2
+    # num_examples (fedavg's weight) is one epoch over both ranks, not every epoch's: 2 rounds
+    # of 2 ranks' batches of 8, whether the steps' non-finite check counted them or not
+    for rank in (0, 1):
+        assert data_run[rank]["stream"]["n"] == data_run[rank]["row_stream"]["n"] == 32
+        assert data_run[rank]["stream_ignore"]["n"] == 32  # (3 epochs)
+        assert data_run[rank]["uneven"]["n"] == 16  # 1 round an epoch: a batch of each rank
 
 
 @pytest.mark.slow

@@ -207,6 +207,11 @@ def test_weights_are_validated():
     states = [client(i) for i in range(2)]
     with pytest.raises(AggregationError, match="client 1 has weight -1"):
         st.fedavg(states, weights=[1, -1])
+    for bad in (float("inf"), float("-inf"), float("nan")):  # named, not "sum to inf"
+        with pytest.raises(AggregationError, match=f"client 0 has weight {bad}; .*finite"):
+            st.fedavg(states, weights=[bad, 1])
+    with pytest.raises(AggregationError, match="sum to inf .float overflow.; scale them down"):
+        st.fedavg(states, weights=[1e308, 1e308])
     with pytest.raises(AggregationError, match="sum to 0"):
         st.fedavg(states, weights=[0, 0])
     with pytest.raises(AggregationError, match="client 0 is a plain state dict"):

@@ -121,6 +121,34 @@ def test_sample_weighted_by_size_prefers_big_clients():
         fl.sample(3, count=3, round=0, weights=[1, 1, 0])
 
 
+def test_the_largest_inclusion_bound_is_never_below_what_sample_draws():
+    # DPFedAvg(weights=) charges epsilon at this rate; below the truth, epsilon would be
+    # under-reported for the client drawn most often
+    from somatize.torch.federated.sampling import _largest_inclusion
+
+    labels = np.random.default_rng(0).integers(0, 10, 5000)
+    profiles = {
+        "dirichlet": [len(p) for p in fl.dirichlet(labels, clients=100, alpha=0.5, seed=0)],
+        "quantity": [len(p) for p in fl.quantity_skew(labels, clients=100, alpha=0.3, seed=0)],
+        "two sizes": [1] * 90 + [30] * 10,
+    }
+    rounds = 4000
+    for name, sizes in profiles.items():
+        big = int(np.argmax(sizes))
+        drawn = sum(
+            big in fl.sample(100, count=10, round=r, seed=1, weights=sizes) for r in range(rounds)
+        )
+        q = drawn / rounds
+        bound = _largest_inclusion(sizes, 10, 100)
+        assert q - 4 * (q * (1 - q) / rounds) ** 0.5 <= bound <= 1, name
+        if name == "dirichlet":  # tight for moderate skew: 0.163 against 0.160
+            assert bound - q < 0.015
+    assert _largest_inclusion([3.0] * 100, 10, 100) == 0.1  # equal weights: m/N exactly
+    # the others equal: the bound is the exact 1 − P(missed at the 1st) · P(missed at the 2nd)
+    assert _largest_inclusion([1, 1, 1, 97], 2, 4) == pytest.approx(1 - 0.03 * (1 - 0.97 / 0.99))
+    assert _largest_inclusion([1, 1, 1, 97], 4, 4) == 1.0  # every client, every round
+
+
 def test_sample_errors():
     with pytest.raises(ValueError, match="exactly one of fraction"):
         fl.sample(10, round=0)

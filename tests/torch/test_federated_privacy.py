@@ -1,5 +1,6 @@
 """DP-FedAvg: clipped updates, noise of scale σ·C, ε from Opacus's accountant growing with rounds."""
 
+import math
 import sys
 
 import pytest
@@ -31,7 +32,7 @@ def test_clipping_bounds_every_update_without_noise():
     out = dp.step(GLOBAL, results)
     assert min(dp.norms) > 100  # every update was far larger than C ...
     for s in results:  # ... and each one, clipped, has norm C
-        clipped, norm = fl.robust.clip_state(s, GLOBAL, 1.0)
+        clipped, norm = fl.clipping.clip_state(s, GLOBAL, 1.0)
         d = torch.cat([(clipped[k] - GLOBAL[k]).reshape(-1).double() for k in ("w", "b")])
         assert norm > 100 and float(d.norm()) == pytest.approx(1.0, rel=1e-5)
     mean = torch.cat([(out[k] - GLOBAL[k]).reshape(-1).double() for k in ("w", "b")])
@@ -225,3 +226,164 @@ def test_a_round_larger_than_per_round_warns_and_one_larger_than_clients_is_refu
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dp.step(GLOBAL, round_of(GLOBAL, 0.01, clients=10))  # as many as planned: silent
+
+
+def test_the_default_noise_is_seeded_from_the_os_and_cannot_be_regenerated(monkeypatch):
+    # with seed=0 by default, anyone who knew the library stripped the noise off the
+    # published model and recovered a client's update (audit: 3e-16 away)
+    glob = {"w": torch.zeros(20, dtype=torch.float64)}
+    secret = {
+        "w": 0.05 * torch.randn(20, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    }
+    published = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10).step(glob, [secret])
+    for guess in (0, 1, 42):  # the attacker regenerates the noise of a guessed seed
+        noise = torch.randn(20, dtype=torch.float64, generator=torch.Generator().manual_seed(guess))
+        recovered = published["w"] * 10 - noise
+        assert float((recovered - secret["w"]).abs().max()) > 0.1
+    a, b = (fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10) for _ in range(2))
+    assert not torch.equal(a.step(glob, [glob])["w"], b.step(glob, [glob])["w"])
+    # where the seed comes from: 64 bits of the OS's randomness, through secrets
+    monkeypatch.setattr("secrets.randbits", lambda bits: 12345 + bits)
+    drawn = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10).step(glob, [glob])
+    fixed = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, seed=12345 + 64)
+    assert torch.equal(drawn["w"], fixed.step(glob, [glob])["w"])
+
+
+def test_an_explicit_seed_reproduces_the_noise_and_a_default_seeded_run_resumes_bitwise():
+    a, b = (fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, seed=7) for _ in range(2))
+    assert torch.equal(a.step(GLOBAL, [GLOBAL])["w"], b.step(GLOBAL, [GLOBAL])["w"])
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10)  # seeded by the OS
+    x = dp.step(GLOBAL, round_of(GLOBAL, 0.01, seed=1))
+    again = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10)  # another seed ...
+    again.load_state_dict(dp.state_dict())  # ... replaced by the generator's state
+    nxt = round_of(x, 0.01, seed=2)
+    assert all(
+        torch.equal(u, v) for u, v in zip(dp.step(x, nxt).values(), again.step(x, nxt).values())
+    )
+    for bad in (True, 1.5, "0", 2**64):
+        with pytest.raises(ValueError, match=r"seed must be None \(drawn from the OS"):
+            fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2, seed=bad)
+
+
+def low_precision_rounds():
+    """(global state, clients, C) in fp16 and bf16: updates of 0.01 per weight clipped to
+    0.1, and bf16 weights that moved one ulp each clipped to 0.5 (a scale of 0.64)."""
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float16, torch.bfloat16):
+        glob = {"w": (torch.rand(10000, generator=g) + 0.5).to(dtype)}
+        noise = [0.01 * torch.randn(10000, generator=g) for _ in range(4)]
+        yield glob, [{"w": (glob["w"].float() + n).to(dtype)} for n in noise], 0.1
+    glob = {"w": torch.ones(10000, dtype=torch.bfloat16)}
+    yield glob, [{"w": (glob["w"].float() + 2.0**-7).to(torch.bfloat16)}] * 4, 0.5
+
+
+def test_low_precision_contributions_are_within_the_clip_norm(monkeypatch):
+    # each client's clipped state was rounded to the model's dtype and the update read back
+    # from it: an fp16 contribution of 0.1047 for C = 0.1, a bf16 one of 1.56 × C
+    from somatize.torch.federated import privacy
+
+    contributions = []
+
+    def spy(*args, **kwargs):
+        update, norm = real(*args, **kwargs)
+        contributions.append(math.sqrt(sum(float(d.pow(2).sum()) for d in update.values())))
+        return update, norm
+
+    real = privacy.clip_update
+    monkeypatch.setattr(privacy, "clip_update", spy)
+    for glob, states, clip in low_precision_rounds():
+        contributions.clear()
+        dp = fl.DPFedAvg(clip=clip, noise=0.0, clients=100, per_round=10)
+        out = dp.step(glob, states)
+        assert len(contributions) == 4 and max(contributions) <= clip < min(dp.norms)
+        # by hand: float64 updates scaled to C, summed, / per_round, rounded once
+        total = sum(
+            (s["w"].double() - glob["w"].double()) * (clip / norm)
+            for s, norm in zip(states, dp.norms)
+        )
+        want = (glob["w"].double() + total / 10).to(glob["w"].dtype)
+        assert out["w"].dtype == glob["w"].dtype and torch.equal(out["w"], want)
+
+
+def test_an_empty_round_adds_the_noise_alone_and_is_charged():
+    # Poisson sampling (what the accountant analyses) draws nobody now and then, and a round
+    # whose every client failed is empty once they are dropped; both were refused
+    glob, _, buffers = bn_round()
+    dp = fl.DPFedAvg(clip=0.5, noise=1.3, clients=100, per_round=4, seed=5, buffers=buffers,
+                     buffer_policy="unprotected_mean")  # fmt: skip
+    out = dp.step(glob, [])
+    gen = torch.Generator().manual_seed(5)  # by hand: 0 + N(0, (σC)²), over per_round
+    for k, x in glob.items():
+        if k in WEIGHTS:
+            noise = torch.randn(x.shape, dtype=torch.float64, generator=gen)
+            want = (x.double() + noise * (1.3 * 0.5) / 4).to(x.dtype)
+            assert torch.equal(out[k], want)
+        else:  # no client to average the buffers over, nor to count: the server's
+            assert torch.equal(out[k], x)
+    assert dp.rounds == 1 and dp.norms == ()
+    from opacus.accountants import RDPAccountant
+
+    ref = RDPAccountant()
+    ref.step(noise_multiplier=1.3, sample_rate=4 / 100)
+    assert dp.epsilon(1e-5) == ref.get_epsilon(1e-5)
+    with pytest.raises(TypeError, match="aggregate a list"):
+        dp.step(glob, {})  # an empty dict is not an empty round
+
+
+@pytest.mark.filterwarnings(r"ignore:DPFedAvg\(per_round=2\) got \d updates")  # Poisson's spread
+def test_a_poisson_loop_with_empty_rounds_charges_every_round():
+    import numpy as np
+
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=2, seed=0)
+    x, rng, sizes = {"w": torch.zeros(4)}, np.random.default_rng(0), []
+    for _ in range(30):
+        chosen = np.flatnonzero(rng.random(100) < 0.02)
+        sizes.append(len(chosen))
+        x = dp.step(x, [{"w": x["w"] + 0.1} for _ in chosen])
+    assert 0 in sizes and dp.rounds == 30
+    assert sum(n for _, _, n in dp.accountant.history) == 30  # (noise, rate, rounds) entries
+
+
+def test_weighted_sampling_is_charged_at_the_most_likely_clients_rate():
+    # fl.sample(weights=sizes) draws the biggest of Dirichlet(0.5) clients in 16% of the
+    # rounds, not m/N = 10%: charged at 10%, its epsilon was 12.8 where 7.9 was reported
+    import numpy as np
+    from opacus.accountants import RDPAccountant
+
+    labels = np.random.default_rng(0).integers(0, 10, 5000)
+    sizes = [len(p) for p in fl.dirichlet(labels, clients=100, alpha=0.5, seed=0)]
+    big, rounds = int(np.argmax(sizes)), 2000
+    q = sum(big in fl.sample(100, count=10, round=r, seed=1, weights=sizes) for r in range(rounds))
+    q /= rounds
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights=sizes)
+    uniform = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10)
+    x = {"w": torch.zeros(3)}
+    for r in range(100):
+        chosen = fl.sample(100, count=10, round=r, seed=0, weights=sizes)
+        dp.step(x, [x] * len(chosen))
+        uniform.step(x, [x] * len(chosen))
+    real = RDPAccountant()
+    for _ in range(100):
+        real.step(noise_multiplier=1.0, sample_rate=q - 4 * (q * (1 - q) / rounds) ** 0.5)
+    assert uniform.sample_rate == 0.1 and q > 0.15 > dp.sample_rate - 0.02
+    assert dp.epsilon(1e-5) >= real.get_epsilon(1e-5) > 1.2 * uniform.epsilon(1e-5)
+    equal = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights=[2.0] * 100)
+    assert equal.sample_rate == 0.1
+    with pytest.raises(ValueError, match=r"DPFedAvg\(weights=\): weights must be 100 finite"):
+        fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights=sizes[:50])
+    with pytest.raises(ValueError, match="the list of sampling weights given to fl.sample"):
+        fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights="sizes")
+
+
+def test_counts_take_numpy_integers_as_fl_sample_does_and_bools_are_refused():
+    import numpy as np
+
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=np.int64(100), per_round=np.int32(10))
+    assert (dp.clients, dp.per_round, dp.sample_rate) == (100, 10, 0.1)
+    assert type(dp.clients) is int
+    with pytest.raises(ValueError, match=r"clip must be a positive finite norm, not True"):
+        fl.DPFedAvg(clip=True, noise=1.0, clients=10, per_round=2)
+    with pytest.raises(ValueError, match=r"noise must be a non-negative multiplier, not True"):
+        fl.DPFedAvg(clip=1.0, noise=True, clients=10, per_round=2)
+    with pytest.raises(ValueError, match=r"per_round must be a positive int .*, not 2.0"):
+        fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2.0)

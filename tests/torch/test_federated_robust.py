@@ -1,4 +1,4 @@
-"""Krum, multi-Krum, Bulyan and norm clipping: honest clients chosen, preconditions named."""
+"""Krum, multi-Krum, Bulyan and the trimmed mean: honest clients chosen, preconditions named."""
 
 import numpy as np
 import pytest
@@ -64,30 +64,6 @@ def test_bulyan_and_krum_preconditions_name_both_numbers():
         fl.krum(states, attackers=1)
 
 
-def test_clip_bounds_every_update_and_keeps_small_ones():
-    g = torch.Generator().manual_seed(0)
-    global_state = {"a": torch.randn(10, generator=g), "b": torch.randn(3, generator=g)}
-    results = [
-        st.TrainResult(
-            state={k: v + s * torch.randn(v.shape, generator=g) for k, v in global_state.items()},
-            num_examples=10 + i,
-            steps=1,
-            epochs=1,
-        )
-        for i, s in enumerate([0.01, 1.0, 100.0])
-    ]
-    clipped = fl.clip(results, global_state, max_norm=1.0)
-    norms = []
-    for before, after in zip(results, clipped):
-        assert after.num_examples == before.num_examples
-        d = torch.cat([(after.state[k] - global_state[k]).double() for k in global_state])
-        norms.append(float(d.norm()))
-    assert max(norms) <= 1.0 + 1e-6 and norms[2] == pytest.approx(1.0, abs=1e-5)
-    assert all(torch.equal(clipped[0].state[k], results[0].state[k]) for k in global_state)
-    with pytest.raises(ValueError, match="max_norm must be a positive"):
-        fl.clip(results, global_state, max_norm=0)
-
-
 def flower_trim_mean(array, beta):
     """Flower's ``_trim_mean`` (flwr.server.strategy.aggregate), as published."""
     n = array.shape[0]
@@ -105,26 +81,3 @@ def test_trimmed_mean_accepts_every_beta_flower_accepts(n):
     for beta in [0.5, -0.1, 1.0]:
         with pytest.raises(ValueError, match=r"beta must be in \[0, 0.5\)"):
             fl.trimmed_mean(states, beta)
-
-
-def test_clip_leaves_named_buffers_out_of_the_norm_and_warns_about_unnamed_statistics():
-    g = torch.Generator().manual_seed(1)
-    glob = {"w": torch.zeros(6), "bn.running_var": torch.ones(3), "bn.count": torch.tensor(2)}
-    states = [
-        {"w": torch.randn(6, generator=g), "bn.running_var": 1 + 9 * torch.rand(3, generator=g),
-         "bn.count": torch.tensor(5)}
-        for _ in range(3)
-    ]  # fmt: skip
-    out = fl.clip(states, glob, max_norm=0.5, buffers=["bn.running_var", "bn.count"])
-    for before, after in zip(states, out):
-        assert torch.equal(after["bn.running_var"], before["bn.running_var"])  # as sent
-        assert torch.equal(after["bn.count"], before["bn.count"])
-        w = before["w"].double()
-        torch.testing.assert_close(after["w"].double(), w * min(1.0, 0.5 / float(w.norm())),
-                                   atol=1e-7, rtol=0)  # fmt: skip
-    with pytest.warns(UserWarning, match=r"'bn.running_var'.*clip measures and scales.*buffers="):
-        scaled = fl.clip(states, glob, max_norm=0.5)
-    d = torch.cat([scaled[0][k].double() - glob[k].double() for k in ("w", "bn.running_var")])
-    assert float(d.norm()) == pytest.approx(0.5, rel=1e-6)  # the statistics counted in the norm
-    with pytest.raises(AggregationError, match=r"buffers names keys the state does not hold"):
-        fl.clip(states, glob, max_norm=0.5, buffers=["running_var"])

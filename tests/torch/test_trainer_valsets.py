@@ -217,3 +217,34 @@ def test_a_one_shot_val_iterator_read_once_is_still_taken():
         make_graph(), batches(2), val=(b for b in batches(2))
     )
     assert len(result.metrics) == 1
+
+
+def test_the_result_says_how_many_examples_each_sets_evaluation_averaged_over(tmp_path):
+    # fl.weighted_metrics weighs a client's metrics by these, as Flower weighs evaluations
+    t = st.Trainer(loss=F.cross_entropy, optimizer=still, epochs=2, options=quiet())
+    assert t.fit(make_graph(), batches(2), val=batches(3, size=7)).val_examples == {"val_": 21}
+    named = st.Trainer(loss=F.cross_entropy, optimizer=still, options=quiet(monitor="val_a_loss"))
+    assert named.fit(
+        make_graph(), batches(2), val={"a": batches(1), "a_b": batches(3)}
+    ).val_examples == {
+        "val_a_": 10,
+        "val_a_b_": 30,
+    }
+    both = st.Trainer(
+        loss=F.cross_entropy, optimizer=still, options=quiet(monitor="val_clean_loss")
+    )
+    assert both.fit(make_graph(), batches(2), val=sets()).val_examples == {
+        "val_clean_": 20,
+        "val_noisy_": 15,
+    }
+    limited = st.Trainer(loss=F.cross_entropy, optimizer=still, options=quiet(limit_val_batches=2))
+    assert limited.fit(make_graph(), batches(2), val=batches(3, size=7)).val_examples == {
+        "val_": 14
+    }
+    assert t.fit(make_graph(), batches(2)).val_examples == {}  # nothing evaluated
+    # a resumed run that evaluates no more still knows its last evaluation's count
+    ckpt = st.Trainer(loss=F.cross_entropy, optimizer=still, epochs=2, options=quiet(),
+                      checkpoint=st.Checkpointing(tmp_path))  # fmt: skip
+    ckpt.fit(make_graph(), batches(2), val=batches(3, size=7))
+    again = ckpt.fit(make_graph(), batches(2), val=batches(3, size=7), resume="last")
+    assert again.steps == 4 and again.val_examples == {"val_": 21}

@@ -15,19 +15,20 @@ function or a small object with ``state_dict()``; none of them owns the loop::
         global_state = server.step(global_state, st.fedavg(results))
 
 Files by concern: ``aggregation`` (fedavg), ``robust`` (median, trimmed mean, Krum,
-Bulyan, clipping), ``partitions``, ``sampling``, ``server`` (server optimizers),
+Bulyan), ``clipping`` (norm clipping, for robustness and for DP), ``partitions``, ``sampling``, ``server`` (server optimizers),
 ``privacy`` (DP-FedAvg), ``regularizers`` (FedProx, SCAFFOLD), ``metrics``,
 ``clients`` (running a round on an executor), ``keys`` (buffers, and keys kept local).
 """
 
 from .aggregation import Aggregate, fedavg
 from .clients import ClientFailure, map_clients
+from .clipping import clip
 from .keys import batchnorm_keys
 from .metrics import weighted_metrics
 from .partitions import Histogram, dirichlet, histogram, iid, quantity_skew, shards
 from .privacy import DPFedAvg
 from .regularizers import control_variate, prox, scaffold, server_variate, variates
-from .robust import bulyan, clip, fedmedian, krum, multi_krum, trimmed_mean
+from .robust import bulyan, fedmedian, krum, multi_krum, trimmed_mean
 from .sampling import sample
 from .server import FedAdagrad, FedAdam, FedAvgM, FedYogi, ServerOptimizer
 

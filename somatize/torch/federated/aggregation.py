@@ -194,13 +194,18 @@ def _weights(results: Sequence[Any], weights: Any, keep: list[int]) -> list[floa
                 f"{len(raw)} weights for {len(results)} clients; give one per client"
             )
     for i, w in enumerate(raw):
-        if w < 0 or math.isnan(w):
+        if w < 0 or not math.isfinite(w):
             raise AggregationError(
                 f"client {i} has weight {w}; weights must be finite and non-negative"
             )
     used = [raw[i] for i in keep]
     total = sum(used)
-    if total <= 0 or math.isinf(total):
+    if math.isinf(total):  # every weight is finite: their sum overflowed
+        raise AggregationError(
+            f"the clients' weights sum to {total} (float overflow); scale them down, "
+            "e.g. weights=[w / max(weights) for w in weights]"
+        )
+    if total <= 0:
         raise AggregationError(
             f"the clients' weights sum to {total}; at least one client must have examples"
         )

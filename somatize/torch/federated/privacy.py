@@ -8,7 +8,7 @@ number of clients per round (the paper's fixed-denominator estimator). The
 privacy spent is tracked by Opacus's RDP accountant — somatize has no accountant of
 its own (``pip install 'somatize[dp]'``)::
 
-    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, seed=0)
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10)
     for r in range(rounds):
         ...
         global_state = dp.step(global_state, results)
@@ -16,16 +16,27 @@ its own (``pip install 'somatize[dp]'``)::
 
 The accountant analyses Poisson sampling of clients at rate q = per_round / clients;
 drawing a fixed count per round with ``fl.sample`` is the usual approximation of it.
+Clients drawn by weight (``fl.sample(..., weights=sizes)``) are not drawn at rate q: a big
+client takes part more often, so give ``DPFedAvg`` the same ``weights=`` and ε is charged
+at the most likely client's rate (an upper bound on it).
 
 Float buffers (BatchNorm's running statistics) are not weights, and ε covers only what
 is clipped and noised: a state holding any is refused until ``buffer_policy=`` says what
 to do with them (keep the server's, noise them with the update, or average them in the
 clear, which ε does not cover). Opacus refuses BatchNorm under DP-SGD for the same reason.
+
+The noise comes from a ``torch.Generator`` seeded from the operating system
+(``secrets``) unless ``seed=`` fixes it. That generator (a Mersenne Twister) is not a
+cryptographically secure one, and ``state_dict()`` holds its state: whoever has a
+checkpoint of it can regenerate the noise of every later round, so keep checkpoints
+as private as the clients' updates. A fixed ``seed=`` is for reproducible experiments,
+never for a release: anyone who knows it can subtract the noise.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -34,8 +45,9 @@ import torch
 
 from ...errors import AggregationError, require
 from .aggregation import _finite, _states, _validate
+from .clipping import clip_update
 from .keys import Exclude, _local, _names, _rule, _statistics, _unknown, _without
-from .robust import clip_state
+from .sampling import _int, _largest_inclusion
 
 __all__ = ["DPFedAvg"]
 
@@ -47,6 +59,31 @@ def _accountant() -> Any:
 
 BufferPolicy = Literal["global", "noised", "unprotected_mean"]
 _POLICIES = ("global", "noised", "unprotected_mean")
+
+
+def _seed(seed: int | None) -> int:
+    """The noise generator's seed: ``seed`` as given, or 64 bits from the OS for None."""
+    if seed is None:
+        return secrets.randbits(64)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64:
+        raise ValueError(
+            f"seed must be None (drawn from the OS: the default, for any release) or an int "
+            f"in [-2**63, 2**64) (reproducible experiments only), not {seed!r}"
+        )
+    return seed
+
+
+def _rate(weights: Sequence[float], clients: int, per_round: int) -> float:
+    """The rate ε is charged at when clients are drawn by ``weights`` (sampling.py)."""
+    if isinstance(weights, (str, Mapping)) or not hasattr(weights, "__len__"):
+        raise ValueError(
+            f"weights must be the list of sampling weights given to fl.sample(weights=), "
+            f"one per client, not {weights!r:.60}"
+        )
+    try:
+        return _largest_inclusion(weights, per_round, clients)
+    except ValueError as e:
+        raise ValueError(f"DPFedAvg(weights=): {e}; pass those given to fl.sample") from None
 
 
 def _refusal(keys: list[str]) -> AggregationError:
@@ -73,7 +110,17 @@ class DPFedAvg:
         clients: N, how many clients there are in all.
         per_round: how many take part in a round (the sampling rate is per_round / N;
             the sum of clipped updates is divided by per_round).
-        seed: seeds the noise (its generator is part of ``state_dict()``).
+        weights: the sampling weights the loop gives ``fl.sample(..., weights=)``, one per
+            client, if it draws by weight: ε is then charged at the largest probability
+            with which any client is drawn in a round (``sample_rate``; an upper bound on
+            it, exact for equal weights) instead of per_round / N, which would under-report
+            the big clients' ε. Without them, clients must be drawn uniformly.
+        seed: None (the default): the noise generator is seeded from the operating
+            system's randomness (``secrets``), so nobody can regenerate the noise. An int
+            fixes it, for reproducible experiments only — anyone who knows the seed can
+            subtract the noise from the published model. Either way the generator's state
+            is part of ``state_dict()``: keep checkpoints of it as private as the clients'
+            updates. ``torch.Generator`` is not a cryptographically secure generator.
         buffers: the keys that are buffers, not weights
             (``[k for k, _ in st.module(g).named_buffers()]``).
         buffer_policy: what DP does with the float buffers — the float keys ``buffers``
@@ -89,8 +136,11 @@ class DPFedAvg:
             (the clients may leave them out), and they need no ``buffer_policy``.
 
     Attributes:
+        sample_rate: the rate ε is charged at: per_round / clients, or with ``weights=``
+            the most likely client's rate.
         rounds: rounds aggregated so far.
-        norms: the unclipped update norms of the last round, one per client.
+        norms: the unclipped update norms of the last round, one per client — the
+            server's to see, not covered by ε: publishing them leaks what noise protects.
     """
 
     def __init__(
@@ -100,18 +150,19 @@ class DPFedAvg:
         noise: float,
         clients: int,
         per_round: int,
-        seed: int = 0,
+        weights: Sequence[float] | None = None,
+        seed: int | None = None,
         buffers: Iterable[str] = (),
         buffer_policy: BufferPolicy | None = None,
         exclude: Exclude = None,
     ) -> None:
-        if not (clip > 0 and math.isfinite(clip)):
+        if isinstance(clip, bool) or not (clip > 0 and math.isfinite(clip)):
             raise ValueError(f"clip must be a positive finite norm, not {clip!r}")
-        if not (noise >= 0 and math.isfinite(noise)):
+        if isinstance(noise, bool) or not (noise >= 0 and math.isfinite(noise)):
             raise ValueError(f"noise must be a non-negative multiplier, not {noise!r}")
-        if not (
-            isinstance(per_round, int) and isinstance(clients, int) and 0 < per_round <= clients
-        ):
+        clients = _int("clients", clients, 1, "a positive int (how many there are)")
+        per_round = _int("per_round", per_round, 1, "a positive int (how many a round trains)")
+        if per_round > clients:
             raise ValueError(
                 f"need 0 < per_round ≤ clients (ints), not per_round={per_round!r}, "
                 f"clients={clients!r}"
@@ -122,11 +173,14 @@ class DPFedAvg:
                 f"{buffer_policy!r}"
             )
         self.clip, self.noise = float(clip), float(noise)
-        self.clients, self.per_round, self.sample_rate = clients, per_round, per_round / clients
+        self.clients, self.per_round = clients, per_round
+        self.sample_rate = (
+            per_round / clients if weights is None else _rate(weights, clients, per_round)
+        )
         self.buffers, self.buffer_policy = _names("buffers", buffers), buffer_policy
         self.exclude = _rule(exclude)
         self.accountant = _accountant()
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(_seed(seed))
         self.rounds = 0
         self.norms: tuple[float, ...] = ()
 
@@ -156,27 +210,23 @@ class DPFedAvg:
     ) -> dict[str, torch.Tensor]:
         """The next global state from this round's client results (``TrainResult``s or states).
 
+        A round without results — a Poisson draw of nobody, or one whose every client
+        failed — is a round all the same: the noise alone is added (divided by
+        ``per_round``, as always) and the round is charged; skipping it would reveal that
+        nobody took part, uncharged.
+
         Raises:
             AggregationError: the clients' states do not match each other or the global
                 state; NaN or inf in an update; float buffers without a ``buffer_policy``
                 (the error names them and the choices).
         """
-        states = _states(results)
+        empty = isinstance(results, Sequence) and not isinstance(results, Mapping) and not results
+        states = [] if empty else _states(results)
         self._check_count(len(states))
         local = _local(self.exclude, global_state.keys(), "the global state")
         states = _without(states, local)
-        _validate(states)
-        _finite(states, "raise")
-        if global_state.keys() - local != states[0].keys():
-            diff = sorted((set(global_state) - local) ^ set(states[0]))
-            raise AggregationError(f"the clients' states and the global state differ in {diff[:5]}")
-        for k, t in states[0].items():
-            x = global_state[k]
-            if t.dtype != x.dtype or t.shape != x.shape:
-                raise AggregationError(
-                    f"key {k!r}: the clients hold {t.dtype} {tuple(t.shape)}, the global state's "
-                    f"{x.dtype} {tuple(x.shape)}; clients must return the state they were sent"
-                )
+        if states:
+            self._check(global_state, states, local)
         kept, clear = self._kept(global_state, local)
         expected = self.per_round
         keys = [
@@ -187,14 +237,14 @@ class DPFedAvg:
         with torch.no_grad():
             total = {k: torch.zeros(global_state[k].shape, dtype=torch.float64) for k in keys}
             norms = []
-            for s in states:
-                clipped, norm = clip_state(s, global_state, self.clip, exclude=kept | clear)
+            for s in states:  # float64 updates of norm ≤ C, summed as they are: never rounded
+                update, norm = clip_update(s, global_state, self.clip, exclude=kept | clear)
                 norms.append(norm)
                 for k in keys:
-                    total[k] += clipped[k].to(torch.float64) - global_state[k].to(torch.float64)
+                    total[k] += update[k]
             out: dict[str, torch.Tensor] = {}
             for k, x in global_state.items():
-                if k in kept:  # the clients' own, or buffers under 'global': the server's
+                if k in kept or (not states and k not in total):  # (no client: the server's)
                     out[k] = x.detach().clone()
                 elif k in clear:  # unprotected_mean: the clients' values, in the clear
                     mean = torch.stack([s[k].detach().to(torch.float64) for s in states]).mean(0)
@@ -211,6 +261,24 @@ class DPFedAvg:
         self.norms = tuple(norms)
         return out
 
+    @staticmethod
+    def _check(
+        global_state: Mapping[str, torch.Tensor], states: list[Any], local: frozenset[str]
+    ) -> None:
+        """The clients' states match each other and the global state, and are finite."""
+        _validate(states)
+        _finite(states, "raise")
+        if global_state.keys() - local != states[0].keys():
+            diff = sorted((set(global_state) - local) ^ set(states[0]))
+            raise AggregationError(f"the clients' states and the global state differ in {diff[:5]}")
+        for k, t in states[0].items():
+            x = global_state[k]
+            if t.dtype != x.dtype or t.shape != x.shape:
+                raise AggregationError(
+                    f"key {k!r}: the clients hold {t.dtype} {tuple(t.shape)}, the global state's "
+                    f"{x.dtype} {tuple(x.shape)}; clients must return the state they were sent"
+                )
+
     def _check_count(self, n: int) -> None:
         """ε is charged at rate per_round / clients: a round of more updates than clients
         is a mistake, and one of more than per_round is either a Poisson draw's spread or
@@ -224,7 +292,7 @@ class DPFedAvg:
             warnings.warn(
                 f"DPFedAvg(per_round={self.per_round}) got {n} updates in one round: epsilon "
                 f"is charged as if each client took part with probability "
-                f"{self.per_round}/{self.clients} (Poisson sampling, whose count varies). If the "
+                f"{self.sample_rate:.4g} (Poisson sampling, whose count varies). If the "
                 "round's clients were chosen otherwise (every client, or a larger fixed draw), "
                 "epsilon is under-reported: set per_round to the number each round trains",
                 stacklevel=3,
@@ -241,7 +309,11 @@ class DPFedAvg:
         return float(self.accountant.get_epsilon(delta=delta))
 
     def state_dict(self) -> dict[str, Any]:
-        """Rounds, the accountant's history and the noise generator (for an exact resume)."""
+        """Rounds, the accountant's history and the noise generator (for an exact resume).
+
+        The generator's state regenerates the noise of every round after it: keep what
+        this returns (and checkpoints holding it) as private as the clients' updates.
+        """
         return {
             "rounds": self.rounds,
             "history": [tuple(h) for h in self.accountant.history],

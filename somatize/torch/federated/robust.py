@@ -1,28 +1,26 @@
-"""Byzantine-robust aggregation: median, trimmed mean, Krum, multi-Krum, Bulyan, norm clipping.
+"""Byzantine-robust aggregation: median, trimmed mean, Krum, multi-Krum, Bulyan (norm
+clipping, which bounds each update before any rule, is ``clipping.py``).
 
 All of them validate exactly as ``fedavg`` does (names, shapes, dtypes, NaN/inf) and
 are unweighted unless said otherwise: a client that lies about its updates can lie
 about its ``num_examples`` too. Each works on client *states*; distances and
 coordinate-wise statistics are the same on states as on updates (the global state
-subtracted from each), so no global state is needed — except to clip, which measures
-each update's norm.
+subtracted from each), so no global state is needed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import warnings
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 
 from ...errors import AggregationError
-from .aggregation import Aggregate, IntPolicy, State, _integer, _prepare, _states, _validate, fedavg
-from .keys import NAME_BUFFERS, Exclude, _local, _names, _statistics, _unknown, _without
+from .aggregation import Aggregate, IntPolicy, State, _integer, _prepare, fedavg
+from .keys import Exclude
 
-__all__ = ["bulyan", "clip", "fedmedian", "krum", "multi_krum", "trimmed_mean"]
+__all__ = ["bulyan", "fedmedian", "krum", "multi_krum", "trimmed_mean"]
 
 NonFinite = Literal["raise", "skip"]
 
@@ -254,89 +252,3 @@ def bulyan(
     out.weights, out.selected = (1.0 / theta,) * theta, tuple(chosen)
     out.excluded = tuple(sorted(local))
     return out
-
-
-def clip(
-    results: Sequence[Any],
-    global_state: Mapping[str, torch.Tensor],
-    max_norm: float,
-    *,
-    buffers: Iterable[str] = (),
-    exclude: Exclude = None,
-) -> list[Any]:
-    """Each client's update (state − global) scaled down to L2 norm ``max_norm`` at most.
-
-    The norm is taken over every floating tensor of the state together, except the keys
-    named in ``buffers``. Returns the same kind of thing it was given (``TrainResult``s
-    keep their ``num_examples``), to pass on to ``fedavg`` or any aggregator: norm clipping
-    bounds what one client can move the model (Sun et al. 2019, "Can you really backdoor
-    federated learning?").
-
-    Args:
-        buffers: keys that are not weights (BatchNorm's running statistics): left out of
-            the norm and passed on as the client sent them. A client's statistics move
-            with its data, not its training, and counted in the norm they would shrink its
-            weights' update. ``[k for k, _ in st.module(g).named_buffers()]`` names them;
-            float keys named ``running_mean``/``running_var`` left out of it warn (a
-            ``UserWarning``) and are clipped with the weights.
-        exclude: keys the clients keep local (FedBN), as in ``fedavg``: not measured, not
-            scaled, passed on as sent (a client may leave them out).
-
-    Example:
-        >>> g = {"w": torch.zeros(2)}
-        >>> clip([{"w": torch.tensor([3.0, 4.0])}], g, max_norm=1.0)[0]["w"]
-        tensor([0.6000, 0.8000])
-    """
-    if isinstance(max_norm, bool) or not max_norm > 0 or math.isinf(max_norm):
-        raise ValueError(f"max_norm must be a positive finite number, not {max_norm!r}")
-    named = _names("buffers", buffers)
-    states = _states(results)
-    keys = {**global_state, **states[0]}.keys()
-    local = _local(exclude, keys, "the global state or client 0's")
-    _validate(_without(states, local))
-    if global_state.keys() - local != states[0].keys() - local:
-        missing = sorted((set(states[0]) ^ set(global_state)) - local)
-        raise AggregationError(
-            f"the global state and the clients' states differ in keys {missing[:5]}; clip "
-            "updates of the global state the clients started from"
-        )
-    _unknown("buffers", named, global_state)
-    moved = _statistics(global_state, named | local)
-    if moved:
-        warnings.warn(
-            f"{moved[0]!r} (and {len(moved) - 1} more) look like BatchNorm running statistics, "
-            f"which clip measures and scales as part of each update; pass {NAME_BUFFERS} to "
-            "leave them out of the norm",
-            UserWarning,
-            stacklevel=2,
-        )
-    out: list[Any] = []
-    with torch.no_grad():
-        for r, s in zip(results, states):
-            clipped, _ = clip_state(s, global_state, max_norm, exclude=named | local)
-            out.append(
-                dataclasses.replace(r, state=clipped)
-                if dataclasses.is_dataclass(r) and not isinstance(r, type)
-                else clipped
-            )
-    return out
-
-
-def clip_state(
-    state: State,
-    global_state: Mapping[str, torch.Tensor],
-    max_norm: float,
-    exclude: Collection[str] = (),
-) -> tuple[dict[str, torch.Tensor], float]:
-    """``state`` with its update clipped to ``max_norm``, and the update's norm before clipping
-    (over the floating keys not in ``exclude``, which are left as they are)."""
-    keys = [k for k, t in global_state.items() if t.is_floating_point() and k not in exclude]
-    deltas = {
-        k: state[k].detach().to(torch.float64) - global_state[k].to(torch.float64) for k in keys
-    }
-    norm = math.sqrt(sum(float(d.pow(2).sum()) for d in deltas.values()))
-    scale = min(1.0, max_norm / norm) if norm > 0 else 1.0
-    clipped = dict(state)
-    for k, d in deltas.items():
-        clipped[k] = (global_state[k].to(torch.float64) + d * scale).to(global_state[k].dtype)
-    return clipped, norm

@@ -117,13 +117,13 @@ class Targets:
         return F.cross_entropy(output, y)
 
 
-def fit(train, *, loss=None, epochs=2, ckpt=None, resume=None, every=None):
+def fit(train, *, loss=None, epochs=2, ckpt=None, resume=None, every=None, nonfinite="raise"):
     trainer = st.Trainer(
         loss=loss if loss is not None else F.cross_entropy,
         optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
         epochs=epochs,
         checkpoint=st.Checkpointing(ckpt, every_steps=every) if ckpt is not None else None,
-        options=st.Options(progress=False),
+        options=st.Options(progress=False, nonfinite=nonfinite),
     )
     return trainer.fit(graph(), train, resume=resume)
 
@@ -157,7 +157,9 @@ def main() -> None:
     ):
         targets = Targets()
         result = fit(train, loss=targets)
-        seen[name] = {"targets": targets.seen, "steps": result.steps}
+        seen[name] = {"targets": targets.seen, "steps": result.steps, "n": result.num_examples}
+    # without the non-finite check (whose reduction counts every rank's examples)
+    seen["stream_ignore"] = {"n": fit(Stream(5), epochs=3, nonfinite="ignore").num_examples}
     try:
         fit(DataLoader(Rows(rank), batch_size=4, sampler=PerRank()))
     except SettingError as e:

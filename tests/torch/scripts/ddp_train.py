@@ -136,6 +136,7 @@ def main() -> None:
             "losses": result.losses,
             "metrics": result.metrics,
             "num_examples": result.num_examples,
+            "val_examples": dict(result.val_examples),
             "steps": result.steps,
             "checkpoint": result.checkpoint,
             "world": int(os.environ["WORLD_SIZE"]),
