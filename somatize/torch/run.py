@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..watchers import Watcher
-from .checkpoint import RunState
+from .run_state import RunState
 from .timelimit import Clock
 
 __all__ = ["ActiveRun"]
