@@ -155,24 +155,19 @@ class Trainer:
         with deterministic(self.options.deterministic):  # (put back when fit ends)
             if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
                 return smoke_fit(self, model, train, val, resume)
-            return self._run(model, train, val, resume, started)
-
-    def _run(
-        self, model: Graph | nn.Module, train: Iterable[Any], val: Any, resume: Any, started: float
-    ) -> TrainResult:
-        check_fit(self, val)
-        run_id = uuid.uuid4().hex[:12]
-        rank, world, own_group = ddp.setup()
-        try:
-            with writing(self, rank, resume):  # one fit writes a checkpoint directory at a time
-                result = self._fit(model, train, val, resume, run_id, rank, world, started)
-        except BaseException:
+            check_fit(self, val)
+            run_id = uuid.uuid4().hex[:12]
+            rank, world, own_group = ddp.setup()
+            try:
+                with writing(self, rank, resume):  # one fit writes a checkpoint dir at a time
+                    result = self._fit(model, train, val, resume, run_id, rank, world, started)
+            except BaseException:
+                if own_group:
+                    ddp.finish(failed=True)  # the group goes: peers waiting on it fail now
+                raise
             if own_group:
-                ddp.finish(failed=True)  # the group goes: peers waiting on this rank fail now
-            raise
-        if own_group:
-            ddp.finish(failed=False)  # every rank leaves fit together; the group stays
-        return result
+                ddp.finish(failed=False)  # every rank leaves fit together; the group stays
+            return result
 
     def _fit(
         self,
