@@ -166,7 +166,8 @@ class Graph(Composable):
         """Set the runtime the graph runs with: codecs, and a hook wrapping node forwards.
 
         ``somatize.torch`` calls this (through ``module(g)``) to add its tensor codecs and
-        to run frozen nodes under ``torch.no_grad()``.
+        to run frozen nodes under ``torch.no_grad()``. The wrap gets every node's forward,
+        a subgraph node's included (its nodes run on the ``ctx`` the wrap passes on).
         """
         if codecs is not None:
             self.codecs = tuple(codecs)

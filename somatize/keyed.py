@@ -95,6 +95,9 @@ class Env:
     prefix: str = ""  # of node labels: "sub/" inside subgraph node "sub"
     # g.explain's record of what each remembered node looked up (None: not explaining)
     explained: list[Any] | None = None
+    # the runtime's hook (``Graph.use(wrap=...)``), wrapped around a subgraph node's run
+    # as around any node's forward: a frozen subgraph runs as a frozen node does
+    wrap: Callable[[str, Any, Forward], Forward] | None = None
 
 
 @dataclass
@@ -191,21 +194,7 @@ def walk(
         start = time.perf_counter()
         try:
             if sub is not None:
-                sub_key = None
-                if node_key is not None:
-                    sub_key = in_keys[0] if len(in_keys) == 1 else digest(tuple(in_keys))
-                o = sub.run_keyed(
-                    inp,
-                    source is not None,
-                    sub_key,
-                    run,
-                    env.node_keys,
-                    keeper,
-                    watchers,
-                    label + "/",
-                    need_key=node_key is not None,
-                    keyless_from=keyless,
-                )
+                o = _run_sub(env, sub, node, impl, inp, ctx, source, in_keys, node_key, keyless)
                 value, is_opaque = o.value, o.opaque
                 metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
             elif per_row:
@@ -258,6 +247,42 @@ def walk(
         if node_metrics:
             metrics[node] = node_metrics
             notify(watchers, Metrics(run.id, label, run.step, node_metrics))
+
+
+def _run_sub(
+    env: Env,
+    sub: Program,
+    node: str,
+    impl: Any,
+    inp: Any,
+    ctx: Ctx,
+    source: str | None,
+    in_keys: Sequence[str | None],
+    node_key: str | None,
+    keyless: str | None,
+) -> Any:
+    """A subgraph node's keyed run (an ``Outcome``), through the runtime's wrap."""
+    sub_key = None
+    if node_key is not None:
+        sub_key = in_keys[0] if len(in_keys) == 1 else digest(tuple(in_keys))
+
+    def forward(x: Any, ctx: Ctx) -> Done:  # (the wrap may change ctx.run: training off)
+        o = sub.run_keyed(
+            x,
+            source is not None,
+            sub_key,
+            ctx.run,
+            env.node_keys,
+            env.keeper,
+            env.watchers,
+            env.prefix + node + "/",
+            need_key=node_key is not None,
+            keyless_from=keyless,
+        )
+        return Done(o)
+
+    call = env.wrap(node, impl, forward) if env.wrap is not None else forward
+    return call(inp, ctx).value
 
 
 def _recall(env: Env, node_key: str, inp: Any, device: str | None) -> tuple[Any] | None:

@@ -134,7 +134,12 @@ def _keep_eval(node_id: str, impl: Any) -> None:
     training mode since ``module(g)`` applied the freeze — by ``.train()`` on the node's
     own module, a submodule swapped in, a module made before the freeze — so a dropout
     mask or batch statistics are never computed, nor remembered by a cached node. (One
-    walk of its modules: little beside the forward it precedes.)"""
+    walk of its modules: little beside the forward it precedes.) A frozen subgraph: every
+    node inside it."""
+    if isinstance(impl, Graph):
+        for inner_id, inner in impl._impls.items():
+            _keep_eval(inner_id, inner)
+        return
     held = held_by(impl, node_id)  # (fresh containers around the node's own modules)
     if held is None:
         return
