@@ -100,6 +100,13 @@ class Graph(Composable):
                 g.edge(a, b)
         return g
 
+    def with_id(self, node_id: str) -> Expr:
+        """This graph as a node under an explicit id, for ``>>`` / ``|`` (as ``Node.with_id``):
+        the id its modules register under (``block.lin.weight``), instead of ``graph``."""
+        from .dsl import Ref
+
+        return Ref(self, node_id)
+
     def node(self, node_id: str, impl: Node | Graph) -> Graph:
         """Add a node (a ``Node``, or a ``Graph`` run as one step). Returns the graph."""
         if not isinstance(impl, (Node, Graph)):

@@ -112,3 +112,12 @@ def test_many_nodes_of_one_class_get_ids_in_order_around_explicit_ones() -> None
         expr = expr >> n
     ids = [n for n, _ in build(expr)[0]]
     assert ids == ["classify", "classify_2", "classify_3", "classify_4", "classify_5"]
+
+
+def test_a_subgraph_takes_an_explicit_id_as_a_node_does() -> None:
+    block = Graph.somatize(Encode() >> Classify())
+    g = Graph.somatize(Encode() >> block.with_id("block") >> Classify())
+    assert g.nodes() == ("encode", "block", "classify")
+    assert g["block"] is block and g.forward(3) == 3
+    with pytest.raises(DuplicateNodeError, match="id 'block' is given to two different nodes"):
+        build(Encode().with_id("block") >> block.with_id("block"))
