@@ -160,6 +160,14 @@ def walk(
                 if source == the_input
                 else f"return data (a detached tensor) from {source}"
             )
+            after = next((i for i in inputs if i in opaque), None)  # (None: the graph input)
+            if node in memory.frozen and after is not None and after not in memory.frozen:
+                fix = (
+                    f"a frozen node passes gradients through to a trainable node before it, so "
+                    f"its input keeps them and has no key: cache a frozen node only where what "
+                    f"reaches it is data — freeze {source} too and return data (a detached "
+                    f"tensor) from it"
+                )
             what = f"its input, {source}," if source == the_input else f"its input from {source}"
             raise CacheError(
                 f"node {label!r} is cached but {what} is Opaque; "

@@ -9,13 +9,14 @@ attribute, or in a node it holds — is registered under the node's id, so ``par
     opt = torch.optim.Adam(parameters(g), lr=1e-3)
 
 Frozen nodes: parameters with ``requires_grad=False``, eval mode kept even when the
-module is put in train mode (and ``ctx.training`` False), run under ``torch.no_grad()``.
+module is put in train mode (and ``ctx.training`` False), run under ``torch.no_grad()``
+unless their input requires grad (gradients then pass through to the nodes before them).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -24,18 +25,17 @@ from torch import nn
 from ..bulk import paused_gc
 from ..errors import StateError
 from ..graph import Graph
-from ..node import Ctx, Done, Mapped, Node, Run
+from ..node import Mapped, Node, Run
 from ..values import Opaque
-from .codecs import NdarrayCodec, TensorCodec
-from .holdings import MODULE_NAMES, Holdings, held_by, holds_any, node_holdings
+from .codecs import TensorCodec
+from .frozen import equip
+from .holdings import MODULE_NAMES, held_by, holds_any, node_holdings
 
 __all__ = ["GraphModule", "module", "parameters"]
 
 # id(graph) -> its module. Weak on the module, which holds its graph: a registry keyed on
 # the graph would keep every graph (and its weights) alive for ever.
 _by_graph: weakref.WeakValueDictionary[int, GraphModule] = weakref.WeakValueDictionary()
-_grad_enabled = torch.is_grad_enabled
-_set_grad_enabled = torch._C._set_grad_enabled
 _marked_any = False  # whether any parameter was ever marked frozen (in this process)
 _RESERVED: dict[bool, frozenset[str]] = {}
 # GraphModule's plain attributes. They live in the instance dict, beside children of the
@@ -86,81 +86,6 @@ class _Nodes(nn.Module):
 
     def _get_name(self) -> str:
         return "Graph"
-
-
-class _FrozenWrap:
-    """The graph's runtime wrap: a frozen node's forward runs in eval mode, without grad.
-
-    Classes, not closures, so that a graph and its module stay picklable
-    (``torch.save(model)``, ``copy``, a worker's task)."""
-
-    def __init__(self, g: Graph) -> None:
-        self._somatize_graph = g  # which graph it was made for
-
-    def __call__(
-        self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]
-    ) -> Callable[[Any, Ctx], Done]:
-        memory = self._somatize_graph.memory
-        if node_id not in memory.frozen:
-            return forward
-        return _Frozen(node_id, impl, forward)
-
-
-class _Frozen:
-    """A frozen node's forward (see ``_FrozenWrap``)."""
-
-    __slots__ = ("forward", "impl", "node_id")
-
-    def __init__(self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]) -> None:
-        self.node_id, self.impl, self.forward = node_id, impl, forward
-
-    def __call__(self, x: Any, ctx: Ctx) -> Done:
-        _keep_eval(self.node_id, self.impl)
-        run = ctx.run
-        if run.training:  # its modules run in eval mode: so does what reads ctx.training
-            ctx = Ctx(ctx.node, ctx.device, run._replace(training=False))
-        # torch.no_grad() as a context costs a few µs per call; the switch it flips, not
-        if not _grad_enabled():
-            return self.forward(x, ctx)
-        _set_grad_enabled(False)
-        try:
-            return self.forward(x, ctx)
-        finally:
-            _set_grad_enabled(True)
-
-
-def _keep_eval(node_id: str, impl: Any) -> None:
-    """A frozen node runs its modules in eval mode, at every call: also those put back in
-    training mode since ``module(g)`` applied the freeze — by ``.train()`` on the node's
-    own module, a submodule swapped in, a module made before the freeze — so a dropout
-    mask or batch statistics are never computed, nor remembered by a cached node. (One
-    walk of its modules: little beside the forward it precedes.) A frozen subgraph: every
-    node inside it."""
-    if isinstance(impl, Graph):
-        for inner_id, inner in impl._impls.items():
-            _keep_eval(inner_id, inner)
-        return
-    held = held_by(impl, node_id)  # (fresh containers around the node's own modules)
-    if held is None:
-        return
-    for m in held.modules():
-        if m.training and type(m) not in (Holdings, nn.Module):
-            held.eval()
-            return
-
-
-def equip(g: Graph) -> Graph:
-    """Give a graph (and its subgraphs) the torch codecs and the frozen-node runtime."""
-    made_for = getattr(g.wrap, "_somatize_graph", None)
-    if not any(isinstance(c, TensorCodec) for c in g.codecs):
-        g.use(codecs=(*g.codecs, TensorCodec(), NdarrayCodec()), wrap=_FrozenWrap(g))
-    elif g.wrap is None or (made_for is not None and made_for is not g):
-        # A deep copy of an equipped graph: its runtime (and the program built with it)
-        # still call the original's nodes. Remaking the runtime rebuilds the program.
-        g.use(wrap=_FrozenWrap(g))
-    for sub in g._subgraphs().values():
-        equip(sub)
-    return g
 
 
 def _frozen_holdings(m: nn.Module, g: Graph, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
