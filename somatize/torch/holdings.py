@@ -19,7 +19,14 @@ from ..errors import StateError
 from ..node import Mapped, Node
 from .blank import lazy, maker
 
-__all__ = ["MODULE_NAMES", "Holdings", "held_by", "holds_any", "node_holdings"]
+__all__ = [
+    "MODULE_NAMES",
+    "Holdings",
+    "held_by",
+    "holdings_signature",
+    "holds_any",
+    "node_holdings",
+]
 
 _PLAIN = frozenset({int, float, str, bool, type(None), bytes})
 _OWN = frozenset({"_impl", "_params", "_tensors"})  # Holdings' own attributes
@@ -94,6 +101,36 @@ def node_holdings(impl: Any, where: str, seen: frozenset[int] = frozenset()) -> 
             held.register_buffer(name, inner)
             vars(held)["_tensors"] += (name,)
     return held
+
+
+def holdings_signature(value: Any, seen: frozenset[int] = frozenset()) -> Any:
+    """What ``value`` (a node, or one of its attributes) registers, as ids: the modules and
+    tensors ``node_holdings`` would register, by attribute, index or key. Equal between two
+    calls when nothing was assigned in between (``node.lin = nn.Linear(...)``), and cheaper
+    than registering. (Ids of objects the registration holds, so none is reused meanwhile.)
+    None when it registers nothing."""
+    if isinstance(value, (nn.Module, torch.Tensor)):
+        return id(value)
+    if isinstance(value, Mapped):
+        return holdings_signature(value.inner, seen)
+    out: list[tuple[Any, Any]] = []
+    if isinstance(value, Node):
+        if id(value) in seen:
+            return None
+        inside = seen | {id(value)}
+        for name, v in vars(value).items():
+            if type(v) in _PLAIN or name.startswith("_somatize"):
+                continue
+            sig = holdings_signature(v, inside)
+            if sig is not None:
+                out.append((name, sig))
+        return tuple(out) or None
+    items = _items(value)
+    for k, v in items if items is not None else ():
+        sig = holdings_signature(v, seen)
+        if sig is not None:
+            out.append((k, sig))
+    return tuple(out) or None
 
 
 def held_by(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Module | None:

@@ -29,7 +29,7 @@ from ..node import Mapped, Node, Run
 from ..values import Opaque
 from .codecs import TensorCodec
 from .frozen import equip
-from .holdings import MODULE_NAMES, held_by, holds_any, node_holdings
+from .holdings import MODULE_NAMES, held_by, holdings_signature, holds_any, node_holdings
 
 __all__ = ["GraphModule", "module", "parameters"]
 
@@ -147,6 +147,7 @@ class GraphModule(nn.Module):
         self.metrics: Mapping[str, Any] = {}
         self._program: Any = None
         self._frozen: frozenset[str] = frozenset()  # paths of the nodes frozen at the last sync
+        self._holds: Any = None  # what the nodes held at the last sync (_signature)
         self._sync()
 
     def _sync(self) -> None:
@@ -156,6 +157,7 @@ class GraphModule(nn.Module):
         for name in list(self._modules):
             del self._modules[name]
         self._modules.update(_Nodes(g)._modules)
+        self._holds = _signature(g)
         frozen = dict(_frozen_holdings(self, g))
         still = {id(p) for held in frozen.values() for p in held.parameters()}
         if frozen:
@@ -184,11 +186,19 @@ class GraphModule(nn.Module):
 
     def _refresh(self) -> GraphModule:
         """Register the graph's modules again if the graph changed since they were (a node
-        added or replaced, a node frozen or unfrozen): what ``module(g)`` and the Trainer
-        do. (Private: a public method's name could not be a node id holding modules.)"""
+        added, a node frozen or unfrozen) or what a node holds did (``g["head"].lin =
+        nn.Linear(...)``): what ``module(g)``, ``parameters(g)``, ``state(g)`` and the Trainer
+        do — not every forward, which sees only graph changes. (Private: a public method's
+        name could not be a node id holding modules.)"""
         _forget_digests(self.graph)
-        if self.graph.program() is not self._program:
+        if self.graph.program() is not self._program or _signature(self.graph) != self._holds:
             self._sync()
+        return self
+
+    def _apply(self, fn: Any, recurse: bool = True) -> GraphModule:
+        self._refresh()  # (.to() moves a module swapped into a node too)
+        super()._apply(fn, recurse)
+        self._holds = _signature(self.graph)  # the nodes now hold the moved tensors
         return self
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -263,6 +273,14 @@ def module(g: Graph) -> GraphModule:
         else:
             m._refresh()
     return m
+
+
+def _signature(g: Graph) -> tuple[Any, ...]:
+    """What every node of ``g`` (subgraphs' too) holds, as ids (``holdings_signature``)."""
+    return tuple(
+        (n, _signature(impl) if isinstance(impl, Graph) else holdings_signature(impl))
+        for n, impl in g._impls.items()
+    )
 
 
 def _forget_digests(g: Graph) -> None:
