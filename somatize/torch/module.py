@@ -197,7 +197,7 @@ class GraphModule(nn.Module):
 
     def _apply(self, fn: Any, recurse: bool = True) -> GraphModule:
         self._refresh()  # (.to() moves a module swapped into a node too)
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         self._holds = _signature(self.graph)  # the nodes now hold the moved tensors
         return self
 
