@@ -38,7 +38,8 @@ class Holdings(nn.Module):
     """The modules, parameters and tensors one node holds, registered under the node id.
 
     Direct attributes: modules, parameters, and plain tensors (as buffers, written back
-    to the node after ``.to()``). Inside list, tuple and dict attributes (nested too),
+    to the node after ``.to()``); one assigned here (``model.head.lin = nn.Linear(...)``)
+    is assigned on the node too, so its forward runs it. Inside list, tuple and dict attributes (nested too),
     and any mapping, namedtuple or dataclass: modules, named by index, key or field
     (``heads.0``, ``heads.fr``). A node held by the node
     (a ``Mapped`` node's inner node, a helper node) registers its own holdings nested.
@@ -50,6 +51,23 @@ class Holdings(nn.Module):
 
     def _get_name(self) -> str:  # printed as the node's class: Encode( (emb): Embedding(...) )
         return type(self._impl).__qualname__
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if not isinstance(value, (nn.Module, torch.Tensor)) or name in _OWN:
+            return  # (the mode flag, Holdings' own attributes)
+        impl = vars(self)["_impl"]
+        if name not in vars(impl):
+            return  # not an attribute of the node: registered here only, as on any module
+        # ``model.head.lin = nn.Linear(...)``: the node's attribute too, so forward runs it
+        setattr(impl, name, value)
+        params = tuple(n for n in self._params if n != name and n in self._parameters)
+        tensors = tuple(n for n in self._tensors if n != name and n in self._buffers)
+        if name in self._parameters:
+            params += (name,)
+        elif name in self._buffers:
+            tensors += (name,)
+        vars(self).update(_params=params, _tensors=tensors)
 
     def _apply(self, fn: Any, recurse: bool = True) -> Holdings:
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]

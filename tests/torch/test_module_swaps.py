@@ -89,3 +89,41 @@ def test_nothing_swapped_registers_nothing_again_and_forward_never_compares(monk
     assert calls == []  # the hot path reads only the graph's program
     st.parameters(g)
     assert calls  # (where it is compared)
+
+
+def test_a_module_assigned_on_the_module_is_the_one_forward_runs():
+    g = _graph()
+    model = st.module(g)
+    new = nn.Linear(8, 3)
+    model.head.lin = new  # what one does with any nn.Module
+    assert g["head"].lin is new and model.get_parameter("head.lin.weight") is new.weight
+    trunk, head = copy.deepcopy(g["trunk"].lin), copy.deepcopy(new)
+    x = torch.randn(5, 4)
+    out, want = model(x), head(trunk(x))
+    assert_close(out, want)
+    out.square().sum().backward()
+    want.square().sum().backward()
+    assert_close(new.weight.grad, head.weight.grad)
+    assert_close(g["trunk"].lin.weight.grad, trunk.weight.grad)
+    assert any(p is new.weight for p in model.parameters())
+    assert st.module(g).head.lin is new  # and a sync keeps it
+
+
+def test_a_parameter_or_buffer_assigned_on_the_module_reaches_the_node_and_moves_with_it():
+    class Scale(Node):
+        def __init__(self) -> None:
+            self.w = nn.Parameter(torch.ones(2))
+            self.b = torch.zeros(2)
+
+        def forward(self, x, ctx):
+            return Done(Opaque(x * self.w + self.b))
+
+    g = Graph().node("s", Scale())
+    m = st.module(g)
+    m.s.w = nn.Parameter(torch.full((2,), 3.0))
+    m.s.b = torch.ones(2)
+    assert_close(m(torch.ones(1, 2)), torch.full((1, 2), 4.0))
+    m.to(torch.float64)
+    assert g["s"].w.dtype == torch.float64 and g["s"].b.dtype == torch.float64
+    m.s.extra = nn.Linear(2, 2)  # not an attribute of the node: registered here only
+    assert "extra" not in vars(g["s"])
