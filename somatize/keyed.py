@@ -24,7 +24,7 @@ from .decoding import in_decoded_order
 from .errors import CacheError, DeclarationError, NodeError
 from .explain import note
 from .memory import Memory, NodeKeys, key
-from .node import Ctx, Done, Mapped, Run, not_done
+from .node import Ctx, Done, Mapped, Run, item_metrics, not_done
 from .values import Opaque, check, decode, digest, encode, is_data
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
 
@@ -212,7 +212,8 @@ def walk(
                 )
                 is_opaque = False
             elif per_item:
-                value, is_opaque = _mapped(env, node, label, impl, inp, ctx), False
+                value, node_metrics = _mapped(env, node, label, impl, inp, ctx)
+                is_opaque = False
             else:
                 result = env.forward(node, impl)(inp, ctx)
                 if type(result) is not Done:
@@ -309,8 +310,12 @@ def _recall(env: Env, node_key: str, inp: Any, device: str | None) -> tuple[Any]
     return (rows.place(value, device or rows.device_of(inp, env.codecs), env.codecs),)
 
 
-def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx) -> list[Any]:
-    """A cached mapped node: each item keyed by its own content; only misses computed."""
+def _mapped(
+    env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx
+) -> tuple[list[Any], dict[str, Any] | None]:
+    """A cached mapped node: each item keyed by its own content; only misses computed.
+    Returns the values and the merged metrics of the items computed (a hit reports none,
+    as a whole node's hit does)."""
     if type(items) is not list and type(items) is not tuple:
         raise NodeError(
             f"mapped node {label!r} received a {type(items).__name__}; it takes a list — for a "
@@ -324,6 +329,7 @@ def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx)
     # The inner node's parts are read once per batch, not once per item.
     parts = env.parts(node)
     out = []
+    reported = []
     for i, item in enumerate(items):
         item_key = key(*parts, [digest(item, codecs, f"item {i} of the input of {label!r}")])
         hit = keeper.get(item_key) if keeper is not None else None
@@ -336,6 +342,7 @@ def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx)
         if type(done) is not Done:
             raise not_done(label, impl.inner, done)
         value = done.value
+        reported.append(done.metrics)
         if type(value) is Opaque:  # as for a whole node: an Opaque holding data is stored
             value = value.value
             if not is_data(value, codecs):
@@ -348,4 +355,4 @@ def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx)
             data = encode(value, codecs, f"item {i} of {_where(label)}")
             keeper.put(item_key, data, pinned=pinned)
         out.append(in_decoded_order(value))
-    return out
+    return out, item_metrics(reported)
