@@ -193,9 +193,33 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
             prev_sinks = k
         return first_src, prev_sinks
 
-    walk(root)
+    _, ends = walk(root)
     _check_repeats(refs, ids, edges)
+    _check_ends(ends, edges)
     return nodes, edges
+
+
+def _check_ends(ends: list[str], edges: list[tuple[str, str]]) -> None:
+    """A graph's outputs are its sinks, so an end of the expression that also feeds a node
+    (``(enc >> a) | enc``: ``enc`` feeds ``a``) would not be returned: refused, not dropped.
+
+    Raises:
+        GraphError: naming the end, what it feeds and the fix.
+    """
+    if len(ends) < 2:
+        return  # (one end is a sink: the last part of a chain feeds nothing)
+    feeds: dict[str, list[str]] = {}
+    for a, b in edges:
+        feeds.setdefault(a, []).append(b)
+    for nid in ends:
+        if nid in feeds:
+            raise GraphError(
+                f"node {nid!r} ends a branch of the expression but also feeds "
+                f"{', '.join(map(repr, feeds[nid]))}, and a graph's outputs are its sinks "
+                f"(the nodes nothing follows): its value would not be returned. To return it, "
+                f"end that branch with a node of its own (an identity node, forward returning "
+                f"Done(Opaque(x))); or leave the branch out"
+            )
 
 
 _FIX = (

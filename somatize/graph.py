@@ -88,7 +88,11 @@ class Graph(Composable):
 
     @classmethod
     def somatize(cls, expr: Expr | Node | Graph, **kwargs: Any) -> Graph:
-        """A graph from a ``>>`` / ``|`` expression (ids default to snake-case class names)."""
+        """A graph from a ``>>`` / ``|`` expression (ids default to snake-case class names).
+
+        Its outputs are its sinks: an end of the expression that feeds another node
+        (``(trunk >> head) | trunk``) is a ``GraphError``, not a value left out.
+        """
         from .dsl import build
 
         g = cls(**kwargs)

@@ -151,3 +151,13 @@ def test_one_instance_side_by_side_or_ending_two_branches_is_an_error_naming_it(
     ):
         build(((a >> n) | (b >> n)) >> d)
     assert len(build((a >> n) | (b >> n))[1]) == 2  # a join, written twice: nothing follows
+
+
+def test_an_end_of_the_expression_that_feeds_a_node_is_refused_not_dropped() -> None:
+    """A graph's outputs are its sinks: ``(enc >> a) | enc`` would return only ``a``."""
+    enc, a = Encode(), Classify()
+    with pytest.raises(GraphError, match=r"node 'encode' ends a branch .* also feeds 'classify'"):
+        Graph.somatize((enc >> a) | enc)
+    followed = Graph.somatize(((enc >> a) | enc) >> ClassifyHead())  # the join takes both
+    assert followed.forward(1) == (1, 1)
+    assert Graph.somatize((enc >> a) | (enc >> ClassifyHead())).forward(2) == (2, 2)
