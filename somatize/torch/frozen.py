@@ -23,7 +23,7 @@ from ..values import Opaque
 from .codecs import NdarrayCodec, TensorCodec
 from .holdings import Holdings, held_by
 
-__all__ = ["equip"]
+__all__ = ["equip", "needs_grad"]
 
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
@@ -64,7 +64,7 @@ class _Frozen:
         # torch.no_grad() as a context costs a few µs per call; the switch it flips, not
         if not _grad_enabled():
             return self.forward(x, ctx)
-        if _needs_grad(x):  # fed by a trainable node: its gradients pass through this one
+        if needs_grad(x):  # fed by a trainable node: its gradients pass through this one
             return _passing(self.node_id, self.forward(x, ctx))
         _set_grad_enabled(False)
         try:
@@ -73,7 +73,7 @@ class _Frozen:
             _set_grad_enabled(True)
 
 
-def _needs_grad(x: Any) -> bool:
+def needs_grad(x: Any) -> bool:
     """Whether ``x`` — a tensor, or a tuple, list or dict of them (one level) — requires grad."""
     if isinstance(x, torch.Tensor):
         return x.requires_grad
@@ -85,7 +85,7 @@ def _needs_grad(x: Any) -> bool:
 def _passing(node_id: str, done: Done) -> Done:
     """What a frozen node fed by a trainable one returned: its output carries gradients, so
     returned as data (not Opaque) it is refused with the reason."""
-    if type(done) is Done and type(done.value) is not Opaque and _needs_grad(done.value):
+    if type(done) is Done and type(done.value) is not Opaque and needs_grad(done.value):
         raise ValueConversionError(
             f"node {node_id!r} is frozen, but its input requires grad (a trainable node before "
             "it), so its output carries gradients through it to that node: return "

@@ -28,7 +28,7 @@ from ..graph import Graph
 from ..node import Mapped, Node, Run
 from ..values import Opaque
 from .codecs import TensorCodec
-from .frozen import equip
+from .frozen import equip, needs_grad
 from .holdings import MODULE_NAMES, held_by, holdings_signature, holds_any, node_holdings
 
 __all__ = ["GraphModule", "module", "parameters"]
@@ -123,7 +123,8 @@ class GraphModule(nn.Module):
     ``forward(*args)`` wraps tensor inputs in ``Opaque`` (so the autograd graph runs
     through untouched), runs the graph and returns its output. When the graph caches
     a node, tensors that do not require grad enter as *data* instead, so they can be
-    keyed. Metrics nodes return in ``Done`` are kept in ``.metrics`` after each call.
+    keyed. A tuple, list or dict argument holding a tensor that requires grad is wrapped
+    too (deeper, wrap it yourself: ``model(Opaque(batch))``). Metrics nodes return in ``Done`` are kept in ``.metrics`` after each call.
 
     Node modules register under the node id (``enc.emb.weight``); a subgraph's nest under
     its id (``sub.inner.lin.weight``). A node may be called ``graph``, ``step`` or
@@ -231,16 +232,23 @@ class GraphModule(nn.Module):
             value, self.metrics = program.run_fast(args[0], Run(g.run_id, self.step, self.training))
             return value
         as_data = program.keyed
-        inputs = [
-            a if not isinstance(a, torch.Tensor) or (as_data and not a.requires_grad) else Opaque(a)
-            for a in args
-        ]
+        inputs = [_as_input(a, as_data) for a in args]
         outcome = g.run(*inputs, step=self.step, training=self.training)
         self.metrics = outcome.metrics
         return outcome.value
 
     def extra_repr(self) -> str:
         return f"graph={self.graph!r}"
+
+
+def _as_input(a: Any, as_data: bool) -> Any:
+    """An argument of ``GraphModule.forward`` as the graph takes it: a tensor Opaque (data
+    where a cached graph keys it and it needs no grad); a tuple, list or dict holding a
+    tensor that requires grad Opaque as a whole (input gradients of a multimodal batch);
+    anything else data."""
+    if isinstance(a, torch.Tensor):
+        return a if as_data and not a.requires_grad else Opaque(a)
+    return Opaque(a) if needs_grad(a) else a
 
 
 def module(g: Graph) -> GraphModule:
