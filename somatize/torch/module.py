@@ -205,6 +205,7 @@ class GraphModule(nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[no-untyped-call]
         equip(self.graph)  # a copy (copy.deepcopy(model)) runs its own nodes, not the original's
+        self._holds = None  # (ids of the original's objects: compared, they would mean nothing)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _OWN:  # never a child's slot, even when a node has this id
