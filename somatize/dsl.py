@@ -180,18 +180,94 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
                 s, k = walk(p)
                 srcs += s
                 sinks += k
-            return srcs, sinks
+            _side_by_side(srcs, sinks)
+            # a node beginning two branches is one node the fork's input reaches once:
+            # (enc >> a) | (enc >> b) after pre is pre -> enc -> {a, b}
+            return list(dict.fromkeys(srcs)), sinks
         assert isinstance(e, Seq)
         first_src, prev_sinks = walk(e.parts[0])
         for p in e.parts[1:]:
             s, k = walk(p)
+            _ends_twice(prev_sinks, s)
             edges.extend((a, b) for b in s for a in prev_sinks)
             prev_sinks = k
         return first_src, prev_sinks
 
-    walk(root)
+    _, ends = walk(root)
     _check_repeats(refs, ids, edges)
+    _check_ends(ends, edges)
     return nodes, edges
+
+
+def _check_ends(ends: list[str], edges: list[tuple[str, str]]) -> None:
+    """A graph's outputs are its sinks, so an end of the expression that also feeds a node
+    (``(enc >> a) | enc``: ``enc`` feeds ``a``) would not be returned: refused, not dropped.
+
+    Raises:
+        GraphError: naming the end, what it feeds and the fix.
+    """
+    if len(ends) < 2:
+        return  # (one end is a sink: the last part of a chain feeds nothing)
+    feeds: dict[str, list[str]] = {}
+    for a, b in edges:
+        feeds.setdefault(a, []).append(b)
+    for nid in ends:
+        if nid in feeds:
+            raise GraphError(
+                f"node {nid!r} ends a branch of the expression but also feeds "
+                f"{', '.join(map(repr, feeds[nid]))}, and a graph's outputs are its sinks "
+                f"(the nodes nothing follows): its value would not be returned. To return it, "
+                f"end that branch with a node of its own (an identity node, forward returning "
+                f"Done(Opaque(x))); or leave the branch out"
+            )
+
+
+_FIX = (
+    "use two instances for two nodes (Inc() >> Inc()), or add the node with g.node "
+    "under two ids to share its weights"
+)
+
+
+def _twice(ids: list[str]) -> set[str]:
+    """The ids that ``ids`` holds more than once."""
+    seen: set[str] = set()
+    twice = set()
+    for n in ids:
+        if n in seen:
+            twice.add(n)
+        seen.add(n)
+    return twice
+
+
+def _side_by_side(srcs: list[str], sinks: list[str]) -> None:
+    """``x | x``: one instance written twice side by side, beginning and ending two branches.
+
+    Raises:
+        GraphError: naming the node.
+    """
+    both = _twice(srcs) & _twice(sinks) if len(srcs) > 1 else set()
+    if both:
+        nid = min(both)
+        raise GraphError(
+            f"node {nid!r} is written twice side by side (x | x), and one instance "
+            f"written twice is one node: the fork would give its output twice; {_FIX}"
+        )
+
+
+def _ends_twice(sinks: list[str], following: list[str]) -> None:
+    """``((a >> c) | (b >> c)) >> d``: one node ends two branches of the fork ``d`` follows.
+
+    Raises:
+        GraphError: naming the node and what follows.
+    """
+    twice = _twice(sinks) if len(sinks) > 1 else set()
+    if twice:
+        nid = min(twice)
+        raise GraphError(
+            f"node {nid!r} ends two branches of a fork, and one instance written twice is "
+            f"one node: {following[0]!r} after the fork would take its output twice; join "
+            f"the branches before it instead, ((a | b) >> {nid} >> ...)"
+        )
 
 
 def _check_repeats(refs: list[Ref], ids: dict[int, str], edges: list[tuple[str, str]]) -> None:
@@ -211,10 +287,7 @@ def _check_repeats(refs: list[Ref], ids: dict[int, str], edges: list[tuple[str, 
         seen.add(id(r.impl))
     if not repeated:
         return
-    fix = (
-        "use two instances for two nodes (Inc() >> Inc()), or add the node with g.node "
-        "under two ids to share its weights"
-    )
+    fix = _FIX
     after: dict[str, set[str]] = {}
     for a, b in edges:
         if b in after.setdefault(a, set()):

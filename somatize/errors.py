@@ -37,6 +37,10 @@ class SomatizeError(Exception):
 class ValueConversionError(SomatizeError, TypeError):
     """A value cannot cross an edge as data: convert it, or wrap it in ``Opaque``."""
 
+    #: A codec's refusal worded for the graph's input, where the fix differs (set by the
+    #: codec; None: the message fits every value)
+    as_input: str | None = None
+
 
 class CrossingError(ValueConversionError):
     """An ``Opaque`` value would have to move to another host; the message names the edge."""

@@ -144,8 +144,10 @@ class Program:
         slot: dict[str, int] = {}
         for node, inputs in steps:
             sub = subs.get(node) if subs else None
-            if sub is not None:
+            if sub is not None:  # a subgraph is a node to the runtime too (frozen: eval mode)
                 forward = sub.as_forward()
+                if wrap is not None:
+                    forward = wrap(node, impls[node], forward)
             elif wrap is None:
                 forward = impls[node].forward
             else:
@@ -222,12 +224,7 @@ class Program:
 
     def as_forward(self) -> Callable[[Any, Ctx], Done]:
         """This program as a node's forward (for a subgraph on the hot path)."""
-
-        def forward(x: Any, ctx: Ctx) -> Done:
-            value, metrics = self.run_fast(x, ctx.run)
-            return Done(Opaque(value), metrics or None)
-
-        return forward
+        return _SubgraphForward(self)
 
     # -- the hot path -----------------------------------------------------------------
 
@@ -319,6 +316,7 @@ class Program:
             run=run,
             prefix=prefix,
             explained=explained,
+            wrap=self.wrap,
         )
         done = Walk()
         walk(env, self.steps, x, x_opaque, x_key, done, keyless_from)
@@ -334,3 +332,17 @@ class Program:
         return Outcome(
             tuple(values[o] for o in out), any(o in opaque for o in out), out_key, done.metrics
         )
+
+
+class _SubgraphForward:
+    """A subgraph's program as a node's forward: a class, not a closure, so that a module
+    holding the program stays picklable (``torch.save(model)``)."""
+
+    __slots__ = ("program",)
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+
+    def __call__(self, x: Any, ctx: Ctx) -> Done:
+        value, metrics = self.program.run_fast(x, ctx.run)
+        return Done(Opaque(value), metrics or None)

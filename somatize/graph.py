@@ -88,7 +88,11 @@ class Graph(Composable):
 
     @classmethod
     def somatize(cls, expr: Expr | Node | Graph, **kwargs: Any) -> Graph:
-        """A graph from a ``>>`` / ``|`` expression (ids default to snake-case class names)."""
+        """A graph from a ``>>`` / ``|`` expression (ids default to snake-case class names).
+
+        Its outputs are its sinks: an end of the expression that feeds another node
+        (``(trunk >> head) | trunk``) is a ``GraphError``, not a value left out.
+        """
         from .dsl import build
 
         g = cls(**kwargs)
@@ -99,6 +103,13 @@ class Graph(Composable):
             for a, b in edges:
                 g.edge(a, b)
         return g
+
+    def with_id(self, node_id: str) -> Expr:
+        """This graph as a node under an explicit id, for ``>>`` / ``|`` (as ``Node.with_id``):
+        the id its modules register under (``block.lin.weight``), instead of ``graph``."""
+        from .dsl import Ref
+
+        return Ref(self, node_id)
 
     def node(self, node_id: str, impl: Node | Graph) -> Graph:
         """Add a node (a ``Node``, or a ``Graph`` run as one step). Returns the graph."""
@@ -166,7 +177,8 @@ class Graph(Composable):
         """Set the runtime the graph runs with: codecs, and a hook wrapping node forwards.
 
         ``somatize.torch`` calls this (through ``module(g)``) to add its tensor codecs and
-        to run frozen nodes under ``torch.no_grad()``.
+        to run frozen nodes under ``torch.no_grad()``. The wrap gets every node's forward,
+        a subgraph node's included (its nodes run on the ``ctx`` the wrap passes on).
         """
         if codecs is not None:
             self.codecs = tuple(codecs)

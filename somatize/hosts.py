@@ -212,6 +212,7 @@ def run_across(
         watchers=watchers,
         run=run,
         host=LOCAL,
+        wrap=program.wrap,
     )
     x_data: bytes | None = None  # the graph input, encoded once if a remote slice reads it
     for index, sl in enumerate(prep.dplan.slices):

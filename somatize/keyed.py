@@ -24,7 +24,7 @@ from .decoding import in_decoded_order
 from .errors import CacheError, DeclarationError, NodeError
 from .explain import note
 from .memory import Memory, NodeKeys, key
-from .node import Ctx, Done, Mapped, Run, not_done
+from .node import Ctx, Done, Mapped, Run, item_metrics, not_done
 from .values import Opaque, check, decode, digest, encode, is_data
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
 
@@ -95,6 +95,9 @@ class Env:
     prefix: str = ""  # of node labels: "sub/" inside subgraph node "sub"
     # g.explain's record of what each remembered node looked up (None: not explaining)
     explained: list[Any] | None = None
+    # the runtime's hook (``Graph.use(wrap=...)``), wrapped around a subgraph node's run
+    # as around any node's forward: a frozen subgraph runs as a frozen node does
+    wrap: Callable[[str, Any, Forward], Forward] | None = None
 
 
 @dataclass
@@ -157,6 +160,14 @@ def walk(
                 if source == the_input
                 else f"return data (a detached tensor) from {source}"
             )
+            after = next((i for i in inputs if i in opaque), None)  # (None: the graph input)
+            if node in memory.frozen and after is not None and after not in memory.frozen:
+                fix = (
+                    f"a frozen node passes gradients through to a trainable node before it, so "
+                    f"its input keeps them and has no key: cache a frozen node only where what "
+                    f"reaches it is data — freeze {source} too and return data (a detached "
+                    f"tensor) from it"
+                )
             what = f"its input, {source}," if source == the_input else f"its input from {source}"
             raise CacheError(
                 f"node {label!r} is cached but {what} is Opaque; "
@@ -191,21 +202,7 @@ def walk(
         start = time.perf_counter()
         try:
             if sub is not None:
-                sub_key = None
-                if node_key is not None:
-                    sub_key = in_keys[0] if len(in_keys) == 1 else digest(tuple(in_keys))
-                o = sub.run_keyed(
-                    inp,
-                    source is not None,
-                    sub_key,
-                    run,
-                    env.node_keys,
-                    keeper,
-                    watchers,
-                    label + "/",
-                    need_key=node_key is not None,
-                    keyless_from=keyless,
-                )
+                o = _run_sub(env, sub, node, impl, inp, ctx, source, in_keys, node_key, keyless)
                 value, is_opaque = o.value, o.opaque
                 metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
             elif per_row:
@@ -215,7 +212,8 @@ def walk(
                 )
                 is_opaque = False
             elif per_item:
-                value, is_opaque = _mapped(env, node, label, impl, inp, ctx), False
+                value, node_metrics = _mapped(env, node, label, impl, inp, ctx)
+                is_opaque = False
             else:
                 result = env.forward(node, impl)(inp, ctx)
                 if type(result) is not Done:
@@ -260,6 +258,42 @@ def walk(
             notify(watchers, Metrics(run.id, label, run.step, node_metrics))
 
 
+def _run_sub(
+    env: Env,
+    sub: Program,
+    node: str,
+    impl: Any,
+    inp: Any,
+    ctx: Ctx,
+    source: str | None,
+    in_keys: Sequence[str | None],
+    node_key: str | None,
+    keyless: str | None,
+) -> Any:
+    """A subgraph node's keyed run (an ``Outcome``), through the runtime's wrap."""
+    sub_key = None
+    if node_key is not None:
+        sub_key = in_keys[0] if len(in_keys) == 1 else digest(tuple(in_keys))
+
+    def forward(x: Any, ctx: Ctx) -> Done:  # (the wrap may change ctx.run: training off)
+        o = sub.run_keyed(
+            x,
+            source is not None,
+            sub_key,
+            ctx.run,
+            env.node_keys,
+            env.keeper,
+            env.watchers,
+            env.prefix + node + "/",
+            need_key=node_key is not None,
+            keyless_from=keyless,
+        )
+        return Done(o)
+
+    call = env.wrap(node, impl, forward) if env.wrap is not None else forward
+    return call(inp, ctx).value
+
+
 def _recall(env: Env, node_key: str, inp: Any, device: str | None) -> tuple[Any] | None:
     """A whole-node hit, decoded and moved where the node would have put its output (its
     placement's device, else its input's); None on a miss. An entry that does not decode
@@ -276,8 +310,12 @@ def _recall(env: Env, node_key: str, inp: Any, device: str | None) -> tuple[Any]
     return (rows.place(value, device or rows.device_of(inp, env.codecs), env.codecs),)
 
 
-def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx) -> list[Any]:
-    """A cached mapped node: each item keyed by its own content; only misses computed."""
+def _mapped(
+    env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx
+) -> tuple[list[Any], dict[str, Any] | None]:
+    """A cached mapped node: each item keyed by its own content; only misses computed.
+    Returns the values and the merged metrics of the items computed (a hit reports none,
+    as a whole node's hit does)."""
     if type(items) is not list and type(items) is not tuple:
         raise NodeError(
             f"mapped node {label!r} received a {type(items).__name__}; it takes a list — for a "
@@ -291,6 +329,7 @@ def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx)
     # The inner node's parts are read once per batch, not once per item.
     parts = env.parts(node)
     out = []
+    reported = []
     for i, item in enumerate(items):
         item_key = key(*parts, [digest(item, codecs, f"item {i} of the input of {label!r}")])
         hit = keeper.get(item_key) if keeper is not None else None
@@ -303,6 +342,7 @@ def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx)
         if type(done) is not Done:
             raise not_done(label, impl.inner, done)
         value = done.value
+        reported.append(done.metrics)
         if type(value) is Opaque:  # as for a whole node: an Opaque holding data is stored
             value = value.value
             if not is_data(value, codecs):
@@ -315,4 +355,4 @@ def _mapped(env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx)
             data = encode(value, codecs, f"item {i} of {_where(label)}")
             keeper.put(item_key, data, pinned=pinned)
         out.append(in_decoded_order(value))
-    return out
+    return out, item_metrics(reported)

@@ -171,7 +171,8 @@ class Mapped(Node):
     """A node applied to each item of a list input; the output is the list of results.
 
     Made by ``node.mapped()``. When the mapped node is cached, every item is keyed by
-    its own content, so a batch of mostly-seen items computes only the new ones.
+    its own content, so a batch of mostly-seen items computes only the new ones. Each
+    metric its items report is the mapped node's as the mean over the items reporting it.
     """
 
     def __init__(self, inner: Node) -> None:
@@ -185,7 +186,7 @@ class Mapped(Node):
                 f"mapped node '{ctx.node}' received a {type(x).__name__}; "
                 "a mapped node takes a list (or tuple) and applies itself to each item"
             )
-        return Done(map_items(self.inner, x, ctx, ctx.node))
+        return Done(*map_items(self.inner, x, ctx, ctx.node))
 
     def __repr__(self) -> str:
         return f"{self.inner!r}.mapped()"
@@ -207,18 +208,40 @@ def call(impl: Node, x: Any, ctx: Ctx, node_id: str) -> Done:
     return done
 
 
-def map_items(inner: Node, items: Any, ctx: Ctx, node_id: str) -> Any:
-    """Apply ``inner`` to each item; all results Opaque gives one Opaque list."""
-    out = [call(inner, item, ctx, node_id).value for item in items]
+def map_items(inner: Node, items: Any, ctx: Ctx, node_id: str) -> tuple[Any, Any]:
+    """Apply ``inner`` to each item: (the list of values, the items' merged metrics or None);
+    all values Opaque gives one Opaque list."""
+    done = [call(inner, item, ctx, node_id) for item in items]
+    out = [d.value for d in done]
+    metrics = item_metrics([d.metrics for d in done])
     opaque = [type(v) is Opaque for v in out]
     if all(opaque) and out:
-        return Opaque([v.value for v in out])
+        return Opaque([v.value for v in out]), metrics
     if any(opaque):
         raise NodeError(
             f"mapped node '{node_id}' returned Opaque for some items and data for others; "
             "return the same kind for every item"
         )
-    return out
+    return out, metrics
+
+
+def item_metrics(reported: list[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """The metrics of a mapped node from its items': each name the mean over the items that
+    reported it (numbers and one-element tensors average as they are); a value that does
+    not average (a string) is the last item's. None when no item reported any."""
+    by_name: dict[str, list[Any]] = {}
+    for m in reported:
+        for k, v in (m or {}).items():
+            by_name.setdefault(k, []).append(v)
+    if not by_name:
+        return None
+    merged = {}
+    for k, vs in by_name.items():
+        try:
+            merged[k] = vs[0] if len(vs) == 1 else sum(vs[1:], vs[0]) / len(vs)
+        except TypeError:
+            merged[k] = vs[-1]
+    return merged
 
 
 def graph_input(

@@ -146,8 +146,9 @@ class _Sink(Protocol):
 class _Reject(Exception):
     """Internal: a value inside a larger value cannot be encoded; carries its path."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, as_input: str | None = None) -> None:
         self.reason = reason
+        self.as_input = as_input  # a codec's reason for the graph input, if it words one
         self.path: list[str] = []
 
 
@@ -249,7 +250,7 @@ def _encode(value: Any, out: _Sink, codecs: Sequence[Codec]) -> None:
                 try:
                     chunks = list(codec.chunks(value))
                 except ValueConversionError as e:
-                    raise _Reject(str(e)) from None
+                    raise _Reject(str(e), e.as_input) from None
                 tag = codec.tag.encode()
                 size = sum(c.nbytes if isinstance(c, memoryview) else len(c) for c in chunks)
                 out(b"c" + _LEN.pack(len(tag)) + tag + _LEN.pack(size))
@@ -274,8 +275,9 @@ def _convert(fn: Callable[[], Any], where: str) -> Any:
         raise _too_deep(where) from None
     except _Reject as r:
         at = "".join(reversed(r.path))
+        reason = r.as_input if r.as_input is not None and "graph input" in where else r.reason
         raise ValueConversionError(
-            f"{where}{' at ' + at if at else ''}: cannot pass {r.reason}"
+            f"{where}{' at ' + at if at else ''}: cannot pass {reason}"
         ) from None
 
 
@@ -405,7 +407,7 @@ def _check(value: Any, codecs: Sequence[Codec]) -> None:
             try:
                 codec.check(value)
             except ValueConversionError as e:
-                raise _Reject(str(e)) from None
+                raise _Reject(str(e), e.as_input) from None
             return
     raise _Reject(_reason(value))
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from somatize import Ctx, Done, DuplicateNodeError, Graph, Node
+from somatize import Ctx, Done, DuplicateNodeError, Graph, GraphError, Node
 from somatize.dsl import build, default_id
 
 
@@ -112,3 +112,52 @@ def test_many_nodes_of_one_class_get_ids_in_order_around_explicit_ones() -> None
         expr = expr >> n
     ids = [n for n, _ in build(expr)[0]]
     assert ids == ["classify", "classify_2", "classify_3", "classify_4", "classify_5"]
+
+
+def test_a_subgraph_takes_an_explicit_id_as_a_node_does() -> None:
+    block = Graph.somatize(Encode() >> Classify())
+    g = Graph.somatize(Encode() >> block.with_id("block") >> Classify())
+    assert g.nodes() == ("encode", "block", "classify")
+    assert g["block"] is block and g.forward(3) == 3
+    with pytest.raises(DuplicateNodeError, match="id 'block' is given to two different nodes"):
+        build(Encode().with_id("block") >> block.with_id("block"))
+
+
+def test_a_node_shared_by_two_branches_after_a_predecessor_is_fed_once() -> None:
+    pre, enc, a, b = Encode(), Classify(), ClassifyHead(), ClassifyHead()
+    _, edges = build(pre >> ((enc >> a) | (enc >> b)))
+    assert sorted(edges) == [
+        ("classify", "classify_head"),
+        ("classify", "classify_head_2"),
+        ("encode", "classify"),
+    ]
+    _, edges = build(pre >> ((enc >> a) | enc) >> b)  # a residual: b gets (a, enc)
+    assert sorted(edges) == [
+        ("classify", "classify_head"),
+        ("classify", "classify_head_2"),
+        ("classify_head", "classify_head_2"),
+        ("encode", "classify"),
+    ]
+    assert [s for s, t in edges if t == "classify_head_2"] == ["classify_head", "classify"]
+
+
+def test_one_instance_side_by_side_or_ending_two_branches_is_an_error_naming_it() -> None:
+    n, a, b, d = Classify(), Encode(), Encode(), ClassifyHead()
+    for expr in (n | n, a >> (n | n), a >> ((n | n) >> d)):
+        with pytest.raises(GraphError, match=r"node 'classify' is written twice side by side"):
+            build(expr)
+    with pytest.raises(
+        GraphError, match=r"node 'classify' ends two branches of a fork.*'classify_head'"
+    ):
+        build(((a >> n) | (b >> n)) >> d)
+    assert len(build((a >> n) | (b >> n))[1]) == 2  # a join, written twice: nothing follows
+
+
+def test_an_end_of_the_expression_that_feeds_a_node_is_refused_not_dropped() -> None:
+    """A graph's outputs are its sinks: ``(enc >> a) | enc`` would return only ``a``."""
+    enc, a = Encode(), Classify()
+    with pytest.raises(GraphError, match=r"node 'encode' ends a branch .* also feeds 'classify'"):
+        Graph.somatize((enc >> a) | enc)
+    followed = Graph.somatize(((enc >> a) | enc) >> ClassifyHead())  # the join takes both
+    assert followed.forward(1) == (1, 1)
+    assert Graph.somatize((enc >> a) | (enc >> ClassifyHead())).forward(2) == (2, 2)

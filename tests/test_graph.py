@@ -289,6 +289,8 @@ def test_attributes_assigned_after_a_run_take_effect() -> None:
     assert g.forward(1) == 2
 
     def tenfold(node_id: str, impl: Any, forward: Any) -> Any:
+        if isinstance(impl, Graph):  # a subgraph node is wrapped too: its own nodes are
+            return forward
         return lambda x, ctx: Done(10 * forward(x, ctx).value)
 
     inner.wrap = tenfold  # a runtime's hook, set on a subgraph after the outer graph ran
@@ -298,6 +300,24 @@ def test_attributes_assigned_after_a_run_take_effect() -> None:
     assert g.forward(1) == 200
     inner.wrap = None
     assert g.forward(1) == 20
+
+
+def test_the_runtime_wrap_reaches_a_subgraph_node_on_both_paths() -> None:
+    """What a frozen subgraph needs: the wrap of the graph holding it changes its ctx."""
+
+    class Mode(Node):
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            return Done((ctx.node, ctx.training))
+
+    def evaluating(node_id: str, impl: Any, forward: Any) -> Any:
+        if node_id != "blk":
+            return forward
+        return lambda x, ctx: forward(x, ctx._replace(run=ctx.run._replace(training=False)))
+
+    g = Graph().node("blk", Graph().node("m", Mode())).node("m", Mode()).use(wrap=evaluating)
+    assert g.forward(0, training=True) == (("m", False), ("m", True))
+    g.watchers.append(Recorder())  # the keyed path
+    assert g.forward(0, training=True) == (("m", False), ("m", True))
 
 
 def test_placement_device_reaches_ctx_and_rebuilds() -> None:

@@ -126,3 +126,32 @@ def test_mapped_item_returning_no_done_names_the_node() -> None:
         NodeError, match=r"node 'bad' \(.*Bad\) returned int instead of Done.*return Done\(value\)"
     ):
         Graph.somatize(Bad().mapped()).forward([1])
+
+
+class Measure(Node):
+    """Reports the item's length (and, for some items, a note and a flag)."""
+
+    def forward(self, x: Any, ctx: Ctx) -> Done:
+        metrics: dict[str, Any] = {"len": len(x)}
+        if len(x) > 1:
+            metrics.update(note=x, long=True)
+        return Done(x.upper(), metrics=metrics)
+
+
+def test_mapped_items_metrics_are_averaged_over_the_items_that_report_them() -> None:
+    from somatize import Recorder
+    from somatize.watchers import Metrics
+
+    want = {"measure": {"len": 2.0, "note": "ccc", "long": 1.0}}  # mean of 1, 2, 3; the last note
+    g = Graph.somatize(Measure().mapped())
+    assert g.run(["a", "bb", "ccc"]).metrics == want  # the hot path
+    rec = Recorder()
+    g.watchers.append(rec)  # the keyed path: the Metrics event too
+    assert g.run(["a", "bb", "ccc"]).metrics == want
+    assert [e.values for e in rec.events if isinstance(e, Metrics)] == [want["measure"]]
+    assert g.run([]).metrics == {}
+    cached = Graph.somatize(Measure().mapped()).cache("measure")
+    assert cached.run(["a", "bb"]).metrics == {"measure": {"len": 1.5, "note": "bb", "long": True}}
+    # a hit reports nothing, as a cached node's hit does: the items computed only
+    assert cached.run(["a", "bb", "dddd"]).metrics["measure"]["len"] == 4
+    assert cached.run(["a", "bb"]).metrics == {}

@@ -131,12 +131,19 @@ class TensorCodec:
         ):
             return  # the common case, in four attribute reads
         if value.requires_grad:
-            raise ValueConversionError(
-                f"a tensor of shape {tuple(value.shape)} that requires grad; wrap it in Opaque(...) "
+            what = f"a tensor of shape {tuple(value.shape)} that requires grad"
+            e = ValueConversionError(
+                f"{what}; wrap it in Opaque(...) "
                 "to keep the autograd graph (a node's output that should train its node), or "
                 "detach it (.detach()) to pass it as data — a detached output trains nothing "
                 "before it, so freeze that node (g.freeze(...)) if that is what you mean"
             )
+            e.as_input = (
+                f"{what} as data; to keep its autograd graph (input gradients), pass the "
+                "whole input by identity — model(Opaque(batch)) for module(g), "
+                "g.forward(Opaque(batch)) — or detach it (.detach())"
+            )
+            raise e
         if value.layout != torch.strided or value.is_quantized or value.device.type == "meta":
             raise ValueConversionError(
                 f"a {value.layout} tensor on {value.device}; only dense tensors with storage are "

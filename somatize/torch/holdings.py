@@ -19,7 +19,14 @@ from ..errors import StateError
 from ..node import Mapped, Node
 from .blank import lazy, maker
 
-__all__ = ["MODULE_NAMES", "Holdings", "held_by", "holds_any", "node_holdings"]
+__all__ = [
+    "MODULE_NAMES",
+    "Holdings",
+    "held_by",
+    "holdings_signature",
+    "holds_any",
+    "node_holdings",
+]
 
 _PLAIN = frozenset({int, float, str, bool, type(None), bytes})
 _OWN = frozenset({"_impl", "_params", "_tensors"})  # Holdings' own attributes
@@ -31,7 +38,8 @@ class Holdings(nn.Module):
     """The modules, parameters and tensors one node holds, registered under the node id.
 
     Direct attributes: modules, parameters, and plain tensors (as buffers, written back
-    to the node after ``.to()``). Inside list, tuple and dict attributes (nested too),
+    to the node after ``.to()``); one assigned here (``model.head.lin = nn.Linear(...)``)
+    is assigned on the node too, so its forward runs it. Inside list, tuple and dict attributes (nested too),
     and any mapping, namedtuple or dataclass: modules, named by index, key or field
     (``heads.0``, ``heads.fr``). A node held by the node
     (a ``Mapped`` node's inner node, a helper node) registers its own holdings nested.
@@ -43,6 +51,23 @@ class Holdings(nn.Module):
 
     def _get_name(self) -> str:  # printed as the node's class: Encode( (emb): Embedding(...) )
         return type(self._impl).__qualname__
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if not isinstance(value, (nn.Module, torch.Tensor)) or name in _OWN:
+            return  # (the mode flag, Holdings' own attributes)
+        impl = vars(self)["_impl"]
+        if name not in vars(impl):
+            return  # not an attribute of the node: registered here only, as on any module
+        # ``model.head.lin = nn.Linear(...)``: the node's attribute too, so forward runs it
+        setattr(impl, name, value)
+        params = tuple(n for n in self._params if n != name and n in self._parameters)
+        tensors = tuple(n for n in self._tensors if n != name and n in self._buffers)
+        if name in self._parameters:
+            params += (name,)
+        elif name in self._buffers:
+            tensors += (name,)
+        vars(self).update(_params=params, _tensors=tensors)
 
     def _apply(self, fn: Any, recurse: bool = True) -> Holdings:
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
@@ -94,6 +119,36 @@ def node_holdings(impl: Any, where: str, seen: frozenset[int] = frozenset()) -> 
             held.register_buffer(name, inner)
             vars(held)["_tensors"] += (name,)
     return held
+
+
+def holdings_signature(value: Any, seen: frozenset[int] = frozenset()) -> Any:
+    """What ``value`` (a node, or one of its attributes) registers, as ids: the modules and
+    tensors ``node_holdings`` would register, by attribute, index or key. Equal between two
+    calls when nothing was assigned in between (``node.lin = nn.Linear(...)``), and cheaper
+    than registering. (Ids of objects the registration holds, so none is reused meanwhile.)
+    None when it registers nothing."""
+    if isinstance(value, (nn.Module, torch.Tensor)):
+        return id(value)
+    if isinstance(value, Mapped):
+        return holdings_signature(value.inner, seen)
+    out: list[tuple[Any, Any]] = []
+    if isinstance(value, Node):
+        if id(value) in seen:
+            return None
+        inside = seen | {id(value)}
+        for name, v in vars(value).items():
+            if type(v) in _PLAIN or name.startswith("_somatize"):
+                continue
+            sig = holdings_signature(v, inside)
+            if sig is not None:
+                out.append((name, sig))
+        return tuple(out) or None
+    items = _items(value)
+    for k, v in items if items is not None else ():
+        sig = holdings_signature(v, seen)
+        if sig is not None:
+            out.append((k, sig))
+    return tuple(out) or None
 
 
 def held_by(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Module | None:

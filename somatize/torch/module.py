@@ -9,13 +9,14 @@ attribute, or in a node it holds — is registered under the node's id, so ``par
     opt = torch.optim.Adam(parameters(g), lr=1e-3)
 
 Frozen nodes: parameters with ``requires_grad=False``, eval mode kept even when the
-module is put in train mode (and ``ctx.training`` False), run under ``torch.no_grad()``.
+module is put in train mode (and ``ctx.training`` False), run under ``torch.no_grad()``
+unless their input requires grad (gradients then pass through to the nodes before them).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -24,18 +25,17 @@ from torch import nn
 from ..bulk import paused_gc
 from ..errors import StateError
 from ..graph import Graph
-from ..node import Ctx, Done, Mapped, Node, Run
+from ..node import Mapped, Node, Run
 from ..values import Opaque
-from .codecs import NdarrayCodec, TensorCodec
-from .holdings import MODULE_NAMES, Holdings, held_by, holds_any, node_holdings
+from .codecs import TensorCodec
+from .frozen import equip, needs_grad
+from .holdings import MODULE_NAMES, held_by, holdings_signature, holds_any, node_holdings
 
 __all__ = ["GraphModule", "module", "parameters"]
 
 # id(graph) -> its module. Weak on the module, which holds its graph: a registry keyed on
 # the graph would keep every graph (and its weights) alive for ever.
 _by_graph: weakref.WeakValueDictionary[int, GraphModule] = weakref.WeakValueDictionary()
-_grad_enabled = torch.is_grad_enabled
-_set_grad_enabled = torch._C._set_grad_enabled
 _marked_any = False  # whether any parameter was ever marked frozen (in this process)
 _RESERVED: dict[bool, frozenset[str]] = {}
 # GraphModule's plain attributes. They live in the instance dict, beside children of the
@@ -88,76 +88,6 @@ class _Nodes(nn.Module):
         return "Graph"
 
 
-class _FrozenWrap:
-    """The graph's runtime wrap: a frozen node's forward runs in eval mode, without grad.
-
-    Classes, not closures, so that a graph and its module stay picklable
-    (``torch.save(model)``, ``copy``, a worker's task)."""
-
-    def __init__(self, g: Graph) -> None:
-        self._somatize_graph = g  # which graph it was made for
-
-    def __call__(
-        self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]
-    ) -> Callable[[Any, Ctx], Done]:
-        memory = self._somatize_graph.memory
-        if node_id not in memory.frozen:
-            return forward
-        return _Frozen(node_id, impl, forward)
-
-
-class _Frozen:
-    """A frozen node's forward (see ``_FrozenWrap``)."""
-
-    __slots__ = ("forward", "impl", "node_id")
-
-    def __init__(self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]) -> None:
-        self.node_id, self.impl, self.forward = node_id, impl, forward
-
-    def __call__(self, x: Any, ctx: Ctx) -> Done:
-        _keep_eval(self.node_id, self.impl)
-        run = ctx.run
-        if run.training:  # its modules run in eval mode: so does what reads ctx.training
-            ctx = Ctx(ctx.node, ctx.device, run._replace(training=False))
-        # torch.no_grad() as a context costs a few µs per call; the switch it flips, not
-        if not _grad_enabled():
-            return self.forward(x, ctx)
-        _set_grad_enabled(False)
-        try:
-            return self.forward(x, ctx)
-        finally:
-            _set_grad_enabled(True)
-
-
-def _keep_eval(node_id: str, impl: Any) -> None:
-    """A frozen node runs its modules in eval mode, at every call: also those put back in
-    training mode since ``module(g)`` applied the freeze — by ``.train()`` on the node's
-    own module, a submodule swapped in, a module made before the freeze — so a dropout
-    mask or batch statistics are never computed, nor remembered by a cached node. (One
-    walk of its modules: little beside the forward it precedes.)"""
-    held = held_by(impl, node_id)  # (fresh containers around the node's own modules)
-    if held is None:
-        return
-    for m in held.modules():
-        if m.training and type(m) not in (Holdings, nn.Module):
-            held.eval()
-            return
-
-
-def equip(g: Graph) -> Graph:
-    """Give a graph (and its subgraphs) the torch codecs and the frozen-node runtime."""
-    made_for = getattr(g.wrap, "_somatize_graph", None)
-    if not any(isinstance(c, TensorCodec) for c in g.codecs):
-        g.use(codecs=(*g.codecs, TensorCodec(), NdarrayCodec()), wrap=_FrozenWrap(g))
-    elif g.wrap is None or (made_for is not None and made_for is not g):
-        # A deep copy of an equipped graph: its runtime (and the program built with it)
-        # still call the original's nodes. Remaking the runtime rebuilds the program.
-        g.use(wrap=_FrozenWrap(g))
-    for sub in g._subgraphs().values():
-        equip(sub)
-    return g
-
-
 def _frozen_holdings(m: nn.Module, g: Graph, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
     """(module path, holdings) of every frozen node, subgraphs included."""
     children = m._modules
@@ -193,7 +123,8 @@ class GraphModule(nn.Module):
     ``forward(*args)`` wraps tensor inputs in ``Opaque`` (so the autograd graph runs
     through untouched), runs the graph and returns its output. When the graph caches
     a node, tensors that do not require grad enter as *data* instead, so they can be
-    keyed. Metrics nodes return in ``Done`` are kept in ``.metrics`` after each call.
+    keyed. A tuple, list or dict argument holding a tensor that requires grad is wrapped
+    too (deeper, wrap it yourself: ``model(Opaque(batch))``). Metrics nodes return in ``Done`` are kept in ``.metrics`` after each call.
 
     Node modules register under the node id (``enc.emb.weight``); a subgraph's nest under
     its id (``sub.inner.lin.weight``). A node may be called ``graph``, ``step`` or
@@ -217,6 +148,7 @@ class GraphModule(nn.Module):
         self.metrics: Mapping[str, Any] = {}
         self._program: Any = None
         self._frozen: frozenset[str] = frozenset()  # paths of the nodes frozen at the last sync
+        self._holds: Any = None  # what the nodes held at the last sync (_signature)
         self._sync()
 
     def _sync(self) -> None:
@@ -226,6 +158,7 @@ class GraphModule(nn.Module):
         for name in list(self._modules):
             del self._modules[name]
         self._modules.update(_Nodes(g)._modules)
+        self._holds = _signature(g)
         frozen = dict(_frozen_holdings(self, g))
         still = {id(p) for held in frozen.values() for p in held.parameters()}
         if frozen:
@@ -254,16 +187,25 @@ class GraphModule(nn.Module):
 
     def _refresh(self) -> GraphModule:
         """Register the graph's modules again if the graph changed since they were (a node
-        added or replaced, a node frozen or unfrozen): what ``module(g)`` and the Trainer
-        do. (Private: a public method's name could not be a node id holding modules.)"""
+        added, a node frozen or unfrozen) or what a node holds did (``g["head"].lin =
+        nn.Linear(...)``): what ``module(g)``, ``parameters(g)``, ``state(g)`` and the Trainer
+        do — not every forward, which sees only graph changes. (Private: a public method's
+        name could not be a node id holding modules.)"""
         _forget_digests(self.graph)
-        if self.graph.program() is not self._program:
+        if self.graph.program() is not self._program or _signature(self.graph) != self._holds:
             self._sync()
+        return self
+
+    def _apply(self, fn: Any, recurse: bool = True) -> GraphModule:
+        self._refresh()  # (.to() moves a module swapped into a node too)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        self._holds = _signature(self.graph)  # the nodes now hold the moved tensors
         return self
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[no-untyped-call]
         equip(self.graph)  # a copy (copy.deepcopy(model)) runs its own nodes, not the original's
+        self._holds = None  # (ids of the original's objects: compared, they would mean nothing)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _OWN:  # never a child's slot, even when a node has this id
@@ -291,16 +233,23 @@ class GraphModule(nn.Module):
             value, self.metrics = program.run_fast(args[0], Run(g.run_id, self.step, self.training))
             return value
         as_data = program.keyed
-        inputs = [
-            a if not isinstance(a, torch.Tensor) or (as_data and not a.requires_grad) else Opaque(a)
-            for a in args
-        ]
+        inputs = [_as_input(a, as_data) for a in args]
         outcome = g.run(*inputs, step=self.step, training=self.training)
         self.metrics = outcome.metrics
         return outcome.value
 
     def extra_repr(self) -> str:
         return f"graph={self.graph!r}"
+
+
+def _as_input(a: Any, as_data: bool) -> Any:
+    """An argument of ``GraphModule.forward`` as the graph takes it: a tensor Opaque (data
+    where a cached graph keys it and it needs no grad); a tuple, list or dict holding a
+    tensor that requires grad Opaque as a whole (input gradients of a multimodal batch);
+    anything else data."""
+    if isinstance(a, torch.Tensor):
+        return a if as_data and not a.requires_grad else Opaque(a)
+    return Opaque(a) if needs_grad(a) else a
 
 
 def module(g: Graph) -> GraphModule:
@@ -333,6 +282,14 @@ def module(g: Graph) -> GraphModule:
         else:
             m._refresh()
     return m
+
+
+def _signature(g: Graph) -> tuple[Any, ...]:
+    """What every node of ``g`` (subgraphs' too) holds, as ids (``holdings_signature``)."""
+    return tuple(
+        (n, _signature(impl) if isinstance(impl, Graph) else holdings_signature(impl))
+        for n, impl in g._impls.items()
+    )
 
 
 def _forget_digests(g: Graph) -> None:

@@ -305,3 +305,32 @@ def test_multi_input_graph_matches_hand_written_module():
     hand_params = dict(hand.named_parameters())
     for k, p in st.module(g).named_parameters():
         assert_close(p.grad, hand_params[names[k]].grad, msg=k)
+
+
+class Add(Node):
+    def forward(self, xs, ctx):
+        return Done(Opaque(xs[0] + xs[1]))
+
+
+def test_shared_branches_after_a_predecessor_match_hand_written_torch():
+    """``pre >> ((enc >> a) | (enc >> b))`` and the residual ``pre >> ((enc >> blk) | enc) >>
+    add``: one ``enc``, fed once by ``pre``."""
+    torch.manual_seed(0)
+    pre, enc, a, b, blk = (Head(4, 4) for _ in range(5))
+    heads = Graph.somatize(pre.with_id("pre") >> ((enc.with_id("enc") >> a) | (enc >> b)))
+    residual = Graph.somatize(pre >> ((enc >> blk.with_id("blk")) | enc) >> Add())
+    assert heads.edges() == (("enc", "head"), ("enc", "head_2"), ("pre", "enc"))
+    x = torch.randn(3, 4)
+    lin = {n: node.out for n, node in zip(("pre", "enc", "a", "b", "blk"), (pre, enc, a, b, blk))}
+    h = lin["enc"](lin["pre"](x))
+    for g, want in ((heads, (lin["a"](h), lin["b"](h))), (residual, (lin["blk"](h) + h,))):
+        got = st.module(g)(x)
+        got = got if isinstance(got, tuple) else (got,)
+        for mine, theirs in zip(got, want, strict=True):
+            assert_close(mine, theirs)
+        params = st.parameters(g)  # (the hand-written network uses the same modules)
+        mine_grads = torch.autograd.grad(sum(t.square().sum() for t in got), params)
+        hand = sum(t.square().sum() for t in want)
+        hand_grads = torch.autograd.grad(hand, params, retain_graph=True)  # (h is shared)
+        for mine, theirs in zip(mine_grads, hand_grads, strict=True):
+            assert_close(mine, theirs)

@@ -89,20 +89,23 @@ def test_frozen_parameters_get_no_gradients_and_stay_in_eval_mode():
     assert len(st.parameters(g)) == 2
 
 
-def test_frozen_node_runs_under_no_grad_even_when_not_cached():
+def test_frozen_node_runs_under_no_grad_unless_its_input_requires_grad():
     class Trainable(Node):
         def __init__(self) -> None:
             self.lin = nn.Linear(2, 2)
+            self.grad: list[bool] = []
 
         def forward(self, x, ctx):
+            self.grad.append(torch.is_grad_enabled())
             return Done(Opaque(self.lin(x)))
 
     g = Graph.somatize(Trainable().with_id("a") >> Linear(2, 2).with_id("b")).freeze("a")
-    x = torch.ones(1, 2, requires_grad=True)
-    y = st.module(g)(x)
-    y.sum().backward()
-    assert x.grad is None  # the gradient graph begins after the frozen node
-    assert g["b"].lin.weight.grad is not None
+    st.module(g)(torch.ones(1, 2)).sum().backward()  # a batch: nothing before it to train
+    assert g["a"].grad == [False] and g["b"].lin.weight.grad is not None
+    x = torch.ones(1, 2, requires_grad=True)  # an input gradient (saliency): it passes
+    st.module(g)(x).sum().backward()
+    assert g["a"].grad == [False, True] and x.grad is not None
+    assert g["a"].lin.weight.grad is None  # its own parameters stay frozen
 
 
 def test_unfreezing_gives_back_gradients_and_train_mode():

@@ -93,6 +93,11 @@ def test_subgraph_written_in_an_expression_registers_under_its_default_id_graph(
     assert m.step == 4 and dict(m.named_children())["graph"].training
     st.load_state(g, st.state(g))
     assert m(torch.ones(1, 2)).shape == (1, 2)
+    named = Graph.somatize(Linear(2, 2) >> Graph.somatize(Linear(2, 2)).with_id("block"))
+    assert sorted(st.module(named).state_dict())[:2] == [
+        "block.linear.lin.bias",
+        "block.linear.lin.weight",
+    ]
 
 
 def test_mapped_node_registers_its_inner_nodes_modules():

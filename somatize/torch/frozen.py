@@ -1,0 +1,129 @@
+"""The frozen-node runtime: what ``g.freeze(node)`` means when a frozen node runs.
+
+A frozen node (a subgraph node too) runs its modules in eval mode — put back in it at every
+call — and sees ``ctx.training`` False. It runs under ``torch.no_grad()`` unless its input
+requires grad: fed by a trainable node, it runs with grad on (its own parameters frozen all
+the same), so gradients pass through it to the nodes before it, as they pass through a
+PyTorch layer whose parameters have ``requires_grad=False``. ``module(g)`` installs it
+(``equip``); its parameters are frozen there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ValueConversionError
+from ..graph import Graph
+from ..node import Ctx, Done
+from ..values import Opaque
+from .codecs import NdarrayCodec, TensorCodec
+from .holdings import Holdings, held_by
+
+__all__ = ["equip", "needs_grad"]
+
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+
+
+class _FrozenWrap:
+    """The graph's runtime wrap: a frozen node's forward runs in eval mode, and without grad
+    unless its input requires grad (then gradients pass through it, as in PyTorch).
+
+    Classes, not closures, so that a graph and its module stay picklable
+    (``torch.save(model)``, ``copy``, a worker's task)."""
+
+    def __init__(self, g: Graph) -> None:
+        self._somatize_graph = g  # which graph it was made for
+
+    def __call__(
+        self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]
+    ) -> Callable[[Any, Ctx], Done]:
+        memory = self._somatize_graph.memory
+        if node_id not in memory.frozen:
+            return forward
+        return _Frozen(node_id, impl, forward)
+
+
+class _Frozen:
+    """A frozen node's forward (see ``_FrozenWrap``)."""
+
+    __slots__ = ("forward", "impl", "node_id")
+
+    def __init__(self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]) -> None:
+        self.node_id, self.impl, self.forward = node_id, impl, forward
+
+    def __call__(self, x: Any, ctx: Ctx) -> Done:
+        _keep_eval(self.node_id, self.impl)
+        run = ctx.run
+        if run.training:  # its modules run in eval mode: so does what reads ctx.training
+            ctx = Ctx(ctx.node, ctx.device, run._replace(training=False))
+        # torch.no_grad() as a context costs a few µs per call; the switch it flips, not
+        if not _grad_enabled():
+            return self.forward(x, ctx)
+        if needs_grad(x):  # fed by a trainable node: its gradients pass through this one
+            return _passing(self.node_id, self.forward(x, ctx))
+        _set_grad_enabled(False)
+        try:
+            return self.forward(x, ctx)
+        finally:
+            _set_grad_enabled(True)
+
+
+def needs_grad(x: Any) -> bool:
+    """Whether ``x`` — a tensor, or a tuple, list or dict of them (one level) — requires grad."""
+    if isinstance(x, torch.Tensor):
+        return x.requires_grad
+    t = type(x)
+    items = x if t is tuple or t is list else x.values() if t is dict else ()
+    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in items)
+
+
+def _passing(node_id: str, done: Done) -> Done:
+    """What a frozen node fed by a trainable one returned: its output carries gradients, so
+    returned as data (not Opaque) it is refused with the reason."""
+    if type(done) is Done and type(done.value) is not Opaque and needs_grad(done.value):
+        raise ValueConversionError(
+            f"node {node_id!r} is frozen, but its input requires grad (a trainable node before "
+            "it), so its output carries gradients through it to that node: return "
+            "Done(Opaque(...)); to train nothing before it, freeze those nodes too or pass "
+            "it x.detach()"
+        )
+    return done
+
+
+def _keep_eval(node_id: str, impl: Any) -> None:
+    """A frozen node runs its modules in eval mode, at every call: also those put back in
+    training mode since ``module(g)`` applied the freeze — by ``.train()`` on the node's
+    own module, a submodule swapped in, a module made before the freeze — so a dropout
+    mask or batch statistics are never computed, nor remembered by a cached node. (One
+    walk of its modules: little beside the forward it precedes.) A frozen subgraph: every
+    node inside it."""
+    if isinstance(impl, Graph):
+        for inner_id, inner in impl._impls.items():
+            _keep_eval(inner_id, inner)
+        return
+    held = held_by(impl, node_id)  # (fresh containers around the node's own modules)
+    if held is None:
+        return
+    for m in held.modules():
+        if m.training and type(m) not in (Holdings, nn.Module):
+            held.eval()
+            return
+
+
+def equip(g: Graph) -> Graph:
+    """Give a graph (and its subgraphs) the torch codecs and the frozen-node runtime."""
+    made_for = getattr(g.wrap, "_somatize_graph", None)
+    if not any(isinstance(c, TensorCodec) for c in g.codecs):
+        g.use(codecs=(*g.codecs, TensorCodec(), NdarrayCodec()), wrap=_FrozenWrap(g))
+    elif g.wrap is None or (made_for is not None and made_for is not g):
+        # A deep copy of an equipped graph: its runtime (and the program built with it)
+        # still call the original's nodes. Remaking the runtime rebuilds the program.
+        g.use(wrap=_FrozenWrap(g))
+    for sub in g._subgraphs().values():
+        equip(sub)
+    return g

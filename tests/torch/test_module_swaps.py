@@ -1,0 +1,129 @@
+"""What a node holds, changed after ``module(g)``: a module assigned on the node
+(``g["head"].lin = nn.Linear(...)``) is registered again by ``module(g)``, ``parameters(g)``,
+``state(g)`` and the Trainer, with a handle on the module alive; one assigned on the module
+(``model.head.lin = ...``) is written through to the node, so forward runs it."""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import torch
+from torch import nn
+from torch.testing import assert_close
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.torch import holdings
+
+from .tensor_nodes import Linear
+
+
+def _graph() -> Graph:
+    torch.manual_seed(0)
+    return Graph.somatize(Linear(4, 8).with_id("trunk") >> Linear(8, 2).with_id("head"))
+
+
+def test_a_head_swapped_on_the_node_is_trained_by_the_trainer_with_a_handle_alive():
+    g = _graph()
+    model = st.module(g)  # kept, as PyTorch code keeps its module
+    new = nn.Linear(8, 3)
+    g["head"].lin = new
+    trunk, head = copy.deepcopy(g["trunk"].lin), copy.deepcopy(new)  # plain torch, same start
+    assert any(p is new.weight for p in st.parameters(g))
+    assert st.state(g)["head.lin.weight"].shape == (3, 8)
+    data = [(torch.randn(16, 4), torch.randint(0, 3, (16,))) for _ in range(3)]
+    result = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.5),
+        options=st.Options(progress=False, shuffle=False),
+    ).fit(g, data)
+    opt = torch.optim.SGD([*trunk.parameters(), *head.parameters()], lr=0.5)
+    for x, y in data:
+        opt.zero_grad()
+        nn.functional.cross_entropy(head(trunk(x)), y).backward()
+        opt.step()
+    assert_close(new.weight, head.weight)  # the head forward uses is the one trained
+    assert_close(g["trunk"].lin.weight, trunk.weight)
+    assert_close(result.state["head.lin.weight"], head.weight)
+    assert model.get_parameter("head.lin.weight") is new.weight
+    assert sorted(model.state_dict()) == sorted(result.state)
+
+
+class Holder(Node):
+    def __init__(self) -> None:
+        self.blocks = [nn.Linear(2, 2)]
+        self.offset = torch.zeros(2)  # a buffer
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.blocks[0](x) + self.offset))
+
+
+def test_a_list_item_or_a_buffer_replaced_on_the_node_is_registered_again():
+    g = Graph().node("h", Holder())
+    m = st.module(g)
+    block = nn.Linear(2, 2)
+    g["h"].blocks[0] = block  # in place, in the list the node holds
+    assert m.get_parameter("h.blocks.0.weight") is not block.weight  # not before a refresh
+    st.load_state(g, st.state(g))
+    assert m.get_parameter("h.blocks.0.weight") is block.weight
+    g["h"].offset = torch.ones(2)
+    assert_close(st.state(g)["h.offset"], torch.ones(2))
+    m.to(torch.float64)  # .to() moves what was swapped in, and the node follows
+    assert block.weight.dtype == torch.float64 and g["h"].offset.dtype == torch.float64
+    assert m(torch.ones(1, 2, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_nothing_swapped_registers_nothing_again_and_forward_never_compares(monkeypatch):
+    g = _graph()
+    m = st.module(g)
+    children = dict(m.named_children())
+    st.parameters(g), st.state(g)
+    assert dict(m.named_children()) == children  # the same holdings: no new sync
+    calls = []
+    real = holdings.holdings_signature
+    where = sys.modules["somatize.torch.module"]  # (somatize.torch.module is the function)
+    monkeypatch.setattr(where, "holdings_signature", lambda *a: calls.append(1) or real(*a))
+    for _ in range(3):
+        m(torch.ones(1, 4))
+    assert calls == []  # the hot path reads only the graph's program
+    st.parameters(g)
+    assert calls  # (where it is compared)
+
+
+def test_a_module_assigned_on_the_module_is_the_one_forward_runs():
+    g = _graph()
+    model = st.module(g)
+    new = nn.Linear(8, 3)
+    model.head.lin = new  # what one does with any nn.Module
+    assert g["head"].lin is new and model.get_parameter("head.lin.weight") is new.weight
+    trunk, head = copy.deepcopy(g["trunk"].lin), copy.deepcopy(new)
+    x = torch.randn(5, 4)
+    out, want = model(x), head(trunk(x))
+    assert_close(out, want)
+    out.square().sum().backward()
+    want.square().sum().backward()
+    assert_close(new.weight.grad, head.weight.grad)
+    assert_close(g["trunk"].lin.weight.grad, trunk.weight.grad)
+    assert any(p is new.weight for p in model.parameters())
+    assert st.module(g).head.lin is new  # and a sync keeps it
+
+
+def test_a_parameter_or_buffer_assigned_on_the_module_reaches_the_node_and_moves_with_it():
+    class Scale(Node):
+        def __init__(self) -> None:
+            self.w = nn.Parameter(torch.ones(2))
+            self.b = torch.zeros(2)
+
+        def forward(self, x, ctx):
+            return Done(Opaque(x * self.w + self.b))
+
+    g = Graph().node("s", Scale())
+    m = st.module(g)
+    m.s.w = nn.Parameter(torch.full((2,), 3.0))
+    m.s.b = torch.ones(2)
+    assert_close(m(torch.ones(1, 2)), torch.full((1, 2), 4.0))
+    m.to(torch.float64)
+    assert g["s"].w.dtype == torch.float64 and g["s"].b.dtype == torch.float64
+    m.s.extra = nn.Linear(2, 2)  # not an attribute of the node: registered here only
+    assert "extra" not in vars(g["s"])
