@@ -36,6 +36,9 @@ __all__ = ["GraphModule", "module", "parameters"]
 # id(graph) -> its module. Weak on the module, which holds its graph: a registry keyed on
 # the graph would keep every graph (and its weights) alive for ever.
 _by_graph: weakref.WeakValueDictionary[int, GraphModule] = weakref.WeakValueDictionary()
+# the mode each graph's module was last put in: a module made again (the first dropped)
+# starts in it, as the nodes' modules are, not in training mode while they are in eval
+_modes: weakref.WeakKeyDictionary[Graph, bool] = weakref.WeakKeyDictionary()
 _marked_any = False  # whether any parameter was ever marked frozen (in this process)
 _RESERVED: dict[bool, frozenset[str]] = {}
 # GraphModule's plain attributes. They live in the instance dict, beside children of the
@@ -205,6 +208,9 @@ class GraphModule(nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[no-untyped-call]
         equip(self.graph)  # a copy (copy.deepcopy(model)) runs its own nodes, not the original's
+        if _by_graph.get(id(self.graph)) is None:  # module(copy.graph) is this copy
+            _by_graph[id(self.graph)] = self
+            _modes[self.graph] = self.training
         self._holds = None  # (ids of the original's objects: compared, they would mean nothing)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -215,6 +221,7 @@ class GraphModule(nn.Module):
 
     def train(self, mode: bool = True) -> GraphModule:
         super().train(mode)
+        _modes[self.graph] = mode
         for _, held in _frozen_holdings(self, self.graph):
             held.eval()
         return self
@@ -256,7 +263,10 @@ def module(g: Graph) -> GraphModule:
     """The ``nn.Module`` over ``g``.
 
     One per graph: while the module is alive, calling again returns it. The weights live
-    in the nodes, so a module made again after the first was dropped holds the same ones.
+    in the nodes, so a module made again after the first was dropped holds the same ones,
+    and it starts in the mode (``train``/``eval``) the first was left in. A copy of the
+    module (``copy.deepcopy``, ``torch.load``) is the module of its copy of the graph:
+    ``module(copy.graph) is copy``.
 
     Example:
         >>> import torch
@@ -278,6 +288,8 @@ def module(g: Graph) -> GraphModule:
         if m is None or m.graph is not g:
             _forget_digests(g)
             m = GraphModule(g)
+            if _modes.get(g) is False:  # (made again: in the mode the last one was left in)
+                m.train(False)
             _by_graph[id(g)] = m
         else:
             m._refresh()
