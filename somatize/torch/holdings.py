@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -69,6 +70,22 @@ class Holdings(nn.Module):
             tensors += (name,)
         vars(self).update(_params=params, _tensors=tensors)
 
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        node = type(self._impl).__qualname__
+        raise TypeError(
+            f"this module holds the modules of a {node} node (its parameters, for state_dict "
+            "and .to()); the node is not called through it: call the graph's module "
+            "(st.module(g)(x)), or a module the node holds (model.<node>.<attribute>)"
+        )
+
+    def register_forward_hook(self, hook: Any, *args: Any, **kwargs: Any) -> Any:
+        _warn_hook(self)
+        return super().register_forward_hook(hook, *args, **kwargs)
+
+    def register_forward_pre_hook(self, hook: Any, *args: Any, **kwargs: Any) -> Any:
+        _warn_hook(self)
+        return super().register_forward_pre_hook(hook, *args, **kwargs)
+
     def _apply(self, fn: Any, recurse: bool = True) -> Holdings:
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         # Keep the node's own attributes pointing at the moved tensors (.to() makes new
@@ -78,6 +95,17 @@ class Holdings(nn.Module):
         for name in self._tensors:
             setattr(self._impl, name, self._buffers[name])
         return self
+
+
+def _warn_hook(held: Holdings) -> None:
+    warnings.warn(
+        f"a forward hook on the module holding a {type(held._impl).__qualname__} node's "
+        "modules never runs: the node is called by the graph, not through this module. Hook "
+        "a module the node holds (model.<node>.<attribute>.register_forward_hook), or read "
+        "the node's output from a node after it or from the metrics it returns in Done",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 _new_holdings = maker(Holdings, "_impl", "_params", "_tensors")

@@ -219,6 +219,13 @@ class GraphModule(nn.Module):
         else:
             super().__setattr__(name, value)
 
+    def __prepare_scriptable__(self) -> GraphModule:  # what torch.jit.script asks first
+        raise TypeError(
+            "module(g) cannot be scripted (torch.jit.script): the graph's runtime is Python, "
+            "dispatching on values and keys. Export what it computes on an example input "
+            "instead: torch.export.export(model, (x,)) (docs/deploy.md)"
+        )
+
     def train(self, mode: bool = True) -> GraphModule:
         super().train(mode)
         _modes[self.graph] = mode
@@ -240,6 +247,14 @@ class GraphModule(nn.Module):
             value, self.metrics = program.run_fast(args[0], Run(g.run_id, self.step, self.training))
             return value
         as_data = program.keyed
+        if as_data and (torch.jit.is_tracing() or torch.compiler.is_exporting()):
+            cached = sorted({*g.memory.cached, *g.memory.named})
+            raise TypeError(
+                f"this graph caches {', '.join(map(repr, cached)) or 'a subgraph node'}, and a "
+                "trace or an export cannot record a cache (it looks up each input's bytes): "
+                f"export it with caching off (g.cache({(cached or ['node'])[0]!r}, False); a "
+                "frozen node still runs frozen)"
+            )
         inputs = [_as_input(a, as_data) for a in args]
         outcome = g.run(*inputs, step=self.step, training=self.training)
         self.metrics = outcome.metrics
