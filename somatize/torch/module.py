@@ -247,7 +247,7 @@ class GraphModule(nn.Module):
             value, self.metrics = program.run_fast(args[0], Run(g.run_id, self.step, self.training))
             return value
         as_data = program.keyed
-        if as_data and (torch.jit.is_tracing() or torch.compiler.is_exporting()):
+        if as_data and (_is_tracing() or torch.compiler.is_exporting()):
             cached = sorted({*g.memory.cached, *g.memory.named})
             raise TypeError(
                 f"this graph caches {', '.join(map(repr, cached)) or 'a subgraph node'}, and a "
@@ -272,6 +272,11 @@ def _as_input(a: Any, as_data: bool) -> Any:
     if isinstance(a, torch.Tensor):
         return a if as_data and not a.requires_grad else Opaque(a)
     return Opaque(a) if needs_grad(a) else a
+
+
+def _is_tracing() -> bool:
+    """Whether ``torch.jit.trace`` is recording (``torch.jit.is_tracing``, untyped)."""
+    return bool(torch.jit.is_tracing())  # type: ignore[attr-defined,no-untyped-call]
 
 
 def module(g: Graph) -> GraphModule:
