@@ -111,9 +111,12 @@ def _warn_hook(held: Holdings) -> None:
 _new_holdings = maker(Holdings, "_impl", "_params", "_tensors")
 
 
-def node_holdings(impl: Any, where: str, seen: frozenset[int] = frozenset()) -> Holdings | None:
+def node_holdings(
+    impl: Any, where: str, seen: frozenset[int] = frozenset(), sig: list[Any] | None = None
+) -> Holdings | None:
     """The ``Holdings`` of the node ``impl`` (at ``where``, for error messages), or None
-    when it holds no module and no tensor."""
+    when it holds no module and no tensor. Given ``sig``, its ``holdings_signature``'s
+    items are appended to it, found in the same walk."""
     held: Holdings | None = None
     inside = seen
     for name, value in vars(impl).items():
@@ -122,9 +125,13 @@ def node_holdings(impl: Any, where: str, seen: frozenset[int] = frozenset()) -> 
         inner: nn.Module | torch.Tensor | None
         if isinstance(value, (nn.Module, torch.Tensor)):
             inner = value
+            if sig is not None:
+                sig.append((name, id(value)))
         else:
             if inside is seen:
                 inside = seen | {id(impl)}
+            if sig is not None and (part := holdings_signature(value, inside)) is not None:
+                sig.append((name, part))
             inner = held_by(value, f"{where}.{name}", inside)
             if inner is None:
                 continue

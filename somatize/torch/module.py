@@ -56,20 +56,33 @@ def _reserved(top: bool) -> frozenset[str]:
 
 
 class _Nodes(nn.Module):
-    """The holdings of every node of a (sub)graph, by node id."""
+    """The holdings of every node of a (sub)graph, by node id; and ``signature``, what
+    ``_signature(g)`` says of them (found while registering them: one walk)."""
+
+    signature: tuple[tuple[str, Any], ...]
 
     def __init__(self, g: Graph, prefix: str = "") -> None:
         super().__init__()
         reserved = _reserved(top=not prefix)
         modules = self._modules
+        signature: list[tuple[str, Any]] = []  # (_signature's, found in the same walk)
+        put = signature.append
         for node_id, impl in g._impls.items():
             label = prefix + node_id
             if isinstance(impl, Node) and not isinstance(impl, Mapped):  # (most nodes)
                 # (holdings are made only for something registered: never empty)
-                held: nn.Module | None = node_holdings(impl, label)
+                sig: list[Any] = []
+                held: nn.Module | None = node_holdings(impl, label, sig=sig)
+                put((node_id, tuple(sig) or None))
                 if held is None:
                     continue
             else:
+                put(
+                    (
+                        node_id,
+                        _signature(impl) if isinstance(impl, Graph) else holdings_signature(impl),
+                    )
+                )
                 held = (
                     _Nodes(impl, label + ".") if isinstance(impl, Graph) else held_by(impl, label)
                 )
@@ -86,6 +99,7 @@ class _Nodes(nn.Module):
                     "give the node another id (g.node('other_id', ...) or node.with_id('other_id'))"
                 )
             modules[node_id] = held  # (add_module refuses the ids of _OWN at the top)
+        object.__setattr__(self, "signature", tuple(signature))
 
     def _get_name(self) -> str:
         return "Graph"
@@ -160,8 +174,9 @@ class GraphModule(nn.Module):
         g = equip(self.graph)  # again: a subgraph may have been added since
         for name in list(self._modules):
             del self._modules[name]
-        self._modules.update(_Nodes(g)._modules)
-        self._holds = _signature(g)
+        nodes = _Nodes(g)
+        self._modules.update(nodes._modules)
+        self._holds = nodes.signature
         frozen = dict(_frozen_holdings(self, g))
         still = {id(p) for held in frozen.values() for p in held.parameters()}
         if frozen:

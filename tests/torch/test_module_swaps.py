@@ -127,3 +127,30 @@ def test_a_parameter_or_buffer_assigned_on_the_module_reaches_the_node_and_moves
     assert g["s"].w.dtype == torch.float64 and g["s"].b.dtype == torch.float64
     m.s.extra = nn.Linear(2, 2)  # not an attribute of the node: registered here only
     assert "extra" not in vars(g["s"])
+
+
+def test_the_signature_found_while_registering_equals_the_one_refresh_computes():
+    from somatize.torch.module import _signature
+
+    class Many(Node):
+        def __init__(self) -> None:
+            self.lin = nn.Linear(2, 2)
+            self.heads = [nn.Linear(2, 2), {"x": nn.Linear(2, 2)}]
+            self.w = nn.Parameter(torch.ones(1))
+            self.b = torch.zeros(2)
+            self.k = 3
+
+        def forward(self, x, ctx):
+            return Done(Opaque(x))
+
+    class Holder(Node):
+        def __init__(self, inner: Node) -> None:
+            self.inner = inner
+
+        def forward(self, x, ctx):
+            return Done(Opaque(x))
+
+    sub = Graph.somatize(Many().with_id("deep"))
+    g = Graph().node("a", Many()).node("b", Holder(Many())).node("m", Many().mapped())
+    g.node("sub", sub).edge("a", "b").edge("b", "m").edge("m", "sub")
+    assert st.module(g)._holds == _signature(g)
