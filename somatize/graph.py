@@ -17,8 +17,9 @@ from .catalog import Catalog
 from .compose import Composable
 from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
+from .graph_settings import Settings
 from .keepers import MemoryKeeper
-from .keepers.pins import PinLog, unpin
+from .keepers.pins import PinLog
 from .keepers.protocol import check_keeper
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Node, Run, check_forward, graph_input
@@ -41,7 +42,7 @@ __all__ = ["Graph"]
 Forward = Callable[[Any, Ctx], Done]
 
 
-class Graph(Composable):
+class Graph(Settings, Composable):
     """A graph of nodes: build it, set what it remembers, run it.
 
     Args:
@@ -224,58 +225,6 @@ class Graph(Composable):
 
     def __len__(self) -> int:
         return len(self._impls)
-
-    # -- memory and placement -----------------------------------------------------------
-
-    def _set(self, memory: Memory) -> Graph:
-        self.memory = memory
-        self._changed()
-        return self
-
-    def freeze(self, node_id: str, on: bool = True) -> Graph:
-        """No gradients, eval mode, fixed state (enforced by ``somatize.torch``)."""
-        self._require(node_id)
-        return self._set(self.memory.freeze(node_id, on))
-
-    def cache(self, node_id: str, on: bool = True, *, per: str = "batch") -> Graph:
-        """Memoise the node's outputs in the keeper, by key.
-
-        Args:
-            per: ``"batch"`` keys the whole input (data that really repeats);
-                ``"example"`` keys each row of a tensor batch (every tensor of a tuple or
-                dict batch, along dim 0) by its content, so memory survives a shuffled
-                ``DataLoader``: only the rows not seen before are computed. A node cached
-                per example must be frozen or declare ``rowwise = True``, and its rows must
-                not interact in eval mode (no centring or pooling over the batch): each
-                row is served from the batch it was first computed in.
-        """
-        self._require(node_id)
-        if per not in ("batch", "example"):
-            raise GraphError(
-                f"g.cache({node_id!r}, per={per!r}): per is 'batch' (key the whole input) "
-                "or 'example' (key each row of a tensor batch)"
-            )
-        return self._set(self.memory.cache(node_id, on, per_example=per == "example"))
-
-    def name(self, node_id: str, name: str | None) -> Graph:
-        """Also record the node's output under ``name`` in the keeper (None removes it)."""
-        self._require(node_id)
-        return self._set(self.memory.name(node_id, name))
-
-    def pin(self, node_id: str, on: bool = True) -> Graph:
-        """Keep the node's keeper entries through ``gc``; ``on=False`` unpins the entries
-        this graph met for it in this process (see ``somatize.keepers.pins``)."""
-        self._require(node_id)
-        if not on:
-            unpin(self.keeper, self._pins.take(node_id))
-        return self._set(self.memory.pin(node_id, on))
-
-    def place(self, node_id: str, *, host: str | None = None, device: str | None = None) -> Graph:
-        """Run the node on ``host`` (shapes the plan) and/or ``device`` (seen as ``ctx.device``)."""
-        self._require(node_id)
-        self.placement = self.placement.place(node_id, host=host, device=device)
-        self._changed()
-        return self
 
     # -- running ------------------------------------------------------------------------
 
