@@ -21,7 +21,7 @@ from ..graph import Graph
 from ..node import Ctx, Done
 from ..values import Opaque
 from .codecs import NdarrayCodec, TensorCodec
-from .holdings import Holdings, held_by
+from .holdings import _PLAIN, Holdings, held_by
 
 __all__ = ["equip", "needs_grad"]
 
@@ -106,13 +106,20 @@ def _keep_eval(node_id: str, impl: Any) -> None:
         for inner_id, inner in impl._impls.items():
             _keep_eval(inner_id, inner)
         return
-    held = held_by(impl, node_id)  # (fresh containers around the node's own modules)
-    if held is None:
-        return
-    for m in held.modules():
-        if m.training and type(m) not in (Holdings, nn.Module):
-            held.eval()
-            return
+    for name, value in vars(impl).items():
+        if isinstance(value, nn.Module):  # (the common case: no container to make)
+            if any(m.training for m in value.modules()):
+                value.eval()
+        elif not (
+            type(value) in _PLAIN
+            or isinstance(value, torch.Tensor)
+            or name.startswith("_somatize")  # (what node_holdings skips)
+        ):
+            held = held_by(value, node_id)  # (containers, held nodes: fresh boxes around them)
+            if held is not None and any(
+                m.training for m in held.modules() if type(m) not in (Holdings, nn.Module)
+            ):
+                held.eval()
 
 
 def equip(g: Graph) -> Graph:
