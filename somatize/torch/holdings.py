@@ -27,6 +27,7 @@ __all__ = [
     "holdings_signature",
     "holds_any",
     "node_holdings",
+    "node_signature",
 ]
 
 _PLAIN = frozenset({int, float, str, bool, type(None), bytes})
@@ -115,8 +116,8 @@ def node_holdings(
     impl: Any, where: str, seen: frozenset[int] = frozenset(), sig: list[Any] | None = None
 ) -> Holdings | None:
     """The ``Holdings`` of the node ``impl`` (at ``where``, for error messages), or None
-    when it holds no module and no tensor. Given ``sig``, its ``holdings_signature``'s
-    items are appended to it, found in the same walk."""
+    when it holds no module and no tensor. Given ``sig``, what ``node_signature`` appends
+    is appended to it, found in the same walk."""
     held: Holdings | None = None
     inside = seen
     for name, value in vars(impl).items():
@@ -125,13 +126,15 @@ def node_holdings(
         inner: nn.Module | torch.Tensor | None
         if isinstance(value, (nn.Module, torch.Tensor)):
             inner = value
-            if sig is not None:
-                sig.append((name, id(value)))
+            if sig is not None:  # (flat: a tuple a node costs more than the rest of its walk)
+                sig.append(name)
+                sig.append(id(value))
         else:
             if inside is seen:
                 inside = seen | {id(impl)}
             if sig is not None and (part := holdings_signature(value, inside)) is not None:
-                sig.append((name, part))
+                sig.append(name)
+                sig.append(part)
             inner = held_by(value, f"{where}.{name}", inside)
             if inner is None:
                 continue
@@ -154,6 +157,22 @@ def node_holdings(
             held.register_buffer(name, inner)
             vars(held)["_tensors"] += (name,)
     return held
+
+
+def node_signature(node: Node, out: list[Any]) -> None:
+    """Append to ``out`` what ``node`` registers, flat: each attribute's name, then its
+    ``holdings_signature`` (never a string, so the names stand out). What ``node_holdings``
+    appends to its ``sig`` in the same walk as registering."""
+    seen = frozenset({id(node)})
+    for name, value in vars(node).items():
+        if type(value) in _PLAIN or name.startswith("_somatize"):
+            continue
+        if isinstance(value, (nn.Module, torch.Tensor)):
+            out.append(name)
+            out.append(id(value))
+        elif (part := holdings_signature(value, seen)) is not None:
+            out.append(name)
+            out.append(part)
 
 
 def holdings_signature(value: Any, seen: frozenset[int] = frozenset()) -> Any:

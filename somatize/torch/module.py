@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.compiler import is_compiling as _is_compiling
 
 from ..bulk import paused_gc
 from ..errors import StateError
@@ -29,7 +30,14 @@ from ..node import Mapped, Node, Run
 from ..values import Opaque
 from .codecs import TensorCodec
 from .frozen import equip, needs_grad
-from .holdings import MODULE_NAMES, held_by, holdings_signature, holds_any, node_holdings
+from .holdings import (
+    MODULE_NAMES,
+    held_by,
+    holdings_signature,
+    holds_any,
+    node_holdings,
+    node_signature,
+)
 
 __all__ = ["GraphModule", "module", "parameters"]
 
@@ -59,30 +67,24 @@ class _Nodes(nn.Module):
     """The holdings of every node of a (sub)graph, by node id; and ``signature``, what
     ``_signature(g)`` says of them (found while registering them: one walk)."""
 
-    signature: tuple[tuple[str, Any], ...]
+    signature: list[Any]
 
     def __init__(self, g: Graph, prefix: str = "") -> None:
         super().__init__()
         reserved = _reserved(top=not prefix)
         modules = self._modules
-        signature: list[tuple[str, Any]] = []  # (_signature's, found in the same walk)
+        signature: list[Any] = []  # (_signature's, found in the same walk)
         put = signature.append
         for node_id, impl in g._impls.items():
-            label = prefix + node_id
+            label = prefix + node_id if prefix else node_id
+            put(node_id)
             if isinstance(impl, Node) and not isinstance(impl, Mapped):  # (most nodes)
                 # (holdings are made only for something registered: never empty)
-                sig: list[Any] = []
-                held: nn.Module | None = node_holdings(impl, label, sig=sig)
-                put((node_id, tuple(sig) or None))
+                held: nn.Module | None = node_holdings(impl, label, sig=signature)
                 if held is None:
                     continue
             else:
-                put(
-                    (
-                        node_id,
-                        _signature(impl) if isinstance(impl, Graph) else holdings_signature(impl),
-                    )
-                )
+                put(_signature(impl) if isinstance(impl, Graph) else holdings_signature(impl))
                 held = (
                     _Nodes(impl, label + ".") if isinstance(impl, Graph) else held_by(impl, label)
                 )
@@ -99,7 +101,7 @@ class _Nodes(nn.Module):
                     "give the node another id (g.node('other_id', ...) or node.with_id('other_id'))"
                 )
             modules[node_id] = held  # (add_module refuses the ids of _OWN at the top)
-        object.__setattr__(self, "signature", tuple(signature))
+        object.__setattr__(self, "signature", signature)
 
     def _get_name(self) -> str:
         return "Graph"
@@ -200,8 +202,11 @@ class GraphModule(nn.Module):
                     p.requires_grad_(False)
             held.eval()
         self._frozen = frozenset(frozen)
-        # Compiled here, so that a compiled forward (torch.compile) finds it built.
-        self._program = g.program()
+        # The program is compiled by the first forward (_current), not here: a module made
+        # for its parameters or its state alone (a federated server, a checkpoint) never
+        # needs it, and a 1,000-node module(g) costs a third of what it did with it.
+        self._program = None
+        self._synced = g._stamp()  # what the graph was when its modules were registered
 
     def _refresh(self) -> GraphModule:
         """Register the graph's modules again if the graph changed since they were (a node
@@ -210,9 +215,18 @@ class GraphModule(nn.Module):
         do — not every forward, which sees only graph changes. (Private: a public method's
         name could not be a node id holding modules.)"""
         _forget_digests(self.graph)
-        if self.graph.program() is not self._program or _signature(self.graph) != self._holds:
+        if self.graph._stamp() != self._synced or _signature(self.graph) != self._holds:
             self._sync()
         return self
+
+    def _current(self) -> Any:
+        """The graph's program, with the modules registered again first if the graph changed
+        since they were; compiled here on the first forward after they were."""
+        g = self.graph
+        if g._stamp() != self._synced:
+            self._sync()
+        self._program = g.program()
+        return self._program
 
     def _apply(self, fn: Any, recurse: bool = True) -> GraphModule:
         self._refresh()  # (.to() moves a module swapped into a node too)
@@ -250,10 +264,11 @@ class GraphModule(nn.Module):
 
     def forward(self, *args: Any) -> Any:
         g = self.graph
+        if _is_compiling():  # (a constant to dynamo, guarding nothing)
+            _prepare(self)  # called as it is: dynamo traces no compiler, and no recompile
         program = g.program()
         if program is not self._program:
-            self._sync()
-            program = self._program
+            program = self._current()
         if (
             len(args) == 1
             and isinstance(args[0], torch.Tensor)
@@ -287,6 +302,19 @@ def _as_input(a: Any, as_data: bool) -> Any:
     if isinstance(a, torch.Tensor):
         return a if as_data and not a.requires_grad else Opaque(a)
     return Opaque(a) if needs_grad(a) else a
+
+
+def _prepare(m: GraphModule) -> bool:
+    """``m._current()`` run as it is, not traced, when dynamo traces a forward: the first
+    forward of ``torch.compile(module(g))`` finds the program built and the module current,
+    so what it traces reads them as on every later call."""
+    m._current()
+    return True
+
+
+# What torch._dynamo.assume_constant_result sets (a test checks it still is), without
+# importing dynamo, hundreds of modules, into every process that makes a module
+_prepare._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _is_tracing() -> bool:
@@ -331,12 +359,20 @@ def module(g: Graph) -> GraphModule:
     return m
 
 
-def _signature(g: Graph) -> tuple[Any, ...]:
-    """What every node of ``g`` (subgraphs' too) holds, as ids (``holdings_signature``)."""
-    return tuple(
-        (n, _signature(impl) if isinstance(impl, Graph) else holdings_signature(impl))
-        for n, impl in g._impls.items()
-    )
+def _signature(g: Graph) -> list[Any]:
+    """What every node of ``g`` (subgraphs' too) holds, as ids, flat: each node's id, then
+    what ``node_signature`` appends for it (a node's) or its ``holdings_signature`` (a
+    subgraph's, a mapped node's). Nothing a node appends is a string but its attributes'
+    names, each followed by a part that is not, so no two holdings read the same."""
+    out: list[Any] = []
+    put = out.append
+    for n, impl in g._impls.items():
+        put(n)
+        if isinstance(impl, Node) and not isinstance(impl, Mapped):
+            node_signature(impl, out)
+        else:
+            put(_signature(impl) if isinstance(impl, Graph) else holdings_signature(impl))
+    return out
 
 
 def _forget_digests(g: Graph) -> None:
