@@ -79,24 +79,30 @@ def test_fedavg_keeps_each_dtype_and_accumulates_in_float64():
     assert st.fedavg(big, weights=[1, 1])["w"].item() == (2.0**24 + 1) / 2
 
 
-@pytest.mark.parametrize("chunk, small", [(7, 0), (40, 1 << 14)])
+@pytest.mark.parametrize(
+    "chunk, small, group", [(7, 0, 4), (7, 0, 1), (5, 0, 5), (64, 0, 6), (40, 1 << 14, 4)]
+)
 def test_fedavg_slice_by_slice_is_within_half_an_ulp_of_a_float64_reference(
-    monkeypatch, chunk, small
+    monkeypatch, chunk, small, group
 ):
-    # fedavg sums large tensors a cache-sized slice at a time, and stacks small ones a group
-    # of clients at a time: tiny sizes put many slice boundaries (and a short last slice)
-    # inside every tensor, or several groups (and a short last one) in every key — of every
-    # dtype, non-contiguous tensors included
+    # fedavg sums large tensors a cache-sized slice at a time, a group of clients per
+    # matrix-vector product, and stacks small ones a group of clients at a time: tiny sizes
+    # put many slice boundaries (and a short last slice) inside every tensor, and a short
+    # last group (6 clients in groups of 4 or 5), or one client a group, or all in one — of
+    # every dtype, non-contiguous tensors included
     from somatize.torch.federated import accumulate
 
     monkeypatch.setattr(accumulate, "_CHUNK", chunk)
     monkeypatch.setattr(accumulate, "_SMALL", small)
+    monkeypatch.setattr(accumulate, "_GROUP", group)
     g = torch.Generator().manual_seed(3)
     states = [
         {
             "w": torch.randn(9, 5, generator=g).t(),  # non-contiguous
             "b": torch.randn(23, generator=g, dtype=torch.float64) * 1e3,
             "h": torch.randn(4, 4, generator=g).to(torch.bfloat16),
+            "f": (torch.randn(2, 13, generator=g) * 100).to(torch.float16),
+            "one": torch.randn(1, generator=g),  # shorter than any slice
         }
         for _ in range(6)
     ]
@@ -120,6 +126,68 @@ def test_fedavg_slice_by_slice_is_within_half_an_ulp_of_a_float64_reference(
     with pytest.warns(RuntimeWarning, match=r"clients \[4\] skipped"):
         skipped = st.fedavg(states, weights=weights, nonfinite="skip")
     assert skipped.skipped == (4,) and bool(torch.isfinite(skipped["w"]).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("small", [0, 1 << 14])  # the sliced, grouped path; the stacked one
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("where", [0, 1, 5])  # the first group (set by a product), later ones
+def test_fedavg_rejects_a_nan_or_inf_even_from_a_client_of_weight_zero(
+    monkeypatch, dtype, small, bad, where
+):
+    # the float64 reference sum(w * t) is NaN when a client of weight 0 holds a NaN or inf:
+    # the matrix-vector products must not skip zero weights (reference BLAS skips them) nor
+    # read the running sum's stale contents, or such an update would pass unseen
+    from somatize.torch.federated import accumulate
+
+    monkeypatch.setattr(accumulate, "_CHUNK", 8)
+    monkeypatch.setattr(accumulate, "_GROUP", 4)
+    monkeypatch.setattr(accumulate, "_SMALL", small)
+    states = [{"w": torch.ones(20, dtype=dtype)} for _ in range(6)]
+    weights = [1.0] * 6
+    weights[where] = 0.0
+    assert st.fedavg(states, weights=weights)["w"].eq(1).all()  # finite: the mean of ones
+    states[where]["w"][17] = bad  # in the last, short slice
+    with pytest.raises(AggregationError, match=rf"client {where}, key 'w'.*NaN or inf"):
+        st.fedavg(states, weights=weights)
+
+
+def test_fedavg_of_large_tensors_matches_a_float64_reference_at_full_size():
+    # the real slice and group sizes: a tensor longer than one slice (a short last slice),
+    # 6 clients (a short last group), values and weights spread over many binades
+    g = torch.Generator().manual_seed(5)
+    n = (1 << 18) + 1001
+    states = [
+        {"w": torch.randn(n, generator=g) * 10.0 ** float(i - 3), "h": torch.randn(n // 7, 7)}
+        for i in range(6)
+    ]
+    for s in states:
+        s["h"] = s["h"].to(torch.bfloat16)
+    weights = [1e-3, 7.0, 0.25, 1e4, 3.0, 1.0]
+    out = st.fedavg(states, weights=weights)
+    for k, v in reference(states, weights).items():
+        got = out[k]
+        # half the gap to the neighbour on the reference's side (a binade's edge has two)
+        side = torch.where(v > got.double(), float("inf"), float("-inf")).to(got.dtype)
+        bound = 0.5 * (torch.nextafter(got, side).double() - got.double()).abs() * (1 + 1e-9)
+        if got.dtype != torch.float32:  # torch casts float64 to bf16 through float32: a value
+            bound += v.abs() * 2.0**-24  # a hair past a tie can round twice, to the tie's even
+        assert bool(((got.double() - v).abs() <= bound).all()), k
+
+
+def test_fedavg_reuses_its_slice_buffers_for_every_key():
+    from somatize.torch.federated.accumulate import _GROUP, _Scratch
+
+    scratch = _Scratch()
+    acc, block = scratch.get(1000, torch.device("cpu"))
+    assert acc.dtype == block.dtype == torch.float64
+    assert acc.numel() == 1000 and block.numel() == _GROUP * 1000
+    again, block2 = scratch.get(10, torch.device("cpu"))  # a later, smaller key
+    assert again.data_ptr() == acc.data_ptr() and block2.data_ptr() == block.data_ptr()
+    bigger, _ = scratch.get(1001, torch.device("cpu"))  # too small now: made anew, and kept
+    assert bigger.numel() == 1001 and scratch.get(5, torch.device("cpu"))[0].data_ptr() == (
+        bigger.data_ptr()
+    )
 
 
 def test_integer_buffers_follow_an_explicit_policy():
