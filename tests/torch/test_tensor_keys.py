@@ -144,3 +144,11 @@ def test_the_key_is_pinned_and_the_same_in_a_fresh_process():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [pinned, pinned]
+
+
+def test_a_tensor_off_the_cpu_is_not_read_through_its_pointer():
+    digest(torch.randn(6), CODECS)
+    assert CODECS[0].key(torch.empty(6, device="meta")) is None
+    if torch.cuda.is_available():  # a device pointer read as host memory would crash
+        on_gpu = torch.randn(6, device="cuda")
+        assert digest(on_gpu, CODECS) == digest(on_gpu.cpu(), CODECS)
