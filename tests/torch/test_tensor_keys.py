@@ -1,0 +1,154 @@
+"""The key of a lone tensor by the codec's data-pointer road: the same key as blake3 of the
+tensor's encoding, for every tensor that takes it and every one that must not."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from blake3 import blake3
+from torch import nn
+
+from somatize import ValueConversionError, digest, encode
+from somatize.torch import NdarrayCodec, TensorCodec
+from somatize.torch.codecs import _SMALL
+
+CODECS = (TensorCodec(), NdarrayCodec())
+
+
+def encoded_key(t: torch.Tensor) -> str:
+    """blake3 of the encoding written out by hand (what every road must give)."""
+    raw = t.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+    header = encode((str(t.dtype).removeprefix("torch."), tuple(t.shape)))
+    payload = struct.pack(">Q", len(header)) + header + raw.numpy().tobytes()
+    tag = b"torch.tensor"
+    return blake3(
+        b"c" + struct.pack(">Q", len(tag)) + tag + struct.pack(">Q", len(payload)) + payload
+    ).hexdigest()
+
+
+def twice(t: torch.Tensor) -> tuple[str, str]:
+    """The key of ``t`` the first time its (dtype, shape) is seen and once it is known."""
+    _SMALL.pop((t.dtype, tuple(t.shape)), None)
+    return digest(t, CODECS), digest(t, CODECS)
+
+
+SMALL = {
+    "float32 item": torch.randn(256),
+    "float64": torch.randn(3, 5, dtype=torch.float64),
+    "float16": torch.randn(7, dtype=torch.float16),
+    "int8": torch.tensor([-128, 0, 127], dtype=torch.int8),
+    "int64": torch.tensor([2**62, -(2**62)]),
+    "bool": torch.tensor([[True, False], [False, True]]),
+    "0-d": torch.tensor(3.5),
+    "nan": torch.tensor([float("nan"), float("inf"), -0.0]),
+    "64 KiB": torch.randn(16384),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_the_pointer_road_gives_the_key_of_the_encoding(name):
+    t = SMALL[name]
+    first, known = twice(t)
+    assert first == known == encoded_key(t) == blake3(encode(t, CODECS)).hexdigest()
+    assert (t.dtype, tuple(t.shape)) in _SMALL  # the second key took the pointer road
+
+
+def test_a_contiguous_slice_is_read_from_its_own_offset():
+    base = torch.arange(40, dtype=torch.float32)
+    digest(base[:8], CODECS)  # (float32, (8,)) known
+    for start in (0, 3, 32):
+        view = base[start : start + 8]
+        assert digest(view, CODECS) == encoded_key(view) == digest(view.clone(), CODECS)
+
+
+def test_tensors_the_pointer_road_must_not_read_take_the_general_path():
+    """Each of these shares its (dtype, shape) with a known plain tensor, so only the
+    checks keep it off the pointer road; each gets the key of its encoded bytes."""
+    base = torch.randn(4, 6)
+    digest(torch.randn(6, 4), CODECS)
+    digest(torch.randn(4), CODECS)
+    transposed = base.T  # (6, 4), not contiguous
+    assert digest(transposed, CODECS) == encoded_key(transposed)
+    neg = torch._neg_view(torch.randn(4))  # a real tensor with the neg bit
+    assert neg.is_neg()
+    assert digest(neg, CODECS) == encoded_key(neg) == digest(neg.resolve_neg(), CODECS)
+    imag = torch.complex(torch.randn(4), torch.randn(4)).conj().imag  # neg bit, by conj
+    assert digest(imag, CODECS) == encoded_key(imag)
+    conj = torch.complex(torch.randn(4), torch.randn(4))
+    digest(conj, CODECS)
+    assert digest(conj.conj(), CODECS) == encoded_key(conj.conj()) != digest(conj, CODECS)
+    assert (torch.complex64, (4,)) not in _SMALL  # complex: never by pointer (conj bit)
+    param = nn.Parameter(torch.randn(4), requires_grad=False)  # a subclass: numpy() road
+    assert digest(param, CODECS) == encoded_key(param.detach())
+    zero = torch._efficientzerotensor(4)  # no memory: data_ptr() is 0
+    assert CODECS[0].key(zero) is None
+
+
+def test_a_tensor_that_requires_grad_is_refused_though_its_shape_is_known():
+    digest(torch.randn(5), CODECS)
+    assert CODECS[0].key(torch.randn(5, requires_grad=True)) is None
+    with pytest.raises(ValueConversionError, match="requires grad"):
+        digest(torch.randn(5, requires_grad=True), CODECS)
+
+
+def test_a_tensor_without_storage_is_left_to_the_general_path():
+    digest(torch.randn(3), CODECS)
+    seen = []
+
+    def inner(x):
+        seen.append(CODECS[0].key(x))  # a functorch batched tensor: data_ptr() raises
+        return x
+
+    torch.vmap(inner)(torch.randn(2, 3))
+    assert seen == [None]
+
+
+def test_dtype_shape_and_bytes_all_enter_the_key():
+    raw = torch.arange(4, dtype=torch.int32)
+    same_bytes = [
+        raw,
+        raw.view(torch.float32),
+        raw.view(torch.uint8).view(torch.int32).reshape(2, 2),
+        raw.view(torch.int16),  # (8,)
+        raw.view(torch.int16).reshape(2, 4),
+    ]
+    for t in same_bytes:
+        digest(t, CODECS)  # each pair known: the keys below take the pointer road
+    keys = [digest(t, CODECS) for t in same_bytes]
+    assert len(set(keys)) == len(keys)
+    other = raw.clone()
+    other[3] = 4
+    assert digest(other, CODECS) != keys[0]
+
+
+def test_the_key_is_pinned_and_the_same_in_a_fresh_process():
+    """The key scheme did not change (existing cache entries keep their keys), and it does
+    not depend on the process."""
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    pinned = "844516eaa57b95db781ede96fc4f6ea62e0263267b4c603d885084da2a07c3f6"
+    assert twice(t) == (pinned, pinned)
+    code = (
+        "import torch; from somatize import digest; from somatize.torch.codecs import "
+        "default_codecs; c = default_codecs(); t = torch.arange(6, dtype=torch.float32).reshape(2, 3);"
+        "print(digest(t, c), digest(t, c))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [pinned, pinned]
+
+
+def test_a_tensor_off_the_cpu_is_not_read_through_its_pointer():
+    digest(torch.randn(6), CODECS)
+    assert CODECS[0].key(torch.empty(6, device="meta")) is None
+    if torch.cuda.is_available():  # a device pointer read as host memory would crash
+        on_gpu = torch.randn(6, device="cuda")
+        assert digest(on_gpu, CODECS) == digest(on_gpu.cpu(), CODECS)
