@@ -124,6 +124,7 @@ class LightningGraph(L.LightningModule):
         self._pending: list[torch.Tensor] = []  # step losses not yet read back from the device
         self._last_batch: tuple[torch.Tensor, int] | None = None  # the last training batch's
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
+        self._val_examples: dict[str, int] = {}  # the last validation's, over every rank
         self._sums: dict[str, Sums] = {}  # evaluation prefix → its sums (lightning_history.py)
         self._started = 0.0
         self._tally: tally.CacheTally | None = None  # on the graph during fit (tally.py)
@@ -276,6 +277,7 @@ class LightningGraph(L.LightningModule):
             return
         reduce = self.trainer.strategy.reduce if self.trainer.world_size > 1 else None
         means = sums.means(self.device, reduce)
+        self._val_examples = {"val_": sums.total}  # (TrainResult.val_examples)
         record: dict[str, float] = {"step": self.global_step, "epoch": self.current_epoch}
         record.update({f"val_{k}": v for k, v in means.items() if k in sums.own})
         record.update({f"val_{k}": v for k, v in computed.items()})
@@ -295,6 +297,7 @@ class LightningGraph(L.LightningModule):
             "losses": list(self.losses),
             "history": [dict(r) for r in self.history],
             "examples": dict(self._examples),
+            "val_examples": dict(self._val_examples),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -311,6 +314,7 @@ class LightningGraph(L.LightningModule):
             self._losses = list(state["losses"])
             self.history = [dict(r) for r in state["history"]]
             self._examples = dict(state["examples"])
+            self._val_examples = dict(state.get("val_examples") or {})
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]

@@ -54,6 +54,7 @@ class Sums:
         self.own: dict[str, Any] = {}
         self.nodes: dict[str, Any] = {}
         self.examples = 0
+        self.total = 0  # the examples over every rank, once ``means`` has reduced them
 
     def add(self, name: str, value: torch.Tensor | float, n: int, *, node: bool = False) -> None:
         """Add a batch's ``value`` (a mean over its ``n`` examples), made float64 first: a
@@ -81,6 +82,7 @@ class Sums:
         if reduce is not None:
             total = reduce(total, reduce_op="sum")
         values = total.cpu().tolist()
+        self.total = round(values[-1])
         return {k: values[j] / values[-1] for j, k in enumerate(names)}
 
 

@@ -42,7 +42,8 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
     the trainer's ``ModelCheckpoint`` when it monitors a metric, else ``val_loss``
     over ``lg.history``; ``checkpoint`` is its last checkpoint (``save_last``) or its
     best; ``pruned`` is whether a callback stopped the run (``EarlyStopping``...), and
-    ``pruned_reason`` its message.
+    ``pruned_reason`` its message; ``val_examples`` the examples the last validation
+    averaged over, over every rank (``fl.weighted_metrics`` weighs its metrics by them).
 
     Example:
         >>> trainer.fit(lg, train_loader, val_loader)  # doctest: +SKIP
@@ -86,4 +87,5 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
         seconds=lg.seconds,
         seed=int(seed) if seed is not None else None,
         cache=tally.totals(lg._tally),
+        val_examples=dict(lg._val_examples),
     )

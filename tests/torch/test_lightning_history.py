@@ -141,3 +141,46 @@ def test_under_bf16_val_loss_is_lightnings_and_the_somatize_trainers():
     want = float(done.callback_metrics["val_loss"])
     assert lg.history[-1]["val_loss"] == pytest.approx(want, rel=1e-6, abs=0)
     assert evaluated == pytest.approx(want, rel=1e-6, abs=0)
+
+
+def test_results_say_what_the_last_validation_counted_so_weighted_metrics_weighs_by_it(
+    tmp_path,
+):
+    import warnings
+
+    from somatize.torch import federated as fl
+
+    results = []
+    for n_val in (38, 5):  # unequal validation sets, equal training sets
+        lg = lg_of(graph())
+        trainer = lightning(max_epochs=1)
+        trainer.fit(lg, loader(64, 0, batch=16), loader(n_val, n_val, batch=16))
+        results.append(result(trainer, lg))
+    assert [r.val_examples for r in results] == [{"val_": 38}, {"val_": 5}]
+    assert [r.num_examples for r in results] == [64, 64]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (it warned, and weighed by the 64 training examples)
+        pooled = fl.weighted_metrics(results)
+    losses = [r.metrics[-1]["val_loss"] for r in results]
+    assert pooled["val_loss"] == pytest.approx((38 * losses[0] + 5 * losses[1]) / 43, rel=1e-12)
+    # what st.Trainer's results say for the same validation sets
+    trainer = st.Trainer(
+        loss=F.cross_entropy, epochs=1, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1)
+    )
+    own = trainer.fit(graph(), loader(64, 0, batch=16), val=loader(38, 38, batch=16))
+    assert own.val_examples == results[0].val_examples
+    # kept across a checkpoint: a resumed fit's result still says it
+    lg = lg_of(graph())
+    first = lightning(max_epochs=1, enable_checkpointing=True, default_root_dir=tmp_path)
+    first.fit(lg, loader(64, 0, batch=16), loader(38, 38, batch=16))
+    resumed_lg = lg_of(graph())
+    resumed = lightning(max_epochs=1, enable_checkpointing=True, default_root_dir=tmp_path)
+    with warnings.catch_warnings():  # (Lightning's: the directory holds the first's)
+        warnings.filterwarnings("ignore", "Checkpoint directory .* exists", UserWarning)
+        resumed.fit(
+            resumed_lg,
+            loader(64, 0, batch=16),
+            loader(38, 38, batch=16),
+            ckpt_path=first.checkpoint_callback.best_model_path,
+        )
+    assert result(resumed, resumed_lg).val_examples == {"val_": 38}

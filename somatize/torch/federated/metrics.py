@@ -76,7 +76,7 @@ def weighted_metrics(results: Sequence[Any]) -> dict[str, float]:
 
     Warns:
         UserWarning: a ``TrainResult`` that does not say how many examples a metric was
-            computed over (made by hand, by Lightning, or before results recorded it):
+            computed over (made by hand, or before results recorded it):
             that metric is weighted by its ``num_examples``, the training-set size.
 
     Example:
