@@ -283,7 +283,7 @@ def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> st
     """
     if type(value) in _DATA:
         try:
-            return blake3(_plain(value)).hexdigest()
+            return blake3(_plain(value)).digest().hex()  # (hexdigest() costs 0.1 µs more)
         except _Slow:
             pass
         except RecursionError:
@@ -309,7 +309,7 @@ def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> st
                     tag = _TAGS[codec.tag] = b"c" + _LEN.pack(len(raw_tag)) + raw_tag
                 chunks[0] = tag + _LEN.pack(size)
                 if size <= 65536:  # one update: copying a small payload costs less than a call
-                    return blake3(b"".join(chunks)).hexdigest()
+                    return blake3(b"".join(chunks)).digest().hex()
                 h = blake3(chunks.pop(0))
                 for c in chunks:
                     h.update(c)
