@@ -62,3 +62,17 @@ def test_tracing_or_exporting_a_cached_graph_says_to_turn_caching_off():
     exported = torch.export.export(model, (X,))
     with torch.no_grad():
         assert torch.equal(exported.module()(X), g["conv"].conv(X))
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_module_never_called_exports_and_builds_its_program_once(strict):
+    g = Graph.somatize(Conv())
+    model = st.module(g)  # no forward yet: no program (its first forward builds it)
+    assert g._program is None
+    with warnings.catch_warnings():  # (strict: dynamo sees forward keep model.metrics)
+        warnings.filterwarnings("ignore", "While compiling, we found certain side effects")
+        exported = torch.export.export(model, (X,), strict=strict)
+    program = g._program
+    assert program is not None  # built for the export, eagerly (dynamo traced no compiler)
+    assert torch.equal(exported.module()(X), model(X))
+    assert g._program is program  # the module's own call found it built
