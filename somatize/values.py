@@ -57,7 +57,18 @@ class _Slow(Exception):
     """Internal: the value needs the general encoder (a codec leaf, or an error to explain)."""
 
 
-_KEYS: dict[str, bytes] = {}  # encodings of dict keys seen: the same few names recur
+_KEYS: dict[str, bytes] = {}  # encodings of dict keys (and short str values) seen: they recur
+# encodings of the ints that take one or two bytes: those of one made at import, those of
+# two as they are met (a lookup costs a third of int.to_bytes)
+_INTS: dict[int, bytes] = dict(_INT_SMALL)
+
+
+def _int_two(v: int) -> bytes:
+    """The encoding of an int of two bytes (-32768 <= v < 32768, not one byte), kept."""
+    b = _INT_TWO + v.to_bytes(2, "big", signed=True)
+    if len(_INTS) < 8192:
+        _INTS[v] = b
+    return b
 
 
 def _str(v: str) -> bytes:
@@ -95,11 +106,8 @@ def _plain(v: Any) -> bytes:
         for x in v:
             tx = type(x)
             if tx is int and -32768 <= x < 32768:
-                out.append(
-                    _INT_SMALL[x]
-                    if -128 <= x < 128
-                    else _INT_TWO + x.to_bytes(2, "big", signed=True)
-                )
+                known = _INTS.get(x)
+                out.append(known if known is not None else _int_two(x))
             elif tx is float and x == x:
                 out.append(b"f" + _FLOAT.pack(x))
             else:
@@ -120,7 +128,12 @@ def _plain(v: Any) -> bytes:
                 raise _Slow
             tx = type(x)
             if tx is str:
-                pairs.append(kb + _str(x))
+                sb = _KEYS.get(x)
+                if sb is None:
+                    sb = _str(x)
+                    if len(_KEYS) < 4096 and len(x) <= 64:
+                        _KEYS[x] = sb
+                pairs.append(kb + sb)
             elif tx is float and x == x:
                 pairs.append(kb + b"f" + _FLOAT.pack(x))
             else:

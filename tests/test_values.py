@@ -156,6 +156,20 @@ def test_the_fast_encoder_writes_what_the_reference_encoder_writes(a: Any) -> No
     assert _plain(a) == b"".join(bytes(c) for c in out)
 
 
+def test_the_fast_encoders_kept_encodings_are_the_reference_encoders() -> None:
+    """Two-byte ints in a list and short str values in a dict are kept once encoded (what
+    the second call reads): both calls write what the reference encoder writes."""
+    from somatize.values import _encode, _plain
+
+    ints = [-32768, -129, -128, 127, 128, 255, 256, 2023, 32767, 32768, -32769]
+    value = {"ids": ints, "lang": "en", "text": "x" * 65, "empty": "", "ünï": "cödé"}
+    out: list[Any] = []
+    _encode(value, out.append, ())
+    reference = b"".join(bytes(c) for c in out)
+    assert _plain(value) == _plain(value) == reference
+    assert _plain(ints) == _plain(ints) and decode(_plain(ints)) == ints
+
+
 # -- the cases the design names -----------------------------------------------------------
 
 
