@@ -149,6 +149,11 @@ def test_the_key_is_pinned_and_the_same_in_a_fresh_process():
 def test_a_tensor_off_the_cpu_is_not_read_through_its_pointer():
     digest(torch.randn(6), CODECS)
     assert CODECS[0].key(torch.empty(6, device="meta")) is None
-    if torch.cuda.is_available():  # a device pointer read as host memory would crash
-        on_gpu = torch.randn(6, device="cuda")
-        assert digest(on_gpu, CODECS) == digest(on_gpu.cpu(), CODECS)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_tensor_of_a_known_dtype_and_shape_is_keyed_by_its_bytes_not_its_pointer():
+    digest(torch.randn(6), CODECS)  # (float32, (6,)) known on the CPU
+    on_gpu = torch.randn(6, device="cuda")  # a device pointer read as host memory would crash
+    assert digest(on_gpu, CODECS) == digest(on_gpu.cpu(), CODECS) == encoded_key(on_gpu.cpu())
