@@ -86,11 +86,20 @@ def isolated(name: str, quick: bool) -> tuple[list[Row], list[str]]:
     with tempfile.TemporaryDirectory(prefix="smz-bench-") as tmp:
         out = Path(tmp) / "rows.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--out", str(out)]
-        done = subprocess.run(cmd + (["--quick"] if quick else []), check=False)
+        done = subprocess.run(cmd + (["--quick"] if quick else []), check=False, env=_env())
         if done.returncode != 0 or not out.exists():
             raise RuntimeError(f"benchmark {name!r} exited with {done.returncode}")
         got = json.loads(out.read_text())
     return [Row(**r) for r in got["rows"]], got["tables"]
+
+
+def _env() -> dict[str, str]:
+    """The environment of a benchmark's process, with this checkout first on the import
+    path: the package it measures (and its pools' workers import) is the one beside this
+    file, not whichever one the environment has installed (an editable install points at
+    one checkout, and a second worktree's run would measure it instead)."""
+    root, before = str(HERE.parent), os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + before if before else "")}
 
 
 def child(name: str, quick: bool, out: Path) -> int:
