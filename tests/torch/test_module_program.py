@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 
+import pytest
 import torch
 import torch._dynamo
 from torch import nn
@@ -113,3 +114,31 @@ def test_module_of_a_plain_sequential_graph_matches_nn_sequential_and_its_gradie
     (g_out,) = torch.autograd.grad(out.sum(), [g["linear"].lin.weight])
     (g_ref,) = torch.autograd.grad(want.sum(), [g["linear"].lin.weight])
     assert_close(g_out, g_ref)
+
+
+def test_what_the_plan_checks_is_reported_by_the_first_call_and_then_runs():
+    from somatize.errors import EmptyGraphError
+
+    g = Graph()
+    m = st.module(g)  # a module before its nodes: nothing to compile yet
+    with pytest.raises(EmptyGraphError, match="has no nodes"):
+        m(torch.ones(1, 2))
+    g.node("a", Linear(2, 3))
+    out = m(torch.ones(1, 2))  # registered and compiled by this call
+    assert "a.lin.weight" in m.state_dict()
+    assert_close(out, g["a"].lin(torch.ones(1, 2)))
+
+
+def test_fit_reports_a_per_example_cache_on_a_trainable_node_before_its_first_step():
+    from somatize import MemoryKeeper
+    from somatize.errors import CacheError
+
+    g = Graph.somatize(Linear(4, 2), keeper=MemoryKeeper()).cache("linear", per="example")
+    st.module(g)  # registers; the plan that refuses it is not built yet
+    batch = (torch.randn(3, 4), torch.randint(0, 2, (3,)))
+    trainer = st.Trainer(
+        loss=nn.functional.cross_entropy, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1)
+    )
+    with pytest.raises(CacheError, match="neither frozen nor row-wise"):
+        trainer.fit(g, [batch])
+    assert g["linear"].lin.weight.grad is None  # no step ran
