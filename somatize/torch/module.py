@@ -204,7 +204,7 @@ class GraphModule(nn.Module):
         self._frozen = frozenset(frozen)
         # The program is compiled by the first forward (_current), not here: a module made
         # for its parameters or its state alone (a federated server, a checkpoint) never
-        # needs it, and a 1,000-node module(g) costs a third of what it did with it.
+        # needs it, and a 1,000-node module(g) costs under half what it did with it.
         self._program = None
         self._synced = g._stamp()  # what the graph was when its modules were registered
 
