@@ -63,6 +63,14 @@ _KEYS: dict[str, bytes] = {}  # encodings of dict keys (and short str values) se
 _INTS: dict[int, bytes] = dict(_INT_SMALL)
 
 
+def _kept_str(v: str) -> bytes:
+    """The encoding of a str, kept when short (a dict key or a short value: they recur)."""
+    b = _str(v)
+    if len(_KEYS) < 4096 and len(v) <= 64:
+        _KEYS[v] = b
+    return b
+
+
 def _int_two(v: int) -> bytes:
     """The encoding of an int of two bytes (-32768 <= v < 32768, not one byte), kept."""
     b = _INT_TWO + v.to_bytes(2, "big", signed=True)
@@ -117,23 +125,14 @@ def _plain(v: Any) -> bytes:
         pairs = []
         for k, x in v.items():
             if type(k) is str:
-                kb = _KEYS.get(k)
-                if kb is None:
-                    kb = _str(k)
-                    if len(_KEYS) < 4096 and len(k) <= 64:
-                        _KEYS[k] = kb
+                kb = _KEYS.get(k) or _kept_str(k)  # (an encoding is never empty)
             elif type(k) is int:
                 kb = _plain(k)
             else:
                 raise _Slow
             tx = type(x)
             if tx is str:
-                sb = _KEYS.get(x)
-                if sb is None:
-                    sb = _str(x)
-                    if len(_KEYS) < 4096 and len(x) <= 64:
-                        _KEYS[x] = sb
-                pairs.append(kb + sb)
+                pairs.append(kb + (_KEYS.get(x) or _kept_str(x)))
             elif tx is float and x == x:
                 pairs.append(kb + b"f" + _FLOAT.pack(x))
             else:

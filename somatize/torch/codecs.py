@@ -167,7 +167,7 @@ class TensorCodec:
         tensor that is not a plain C-contiguous CPU tensor).
 
         A small tensor of a (dtype, shape) keyed before through ``numpy()`` (``_key``) is
-        read through its data pointer: five checks stand in for ``numpy()``'s, and no array
+        read through its data pointer: six checks stand in for ``numpy()``'s, and no array
         is made (0.7 µs)."""
         if type(value) is torch.Tensor:
             try:
