@@ -31,25 +31,56 @@ __all__ = [
 ]
 
 _PLAIN = frozenset({int, float, str, bool, type(None), bytes})
-_OWN = frozenset({"_impl", "_params", "_tensors"})  # Holdings' own attributes
+_OWN = frozenset({"_impl"})  # Holdings' own attribute
 MODULE_NAMES = frozenset(dir(nn.Module()))  # attributes every module has
+
+
+class _Mirror(dict):  # type: ignore[type-arg]
+    """A ``Holdings``' table of parameters or buffers, all of them the node's own attributes:
+    an entry written into it is written on the node too, so the node's forward reads it.
+    ``torch.func.functional_call`` (and ``vmap``/``grad`` over it) and ``.to()`` write these
+    tables directly, not through ``setattr``."""
+
+    __slots__ = ("impl",)
+    impl: Any
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        dict.__setitem__(self, name, value)
+        if name in vars(self.impl):  # (object's: a frozen dataclass node is written too)
+            object.__setattr__(self.impl, name, value)
+
+    def __reduce__(self) -> Any:  # (pickle sets items before slots: made whole instead)
+        return _remade, (self.impl, dict(self))
+
+
+def _remade(impl: Any, items: dict[str, Any]) -> _Mirror:
+    mirror = _Mirror(items)
+    mirror.impl = impl
+    return mirror
+
+
+def _mirrored(held: nn.Module) -> None:
+    """Make ``held``'s parameter and buffer tables ``_Mirror``s of its node (once)."""
+    own = vars(held)
+    for table in ("_parameters", "_buffers"):
+        if type(own[table]) is not _Mirror:
+            own[table] = _remade(own["_impl"], own[table])
 
 
 @lazy  # (never hooked by module(g): its hook tables are made only if touched)
 class Holdings(nn.Module):
     """The modules, parameters and tensors one node holds, registered under the node id.
 
-    Direct attributes: modules, parameters, and plain tensors (as buffers, written back
-    to the node after ``.to()``); one assigned here (``model.head.lin = nn.Linear(...)``)
-    is assigned on the node too, so its forward runs it. Inside list, tuple and dict attributes (nested too),
+    Direct attributes: modules, parameters, and plain tensors (as buffers); one written
+    here is written on the node too, so its forward reads it — assigned
+    (``model.head.lin = nn.Linear(...)``), moved by ``.to()``, or swapped in for a call by
+    ``torch.func.functional_call``. Inside list, tuple and dict attributes (nested too),
     and any mapping, namedtuple or dataclass: modules, named by index, key or field
     (``heads.0``, ``heads.fr``). A node held by the node
     (a ``Mapped`` node's inner node, a helper node) registers its own holdings nested.
     """
 
     _impl: Any
-    _params: tuple[str, ...]  # direct attributes, written back after .to()
-    _tensors: tuple[str, ...]
 
     def _get_name(self) -> str:  # printed as the node's class: Encode( (emb): Embedding(...) )
         return type(self._impl).__qualname__
@@ -63,13 +94,8 @@ class Holdings(nn.Module):
             return  # not an attribute of the node: registered here only, as on any module
         # ``model.head.lin = nn.Linear(...)``: the node's attribute too, so forward runs it
         setattr(impl, name, value)
-        params = tuple(n for n in self._params if n != name and n in self._parameters)
-        tensors = tuple(n for n in self._tensors if n != name and n in self._buffers)
-        if name in self._parameters:
-            params += (name,)
-        elif name in self._buffers:
-            tensors += (name,)
-        vars(self).update(_params=params, _tensors=tensors)
+        if isinstance(value, torch.Tensor):
+            _mirrored(self)  # and kept so: .to() and functional_call write the tables
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         node = type(self._impl).__qualname__
@@ -87,16 +113,6 @@ class Holdings(nn.Module):
         _warn_hook(self)
         return super().register_forward_pre_hook(hook, *args, **kwargs)
 
-    def _apply(self, fn: Any, recurse: bool = True) -> Holdings:
-        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
-        # Keep the node's own attributes pointing at the moved tensors (.to() makes new
-        # buffers, and new parameters when torch is set to overwrite them on conversion).
-        for name in self._params:
-            setattr(self._impl, name, self._parameters[name])
-        for name in self._tensors:
-            setattr(self._impl, name, self._buffers[name])
-        return self
-
 
 def _warn_hook(held: Holdings) -> None:
     warnings.warn(
@@ -109,7 +125,7 @@ def _warn_hook(held: Holdings) -> None:
     )
 
 
-_new_holdings = maker(Holdings, "_impl", "_params", "_tensors")
+_new_holdings = maker(Holdings, "_impl")
 
 
 def node_holdings(
@@ -119,7 +135,7 @@ def node_holdings(
     when it holds no module and no tensor. Given ``sig``, what ``node_signature`` appends
     is appended to it, found in the same walk."""
     held: Holdings | None = None
-    inside = seen
+    inside, bare = seen, False
     for name, value in vars(impl).items():
         if type(value) in _PLAIN or name.startswith("_somatize"):
             continue  # (most attributes: numbers, strings, flags)
@@ -144,7 +160,7 @@ def node_holdings(
                 "every nn.Module already has; rename the attribute"
             )
         if held is None:  # nn.Module.__init__'s attributes at a dict's cost (see blank.py)
-            held = _new_holdings(impl, (), ())
+            held = _new_holdings(impl)
         if isinstance(inner, nn.Module):
             if name and "." not in name and name not in _OWN:
                 held._modules[name] = inner  # what add_module checks, checked above
@@ -152,10 +168,12 @@ def node_holdings(
                 held.add_module(name, inner)  # raises its own error
         elif isinstance(inner, nn.Parameter):
             held.register_parameter(name, inner)
-            vars(held)["_params"] += (name,)  # (a plain attribute: no __setattr__ needed)
+            bare = True
         else:
             held.register_buffer(name, inner)
-            vars(held)["_tensors"] += (name,)
+            bare = True
+    if bare and held is not None:
+        _mirrored(held)  # (only a node holding a bare tensor pays for it)
     return held
 
 

@@ -16,7 +16,7 @@ import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
 from somatize.torch import blank as blank_module
 from somatize.torch.blank import blank, lazy, maker
-from somatize.torch.holdings import Holdings
+from somatize.torch.holdings import Holdings, _Mirror, _mirrored
 
 
 class Plain(nn.Module):
@@ -234,17 +234,18 @@ def test_module_of_a_graph_runs_no_module_constructor_per_node(
     assert sorted(inits) == ["GraphModule", "_Nodes"]
     assert len(m._modules) == 50
     for held in m._modules.values():
-        assert set(vars(held)) == OWN | {"_impl", "_params", "_tensors"}  # no hook table yet
+        assert set(vars(held)) == OWN | {"_impl"}  # no hook table yet
         normal = Holdings()
-        for name in ("_impl", "_params", "_tensors"):
-            object.__setattr__(normal, name, getattr(held, name))
+        object.__setattr__(normal, "_impl", held._impl)
+        assert type(held._parameters) is _Mirror  # (Lin holds a bare parameter)
+        _mirrored(normal)
         normal._parameters.update(held._parameters)
         normal._modules.update(held._modules)
         assert_same_reads(held, normal)
     small = st.module(g)
     assert sorted(small._modules) == ["lin", "lin_2", "lin_3", "lin_4"]  # nothing for Free
     assert list(small.state_dict())[:3] == ["lin.scale", "lin.lin.weight", "lin.lin.bias"]
-    assert small.lin._params == ("scale",) and small.lin._tensors == ()
+    assert type(small.lin._parameters) is _Mirror and small.lin._parameters.impl is g["lin"]
     small.to(torch.float64)  # the node's own parameter follows the module
     assert g["lin"].scale.dtype == torch.float64 and g["lin"].scale is small.lin.scale
     assert isinstance(small.lin._forward_hooks, OrderedDict)
