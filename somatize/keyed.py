@@ -201,16 +201,21 @@ def walk(
             notify(watchers, NodeStart(run.id, label, run.step))
         start = time.perf_counter()
         try:
-            if sub is not None:
-                o = _run_sub(env, sub, node, impl, inp, ctx, source, in_keys, node_key, keyless)
-                value, is_opaque = o.value, o.opaque
-                metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
-            elif per_row:
+            if per_row:  # (a subgraph too: its rows computed by its program, frozen)
                 forward = env.forward(node, impl)
                 value, node_key, node_metrics = rows.remember(
                     env, node, label, impl, inp, ctx, forward
                 )
                 is_opaque = False
+                if sub is not None and node_metrics:  # by inner node, as below
+                    inner, node_metrics = node_metrics, None
+                    metrics.update({f"{node}/{k}": v for k, v in inner.items()})
+                    for k, v in inner.items():
+                        notify(watchers, Metrics(run.id, f"{label}/{k}", run.step, v))
+            elif sub is not None:
+                o = _run_sub(env, sub, node, impl, inp, ctx, source, in_keys, node_key, keyless)
+                value, is_opaque = o.value, o.opaque
+                metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
             elif per_item:
                 value, node_metrics = _mapped(env, node, label, impl, inp, ctx)
                 is_opaque = False
@@ -287,6 +292,7 @@ def _run_sub(
             env.prefix + node + "/",
             need_key=node_key is not None,
             keyless_from=keyless,
+            explained=env.explained,  # (g.explain: the subgraph's cached nodes too)
         )
         return Done(o)
 
