@@ -88,7 +88,9 @@ def execute_job(job: Job, bundle: Bundle, keeper: Keeper) -> Reply:
     keys, parts = job["keys"], job["parts"]
     env = Env(
         impls=impls,
-        forward=lambda node, impl: impl.forward,
+        forward=lambda node, impl: (
+            impl.program().as_forward() if isinstance(impl, Graph) else impl.forward
+        ),  # (a subgraph's rows, cached per example, run by its program)
         subprogram=lambda node: impls[node].program() if isinstance(impls[node], Graph) else None,
         key=lambda node, impl, in_keys: keys.get(node),  # the caller's, never recomputed here
         parts=lambda node: (parts[node][0], parts[node][1], parts[node][2]),

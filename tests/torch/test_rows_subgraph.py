@@ -116,3 +116,20 @@ def test_explain_reports_a_cached_node_inside_a_subgraph():
     assert str(g.explain(x)).startswith("sub/d: miss")
     m(x)
     assert str(g.explain(x)) == "sub/d: hit"
+
+
+def test_a_subgraph_cached_per_example_on_another_host_keys_rows_there():
+    from somatize import MemoryKeeper
+    from somatize.transports import InProcess
+
+    box = MemoryKeeper()
+    g = graph().place("enc", host="box")
+    st.module(g)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(4))
+    want = st.module(graph(cached=False))(x).detach()
+    Layer.rows = 0
+    first = g.forward(x, transports={"box": InProcess(box)})
+    again = g.forward(x[[4, 0, 2]], transports={"box": InProcess(box)})
+    assert Layer.rows == 2 * 5 and len(box) == 5  # one entry a row, in the box's keeper
+    assert_close(first, want)
+    assert_close(again, want[[4, 0, 2]])
