@@ -16,7 +16,7 @@ unless their input requires grad (gradients then pass through to the nodes befor
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,20 +24,13 @@ from torch import nn
 from torch.compiler import is_compiling as _is_compiling
 
 from ..bulk import paused_gc
-from ..errors import StateError
 from ..graph import Graph
-from ..node import Mapped, Node, Run
+from ..node import Run
 from ..values import Opaque
 from .codecs import TensorCodec
 from .frozen import equip, needs_grad
-from .holdings import (
-    MODULE_NAMES,
-    held_by,
-    holdings_signature,
-    holds_any,
-    node_holdings,
-    node_signature,
-)
+from .holdings import MODULE_NAMES
+from .registration import _check_shared, _frozen_holdings, _Nodes, _signature
 
 __all__ = ["GraphModule", "module", "parameters"]
 
@@ -48,92 +41,18 @@ _by_graph: weakref.WeakValueDictionary[int, GraphModule] = weakref.WeakValueDict
 # starts in it, as the nodes' modules are, not in training mode while they are in eval
 _modes: weakref.WeakKeyDictionary[Graph, bool] = weakref.WeakKeyDictionary()
 _marked_any = False  # whether any parameter was ever marked frozen (in this process)
-_RESERVED: dict[bool, frozenset[str]] = {}
+_RESERVED: list[frozenset[str]] = []
 # GraphModule's plain attributes. They live in the instance dict, beside children of the
 # same name (a subgraph written into ``>>`` gets the id "graph"), reached by named_children.
 _OWN = frozenset({"graph", "step", "metrics"})
 
 
-def _reserved(top: bool) -> frozenset[str]:
-    """Names a node id holding modules may not take: attributes every module has (and,
-    at the top, those of ``GraphModule``)."""
-    if top not in _RESERVED:
-        names = MODULE_NAMES
-        _RESERVED[top] = names | (set(dir(GraphModule)) - _OWN) if top else names
-    return _RESERVED[top]
-
-
-class _Nodes(nn.Module):
-    """The holdings of every node of a (sub)graph, by node id; and ``signature``, what
-    ``_signature(g)`` says of them (found while registering them: one walk)."""
-
-    signature: list[Any]
-
-    def __init__(self, g: Graph, prefix: str = "") -> None:
-        super().__init__()
-        reserved = _reserved(top=not prefix)
-        modules = self._modules
-        signature: list[Any] = []  # (_signature's, found in the same walk)
-        put = signature.append
-        for node_id, impl in g._impls.items():
-            label = prefix + node_id if prefix else node_id
-            put(node_id)
-            if isinstance(impl, Node) and not isinstance(impl, Mapped):  # (most nodes)
-                # (holdings are made only for something registered: never empty)
-                held: nn.Module | None = node_holdings(impl, label, sig=signature)
-                if held is None:
-                    continue
-            else:
-                put(_signature(impl) if isinstance(impl, Graph) else holdings_signature(impl))
-                held = (
-                    _Nodes(impl, label + ".") if isinstance(impl, Graph) else held_by(impl, label)
-                )
-                if held is None or not holds_any(held):
-                    continue
-            if "." in node_id or node_id in reserved:
-                why = (
-                    "a module name cannot contain '.'"
-                    if "." in node_id
-                    else f"{node_id!r} is already an attribute of the module registering it"
-                )
-                raise StateError(
-                    f"node {label!r} holds modules, which are registered under its id, but {why}; "
-                    "give the node another id (g.node('other_id', ...) or node.with_id('other_id'))"
-                )
-            modules[node_id] = held  # (add_module refuses the ids of _OWN at the top)
-        object.__setattr__(self, "signature", signature)
-
-    def _get_name(self) -> str:
-        return "Graph"
-
-
-def _frozen_holdings(m: nn.Module, g: Graph, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
-    """(module path, holdings) of every frozen node, subgraphs included."""
-    children = m._modules
-    for node_id in g.nodes() if g.memory.frozen else ():
-        held = children.get(node_id)
-        if node_id in g.memory.frozen and held is not None:
-            yield prefix + node_id, held
-    for node_id, sub in g._subgraphs().items():
-        held = children.get(node_id)
-        if node_id not in g.memory.frozen and held is not None:
-            yield from _frozen_holdings(held, sub, f"{prefix}{node_id}.")
-
-
-def _check_shared(m: nn.Module, frozen: Mapping[str, nn.Module]) -> None:
-    """A module held by a frozen node and by a trainable one cannot be both frozen and
-    trained: freezing would silently win, and the trainable node never train."""
-    owner = {id(p): path for path, held in frozen.items() for p in held.parameters()}
-    for name, p in m.named_parameters(remove_duplicate=False):
-        path = owner.get(id(p))
-        if path is not None and not any(name.startswith(f"{f}.") for f in frozen):
-            node = name.split(".", 1)[0]
-            raise StateError(
-                f"node {path!r} is frozen and node {node!r} is not, but they hold the same "
-                f"module (its parameter {name!r}): it cannot be both frozen and trained. Give "
-                f"the frozen node its own copy (copy.deepcopy(module)), freeze {node!r} too, "
-                f"or unfreeze {path!r} (g.freeze({path.split('.')[0]!r}, False))"
-            )
+def _reserved() -> frozenset[str]:
+    """Names a node id holding modules may not take at the top: attributes every module
+    has, and those of ``GraphModule`` (inside a subgraph: only the former)."""
+    if not _RESERVED:
+        _RESERVED.append(MODULE_NAMES | (set(dir(GraphModule)) - _OWN))
+    return _RESERVED[0]
 
 
 class GraphModule(nn.Module):
@@ -176,7 +95,7 @@ class GraphModule(nn.Module):
         g = equip(self.graph)  # again: a subgraph may have been added since
         for name in list(self._modules):
             del self._modules[name]
-        nodes = _Nodes(g)
+        nodes = _Nodes(g, _reserved())
         self._modules.update(nodes._modules)
         self._holds = nodes.signature
         frozen = dict(_frozen_holdings(self, g))
@@ -274,7 +193,9 @@ class GraphModule(nn.Module):
             and isinstance(args[0], torch.Tensor)
             and not (program.keyed or g.watchers or g.placement.hosts)
         ):  # the training hot path: one tensor, Opaque, straight to the plan's loop
-            value, self.metrics = program.run_fast(args[0], Run(g.run_id, self.step, self.training))
+            value, metrics = program.run_fast(args[0], Run(g.run_id, self.step, self.training))
+            if metrics or self.metrics:  # (none before, none now: no write for dynamo to see)
+                self.metrics = metrics
             return value
         as_data = program.keyed
         if as_data and (_is_tracing() or torch.compiler.is_exporting()):
@@ -357,22 +278,6 @@ def module(g: Graph) -> GraphModule:
         else:
             m._refresh()
     return m
-
-
-def _signature(g: Graph) -> list[Any]:
-    """What every node of ``g`` (subgraphs' too) holds, as ids, flat: each node's id, then
-    what ``node_signature`` appends for it (a node's) or its ``holdings_signature`` (a
-    subgraph's, a mapped node's). Nothing a node appends is a string but its attributes'
-    names, each followed by a part that is not, so no two holdings read the same."""
-    out: list[Any] = []
-    put = out.append
-    for n, impl in g._impls.items():
-        put(n)
-        if isinstance(impl, Node) and not isinstance(impl, Mapped):
-            node_signature(impl, out)
-        else:
-            put(_signature(impl) if isinstance(impl, Graph) else holdings_signature(impl))
-    return out
 
 
 def _forget_digests(g: Graph) -> None:
