@@ -115,3 +115,22 @@ def test_a_move_that_makes_new_parameters_reaches_the_node():
     assert node.scale.dtype == torch.float64 and node.shift.dtype == torch.float64
     assert node.shift is model.get_buffer("aff.shift")
     assert model(torch.randn(2, 4, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_an_ensemble_runs_under_vmap_with_stacked_bare_parameters():
+    # torch's model-ensembling recipe: stacked state, a copy on the meta device, vmap
+    from torch.func import stack_module_state
+
+    models = [st.module(_graph()) for _ in range(3)]
+    for i, m in enumerate(models):  # (three different models)
+        with torch.no_grad():
+            m.get_parameter("aff.scale").add_(i)
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta")
+    x = torch.randn(5, 4)
+
+    def one(p, b, x):
+        return functional_call(base, (p, b), (x,))
+
+    out = vmap(one, in_dims=(0, 0, None))(params, buffers, x)
+    assert_close(out, torch.stack([m(x) for m in models]).detach())
