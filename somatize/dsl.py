@@ -37,10 +37,37 @@ class Expr(Composable):
 
 @dataclass(frozen=True, eq=False)
 class Ref(Expr):
-    """One node (or subgraph), with an explicit id or None for the default."""
+    """One node (or subgraph), with an explicit id or None for the default.
+
+    What ``with_id`` returns, so it answers what a node would after it: ``.mapped()``
+    (``n.with_id("a").mapped()`` is ``n.mapped().with_id("a")``) and ``.with_id()``
+    (the last id written names the node).
+    """
 
     impl: Any
     id: str | None = None
+
+    def with_id(self, node_id: str) -> Ref:
+        """The same node under ``node_id`` instead."""
+        return Ref(self.impl, node_id)
+
+    def mapped(self) -> Ref:
+        """The node applied item by item, keeping this id.
+
+        Raises:
+            TypeError: the node is a ``Graph`` or mapped already (naming it and the fix).
+        """
+        if isinstance(self.impl, Mapped):
+            raise TypeError(
+                f"node {self.id!r} is mapped already, and mapped() applies once; "
+                "write .mapped() once"
+            )
+        if not isinstance(self.impl, Node):
+            raise TypeError(
+                f"node {self.id!r} is a {type(self.impl).__qualname__}, and only a Node is "
+                "mapped item by item; map a node inside it (Graph.somatize(node.mapped()))"
+            )
+        return Ref(self.impl.mapped(), self.id)
 
 
 class _Parts(Expr):

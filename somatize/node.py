@@ -158,7 +158,8 @@ class Node(Composable):
         return Mapped(self)
 
     def with_id(self, node_id: str) -> Expr:
-        """This node under an explicit id, for use in ``>>`` / ``|`` expressions."""
+        """This node under an explicit id, for use in ``>>`` / ``|`` expressions; ``.mapped()``
+        may follow (as it may come before), and a second ``with_id`` renames."""
         from .dsl import Ref
 
         return Ref(self, node_id)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from somatize import Ctx, Done, DuplicateNodeError, Graph, GraphError, Node
+from somatize import Ctx, Done, DuplicateNodeError, Graph, GraphError, Mapped, Node
 from somatize.dsl import build, default_id
 
 
@@ -41,6 +41,38 @@ def test_one_explicit_id_on_two_nodes_is_an_error() -> None:
     c = Classify()
     with pytest.raises(DuplicateNodeError, match="two ids, 'a' and 'b'"):
         build(c.with_id("a") >> c.with_id("b"))
+
+
+def test_with_id_then_mapped_is_mapped_then_with_id() -> None:
+    class Inc(Node):
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            return Done(x + 1)
+
+    for expr in (Inc().with_id("enc").mapped(), Inc().mapped().with_id("enc")):
+        nodes, _ = build(Classify() >> expr)
+        assert [n for n, _ in nodes] == ["classify", "enc"]
+        assert isinstance(nodes[1][1], Mapped) and type(nodes[1][1].inner) is Inc
+        assert Graph.somatize(expr).forward([1, 2]) == [2, 3]  # item by item
+    inc = Inc()
+    ref = inc.with_id("enc").mapped()
+    assert ref.impl.inner is inc and ref.id == "enc"  # the very node, mapped
+
+
+def test_a_second_with_id_renames() -> None:
+    c = Classify()
+    nodes, edges = build(Encode() >> c.with_id("a").with_id("b"))
+    assert [n for n, _ in nodes] == ["encode", "b"] and nodes[1][1] is c
+    assert edges == [("encode", "b")]
+    assert [n for n, _ in build(c.with_id("a").mapped().with_id("b"))[0]] == ["b"]
+
+
+def test_mapped_after_with_id_refuses_a_graph_or_a_second_mapping_by_name() -> None:
+    with pytest.raises(TypeError, match="node 'g' is a Graph, and only a Node is mapped"):
+        Graph.somatize(Classify()).with_id("g").mapped()
+    with pytest.raises(
+        TypeError, match="node 'e' is mapped already, and mapped\\(\\) applies once"
+    ):
+        Classify().with_id("e").mapped().mapped()
 
 
 def test_the_same_instance_written_twice_is_one_node() -> None:

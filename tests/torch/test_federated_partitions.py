@@ -208,3 +208,73 @@ def test_dirichlet_redraws_when_only_full_clients_drew_a_share():
         assert min(len(p) for p in parts) >= 1
     with pytest.raises(ValueError, match=r"no Dirichlet\(alpha=0.001\) split in 1000 draws"):
         fl.dirichlet(np.repeat(np.arange(4), 50), clients=40, alpha=0.001)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        23,
+        np.int64(23),
+        torch.randn(23, 3),  # features: the count is the first dimension
+        torch.randn(23),  # float regression targets
+        np.zeros((23, 2, 2)),
+        list(range(23)),
+        torch.utils.data.TensorDataset(torch.randn(23, 3), torch.randn(23)),
+    ],
+    ids=["int", "np.int64", "features", "float-targets", "array-3d", "list", "TensorDataset"],
+)
+def test_iid_and_quantity_skew_take_anything_with_a_length(data):
+    # only the count is used, as the docs say: the same split as for the int
+    assert fl.iid(data, clients=4, seed=1) == fl.iid(23, clients=4, seed=1)
+    assert fl.quantity_skew(data, clients=4, alpha=0.5, seed=1) == fl.quantity_skew(
+        23, clients=4, alpha=0.5, seed=1
+    )
+    covers_once(fl.iid(data, clients=4), 23)
+
+
+def test_a_count_without_a_length_is_named_with_the_fix():
+    for bad in (None, 23.0, torch.tensor(23)):  # (a 0-d tensor has no length)
+        with pytest.raises(TypeError, match=r"iid\(data=...\) takes the number of examples.*len"):
+            fl.iid(bad, clients=2)
+    with pytest.raises(TypeError, match=r"quantity_skew\(data=...\).*not a NoneType"):
+        fl.quantity_skew(None, clients=2, alpha=1)
+    with pytest.raises(ValueError, match=r"iid\(data=-1\): a count of examples cannot be negative"):
+        fl.iid(-1, clients=2)
+    with pytest.raises(
+        ValueError, match="3 examples cannot give 4 clients one each; use at most 3"
+    ):
+        fl.iid(3, clients=4)  # (iid has no min_size to offer)
+
+
+def test_label_splits_given_a_data_set_say_how_to_pass_its_labels():
+    ds = torch.utils.data.TensorDataset(torch.randn(20, 3), torch.arange(20) % 2)
+    fix = r"not a data set \(TensorDataset\); pass its labels: ds\.tensors\[1\]"
+    for split in (
+        lambda y: fl.dirichlet(y, clients=2, alpha=1),
+        lambda y: fl.shards(y, clients=2),
+        lambda y: fl.histogram(y, [list(range(20))]),
+    ):
+        with pytest.raises(ValueError, match=fix):
+            split(ds)
+        assert split(ds.tensors[1]) == split([y for _, y in ds])  # both fixes work
+    with pytest.raises(ValueError, match=r"Subset\); pass its labels: \[y for _, y in ds\]"):
+        fl.dirichlet(torch.utils.data.Subset(ds, [0, 1]), clients=2, alpha=1)
+    with pytest.raises(ValueError, match="uneven items.*one int per example"):
+        fl.dirichlet([[0], [1, 2]], clients=2, alpha=1)
+    with pytest.raises(ValueError, match=r"shape \(3, 3\); for one-hot labels pass"):
+        fl.shards(np.eye(3), clients=1)
+
+
+def test_shards_error_states_its_own_requirement_and_arguments():
+    with pytest.raises(ValueError) as e:
+        fl.shards(list(range(10)), clients=7)
+    msg = str(e.value)
+    assert "clients × per_client = 7 × 2 = 14 shards of at least one example" in msg
+    assert "per_client=1 with clients=7" in msg and "clients=5 with per_client=2" in msg
+    assert "min_size" not in msg  # shards has no such argument
+    assert len(fl.shards(list(range(10)), clients=7, per_client=1)) == 7  # the fix it names
+    assert len(fl.shards(list(range(10)), clients=5)) == 5
+    with pytest.raises(ValueError, match="per_client must be a positive int.*not 0"):
+        fl.shards(list(range(10)), clients=2, per_client=0)
+    with pytest.raises(ValueError, match="3 examples cannot give 7 clients one each"):
+        fl.shards([0, 1, 2], clients=7)

@@ -25,26 +25,74 @@ _TRIES = 1000  # Dirichlet draws before giving up on min_size
 
 
 def _labels(labels: Any) -> np.ndarray[Any, Any]:
+    """The integer class ids of a label-based split, refused with the fix when they are not.
+
+    Raises:
+        ValueError: a data set given for its labels (saying how to pass them), or
+            labels that are not a non-empty 1-d sequence of integers.
+    """
+    if _is_dataset(labels):
+        how = "ds.tensors[1] for a TensorDataset, or " if hasattr(labels, "tensors") else ""
+        raise ValueError(
+            f"labels must be the class ids, not a data set ({type(labels).__qualname__}); "
+            f"pass its labels: {how}[y for _, y in ds] (a list of ints)"
+        )
     if hasattr(labels, "detach"):  # a torch tensor
         labels = labels.detach().cpu().numpy()
-    arr = np.asarray(labels)
+    try:
+        arr = np.asarray(labels)
+    except (ValueError, TypeError) as e:  # ragged, or items numpy cannot hold side by side
+        raise ValueError(
+            f"labels must be a 1-d sequence of integer class ids; a {type(labels).__qualname__} "
+            f"of uneven items is not one ({e}); pass one int per example"
+        ) from e
     if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"labels must be a non-empty 1-d sequence, not shape {arr.shape}")
+        hint = "; for one-hot labels pass labels.argmax(1)" if arr.ndim == 2 else ""
+        raise ValueError(f"labels must be a non-empty 1-d sequence, not shape {arr.shape}{hint}")
     if not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"labels must be integers (class ids), not {arr.dtype}")
     return arr
 
 
-def _size(data: Any) -> int:
-    n = data if isinstance(data, (int, np.integer)) and not isinstance(data, bool) else None
-    if n is None:
-        n = len(_labels(data))
-    return int(n)
+def _is_dataset(x: Any) -> bool:
+    from torch.utils.data import Dataset
+
+    return isinstance(x, Dataset)
 
 
-def _check(n: int, clients: int, min_size: int = 1) -> None:
+def _size(data: Any, fn: str) -> int:
+    """The number of examples ``data`` stands for: an int, or the length of anything with
+    one (a tensor or array's first dimension, a Dataset, a list) — only the count is used.
+
+    Raises:
+        TypeError: ``data`` is neither a count nor something with a length.
+        ValueError: a negative count.
+    """
+    if isinstance(data, (int, np.integer)) and not isinstance(data, bool):
+        if data < 0:
+            raise ValueError(f"{fn}(data={data!r}): a count of examples cannot be negative")
+        return int(data)
+    try:
+        return len(data)
+    except TypeError as e:  # (a 0-d tensor or array, an iterable Dataset, a float, None)
+        raise TypeError(
+            f"{fn}(data=...) takes the number of examples (an int) or something with a length "
+            f"(a tensor or array: its first dimension; a Dataset; a list), not a "
+            f"{type(data).__qualname__} ({e}); pass the count, e.g. {fn}(len(ds), ...)"
+        ) from e
+
+
+def _check(n: int, clients: int, min_size: int | None = None) -> None:
+    """``clients`` (and ``min_size``, for a split that has one) are valid, and ``n``
+    examples give each client ``min_size`` (one, for a split without the argument)."""
     if isinstance(clients, bool) or not isinstance(clients, int) or clients < 1:
         raise ValueError(f"clients must be a positive int, not {clients!r}")
+    if min_size is None:
+        if clients > n:
+            raise ValueError(
+                f"{n} examples cannot give {clients} clients one each; use at most {n} clients"
+            )
+        return
     if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
         raise ValueError(
             f"min_size must be a non-negative int (examples per client), not {min_size!r}"
@@ -53,6 +101,30 @@ def _check(n: int, clients: int, min_size: int = 1) -> None:
         raise ValueError(
             f"{n} examples cannot give {clients} clients {min_size} each; use fewer clients "
             "or a smaller min_size"
+        )
+
+
+def _check_shards(n: int, clients: int, per_client: int) -> None:
+    """``n`` examples can be cut into ``clients * per_client`` shards of one example or more.
+
+    Raises:
+        ValueError: a bad ``clients`` or ``per_client``, or too few examples — naming the
+            ``clients`` and ``per_client`` that fit.
+    """
+    _check(n, clients)
+    if isinstance(per_client, bool) or not isinstance(per_client, int) or per_client < 1:
+        raise ValueError(
+            f"per_client must be a positive int (shards per client), not {per_client!r}"
+        )
+    k = clients * per_client
+    if k > n:
+        fits = [f"per_client={n // clients} with clients={clients}"]  # (clients <= n)
+        if n // per_client:
+            fits.append(f"clients={n // per_client} with per_client={per_client}")
+        raise ValueError(
+            f"shards cuts clients × per_client = {clients} × {per_client} = {k} shards of at "
+            f"least one example each, but there are {n} examples; make clients × per_client "
+            f"at most {n}: {' or '.join(fits)}"
         )
 
 
@@ -82,13 +154,21 @@ def iid(data: Any, clients: int, *, seed: int = 0) -> Parts:
     """A uniform random split into ``clients`` parts whose sizes differ by at most one.
 
     Args:
-        data: the number of examples, or the labels (only their count is used).
+        data: the number of examples, or anything with a length — a tensor or array (its
+            first dimension: features, targets or labels alike), a Dataset, a list. Only
+            the count is used.
+        clients: how many parts.
+        seed: the permutation's seed.
+
+    Raises:
+        TypeError: ``data`` is neither an int nor something with a length.
+        ValueError: fewer examples than clients.
 
     Example:
         >>> [len(p) for p in iid(10, clients=3, seed=0)]
         [4, 3, 3]
     """
-    n = _size(data)
+    n = _size(data, "iid")
     _check(n, clients)
     return [p.tolist() for p in np.array_split(_rng(seed).permutation(n), clients)]
 
@@ -97,13 +177,21 @@ def shards(labels: Any, clients: int, *, per_client: int = 2, seed: int = 0) -> 
     """McMahan et al. 2017's pathological split: sort by label, cut ``clients * per_client``
     shards, give each client ``per_client`` of them at random.
 
+    Args:
+        labels: one integer class id per example (a tensor, array or list; for a
+            ``TensorDataset``, ``ds.tensors[1]``).
+        clients: how many parts.
+        per_client: shards each client is dealt; ``clients * per_client`` may not exceed
+            the number of examples.
+        seed: the sort's tie-breaking and the deal's seed.
+
     Example:
         >>> y = [0] * 5 + [1] * 5 + [2] * 5 + [3] * 5
         >>> sorted(len(set(y[i] for i in p)) for p in shards(y, clients=2, seed=0))
         [2, 2]
     """
     y = _labels(labels)
-    _check(len(y), clients * per_client)
+    _check_shards(len(y), clients, per_client)
     rng = _rng(seed)
     # ties broken at random, so equal labels do not keep the data set's order
     order = np.lexsort((rng.permutation(len(y)), y))
@@ -171,12 +259,20 @@ def quantity_skew(
     (Li et al. 2022, "Federated learning on non-IID data silos"); every client gets
     ``min_size`` examples first.
 
+    Args:
+        data: the number of examples, or anything with a length (as ``iid``'s): only the
+            count is used, the labels being left IID.
+        clients: how many parts.
+        alpha: the Dirichlet concentration of the sizes (small: skewed, large: equal).
+        seed: the draw's seed.
+        min_size: examples every client gets before the skewed rest.
+
     Example:
         >>> parts = quantity_skew(1000, clients=4, alpha=0.5, seed=0)
         >>> sum(len(p) for p in parts), min(len(p) for p in parts) >= 1
         (1000, True)
     """
-    n = _size(data)
+    n = _size(data, "quantity_skew")
     _check(n, clients, min_size)
     if not alpha > 0:
         raise ValueError(f"alpha must be positive, not {alpha!r} (small: skewed, large: equal)")
