@@ -34,6 +34,21 @@ __all__ = ["Expr", "Par", "Ref", "Seq", "build", "par", "seq"]
 class Expr(Composable):
     """A composition of nodes, built with ``>>`` and ``|``; ``Graph.somatize`` makes it a graph."""
 
+    def with_id(self, node_id: str) -> Expr:
+        """Refused: an id names one node; this is a composition of several."""
+        raise TypeError(
+            f"with_id({node_id!r}) names one node, and this is a composition of several "
+            f"(written with >> or |); make it one subgraph node first: "
+            f"Graph.somatize(a >> b).with_id({node_id!r})"
+        )
+
+    def mapped(self) -> Expr:
+        """Refused: a composition is not mapped as a whole."""
+        raise TypeError(
+            "mapped() applies one node item by item, and this is a composition of several "
+            "(written with >> or |); map each node (a.mapped() >> b.mapped())"
+        )
+
 
 @dataclass(frozen=True, eq=False)
 class Ref(Expr):

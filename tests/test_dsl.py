@@ -193,3 +193,11 @@ def test_an_end_of_the_expression_that_feeds_a_node_is_refused_not_dropped() -> 
     followed = Graph.somatize(((enc >> a) | enc) >> ClassifyHead())  # the join takes both
     assert followed.forward(1) == (1, 1)
     assert Graph.somatize((enc >> a) | (enc >> ClassifyHead())).forward(2) == (2, 2)
+
+
+def test_a_composition_refuses_with_id_and_mapped_with_the_fix():
+    a, b = Classify(), Encode()
+    with pytest.raises(TypeError, match=r"Graph.somatize\(a >> b\).with_id\('x'\)"):
+        (a >> b).with_id("x")
+    with pytest.raises(TypeError, match=r"map each node"):
+        (a | b).mapped()
