@@ -29,11 +29,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, require
+from ..errors import CheckpointError, add_note, require
 from ..graph import Graph
 from . import tally
 from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
+from .first_step import batch_note
 from .lightning_history import Sums, compute_objects, reset_objects, scalar
 from .lightning_settings import check, configured, hyperparameters
 from .metrics import is_metric
@@ -126,6 +127,7 @@ class LightningGraph(L.LightningModule):
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
         self._val_examples: dict[str, int] = {}  # the last validation's, over every rank
         self._sums: dict[str, Sums] = {}  # evaluation prefix → its sums (lightning_history.py)
+        self._split_ok: set[str] = set()  # stages a batch went through: its form is not at fault
         self._started = 0.0
         self._tally: tally.CacheTally | None = None  # on the graph during fit (tally.py)
         self._epoch_counts: tuple[int, dict[str, dict[str, int]]] = (-1, {})
@@ -153,11 +155,24 @@ class LightningGraph(L.LightningModule):
                 if sums is not None:  # evaluated: in the history too, as under st.Trainer
                     sums.add(f"{node}/{name}", v, how["batch_size"], node=True)
 
+    def _explain(self, e: BaseException, batch: Any, stage: str) -> None:
+        """The Trainer's note on a batch it does not split (first_step.batch_note), on a
+        failure before any batch of ``stage`` went through (after one, its form is fine)."""
+        if self.split is None and stage not in self._split_ok:
+            note = batch_note(batch, self._loss is not None, "LightningGraph")
+            if note:
+                add_note(e, note)
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = self._split(batch)
-        n = num_examples(x)
-        self.net.step = self.global_step + 1  # the number of the step it computes, as st.Trainer
-        loss = self._loss_of(self.net(x), y)
+        try:
+            x, y = self._split(batch)
+            n = num_examples(x)
+            self.net.step = self.global_step + 1  # the number of the step it computes
+            loss = self._loss_of(self.net(x), y)
+        except (TypeError, ValueError) as e:
+            self._explain(e, batch, "train")
+            raise
+        self._split_ok.add("train")
         self.log(
             "train_loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=n
         )
@@ -169,11 +184,16 @@ class LightningGraph(L.LightningModule):
         return loss
 
     def _evaluate_step(self, batch: Any, prefix: str) -> None:
-        x, y = self._split(batch)
-        n = num_examples(x)
-        out = self.net(x)
-        values: dict[str, Any] = {"loss": self._loss_of(out, y)}  # the output, without a loss
-        values.update({name: fn(out, y) for name, fn in self._metrics.items() if not is_metric(fn)})
+        try:
+            x, y = self._split(batch)
+            n = num_examples(x)
+            out = self.net(x)
+            values: dict[str, Any] = {"loss": self._loss_of(out, y)}  # the output, without loss
+            values.update({k: fn(out, y) for k, fn in self._metrics.items() if not is_metric(fn)})
+        except (TypeError, ValueError) as e:
+            self._explain(e, batch, prefix)
+            raise
+        self._split_ok.add(prefix)
         m: Any
         for m in self._metrics.values():
             if is_metric(m):
@@ -199,7 +219,11 @@ class LightningGraph(L.LightningModule):
         self._evaluate_step(batch, "test_")
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
-        return self.net((self.split or split)(batch)[0])
+        try:
+            return self.net((self.split or split)(batch)[0])
+        except (TypeError, ValueError) as e:
+            self._explain(e, batch, "predict")
+            raise
 
     def configure_optimizers(self) -> Any:
         return configured(self.graph, self._optimizer, self._scheduler)
