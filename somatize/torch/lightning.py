@@ -41,6 +41,7 @@ from .module import GraphModule, module
 
 try:
     import lightning as L
+    from lightning.pytorch.trainer.states import TrainerFn
 except ImportError:
     require("lightning", "lightning")  # raises MissingExtraError naming the extra
     raise
@@ -92,8 +93,12 @@ class LightningGraph(L.LightningModule):
     Attributes:
         graph: the graph; ``net``: ``module(g)``.
         losses: the training loss of every step (checkpointed: a resumed run keeps it).
-        history: one dict per validation, ``{"step", "epoch", "val_loss", "val_<metric>"...,
-            "val_<node>/<name>"...}`` (as ``st.Trainer``'s ``result.metrics``).
+        history: one dict per validation ``fit`` made (the run's), ``{"step", "epoch",
+            "val_loss", "val_<metric>"..., "val_<node>/<name>"...}`` (as ``st.Trainer``'s
+            ``result.metrics``).
+        validated: one such dict per ``trainer.validate(lg, ...)``: evaluations outside
+            the run, kept apart from ``history`` (and from ``result()``'s metrics, ``best``
+            and ``val_examples``).
         seconds: wall-clock time of the last ``fit``.
 
     Example:
@@ -127,6 +132,7 @@ class LightningGraph(L.LightningModule):
         self._last_batch: tuple[torch.Tensor, int] | None = None  # the last training batch's
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
         self._val_examples: dict[str, int] = {}  # the last validation's, over every rank
+        self.validated: list[dict[str, float]] = []  # trainer.validate()'s, not the run's
         self._evaluations: dict[str, Evaluation] = {}  # prefix → its sets' sums (…history.py)
         self._split_ok: set[str] = set()  # stages a batch went through: its form is not at fault
         self._started = 0.0
@@ -319,6 +325,9 @@ class LightningGraph(L.LightningModule):
             return
         record: dict[str, float] = {"step": self.global_step, "epoch": self.current_epoch}
         record.update(values)
+        if self.trainer.state.fn != TrainerFn.FITTING:  # trainer.validate(): not the run's
+            self.validated.append(record)
+            return
         self._val_examples = examples  # (TrainResult.val_examples)
         self.history.append(record)
 

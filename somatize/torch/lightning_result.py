@@ -46,6 +46,8 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
     ``pruned_reason`` its message; ``val_examples`` the examples the last validation
     averaged over, over every rank (``fl.weighted_metrics`` weighs its metrics by them):
     ``{"val_": n}``, or with several loaders each metric's own set's count by its name.
+    A ``trainer.validate(lg, ...)`` is not part of the run: it is in ``lg.validated``, not
+    in ``metrics``, ``best`` or ``val_examples``.
 
     Example:
         >>> trainer.fit(lg, train_loader, val_loader)  # doctest: +SKIP

@@ -277,3 +277,24 @@ def test_several_validation_loaders_weigh_by_each_sets_size_and_survive_a_resume
         pooled = fl.weighted_metrics([r, result(first, first_lg)])
     for name in ("val_loss/dataloader_idx_0", "val_pos/dataloader_idx_1"):
         assert pooled[name] == pytest.approx((r.metric(name) + first_lg.history[0][name]) / 2)
+
+
+def test_validate_after_fit_is_kept_apart_from_the_runs_history_and_best():
+    lg = lg_of(graph())
+    trainer = lightning(max_epochs=2)
+    trainer.fit(lg, loader(64, 0, batch=16), loader(38, 1, batch=16))
+    before = result(trainer, lg)
+
+    other = loader(20, 7, batch=16)
+    (logged,) = trainer.validate(lg, other, verbose=False)
+    after = result(trainer, lg)
+    assert len(lg.history) == 2 and after.metrics == before.metrics
+    assert (after.monitor, after.best) == (before.monitor, before.best)
+    assert after.val_examples == before.val_examples == {"val_": 38}
+    (record,) = lg.validated
+    assert record["step"] == trainer.global_step
+    assert {k: v for k, v in record.items() if k.startswith("val_")} == pytest.approx(
+        {k: float(v) for k, v in logged.items()}, rel=1e-6
+    )
+    evaluated = st.Trainer(loss=F.cross_entropy).evaluate(lg.graph, other)["loss"]
+    assert record["val_loss"] == pytest.approx(evaluated, rel=1e-12)
