@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .run import ActiveRun
     from .trainer import Trainer
 
-__all__ = ["describe", "first_step"]
+__all__ = ["batch_note", "describe", "first_step"]
 
 
 @contextlib.contextmanager
@@ -109,7 +109,7 @@ def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
         return
     if trainer.split is not None:  # the user's own split: the batch rule does not apply
         return
-    note = _batch_note(batch, trainer.loss is not None) + _train_hint(train)
+    note = batch_note(batch, trainer.loss is not None) + _train_hint(train)
     if note:
         add_note(e, note)
 
@@ -131,7 +131,10 @@ def _failing_batch(e: BaseException) -> Any:
     return None
 
 
-def _batch_note(batch: Any, with_loss: bool) -> str:
+def batch_note(batch: Any, with_loss: bool, owner: str = "Trainer") -> str:
+    """Why a step that failed on ``batch`` may have been given it in a form the ``owner``
+    (``Trainer``, or ``LightningGraph``) does not split, and how to split it; "" when it
+    was split (the failure is then the model's or the loss's own)."""
     shape = describe(batch)
     pair = isinstance(batch, (tuple, list)) and len(batch) == 2
     if not with_loss:
@@ -145,14 +148,14 @@ def _batch_note(batch: Any, with_loss: bool) -> str:
     if pair or (isinstance(batch, Mapping) and "x" in batch):
         return ""  # it was split: the failure is the model's or the loss's own
     fix = (
-        f"or say how to split it: Trainer(split=lambda b: (b[{next(iter(batch))!r}], "
+        f"or say how to split it: {owner}(split=lambda b: (b[{next(iter(batch))!r}], "
         f"b[...])) with two of its keys ({', '.join(map(repr, batch))})"
         if isinstance(batch, Mapping)
         else "e.g. TensorDataset(X, Y), ((x1, x2), y) for two inputs, or say how to split "
-        "it: Trainer(split=lambda b: ((b[0], b[1]), b[2]))"
+        f"it: {owner}(split=lambda b: ((b[0], b[1]), b[2]))"
     )
     return (
-        f"the batch is {shape}, which the Trainer does not split: with a loss function a "
+        f"the batch is {shape}, which the {owner} does not split: with a loss function a "
         "batch is (x, y) or a dict with 'x' (and 'y'); anything else is the model's input "
         "whole, and the loss is called as loss(output). Give batches that form, " + fix
     )

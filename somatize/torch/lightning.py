@@ -29,18 +29,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, require
+from ..errors import CheckpointError, add_note, require
 from ..graph import Graph
 from . import tally
 from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
-from .lightning_history import Sums, compute_objects, reset_objects, scalar
+from .first_step import batch_note
+from .lightning_history import Evaluation, Sums, compute_objects, scalar, suffix
 from .lightning_settings import check, configured, hyperparameters
-from .metrics import is_metric
 from .module import GraphModule, module
 
 try:
     import lightning as L
+    from lightning.pytorch.trainer.states import TrainerFn
 except ImportError:
     require("lightning", "lightning")  # raises MissingExtraError naming the extra
     raise
@@ -65,7 +66,9 @@ class LightningGraph(L.LightningModule):
     * ``train_loss`` every step; ``<node>/<name>`` for each metric a node returns in
       ``Done(..., metrics=...)`` during training;
     * ``val_loss``, ``val_<metric>`` and ``val_<node>/<name>`` per validation epoch
-      (averaged over examples); the same with ``test_`` under ``trainer.test``;
+      (averaged over examples); the same with ``test_`` under ``trainer.test``. With
+      several loaders each is its own set, named as Lightning names it
+      (``val_loss/dataloader_idx_1``), in ``history`` too;
     * ``cache/<node>/hit_rate`` per training epoch for each node the graph remembers
       (``result(trainer, lg).cache`` has the run's counts; a cold epoch warns, as under
       the somatize Trainer).
@@ -90,8 +93,12 @@ class LightningGraph(L.LightningModule):
     Attributes:
         graph: the graph; ``net``: ``module(g)``.
         losses: the training loss of every step (checkpointed: a resumed run keeps it).
-        history: one dict per validation, ``{"step", "epoch", "val_loss", "val_<metric>"...,
-            "val_<node>/<name>"...}`` (as ``st.Trainer``'s ``result.metrics``).
+        history: one dict per validation ``fit`` made (the run's), ``{"step", "epoch",
+            "val_loss", "val_<metric>"..., "val_<node>/<name>"...}`` (as ``st.Trainer``'s
+            ``result.metrics``).
+        validated: one such dict per ``trainer.validate(lg, ...)``: evaluations outside
+            the run, kept apart from ``history`` (and from ``result()``'s metrics, ``best``
+            and ``val_examples``).
         seconds: wall-clock time of the last ``fit``.
 
     Example:
@@ -125,7 +132,9 @@ class LightningGraph(L.LightningModule):
         self._last_batch: tuple[torch.Tensor, int] | None = None  # the last training batch's
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
         self._val_examples: dict[str, int] = {}  # the last validation's, over every rank
-        self._sums: dict[str, Sums] = {}  # evaluation prefix → its sums (lightning_history.py)
+        self.validated: list[dict[str, float]] = []  # trainer.validate()'s, not the run's
+        self._evaluations: dict[str, Evaluation] = {}  # prefix → its sets' sums (…history.py)
+        self._split_ok: set[str] = set()  # stages a batch went through: its form is not at fault
         self._started = 0.0
         self._tally: tally.CacheTally | None = None  # on the graph during fit (tally.py)
         self._epoch_counts: tuple[int, dict[str, dict[str, int]]] = (-1, {})
@@ -153,11 +162,24 @@ class LightningGraph(L.LightningModule):
                 if sums is not None:  # evaluated: in the history too, as under st.Trainer
                     sums.add(f"{node}/{name}", v, how["batch_size"], node=True)
 
+    def _explain(self, e: BaseException, batch: Any, stage: str) -> None:
+        """The Trainer's note on a batch it does not split (first_step.batch_note), on a
+        failure before any batch of ``stage`` went through (after one, its form is fine)."""
+        if self.split is None and stage not in self._split_ok:
+            note = batch_note(batch, self._loss is not None, "LightningGraph")
+            if note:
+                add_note(e, note)
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = self._split(batch)
-        n = num_examples(x)
-        self.net.step = self.global_step + 1  # the number of the step it computes, as st.Trainer
-        loss = self._loss_of(self.net(x), y)
+        try:
+            x, y = self._split(batch)
+            n = num_examples(x)
+            self.net.step = self.global_step + 1  # the number of the step it computes
+            loss = self._loss_of(self.net(x), y)
+        except (TypeError, ValueError) as e:
+            self._explain(e, batch, "train")
+            raise
+        self._split_ok.add("train")
         self.log(
             "train_loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=n
         )
@@ -168,17 +190,21 @@ class LightningGraph(L.LightningModule):
         self._examples[epoch] = self._examples.get(epoch, 0) + n
         return loss
 
-    def _evaluate_step(self, batch: Any, prefix: str) -> None:
-        x, y = self._split(batch)
-        n = num_examples(x)
-        out = self.net(x)
-        values: dict[str, Any] = {"loss": self._loss_of(out, y)}  # the output, without a loss
-        values.update({name: fn(out, y) for name, fn in self._metrics.items() if not is_metric(fn)})
+    def _evaluate_step(self, batch: Any, prefix: str, idx: int | None) -> None:
+        sums, objects = self._evaluations[prefix].of(idx)  # loader idx's own (idx: several)
+        try:
+            x, y = self._split(batch)
+            n = num_examples(x)
+            out = self.net(x)
+            values: dict[str, Any] = {"loss": self._loss_of(out, y)}  # the output, without loss
+            values.update({k: fn(out, y) for k, fn in self._metrics.items() if k not in objects})
+        except (TypeError, ValueError) as e:
+            self._explain(e, batch, prefix)
+            raise
+        self._split_ok.add(prefix)
         m: Any
-        for m in self._metrics.values():
-            if is_metric(m):
-                m.update(out, y)
-        sums = self._sums.setdefault(prefix, Sums())
+        for m in objects.values():
+            m.update(out, y)
         how: dict[str, Any] = {
             "on_step": False,
             "on_epoch": True,
@@ -192,14 +218,22 @@ class LightningGraph(L.LightningModule):
         sums.examples += n
         self._log_nodes(prefix, sums, **how)
 
-    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._evaluate_step(batch, "val_")
+    # Lightning passes dataloader_idx only with several loaders, when it also names what
+    # is logged after it (val_loss/dataloader_idx_1): None is the single loader.
+    def validation_step(
+        self, batch: Any, batch_idx: int, dataloader_idx: int | None = None
+    ) -> None:
+        self._evaluate_step(batch, "val_", dataloader_idx)
 
-    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._evaluate_step(batch, "test_")
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
+        self._evaluate_step(batch, "test_", dataloader_idx)
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
-        return self.net((self.split or split)(batch)[0])
+        try:
+            return self.net((self.split or split)(batch)[0])
+        except (TypeError, ValueError) as e:
+            self._explain(e, batch, "predict")
+            raise
 
     def configure_optimizers(self) -> Any:
         return configured(self.graph, self._optimizer, self._scheduler)
@@ -246,11 +280,22 @@ class LightningGraph(L.LightningModule):
                 rate = c["hits"] / total
                 self.log(f"cache/{node}/hit_rate", rate, on_epoch=True, rank_zero_only=True)
 
-    def _compute_metric_objects(self, prefix: str) -> dict[str, float]:
-        """Each metric object over the whole evaluation, logged as ``<prefix><name>``."""
-        out = compute_objects(self._metrics)
-        for name, value in out.items():
-            self.log(f"{prefix}{name}", value, prog_bar=False)
+    def _sets(self, prefix: str) -> list[int | None]:
+        """The loaders the evaluation read, in order: ``[None]`` for one (its names bare)."""
+        n = len(self.trainer.num_val_batches if prefix == "val_" else self.trainer.num_test_batches)
+        return list(range(n)) if n > 1 else [None]
+
+    def _compute_metric_objects(
+        self, prefix: str, evaluation: Evaluation, sets: list[int | None]
+    ) -> dict[int | None, dict[str, float]]:
+        """Each set's metric objects over the whole set, logged as ``<prefix><name>``
+        (``.../dataloader_idx_<i>`` with several loaders, as Lightning names the rest)."""
+        out = {}
+        for idx in sets:  # (every rank the same sets, in order: torchmetrics syncs in compute)
+            out[idx] = compute_objects(evaluation.of(idx)[1])
+            for name, value in out[idx].items():
+                name = f"{prefix}{name}{suffix(idx)}"
+                self.log(name, value, prog_bar=False, add_dataloader_idx=False)
         return out
 
     def on_train_epoch_start(self) -> None:
@@ -259,8 +304,7 @@ class LightningGraph(L.LightningModule):
     def on_validation_epoch_start(self) -> None:
         if self._tally is not None:  # evaluations are not counted
             self._tally.pause(True)
-        self._sums.pop("val_", None)
-        reset_objects(self._metrics, self.device)
+        self._evaluations["val_"] = Evaluation(self._metrics, self.device)
         found = carries(self.net)  # evaluation starts afresh; training's is given back after
         self._carried = [(c, c.value) for c in found]
         reset(found)
@@ -271,26 +315,29 @@ class LightningGraph(L.LightningModule):
         for c, value in getattr(self, "_carried", ()):
             c.value = value
         self._carried = []
-        sums = self._sums.pop("val_", None)
-        computed = self._compute_metric_objects("val_")
-        if self.trainer.sanity_checking or sums is None or not sums.examples:
+        evaluation, sets = self._evaluations.pop("val_"), self._sets("val_")
+        computed = self._compute_metric_objects("val_", evaluation, sets)
+        if self.trainer.sanity_checking:
             return
         reduce = self.trainer.strategy.reduce if self.trainer.world_size > 1 else None
-        means = sums.means(self.device, reduce)
-        self._val_examples = {"val_": sums.total}  # (TrainResult.val_examples)
+        values, examples = evaluation.record("val_", sets, self.device, reduce, computed)
+        if not values:
+            return
         record: dict[str, float] = {"step": self.global_step, "epoch": self.current_epoch}
-        record.update({f"val_{k}": v for k, v in means.items() if k in sums.own})
-        record.update({f"val_{k}": v for k, v in computed.items()})
-        record.update({f"val_{k}": v for k, v in means.items() if k not in sums.own})
+        record.update(values)
+        if self.trainer.state.fn != TrainerFn.FITTING:  # trainer.validate(): not the run's
+            self.validated.append(record)
+            return
+        self._val_examples = examples  # (TrainResult.val_examples)
         self.history.append(record)
 
     def on_test_epoch_start(self) -> None:
-        self._sums.pop("test_", None)
-        reset_objects(self._metrics, self.device)
+        self._evaluations["test_"] = Evaluation(self._metrics, self.device)
         reset(carries(self.net))
 
     def on_test_epoch_end(self) -> None:
-        self._compute_metric_objects("test_")
+        evaluation = self._evaluations.pop("test_")
+        self._compute_metric_objects("test_", evaluation, self._sets("test_"))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["somatize"] = {

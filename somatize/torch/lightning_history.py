@@ -9,11 +9,16 @@ first: a rank may have seen other ones) and averaged over examples into the reco
 ``lg.history`` keeps, named as ``st.Trainer`` names its own: ``val_loss``,
 ``val_<metric>``, ``val_<node>/<name>``.
 
+With several loaders (``trainer.fit(lg, train, [a, b])``) each set is its own: its own
+sums and metric objects (copies of the ones given), its values named as Lightning logs
+them, ``val_loss/dataloader_idx_0``, ``val_acc/dataloader_idx_1``... (``Evaluation``).
+
 Used by ``somatize.torch.lightning``; needs the ``lightning`` extra there.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +27,7 @@ from torch import nn
 
 from .metrics import is_metric
 
-__all__ = ["Sums", "compute_objects", "reset_objects", "scalar"]
+__all__ = ["Evaluation", "Sums", "compute_objects", "reset_objects", "scalar", "suffix"]
 
 
 def scalar(value: Any, where: str) -> torch.Tensor | float:
@@ -83,6 +88,8 @@ class Sums:
             total = reduce(total, reduce_op="sum")
         values = total.cpu().tolist()
         self.total = round(values[-1])
+        if not self.total:  # (a set no rank saw a batch of)
+            return {}
         return {k: values[j] / values[-1] for j, k in enumerate(names)}
 
 
@@ -114,4 +121,85 @@ def compute_objects(metrics: Mapping[str, Any]) -> dict[str, float]:
         if is_metric(m):
             out[name] = float(m.compute())
             m.reset()
+    return out
+
+
+def suffix(idx: int | None) -> str:
+    """What Lightning appends to a name logged from loader ``idx`` of several
+    (``/dataloader_idx_1``); nothing for a single loader (``idx`` None)."""
+    return "" if idx is None else f"/dataloader_idx_{idx}"
+
+
+class Evaluation:
+    """One validation's (or test's) running state, per loader: each set's ``Sums`` and
+    metric objects — the ones given for the first set, a fresh copy of each for every
+    other — so that two sets never mix.
+
+    Args:
+        metrics: the module's metrics (functions and objects); objects are reset here.
+        device: where the objects compute.
+    """
+
+    def __init__(self, metrics: Mapping[str, Any], device: torch.device) -> None:
+        reset_objects(metrics, device)
+        self._given = {name: m for name, m in metrics.items() if is_metric(m)}
+        self.sums: dict[int | None, Sums] = {}
+        self.objects: dict[int | None, dict[str, Any]] = {}
+
+    def of(self, idx: int | None) -> tuple[Sums, dict[str, Any]]:
+        """Loader ``idx``'s sums and metric objects (``idx`` None: the only loader)."""
+        if idx not in self.sums:
+            self.sums[idx] = Sums()
+            self.objects[idx] = self._given if not idx else _copies(self._given, idx)
+        return self.sums[idx], self.objects[idx]
+
+    def record(
+        self,
+        prefix: str,
+        sets: list[int | None],
+        device: torch.device,
+        reduce: Any,
+        computed: Mapping[int | None, Mapping[str, float]],
+    ) -> tuple[dict[str, float], dict[str, int]]:
+        """What the evaluation adds up to, reduced over ranks by ``reduce`` (the same
+        ``sets`` in the same order on every rank): each set's loss and metric functions,
+        its objects' values (``computed[idx]``) and its node metrics, named
+        ``<prefix><name><suffix>``; and the examples behind them (``val_examples``):
+        ``{prefix: n}`` for one loader; for several, each name's set's count (a name
+        differs from another set's only at its end, so it is its own prefix).
+        A set without examples is left out."""
+        values: dict[str, float] = {}
+        examples: dict[str, int] = {}
+        for idx in sets:
+            sums, _ = self.of(idx)
+            means = sums.means(device, reduce)
+            if not sums.total:
+                continue
+            named = {
+                **{k: v for k, v in means.items() if k in sums.own},
+                **computed.get(idx, {}),
+                **{k: v for k, v in means.items() if k not in sums.own},
+            }
+            end = suffix(idx)
+            values.update({f"{prefix}{k}{end}": v for k, v in named.items()})
+            if idx is None:
+                examples[prefix] = sums.total
+            else:
+                examples.update({f"{prefix}{k}{end}": sums.total for k in named})
+        return values, examples
+
+
+def _copies(metrics: Mapping[str, Any], idx: int) -> dict[str, Any]:
+    """Fresh copies of the metric objects, for loader ``idx``."""
+    out = {}
+    for name, m in metrics.items():
+        try:
+            out[name] = copy.deepcopy(m)
+        except Exception as e:
+            raise TypeError(
+                f"metric {name!r} ({type(m).__qualname__}) cannot be copied for validation "
+                f"loader {idx}: with several loaders each needs its own, and copy.deepcopy "
+                f"failed ({e}); make it copyable, or validate one loader per fit"
+            ) from e
+        out[name].reset()
     return out

@@ -40,10 +40,14 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
     ``state`` is named as ``module(g).state_dict()`` (no ``net.`` prefix), so results
     from either trainer average together in ``fedavg``. ``monitor``/``best`` come from
     the trainer's ``ModelCheckpoint`` when it monitors a metric, else ``val_loss``
-    over ``lg.history``; ``checkpoint`` is its last checkpoint (``save_last``) or its
+    over ``lg.history`` (with several validation loaders the first's,
+    ``val_loss/dataloader_idx_0``); ``checkpoint`` is its last checkpoint (``save_last``) or its
     best; ``pruned`` is whether a callback stopped the run (``EarlyStopping``...), and
     ``pruned_reason`` its message; ``val_examples`` the examples the last validation
-    averaged over, over every rank (``fl.weighted_metrics`` weighs its metrics by them).
+    averaged over, over every rank (``fl.weighted_metrics`` weighs its metrics by them):
+    ``{"val_": n}``, or with several loaders each metric's own set's count by its name.
+    A ``trainer.validate(lg, ...)`` is not part of the run: it is in ``lg.validated``, not
+    in ``metrics``, ``best`` or ``val_examples``.
 
     Example:
         >>> trainer.fit(lg, train_loader, val_loader)  # doctest: +SKIP
@@ -62,8 +66,9 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
     if monitor is not None and ckpt is not None:
         score = getattr(ckpt, "best_model_score", None)
         best = float(score) if score is not None else None
-    else:
-        monitor = "val_loss"
+    else:  # the loss; with several validation loaders, the first's (as Lightning names it)
+        several = any("val_loss/dataloader_idx_0" in r for r in lg.history)
+        monitor = "val_loss/dataloader_idx_0" if several else "val_loss"
         seen = [r[monitor] for r in lg.history if monitor in r]
         best = min(seen) if seen else None
     path = (

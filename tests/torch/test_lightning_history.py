@@ -184,3 +184,117 @@ def test_results_say_what_the_last_validation_counted_so_weighted_metrics_weighs
             ckpt_path=first.checkpoint_callback.best_model_path,
         )
     assert result(resumed, resumed_lg).val_examples == {"val_": 38}
+
+
+class Positives:
+    """A metric object (reset/update/compute): the share of targets above 4, over a set."""
+
+    def reset(self) -> None:
+        self.hits, self.seen = 0, 0
+
+    def update(self, output, target) -> None:
+        self.hits += int((target > 4).sum())
+        self.seen += len(target)
+
+    def compute(self) -> float:
+        return self.hits / self.seen
+
+
+def scaled(n: int, seed: int, batch: int, by: float) -> DataLoader:
+    """loader(n, seed, batch)'s examples times ``by``, labelled alike."""
+    x, y = loader(n, seed, batch).dataset.tensors
+    return DataLoader(TensorDataset(x * by, (y + 3) % 10), batch_size=batch)
+
+
+def lg_with_object(g: Graph) -> LightningGraph:
+    return LightningGraph(
+        g,
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        metrics={"acc": st.accuracy, "pos": Positives()},
+    )
+
+
+def test_several_validation_loaders_are_recorded_per_set_under_lightnings_names():
+    rec = Recorder()
+    clean, noisy = loader(38, 1, batch=16), scaled(5, 2, batch=16, by=100.0)
+    lg = lg_with_object(graph())
+    trainer = lightning(max_epochs=2, callbacks=[Watch([rec])])
+    trainer.fit(lg, loader(64, 0, batch=16), [clean, noisy])
+
+    names = ["loss", "acc", "pos", "hidden/active"]
+    sets = {0: clean, 1: noisy}
+    last = lg.history[-1]
+    assert list(last) == ["step", "epoch"] + [
+        f"val_{n}/dataloader_idx_{i}" for i in sets for n in names
+    ]
+    for name in list(last)[2:]:  # each set's value is the one Lightning logged for it
+        assert last[name] == pytest.approx(float(trainer.callback_metrics[name]), rel=1e-6), name
+    # ... and what the somatize Trainer evaluates on that set alone
+    own = st.Trainer(loss=F.cross_entropy, metrics={"acc": st.accuracy, "pos": Positives()})
+    for i, data in sets.items():
+        for name, value in own.evaluate(lg.graph, data).items():
+            assert last[f"val_{name}/dataloader_idx_{i}"] == pytest.approx(value, rel=1e-12)
+    assert last["val_loss/dataloader_idx_1"] > 10 * last["val_loss/dataloader_idx_0"]
+
+    r = result(trainer, lg)
+    assert r.metrics == lg.history and len(r.metrics) == 2
+    assert r.monitor == "val_loss/dataloader_idx_0"  # the first loader's, when nothing says
+    assert r.best == min(m["val_loss/dataloader_idx_0"] for m in lg.history)
+    assert r.val_examples == {
+        f"val_{n}/dataloader_idx_{i}": count for i, count in ((0, 38), (1, 5)) for n in names
+    }
+    assert [e.metrics for e in rec.of(EpochEnd)] == lg.history
+
+
+def test_several_validation_loaders_weigh_by_each_sets_size_and_survive_a_resume(tmp_path):
+    import warnings
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from somatize.torch import federated as fl
+
+    def fit(epochs: int, **kw) -> tuple[L.Trainer, LightningGraph]:
+        lg = lg_with_object(graph())
+        best = ModelCheckpoint(tmp_path, monitor="val_loss/dataloader_idx_1", save_last=True)
+        trainer = lightning(max_epochs=epochs, enable_checkpointing=True, callbacks=[best])
+        val = [loader(38, 1, batch=16), scaled(5, 2, batch=16, by=100.0)]
+        with warnings.catch_warnings():  # (Lightning's: the directory holds the first's)
+            warnings.filterwarnings("ignore", "Checkpoint directory .* exists", UserWarning)
+            trainer.fit(lg, loader(64, 0, batch=16), val, **kw)
+        return trainer, lg
+
+    first, first_lg = fit(1)
+    trainer, lg = fit(2, ckpt_path="last")
+    assert [m["epoch"] for m in lg.history] == [0, 1]
+    assert lg.history[0] == first_lg.history[0]
+    r = result(trainer, lg)
+    assert r.monitor == "val_loss/dataloader_idx_1"  # the ModelCheckpoint's, as Lightning ranks
+    assert r.best == pytest.approx(min(m[r.monitor] for m in lg.history), rel=1e-6)
+    assert r.val_examples["val_acc/dataloader_idx_1"] == 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every metric says how many examples it averaged
+        pooled = fl.weighted_metrics([r, result(first, first_lg)])
+    for name in ("val_loss/dataloader_idx_0", "val_pos/dataloader_idx_1"):
+        assert pooled[name] == pytest.approx((r.metric(name) + first_lg.history[0][name]) / 2)
+
+
+def test_validate_after_fit_is_kept_apart_from_the_runs_history_and_best():
+    lg = lg_of(graph())
+    trainer = lightning(max_epochs=2)
+    trainer.fit(lg, loader(64, 0, batch=16), loader(38, 1, batch=16))
+    before = result(trainer, lg)
+
+    other = loader(20, 7, batch=16)
+    (logged,) = trainer.validate(lg, other, verbose=False)
+    after = result(trainer, lg)
+    assert len(lg.history) == 2 and after.metrics == before.metrics
+    assert (after.monitor, after.best) == (before.monitor, before.best)
+    assert after.val_examples == before.val_examples == {"val_": 38}
+    (record,) = lg.validated
+    assert record["step"] == trainer.global_step
+    assert {k: v for k, v in record.items() if k.startswith("val_")} == pytest.approx(
+        {k: float(v) for k, v in logged.items()}, rel=1e-6
+    )
+    evaluated = st.Trainer(loss=F.cross_entropy).evaluate(lg.graph, other)["loss"]
+    assert record["val_loss"] == pytest.approx(evaluated, rel=1e-12)

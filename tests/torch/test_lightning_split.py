@@ -159,3 +159,31 @@ def test_a_split_that_is_not_a_pair_or_has_no_loss_is_refused_as_by_the_trainer(
         LightningGraph(graph(), loss=None, optimizer=sgd, split=by_keys)
     with pytest.raises(SettingError, match="split must be a function of a batch"):
         LightningGraph(graph(), loss=F.cross_entropy, optimizer=sgd, split="labels")
+
+
+def _note(e: pytest.ExceptionInfo) -> str:
+    (note,) = [n for n in getattr(e.value, "__notes__", ()) if "does not split" in n]
+    return note
+
+
+def test_dict_batches_without_split_get_the_trainers_note_naming_the_layout_and_the_fix():
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+    rows = DataLoader(Rows(8, 0), batch_size=4)
+    with pytest.raises(TypeError, match="must be Tensor, not dict") as own:
+        st.Trainer(loss=F.cross_entropy, optimizer=sgd, epochs=1).fit(graph(), rows)
+    # training, a validation alone, a test: each names the batch and LightningGraph(split=)
+    runs = {
+        "fit": lambda lg: lightning(max_epochs=1).fit(lg, rows, rows),
+        "validate": lambda lg: lightning().validate(lg, rows, verbose=False),
+        "test": lambda lg: lightning().test(lg, rows, verbose=False),
+    }
+    for how, run in runs.items():
+        lg = LightningGraph(graph(), loss=F.cross_entropy, optimizer=sgd)
+        with pytest.raises(TypeError, match="must be Tensor, not dict") as e:
+            run(lg)
+        note = _note(e)
+        assert "the batch is a dict {'input': tensor (4, 4), 'extra': tensor (4, 2)" in note, how
+        assert "LightningGraph(split=lambda b: (b['input'], b[...]))" in note, how
+        assert "('input', 'extra', 'labels')" in note, how
+        # the Trainer's words for the same batch, the class named aside
+        assert note == _note(own).replace("Trainer", "LightningGraph"), how
