@@ -32,7 +32,7 @@ from torch import nn
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp, inference, tally
-from .batches import checked_split, loss_of, num_examples, split
+from .batches import check_data, checked_split, loss_of, num_examples, split
 from .begin import begin
 from .checkpoint import Checkpointing
 from .determinism import deterministic
@@ -152,6 +152,7 @@ class Trainer:
                 "st.Trainer(..., optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)) "
                 "(evaluate() and predict() do without one)"
             )
+        check_data(train, "fit()'s train", self._split, train=True)  # not a Dataset of examples
         with deterministic(self.options.deterministic):  # (put back when fit ends)
             if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
                 return smoke_fit(self, model, train, val, resume)
