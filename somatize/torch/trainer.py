@@ -200,7 +200,8 @@ class Trainer:
             )
         s = run.state
         n_train = epoch_examples(train, train_n, self.seed, self.options.shuffle, world)
-        run.tally = tally.attach(run.net)  # counts what remembered nodes find (tally.py)
+        # counts what remembered nodes find, on from a resumed checkpoint's counts (tally.py)
+        run.tally = tally.attach(run.net, tally.resumed(s.cache, rank, world))
         try:
             sanity_check(self, run)  # a few val batches first; changes nothing (sanity.py)
             start = FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step, total)
