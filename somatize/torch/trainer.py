@@ -133,7 +133,8 @@ class Trainer:
 
         Args:
             model: a ``Graph``, ``module(g)``, or any ``nn.Module``.
-            train: a sequence of batches (the Trainer shuffles it) or a DataLoader.
+            train: a sequence of batches (the Trainer shuffles it) or a DataLoader — not a
+                ``Dataset`` of examples: wrap it, ``DataLoader(dataset, batch_size=32)``.
             val: batches to evaluate on: at each epoch end, every ``eval_every_steps`` or at
                 the end of every ``eval_every_epochs``-th epoch. A dict name → batches
                 evaluates each set, its metrics named ``val_<name>_loss``...
@@ -143,7 +144,8 @@ class Trainer:
         Raises:
             CheckpointError: the checkpoint to resume from is missing, torn or foreign.
             KeyError: ``Options(monitor=...)`` names a metric evaluation does not produce.
-            SettingError: a pruner or ``Checkpointing(best=...)`` without ``val=`` data.
+            SettingError: a pruner or ``Checkpointing(best=...)`` without ``val=`` data; a
+                torch ``Dataset`` of examples, or a list of DataLoaders, as ``train`` or ``val``.
         """
         started = time.perf_counter()
         if self.optimizer is None:
