@@ -147,7 +147,8 @@ def check_data(
     what ``random_split`` gives); another map-style dataset is refused when its first item's
     target (by ``split_``) is a 0-d tensor or a number. Its items are then examples, not
     batches; a dataset of batches (targets with a batch dimension), an ``IterableDataset``,
-    a DataLoader and a list of batches pass.
+    a DataLoader and a list of batches pass. A DataLoader that does not batch
+    (``batch_size=None``) is refused as its dataset would be by the target rule.
 
     Raises:
         SettingError: naming the dataset and the fix, ``DataLoader(ds, batch_size=...)``.
@@ -156,10 +157,13 @@ def check_data(
 
     if type(data) in (list, tuple) and any(isinstance(b, (DataLoader, Dataset)) for b in data):
         _refuse_loaders(data, what, train)
+    loader = None
+    if isinstance(data, DataLoader) and data.batch_size is None and data.batch_sampler is None:
+        loader, data = data, data.dataset  # not batching: its items are the batches
     if not isinstance(data, Dataset) or isinstance(data, IterableDataset):
         return
     item = _first(data)
-    if not _rows(data):
+    if loader is not None or not _rows(data):
         try:
             target = split_(item)[1] if item is not None else None
         except Exception:  # the split's own error, at the first step, says it better
@@ -172,8 +176,9 @@ def check_data(
     shape = f" (each item {describe(item, 1)})" if item is not None else ""
     size = f" of {n} examples" if isinstance(n := length(data), int) else ""
     shuffle = ", shuffle=True" if train else ""
+    kind = "a DataLoader with batch_size=None over a" if loader is not None else "a"
     raise SettingError(
-        f"{what} is a torch Dataset ({type(data).__qualname__}){size}{shape}, whose items are single "
+        f"{what} is {kind} torch Dataset ({type(data).__qualname__}){size}{shape}, whose items are single "
         "examples, but the Trainer reads batches: each step would see one un-batched "
         "example and the run would count its features as its examples. Wrap it in a "
         f"DataLoader: DataLoader(dataset, batch_size=32{shuffle}) (a dataset whose items are "

@@ -93,6 +93,18 @@ def test_a_dataset_of_examples_as_train_is_refused_before_any_step(make, match):
     assert all(torch.equal(before[k], v) for k, v in st.state(g).items())  # nothing trained
 
 
+def test_a_loader_that_does_not_batch_a_dataset_of_examples_is_refused():
+    with pytest.raises(
+        SettingError,
+        match=r"train is a DataLoader with batch_size=None over a torch Dataset \(TensorDataset\)",
+    ):
+        trainer().fit(make_graph(), DataLoader(TensorDataset(*tensors()), batch_size=None))
+    x, y = tensors()  # a TensorDataset of batches (3 of 10), read without batching: taken
+    ds = TensorDataset(x.reshape(3, 10, 4), y.reshape(3, 10))
+    result = trainer().fit(make_graph(), DataLoader(ds, batch_size=None))
+    assert (result.steps, result.num_examples) == (3, 30)
+
+
 def test_a_tensor_dataset_of_regression_rows_is_refused_too():
     # a regression target of shape (3,) per row is not 0-d, but a TensorDataset holds rows
     x, _ = tensors()
