@@ -14,6 +14,7 @@ what makes resuming mid-epoch exact.
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -24,7 +25,15 @@ from . import ddp
 from .limits import length
 from .samplers import epoch_generator, rank_share
 
-__all__ = ["chunk", "epoch_batches", "loss_of", "num_examples", "split", "to_device"]
+__all__ = [
+    "check_data",
+    "chunk",
+    "epoch_batches",
+    "loss_of",
+    "num_examples",
+    "split",
+    "to_device",
+]
 
 
 def split(batch: Any) -> tuple[Any, Any]:
@@ -123,6 +132,104 @@ def num_examples(batch: Any) -> int:
         return int(batch.shape[0]) if batch.dim() > 0 else 1
     leaves = _leaves(split(batch)[0]) or _leaves(batch)
     return int(leaves[0].shape[0]) if leaves and leaves[0].dim() > 0 else 1
+
+
+def check_data(
+    data: Any, what: str, split_: Callable[[Any], tuple[Any, Any]], *, train: bool = False
+) -> None:
+    """Refuse a torch ``Dataset`` of single examples where batches belong (``what`` names
+    the argument: ``"fit()'s train"``, ``"val set 'a'"``...). Read by index, it would give each step
+    one un-batched example — which ``nn.Linear`` and ``F.cross_entropy`` take without a
+    complaint — and ``num_examples`` would count the first tensor's first dimension: the
+    features.
+
+    A ``TensorDataset`` holds rows (so does a ``Subset`` or ``ConcatDataset`` of them,
+    what ``random_split`` gives); another map-style dataset is refused when its first item's
+    target (by ``split_``) is a 0-d tensor or a number. Its items are then examples, not
+    batches; a dataset of batches (targets with a batch dimension), an ``IterableDataset``,
+    a DataLoader and a list of batches pass. A DataLoader that does not batch
+    (``batch_size=None``) is refused as its dataset would be by the target rule.
+
+    Raises:
+        SettingError: naming the dataset and the fix, ``DataLoader(ds, batch_size=...)``.
+    """
+    from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+    if type(data) in (list, tuple) and any(isinstance(b, (DataLoader, Dataset)) for b in data):
+        _refuse_loaders(data, what, train)
+    loader = None
+    if isinstance(data, DataLoader) and data.batch_size is None and data.batch_sampler is None:
+        loader, data = data, data.dataset  # not batching: its items are the batches
+    if not isinstance(data, Dataset) or isinstance(data, IterableDataset):
+        return
+    item = _first(data)
+    if loader is not None or not _rows(data):
+        try:
+            target = split_(item)[1] if item is not None else None
+        except Exception:  # the split's own error, at the first step, says it better
+            return
+        one = isinstance(target, torch.Tensor) and target.dim() == 0
+        if not (one or isinstance(target, numbers.Number)):
+            return
+    from .first_step import describe
+
+    shape = f" (each item {describe(item, 1)})" if item is not None else ""
+    size = f" of {n} examples" if isinstance(n := length(data), int) else ""
+    shuffle = ", shuffle=True" if train else ""
+    kind = "a DataLoader with batch_size=None over a" if loader is not None else "a"
+    raise SettingError(
+        f"{what} is {kind} torch Dataset ({type(data).__qualname__}){size}{shape}, whose items are single "
+        "examples, but the Trainer reads batches: each step would see one un-batched "
+        "example and the run would count its features as its examples. Wrap it in a "
+        f"DataLoader: DataLoader(dataset, batch_size=32{shuffle}) (a dataset whose items are "
+        "batches already: DataLoader(dataset, batch_size=None))"
+    )
+
+
+def _refuse_loaders(data: list[Any] | tuple[Any, ...], what: str, train: bool) -> None:
+    """A list of DataLoaders (Lightning's several validation loaders) where batches belong."""
+    kinds = ", ".join(sorted({type(b).__qualname__ for b in data}))
+    if what == "fit()'s val":
+        fix = (
+            "pass several validation sets as a dict of name to loader, val={'a': loader_a, "
+            "'b': loader_b} (evaluated as val_a_loss, val_b_loss...), or one as val=loader"
+        )
+    elif train:
+        fix = (
+            "pass one DataLoader; to train on several datasets, one over "
+            "ConcatDataset([ds_a, ds_b])"
+        )
+    else:
+        fix = "pass one DataLoader (or a list of its batches), one data set at a time"
+    raise SettingError(
+        f"{what} is a {type(data).__name__} of {len(data)} items ({kinds}), but a "
+        f"{type(data).__name__} is read as a sequence of batches, each item one batch; {fix}"
+    )
+
+
+def _rows(data: Any) -> bool:
+    """Whether ``data`` is a ``TensorDataset``, or a ``Subset``/``ConcatDataset`` of them."""
+    from torch.utils.data import ConcatDataset, Subset, TensorDataset
+
+    if isinstance(data, Subset):
+        return _rows(data.dataset)
+    if isinstance(data, ConcatDataset):
+        return all(_rows(d) for d in data.datasets)
+    return isinstance(data, TensorDataset)
+
+
+def _first(data: Any) -> Any:
+    """``data[0]``, read leaving every RNG as it was (an item may be augmented at random);
+    None when it cannot be read."""
+    from .rng import put_back, snapshot
+
+    kept = snapshot()
+    try:
+        return data[0]
+    except Exception:  # empty, or not indexed by int: the loop's own error says it
+        return None
+    finally:
+        put_back(kept)
 
 
 def chunk(value: Any, k: int) -> list[Any]:

@@ -345,6 +345,7 @@ def restore(
     s.checkpoints = [str(n) for n in chain] if isinstance(chain, list) else None
     s.order = payload.get("order") if isinstance(payload.get("order"), dict) else None
     s.carried = payload.get("carry") if isinstance(payload.get("carry"), list) else None
+    s.cache = payload.get("cache")  # (None in a checkpoint from before the counts were kept)
     loader = getattr(pruner, "load_state_dict", None)
     if loader is not None and payload["pruner"] is not None:
         loader(payload["pruner"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -127,6 +128,30 @@ def _warn_hook(held: Holdings) -> None:
 
 _new_holdings = maker(Holdings, "_impl")
 
+# the attributes warned about, by node (weakly: a node that goes frees its entry)
+_told: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _warn_untrained(impl: Any, where: str, name: str) -> None:
+    """Warn, once per node attribute, that a tensor requiring grad is held as a buffer:
+    only an ``nn.Parameter`` is a parameter, so no optimizer would ever train it."""
+    try:
+        told = _told.setdefault(impl, set())
+    except TypeError:  # a node that is not hashable or weakly referable: told every time
+        told = set()
+    if name in told:
+        return
+    told.add(name)
+    warnings.warn(
+        f"{name!r} of node {where!r} is a tensor that requires grad, but not an "
+        "nn.Parameter, so it is registered as a buffer: st.parameters(g) leaves it out "
+        f"and no optimizer trains it. To train it, make it a parameter: self.{name} = "
+        f"nn.Parameter(torch.randn(...)); if it is meant to stay, make it without "
+        "requires_grad=True (or .detach() it)",
+        UserWarning,
+        stacklevel=3,
+    )
+
 
 def node_holdings(
     impl: Any, where: str, seen: frozenset[int] = frozenset(), sig: list[Any] | None = None
@@ -170,6 +195,8 @@ def node_holdings(
             held.register_parameter(name, inner)
             bare = True
         else:
+            if inner.requires_grad:
+                _warn_untrained(impl, where, name)
             held.register_buffer(name, inner)
             bare = True
     if bare and held is not None:

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..graph import Graph
 from . import ddp
-from .batches import split, to_device
+from .batches import check_data, split, to_device
 from .carry import carries, reset
 from .limits import limited
 from .smoke import smoke_batches
@@ -31,6 +31,7 @@ __all__ = ["evaluate", "predict"]
 def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> dict[str, float]:
     """``Trainer.evaluate``: the loss and metrics over ``data``, averaged over examples."""
     refuse_sets(data, "evaluate")
+    check_data(data, "evaluate()'s data", trainer._split)
     net = as_module(model)
     reset(carries(net))
     rank, world = ddp.rank_world()
@@ -43,6 +44,7 @@ def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) ->
 def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
     """``Trainer.predict``: the output of each batch, in order, in eval mode, without grad."""
     refuse_sets(data, "predict")
+    check_data(data, "predict()'s data", trainer._split)
     net = as_module(model)
     device = place(net, trainer.options.device, ddp.rank_world()[1])
     autocast = autocast_for(trainer.options.precision, device)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, SettingError
-from . import ddp
+from . import ddp, tally
 from .carry import stored
 from .checkpoint import RunState, capture, finite, rng_state, scaler_state
 from .ckptdir import writer
@@ -102,6 +102,8 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     run.due = False
     rngs = ddp.gather(rng_state()) if run.world > 1 else None  # every rank's, for its resume
     epoch_rngs = ddp.gather(as_state(s.epoch_rng)) if run.world > 1 else None
+    counts = tally.state(run.tally)  # what cached nodes found so far: TrainResult.cache
+    caches = ddp.gather(counts) if run.world > 1 else [counts]
     carry = None  # every rank's st.Carry values, to go on from in mid-epoch
     if s.position and run.carries:
         carry = ddp.gather(stored(run.carries)) if run.world > 1 else [stored(run.carries)]
@@ -119,6 +121,7 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         if run.average is not None:
             payload["ema"] = run.average.state()
         payload["order"] = order(trainer, run.train, run.rank, run.world)
+        payload["cache"] = caches
         if carry is not None:
             payload["carry"] = carry
         if rngs is not None:

@@ -36,6 +36,7 @@ class RunState:
         self.checkpoints: list[str] | None = []
         self.order: dict[str, Any] | None = None  # what a checkpoint's position depends on
         self.carried: list[Any] | None = None  # a checkpoint's st.Carry values, to put back
+        self.cache: Any = None  # a checkpoint's cache counts, one per rank (tally.resumed)
 
     def flush(self, world: int) -> None:
         """Read the pending step losses back (one transfer), averaged over ranks."""

@@ -229,8 +229,11 @@ def check_fit(trainer: Any, val: Any) -> None:
             "val= data to evaluate on; pass val=batches (or Checkpointing(best=0))"
         )
     if val is not None:
+        from .batches import check_data
         from .valsets import check_reusable, check_val, evaluated_names
 
+        for name, data in val.items() if isinstance(val, Mapping) else [("", val)]:
+            check_data(data, f"val set {name!r}" if name else "fit()'s val", trainer._split)
         check_val(val, trainer.metrics)
         check_reusable(val, trainer.epochs, o)
         check_monitor(trainer.options.monitor, evaluated_names(val, trainer.metrics), val)

@@ -148,7 +148,8 @@ def count_examples(train: Iterable[Any], world: int) -> int | None:
     A DataLoader's are what its sampler draws an epoch (a ``SubsetRandomSampler`` its
     indices, a ``WeightedRandomSampler`` its ``num_samples``), less the last incomplete
     batch under ``drop_last``; a sampler reading one rank's share counts once per rank.
-    Without a sampler that says (a batch sampler of its own), the dataset's length."""
+    Without a sampler that says (a batch sampler of its own), the dataset's length. A
+    loader that does not batch (``batch_size=None``: each item a batch) cannot say."""
     from .samplers import reads_share
 
     if isinstance(train, Sequence):
@@ -156,6 +157,8 @@ def count_examples(train: Iterable[Any], world: int) -> int | None:
     dataset = getattr(train, "dataset", None)
     if dataset is None or not hasattr(dataset, "__len__"):
         return None
+    if getattr(train, "batch_size", 0) is None and getattr(train, "batch_sampler", 0) is None:
+        return None  # its dataset's items are batches: counted as the first epoch reads them
     sampler, size = getattr(train, "sampler", None), getattr(train, "batch_size", None)
     if not isinstance(size, int) or not isinstance(sampler, Sized):
         return len(dataset)

@@ -5,7 +5,8 @@ For the length of ``fit``, the Trainer (and ``LightningGraph``, under Lightning'
 model's own, or those of graph modules inside a module of the user's). It counts, per node, what each lookup of the training steps
 found: rows for a node cached per example (``CacheRows``), items for a cached
 ``.mapped()`` node, calls for a node cached whole (``CacheHit``/``CacheMiss``).
-Evaluations are not counted. After each epoch the Trainer takes that epoch's counts
+Evaluations are not counted. A checkpoint keeps the counts (``CacheTally.state``, one per
+rank), so the counts of a resumed fit are those of the whole run. After each epoch the Trainer takes that epoch's counts
 (``EpochEnd.cache``), and warns once per node when an epoch after the first found fewer than
 one in ten of its lookups although an earlier epoch stored them: the cache then costs its
 keys and writes and saves little or nothing.
@@ -20,7 +21,7 @@ from typing import Any
 
 from ..watchers import CacheHit, CacheMiss, CacheRows, Event
 
-__all__ = ["CacheTally", "Counts"]
+__all__ = ["CacheTally", "Counts", "resumed", "state"]
 
 Counts = dict[str, dict[str, int]]  # node -> {"hits": ..., "misses": ...}
 
@@ -37,12 +38,24 @@ def _node(label: str) -> str:
 class CacheTally:
     """Counts hits and misses of remembered nodes, by node, since it was made and per epoch."""
 
-    def __init__(self) -> None:
-        self.total: Counts = {}
-        self._epoch: Counts = {}
-        self._warned: set[str] = set()
-        self._whole: set[str] = set()  # nodes cached whole (a call, not rows or items)
+    def __init__(self, since: Mapping[str, Any] | None = None) -> None:
+        """A tally counting on from ``since``, a checkpoint's ``state()`` (None: from 0)."""
+        since = since or {}
+        self.total: Counts = _counts(since.get("total"))
+        self._epoch: Counts = _counts(since.get("epoch"))
+        self._warned: set[str] = set(since.get("warned") or ())
+        self._whole: set[str] = set(since.get("whole") or ())  # nodes cached whole (a call)
         self._paused = False
+
+    def state(self) -> dict[str, Any]:
+        """The counts so far — the run's, the epoch's — and the nodes warned about, as
+        plain dicts, lists, strings and ints (a checkpoint loads them with weights_only)."""
+        return {
+            "total": _counts(self.total),
+            "epoch": _counts(self._epoch),
+            "warned": sorted(self._warned),
+            "whole": sorted(self._whole),
+        }
 
     def on_event(self, event: Event) -> None:
         if self._paused:
@@ -94,6 +107,14 @@ class CacheTally:
         return counts
 
 
+def _counts(counts: Any) -> Counts:
+    """A copy of ``counts``, node -> {"hits", "misses"} ({} for None)."""
+    return {
+        str(node): {"hits": int(c["hits"]), "misses": int(c["misses"])}
+        for node, c in (counts or {}).items()
+    }
+
+
 _COLD = 0.1  # an epoch after the first finding fewer of a node's lookups than this is cold
 
 
@@ -127,12 +148,13 @@ def _graphs(net: Any) -> list[Any]:
     return [g for g in found if g.program().keyed]
 
 
-def attach(net: Any) -> CacheTally | None:
-    """A tally watching the graphs in ``net`` for the fit, or None when none remembers a node."""
+def attach(net: Any, since: Mapping[str, Any] | None = None) -> CacheTally | None:
+    """A tally watching the graphs in ``net`` for the fit, counting on from ``since`` (a
+    resumed run's, ``resumed``), or None when none remembers a node."""
     graphs = _graphs(net)
     if not graphs:
         return None
-    tally = CacheTally()
+    tally = CacheTally(since)
     for g in graphs:
         g.watchers.append(tally)
     return tally
@@ -148,6 +170,31 @@ def detach(net: Any, tally: CacheTally | None) -> None:
         if isinstance(m, GraphModule):
             watchers = m.graph.watchers
             watchers[:] = [w for w in watchers if w is not tally]
+
+
+def state(tally: CacheTally | None) -> dict[str, Any]:
+    """What a checkpoint keeps of ``tally`` (``CacheTally.state``; nothing counted without one)."""
+    return tally.state() if tally is not None else CacheTally().state()
+
+
+def resumed(saved: Any, rank: int, world: int) -> Mapping[str, Any] | None:
+    """This rank's part of a checkpoint's counts (``saved``: one ``state`` per rank of the
+    run that wrote it). From a run of another number of processes, rank 0 takes their sum
+    and the other ranks none, so the counts over all ranks are still the run's. None for a
+    checkpoint from before the counts were kept: a resumed fit then counts from 0."""
+    if not isinstance(saved, list) or not saved:
+        return None
+    if len(saved) == world:
+        return dict(saved[rank])
+    if rank:
+        return None
+    total: Counts = {}
+    for part in saved:
+        for node, c in _counts(part.get("total")).items():
+            mine = total.setdefault(node, {"hits": 0, "misses": 0})
+            mine["hits"] += c["hits"]
+            mine["misses"] += c["misses"]
+    return {"total": total}
 
 
 def totals(tally: CacheTally | None) -> Mapping[str, dict[str, int]]:

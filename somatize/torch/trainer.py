@@ -32,7 +32,7 @@ from torch import nn
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp, inference, tally
-from .batches import checked_split, loss_of, num_examples, split
+from .batches import check_data, checked_split, loss_of, num_examples, split
 from .begin import begin
 from .checkpoint import Checkpointing
 from .determinism import deterministic
@@ -133,7 +133,8 @@ class Trainer:
 
         Args:
             model: a ``Graph``, ``module(g)``, or any ``nn.Module``.
-            train: a sequence of batches (the Trainer shuffles it) or a DataLoader.
+            train: a sequence of batches (the Trainer shuffles it) or a DataLoader — not a
+                ``Dataset`` of examples: wrap it, ``DataLoader(dataset, batch_size=32)``.
             val: batches to evaluate on: at each epoch end, every ``eval_every_steps`` or at
                 the end of every ``eval_every_epochs``-th epoch. A dict name → batches
                 evaluates each set, its metrics named ``val_<name>_loss``...
@@ -143,7 +144,8 @@ class Trainer:
         Raises:
             CheckpointError: the checkpoint to resume from is missing, torn or foreign.
             KeyError: ``Options(monitor=...)`` names a metric evaluation does not produce.
-            SettingError: a pruner or ``Checkpointing(best=...)`` without ``val=`` data.
+            SettingError: a pruner or ``Checkpointing(best=...)`` without ``val=`` data; a
+                torch ``Dataset`` of examples, or a list of DataLoaders, as ``train`` or ``val``.
         """
         started = time.perf_counter()
         if self.optimizer is None:
@@ -152,6 +154,7 @@ class Trainer:
                 "st.Trainer(..., optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)) "
                 "(evaluate() and predict() do without one)"
             )
+        check_data(train, "fit()'s train", self._split, train=True)  # not a Dataset of examples
         with deterministic(self.options.deterministic):  # (put back when fit ends)
             if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
                 return smoke_fit(self, model, train, val, resume)
@@ -199,7 +202,8 @@ class Trainer:
             )
         s = run.state
         n_train = epoch_examples(train, train_n, self.seed, self.options.shuffle, world)
-        run.tally = tally.attach(run.net)  # counts what remembered nodes find (tally.py)
+        # counts what remembered nodes find, on from a resumed checkpoint's counts (tally.py)
+        run.tally = tally.attach(run.net, tally.resumed(s.cache, rank, world))
         try:
             sanity_check(self, run)  # a few val batches first; changes nothing (sanity.py)
             start = FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step, total)

@@ -217,3 +217,77 @@ def test_a_graph_inside_a_module_of_ones_own_is_counted_too():
     result = fit(Wrapper(g), loader(), epochs=2)
     assert result.cache == {"enc": {"hits": N, "misses": N}}
     assert g.watchers == []
+
+
+# -- resumed runs: the checkpoint carries the counts ------------------------------------
+
+
+def checkpointed(tmp_path, keeper, watchers=()):
+    g = graph(keeper=keeper)  # one keeper: the resumed run finds what the crashed one stored
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=3,
+        checkpoint=st.Checkpointing(tmp_path / "ckpt", every_steps=2, keep=10),
+        watchers=list(watchers),
+        options=st.Options(progress=False),
+    )
+    return trainer, g
+
+
+def crash_and_resume(tmp_path, edit=None):
+    """Three epochs of three batches; crash at step 5 (epoch 1, all hits), resume from the
+    mid-epoch checkpoint of step 4. ``edit`` may rewrite that checkpoint's payload first."""
+    from somatize.torch import integrity
+    from tests.torch.test_checkpoint_resume import Crash, CrashAt
+
+    keeper = MemoryKeeper()
+    trainer, g = checkpointed(tmp_path, keeper, [CrashAt(5)])
+    with pytest.raises(Crash):
+        trainer.fit(g, loader())
+    path = tmp_path / "ckpt" / "step-000000004.ckpt"
+    if edit is not None:
+        payload = st.load_checkpoint(path)
+        edit(payload)
+        integrity.write_checkpoint(path, payload)
+    rec = Recorder()
+    trainer, g = checkpointed(tmp_path, keeper, [rec])
+    return trainer.fit(g, loader(), resume=path), rec
+
+
+def test_a_resumed_fit_counts_the_whole_run_as_an_uninterrupted_one(tmp_path):
+    whole = fit(graph(), loader())
+    assert whole.cache == {"enc": {"hits": 2 * N, "misses": N}}
+    result, rec = crash_and_resume(tmp_path)
+    assert result.steps == 9 and result.cache == whole.cache
+    # the epoch resumed in its middle counts its steps from before the crash too
+    assert [e.cache for e in rec.of(EpochEnd)] == [{"enc": {"hits": N, "misses": 0}}] * 2
+
+
+def test_the_counts_are_plain_data_a_weights_only_load_reads(tmp_path):
+    crash_and_resume(tmp_path)
+    payload = torch.load(tmp_path / "ckpt" / "step-000000004.ckpt", weights_only=True)
+    assert payload["cache"] == [
+        {
+            "total": {"enc": {"hits": 64, "misses": N}},  # epoch 0, and step 4 of epoch 1
+            "epoch": {"enc": {"hits": 64, "misses": 0}},
+            "warned": [],
+            "whole": [],
+        }
+    ]
+
+
+def test_a_checkpoint_from_before_the_counts_were_kept_still_resumes(tmp_path):
+    result, _ = crash_and_resume(tmp_path, edit=lambda payload: payload.pop("cache"))
+    assert result.steps == 9
+    assert result.cache == {"enc": {"hits": 5 * 64, "misses": 0}}  # steps 5-9 alone
+
+
+def test_counts_from_a_run_of_another_size_go_to_rank_0_summed():
+    from somatize.torch.tally import resumed
+
+    part = {"total": {"enc": {"hits": 3, "misses": 1}}, "epoch": {}, "warned": [], "whole": []}
+    assert resumed([part, part], 1, 2) == part  # the same world: each rank its own
+    assert resumed([part, part], 0, 1) == {"total": {"enc": {"hits": 6, "misses": 2}}}
+    assert resumed([part, part], 1, 3) is None
+    assert resumed(None, 0, 1) is None

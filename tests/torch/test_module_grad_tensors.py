@@ -1,0 +1,86 @@
+"""A node's tensor attribute that requires grad but is not an nn.Parameter is registered as
+a buffer, never trained: module(g) warns, once per node attribute, naming both and the fix
+(holdings.node_holdings)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+
+
+class W(Node):
+    def __init__(self) -> None:
+        self.w = torch.randn(4, 2, requires_grad=True)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(x @ self.w))
+
+
+class Fixed(Node):
+    """What the warning says to write, and a tensor meant to stay (no grad)."""
+
+    def __init__(self) -> None:
+        self.w = nn.Parameter(torch.randn(4, 2))
+        self.scale = torch.ones(2)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(x @ self.w * self.scale))
+
+
+class Outer(Node):
+    def __init__(self) -> None:
+        self.inner = W()
+
+    def forward(self, x, ctx):
+        return self.inner.forward(x, ctx)
+
+
+def quiet(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+    return [str(w.message) for w in caught]
+
+
+def test_a_tensor_requiring_grad_warns_naming_node_attribute_and_fix():
+    g = Graph.somatize(W())
+    with pytest.warns(
+        UserWarning,
+        match=r"'w' of node 'w' is a tensor that requires grad, but not an nn.Parameter.*"
+        r"st.parameters\(g\) leaves it out.*self.w = nn.Parameter\(",
+    ):
+        st.module(g)
+    assert st.parameters(g) == []  # what it warns about: the tensor is a buffer
+
+
+def test_it_warns_once_per_node_attribute():
+    node = W()
+    with pytest.warns(UserWarning, match="'w' of node 'w'"):
+        st.module(Graph.somatize(node))
+    assert quiet(lambda: st.module(Graph.somatize(node))) == []  # registered again: quiet
+    other = quiet(lambda: st.module(Graph.somatize(W())))  # another node: its own warning
+    assert len(other) == 1 and "'w' of node 'w'" in other[0]
+
+
+def test_a_nested_node_is_named_by_its_path():
+    with pytest.warns(UserWarning, match=r"'w' of node 'outer.inner'"):
+        st.module(Graph.somatize(Outer()))
+
+
+def test_parameters_and_tensors_without_grad_do_not_warn_and_train():
+    g = Graph.somatize(Fixed())
+    assert quiet(lambda: st.module(g)) == []
+    before = g["fixed"].w.detach().clone()
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.5),
+        options=st.Options(progress=False),
+    ).fit(g, [(x, y)])
+    assert not torch.equal(before, g["fixed"].w)  # the parameter trained
