@@ -138,6 +138,7 @@ class LightningGraph(L.LightningModule):
         self._started = 0.0
         self._tally: tally.CacheTally | None = None  # on the graph during fit (tally.py)
         self._epoch_counts: tuple[int, dict[str, dict[str, int]]] = (-1, {})
+        self._cache_since: Any = None  # a checkpoint's counts, for the fit resuming it
         self.save_hyperparameters(hyperparameters(g, loss, optimizer, scheduler, self._metrics))
 
     # -- the steps ------------------------------------------------------------------------
@@ -256,7 +257,8 @@ class LightningGraph(L.LightningModule):
     def on_fit_start(self) -> None:
         self._started = time.perf_counter()
         tally.detach(self.net, self._tally)  # (one a failed fit left behind)
-        self._tally, self._epoch_counts = tally.attach(self.net), (-1, {})
+        since, self._cache_since = self._cache_since, None  # (a resumed run's counts)
+        self._tally, self._epoch_counts = tally.attach(self.net, since), (-1, {})
 
     def on_fit_end(self) -> None:
         self.seconds = time.perf_counter() - self._started
@@ -345,7 +347,17 @@ class LightningGraph(L.LightningModule):
             "history": [dict(r) for r in self.history],
             "examples": dict(self._examples),
             "val_examples": dict(self._val_examples),
+            "cache": self._cache_state(),
         }
+
+    def _cache_state(self) -> list[dict[str, Any]]:
+        """The cache counts so far of every rank, in rank order (``tally.resumed``)."""
+        mine = tally.state(self._tally)
+        if self.trainer.world_size > 1:
+            from . import ddp
+
+            return [dict(s) for s in ddp.gather(mine)]
+        return [mine]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("hyper_parameters", {}).get("topology")
@@ -362,6 +374,13 @@ class LightningGraph(L.LightningModule):
             self.history = [dict(r) for r in state["history"]]
             self._examples = dict(state["examples"])
             self._val_examples = dict(state.get("val_examples") or {})
+            world = self._trainer.world_size if self._trainer is not None else 1
+            since = tally.resumed(state.get("cache"), self.global_rank, world)
+            if self._tally is None:  # (restored before on_fit_start, as Lightning does)
+                self._cache_since = since
+            else:  # (a strategy restoring after setup: the fit's tally counts on from it)
+                tally.detach(self.net, self._tally)
+                self._tally = tally.attach(self.net, since)
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]

@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import (  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger  # noqa: E402
 
 import somatize.torch as st  # noqa: E402
-from somatize import Done, Graph, JsonLines, Node, Opaque, Recorder  # noqa: E402
+from somatize import DiskKeeper, Done, Graph, JsonLines, Node, Opaque, Recorder  # noqa: E402
 from somatize.errors import CheckpointError  # noqa: E402
 from somatize.torch.lightning import LightningGraph, Watch, result  # noqa: E402
 from somatize.watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd  # noqa: E402
@@ -641,3 +641,38 @@ def test_load_from_checkpoint_runs_no_pickled_code_even_when_the_environment_say
             path, g=_graph(), loss=None, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1)
         )
     assert "code from the checkpoint ran" not in capsys.readouterr().out
+
+
+# ckpt_path="last" looks in the ModelCheckpoint's directory, which the first run filled.
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+@pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
+def test_cache_counts_of_a_resumed_run_are_the_whole_runs(tmp_path):
+    class Plain(Node):  # (Encoder reads module-level data, which enters its key)
+        def __init__(self) -> None:
+            self.lin = nn.Linear(8, 16)
+
+        def forward(self, x, ctx):
+            return Done(torch.relu(self.lin(x)))
+
+    def run(epochs: int, **kw):
+        torch.manual_seed(0)  # the same weights: a new graph over the same disk keeper hits
+        enc = Plain().with_id("encoder")
+        g = Graph.somatize(enc >> Out(16, 3), keeper=DiskKeeper(tmp_path / "keep"))
+        g.freeze("encoder").cache("encoder", per="example")
+        lg = _lg(g)
+        save = ModelCheckpoint(tmp_path / "ckpt", save_last=True)
+        trainer = _trainer(tmp_path, max_epochs=epochs, callbacks=[save])
+        data = DataLoader(TensorDataset(*_tensors()), batch_size=16, shuffle=True)
+        trainer.fit(lg, data, **kw)
+        return trainer, lg
+
+    run(1)  # one epoch: 64 misses, written to the checkpoint
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    assert saved["somatize"]["cache"][0]["total"] == {"encoder": {"hits": 0, "misses": 64}}
+    trainer, lg = run(3, ckpt_path="last")  # two more, with new objects, as a new process
+    assert result(trainer, lg).cache == {"encoder": {"hits": 128, "misses": 64}}  # the run's
+    old = tmp_path / "old.ckpt"  # a checkpoint from before the counts were kept still resumes
+    del saved["somatize"]["cache"]
+    torch.save(saved, old)
+    trainer, lg = run(2, ckpt_path=str(old))
+    assert result(trainer, lg).cache == {"encoder": {"hits": 64, "misses": 0}}  # from the resume
