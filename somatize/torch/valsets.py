@@ -50,7 +50,9 @@ def check_val(val: Any, metrics: Mapping[str, Any]) -> None:
                 f"val= names its sets by non-empty strings without '/', not {name!r}; e.g. "
                 "val={'clean': clean_batches, 'noisy': noisy_batches}"
             )
-        if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+        readable = isinstance(data, Iterable) or hasattr(type(data), "__getitem__")
+        # (a map-style dataset of batches is read by index, as for val=dataset)
+        if data is None or isinstance(data, (str, bytes)) or not readable:
             raise SettingError(
                 f"val set {name!r} is {type(data).__qualname__}, not batches; each value of "
                 "val= is a sequence of batches or a DataLoader"

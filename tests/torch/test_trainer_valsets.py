@@ -248,3 +248,21 @@ def test_the_result_says_how_many_examples_each_sets_evaluation_averaged_over(tm
     ckpt.fit(make_graph(), batches(2), val=batches(3, size=7))
     again = ckpt.fit(make_graph(), batches(2), val=batches(3, size=7), resume="last")
     assert again.steps == 4 and again.val_examples == {"val_": 21}
+
+
+def test_a_map_style_dataset_of_batches_is_a_set_as_it_is_a_val():
+    class Batches(torch.utils.data.Dataset):  # read by index, not an Iterable
+        def __init__(self, items):
+            self.items = items
+
+        def __len__(self):
+            return len(self.items)
+
+        def __getitem__(self, i):
+            return self.items[i]
+
+    t = st.Trainer(loss=F.cross_entropy, optimizer=still, options=quiet())
+    alone = t.fit(make_graph(), batches(2), val=Batches(batches(1))).metrics[0]["val_loss"]
+    t = st.Trainer(loss=F.cross_entropy, optimizer=still, options=quiet(monitor="val_a_loss"))
+    named = t.fit(make_graph(), batches(2), val={"a": Batches(batches(1))}).metrics[0]
+    assert named["val_a_loss"] == pytest.approx(alone)
