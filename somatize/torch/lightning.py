@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, add_note, require
+from ..errors import add_note, require
 from ..graph import Graph
-from . import tally
+from . import lightning_state, tally
 from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
 from .first_step import batch_note
@@ -129,6 +129,7 @@ class LightningGraph(L.LightningModule):
         self.seconds = 0.0
         self._losses: list[float] = []
         self._pending: list[torch.Tensor] = []  # step losses not yet read back from the device
+        self._group: list[tuple[torch.Tensor, int]] = []  # (loss, examples) of this step's batches
         self._last_batch: tuple[torch.Tensor, int] | None = None  # the last training batch's
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
         self._val_examples: dict[str, int] = {}  # the last validation's, over every rank
@@ -185,7 +186,7 @@ class LightningGraph(L.LightningModule):
             "train_loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=n
         )
         self._log_nodes("", on_step=True, on_epoch=False, batch_size=n)
-        self._pending.append(loss.detach())
+        self._group.append((loss.detach(), n))  # (one loss per step: on_before_optimizer_step)
         self._last_batch = (loss.detach(), n)  # (read by Watch: Lightning's outputs hold loss / k)
         epoch = self.current_epoch
         self._examples[epoch] = self._examples.get(epoch, 0) + n
@@ -235,6 +236,19 @@ class LightningGraph(L.LightningModule):
         except (TypeError, ValueError) as e:
             self._explain(e, batch, "predict")
             raise
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """The step's loss, as st.Trainer records it: under ``accumulate_grad_batches``, its
+        batches' losses weighed by their examples."""
+        group, self._group = self._group, []
+        if len(group) == 1:
+            self._pending.append(group[0][0])
+        elif group:  # (summed as st.Trainer sums them: the same float, the same order)
+            n = sum(size for _, size in group)
+            total = torch.zeros((), device=group[0][0].device)
+            for loss, size in group:
+                total += loss.float() * (size / n)
+            self._pending.append(total)
 
     def configure_optimizers(self) -> Any:
         return configured(self.graph, self._optimizer, self._scheduler)
@@ -342,45 +356,10 @@ class LightningGraph(L.LightningModule):
         self._compute_metric_objects("test_", evaluation, self._sets("test_"))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["somatize"] = {
-            "losses": list(self.losses),
-            "history": [dict(r) for r in self.history],
-            "examples": dict(self._examples),
-            "val_examples": dict(self._val_examples),
-            "cache": self._cache_state(),
-        }
-
-    def _cache_state(self) -> list[dict[str, Any]]:
-        """The cache counts so far of every rank, in rank order (``tally.resumed``)."""
-        mine = tally.state(self._tally)
-        if self.trainer.world_size > 1:
-            from . import ddp
-
-            return [dict(s) for s in ddp.gather(mine)]
-        return [mine]
+        checkpoint["somatize"] = lightning_state.saved(self)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get("hyper_parameters", {}).get("topology")
-        own = self.graph.topology.to_json()
-        if saved is not None and saved != own:
-            raise CheckpointError(
-                f"the checkpoint was written for a graph with topology {saved}, "
-                f"not this one ({own}); load it into the graph it was trained with"
-            )
-        state = checkpoint.get("somatize")
-        if state is not None:
-            self._pending.clear()
-            self._losses = list(state["losses"])
-            self.history = [dict(r) for r in state["history"]]
-            self._examples = dict(state["examples"])
-            self._val_examples = dict(state.get("val_examples") or {})
-            world = self._trainer.world_size if self._trainer is not None else 1
-            since = tally.resumed(state.get("cache"), self.global_rank, world)
-            if self._tally is None:  # (restored before on_fit_start, as Lightning does)
-                self._cache_since = since
-            else:  # (a strategy restoring after setup: the fit's tally counts on from it)
-                tally.detach(self.net, self._tally)
-                self._tally = tally.attach(self.net, since)
+        lightning_state.restore(self, checkpoint)
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]

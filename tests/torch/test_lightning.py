@@ -676,3 +676,25 @@ def test_cache_counts_of_a_resumed_run_are_the_whole_runs(tmp_path):
     torch.save(saved, old)
     trainer, lg = run(2, ckpt_path=str(old))
     assert result(trainer, lg).cache == {"encoder": {"hits": 64, "misses": 0}}  # from the resume
+
+
+def test_under_accumulation_losses_are_one_per_step_as_the_somatize_trainers(tmp_path):
+    start = st.state(_graph(0))
+    ours, theirs = _graph(1), _graph(2)
+    st.load_state(ours, start)
+    st.load_state(theirs, start)
+
+    def sgd(ps):
+        return torch.optim.SGD(ps, lr=0.3)
+
+    options = st.Options(shuffle=False, progress=False, accumulate=2)
+    ref = st.Trainer(loss=nn.functional.cross_entropy, optimizer=sgd, epochs=2, options=options)
+    ref_result = ref.fit(ours, _loader())  # 4 batches of 16 an epoch: 2 steps an epoch
+    lg = LightningGraph(theirs, loss=nn.functional.cross_entropy, optimizer=sgd)
+    trainer = _trainer(tmp_path, max_epochs=2, accumulate_grad_batches=2)
+    trainer.fit(lg, _loader())
+    r = result(trainer, lg)
+    assert trainer.global_step == ref_result.steps == 4
+    assert len(lg.losses) == 4  # one per optimizer step, not one per batch
+    assert r.losses == pytest.approx(ref_result.losses, rel=1e-6)
+    _assert_same_state(r.state, ref_result.state)

@@ -1,0 +1,71 @@
+"""What a ``LightningGraph`` keeps in a Lightning checkpoint besides the weights, under
+``checkpoint["somatize"]``: its losses, validation history, example counts and cache
+counts, as plain lists, dicts and numbers (a checkpoint loads with ``weights_only=True``);
+and the check that a checkpoint is loaded into the graph it was written for.
+
+Used by ``somatize.torch.lightning``; needs the ``lightning`` extra there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CheckpointError
+from . import tally
+
+if TYPE_CHECKING:
+    from .lightning import LightningGraph
+
+__all__ = ["restore", "saved"]
+
+
+def saved(lg: LightningGraph) -> dict[str, Any]:
+    """What ``on_save_checkpoint`` writes: the run so far (the cache counts of every rank)."""
+    return {
+        "losses": list(lg.losses),
+        "history": [dict(r) for r in lg.history],
+        "examples": dict(lg._examples),
+        "val_examples": dict(lg._val_examples),
+        "cache": _cache_counts(lg),
+    }
+
+
+def _cache_counts(lg: LightningGraph) -> list[dict[str, Any]]:
+    """The cache counts so far of every rank, in rank order (``tally.resumed``)."""
+    mine = tally.state(lg._tally)
+    if lg.trainer.world_size > 1:
+        from . import ddp
+
+        return [dict(s) for s in ddp.gather(mine)]
+    return [mine]
+
+
+def restore(lg: LightningGraph, checkpoint: dict[str, Any]) -> None:
+    """``on_load_checkpoint``: refuse a checkpoint of another graph; take back the run.
+
+    Raises:
+        CheckpointError: the checkpoint was written for a graph of another topology.
+    """
+    written = checkpoint.get("hyper_parameters", {}).get("topology")
+    own = lg.graph.topology.to_json()
+    if written is not None and written != own:
+        raise CheckpointError(
+            f"the checkpoint was written for a graph with topology {written}, "
+            f"not this one ({own}); load it into the graph it was trained with"
+        )
+    state = checkpoint.get("somatize")
+    if state is None:
+        return
+    lg._pending.clear()
+    lg._group.clear()
+    lg._losses = list(state["losses"])
+    lg.history = [dict(r) for r in state["history"]]
+    lg._examples = dict(state["examples"])
+    lg._val_examples = dict(state.get("val_examples") or {})
+    world = lg._trainer.world_size if lg._trainer is not None else 1
+    since = tally.resumed(state.get("cache"), lg.global_rank, world)  # (None: an old one)
+    if lg._tally is None:  # (restored before on_fit_start, as Lightning does)
+        lg._cache_since = since
+    else:  # (a strategy restoring after setup: the fit's tally counts on from it)
+        tally.detach(lg.net, lg._tally)
+        lg._tally = tally.attach(lg.net, since)
