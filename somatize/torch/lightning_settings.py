@@ -14,7 +14,7 @@ import torch
 
 from ..graph import Graph
 from .module import parameters
-from .settings import check_loss, check_metrics
+from .settings import check_loss, check_measured, check_metrics
 
 __all__ = ["check", "configured", "hyperparameters"]
 
@@ -35,6 +35,7 @@ def check(g: Any, loss: Any, optimizer: Any, scheduler: Any, metrics: Any) -> No
         )
     check_loss(loss)
     check_metrics(metrics)
+    check_measured(metrics, loss, "LightningGraph")
 
 
 def _name(obj: Any) -> str | None:

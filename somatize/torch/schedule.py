@@ -29,6 +29,12 @@ __all__ = [
 
 def check_schedule(every_steps: Any, every_epochs: Any) -> None:
     """``Options``' two evaluation schedules: each a whole number >= 1, at most one given."""
+    if isinstance(every_steps, float) and 0 < every_steps < 1:  # Lightning's val_check_interval
+        raise SettingError(
+            f"Options eval_every_steps counts optimizer steps between evaluations, not a "
+            f"fraction of an epoch ({every_steps!r}, as Lightning's val_check_interval); give "
+            "the steps: to evaluate 4 times an epoch of 100 steps, eval_every_steps=25"
+        )
     if every_steps is not None:
         count(
             "Options eval_every_steps", every_steps, hint="pass None to evaluate at each epoch end"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -14,6 +15,7 @@ __all__ = [
     "check_batch",
     "check_fit",
     "check_loss",
+    "check_measured",
     "check_metrics",
     "check_optimizer",
     "check_parts",
@@ -27,9 +29,12 @@ __all__ = [
 def count(name: str, value: Any, minimum: int = 1, hint: str = "") -> None:
     """``value`` must be an int (not a bool, not a float) of at least ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int):
+        near = round(value) if isinstance(value, float) and math.isfinite(value) else None
+        owner, _, arg = name.rpartition(" ")  # ("Options", "accumulate") or ("", "epochs")
+        said = f"{owner}({arg}={near})" if owner else f"{arg}={near}"
         raise SettingError(
             f"{name} must be a whole number, not {value!r}"
-            + (f" (did you mean {name}={int(value)}?)" if isinstance(value, float) else "")
+            + (f" (did you mean {said}?)" if near is not None and near >= minimum else "")
             + (f"; {hint}" if hint else "")
         )
     if value < minimum:
@@ -176,6 +181,18 @@ def _functional(name: str) -> str:
         (c for c in (snake, f"{snake}_loss") if callable(getattr(functional, c, None))), ""
     )
     return f"F.{found}" if found else ""
+
+
+def check_measured(metrics: Any, loss: Any, owner: str = "Trainer") -> None:
+    """``metrics`` need ``loss``: a metric measures the output against the target."""
+    if metrics and loss is None:
+        raise SettingError(
+            f"metrics= ({', '.join(map(repr, metrics))}) measure the graph's output against "
+            f"the batch's target, which loss= splits off; without loss= the {owner}'s graph "
+            "gets the whole batch and returns its loss, so there is no output to measure. "
+            "Pass loss= (the graph then returns its prediction), or report what you measure "
+            "from a node: Done(value, metrics={...})"
+        )
 
 
 def check_metrics(metrics: Any) -> None:

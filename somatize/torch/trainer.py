@@ -46,7 +46,7 @@ from .pruning import pruned_reason
 from .result import TrainResult
 from .sanity import sanity_check
 from .schedule import check_steps_fit
-from .settings import check_arguments, check_fit, check_parts
+from .settings import check_arguments, check_fit, check_measured, check_parts
 from .smoke import smoke_fit
 from .start import (
     close,
@@ -108,6 +108,7 @@ class Trainer:
             optimizer, scheduler, epochs, max_steps, micro_batches, metrics, pruner, seed
         )
         check_parts(loss, checkpoint, watchers, options)
+        check_measured(metrics, loss)
         self.split = checked_split(split, loss)
         self.loss, self.optimizer, self.scheduler = loss, optimizer, scheduler
         self.epochs = epochs if epochs is not None else (None if max_steps else 1)

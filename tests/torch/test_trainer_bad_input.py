@@ -40,8 +40,20 @@ def data():
         (lambda: st.Options(eval_every_steps=-3), "eval_every_steps must be at least 1"),
         (lambda: st.Options(device="tpu-ish"), "not a torch device"),
         (
-            lambda: st.Trainer(optimizer=sgd, epochs=1.5),
-            r"epochs must be a whole number, not 1.5 \(did you mean epochs=1\?\)",
+            lambda: st.Trainer(optimizer=sgd, epochs=2.6),
+            r"epochs must be a whole number, not 2.6 \(did you mean epochs=3\?\)",
+        ),
+        (  # no suggestion that the next check would refuse
+            lambda: st.Options(accumulate=0.4),
+            r"accumulate must be a whole number, not 0.4; it is how",
+        ),
+        (
+            lambda: st.Options(eval_every_steps=2.6),
+            r"not 2.6 \(did you mean Options\(eval_every_steps=3\)\?\)",
+        ),
+        (  # Lightning's val_check_interval=0.25
+            lambda: st.Options(eval_every_steps=0.25),
+            r"optimizer steps between evaluations, not a fraction of an epoch.*=25",
         ),
         (
             lambda: st.Trainer(optimizer=sgd, max_steps=2.5),
@@ -198,3 +210,14 @@ def test_a_resume_that_is_not_last_or_a_path_says_so(tmp_path, resume, match):
     with pytest.raises(SettingError, match=match):
         trainer.fit(Graph.somatize(Linear()), data(), resume=resume)
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
+def test_metrics_without_a_loss_are_refused_with_the_fix():
+    # without loss= the graph gets the whole batch and returns its loss: nothing to measure
+    with pytest.raises(SettingError, match=r"metrics= \('acc'\) measure.*Pass loss="):
+        st.Trainer(optimizer=sgd, metrics={"acc": st.accuracy})
+    pytest.importorskip("lightning")
+    from somatize.torch.lightning import LightningGraph
+
+    with pytest.raises(SettingError, match=r"without loss= the LightningGraph's graph"):
+        LightningGraph(Graph(), loss=None, optimizer=sgd, metrics={"acc": st.accuracy})
