@@ -364,6 +364,9 @@ def remember(
 ) -> Remembered:
     """Remember the finished runs of a training function, by its code and its arguments.
 
+    What ``fn`` reads from outside Python — environment variables, files by path, the
+    clock — enters no key: read it in the caller and pass it as an argument.
+
     Args:
         fn: a function returning a ``TrainResult`` (from ``Trainer.fit``).
         keeper: where results are stored (a ``DiskKeeper`` shared by processes).

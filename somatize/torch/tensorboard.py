@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import require
+from ..stack import outside
 from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
 
 __all__ = ["TensorBoard"]
@@ -70,7 +71,7 @@ class TensorBoard:
                     "one, over each other. Give each run a log_dir of its own (e.g. "
                     "st.TensorBoard(f'runs/digits/lr={lr}')), or remove the old files",
                     RuntimeWarning,
-                    stacklevel=2,
+                    stacklevel=outside(),  # (the user's fit call, not the watcher's caller)
                 )
         elif isinstance(event, StepEnd):
             self._final["train/loss"] = event.loss

@@ -154,6 +154,10 @@ def test_sample_errors():
         fl.sample(10, round=0)
     with pytest.raises(ValueError, match="fraction must be in"):
         fl.sample(10, fraction=1.5, round=0)
+    for bad in (True, "0.5"):  # (True was taken as 1: every client)
+        with pytest.raises(TypeError, match=r"fraction is a number in \(0, 1\].*count=10"):
+            fl.sample(10, fraction=bad, round=0)
+    assert len(fl.sample(10, fraction=np.float32(0.5), round=0)) == 5
     with pytest.raises(ValueError, match=r"count must be an int in \[1, 10\]"):
         fl.sample(10, count=11, round=0)
     with pytest.raises(ValueError, match="round must be"):

@@ -97,6 +97,12 @@ def test_server_step_errors_name_the_key():
         fl.FedAdam().step(x, {"w": aggs[0]["w"]})
     with pytest.raises(AggregationError, match="key 'b'.*float64"):
         fl.FedAdam().step(x, {**aggs[0], "b": aggs[0]["b"].double()})
+    for make in (fl.FedAdam, fl.FedAvgM):  # moments of another model: named, with the fix
+        server = make()
+        server.step({"w": torch.zeros(3)}, {"w": torch.ones(3)})
+        fix = rf"key 'w' is \(2,\) now.*made for \(3,\).*fresh one \(fl.{make.__name__}\(...\)\)"
+        with pytest.raises(AggregationError, match=fix):
+            server.step({"w": torch.zeros(2)}, {"w": torch.ones(2)})
     with pytest.raises(ValueError, match="lr must be a positive"):
         fl.FedAdam(lr=0)
     with pytest.raises(ValueError, match=r"beta2 must be in \[0, 1\)"):

@@ -220,5 +220,8 @@ def test_tensorboard_warns_when_a_fresh_run_logs_into_a_directory_another_run_us
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fit()  # a new directory: nothing to say
-    with pytest.warns(RuntimeWarning, match=r"already holds the event files of an earlier run"):
+    with pytest.warns(
+        RuntimeWarning, match=r"already holds the event files of an earlier run"
+    ) as w:
         fit()
+    assert w[0].filename == __file__  # the user's fit line, not a somatize file

@@ -4,6 +4,7 @@ and, for DP-FedAvg's accountant, how likely the most-drawn client is to be in a 
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -49,6 +50,11 @@ def sample(
     if (fraction is None) == (count is None):
         raise ValueError("give exactly one of fraction= (a share of the clients) or count=")
     if fraction is not None:
+        if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
+            raise TypeError(
+                f"fraction is a number in (0, 1], the share of the clients to take, not "
+                f"{fraction!r}; e.g. fraction=0.1, or count=10 for a number of clients"
+            )
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], not {fraction!r}")
         count = max(1, math.floor(_round9(fraction * clients)))

@@ -34,6 +34,12 @@ from .keys import NAME_BUFFERS, Exclude, _local, _names, _rule, _statistics, _un
 __all__ = ["FedAdagrad", "FedAdam", "FedAvgM", "FedYogi", "ServerOptimizer"]
 
 Rule = Literal["avgm", "adam", "yogi", "adagrad"]
+_MAKER = {
+    "avgm": "fl.FedAvgM",
+    "adam": "fl.FedAdam",
+    "yogi": "fl.FedYogi",
+    "adagrad": "fl.FedAdagrad",
+}
 # the hyper-parameters each rule's update reads (state_dict() saves them all)
 _USES = {
     "avgm": ("lr", "beta1"),
@@ -153,6 +159,13 @@ class ServerOptimizer:
                 m = self.m.get(k)
                 if m is None:
                     m = torch.zeros_like(x64)
+                elif m.shape != x64.shape:
+                    raise AggregationError(
+                        f"key {k!r} is {tuple(x64.shape)} now, but this server optimizer's "
+                        f"moments were made for {tuple(m.shape)}: it keeps them across rounds "
+                        f"of one model; make a fresh one ({_MAKER[self.rule]}(...)) for "
+                        "another model, or load_state_dict the one this model's run saved"
+                    )
                 if self.rule == "avgm":  # Hsu et al. 2019: v ← βv + Δ; x ← x + ηv
                     m = b1 * m + delta
                     out[k] = (x64 + self.lr * m).to(x.dtype)
