@@ -155,3 +155,15 @@ def test_per_epoch_steps_count_the_epochs_that_end_before_max_steps():
     assert "Size it in epochs: T_max=2" in str(w[0].message)
     fits = lambda opt: lr.CosineAnnealingLR(opt, T_max=2)  # noqa: E731
     trainer(fits, epochs=10, max_steps=25, scheduler_every="epoch").fit(graph(), data())
+
+
+def test_planned_steps_under_torchrun_count_a_ranks_share(monkeypatch):
+    """Each rank steps once per step of the run, on its share of the batches: with 2
+    processes, half of them (a list's every other batch, a loader's DistributedSampler)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    loader = DataLoader(TensorDataset(torch.randn(80, 4), torch.randint(0, 3, (80,))), 8)
+    assert trainer(epochs=3).planned_steps(data()) == 15  # 10 batches: 5 a rank
+    assert trainer(epochs=3).planned_steps(loader) == 15  # 40 examples a rank: 5 batches
