@@ -16,7 +16,8 @@ from ..watchers import Watcher
 from .carry import carries
 from .checkpoint import load_checkpoint, restore, restore_rank_rng, restore_scaler
 from .ema import averaged, restore_average
-from .policy import check_extension, check_fresh, horizon, resume_path
+from .horizon import check_horizon, horizon
+from .policy import check_extension, check_fresh, resume_path
 from .run import ActiveRun
 from .settings import check_optimizer, check_scheduler
 from .start import as_module, autocast_for, compiled, place, seed_everything, trainable, wrap
@@ -78,6 +79,7 @@ def begin(
         run.checkpoint = path
     else:
         check_fresh(trainer)
+        check_horizon(trainer, run, train)  # a scheduler built for fewer steps than planned
         if trainer._pruner_start is not None:
             trainer.pruner.load_state_dict(trainer._pruner_start)
         seed_everything(trainer.seed)

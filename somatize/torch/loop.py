@@ -23,7 +23,7 @@ from .policy import save
 from .rng import put_back, snapshot
 from .schedule import evaluates_at_epoch_end
 from .step import step
-from .timelimit import seconds_of, time_up
+from .timelimit import seconds_of, spent_before, time_up
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -66,8 +66,9 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     run.replay = trainer.checkpoint is not None and type(data) not in (list, tuple)
     net.train()
     run.clock.start()
-    run.deadline = run.clock.deadline(seconds_of(trainer.options.max_time))
-    run.timed_out = time_up(run)  # (a run resumed with its budget spent takes no step)
+    budget = seconds_of(trainer.options.max_time)
+    run.deadline = run.clock.deadline(budget)
+    run.timed_out = spent_before(run.clock, budget)  # (the clock is read after each step)
     while s.epoch < epochs and not s.pruned and s.step < max_steps and not run.timed_out:
         batches = _batches(trainer, run, data)
         # carried state starts afresh each epoch, or as a mid-epoch checkpoint left it

@@ -14,14 +14,15 @@ from . import ddp, tally
 from .carry import stored
 from .checkpoint import RunState, capture, finite, rng_state, scaler_state
 from .ckptdir import writer
-from .limits import batches_per_epoch, share, steps_per_epoch
+from .horizon import check_restored, scheduler_steps
+from .limits import batches_per_epoch, share
 from .rng import as_state
 
 if TYPE_CHECKING:
     from .run import ActiveRun
     from .trainer import Trainer
 
-__all__ = ["check_fresh", "resume_path", "save", "total_steps", "writing"]
+__all__ = ["check_fresh", "resume_path", "save", "writing"]
 
 
 def resume_path(trainer: Trainer, resume: Any) -> Path | None:
@@ -137,14 +138,6 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     run.checkpoint = ckpt.file(s.step)
 
 
-_HORIZONS = ("total_steps", "T_max", "total_iters")  # OneCycleLR, CosineAnnealingLR, LinearLR...
-
-
-def horizon(sched: Any) -> dict[str, int]:
-    """The length a scheduler was built for (its ``total_steps``, ``T_max``, ``total_iters``)."""
-    return {k: v for k in _HORIZONS if isinstance(v := getattr(sched, k, None), int)}
-
-
 def check_extension(
     trainer: Trainer, run: ActiveRun, path: Path, fresh: dict[str, int], train: Iterable[Any]
 ) -> None:
@@ -187,19 +180,7 @@ def check_extension(
     if trainer.max_steps is None or s.step < trainer.max_steps:  # (at it: nothing to train)
         check_world(run, path)
         check_order(trainer, run, path, train)
-    restored = horizon(run.sched)
-    planned = _planned(trainer, run, train)
-    for key, built in restored.items():
-        wanted = max(fresh.get(key, 0), planned or 0)
-        if built < wanted:
-            warnings.warn(
-                f"the {type(run.sched).__name__} restored from {path} was built for "
-                f"{key}={built}, but this run plans {wanted}; the checkpoint's schedule is "
-                "kept (it may end, or raise, before the run does). Resume into a run of the "
-                "same length, or start a fresh one for the longer schedule",
-                UserWarning,
-                stacklevel=4,
-            )
+    check_restored(run, path, fresh, scheduler_steps(trainer, train, run.rank, run.world))
 
 
 def check_world(run: ActiveRun, path: Path) -> None:
@@ -300,40 +281,6 @@ def check_order(trainer: Trainer, run: ActiveRun, path: Path, train: Iterable[An
             UserWarning,
             stacklevel=5,
         )
-
-
-def _planned(trainer: Trainer, run: ActiveRun, train: Iterable[Any]) -> int | None:
-    """Scheduler steps this run plans in all (None when the data cannot say)."""
-    if trainer.options.scheduler_every == "epoch":
-        return trainer.epochs
-    if trainer.max_steps is not None:
-        return trainer.max_steps
-    limit = batches_per_epoch(
-        "limit_train_batches",
-        trainer.options.limit_train_batches,
-        train,
-        run.rank,
-        run.world,
-        even=True,
-    )
-    per_epoch = steps_per_epoch(train, limit, trainer.options.accumulate, run.rank, run.world)
-    if per_epoch is None or trainer.epochs is None:
-        return None
-    return per_epoch * trainer.epochs
-
-
-def total_steps(trainer: Trainer, train: Iterable[Any], world: int, limit: int | None) -> int:
-    """The optimizer steps the run will take in all: the batches an epoch takes (the data's
-    length, or ``Options(limit_train_batches=)``) in groups of ``accumulate``, times the
-    epochs, at most ``max_steps``; 0 when unknown (no length, or several ranks)."""
-    per_epoch = (
-        steps_per_epoch(train, limit, trainer.options.accumulate, 0, 1) if world == 1 else None
-    )
-    by_data = (
-        per_epoch * trainer.epochs if per_epoch is not None and trainer.epochs is not None else None
-    )
-    bounds = [n for n in (by_data, trainer.max_steps) if n is not None]
-    return min(bounds) if bounds else 0
 
 
 def best_step(s: RunState) -> int | None:

@@ -1,14 +1,15 @@
 """``Options(max_time=...)``: a run's budget of training time (Lightning's ``max_time``).
 
-The time counts from the first step of a fresh run and goes on across resumes: every
-checkpoint holds the seconds trained so far (``payload["elapsed"]``), so a run killed
+The time counts from the start of a fresh run's training and goes on across resumes:
+every checkpoint holds the seconds trained so far (``payload["elapsed"]``), so a run killed
 and resumed stops where one uninterrupted run would have, near the same total. It is
-checked after each optimizer step; once it is spent, the run stops there, as at
-``max_steps`` — the last checkpoint is written (with ``checkpoint=``), ``fit`` returns
-with ``TrainResult.timed_out`` True, and ``fit(resume="last")`` with a larger budget
-goes on bitwise from there. Under DDP, ranks stop together: a rank whose clock says the
-time is spent stops them all at that step (one small all-reduce per step, only with a
-budget set).
+checked after each optimizer step, so a fresh run takes at least one step however small
+its budget; once it is spent, the run stops there, as at ``max_steps`` — the last
+checkpoint is written (with ``checkpoint=``), ``fit`` returns with
+``TrainResult.timed_out`` True, and ``fit(resume="last")`` with a larger budget goes on
+bitwise from there; with the same budget it takes no step. Under DDP, ranks stop
+together: a rank whose clock says the time is spent stops them all at that step (one
+small all-reduce per step, only with a budget set).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from . import ddp
 if TYPE_CHECKING:
     from .run import ActiveRun
 
-__all__ = ["Clock", "check_max_time", "seconds_of", "time_up"]
+__all__ = ["Clock", "check_max_time", "seconds_of", "spent_before", "time_up"]
 
 _DHMS = re.compile(r"^(\d+):(\d{1,2}):(\d{1,2}):(\d{1,2})$")  # Lightning's "DD:HH:MM:SS"
 
@@ -95,6 +96,13 @@ def restored(payload: dict[str, Any]) -> Clock:
     elapsed = payload.get("elapsed", 0.0)
     ok = isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool)
     return Clock(float(elapsed) if ok and math.isfinite(elapsed) and elapsed >= 0 else 0.0)
+
+
+def spent_before(clock: Clock, budget: float | None) -> bool:
+    """Whether earlier fits of a resumed run spent the budget, so this one takes no step.
+    The time this fit trains is read only after each step, so a fresh run takes at least
+    one, however small its budget. (Every rank restores the same seconds, so all agree.)"""
+    return budget is not None and clock.before >= budget
 
 
 def time_up(run: ActiveRun) -> bool:

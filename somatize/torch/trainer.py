@@ -37,11 +37,12 @@ from .begin import begin
 from .checkpoint import Checkpointing
 from .determinism import deterministic
 from .first_step import first_step
+from .horizon import optimizer_steps, total_steps
 from .limits import batches_per_epoch, epoch_examples, one_epoch
 from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate
 from .options import Options
-from .policy import best_step, save, total_steps, writing
+from .policy import best_step, save, writing
 from .pruning import pruned_reason
 from .result import TrainResult
 from .sanity import sanity_check
@@ -192,7 +193,7 @@ class Trainer:
         sets = val_sets(val, o.limit_val_batches, rank, world)  # one or several (valsets.py)
         if sets:
             check_ranks(self.metrics, world)  # before any step: objects must merge under DDP
-        total = total_steps(self, train, world, train_n)
+        total = total_steps(self, train, world)
         check_steps_fit(o.eval_every_steps if sets and not resume else None, total)
         run = begin(self, model, resume, run_id, rank, world, train)
         run.train, run.train_batches, run.val_sets = train, train_n, sets
@@ -252,6 +253,25 @@ class Trainer:
             timed_out=run.timed_out,
             val_examples=dict(s.val_examples),
         )
+
+    def planned_steps(self, train: Iterable[Any]) -> int | None:
+        """The optimizer steps ``fit(model, train)`` plans (Lightning's
+        ``trainer.estimated_stepping_batches``): the batches of an epoch — this rank's
+        share under ``torchrun``, at most ``Options(limit_train_batches=)`` — in groups of
+        ``Options(accumulate=)``, times ``epochs``, at most ``max_steps``. What to size a
+        scheduler by, as the Trainer steps it once per optimizer step. None when neither
+        the data's length nor ``max_steps`` says (a generator).
+
+        Example:
+            >>> import somatize.torch as st
+            >>> batches = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(20)]
+            >>> trainer = st.Trainer(optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            ...                      epochs=3, options=st.Options(accumulate=2))
+            >>> trainer.planned_steps(batches)  # 20 batches an epoch, in groups of 2
+            30
+        """
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        return optimizer_steps(self, ddp.shard(train, rank, world, self.seed), rank, world)
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
         # without a loss function the graph computes the loss, so it gets the whole batch

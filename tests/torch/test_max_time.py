@@ -7,6 +7,7 @@ which step the budget is spent: no test waits for, or depends on, real time."""
 from __future__ import annotations
 
 import datetime
+import itertools
 import time
 
 import pytest
@@ -70,6 +71,17 @@ def test_the_run_stops_after_the_step_that_spends_the_budget(value):
     result = trainer(value).fit(graph(), data())
     assert result.timed_out and result.steps == 4  # spent after the 4th second
     assert result.epochs == 0  # in the middle of the first epoch of 5 steps
+
+
+@pytest.mark.parametrize("path", ["fast", "step"])
+def test_a_fresh_run_takes_a_step_however_small_its_budget(monkeypatch, path):
+    """The budget is read after each step: time that passes before the first (here, every
+    reading of the clock moves it a second) does not stop a fresh run before it."""
+    readings = itertools.count()
+    monkeypatch.setattr(time, "monotonic", lambda: float(next(readings)))
+    watchers = [Recorder()] if path == "step" else []
+    result = trainer(1e-9, watchers=watchers).fit(graph(), data())
+    assert result.timed_out and result.steps == 1 and len(result.losses) == 1
 
 
 @pytest.mark.parametrize("path", ["fast", "step"])

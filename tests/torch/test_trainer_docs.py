@@ -38,6 +38,8 @@ def test_the_trainer_docs_examples_run(tmp_path, monkeypatch, capsys):
     assert "\n[1, 3]\n" in out.out  # eval_every_epochs=2 over 4 epochs
     assert "\n6 32\n" in out.out  # limit_train_batches=0.25: 2 batches of 16 an epoch
     assert "\n1 1 None\n" in out.out  # the smoke run: one step, one evaluation, no checkpoint
+    assert "\n30 30\n" in out.out  # planned_steps: the steps the fit took
+    assert "\nTrue 1\nFalse 30\n" in out.out  # max_time=1e-9: one step, and it is the last
     assert not (tmp_path / "runs" / "smoke").exists()
     assert "runs/example/ckpt/step-000000030.ckpt" in out.out
     assert "done: 20 steps" in out.err  # the progress line

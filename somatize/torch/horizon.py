@@ -1,0 +1,171 @@
+"""What a run plans, and the LR schedulers built for fewer steps than that.
+
+``planned_steps`` counts the optimizer steps a fit takes as planned (Lightning's
+``trainer.estimated_stepping_batches``): the batches an epoch takes (this rank's share
+under DDP, at most ``Options(limit_train_batches=)``) in groups of ``Options(accumulate=)``,
+times ``epochs``, at most ``max_steps``. The Trainer steps a scheduler after each of them,
+or after each epoch with ``Options(scheduler_every="epoch")`` (as Lightning steps a bare
+scheduler); a pruner or ``Options(max_time=)`` may end the run sooner.
+
+A scheduler sized for fewer steps goes wrong in the middle of the run: past its ``T_max`` a
+``CosineAnnealingLR`` climbs back up (a cycling rate), a ``PolynomialLR`` — or a
+``LinearLR`` that decays — stays at its end rate, and a ``OneCycleLR`` raises past its
+``total_steps``. A fresh run warns of the first and refuses the last before its first step
+(``check_horizon``); a resumed run, whose scheduler's horizon comes from its checkpoint,
+warns when it is shorter than the run (``check_restored``). ``CosineAnnealingWarmRestarts``
+restarts on purpose, and a ``LinearLR`` warm-up ends on purpose: neither is warned about.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import SettingError
+from .limits import batches_per_epoch, steps_per_epoch
+
+if TYPE_CHECKING:
+    from .run import ActiveRun
+    from .trainer import Trainer
+
+__all__ = [
+    "check_horizon",
+    "check_restored",
+    "horizon",
+    "optimizer_steps",
+    "scheduler_steps",
+    "total_steps",
+]
+
+_HORIZONS = ("total_steps", "T_max", "total_iters")  # OneCycleLR, CosineAnnealingLR, LinearLR...
+_lr = torch.optim.lr_scheduler
+
+
+def horizon(sched: Any) -> dict[str, int]:
+    """The length a scheduler was built for (its ``total_steps``, ``T_max``, ``total_iters``)."""
+    return {k: v for k in _HORIZONS if isinstance(v := getattr(sched, k, None), int)}
+
+
+def optimizer_steps(trainer: Trainer, train: Iterable[Any], rank: int, world: int) -> int | None:
+    """The optimizer steps a fit of ``train`` plans on ``rank`` of ``world`` (each rank steps
+    once per step of the run): None when neither the data's length nor ``max_steps`` says."""
+    per_epoch = _per_epoch(trainer, train, rank, world)
+    by_data = (
+        per_epoch * trainer.epochs if per_epoch is not None and trainer.epochs is not None else None
+    )
+    bounds = [n for n in (by_data, trainer.max_steps) if n is not None]
+    return min(bounds) if bounds else None
+
+
+def scheduler_steps(trainer: Trainer, train: Iterable[Any], rank: int, world: int) -> int | None:
+    """How often a fit of ``train`` plans to step its scheduler (None when the data cannot
+    say): once per optimizer step, or with ``Options(scheduler_every="epoch")`` once per
+    epoch that runs to its end (``max_steps`` may end the run within one)."""
+    if trainer.options.scheduler_every != "epoch":
+        return optimizer_steps(trainer, train, rank, world)
+    per_epoch = _per_epoch(trainer, train, rank, world)
+    if trainer.max_steps is None or not per_epoch:
+        return trainer.epochs
+    ended = trainer.max_steps // per_epoch
+    return ended if trainer.epochs is None else min(trainer.epochs, ended)
+
+
+def _per_epoch(trainer: Trainer, train: Iterable[Any], rank: int, world: int) -> int | None:
+    o = trainer.options
+    limit = batches_per_epoch(
+        "limit_train_batches", o.limit_train_batches, train, rank, world, even=True
+    )
+    return steps_per_epoch(train, limit, o.accumulate, rank, world)
+
+
+def total_steps(trainer: Trainer, train: Iterable[Any], world: int) -> int:
+    """``FitStart.total_steps``: the optimizer steps the run plans in all, 0 when unknown
+    (no length, or several ranks)."""
+    return (optimizer_steps(trainer, train, 0, 1) or 0) if world == 1 else 0
+
+
+def check_horizon(trainer: Trainer, run: ActiveRun, train: Iterable[Any]) -> None:
+    """Before a fresh run's first step: its scheduler is built for as many steps as the run
+    plans (see the module's docstring).
+
+    Raises:
+        SettingError: a ``OneCycleLR`` whose ``total_steps`` is fewer, which torch would
+            raise at in mid-run; naming both counts and the fix.
+    """
+    sched = run.sched
+    if sched is None or run.plateau:
+        return
+    planned = scheduler_steps(trainer, train, run.rank, run.world)
+    if planned is None:
+        return
+    for key, built in horizon(sched).items():
+        if built >= planned:
+            continue
+        said = (
+            f"the {type(sched).__name__} was built for {key}={built}, but this run steps it "
+            f"{planned} times ({_how(trainer)})"
+        )
+        if isinstance(sched, _lr.OneCycleLR):
+            raise SettingError(
+                f"{said}; torch raises once it is stepped past total_steps, in the middle of the "
+                f"run. {_fix(trainer, key, planned)}"
+            )
+        wrong = _goes_wrong(sched, built, planned)
+        if wrong is not None:
+            warnings.warn(
+                f"{said}: {wrong}. {_fix(trainer, key, planned)}", UserWarning, stacklevel=5
+            )
+
+
+def check_restored(run: ActiveRun, path: Path, fresh: dict[str, int], planned: int | None) -> None:
+    """Warn when the scheduler restored from ``path`` was built for fewer steps than this
+    run plans (``planned``, or what the freshly built one was sized for: ``fresh``)."""
+    for key, built in horizon(run.sched).items():
+        wanted = max(fresh.get(key, 0), planned or 0)
+        if built < wanted:
+            warnings.warn(
+                f"the {type(run.sched).__name__} restored from {path} was built for "
+                f"{key}={built}, but this run plans {wanted}; the checkpoint's schedule is "
+                "kept (it may end, or raise, before the run does). Resume into a run of the "
+                "same length, or start a fresh one for the longer schedule",
+                UserWarning,
+                stacklevel=5,
+            )
+
+
+def _how(trainer: Trainer) -> str:
+    if trainer.options.scheduler_every == "epoch":
+        return "once after each epoch, Options(scheduler_every='epoch')"
+    return "once after each optimizer step, the default"
+
+
+def _fix(trainer: Trainer, key: str, planned: int) -> str:
+    if trainer.options.scheduler_every == "epoch":
+        return f"Size it in epochs: {key}={planned}"
+    return (
+        f"Size it in optimizer steps, {key}={planned} (trainer.planned_steps(train) gives "
+        "it), or step it once an epoch as Lightning steps a scheduler by default: "
+        f"Options(scheduler_every='epoch') with {key} in epochs"
+    )
+
+
+def _goes_wrong(sched: Any, built: int, planned: int) -> str | None:
+    """What the rate does past the scheduler's horizon, where that is not what it is for."""
+    rest = planned - built
+    if isinstance(sched, _lr.CosineAnnealingLR):
+        return (
+            f"its rate falls to eta_min at step {built} and then climbs back up, cycling "
+            "(for restarts on purpose use CosineAnnealingWarmRestarts)"
+        )
+    if isinstance(sched, _lr.PolynomialLR):
+        return f"its rate reaches 0 at step {built} and stays there for the other {rest}"
+    if isinstance(sched, _lr.LinearLR) and sched.end_factor < sched.start_factor:
+        return (
+            f"its rate decays to end_factor={sched.end_factor} of lr at step {built} and "
+            f"stays there for the other {rest}"
+        )
+    return None
