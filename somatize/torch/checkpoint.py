@@ -38,6 +38,7 @@ from .ckptdir import (
     rotate,
     rotation,
 )
+from .ported import ported
 from .resumed_optimizer import check_optimizer, optimizer_class
 from .rng import as_state, restore_rank_rng, rng_state, set_rng_state
 from .run_state import RunState
@@ -193,6 +194,9 @@ class Checkpointing:
             integrity.write_pointer(self.path / "best", self.file(best).name)
         remove(self.path, doomed)
         return kept
+
+
+Checkpointing.__init__ = ported("Checkpointing")(Checkpointing.__init__)  # type: ignore[method-assign]
 
 
 def finite(state: Mapping[str, torch.Tensor]) -> bool:

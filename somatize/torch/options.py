@@ -14,6 +14,7 @@ from ..errors import SettingError
 from .determinism import check_deterministic
 from .ema import check_decay
 from .limits import check_limit
+from .ported import ported
 from .sanity import check_sanity
 from .schedule import check_floor, check_schedule
 from .settings import choice, count, positive
@@ -173,6 +174,9 @@ class Options:
         check_decay(self.ema)
         check_max_time(self.max_time)
         check_deterministic(self.deterministic)
+
+
+Options.__init__ = ported("Options")(Options.__init__)  # type: ignore[method-assign]
 
 
 def _check_device(device: Any) -> None:

@@ -43,6 +43,7 @@ from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate
 from .options import Options
 from .policy import best_step, save, writing
+from .ported import METHODS, ported
 from .pruning import pruned_reason
 from .result import TrainResult
 from .sanity import sanity_check
@@ -88,6 +89,7 @@ class Trainer:
             b["labels"])``. Used in training, ``evaluate`` and ``predict``; needs ``loss=``.
     """
 
+    @ported("Trainer")
     def __init__(
         self,
         *,
@@ -121,8 +123,14 @@ class Trainer:
         snapshot = getattr(pruner, "state_dict", None)
         self._pruner_start = snapshot() if snapshot is not None else None
 
+    def __getattr__(self, name: str) -> Any:  # (only for what the instance lacks)
+        if name in METHODS:
+            raise AttributeError(f"{name!r} is Lightning's Trainer method; here: {METHODS[name]}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     # -- one run ----------------------------------------------------------------------
 
+    @ported("fit")
     def fit(
         self,
         model: Graph | nn.Module,

@@ -1,0 +1,92 @@
+"""What a Lightning argument is called here: a note on the ``TypeError`` Python raises
+for an unexpected keyword (``Trainer(max_epochs=3)``) and an ``AttributeError`` for a
+Lightning method (``trainer.validate``), naming the somatize spelling — the rows of
+docs/trainer.md's "Coming from Lightning" table that a port writes first."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from ..errors import add_note
+
+__all__ = ["LIGHTNING", "METHODS", "ported"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_OPTIONS = {
+    "accumulate_grad_batches": "Options(accumulate=...)",
+    "gradient_clip_val": "Options(clip_grad_norm=...)",
+    "precision": 'Options(precision="bf16") or "fp16"',
+    "val_check_interval": "Options(eval_every_steps=N), in optimizer steps",
+    "check_val_every_n_epoch": "Options(eval_every_epochs=N)",
+    "num_sanity_val_steps": "Options(sanity_val_batches=N)",
+    "fast_dev_run": "Options(smoke=True)",
+    "enable_progress_bar": "Options(progress=False)",
+    "max_time": "Options(max_time=...)",
+    "min_epochs": "Options(min_epochs=...)",
+    "min_steps": "Options(min_steps=...)",
+    "deterministic": "Options(deterministic=True)",
+    "limit_train_batches": "Options(limit_train_batches=...)",
+    "limit_val_batches": "Options(limit_val_batches=...)",
+    "accelerator": 'Options(device="cuda") (the default: where the model is)',
+    "devices": "torchrun for several processes; Options(device=...) for one",
+}
+#: owner -> Lightning keyword -> what to write instead
+LIGHTNING: dict[str, dict[str, str]] = {
+    "Trainer": {
+        "max_epochs": "Trainer(epochs=...)",
+        "callbacks": "watchers=[...] (logging), pruner=st.Patience(...) (early stopping), "
+        "checkpoint=st.Checkpointing(dir) (ModelCheckpoint)",
+        "logger": "watchers=[st.TensorBoard(dir)] or [st.CSVLog(path)]",
+        "default_root_dir": "checkpoint=st.Checkpointing(dir)",
+        **{k: f"options={v}" for k, v in _OPTIONS.items()},
+    },
+    "Options": {
+        "max_epochs": "Trainer(epochs=...)",
+        **{k: v.removeprefix("Options") for k, v in _OPTIONS.items()},
+    },
+    "Checkpointing": {
+        "dirpath": "Checkpointing(dir)",
+        "monitor": "Options(monitor=...), which best= ranks by",
+        "mode": "Options(mode=...)",
+        "save_top_k": "Checkpointing(best=K) (keep=K for the latest)",
+        "save_last": "nothing: the latest is always kept and named by last",
+        "every_n_train_steps": "Checkpointing(every_steps=N)",
+    },
+    "fit": {
+        "ckpt_path": 'fit(..., resume="last") or resume=path',
+        "train_dataloaders": "fit(g, train) (the second argument)",
+        "val_dataloaders": "fit(g, train, val=loader), or val={'a': loader_a, ...}",
+        "datamodule": "fit(g, dm.train_dataloader(), val=dm.val_dataloader())",
+    },
+}
+#: Lightning's methods of a Trainer, and what to call here
+METHODS = {
+    "validate": "trainer.evaluate(g, data)",
+    "test": "trainer.evaluate(g, data)",
+}
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def ported(owner: str) -> Callable[[F], F]:
+    """Decorate ``owner``'s ``__init__`` (or ``fit``): a Lightning keyword it does not take
+    gets a note naming what to write instead."""
+    names = LIGHTNING[owner]
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except TypeError as e:
+                found = _UNEXPECTED.search(str(e))
+                if found and found[1] in names and found[1] in kwargs:
+                    add_note(e, f"{found[1]} is Lightning's; here: {names[found[1]]}")
+                raise
+
+        return cast(F, call)
+
+    return decorate

@@ -1,0 +1,65 @@
+"""A Lightning argument or method written against somatize's Trainer gets Python's error
+with a note naming what to write here (docs/trainer.md, "Coming from Lightning")."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import somatize.torch as st
+from somatize.torch.ported import LIGHTNING, METHODS
+
+from .test_trainer import batches, make_graph
+
+
+def sgd(ps):
+    return torch.optim.SGD(ps, lr=0.1)
+
+
+def notes(e: pytest.ExceptionInfo[BaseException]) -> str:
+    return "\n".join(getattr(e.value, "__notes__", []))
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (
+            lambda: st.Trainer(optimizer=sgd, max_epochs=3),
+            r"max_epochs is Lightning's; here: Trainer\(epochs",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, gradient_clip_val=1.0),
+            r"options=Options\(clip_grad_norm",
+        ),
+        (lambda: st.Trainer(optimizer=sgd, callbacks=[]), r"pruner=st.Patience"),
+        (lambda: st.Options(accumulate_grad_batches=2), r"here: \(accumulate=\.\.\.\)"),
+        (lambda: st.Checkpointing("ck", save_top_k=2), r"here: Checkpointing\(best=K\)"),
+        (lambda: st.Checkpointing("ck", monitor="val_acc"), r"here: Options\(monitor="),
+    ],
+)
+def test_a_lightning_keyword_gets_the_somatize_spelling(make, said):
+    with pytest.raises(TypeError, match="unexpected keyword argument") as e:
+        make()
+    assert re.search(said, notes(e)), notes(e)
+
+
+def test_fit_and_the_lightning_methods_say_what_to_call():
+    t = st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=st.Options(progress=False))
+    with pytest.raises(TypeError) as e:
+        t.fit(make_graph(), batches(2), ckpt_path="last")
+    assert 'resume="last"' in notes(e)
+    for name, fix in METHODS.items():
+        with pytest.raises(AttributeError, match=rf"'{name}' is Lightning's.*{fix.split('(')[0]}"):
+            getattr(t, name)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'$"):
+        t.nothing  # noqa: B018 -- anything else: Python's own error, unchanged
+
+
+def test_a_keyword_that_is_ours_is_not_explained_and_every_row_names_an_owner():
+    with pytest.raises(TypeError) as e:
+        st.Trainer(optimizer=sgd, epochz=3)
+    assert not notes(e)
+    assert set(LIGHTNING) == {"Trainer", "Options", "Checkpointing", "fit"}
