@@ -134,7 +134,9 @@ class Patience:
         return self.reason is not None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "bad": self.bad, "reason": self.reason}
+        # metric and mode: what ``best`` means, checked when a run resumes (resumed_monitor.py)
+        state = {"best": self.best, "bad": self.bad, "reason": self.reason}
+        return {**state, "metric": self.metric, "mode": self.mode}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.bad = state["best"], state["bad"]
@@ -181,7 +183,7 @@ class Threshold:
         return self.tripped
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tripped": self.tripped, "reason": self.reason}
+        return {"tripped": self.tripped, "reason": self.reason, "metric": self.metric}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tripped = state["tripped"]
