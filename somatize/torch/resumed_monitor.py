@@ -49,12 +49,19 @@ def check_monitor(payload: Mapping[str, Any], monitor: str, mode: str, pruner: A
 def _check_pruner(state: Any, pruner: Any) -> None:
     if pruner is None or not isinstance(state, Mapping) or state.get("metric") is None:
         return  # no pruner now, or a state from before its metric was recorded
+    name = type(pruner).__qualname__
+    ours = getattr(pruner, "state_dict", None)
+    if callable(ours) and sorted(ours()) != sorted(state):  # another kind (Patience, Threshold)
+        raise CheckpointError(
+            f"the checkpoint's pruner state ({', '.join(sorted(state))}) is not a {name}'s "
+            f"({', '.join(sorted(ours()))}): it was written with another pruner; resume with "
+            f"the pruner it was written with, {_FRESH}"
+        )
     metric, mode = getattr(pruner, "metric", None), getattr(pruner, "mode", None)
     moded = "mode" in state  # Threshold has no mode
     was = f"metric={state['metric']!r}" + (f", mode={state['mode']!r}" if moded else "")
     now = f"metric={metric!r}" + (f", mode={mode!r}" if moded else "")
     if was != now:
-        name = type(pruner).__qualname__
         fix = f"{state['metric']!r}" + (f", mode={state['mode']!r}" if moded else "")
         raise CheckpointError(
             f"the checkpoint's pruner state is of {was}, this run's {name} watches {now}: "

@@ -108,6 +108,16 @@ def test_resuming_with_a_threshold_on_another_metric_is_refused(tmp_path):
         fit(tmp_path, 4, pruner=st.Threshold("val_acc", lower=-1.0))
 
 
+def test_resuming_with_another_kind_of_pruner_is_refused(tmp_path):
+    fit(tmp_path, 2, pruner=st.Patience("val_loss", patience=5))
+    with pytest.raises(
+        CheckpointError,
+        match=r"pruner state \(bad, best, metric, mode, reason\) is not a Threshold's "
+        r"\(metric, reason, tripped\): .*resume with the pruner it was written with",
+    ):
+        fit(tmp_path, 4, pruner=st.Threshold("val_loss", upper=100.0))
+
+
 def test_a_checkpoint_from_before_the_monitor_was_recorded_still_resumes(tmp_path):
     fit(tmp_path, 2, pruner=st.Patience("val_loss", patience=5))
     for path in (tmp_path / "ckpt").glob("step-*.ckpt"):  # as written before this change
