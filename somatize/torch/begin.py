@@ -66,6 +66,7 @@ def begin(
     run.average = averaged(net, opt, o.ema)
     run.compiled = bool(o.compile) or user_compiled is not None
     run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    run.state.monitor, run.state.mode = o.monitor, o.mode
     path = resume_path(trainer, resume)
     if path is not None:
         payload = load_checkpoint(path)

@@ -2,7 +2,8 @@
 
 A checkpoint is a plain ``torch.save`` file of tensors, numbers, strings, lists and
 dicts — the model, optimizer and scheduler states, the ``RunState`` (step, epoch,
-position inside the epoch, history), the pruner's state, and every RNG state
+position inside the epoch, history, the best and the monitor it is of), the pruner's
+state (and the metric it watches), and every RNG state
 stored as tensors and ints — so ``torch.load(..., weights_only=True)`` reads it and
 never executes code from it. Each file is written to a temp file in the same
 directory, fsynced, renamed into place, and the directory fsynced; then the
@@ -39,6 +40,7 @@ from .ckptdir import (
     rotation,
 )
 from .ported import ported
+from .resumed_monitor import check_monitor
 from .resumed_optimizer import check_optimizer, optimizer_class
 from .rng import as_state, restore_rank_rng, rng_state, set_rng_state
 from .run_state import RunState
@@ -289,6 +291,8 @@ def capture(
         "losses": s.losses,
         "metrics": s.metrics,
         "best": s.best,
+        "monitor": s.monitor,  # what best and ranked are values of (resumed_monitor.py)
+        "mode": s.mode,
         "pruned": s.pruned,
         "ranked": s.ranked,
         "last_finite": s.last_finite,
@@ -309,10 +313,12 @@ def restore(
     pruner: Any,
     seed: int,
 ) -> None:
-    """Put a run back where ``capture`` found it (RNG states included).
+    """Put a run back where ``capture`` found it (RNG states included). ``s.monitor`` and
+    ``s.mode`` are this run's ``Options(monitor=, mode=)``, compared with the checkpoint's.
 
     Raises:
-        CheckpointError: it was written with another seed, model or optimizer class.
+        CheckpointError: it was written with another seed, model or optimizer class, or
+            its best (or its pruner's) is of another monitored metric or mode.
 
     Warns:
         UserWarning: an optimizer hyper-parameter differs (the checkpoint's is kept).
@@ -323,6 +329,7 @@ def restore(
             f"seed={seed}; resume with the same seed (it fixes the batch order)"
         )
     check_optimizer(payload, opt)
+    check_monitor(payload, s.monitor, s.mode, pruner)
     try:
         net.load_state_dict(payload["model"])
         opt.load_state_dict(payload["optimizer"])

@@ -215,21 +215,28 @@ _FALLING = ("loss", "err")
 _RISING = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "bleu")
 
 
+def improves(metric: Any) -> Literal["min", "max"] | None:
+    """Which way ``metric``'s name says it improves: ``"min"`` for a loss or an error,
+    ``"max"`` for an accuracy, F1, AUC...; None when the name does not say."""
+    if not isinstance(metric, str):
+        return None
+    name = metric.rsplit("/", 1)[-1].lower()
+    if any(w in name for w in _FALLING):
+        return "min"
+    return "max" if any(w in name for w in _RISING) else None
+
+
 def check_monitor_mode(monitor: Any, mode: str) -> None:
     """Warn when ``Options.monitor``'s name says it improves the other way than ``mode``:
     ``best``, ``Checkpointing(best=)`` and ``ReduceLROnPlateau`` would keep the worst."""
-    if not isinstance(monitor, str):
-        return
-    name = monitor.rsplit("/", 1)[-1].lower()
-    falls = any(w in name for w in _FALLING)
-    rises = not falls and any(w in name for w in _RISING)
-    if (falls and mode == "max") or (rises and mode == "min"):
-        way = "min" if falls else "max"
+    way = improves(monitor)
+    if way is not None and way != mode:
         warnings.warn(
             f"Options(monitor={monitor!r}, mode={mode!r}): the name says it improves by "
-            f"{'falling' if falls else 'rising'}, so TrainResult.best and Checkpointing(best=) "
-            f"would keep the worst evaluation; pass Options(monitor={monitor!r}, "
-            f"mode={way!r}) (mode={mode!r} stays if it is what you mean)",
+            f"{'falling' if way == 'min' else 'rising'}, so TrainResult.best and "
+            f"Checkpointing(best=) would keep the worst evaluation; pass "
+            f"Options(monitor={monitor!r}, mode={way!r}) (mode={mode!r} stays if it is what "
+            "you mean)",
             UserWarning,
             stacklevel=4,
         )

@@ -12,9 +12,11 @@ uninterrupted one would.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..errors import SettingError
+from .options import improves
 from .settings import count
 
 __all__ = ["Patience", "Pruner", "Threshold", "pruned_reason"]
@@ -42,8 +44,10 @@ class Patience:
         metric: the metric to watch (``"val_loss"``, ``"val_acc"``, ...).
         patience: evaluations without improvement before stopping (a whole number >= 0).
         mode: ``"min"`` if lower is better, ``"max"`` if higher is better; None (the
-            default): ``"min"``. Left unset on the Trainer's ``Options.monitor`` while
-            ``Options(mode="max")``, it is refused when ``fit`` starts (say which you mean).
+            default): ``"min"``. Left unset on a metric whose name says it rises
+            (``"val_acc"``, ``"val_f1"``...), it warns, as ``Options(mode=)`` does; on the
+            Trainer's ``Options.monitor`` while ``Options(mode="max")``, it is refused when
+            ``fit`` starts (say which you mean).
         min_delta: the smallest change that counts as an improvement (a number >= 0).
         check_finite: stop when the value is NaN or infinite (False: such a value is one
             more evaluation that does not improve, and ``-inf`` under ``"min"`` a best).
@@ -54,6 +58,10 @@ class Patience:
 
     Raises:
         SettingError: ``patience`` or ``min_delta`` out of range.
+
+    Warns:
+        UserWarning: ``mode`` is left unset on a metric whose name says it improves by
+            rising: the run would stop while it improves.
 
     Example:
         >>> p = Patience("val_loss", patience=2)
@@ -92,6 +100,8 @@ class Patience:
         self.metric, self.patience, self.min_delta = metric, patience, float(min_delta)
         self.mode: Literal["min", "max"] = mode if mode is not None else "min"
         self.mode_given = mode is not None  # fit() refuses a default "min" on a "max" monitor
+        if not self.mode_given:
+            _check_default_mode(metric)
         self.check_finite = check_finite
         self.best: float | None = None
         self.bad = 0
@@ -124,7 +134,9 @@ class Patience:
         return self.reason is not None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "bad": self.bad, "reason": self.reason}
+        # metric and mode: what ``best`` means, checked when a run resumes (resumed_monitor.py)
+        state = {"best": self.best, "bad": self.bad, "reason": self.reason}
+        return {**state, "metric": self.metric, "mode": self.mode}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.bad = state["best"], state["bad"]
@@ -171,12 +183,26 @@ class Threshold:
         return self.tripped
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tripped": self.tripped, "reason": self.reason}
+        return {"tripped": self.tripped, "reason": self.reason, "metric": self.metric}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tripped = state["tripped"]
         self.reason = state.get(
             "reason", f"{self.metric} crossed a bound" if self.tripped else None
+        )
+
+
+def _check_default_mode(metric: str) -> None:
+    """Warn when a ``Patience`` left at its default ``"min"`` watches a metric whose name
+    says it improves by rising (``options.improves``, the rule ``Options(mode=)`` warns by)."""
+    if improves(metric) == "max":
+        warnings.warn(
+            f"Patience({metric!r}) leaves mode at its default 'min', but the name says "
+            f"{metric} improves by rising: the run would stop while it improves (and say it "
+            f"'did not improve'); pass Patience({metric!r}, mode='max') (or mode='min' if "
+            "that is what you mean)",
+            UserWarning,
+            stacklevel=3,
         )
 
 

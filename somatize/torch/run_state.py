@@ -24,6 +24,8 @@ class RunState:
         self.pending: list[torch.Tensor] = []  # step losses not yet read back from the device
         self.metrics: list[dict[str, float]] = []
         self.best: float | None = None
+        # what best and ranked are values of: this run's Options(monitor=, mode=)
+        self.monitor, self.mode = "val_loss", "min"
         self.pruned = False
         self.ranked: list[list[float]] = []  # [value, step] of the best checkpoints, best first
         self.last_finite: int | None = None  # the step of the newest checkpoint with finite weights

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -200,11 +201,42 @@ def test_a_default_min_patience_on_a_max_monitor_is_refused_at_fit_start():
         match=r"Patience\('val_acc'\) .* defaults to 'min'.*Options\(monitor='val_acc', "
         r"mode='max'\).*pass Patience\('val_acc', mode='max'\)",
     ):
-        fit(st.Patience("val_acc"), monitor="val_acc", mode="max")
+        with pytest.warns(UserWarning, match="default 'min'"):  # warned when made, too
+            pruner = st.Patience("val_acc")
+        fit(pruner, monitor="val_acc", mode="max")
     # said explicitly, either way, it is kept; on another metric it is not compared
     assert fit(st.Patience("val_acc", mode="max"), epochs=2, monitor="val_acc", mode="max")
     assert fit(st.Patience("val_acc", mode="min"), epochs=2, monitor="val_acc", mode="max")
     assert fit(st.Patience("val_loss"), epochs=2, monitor="val_acc", mode="max")
+
+
+@pytest.mark.parametrize("metric", ["val_acc", "val_f1", "val_head/AUC"])
+def test_a_default_min_patience_on_a_rising_metric_warns_by_its_name(metric):
+    shown = re.escape(metric)
+    with pytest.warns(
+        UserWarning,
+        match=rf"Patience\('{shown}'\) leaves mode at its default 'min', but the name says "
+        rf"{shown} improves by rising: the run would stop while it improves.*pass "
+        rf"Patience\('{shown}', mode='max'\)",
+    ) as caught:
+        p = st.Patience(metric, patience=1)
+    assert caught[0].filename == __file__  # points at the line that made it
+    for step, v in enumerate([0.5, 0.6]):  # what it warns of: rising, it "did not improve"
+        p.report(v, step)
+    assert p.should_prune() and p.reason is not None and "did not improve" in p.reason
+
+
+def test_a_patience_mode_said_or_a_name_that_does_not_rise_does_not_warn():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        st.Patience("val_acc", mode="max")
+        st.Patience("val_acc", mode="min")  # said explicitly: kept, as fit() keeps it
+        st.Patience("val_loss")
+        st.Patience("val_score")  # the name does not say which way
+        st.Threshold("val_acc", lower=0.1)  # no mode: its bounds say which way is worse
+    assert caught == []
 
 
 def test_threshold_prunes_past_a_bound_or_on_nan():
@@ -225,7 +257,7 @@ def test_threshold_prunes_past_a_bound_or_on_nan():
 
 def test_a_pruner_watching_a_metric_that_is_not_evaluated_names_it():
     with pytest.raises(KeyError, match=r"val_f1.*val_loss, val_acc"):
-        fit(st.Patience("val_f1"))
+        fit(st.Patience("val_f1", mode="max"))
 
 
 def test_optuna_trial_fits_as_it_is():
