@@ -45,6 +45,7 @@ from .source_code import (
     source_tree,
     strip_docstrings,
 )
+from .stack import outside
 from .values import digest, is_data
 
 if TYPE_CHECKING:
@@ -314,7 +315,7 @@ def _warn_blind(cls: type, where: str, reads: str = "reads the global") -> None:
         "functools.partial or an instance of your own class holding data, or pass it as "
         "a constructor argument",
         UserWarning,
-        stacklevel=3,
+        stacklevel=outside(),
     )
 
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..graph import Graph
 from ..node import Node
+from ..stack import outside
 
 __all__ = ["Carry", "carries", "reset", "start_epoch", "stored"]
 
@@ -157,7 +158,7 @@ def start_epoch(
             "epoch starts from None, so the run is not bitwise identical to an uninterrupted "
             "one. Resume from a checkpoint written at an epoch's end for an exact resume",
             UserWarning,
-            stacklevel=4,
+            stacklevel=outside(),
         )
 
 

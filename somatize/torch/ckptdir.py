@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import CheckpointError
+from ..stack import outside
 from . import integrity
 
 __all__ = ["checkpoint_files", "newest_intact", "read_pointer", "rotate", "rotation", "writer"]
@@ -182,7 +183,7 @@ def newest_intact(directory: Path, name: str | None) -> Path | None:
             f"{first} is damaged ({damage}); falling back to the newest intact checkpoint, "
             f"{directory / other}",
             UserWarning,
-            stacklevel=3,
+            stacklevel=outside(),
         )
         return directory / other
     raise CheckpointError(

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..keepers import atomic_write
+from ..stack import outside
 from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
 
 __all__ = ["CSVLog"]
@@ -105,7 +106,7 @@ class CSVLog:
                 f"it was moved to {aside} and the log starts anew from step {start_step}. Its "
                 "rows are readable there by hand",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=outside(),
             )
             return []
         self._columns = columns
@@ -124,7 +125,7 @@ class CSVLog:
                 f"{', '.join(map(str, damaged[:5]))}{'…' if len(damaged) > 5 else ''}: a step "
                 "that is not a number) were dropped; the run goes on with the others",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=outside(),
             )
         return rows
 

@@ -29,6 +29,7 @@ from torch import nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from ..errors import CheckpointError, SettingError
+from ..stack import outside
 
 __all__ = ["Average", "averaged", "check_decay", "restore_average", "swapped"]
 
@@ -139,7 +140,7 @@ def restore_average(payload: dict[str, Any], average: Average | None, path: Any)
         warnings.warn(
             f"{path} holds no weight average (written without Options(ema=)): the average "
             "starts afresh from the resumed weights",
-            stacklevel=3,
+            stacklevel=outside(),
         )
         return
     state = saved.get("state") if isinstance(saved, dict) else None

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..errors import add_note
+from ..stack import outside
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -84,7 +85,7 @@ def warn_unreached(net: nn.Module, params: Sequence[nn.Parameter]) -> None:
         "the output un-detached (Done(Opaque(out))) to train them, or freeze the node "
         "(g.freeze(...)) / set requires_grad_(False) if they are meant to stay",
         UserWarning,
-        stacklevel=2,
+        stacklevel=outside(),
     )
 
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import StateError
 from ..node import Mapped, Node
+from ..stack import outside
 from .blank import lazy, maker
 
 __all__ = [
@@ -122,7 +123,7 @@ def _warn_hook(held: Holdings) -> None:
         "a module the node holds (model.<node>.<attribute>.register_forward_hook), or read "
         "the node's output from a node after it or from the metrics it returns in Done",
         UserWarning,
-        stacklevel=3,
+        stacklevel=outside(),
     )
 
 
@@ -149,7 +150,7 @@ def _warn_untrained(impl: Any, where: str, name: str) -> None:
         f"nn.Parameter(torch.randn(...)); if it is meant to stay, make it without "
         "requires_grad=True (or .detach() it)",
         UserWarning,
-        stacklevel=3,
+        stacklevel=outside(),
     )
 
 

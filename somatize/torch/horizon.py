@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import SettingError
+from ..stack import outside
 from .limits import batches_per_epoch, steps_per_epoch
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def check_horizon(trainer: Trainer, run: ActiveRun, train: Iterable[Any]) -> Non
         wrong = _goes_wrong(sched, built, planned)
         if wrong is not None:
             warnings.warn(
-                f"{said}: {wrong}. {_fix(trainer, key, planned)}", UserWarning, stacklevel=5
+                f"{said}: {wrong}. {_fix(trainer, key, planned)}", UserWarning, stacklevel=outside()
             )
 
 
@@ -133,7 +134,7 @@ def check_restored(run: ActiveRun, path: Path, fresh: dict[str, int], planned: i
                 "kept (it may end, or raise, before the run does). Resume into a run of the "
                 "same length, or start a fresh one for the longer schedule",
                 UserWarning,
-                stacklevel=5,
+                stacklevel=outside(),
             )
 
 

@@ -34,6 +34,7 @@ from blake3 import blake3
 
 from ..errors import CheckpointError
 from ..keepers import atomic_file, fsync_dir
+from ..stack import outside
 
 __all__ = [
     "MAGIC",
@@ -244,7 +245,7 @@ def warn_unverified(path: Path) -> None:
         f"{path} has no checksum (written before somatize checksummed checkpoints); it was "
         "loaded unverified — save it again to protect it",
         UserWarning,
-        stacklevel=3,
+        stacklevel=outside(),
     )
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..stack import outside
 from ..watchers import EpochEnd, Metrics, StepEnd, notify
 from . import ddp
 from .batches import epoch_batches
@@ -61,7 +62,7 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             "are in no checkpoint, so this run will not be bitwise identical to an "
             "uninterrupted one; use persistent_workers=False for an exact resume",
             UserWarning,
-            stacklevel=4,
+            stacklevel=outside(),
         )
     run.replay = trainer.checkpoint is not None and type(data) not in (list, tuple)
     net.train()

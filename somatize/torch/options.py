@@ -11,6 +11,7 @@ from typing import Any, Literal
 import torch
 
 from ..errors import SettingError
+from ..stack import outside
 from .determinism import check_deterministic
 from .ema import check_decay
 from .limits import check_limit
@@ -238,7 +239,7 @@ def check_monitor_mode(monitor: Any, mode: str) -> None:
             f"Options(monitor={monitor!r}, mode={way!r}) (mode={mode!r} stays if it is what "
             "you mean)",
             UserWarning,
-            stacklevel=4,
+            stacklevel=outside(),
         )
 
 

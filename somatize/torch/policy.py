@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, SettingError
+from ..stack import outside
 from . import ddp, tally
 from .carry import stored
 from .checkpoint import RunState, capture, finite, rng_state, scaler_state
@@ -156,7 +157,7 @@ def check_extension(
             f"(epoch {s.epoch}); nothing more is trained. To train further, resume from a "
             "checkpoint before it stopped, or start a fresh run in another directory",
             UserWarning,
-            stacklevel=4,
+            stacklevel=outside(),
         )
         return
     past = [
@@ -174,7 +175,7 @@ def check_extension(
             "result is returned. Resume with the limits it was trained with, or start a fresh "
             "run in another directory for a shorter one",
             UserWarning,
-            stacklevel=4,
+            stacklevel=outside(),
         )
         return
     if trainer.max_steps is None or s.step < trainer.max_steps:  # (at it: nothing to train)
@@ -279,7 +280,7 @@ def check_order(trainer: Trainer, run: ActiveRun, path: Path, train: Iterable[An
             "gradients sum otherwise, so it is not bitwise identical to an uninterrupted run; "
             f"resume with micro_batches={then['micro_batches']} for an exact resume",
             UserWarning,
-            stacklevel=5,
+            stacklevel=outside(),
         )
 
 

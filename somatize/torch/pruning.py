@@ -16,6 +16,7 @@ import warnings
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..errors import SettingError
+from ..stack import outside
 from .options import improves
 from .settings import count
 
@@ -202,7 +203,7 @@ def _check_default_mode(metric: str) -> None:
             f"'did not improve'); pass Patience({metric!r}, mode='max') (or mode='min' if "
             "that is what you mean)",
             UserWarning,
-            stacklevel=3,
+            stacklevel=outside(),
         )
 
 

@@ -40,6 +40,7 @@ from ..errors import KeeperError, ValueConversionError
 from ..graph import Graph
 from ..keepers import Keeper
 from ..node import Node
+from ..stack import outside
 from . import ddp
 from .checkpoint import Checkpointing
 from .codecs import default_codecs
@@ -300,7 +301,7 @@ class Remembered:
                 f"{ck.function} returned a {type(result).__qualname__}, not a TrainResult: "
                 "its run is not remembered",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=outside(),
             )
             return result  # type: ignore[no-any-return]
         try:
@@ -309,7 +310,7 @@ class Remembered:
             warnings.warn(
                 f"{e}; the run's result is returned but not remembered",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=outside(),
             )
             return self._returned(result, ck.key)
         try:
@@ -332,7 +333,7 @@ class Remembered:
             warnings.warn(
                 f"KeeperError: {problem}; the run's result is returned but not remembered",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=outside(),
             )
         return self._returned(result, ck.key)
 

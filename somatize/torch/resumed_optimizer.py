@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from ..stack import outside
 
 __all__ = ["check_optimizer", "optimizer_class"]
 
@@ -75,7 +76,7 @@ def check_optimizer(payload: Mapping[str, Any], opt: torch.optim.Optimizer) -> N
                     "checkpoint's value is kept so the run resumes exactly (start a fresh run "
                     "from its weights to train with the new value)",
                     UserWarning,
-                    stacklevel=3,
+                    stacklevel=outside(),
                 )
 
 

@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..stack import outside
 from ..watchers import CacheHit, CacheMiss, CacheRows, Event
 
 __all__ = ["CacheTally", "Counts", "resumed", "state"]
@@ -103,7 +104,7 @@ class CacheTally:
                 self._warned.add(node)
                 message = _cold(node, epoch, hits, lookups, node in self._whole)
                 # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
-                warnings.warn(message, RuntimeWarning, stacklevel=5)
+                warnings.warn(message, RuntimeWarning, stacklevel=outside())
         return counts
 
 

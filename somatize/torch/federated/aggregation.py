@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 
 from ...errors import AggregationError
+from ...stack import outside
 from .accumulate import _Scratch, _weighted_mean
 from .clients import ClientFailure
 from .keys import Exclude, _local, _without
@@ -159,7 +160,7 @@ def _finite(states: list[State], nonfinite: str) -> list[int]:
         warnings.warn(
             f"clients {skipped} skipped: their updates hold NaN or inf",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=outside(),
         )
     return keep
 
@@ -226,7 +227,7 @@ def _integer(k: str, tensors: list[torch.Tensor], policy: str | None) -> torch.T
             warnings.warn(
                 f"key {k!r}: the clients' {kept}, 'first', or 'error'",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=outside(),
             )
         policy = "max"
     if policy == "max":

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ...errors import AggregationError
+from ...stack import outside
 from .aggregation import State, _states, _validate
 from .keys import NAME_BUFFERS, Exclude, _local, _names, _statistics, _unknown, _without
 
@@ -82,7 +83,7 @@ def clip(
             f"which clip measures and scales as part of each update; pass {NAME_BUFFERS} to "
             "leave them out of the norm",
             UserWarning,
-            stacklevel=2,
+            stacklevel=outside(),
         )
     out: list[Any] = []
     with torch.no_grad():

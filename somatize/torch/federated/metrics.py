@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...errors import AggregationError
+from ...stack import outside
 from .aggregation import _failed
 from .clients import ClientFailure
 
@@ -120,7 +121,7 @@ def weighted_metrics(results: Sequence[Any]) -> dict[str, float]:
             "training-set size, instead; pass (evaluated examples, {metric: value}) pairs "
             "to weigh each by its evaluation's size",
             UserWarning,
-            stacklevel=2,
+            stacklevel=outside(),
         )
     out = {}
     for k, s in sums.items():

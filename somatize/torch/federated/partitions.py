@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from ...stack import outside
+
 __all__ = ["Histogram", "dirichlet", "histogram", "iid", "quantity_skew", "shards"]
 
 Parts = list[list[int]]
@@ -146,7 +148,7 @@ def _warn_empty(name: str, sizes: np.ndarray[Any, Any]) -> None:
             "weighs 0 in fedavg — pass min_size=1 (the default) for at least one example each, "
             "or leave the empty clients out of sampling (weights=[len(p) for p in parts])",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=outside(),
         )
 
 

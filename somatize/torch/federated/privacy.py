@@ -44,6 +44,7 @@ from typing import Any, Literal
 import torch
 
 from ...errors import AggregationError, require
+from ...stack import outside
 from .aggregation import _finite, _states, _validate
 from .clipping import clip_update
 from .keys import Exclude, _local, _names, _rule, _statistics, _unknown, _without
@@ -295,7 +296,7 @@ class DPFedAvg:
                 f"{self.sample_rate:.4g} (Poisson sampling, whose count varies). If the "
                 "round's clients were chosen otherwise (every client, or a larger fixed draw), "
                 "epsilon is under-reported: set per_round to the number each round trains",
-                stacklevel=3,
+                stacklevel=outside(),
             )
 
     def epsilon(self, delta: float) -> float:

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import torch
 
 from ...errors import AggregationError
+from ...stack import outside
 from ..result import TrainResult
 from .keys import NAME_BUFFERS, Exclude, _local, _names, _rule, _statistics, _unknown
 
@@ -199,7 +200,7 @@ class ServerOptimizer:
                 f"statistics, which the {self.rule} rule moves as if they were weights; pass "
                 f"{NAME_BUFFERS} to take them from the aggregate as they are",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=outside(),
             )
 
     def state_dict(self) -> dict[str, Any]:
@@ -247,7 +248,7 @@ class ServerOptimizer:
                     f"checkpoint's value is kept so the loop resumes exactly (set server.{k} = "
                     f"{getattr(self, k)!r} after load_state_dict to go on with the new value)",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=outside(),
                 )
         for k, value in saved.items():
             setattr(self, k, value)
