@@ -21,11 +21,14 @@ import os
 import statistics
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import SettingError
+from ..stack import outside
+from .options import improves
 from .pool import TorchPool
 
 __all__ = ["Summary", "executor", "summarize"]
@@ -77,8 +80,10 @@ def summarize(
     Args:
         results: ``TrainResult``s (their last evaluated value of ``metric`` is used), or numbers.
         metric: e.g. ``"val_acc"``, ``"val_loss"``.
-        mode: which way is better; by default ``"min"`` for names with "loss" or "err",
-            else ``"max"``.
+        mode: which way is better; by default what the name says, as for
+            ``Options(monitor=)``: ``"min"`` for a loss or an error (``val_loss``,
+            ``val_mse``, ``val_ppl``), ``"max"`` for an accuracy, F1, AUC... and otherwise,
+            with a warning to say which.
         nan: a run whose value is NaN (a diverged run) raises by default; ``"omit"``
             leaves such runs out of the statistics (``values`` still lists them, ``n``
             counts the rest).
@@ -95,7 +100,15 @@ def summarize(
         raise ValueError(f"no results to summarize for {metric!r}")
     values = tuple(float(r.metric(metric)) if hasattr(r, "metric") else float(r) for r in results)
     if mode is None:
-        mode = "min" if ("loss" in metric or "err" in metric) else "max"
+        mode = improves(metric) or "max"
+        if improves(metric) is None and len(results) > 1:
+            warnings.warn(
+                f"summarize({metric!r}): the name does not say which way it improves, so "
+                "best is the run with the largest value; pass mode='min' if lower is better "
+                "(or mode='max' to say so)",
+                UserWarning,
+                stacklevel=outside(),
+            )
     if nan not in ("raise", "omit"):
         raise ValueError(f"nan must be 'raise' or 'omit', not {nan!r}")
     bad = [i for i, v in enumerate(values) if math.isnan(v)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -213,6 +214,8 @@ def _check_compile(kwargs: Mapping[str, Any]) -> None:
 
 # summarize's rule for which way a metric improves (campaign.py), and names that rise
 _FALLING = ("loss", "err")
+# short names of errors, matched as whole words (val_mse, val/ppl; not "cancer")
+_FALLING_WORDS = frozenset({"mse", "rmse", "mae", "mape", "nll", "ppl", "perplexity", "wer", "cer"})
 _RISING = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "bleu")
 
 
@@ -222,7 +225,7 @@ def improves(metric: Any) -> Literal["min", "max"] | None:
     if not isinstance(metric, str):
         return None
     name = metric.rsplit("/", 1)[-1].lower()
-    if any(w in name for w in _FALLING):
+    if any(w in name for w in _FALLING) or _FALLING_WORDS.intersection(re.split(r"[\W_]+", name)):
         return "min"
     return "max" if any(w in name for w in _RISING) else None
 

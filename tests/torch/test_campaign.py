@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import pytest
 import torch
@@ -31,6 +32,19 @@ def test_summarize_numbers_and_results():
         st.summarize(results, "val_acc")
     with pytest.raises(ValueError, match="no results"):
         st.summarize([], "val_acc")
+
+
+def test_summarize_reads_which_way_a_metric_improves_from_its_name():
+    values = [0.5, 0.2, 0.7]
+    for name in ("val_mse", "val/ppl", "val_head_mae", "val_nll"):  # errors: lowest is best
+        assert st.summarize(values, name).best == 1, name
+    assert st.summarize(values, "val_cancer_acc").best == 2  # ("cer" only as a word)
+    with pytest.warns(UserWarning, match=r"summarize\('val_score'\).*mode='min'") as w:
+        assert st.summarize(values, "val_score").best == 2
+    assert w[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert st.summarize(values, "val_score", mode="min").best == 1  # said: no warning
 
 
 def test_summarize_one_run_has_zero_std():
