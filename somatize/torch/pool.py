@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_any
 from typing import Any, Literal
 
 import cloudpickle
@@ -87,7 +88,9 @@ class _Generation:
             pid, running = self.slots[2 * i], self.slots[2 * i + 1]
             if pid and running == task:
                 p = processes.get(pid)
-                return p is None or p.exitcode is not None
+                # its sentinel, as the pool saw it: closed as the process exits, a moment
+                # before it can be reaped (longer with more threads), so exitcode may be None
+                return p is None or p.exitcode is not None or bool(wait_any([p.sentinel], 0))
         return False
 
 
