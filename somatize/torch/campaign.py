@@ -243,7 +243,10 @@ def executor(
     * a worker that dies (killed, out of memory) costs one re-run of the call it was
       running, on a fresh worker, not the pool (``TorchPool``); a fresh worker is started
       by ``forkserver`` instead of ``fork`` if forking has become unsafe since;
-    * use it as a context manager for a clean shutdown.
+    * a call's exception that would not unpickle here arrives as a ``RuntimeError`` that
+      names it and the call (not as a broken pool); a worker exits when this process dies;
+    * use it as a context manager for a clean shutdown: an exception leaving the block
+      (Ctrl-C) cancels the calls not started, a normal exit waits for all.
 
     Args:
         workers: worker processes (default: the number of CPUs).

@@ -10,7 +10,11 @@ pool took down with it, are resubmitted without charge (at most a few times).
 
 Which call ran where: each worker claims a slot in a small shared array when it starts
 and writes the id of the call it is running into it; the dead worker is the one whose
-process has exited when the pool reports the break.
+process has exited when the pool reports the break. What a worker runs — its start, each
+call, the exception a call raises made fit to travel back, its exit when this process
+dies — is in ``pool_worker.py``.
+
+Leaving ``with TorchPool(...)`` by an exception (Ctrl-C) cancels the calls not started.
 
 ``run_all(pool, fn, items)`` runs a campaign over any executor and returns every run
 that finished, with the lost ones (and, with ``errors="return"``, the failed ones)
@@ -19,51 +23,26 @@ reported by index.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import multiprocessing
 import os
+import pickle
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_any
+from types import TracebackType
 from typing import Any, Literal
 
 import cloudpickle
 
 from ..errors import WorkerLostError, add_note
+from .pool_worker import Aborted, _call, _start
 
-__all__ = ["Runs", "TorchPool", "run_all"]
+__all__ = ["Runs", "TorchPool", "note_unpicklable", "run_all"]
 
 _FREE_RESUBMITS = 5  # a call is resubmitted this often for others' deaths, then given up
-_worker: dict[str, Any] = {}  # in a worker process: its slot
-
-
-def _start(slots: Any, claimed: Any, initializer: Callable[..., Any] | None, args: tuple[Any, ...]) -> None:  # fmt: skip
-    # Everything the worker inherited (torch, the parent's data) lives as long as the worker:
-    # out of the collector's reach, a full collection scans only what the worker made since —
-    # not millions of inherited objects, touching (copying) each of their pages.
-    gc.freeze()
-    with claimed.get_lock():
-        index = claimed.value
-        claimed.value += 1
-    if 2 * index + 1 < len(slots):
-        slots[2 * index], slots[2 * index + 1] = os.getpid(), -1
-        _worker["slots"], _worker["index"] = slots, index
-    if initializer is not None:
-        initializer(*args)
-
-
-def _call(payload: bytes, task: int) -> Any:
-    slots, index = _worker.get("slots"), _worker.get("index", 0)
-    if slots is not None:
-        slots[2 * index + 1] = task
-    try:
-        fn, args, kwargs = cloudpickle.loads(payload)  # code the user sent to their own pool
-        return fn(*args, **kwargs)
-    finally:
-        if slots is not None:
-            slots[2 * index + 1] = -1
 
 
 class _Generation:
@@ -72,12 +51,13 @@ class _Generation:
     def __init__(self, workers: int, ctx: Any, initializer: Any, initargs: tuple[Any, ...]):
         self.ctx = ctx
         self.slots = ctx.RawArray("q", 8 * workers)  # room for workers started over time
+        self.aborted = ctx.RawValue("b", 0)  # set: the workers start no further call
         claimed = ctx.Value("i", 0)
         self.pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=ctx,
             initializer=_start,
-            initargs=(self.slots, claimed, initializer, initargs),
+            initargs=(self.slots, claimed, self.aborted, os.getpid(), initializer, initargs),
         )
 
     def killed(self, task: int) -> bool:
@@ -87,7 +67,9 @@ class _Generation:
             pid, running = self.slots[2 * i], self.slots[2 * i + 1]
             if pid and running == task:
                 p = processes.get(pid)
-                return p is None or p.exitcode is not None
+                # its sentinel, as the pool saw it: closed as the process exits, a moment
+                # before it can be reaped (longer with more threads), so exitcode may be None
+                return p is None or p.exitcode is not None or bool(wait_any([p.sentinel], 0))
         return False
 
 
@@ -203,6 +185,9 @@ class TorchPool(Executor):
         if error is None:
             task.future.set_result(inner.result())
             return
+        if isinstance(error, Aborted):  # handed to a worker, but not started: aborted
+            task.future.cancel()
+            return
         if not isinstance(error, BrokenExecutor):
             task.future.set_exception(error)
             return
@@ -231,11 +216,26 @@ class TorchPool(Executor):
             self._send(task)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """As ``ProcessPoolExecutor.shutdown``; ``cancel_futures=True`` also cancels the calls
+        already handed to the workers' queue but not started."""
         with self._lock:
             self._closed = True
             gen = self._gen
         if gen is not None:
+            if cancel_futures:
+                gen.aborted.value = 1
             gen.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        # Leaving the block by an exception (Ctrl-C, a failed run) aborts the campaign: the
+        # calls not started are cancelled, not run for nobody. A normal exit waits for all.
+        self.shutdown(wait=True, cancel_futures=exc_type is not None)
+        return False
 
     def __repr__(self) -> str:
         return (
@@ -330,6 +330,7 @@ def run_all(
         if _is_loss(e):
             lost[i] = f"{type(e).__name__}: {e}"
             continue
+        note_unpicklable(e, fn, pool, "run_all")
         note = f"run_all: raised by fn(items[{i}]); run that item with fn(item) here to debug it"
         add_note(e, note)
         if errors == "raise":
@@ -362,3 +363,21 @@ def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
                 )
                 break
         raise
+
+
+def note_unpicklable(e: BaseException, fn: Callable[..., Any], pool: Executor, caller: str) -> None:
+    """Where ``e`` is ``pool`` failing to pickle ``fn`` (a lambda, a closure: a plain
+    ``ProcessPoolExecutor`` pickles functions by reference), say so on ``e``, with the fix."""
+    if not isinstance(pool, ProcessPoolExecutor) or "pickle" not in str(e).lower():
+        return  # (st.executor and Dask ship functions with cloudpickle)
+    try:
+        pickle.dumps(fn)
+    except Exception:
+        name = getattr(fn, "__qualname__", type(fn).__qualname__)
+        add_note(
+            e,
+            f"{caller}: the function {name} cannot be pickled to go to the "
+            f"{type(pool).__qualname__}'s workers, which pickle functions by reference; use "
+            "st.executor(...), which ships code with cloudpickle, or define the function at "
+            "module level",
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from concurrent.futures import BrokenExecutor
 
 import pytest
@@ -146,3 +147,37 @@ def test_an_argument_that_cannot_be_pickled_is_named():
             pool.submit(max, threading.Lock(), 2)
         assert "positional argument 0 (lock)" in "".join(info.value.__notes__)
         assert pool.submit(max, 1, 2).result() == 2  # the pool goes on
+
+
+def _start_and_hold(job):
+    """Say that run ``i`` started; the first two hold their workers until ``go`` exists."""
+    i, started, go = job
+    open(os.path.join(started, str(i)), "w").close()
+    deadline = time.monotonic() + 30  # (a safety valve: the queued runs wait behind these)
+    while i < 2 and not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return i
+
+
+@pytest.mark.slow
+def test_an_exception_leaving_the_with_block_cancels_the_runs_not_started(tmp_path):
+    started, go = tmp_path / "started", tmp_path / "go"
+    started.mkdir()
+    futures = []
+    with pytest.raises(KeyboardInterrupt), st.executor(workers=2) as pool:
+        futures = [pool.submit(_start_and_hold, (i, str(started), str(go))) for i in range(6)]
+        for f in futures[2:]:  # one cancelled: let the two running runs finish
+            f.add_done_callback(lambda _: go.touch())
+        deadline = time.monotonic() + 120
+        while len(list(started.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise KeyboardInterrupt  # Ctrl-C, while runs 0 and 1 run and 2..5 are queued
+    assert sorted(p.name for p in started.iterdir()) == ["0", "1"]  # no queued run started
+    assert [f.result() for f in futures[:2]] == [0, 1]  # the running ones were waited for
+    assert all(f.cancelled() for f in futures[2:])
+
+
+def test_a_normal_exit_waits_for_every_queued_run():
+    with st.executor(workers=1) as pool:
+        futures = [pool.submit(abs, -i) for i in range(5)]
+    assert [f.result(timeout=0) for f in futures] == [0, 1, 2, 3, 4]

@@ -36,6 +36,7 @@ sent, so use them with machines and code you trust.
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
@@ -46,6 +47,8 @@ from typing import Any, Literal, TypeVar, overload
 from blake3 import blake3
 
 from ...errors import add_note
+from ..pool import note_unpicklable
+from ..pool_worker import portable, raise_alone
 from .spool import dumps, open_spool, remove, ship, unship
 
 __all__ = ["ClientFailure", "map_clients"]
@@ -87,42 +90,42 @@ class ClientFailure:
         return f"ClientFailure(tasks[{self.index}]: {self.error!r})"
 
 
-def _portable(e: Exception) -> Exception:
-    """``e``, or a ``RuntimeError`` naming it where ``e`` would not unpickle in the parent
-    (an exception whose ``__init__`` takes other arguments than its ``args``)."""
-    try:
-        pickle.loads(dumps(e))  # (the caller's own exception, as it would travel back)
-    except Exception as why:
-        return RuntimeError(
-            f"the client raised {type(e).__qualname__}: {e}, which cannot be pickled back "
-            f"from the worker ({type(why).__qualname__}: {why})"
-        )
-    return e
-
-
 def _apply(
     fn: Callable[[Any, Any], Any],
     shared: Any,
     tasks: list[Any],
     indices: Sequence[int],
     errors: str = "raise",
-    worker: bool = False,
+    pooled: bool = False,
 ) -> list[Any]:
     """``[fn(shared, t) for t in tasks]``, an exception noted with its task's index (and, with
     ``errors="return"``, returned in its slot as a ``ClientFailure``)."""
     out = []
     for i, t in zip(indices, tasks):
         try:
-            out.append(fn(shared, t))
+            result = fn(shared, t)
         except Exception as e:
             _note(e, i)
-            if errors == "raise":
-                raise
             text = traceback.format_exc()
-            error = _portable(e) if worker else e
+            # One the parent could not unpickle would break a process pool: raised, it travels
+            # by the executor's pickle (from a worker process); a ClientFailure, by ship's.
+            error: BaseException = e
+            task = f"map_clients: fn(shared, tasks[{i}])"
+            if errors == "return" and pooled:
+                error = portable(e, task, dumps)
+            elif errors == "raise" and pooled and multiprocessing.parent_process() is not None:
+                error = portable(e, task)
             if error is not e:
                 _note(error, i)
-            out.append(ClientFailure(i, error, text))
+            if errors == "return":
+                out.append(ClientFailure(i, error, text))
+                continue
+            if error is e:
+                raise
+        else:
+            out.append(result)
+            continue
+        raise_alone(error)  # (its note holds e's traceback)
     return out
 
 
@@ -136,7 +139,7 @@ def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes, errors: str = "rai
         _last_shared.clear()
         _last_shared[digest] = shared
     tasks = unship(shipped, spool)
-    return ship(_apply(fn, shared, tasks, indices, errors, worker=True), spool)
+    return ship(_apply(fn, shared, tasks, indices, errors, pooled=True), spool)
 
 
 def _default_batches(workers: int, tasks: int, shared_bytes: int) -> int:
@@ -291,7 +294,12 @@ def map_clients(
             futures[pool.submit(_run_batch, fn, payload, errors)] = g
         out: list[Any] = [None] * len(tasks)
         for f in as_completed(futures):  # unpickle each batch's results as it arrives
-            for i, r in zip(futures[f], unship(f.result(), spool)):
+            try:
+                shipped_back = f.result()
+            except Exception as e:
+                note_unpicklable(e, fn, pool, "map_clients")
+                raise
+            for i, r in zip(futures[f], unship(shipped_back, spool)):
                 out[i] = r
         return out
     finally:

@@ -1,0 +1,164 @@
+"""What a ``TorchPool`` worker process runs: its start, each call, and the exception a call
+raises, made fit to travel back.
+
+* A worker **exits when its parent dies.** A process pool's workers outlive a parent that
+  is killed (SIGKILL, the out-of-memory killer): re-parented to init, they would run every
+  queued call and then idle for good, holding their memory. A thread of the worker's own
+  waits for the pool's process to exit (on Linux a pidfd of it; elsewhere it looks every
+  second). Not ``prctl(PR_SET_PDEATHSIG)``: it fires when the *thread* that forked the
+  worker exits, and ``TorchPool`` forks a broken pool's replacement from that pool's
+  manager thread, which exits right after; nor the worker's parent: under forkserver it is
+  the server, which outlives the pool's process as long as its workers do.
+* A call's exception **arrives as itself, or as a RuntimeError naming it**: the parent
+  unpickles what a worker raised, and one that does not unpickle (a custom exception whose
+  ``__init__`` takes other arguments than it passes to ``super().__init__``, or a class of
+  ``__main__`` that came with the function) breaks the whole process pool — every call fails
+  with ``BrokenProcessPool``, and ``TorchPool`` would take it for a dead worker. ``portable``
+  tries the round trip in the worker and, where it fails, raises a ``RuntimeError`` that
+  names the exception, its message and the call, its traceback in a note.
+* A call the pool aborted before it started (``shutdown(cancel_futures=True)``, an exception
+  leaving the ``with`` block) is not run, even one already handed to the workers' queue.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import select
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, NoReturn
+
+import cloudpickle
+
+from ..errors import add_note
+
+__all__ = ["portable", "raise_alone"]
+
+_worker: dict[str, Any] = {}  # in a worker process: its slot, and the pool's abort flag
+
+
+class Aborted(Exception):
+    """In a worker: the call was not started, the pool having been aborted."""
+
+
+def portable(
+    e: BaseException, task: str, dumps: Callable[[Any], Any] = ForkingPickler.dumps
+) -> BaseException:
+    """``e``, or a ``RuntimeError`` naming it and ``task``, with ``e``'s notes and traceback as
+    its own notes, where ``e`` would not unpickle in the parent (pickled by ``dumps``, as it
+    travels back).
+
+    Args:
+        e: what the task raised, in the worker.
+        task: the task, as a message names it (``"fn(shared, tasks[3])"``).
+        dumps: how the exception travels: the executor's pickle by default.
+    """
+    try:
+        pickle.loads(dumps(e))  # the worker's own exception, as the parent would read it
+    except Exception as why:
+        error = RuntimeError(
+            f"{task} raised {type(e).__qualname__}: {e} — which cannot "
+            f"be pickled back from the worker ({type(why).__qualname__}: {why}), so it arrives "
+            "as this RuntimeError. To get the exception itself, make it picklable: pass "
+            "super().__init__() every argument __init__ takes (or define __reduce__), and "
+            "define its class in a module rather than in __main__"
+        )
+        for note in getattr(e, "__notes__", ()):  # what they say of e holds of this one
+            add_note(error, note)
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
+        add_note(error, f"the original traceback, in the worker:\n{text}")
+        return error
+    return e
+
+
+def raise_alone(error: BaseException) -> NoReturn:
+    """Raise ``error`` unchained; call it after the ``except`` block, not in it. Raised there,
+    it would chain the exception it replaces (``__context__``), which a pickler that keeps
+    chains (tblib's, which importing ``dask.distributed`` installs) carries back, to fail."""
+    error.__context__ = None
+    raise error
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists (another user's: the pid was taken again)
+        pass
+    return True  # (a zombie too, until it is reaped)
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit this worker as soon as ``parent``, the pool's process, has exited (not only its
+    direct parent: under forkserver that is the server, which the workers keep alive)."""
+    try:  # Linux: a descriptor of that very process, readable once it has exited
+        fd: int | None = os.pidfd_open(parent)
+    except ProcessLookupError:  # it died before this worker got here
+        os._exit(1)
+    except (AttributeError, OSError):  # not Linux (or an old kernel): look every second
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            waiter = select.poll()  # (not select.select, which takes no fd past 1023)
+            waiter.register(fd, select.POLLIN)
+            while not waiter.poll():
+                pass
+        else:
+            while _alive(parent):
+                time.sleep(1.0)
+        os._exit(1)  # orphaned: the calls left would run for nobody
+
+    threading.Thread(target=watch, name="somatize-parent-watch", daemon=True).start()
+
+
+def _start(
+    slots: Any,
+    claimed: Any,
+    aborted: Any,
+    parent: int,
+    initializer: Callable[..., Any] | None,
+    args: tuple[Any, ...],
+) -> None:
+    # Everything the worker inherited (torch, the parent's data) lives as long as the worker:
+    # out of the collector's reach, a full collection scans only what the worker made since —
+    # not millions of inherited objects, touching (copying) each of their pages.
+    gc.freeze()
+    _watch_parent(parent)
+    with claimed.get_lock():
+        index = claimed.value
+        claimed.value += 1
+    _worker["aborted"] = aborted
+    if 2 * index + 1 < len(slots):
+        slots[2 * index], slots[2 * index + 1] = os.getpid(), -1
+        _worker["slots"], _worker["index"] = slots, index
+    if initializer is not None:
+        initializer(*args)
+
+
+def _call(payload: bytes, task: int) -> Any:
+    aborted = _worker.get("aborted")
+    if aborted is not None and aborted.value:
+        raise Aborted(task)
+    slots, index = _worker.get("slots"), _worker.get("index", 0)
+    if slots is not None:
+        slots[2 * index + 1] = task
+    fn: Any = None
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload)  # code the user sent to their own pool
+        return fn(*args, **kwargs)
+    except Exception as e:
+        name = getattr(fn, "__qualname__", type(fn).__qualname__) if fn is not None else "fn"
+        error = portable(e, f"call {task}, {name}(...),")
+        if error is e:
+            raise
+    finally:
+        if slots is not None:
+            slots[2 * index + 1] = -1
+    raise_alone(error)
