@@ -506,14 +506,22 @@ def test_result_feeds_fedavg(tmp_path):
 # -- the differential test --------------------------------------------------------------
 
 
-def test_somatize_trainer_and_lightning_end_with_equal_weights(tmp_path):
+def _twins() -> tuple[Graph, Graph, dict[str, torch.Tensor]]:
+    """Two graphs starting from the same weights (one for each trainer), and those weights."""
     start = st.state(_graph(0))
     ours, theirs = _graph(1), _graph(2)
     st.load_state(ours, start)
     st.load_state(theirs, start)
+    return ours, theirs, start
 
-    def sgd(ps):
-        return torch.optim.SGD(ps, lr=0.3)
+
+def _sgd(ps):
+    return torch.optim.SGD(ps, lr=0.3)
+
+
+def test_somatize_trainer_and_lightning_end_with_equal_weights(tmp_path):
+    ours, theirs, start = _twins()
+    sgd = _sgd
 
     def sched(opt):
         return torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
@@ -679,13 +687,8 @@ def test_cache_counts_of_a_resumed_run_are_the_whole_runs(tmp_path):
 
 
 def test_under_accumulation_losses_are_one_per_step_as_the_somatize_trainers(tmp_path):
-    start = st.state(_graph(0))
-    ours, theirs = _graph(1), _graph(2)
-    st.load_state(ours, start)
-    st.load_state(theirs, start)
-
-    def sgd(ps):
-        return torch.optim.SGD(ps, lr=0.3)
+    ours, theirs, _ = _twins()
+    sgd = _sgd
 
     options = st.Options(shuffle=False, progress=False, accumulate=2)
     ref = st.Trainer(loss=nn.functional.cross_entropy, optimizer=sgd, epochs=2, options=options)

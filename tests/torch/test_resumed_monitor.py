@@ -4,34 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 import somatize.torch as st
-from somatize import Done, Graph, Node, Opaque
 from somatize.errors import CheckpointError
 from somatize.torch import integrity
 
-
-class Linear(Node):
-    def __init__(self) -> None:
-        self.lin = nn.Linear(4, 3)
-
-    def forward(self, x, ctx):
-        return Done(Opaque(self.lin(x)))
-
-
-def graph() -> Graph:
-    torch.manual_seed(0)
-    return Graph.somatize(Linear())
+from .test_pruning import data as pruning_data
+from .test_pruning import graph
 
 
 def data(n: int = 3):
-    gen = torch.Generator().manual_seed(0)
-    return [
-        (torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen))
-        for _ in range(n)
-    ]
+    return pruning_data(n)
 
 
 def fit(tmp_path, epochs, monitor="val_loss", mode="min", pruner=None, val=True):
