@@ -14,3 +14,6 @@ def test_the_recipe_computes_each_example_once_and_agrees_with_recomputing(tmp_p
     out = capsys.readouterr().out
     assert "the backbone ran on 1797 rows" in out  # every train and val example, once
     assert code == 0, out  # both sweeps agree; the best head reaches 0.7 in 2 epochs
+    again = frozen_backbone.main([*args, "--cache", str(tmp_path)])  # the cache filled
+    out = capsys.readouterr().out
+    assert "the backbone ran on 0 rows" in out and again == 0, out  # (it exited 1 here)
