@@ -14,6 +14,10 @@ A scheduler sized for fewer steps goes wrong in the middle of the run: past its 
 (``check_horizon``); a resumed run, whose scheduler's horizon comes from its checkpoint,
 warns when it is shorter than the run (``check_restored``). ``CosineAnnealingWarmRestarts``
 restarts on purpose, and a ``LinearLR`` warm-up ends on purpose: neither is warned about.
+
+Composed schedulers are looked into: in a ``SequentialLR`` the last scheduler runs from the
+last milestone to the end of the run (the earlier ones end at their milestones, on
+purpose), and in a ``ChainedScheduler`` every scheduler runs the whole run.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -34,10 +38,12 @@ if TYPE_CHECKING:
     from .trainer import Trainer
 
 __all__ = [
+    "Part",
     "check_horizon",
     "check_restored",
     "horizon",
     "optimizer_steps",
+    "parts",
     "scheduler_steps",
     "total_steps",
 ]
@@ -46,9 +52,38 @@ _HORIZONS = ("total_steps", "T_max", "total_iters")  # OneCycleLR, CosineAnneali
 _lr = torch.optim.lr_scheduler
 
 
+class Part(NamedTuple):
+    """One length a scheduler was built for: ``sched.key == built`` ends the rate's plan
+    at step ``start + built`` of the run (``start``: a ``SequentialLR``'s last milestone)."""
+
+    sched: Any
+    key: str
+    built: int
+    start: int
+    where: str  # how to name it: "the CosineAnnealingLR", "the SequentialLR's CosineAnnealingLR"
+
+
+def parts(sched: Any, start: int = 0, outer: str = "") -> list[Part]:
+    """The lengths ``sched`` was built for: its own ``total_steps``, ``T_max`` or
+    ``total_iters``, or those of what it composes (see the module's docstring)."""
+    inner = getattr(sched, "_schedulers", None)
+    name = f"{outer}{type(sched).__name__}"
+    if isinstance(sched, _lr.SequentialLR) and inner:
+        milestones = list(getattr(sched, "_milestones", ()))
+        last = milestones[-1] if milestones else 0
+        return parts(inner[-1], start + last, f"{name}'s ")
+    if isinstance(sched, _lr.ChainedScheduler) and inner:
+        return [p for s in inner for p in parts(s, start, f"{name}'s ")]
+    return [
+        Part(sched, k, v, start, f"the {name}")
+        for k in _HORIZONS
+        if isinstance(v := getattr(sched, k, None), int) and not isinstance(v, bool)
+    ]
+
+
 def horizon(sched: Any) -> dict[str, int]:
-    """The length a scheduler was built for (its ``total_steps``, ``T_max``, ``total_iters``)."""
-    return {k: v for k in _HORIZONS if isinstance(v := getattr(sched, k, None), int)}
+    """The steps of the run at which each length ``sched`` was built for ends, by name."""
+    return {f"{p.where}'s {p.key}": p.start + p.built for p in parts(sched)}
 
 
 def optimizer_steps(trainer: Trainer, train: Iterable[Any], rank: int, world: int) -> int | None:
@@ -103,34 +138,36 @@ def check_horizon(trainer: Trainer, run: ActiveRun, train: Iterable[Any]) -> Non
     planned = scheduler_steps(trainer, train, run.rank, run.world)
     if planned is None:
         return
-    for key, built in horizon(sched).items():
-        if built >= planned:
+    for p in parts(sched):
+        if p.start + p.built >= planned:
             continue
         said = (
-            f"the {type(sched).__name__} was built for {key}={built}, but this run steps it "
-            f"{planned} times ({_how(trainer)})"
+            f"{p.where} was built for {p.key}={p.built}"
+            + (f" from step {p.start}" if p.start else "")
+            + f", but this run steps it {planned} times ({_how(trainer)})"
         )
-        if isinstance(sched, _lr.OneCycleLR):
+        fix = _fix(trainer, p.key, planned - p.start, p.start)
+        if isinstance(p.sched, _lr.OneCycleLR):
             raise SettingError(
                 f"{said}; torch raises once it is stepped past total_steps, in the middle of the "
-                f"run. {_fix(trainer, key, planned)}"
+                f"run. {fix}"
             )
-        wrong = _goes_wrong(sched, built, planned)
+        wrong = _goes_wrong(p.sched, p.start + p.built, planned)
         if wrong is not None:
-            warnings.warn(
-                f"{said}: {wrong}. {_fix(trainer, key, planned)}", UserWarning, stacklevel=outside()
-            )
+            warnings.warn(f"{said}: {wrong}. {fix}", UserWarning, stacklevel=outside())
 
 
 def check_restored(run: ActiveRun, path: Path, fresh: dict[str, int], planned: int | None) -> None:
     """Warn when the scheduler restored from ``path`` was built for fewer steps than this
     run plans (``planned``, or what the freshly built one was sized for: ``fresh``)."""
-    for key, built in horizon(run.sched).items():
-        wanted = max(fresh.get(key, 0), planned or 0)
-        if built < wanted:
+    for p in parts(run.sched):
+        ends = p.start + p.built
+        wanted = max(fresh.get(f"{p.where}'s {p.key}", 0), planned or 0)
+        if ends < wanted:
+            at = f" from step {p.start}" if p.start else ""
             warnings.warn(
-                f"the {type(run.sched).__name__} restored from {path} was built for "
-                f"{key}={built}, but this run plans {wanted}; the checkpoint's schedule is "
+                f"{p.where} restored from {path} was built for {p.key}={p.built}{at}, but this "
+                f"run plans {wanted}; the checkpoint's schedule is "
                 "kept (it may end, or raise, before the run does). Resume into a run of the "
                 "same length, or start a fresh one for the longer schedule",
                 UserWarning,
@@ -144,12 +181,14 @@ def _how(trainer: Trainer) -> str:
     return "once after each optimizer step, the default"
 
 
-def _fix(trainer: Trainer, key: str, planned: int) -> str:
+def _fix(trainer: Trainer, key: str, planned: int, start: int) -> str:
+    left = f" (what is left after its milestone {start})" if start else ""
     if trainer.options.scheduler_every == "epoch":
-        return f"Size it in epochs: {key}={planned}"
+        return f"Size it in epochs: {key}={planned}{left}"
+    given = "gives the run's steps" if start else "gives it"
     return (
-        f"Size it in optimizer steps, {key}={planned} (trainer.planned_steps(train) gives "
-        "it), or step it once an epoch as Lightning steps a scheduler by default: "
+        f"Size it in optimizer steps, {key}={planned}{left} (trainer.planned_steps(train) "
+        f"{given}), or step it once an epoch as Lightning steps a scheduler by default: "
         f"Options(scheduler_every='epoch') with {key} in epochs"
     )
 

@@ -119,6 +119,57 @@ def test_sized_by_planned_steps_a_one_cycle_runs_to_its_end():
     assert rates[-1] < rates[0] < max(rates) <= 0.1  # up, then down below where it began
 
 
+def _warmup_then(opt, last, warmup=5):
+    return lr.SequentialLR(
+        opt, [lr.LinearLR(opt, start_factor=0.1, total_iters=warmup), last], milestones=[warmup]
+    )
+
+
+def test_a_warmup_then_cosine_whose_cosine_is_short_warns_with_what_is_left():
+    """The usual transformer schedule: SequentialLR's last scheduler runs from its milestone
+    to the end of the run, so its T_max is what is left after the warm-up."""
+    short = lambda opt: _warmup_then(opt, lr.CosineAnnealingLR(opt, T_max=10))  # noqa: E731
+    with pytest.warns(UserWarning) as said:
+        result = trainer(short).fit(graph(), data())
+    (message,) = [str(w.message) for w in said]
+    assert (
+        "the SequentialLR's CosineAnnealingLR was built for T_max=10 from step 5, but this run "
+        "steps it 30 times" in message
+    )
+    assert "falls to eta_min at step 15 and then climbs back up" in message
+    assert "T_max=25 (what is left after its milestone 5)" in message
+    assert result.steps == 30
+
+
+def test_a_warmup_then_cosine_sized_by_what_is_left_runs_to_eta_min_unwarned():
+    t = trainer()
+    left = t.planned_steps(data()) - 5
+    t.scheduler = lambda opt: _warmup_then(opt, lr.CosineAnnealingLR(opt, T_max=left))
+    t.watchers = [Recorder()]
+    result = t.fit(graph(), data())  # warnings are errors here: none
+    rates = [e.lr for e in t.watchers[0].events if isinstance(e, StepEnd)]
+    assert result.steps == 30 and rates[-1] < 1e-3 < rates[5]  # down to eta_min at the end
+
+
+def test_a_one_cycle_after_a_milestone_that_would_overrun_is_refused():
+    late = lambda opt: _warmup_then(  # noqa: E731
+        opt, lr.OneCycleLR(opt, max_lr=0.1, total_steps=20)
+    )
+    with pytest.raises(SettingError, match=r"OneCycleLR was built for total_steps=20 from step 5"):
+        trainer(late).fit(graph(), data())
+
+
+def test_each_scheduler_of_a_chain_is_checked_over_the_whole_run():
+    chained = lambda opt: lr.ChainedScheduler(  # noqa: E731
+        [lr.LinearLR(opt, start_factor=0.1, total_iters=5), lr.PolynomialLR(opt, total_iters=12)]
+    )
+    with pytest.warns(UserWarning) as said:
+        trainer(chained).fit(graph(), data())
+    (message,) = [str(w.message) for w in said]  # the warm-up ends on purpose: not warned of
+    assert "the ChainedScheduler's PolynomialLR was built for total_iters=12, but" in message
+    assert "total_iters=30 (trainer.planned_steps(train) gives it)" in message
+
+
 @pytest.mark.parametrize(
     "settings",
     [

@@ -74,6 +74,24 @@ def test_a_fixed_horizon_shorter_than_the_run_is_warned_about_too(tmp_path):
         trainer(tmp_path, 3, linear).fit(graph(), data(), resume="last")
 
 
+def test_a_restored_warmup_then_cosine_is_checked_from_its_milestone(tmp_path):
+    def schedule(epochs):
+        def make(opt):
+            warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=2)
+            cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=3 * epochs - 2)
+            return torch.optim.lr_scheduler.SequentialLR(opt, [warm, cosine], milestones=[2])
+
+        return make
+
+    trainer(tmp_path, 2, schedule(2)).fit(graph(), data())  # sized for its 6 steps: quiet
+    with pytest.warns(
+        UserWarning,
+        match=r"the SequentialLR's CosineAnnealingLR restored .* T_max=4 from step 2, but this "
+        r"run plans 12",
+    ):
+        trainer(tmp_path, 4, schedule(4)).fit(graph(), data(), resume="last")
+
+
 def test_resuming_an_early_stopped_run_says_so(tmp_path):
     stop = st.Patience("val_loss", patience=1, mode="max")  # a falling loss: stops at once
     first = trainer(tmp_path, 5, pruner=stop).fit(graph(), data(), val=data(1))
