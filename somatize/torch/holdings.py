@@ -78,7 +78,8 @@ class Holdings(nn.Module):
     (``model.head.lin = nn.Linear(...)``), moved by ``.to()``, or swapped in for a call by
     ``torch.func.functional_call``. Inside list, tuple and dict attributes (nested too),
     and any mapping, namedtuple or dataclass: modules, named by index, key or field
-    (``heads.0``, ``heads.fr``). A node held by the node
+    (``heads.0``, ``heads.fr``); a parameter there is an error (it would not be trained:
+    ``nn.ParameterList`` holds parameters). A node held by the node
     (a ``Mapped`` node's inner node, a helper node) registers its own holdings nested.
     """
 
@@ -267,6 +268,8 @@ def held_by(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Mo
     box = nn.Module()
     for k, v in items:
         name = str(k)
+        if isinstance(v, torch.Tensor) and (isinstance(v, nn.Parameter) or v.requires_grad):
+            raise _untrainable(f"{where}[{k!r}]", v, value)
         inner = held_by(v, f"{where}[{k!r}]", seen)
         if inner is None:
             continue
@@ -278,6 +281,17 @@ def held_by(value: Any, where: str, seen: frozenset[int] = frozenset()) -> nn.Mo
             )
         box.add_module(name, inner)
     return box if box._modules else None
+
+
+def _untrainable(where: str, t: torch.Tensor, container: Any) -> StateError:
+    what = "an nn.Parameter" if isinstance(t, nn.Parameter) else "a tensor that requires grad"
+    kind = type(container).__name__
+    return StateError(
+        f"{where} is {what} inside a {kind}: module(g) registers the modules a {kind} holds, "
+        "not its tensors (as nn.Module does), so st.parameters(g) would leave it out and no "
+        "optimizer would train it — hold them in an nn.ParameterList or nn.ParameterDict, or "
+        "each in an attribute of its own"
+    )
 
 
 def _items(value: Any) -> Iterable[tuple[Any, Any]] | None:

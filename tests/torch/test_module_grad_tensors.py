@@ -12,6 +12,7 @@ from torch import nn
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
+from somatize.errors import StateError
 
 
 class W(Node):
@@ -84,3 +85,48 @@ def test_parameters_and_tensors_without_grad_do_not_warn_and_train():
         options=st.Options(progress=False),
     ).fit(g, [(x, y)])
     assert not torch.equal(before, g["fixed"].w)  # the parameter trained
+
+
+class Listed(Node):
+    """Parameters in a list: nn.Module registers none of them, and neither does module(g)."""
+
+    def __init__(self, box) -> None:
+        self.ws = box(nn.Parameter(torch.ones(4)) for _ in range(2))
+
+    def forward(self, x, ctx):
+        return Done(Opaque(x * self.ws[0] * self.ws[1]))
+
+
+@pytest.mark.parametrize("box", [list, tuple])
+def test_a_parameter_inside_a_list_is_refused_naming_it_and_the_fix(box):
+    g = Graph.somatize(Listed(box))
+    with pytest.raises(StateError) as caught:
+        st.parameters(g)
+    message = str(caught.value)
+    assert f"listed.ws[0] is an nn.Parameter inside a {box.__name__}" in message
+    assert "no optimizer would train it" in message and "nn.ParameterList" in message
+
+
+def test_a_tensor_requiring_grad_inside_a_dict_is_refused_too():
+    class Keyed(Node):
+        def __init__(self) -> None:
+            self.ws = {"a": torch.ones(4, requires_grad=True)}
+
+        def forward(self, x, ctx):
+            return Done(Opaque(x * self.ws["a"]))
+
+    with pytest.raises(StateError, match=r"keyed.ws\['a'\] is a tensor that requires grad"):
+        st.module(Graph.somatize(Keyed()))
+
+
+def test_in_a_parameter_list_they_train_as_in_plain_pytorch():
+    node = Listed(nn.ParameterList)
+    g = Graph.somatize(node)
+    names = [n for n, _ in st.module(g).named_parameters()]
+    assert names == ["listed.ws.0", "listed.ws.1"]
+    x = torch.randn(3, 4)
+    out = st.module(g)(x)
+    out.sum().backward()
+    ref = torch.ones(4, requires_grad=True), torch.ones(4, requires_grad=True)
+    (x * ref[0] * ref[1]).sum().backward()
+    torch.testing.assert_close(node.ws[0].grad, ref[0].grad)
