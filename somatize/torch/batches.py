@@ -157,20 +157,16 @@ def check_data(
 
     if type(data) in (list, tuple) and any(isinstance(b, (DataLoader, Dataset)) for b in data):
         _refuse_loaders(data, what, train)
+    if type(data) in (list, tuple) and data and _an_example(data[0], split_, listed=True):
+        _refuse_examples(data, what, train)
     loader = None
     if isinstance(data, DataLoader) and data.batch_size is None and data.batch_sampler is None:
         loader, data = data, data.dataset  # not batching: its items are the batches
     if not isinstance(data, Dataset) or isinstance(data, IterableDataset):
         return
     item = _first(data)
-    if loader is not None or not _rows(data):
-        try:
-            target = split_(item)[1] if item is not None else None
-        except Exception:  # the split's own error, at the first step, says it better
-            return
-        one = isinstance(target, torch.Tensor) and target.dim() == 0
-        if not (one or isinstance(target, numbers.Number)):
-            return
+    if (loader is not None or not _rows(data)) and not _an_example(item, split_, listed=False):
+        return
     from .first_step import describe
 
     shape = f" (each item {describe(item, 1)})" if item is not None else ""
@@ -183,6 +179,34 @@ def check_data(
         "example and the run would count its features as its examples. Wrap it in a "
         f"DataLoader: DataLoader(dataset, batch_size=32{shuffle}) (a dataset whose items are "
         "batches already: DataLoader(dataset, batch_size=None))"
+    )
+
+
+def _an_example(item: Any, split_: Callable[[Any], tuple[Any, Any]], listed: bool) -> bool:
+    """Whether ``item`` (a dataset's or a list's first) is one example: its target (by
+    ``split_``) is a 0-d tensor or a number, where a batch's has a batch dimension; in a
+    list, its input holds a tensor too (one without is refused at the first step, saying
+    so), where a dataset's may be an image for its DataLoader's transforms."""
+    try:
+        x, target = split_(item) if item is not None else (None, None)
+    except Exception:  # the split's own error, at the first step, says it better
+        return False
+    one = isinstance(target, torch.Tensor) and target.dim() == 0
+    return (one or isinstance(target, numbers.Number)) and (not listed or bool(_leaves(x)))
+
+
+def _refuse_examples(data: list[Any] | tuple[Any, ...], what: str, train: bool) -> None:
+    """A list of single examples (``list(zip(xs, ys))``) where a list of batches belongs."""
+    from .first_step import describe
+
+    kind = type(data).__name__
+    shuffle = ", shuffle=True" if train else ""
+    raise SettingError(
+        f"{what} is a {kind} of {len(data)} items, each a single example "
+        f"({describe(data[0], 1)}: its target has no batch dimension), but a {kind} is read "
+        "as a sequence of batches: each step would see one un-batched example and the run "
+        "would count its features as its examples. Batch it: DataLoader(examples, "
+        f"batch_size=32{shuffle}) reads a {kind} of (x, y) pairs as a dataset"
     )
 
 

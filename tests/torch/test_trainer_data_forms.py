@@ -181,3 +181,20 @@ def test_a_list_of_train_loaders_says_to_pass_one():
         trainer().fit(make_graph(), [loader, loader])
     with pytest.raises(SettingError, match=r"val set 'a' is a tuple of 1 items.*one data set"):
         trainer().fit(make_graph(), batches(2), val={"a": (loader,)})
+
+
+@pytest.mark.parametrize("box", [list, tuple])
+def test_a_list_of_single_examples_is_refused_naming_the_loader_that_batches_it(box):
+    """list(zip(xs, ys)): each item one example, which nn.Linear and F.cross_entropy take
+    un-batched without a complaint; so are (x, int) pairs."""
+    x, y = tensors()
+    for examples in (box(zip(x, y)), box((a, int(b)) for a, b in zip(x, y))):
+        with pytest.raises(SettingError) as caught:
+            trainer().fit(make_graph(), examples)
+        message = str(caught.value)
+        assert f"fit()'s train is a {box.__name__} of 30 items, each a single example" in message
+        assert "DataLoader(examples, batch_size=32, shuffle=True)" in message
+    with pytest.raises(SettingError, match=r"evaluate\(\)'s data is a list of 30 items, each a"):
+        trainer().evaluate(make_graph(), list(zip(x, y)))
+    result = trainer().fit(make_graph(), DataLoader(list(zip(x, y)), batch_size=10))  # the fix
+    assert (result.steps, result.num_examples) == (3, 30)
