@@ -38,7 +38,7 @@ from typing import Any, Literal
 import cloudpickle
 
 from ..errors import WorkerLostError, add_note
-from .pool_worker import Aborted, _call, _start
+from .pool_worker import Aborted, Packed, _call, _start
 
 __all__ = ["Runs", "TorchPool", "note_unpicklable", "run_all"]
 
@@ -183,7 +183,7 @@ class TorchPool(Executor):
             return
         error = inner.exception()
         if error is None:
-            task.future.set_result(inner.result())
+            _deliver(task, inner.result())
             return
         if isinstance(error, Aborted):  # handed to a worker, but not started: aborted
             task.future.cancel()
@@ -242,6 +242,26 @@ class TorchPool(Executor):
             f"TorchPool(workers={self._workers}, retries={self.retries}, "
             f"start_method={self.start_method!r})"
         )
+
+
+def _deliver(task: _Task, result: Any) -> None:
+    """Set ``task``'s result: a ``Packed`` one unpickled here (a result of the user's own
+    function, from the user's own worker), or the error naming the call if it fails."""
+    if type(result) is not Packed:
+        task.future.set_result(result)
+        return
+    try:
+        value = pickle.loads(result)
+    except Exception as e:
+        error = RuntimeError(
+            f"call {task.id}'s result came back from its worker but cannot be unpickled in "
+            f"this process: {type(e).__qualname__}: {e}; return plain data (tensors, "
+            "numbers, strings, lists and dicts of them), or make its class importable here"
+        )
+        error.__cause__ = e
+        task.future.set_exception(error)
+        return
+    task.future.set_result(value)
 
 
 def _cancel(task: _Task) -> None:

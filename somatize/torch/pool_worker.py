@@ -16,6 +16,10 @@ raises, made fit to travel back.
   with ``BrokenProcessPool``, and ``TorchPool`` would take it for a dead worker. ``portable``
   tries the round trip in the worker and, where it fails, raises a ``RuntimeError`` that
   names the exception, its message and the call, its traceback in a note.
+* A call's **result is pickled by the worker** (``Packed``) and unpickled by the pool as
+  that call's: a result that does not unpickle in the parent (its class missing there, a
+  ``__reduce__`` that fails) fails that call with a ``RuntimeError`` naming it, where the
+  executor, unpickling it itself, would break the whole pool.
 * A call the pool aborted before it started (``shutdown(cancel_futures=True)``, an exception
   leaving the ``with`` block) is not run, even one already handed to the workers' queue.
 """
@@ -142,6 +146,14 @@ def _start(
         initializer(*args)
 
 
+class Packed(bytes):
+    """A call's result, pickled by the worker (with ``ForkingPickler``: a tensor still goes
+    by shared memory) and unpickled by ``TorchPool`` as that call's own: a result that
+    does not unpickle in the parent fails its call, where the pool would break."""
+
+    __slots__ = ()
+
+
 def _call(payload: bytes, task: int) -> Any:
     aborted = _worker.get("aborted")
     if aborted is not None and aborted.value:
@@ -152,7 +164,17 @@ def _call(payload: bytes, task: int) -> Any:
     fn: Any = None
     try:
         fn, args, kwargs = cloudpickle.loads(payload)  # code the user sent to their own pool
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        try:
+            return Packed(ForkingPickler.dumps(result))
+        except Exception as e:
+            add_note(
+                e,
+                f"the call's result (a {type(result).__qualname__}) is pickled to go back "
+                "to the parent process; return what can be: tensors, numbers, "
+                "strings, lists and dicts of them (a TrainResult is)",
+            )
+            raise
     except Exception as e:
         name = getattr(fn, "__qualname__", type(fn).__qualname__) if fn is not None else "fn"
         error = portable(e, f"call {task}, {name}(...),")

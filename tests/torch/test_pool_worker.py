@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
+import torch
 
 import somatize.torch as st
 from somatize.torch import federated as fl
@@ -80,6 +81,50 @@ def test_an_exception_that_does_not_unpickle_fails_its_run_once_not_the_pool(tmp
         with pytest.raises(ZeroDivisionError):  # one that unpickles arrives as itself
             pool.submit(divmod, 1, 0).result()
         assert pool.restarts == 0
+
+
+def _rebuilt_outside(parent):
+    if os.getpid() == parent:
+        raise LookupError("no such class here")
+    return RebuiltOutside(parent)
+
+
+class RebuiltOutside:
+    """A result that pickles in the worker but does not unpickle in the parent (as one of a
+    class the parent cannot import would)."""
+
+    def __init__(self, parent):
+        self.parent = parent
+
+    def __reduce__(self):
+        return _rebuilt_outside, (self.parent,)
+
+
+def returns(job):
+    i, parent = job
+    if i == 1:
+        return RebuiltOutside(parent)
+    if i == 2:
+        return lambda: i  # no pickle for a lambda
+    return {"w": torch.full((3,), float(i))}
+
+
+@pytest.mark.slow
+def test_a_result_that_does_not_travel_back_fails_its_run_once_not_the_pool():
+    jobs = [(i, os.getpid()) for i in range(4)]
+    with st.executor(workers=2) as pool:
+        runs = st.run_all(pool, returns, jobs, errors="return")
+        assert pool.restarts == 0  # before: the pool broke, and took calls 1 and 2 as lost
+    assert runs.lost == {} and sorted(runs.failed) == [1, 2]
+    assert [r["w"].tolist() for r in runs.finished] == [[0.0] * 3, [3.0] * 3]
+    unpickled = runs.failed[1]
+    assert type(unpickled) is RuntimeError
+    assert "result came back from its worker but cannot be unpickled in this process" in str(
+        unpickled
+    )
+    assert "LookupError: no such class here" in str(unpickled)
+    unpicklable = runs.failed[2]
+    assert "the call's result (a function) is pickled to go back" in "".join(unpicklable.__notes__)
 
 
 @pytest.mark.slow
