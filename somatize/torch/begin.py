@@ -13,7 +13,7 @@ from torch import nn
 
 from ..graph import Graph
 from ..watchers import Watcher
-from .carry import carries
+from .carry import check_carried, named_carries
 from .checkpoint import load_checkpoint, restore, restore_rank_rng, restore_scaler
 from .ema import averaged, restore_average
 from .horizon import check_horizon, horizon
@@ -41,6 +41,8 @@ def begin(
     """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh."""
     o = trainer.options
     net, user_compiled = as_module(model), compiled(model)
+    carried = named_carries(net)
+    check_carried(carried, trainer.micro_batches, train, o.shuffle)
     device = place(net, o.device, world)
     params = trainable(net)
     assert trainer.optimizer is not None  # fit() checked
@@ -62,7 +64,7 @@ def begin(
         rank=rank,
         world=world,
     )
-    run.carries = carries(net)
+    run.carries = list(carried.values())
     run.average = averaged(net, opt, o.ema)
     run.compiled = bool(o.compile) or user_compiled is not None
     run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)

@@ -22,16 +22,19 @@ Example:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import RandomSampler
 
+from ..errors import SettingError
 from ..graph import Graph
 from ..node import Node
 from ..stack import outside
 
-__all__ = ["Carry", "carries", "reset", "start_epoch", "stored"]
+__all__ = ["Carry", "carries", "check_carried", "named_carries", "reset", "start_epoch", "stored"]
 
 
 class Carry:
@@ -75,34 +78,41 @@ def _detached(value: Any) -> Any:
 def carries(net: nn.Module) -> list[Carry]:
     """Every ``Carry`` of a model: in its graph's nodes (subgraphs and held nodes too) and
     in the ``__dict__`` of its modules."""
-    found: dict[int, Carry] = {}
+    return list(named_carries(net).values())
+
+
+def named_carries(net: nn.Module) -> dict[str, Carry]:
+    """Every ``Carry`` of a model, by where it is held: ``"node 'lm' (.hidden)"`` for a
+    node's attribute, ``"module rnn (.state)"`` for a module's; each ``Carry`` once."""
+    found: dict[int, tuple[str, Carry]] = {}
     seen: set[int] = set()
 
-    def visit(obj: Any) -> None:
+    def visit(obj: Any, where: str) -> None:
         if id(obj) in seen:
             return
         seen.add(id(obj))
         if isinstance(obj, Graph):
             for node_id in obj.nodes():
-                visit(obj[node_id])
+                visit(obj[node_id], f"{where}/{node_id}" if where else node_id)
             return
         inner = getattr(obj, "inner", None)  # a Mapped node's node
         if isinstance(inner, Node):
-            visit(inner)
-        for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
+            visit(inner, where)
+        for attr, value in vars(obj).items() if hasattr(obj, "__dict__") else ():
             if isinstance(value, Carry):
-                found[id(value)] = value
+                found.setdefault(id(value), (f"node {where!r} (.{attr})", value))
             elif isinstance(value, (Node, Graph)):
-                visit(value)
+                visit(value, where)
 
     graph = getattr(net, "graph", None)
     if isinstance(graph, Graph):
-        visit(graph)
-    for m in net.modules():
-        for value in vars(m).values():
+        visit(graph, "")
+    for name, m in net.named_modules():
+        for attr, value in vars(m).items():
             if isinstance(value, Carry):
-                found[id(value)] = value
-    return list(found.values())
+                where = f"module {name!r} (.{attr})" if name else f"the model (.{attr})"
+                found.setdefault(id(value), (where, value))
+    return dict(found.values())
 
 
 def reset(found: list[Carry]) -> None:
@@ -190,3 +200,54 @@ def _to(value: Any, device: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to(v, device) for k, v in value.items()}
     return value
+
+
+def check_carried(named: dict[str, Carry], micro_batches: int, train: Any, shuffle: bool) -> None:
+    """What a run whose model carries state (``named``: ``named_carries``) cannot do.
+
+    Raises:
+        SettingError: ``micro_batches`` > 1 — the chunks of a batch would hand one state on
+            from chunk to chunk (chunk 2's rows starting from chunk 1's state), silently
+            unlike the whole batch.
+
+    Warns:
+        UserWarning: the training order is shuffled (a sequence of batches with
+            ``Options(shuffle=True)``, the default, or a DataLoader with ``shuffle=True``):
+            each batch would start from the state of a batch that did not precede it.
+    """
+    if not named:
+        return
+    holders = ", ".join(sorted(named))
+    if micro_batches > 1:
+        raise SettingError(
+            f"micro_batches={micro_batches} with state carried from batch to batch "
+            f"(st.Carry in {holders}): the chunks of a batch run one after another, so "
+            "each chunk's rows would start from the previous chunk's state, not their own "
+            "— not what the whole batch computes. Use micro_batches=1; for less memory a step, "
+            "make the windows shorter (a smaller bptt) and step over several with "
+            "Options(accumulate=k): consecutive batches carry state as they should"
+        )
+    how = _shuffled(train, shuffle)
+    if how:
+        warnings.warn(
+            f"the model carries state from batch to batch (st.Carry in {holders}), but {how}, "
+            "so each batch starts from the state of a batch that did not precede it. For "
+            "truncated backprop keep the batches in order: Options(shuffle=False) for a "
+            "list of batches, DataLoader(..., shuffle=False)",
+            UserWarning,
+            stacklevel=outside(),
+        )
+
+
+def _shuffled(train: Any, shuffle: bool) -> str:
+    """How the training order is shuffled each epoch, or "" when it is read in order."""
+    if isinstance(train, Sequence):
+        return (
+            "the Trainer shuffles the list of batches each epoch (Options(shuffle=True), the default)"
+            if shuffle
+            else ""
+        )
+    sampler = getattr(train, "sampler", None)
+    if isinstance(sampler, RandomSampler):
+        return "the DataLoader shuffles (shuffle=True: a RandomSampler)"
+    return ""

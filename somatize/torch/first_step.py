@@ -149,8 +149,7 @@ def batch_note(batch: Any, with_loss: bool, owner: str = "Trainer") -> str:
     if pair or (isinstance(batch, Mapping) and "x" in batch):
         return ""  # it was split: the failure is the model's or the loss's own
     fix = (
-        f"or say how to split it: {owner}(split=lambda b: (b[{next(iter(batch))!r}], "
-        f"b[...])) with two of its keys ({', '.join(map(repr, batch))})"
+        _dict_fix(batch, owner)
         if isinstance(batch, Mapping)
         else "e.g. TensorDataset(X, Y), ((x1, x2), y) for two inputs, or say how to split "
         f"it: {owner}(split=lambda b: ((b[0], b[1]), b[2]))"
@@ -159,6 +158,30 @@ def batch_note(batch: Any, with_loss: bool, owner: str = "Trainer") -> str:
         f"the batch is {shape}, which the {owner} does not split: with a loss function a "
         "batch is (x, y) or a dict with 'x' (and 'y'); anything else is the model's input "
         "whole, and the loss is called as loss(output). Give batches that form, " + fix
+    )
+
+
+_TARGETS = ("labels", "label", "targets", "target", "y")  # what a dataset names its target
+
+
+def _dict_fix(batch: Mapping[Any, Any], owner: str) -> str:
+    """How to split a dict batch: its target key from the rest (a tokenizer's
+    ``{"input_ids", "attention_mask", "labels"}``: the other keys as the model's input
+    dict), or any two of its keys."""
+    keys = list(batch)
+    target = next((k for k in _TARGETS if k in batch), None)
+    if target is not None and len(keys) > 2:
+        return (
+            f"or say how to split it: {owner}(split=lambda b: ({{k: v for k, v in b.items() "
+            f"if k != {target!r}}}, b[{target!r}])): the model gets a dict of the other keys "
+            f"({', '.join(repr(k) for k in keys if k != target)}), the loss b[{target!r}] as "
+            "its target"
+        )
+    first = next((k for k in keys if k != target), keys[0] if keys else "...")
+    second = f"b[{target!r}]" if target is not None else "b[...]"
+    return (
+        f"or say how to split it: {owner}(split=lambda b: (b[{first!r}], {second})) "
+        f"with two of its keys ({', '.join(map(repr, keys))})"
     )
 
 

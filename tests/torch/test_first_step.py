@@ -122,6 +122,40 @@ def test_a_batch_that_is_not_split_fails_with_a_note_naming_its_structure_and_th
     assert "loss(output)" in notes
 
 
+class Tokens(Node):
+    """A classifier over a tokenizer's batch: ``{"input_ids", "attention_mask"}``."""
+
+    def __init__(self) -> None:
+        self.emb = nn.Embedding(10, 4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, batch, ctx):
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        pooled = (self.emb(batch["input_ids"]) * mask).sum(1) / mask.sum(1)
+        return Done(Opaque(self.out(pooled)))
+
+
+def test_a_tokenizer_style_dict_is_told_the_split_that_takes_its_labels_out_and_it_works():
+    gen = torch.Generator().manual_seed(0)
+    batch = {
+        "input_ids": torch.randint(0, 10, (4, 6), generator=gen),
+        "attention_mask": torch.ones(4, 6, dtype=torch.long),
+        "labels": torch.randint(0, 2, (4,), generator=gen),
+    }
+    trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=Q)
+    with pytest.raises(TypeError) as info:
+        trainer.fit(Graph.somatize(Tokens()), [batch, batch])
+    notes = "".join(info.value.__notes__)
+    told = "split=lambda b: ({k: v for k, v in b.items() if k != 'labels'}, b['labels'])"
+    assert told in notes, notes
+    assert "a dict of the other keys ('input_ids', 'attention_mask')" in notes
+    split = eval(told.removeprefix("split="))  # the fix as the note gives it
+    result = st.Trainer(loss=F.cross_entropy, optimizer=sgd, split=split, options=Q).fit(
+        Graph.somatize(Tokens()), [batch, batch]
+    )
+    assert result.steps == 2
+
+
 def test_fit_given_a_pair_of_tensors_is_told_it_is_two_batches():
     x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
     trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=Q)

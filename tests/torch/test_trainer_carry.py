@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
+from somatize.errors import SettingError
 from tests.torch.test_checkpoint_resume import Crash, CrashAt
 
 
@@ -158,3 +159,48 @@ def test_a_carried_value_a_checkpoint_cannot_hold_warns_on_a_mid_epoch_resume(tm
         carried_fit(tmp_path / "cut", Odd, [CrashAt(3)])
     with pytest.warns(UserWarning, match=r"type \['tuple'\] could not be checkpointed"):
         carried_fit(tmp_path / "cut", Odd, resume="last")
+
+
+def test_micro_batches_with_carried_state_is_refused_naming_the_node():
+    # each chunk would start from the previous chunk's state: silently not the whole batch
+    torch.manual_seed(0)
+    g = Graph.somatize(Recurrent().with_id("lm"))
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        micro_batches=2,
+        options=st.Options(progress=False, shuffle=False),
+    )
+    before = {k: v.clone() for k, v in st.state(g).items()}
+    with pytest.raises(
+        SettingError, match=r"micro_batches=2 .*node 'lm' \(\.hidden\).*micro_batches=1"
+    ):
+        trainer.fit(g, data(4))
+    assert all(torch.equal(before[k], v) for k, v in st.state(g).items())  # nothing trained
+
+
+@pytest.mark.parametrize("form", ["list", "loader"])
+def test_a_shuffled_training_order_with_carried_state_warns(form):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    batches = data(4)
+    shuffled = (
+        batches
+        if form == "list"
+        else DataLoader(
+            TensorDataset(torch.randn(8, 4, 3), torch.randint(0, 2, (8,))), 2, shuffle=True
+        )
+    )
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        options=st.Options(progress=False),
+    )
+    with pytest.warns(UserWarning, match=r"st\.Carry in node 'recurrent' \(\.hidden\).*shuffle"):
+        trainer.fit(Graph.somatize(Recurrent()), shuffled)
+    in_order = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        options=st.Options(progress=False, shuffle=False),
+    )
+    in_order.fit(Graph.somatize(Recurrent()), batches)  # no warning (warnings are errors here)
