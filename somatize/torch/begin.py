@@ -42,7 +42,7 @@ def begin(
     o = trainer.options
     net, user_compiled = as_module(model), compiled(model)
     carried = named_carries(net)
-    check_carried(carried, trainer.micro_batches, train, o.shuffle)
+    check_carried(carried, trainer.micro_batches, train, o.shuffle, world)
     device = place(net, o.device, world)
     params = trainable(net)
     assert trainer.optimizer is not None  # fit() checked

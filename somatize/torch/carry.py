@@ -202,7 +202,9 @@ def _to(value: Any, device: Any) -> Any:
     return value
 
 
-def check_carried(named: dict[str, Carry], micro_batches: int, train: Any, shuffle: bool) -> None:
+def check_carried(
+    named: dict[str, Carry], micro_batches: int, train: Any, shuffle: bool, world: int = 1
+) -> None:
     """What a run whose model carries state (``named``: ``named_carries``) cannot do.
 
     Raises:
@@ -214,6 +216,8 @@ def check_carried(named: dict[str, Carry], micro_batches: int, train: Any, shuff
         UserWarning: the training order is shuffled (a sequence of batches with
             ``Options(shuffle=True)``, the default, or a DataLoader with ``shuffle=True``):
             each batch would start from the state of a batch that did not precede it.
+            Under DDP (``world`` > 1), each rank takes every ``world``-th batch (or row):
+            a rank's state skips the batches between.
     """
     if not named:
         return
@@ -227,6 +231,18 @@ def check_carried(named: dict[str, Carry], micro_batches: int, train: Any, shuff
             "make the windows shorter (a smaller bptt) and step over several with "
             "Options(accumulate=k): consecutive batches carry state as they should"
         )
+    if world > 1:
+        warnings.warn(
+            f"the model carries state from batch to batch (st.Carry in {holders}), but "
+            f"under DDP the {world} ranks take turns at the batches of the data (or at its "
+            "rows, through a sampler), so a rank's state skips the other ranks' batches "
+            "in between: not the sequence one process would carry it along. Train "
+            "truncated backprop in one process, or give each rank consecutive windows of a "
+            "stream of its own",
+            UserWarning,
+            stacklevel=outside(),
+        )
+        return
     how = _shuffled(train, shuffle)
     if how:
         warnings.warn(

@@ -110,6 +110,10 @@ def _torchmetrics(m: Any) -> bool:
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The fraction of rows whose highest logit is the target class.
 
+    Every row counts: for targets with padding (``ignore_index=-100`` in the loss), use
+    ``torchmetrics.classification.MulticlassAccuracy(num_classes, ignore_index=-100,
+    average="micro")`` as a metric, computed over the whole set.
+
     Example:
         >>> accuracy(torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1]))
         tensor(0.5000)

@@ -204,3 +204,19 @@ def test_a_shuffled_training_order_with_carried_state_warns(form):
         options=st.Options(progress=False, shuffle=False),
     )
     in_order.fit(Graph.somatize(Recurrent()), batches)  # no warning (warnings are errors here)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_under_ddp_carried_state_warns_that_a_rank_skips_the_batches_between(shuffle):
+    """Each rank takes every world-th batch (a DataLoader's DistributedSampler, every
+    world-th row): a rank's state goes from batch 0 to batch 2, skipping 1 (begin passes
+    the world size; a torchrun launch is not needed to see what it is told)."""
+    from somatize.torch.carry import check_carried, named_carries
+
+    model = st.module(Graph.somatize(Recurrent().with_id("lm")))
+    with pytest.warns(UserWarning) as said:
+        check_carried(named_carries(model), 1, data(4), shuffle, world=2)
+    (message,) = [str(w.message) for w in said]  # the DDP warning says it all: one
+    assert "st.Carry in node 'lm' (.hidden)" in message
+    assert "the 2 ranks take turns at the batches" in message
+    assert "skips the other ranks' batches in between" in message
