@@ -89,16 +89,23 @@ def summarize(
             counts the rest).
 
     Raises:
-        ValueError: no results, or a NaN value with ``nan="raise"`` (naming the runs).
+        ValueError: no results, a None among them (a run ``run_all`` lost or saw fail:
+            pass ``runs.finished``), or a NaN value with ``nan="raise"`` (naming the runs).
+        TypeError: ``run_all``'s ``Runs`` itself, or an entry neither a result nor a number.
 
     Example:
         >>> s = summarize([0.9, 0.95, 0.92], "val_acc")
         >>> round(s.mean, 4), s.best
         (0.9233, 1)
     """
+    if hasattr(results, "finished") and hasattr(results, "lost"):
+        raise TypeError(
+            f"summarize({metric!r}) takes a list of results, not run_all's "
+            f"{type(results).__qualname__}; pass runs.finished (the runs that finished)"
+        )
     if not results:
         raise ValueError(f"no results to summarize for {metric!r}")
-    values = tuple(float(r.metric(metric)) if hasattr(r, "metric") else float(r) for r in results)
+    values = tuple(_value(r, i, metric) for i, r in enumerate(results))
     if mode is None:
         mode = improves(metric) or "max"
         if improves(metric) is None and len(results) > 1:
@@ -132,6 +139,28 @@ def summarize(
         best=values.index(pick(used)),
         mode=mode,
     )
+
+
+def _value(result: Any, i: int, metric: str) -> float:
+    """``metric`` of ``results[i]``: a result's last evaluated value, or a number."""
+    if hasattr(result, "metric"):
+        return float(result.metric(metric))
+    if result is None:
+        raise ValueError(
+            f"summarize({metric!r}): results[{i}] is None — a run that failed or was lost "
+            "(run_all's Runs.results holds None for those); pass runs.finished, or leave "
+            "those runs out"
+        )
+    if (
+        isinstance(result, bool)
+        or not isinstance(result, (int, float))
+        and not hasattr(result, "__float__")
+    ):
+        raise TypeError(
+            f"summarize({metric!r}): results[{i}] is a {type(result).__qualname__}; it takes "
+            "TrainResults (their last value of the metric) or numbers"
+        )
+    return float(result)
 
 
 #: What every worker starts with: torch, somatize, and what a first run would otherwise

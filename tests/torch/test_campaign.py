@@ -214,3 +214,14 @@ def test_a_workers_first_run_imports_almost_nothing():
         new = pool.submit(_modules_a_first_run_imports, 0).result()
     assert not any(m.startswith(("torch._dynamo", "sympy")) for m in new), new
     assert len(new) <= 10, new
+
+
+def test_summarize_names_a_failed_run_and_the_runs_of_run_all():
+    runs = st.Runs([0.9, None, 0.8], {}, {1: ValueError("diverged")})
+    with pytest.raises(ValueError, match=r"results\[1\] is None.*runs\.finished"):
+        st.summarize(runs.results, "val_acc")
+    with pytest.raises(TypeError, match=r"Runs.*runs\.finished"):
+        st.summarize(runs, "val_acc")
+    with pytest.raises(TypeError, match=r"results\[0\] is a dict.*TrainResult"):
+        st.summarize([{"val_acc": 0.9}], "val_acc")
+    assert st.summarize(runs.finished, "val_acc").n == 2
