@@ -151,11 +151,7 @@ def _value(result: Any, i: int, metric: str) -> float:
             "(run_all's Runs.results holds None for those); pass runs.finished, or leave "
             "those runs out"
         )
-    if (
-        isinstance(result, bool)
-        or not isinstance(result, (int, float))
-        and not hasattr(result, "__float__")
-    ):
+    if isinstance(result, bool) or not hasattr(result, "__float__"):
         raise TypeError(
             f"summarize({metric!r}): results[{i}] is a {type(result).__qualname__}; it takes "
             "TrainResults (their last value of the metric) or numbers"
@@ -189,6 +185,14 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
     for name in PRELOAD:  # already there under fork and forkserver; under spawn, imported here
         importlib.import_module(name)
+    # A forked worker starts with the global generators of the process it was forked from,
+    # so every worker would draw the same numbers (weights built before fit seeds the run,
+    # data made at random): fresh seeds, as Python reseeds `random` after a fork and as
+    # DataLoader seeds each worker apart. A run that seeds itself is unaffected.
+    fresh = int.from_bytes(os.urandom(8), "little")
+    torch.manual_seed(fresh)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(fresh % 2**32)
 
 
 def _cuda_initialized() -> bool:
@@ -269,6 +273,8 @@ def executor(
       which, explicitly (see docs/campaigns.md for why each is chosen);
     * ``torch.set_num_threads(threads_per_worker)`` in each worker — without it two
       workers on two cores thrash, and runs get many times slower;
+    * torch's and numpy's global generators seeded afresh in each worker (forked ones
+      would all draw the same numbers); a run that seeds itself is unaffected;
     * a worker that dies (killed, out of memory) costs one re-run of the call it was
       running, on a fresh worker, not the pool (``TorchPool``); a fresh worker is started
       by ``forkserver`` instead of ``fork`` if forking has become unsafe since;
