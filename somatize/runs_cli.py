@@ -78,11 +78,23 @@ def _metrics(r: dict[str, Any]) -> str:
     )
 
 
+def _stopped(r: dict[str, Any]) -> str:
+    """How a finished run ended early, if it did: a pruner stopped it (an Optuna trial,
+    early stopping) or its time budget ran out — not trained to its planned end."""
+    result = r.get("result") or {}
+    if result.get("pruned"):
+        return f"  (pruned: {result.get('pruned_reason') or 'by its pruner'})"
+    if result.get("timed_out"):
+        return "  (timed out: Options(max_time=))"
+    return ""
+
+
 def _line(r: dict[str, Any]) -> str:
     fn = str(r.get("function", "?")).rsplit(".", 1)[-1]
     args = ", ".join(f"{k}={v}" for k, v in r.get("summary", {}).items())
     status = r.get("status", "?")
-    tail = {"done": _metrics(r), "collected": f"{_metrics(r)}  ({COLLECTED})"}.get(status, status)
+    done = f"{_metrics(r)}{_stopped(r)}"
+    tail = {"done": done, "collected": f"{done}  ({COLLECTED})"}.get(status, status)
     return f"{str(r['key'])[:12]}  {_size(float(r['size'])):>9}  {fn}({args})  {tail}".rstrip()
 
 
@@ -149,6 +161,9 @@ def command(args: argparse.Namespace) -> int:
         done = sum(r.get("status") in ("done", "collected") for r in records)
         collected = sum(r.get("status") == "collected" for r in records)
         gone = f", {collected} of them with the result collected" if collected else ""
+        for what, field in (("pruned", "pruned"), ("timed out", "timed_out")):
+            if n := sum(bool((r.get("result") or {}).get(field)) for r in records):
+                gone += f", {n} {what}"
         total = _size(sum(r["size"] for r in records))
         print(f"{len(records)} runs ({done} finished{gone}), {total}")
         return 0

@@ -96,3 +96,24 @@ def test_a_finished_run_whose_result_was_collected_says_so(
     assert shown["status"] == "done" and shown["collected"].startswith("result collected")
     rc, out, _ = run(["show", B[:8], "--dir", str(keeper.path)], capsys)
     assert "collected" not in json.loads(out)
+
+
+def test_a_pruned_or_timed_out_run_is_listed_as_such_not_as_a_plain_finished_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keeper = DiskKeeper(tmp_path / "runs")
+    root = keeper.path / runs.FOLDER
+    for key, result in [
+        (A, {"pruned": True, "pruned_reason": "pruned by Trial", "final_loss": 1.5}),
+        (B, {"timed_out": True, "pruned": False}),
+        ("c" * 64, {"pruned": False, "timed_out": False}),
+    ]:
+        record = json.loads((_run(root, key, keeper) / "run.json").read_text())
+        (root / key / "run.json").write_text(json.dumps({**record, "result": result}))
+    rc, out, _ = run(["ls", "--dir", str(keeper.path)], capsys)
+    lines = {line[:1]: line for line in out.splitlines()}
+    assert rc == 0
+    assert lines["a"].endswith("loss=1.5 val_loss=0.5  (pruned: pruned by Trial)")
+    assert lines["b"].endswith("val_loss=0.5  (timed out: Options(max_time=))")
+    assert lines["c"].endswith("train(seed=c)  val_loss=0.5")
+    assert out.splitlines()[-1].startswith("3 runs (3 finished, 1 pruned, 1 timed out)")

@@ -89,16 +89,23 @@ def summarize(
             counts the rest).
 
     Raises:
-        ValueError: no results, or a NaN value with ``nan="raise"`` (naming the runs).
+        ValueError: no results, a None among them (a run ``run_all`` lost or saw fail:
+            pass ``runs.finished``), or a NaN value with ``nan="raise"`` (naming the runs).
+        TypeError: ``run_all``'s ``Runs`` itself, or an entry neither a result nor a number.
 
     Example:
         >>> s = summarize([0.9, 0.95, 0.92], "val_acc")
         >>> round(s.mean, 4), s.best
         (0.9233, 1)
     """
+    if hasattr(results, "finished") and hasattr(results, "lost"):
+        raise TypeError(
+            f"summarize({metric!r}) takes a list of results, not run_all's "
+            f"{type(results).__qualname__}; pass runs.finished (the runs that finished)"
+        )
     if not results:
         raise ValueError(f"no results to summarize for {metric!r}")
-    values = tuple(float(r.metric(metric)) if hasattr(r, "metric") else float(r) for r in results)
+    values = tuple(_value(r, i, metric) for i, r in enumerate(results))
     if mode is None:
         mode = improves(metric) or "max"
         if improves(metric) is None and len(results) > 1:
@@ -134,6 +141,24 @@ def summarize(
     )
 
 
+def _value(result: Any, i: int, metric: str) -> float:
+    """``metric`` of ``results[i]``: a result's last evaluated value, or a number."""
+    if hasattr(result, "metric"):
+        return float(result.metric(metric))
+    if result is None:
+        raise ValueError(
+            f"summarize({metric!r}): results[{i}] is None — a run that failed or was lost "
+            "(run_all's Runs.results holds None for those); pass runs.finished, or leave "
+            "those runs out"
+        )
+    if isinstance(result, bool) or not hasattr(result, "__float__"):
+        raise TypeError(
+            f"summarize({metric!r}): results[{i}] is a {type(result).__qualname__}; it takes "
+            "TrainResults (their last value of the metric) or numbers"
+        )
+    return float(result)
+
+
 #: What every worker starts with: torch, somatize, and what a first run would otherwise
 #: import lazily in each fresh worker — the first optimizer step loads torch's compiler
 #: stack (``torch._dynamo``, with sympy: some 800 modules, over a second of CPU), which
@@ -160,6 +185,14 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
     for name in PRELOAD:  # already there under fork and forkserver; under spawn, imported here
         importlib.import_module(name)
+    # A forked worker starts with the global generators of the process it was forked from,
+    # so every worker would draw the same numbers (weights built before fit seeds the run,
+    # data made at random): fresh seeds, as Python reseeds `random` after a fork and as
+    # DataLoader seeds each worker apart. A run that seeds itself is unaffected.
+    fresh = int.from_bytes(os.urandom(8), "little")
+    torch.manual_seed(fresh)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(fresh % 2**32)
 
 
 def _cuda_initialized() -> bool:
@@ -240,6 +273,8 @@ def executor(
       which, explicitly (see docs/campaigns.md for why each is chosen);
     * ``torch.set_num_threads(threads_per_worker)`` in each worker — without it two
       workers on two cores thrash, and runs get many times slower;
+    * torch's and numpy's global generators seeded afresh in each worker (forked ones
+      would all draw the same numbers); a run that seeds itself is unaffected;
     * a worker that dies (killed, out of memory) costs one re-run of the call it was
       running, on a fresh worker, not the pool (``TorchPool``); a fresh worker is started
       by ``forkserver`` instead of ``fork`` if forking has become unsafe since;

@@ -212,3 +212,40 @@ def pruned_reason(pruner: Any) -> str:
     ``Threshold``), else its class (an Optuna ``Trial``: "pruned by Trial")."""
     reason = getattr(pruner, "reason", None)
     return str(reason) if reason else f"pruned by {type(pruner).__qualname__}"
+
+
+def check_study_direction(pruner: Any, monitor: str, mode: str) -> None:
+    """An Optuna ``Trial`` (a pruner with a ``study``) is told ``Options.monitor``; its
+    study's direction must be the way ``Options.mode`` says that metric improves. The
+    other way round, the study's pruner ranks each trial's values upside down — a
+    ``MedianPruner`` prunes the best trials and keeps the worst — and nothing fails.
+
+    Raises:
+        SettingError: naming the direction, the monitor and its mode, and the fix.
+    """
+    if getattr(pruner, "metric", None) is not None:
+        return  # a pruner of its own metric (Patience, Threshold): not a study's trial
+    try:
+        directions = list(pruner.study.directions)
+    except Exception:  # no study, or one that does not say: nothing to compare
+        return
+    if len(directions) != 1:
+        return  # a multi-objective study: Optuna refuses report() itself
+    way = {"MAXIMIZE": "max", "MINIMIZE": "min"}.get(str(getattr(directions[0], "name", "")))
+    if way is None or way == mode:
+        return
+    wanted = "maximize" if way == "max" else "minimize"
+    other = "minimize" if way == "max" else "maximize"
+    example = (
+        "Options(monitor='val_acc', mode='max')"
+        if way == "max"
+        else ("Options(monitor='val_loss', mode='min')")
+    )
+    raise SettingError(
+        f"pruner={type(pruner).__qualname__}: its study has direction={wanted!r}, but the "
+        f"Trainer reports {monitor!r} to it, which Options(monitor={monitor!r}, mode={mode!r}) "
+        f"says improves by {'falling' if mode == 'min' else 'rising'}: the study's pruner "
+        "would prune the best trials and keep the worst. Report the metric the study "
+        f"optimizes, with its mode (e.g. {example}), or create the study with "
+        f"direction={other!r}"
+    )

@@ -229,6 +229,7 @@ def check_metrics(metrics: Any) -> None:
 
 def check_fit(trainer: Any, val: Any) -> None:
     """What ``fit`` needs of the settings together, checked before any step is trained."""
+    from .pruning import check_study_direction
     from .schedule import check_floor, check_schedule_fits
 
     o = trainer.options
@@ -256,6 +257,7 @@ def check_fit(trainer: Any, val: Any) -> None:
         check_monitor(trainer.options.monitor, evaluated_names(val, trainer.metrics), val)
         check_schedule_fits(o.eval_every_epochs, trainer.epochs)
     check_pruner_mode(trainer.pruner, trainer.options.monitor, trainer.options.mode)
+    check_study_direction(trainer.pruner, trainer.options.monitor, trainer.options.mode)
 
 
 def check_pruner_mode(pruner: Any, monitor: str, mode: str) -> None:

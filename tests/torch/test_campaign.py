@@ -214,3 +214,44 @@ def test_a_workers_first_run_imports_almost_nothing():
         new = pool.submit(_modules_a_first_run_imports, 0).result()
     assert not any(m.startswith(("torch._dynamo", "sympy")) for m in new), new
     assert len(new) <= 10, new
+
+
+def test_summarize_names_a_failed_run_and_the_runs_of_run_all():
+    runs = st.Runs([0.9, None, 0.8], {}, {1: ValueError("diverged")})
+    with pytest.raises(ValueError, match=r"results\[1\] is None.*runs\.finished"):
+        st.summarize(runs.results, "val_acc")
+    with pytest.raises(TypeError, match=r"Runs.*runs\.finished"):
+        st.summarize(runs, "val_acc")
+    with pytest.raises(TypeError, match=r"results\[0\] is a dict.*TrainResult"):
+        st.summarize([{"val_acc": 0.9}], "val_acc")
+    assert st.summarize(runs.finished, "val_acc").n == 2
+
+
+def _draws_when_both_workers_run(folder):
+    """A worker's first draws from torch's and numpy's global generators, once both
+    workers hold a call (each call waits for the other's file)."""
+    import time
+
+    import numpy as np
+
+    draws = (os.getpid(), torch.randn(1).item(), float(np.random.rand()))
+    with open(os.path.join(folder, str(os.getpid())), "w"):
+        pass
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return draws
+
+
+def test_workers_do_not_share_the_global_generators_they_inherited(tmp_path):
+    import numpy as np
+
+    torch.manual_seed(0)
+    np.random.seed(0)  # what a forked worker would otherwise start from, every one of them
+    with st.executor(workers=2) as pool:
+        draws = list(pool.map(_draws_when_both_workers_run, [str(tmp_path)] * 2))
+    assert len({pid for pid, _, _ in draws}) == 2, draws
+    (_, torch_a, np_a), (_, torch_b, np_b) = draws
+    assert torch_a != torch_b and np_a != np_b, draws
+    torch.manual_seed(0)
+    assert torch.randn(1).item() not in (torch_a, torch_b)  # not this process's sequence
