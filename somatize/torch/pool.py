@@ -336,6 +336,7 @@ def run_all(
             f"errors must be 'raise' (a run that raises fails the campaign) or 'return' (it "
             f"is kept in Runs.failed), not {errors!r}"
         )
+    items = list(items)
     futures: Sequence[Future[Any]] = [pool.submit(fn, item) for item in items]
     wait(futures)
     results: list[Any] = []
@@ -352,6 +353,12 @@ def run_all(
             continue
         note_unpicklable(e, fn, pool, "run_all")
         note = f"run_all: raised by fn(items[{i}]); run that item with fn(item) here to debug it"
+        if isinstance(e, TypeError) and type(items[i]) is tuple and "positional arg" in str(e):
+            note += (
+                " — run_all passes each item whole, as one argument: for items that are "
+                "tuples of arguments, run_all(pool, lambda args: fn(*args), items) "
+                "(st.executor ships lambdas)"
+            )
         add_note(e, note)
         if errors == "raise":
             raise e

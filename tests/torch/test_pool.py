@@ -181,3 +181,21 @@ def test_a_normal_exit_waits_for_every_queued_run():
     with st.executor(workers=1) as pool:
         futures = [pool.submit(abs, -i) for i in range(5)]
     assert [f.result(timeout=0) for f in futures] == [0, 1, 2, 3, 4]
+
+
+def test_items_that_are_tuples_of_arguments_are_told_how_to_unpack_them():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(lr, width, seed):
+        return lr * width + seed
+
+    grid = [(0.1, 8, 0), (0.01, 16, 1)]
+    with ThreadPoolExecutor(2) as pool:
+        with pytest.raises(TypeError) as raised:
+            st.run_all(pool, run, grid)
+        notes = "".join(raised.value.__notes__)
+        assert "fn(items[0])" in notes and "lambda args: fn(*args)" in notes
+        assert st.run_all(pool, lambda args: run(*args), grid).finished == [0.8, 1.16]
+        with pytest.raises(TypeError) as other:  # an item that is not a tuple: no such note
+            st.run_all(pool, run, [0.1])
+        assert "fn(*args)" not in "".join(other.value.__notes__)
