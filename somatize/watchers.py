@@ -140,8 +140,8 @@ class FitStart(Event):
 class StepEnd(Event):
     """An optimizer step finished: its loss, learning rate, examples and duration.
 
-    Under DDP (told on rank 0 only) ``loss`` is the ranks' mean and ``examples`` all
-    ranks' together, unless ``Options(nonfinite="ignore")`` (then rank 0's own);
+    Under DDP (told on rank 0 only) ``loss`` is the mean over all ranks' examples and
+    ``examples`` all ranks' together, unless ``Options(nonfinite="ignore")`` (then rank 0's own);
     ``lr`` and ``seconds`` are rank 0's."""
 
     step: int

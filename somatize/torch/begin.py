@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..errors import CheckpointError
 from ..graph import Graph
 from ..watchers import Watcher
 from .carry import check_carried, named_carries
@@ -73,7 +74,10 @@ def begin(
     if path is not None:
         payload = load_checkpoint(path)
         fresh = horizon(run.sched)
-        restore(payload, run.state, net, opt, run.sched, trainer.pruner, trainer.seed)
+        try:
+            restore(payload, run.state, net, opt, run.sched, trainer.pruner, trainer.seed)
+        except CheckpointError as e:  # say which file: resume="last" picked it
+            raise CheckpointError(f"resuming from {path}: {e}") from e
         check_extension(trainer, run, path, fresh, train)
         restore_scaler(payload, run.scaler)
         restore_average(payload, run.average, path)

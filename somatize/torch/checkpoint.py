@@ -338,7 +338,8 @@ def restore(
     except (RuntimeError, KeyError, ValueError) as e:
         raise CheckpointError(
             f"the checkpoint does not fit this model or optimizer ({e}); "
-            "resume with the same graph and optimizer it was written by"
+            "resume with the same graph and optimizer it was written by (a changed model "
+            "is a fresh run, in another checkpoint directory)"
         ) from e
     s.step, s.epoch, s.position = payload["step"], payload["epoch"], payload["position"]
     s.examples_seen = payload["examples_seen"]

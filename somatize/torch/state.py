@@ -70,6 +70,42 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
         raise StateError(
             "the state does not fit the graph — "
             + " | ".join(problems)
-            + " (was it saved from a different graph? compare sorted(state(g)) with the saved keys)"
+            + " ("
+            + (
+                _renamed(missing, unexpected, snapshot)
+                or "was it saved from a different graph? compare sorted(state(g)) with the "
+                "saved keys"
+            )
+            + ")"
         )
     m.load_state_dict(dict(snapshot), strict=True)
+
+
+def _renamed(missing: list[str], unexpected: list[str], snapshot: Mapping[str, object]) -> str:
+    """The fix, when the keys that do not fit are the graph's under other names: a whole
+    checkpoint payload instead of its ``["model"]``, a plain model's names (without the
+    node ids), or names with a wrapper's prefix (``module.`` of DDP, ``_orig_mod.`` of
+    ``torch.compile``). "" when they are not."""
+    if isinstance(snapshot.get("model"), Mapping):  # (a state dict's values are tensors)
+        return (
+            "this is a whole checkpoint (model, optimizer, RNG states...): pass its "
+            "['model'], load_state(g, st.load_checkpoint(path)['model'])"
+        )
+    if not missing or not unexpected:
+        return ""
+    for prefix in ("module.", "_orig_mod."):
+        if all(k.startswith(prefix) and k[len(prefix) :] in missing for k in unexpected):
+            return (
+                f"the state's names carry the prefix {prefix!r} of a wrapper it was saved "
+                f"through: strip it, {{k.removeprefix({prefix!r}): v for k, v in "
+                "state.items()}"
+            )
+    short = {name.split(".", 1)[1]: name for name in missing if "." in name}
+    if len(short) == len(missing) and sorted(short) == sorted(unexpected):
+        example = next(iter(sorted(unexpected)))
+        return (
+            "the state's names lack the graph's node ids (a plain model's state_dict?): "
+            f"name each as the graph does ({example!r} is {short[example]!r} here), e.g. "
+            "{graph_name: state[graph_name.split('.', 1)[1]] for graph_name in st.state(g)}"
+        )
+    return ""

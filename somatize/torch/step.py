@@ -31,11 +31,14 @@ def step(
 
     Every micro-batch of every batch weighs by its share of the group's examples, so the
     gradient equals one batch as large as the group for a mean-reduced loss; under DDP
-    gradients are all-reduced once, on the last backward.
+    gradients are all-reduced once, on the last backward, and each rank's weighs by its
+    share of every rank's examples (the non-finite check's all-reduce, done before that
+    backward, brings their number): a step whose ranks hold batches of different sizes (a
+    last, smaller batch) equals one batch of them all joined, as a step of equal ones does.
 
     Returns:
         the group's loss (a float when the non-finite check read it back — under DDP, the
-        ranks' mean — else a tensor still on the device), its number of examples (under
+        mean over every rank's examples — else a tensor on the device), its examples (under
         DDP with the check, every rank's together), and whether the optimizer stepped
         (False: skipped for a non-finite loss).
 
@@ -51,6 +54,9 @@ def step(
     )
     opt.zero_grad(set_to_none=True)
     k = trainer.micro_batches
+    policy = trainer.options.nonfinite
+    checked = run.world > 1 and policy != "ignore"  # the ranks' all-reduce, before backward
+    ranks: tuple[bool, float, int] = (False, 0.0, 0)
     if k == 1 and len(group) == 1:  # the common case, without bookkeeping
         x, y = trainer._split(group[0])
         if type(x) is not torch.Tensor:
@@ -62,8 +68,11 @@ def step(
         else:
             with autocast():
                 loss = trainer._loss(wrapped(x), y)
-        (loss if scaler is None else scaler.scale(loss)).backward()
         total = loss.detach()  # the history is made float32 when it is read back
+        if checked:
+            ranks = _over_ranks(total, n, run.world)
+            loss = _weighed(loss, n, ranks[2], run.world)
+        (loss if scaler is None else scaler.scale(loss)).backward()
     else:
         parts: list[tuple[Any, Any]] = []
         for batch in group:
@@ -79,14 +88,17 @@ def step(
         total = torch.zeros((), device=device)
         for i, ((xc, yc), size) in enumerate(zip(parts, sizes)):
             share = size / n  # each part weighs by its size: exact for mean losses
-            sync = run.world == 1 or i == len(parts) - 1  # all-reduce gradients once, at the end
+            last = i == len(parts) - 1
+            sync = run.world == 1 or last  # all-reduce gradients once, at the end
             with contextlib.nullcontext() if sync else wrapped.no_sync():  # type: ignore[operator]
                 with autocast():
                     loss = trainer._loss(wrapped(xc), yc)
                 weighted = loss * share
+                total += loss.detach().float() * share
+                if checked and last:  # the ranks' examples, before the all-reducing backward
+                    ranks = _over_ranks(total, n, run.world)
+                    weighted = _weighed(weighted, n, ranks[2], run.world, run.params)
                 (weighted if scaler is None else scaler.scale(weighted)).backward()
-            total += loss.detach().float() * share
-    policy = trainer.options.nonfinite
     if policy != "ignore" and run.world == 1:  # read back now: the history takes the float
         value = total.item()
         if not math.isfinite(value):
@@ -95,8 +107,8 @@ def step(
             return value, n, False
         _update(trainer, run, opt)
         return value, n, True
-    if policy != "ignore":  # under DDP: the check's all-reduce brings the ranks' loss too
-        bad, mean, examples = _over_ranks(total, n, run.world)
+    if checked:  # under DDP: the check's all-reduce brought the ranks' loss too
+        bad, mean, examples = ranks
         if bad:
             _nonfinite(trainer, run, policy, float(total), index, group)
             opt.zero_grad(set_to_none=True)
@@ -180,10 +192,32 @@ def _update(trainer: Trainer, run: ActiveRun, opt: torch.optim.Optimizer) -> Non
 
 def _over_ranks(loss: torch.Tensor, n: int, world: int) -> tuple[bool, float, int]:
     """Under DDP, in one all-reduce: whether the loss is non-finite on any rank (they all
-    skip, or none does), the ranks' mean loss (as ``RunState.flush`` would average it, in
-    float32) and their examples together, for the history and the watchers."""
+    skip, or none does), the ranks' loss — each rank's weighed by its examples, the mean
+    loss of their batches joined (in float32) — and their examples together, for the
+    gradients' weights, the history and the watchers."""
     value = loss.item()
     finite = math.isfinite(value)
-    local = torch.tensor([0.0 if finite else 1.0, value if finite else 0.0, n], device=loss.device)
+    local = torch.tensor(
+        [0.0 if finite else 1.0, value * n if finite else 0.0, n], device=loss.device
+    )
     bad, total, examples = ddp.total(local)
-    return bool(bad), float(total / world), int(examples)
+    mean = float(total / examples) if examples > 0 else float(total / world)
+    return bool(bad), mean, int(examples)
+
+
+def _weighed(
+    loss: torch.Tensor, n: int, examples: int, world: int, params: Sequence[Any] = ()
+) -> torch.Tensor:
+    """``loss`` weighed by this rank's share of every rank's ``examples``: DDP averages the
+    ranks' gradients, so a rank with ``n`` of them weighs ``world * n / examples`` for the
+    step to equal one batch of every rank's examples. The gradients ``params`` already
+    hold (micro-batches before the last, accumulated without an all-reduce) are weighed
+    alike. Ranks with batches of one size weigh 1: nothing is touched."""
+    factor = world * n / examples if examples > 0 else 1.0
+    if factor == 1.0:
+        return loss
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(factor)
+    return loss * factor

@@ -137,6 +137,10 @@ CASES = [
     P(lambda t: st.load_state(lin(), {**st.state(lin()), "zz": torch.zeros(1)}), StateError, "unexpected keys: zz", id="load-state-unexpected"),
     P(lambda t: st.load_state(lin(), {k: torch.zeros(7) for k in st.state(lin())}), StateError, r"lin.lin.weight: graph has \(2, 3\), state has \(7,\)", id="load-state-shape"),
     P(lambda t: st.load_state(lin(), dict.fromkeys(st.state(lin()), 1.0)), StateError, "not tensors: lin.lin.bias", id="load-state-not-tensors"),
+    P(lambda t: st.load_state(lin(), {**payload(), "model": st.state(lin())}), StateError, r"whole checkpoint .*load_checkpoint\(path\)\['model'\]", id="load-state-whole-checkpoint"),
+    P(lambda t: st.load_state(lin(), nn.ModuleDict({"lin": nn.Linear(3, 2)}).state_dict()), StateError, r"lack the graph's node ids .*'lin.bias' is 'lin.lin.bias'", id="load-state-plain-model-names"),
+    P(lambda t: st.load_state(lin(), {"module." + k: v for k, v in st.state(lin()).items()}), StateError, r"prefix 'module\.' .*removeprefix\('module\.'\)", id="load-state-ddp-prefix"),
+    P(lambda t: st.load_state(lin(), {"_orig_mod." + k: v for k, v in st.state(lin()).items()}), StateError, r"prefix '_orig_mod\.'", id="load-state-compiled-prefix"),
     # -- tensors as data ---------------------------------------------------------------
     P(lambda t: encode(torch.ones(1, requires_grad=True), [st.TensorCodec()]), VCE, r"shape \(1,\) that requires grad", id="tensor-requires-grad"),
     P(lambda t: encode(torch.zeros(2)), VCE, r"torch.Tensor.*codecs of somatize.torch.*st\.module\(g\)", id="tensor-without-codec"),
