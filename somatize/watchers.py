@@ -166,12 +166,15 @@ class EpochEnd(Event):
 
 @dataclass(frozen=True, slots=True)
 class FitEnd(Event):
-    """A training run ended (``pruned`` if a pruner stopped it)."""
+    """A training run ended (``pruned`` if a pruner stopped it). ``final``: the run's last
+    values — ``loss`` (its last step's) and its last evaluation's (``val_loss``...) — over
+    the whole run, a resumed one's checkpointed part included."""
 
     step: int
     epoch: int
     seconds: float
     pruned: bool
+    final: Mapping[str, float] = field(default_factory=dict)
 
 
 def check_watchers(watchers: Any, where: str) -> list[Watcher]:

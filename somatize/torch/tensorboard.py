@@ -64,6 +64,7 @@ class TensorBoard:
     def on_event(self, event: Event) -> None:
         if isinstance(event, FitStart):
             self._start = event.start_step
+            self._final = {}  # (a watcher reused for another fit: that fit's values only)
             if not self._start and self._writer is None and _has_events(self.log_dir):
                 warnings.warn(
                     f"TensorBoard: {self.log_dir} already holds the event files of an earlier "
@@ -93,7 +94,7 @@ class TensorBoard:
         elif isinstance(event, Metrics):
             if not event.node:  # the Trainer's evaluation: always written
                 for name, value in event.values.items():
-                    tag = f"val/{name[4:]}" if name.startswith("val_") else name
+                    tag = _tag(name)
                     self._w().add_scalar(tag, float(value), event.step)
                     self._final[tag] = float(value)
                 return
@@ -102,6 +103,9 @@ class TensorBoard:
             for name, value in event.values.items():
                 self._w().add_scalar(f"node/{event.node}/{name}", float(value), event.step)
         elif isinstance(event, FitEnd):
+            for name, value in event.final.items():  # the whole run's: a resumed one's too
+                tag = "train/loss" if name == "loss" else _tag(name)
+                self._final[tag] = float(value)
             if self.hparams:
                 self._write_hparams()
             if self._writer is not None:
@@ -131,6 +135,11 @@ class TensorBoard:
 
     def __getstate__(self) -> dict[str, Any]:  # a copy in another process opens its own writer
         return {**self.__dict__, "_writer": None}
+
+
+def _tag(name: str) -> str:
+    """The tag of the Trainer's evaluated metric ``name``: ``val_acc`` -> ``val/acc``."""
+    return f"val/{name[4:]}" if name.startswith("val_") else name
 
 
 def _has_events(log_dir: str) -> bool:

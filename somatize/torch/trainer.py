@@ -231,7 +231,11 @@ class Trainer:
             if run.average is not None and run.average.updates:
                 run.average.exchange()  # the model keeps the average (checkpoints: both)
             seconds = time.perf_counter() - started
-            notify(run.watchers, FitEnd(run.id, s.step, s.epoch, seconds, s.pruned))
+            last = s.metrics[-1] if s.metrics else {}
+            final = {k: v for k, v in last.items() if k not in ("step", "epoch")}
+            if s.losses:
+                final["loss"] = s.losses[-1]
+            notify(run.watchers, FitEnd(run.id, s.step, s.epoch, seconds, s.pruned, final))
         finally:
             if run.average is not None:
                 run.average.detach()
