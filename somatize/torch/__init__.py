@@ -8,6 +8,7 @@ from .campaign import Summary, executor, summarize
 from .carry import Carry
 from .checkpoint import Checkpointing, load_checkpoint
 from .codecs import NdarrayCodec, TensorCodec
+from .compare import Comparison, compare
 from .csvlog import CSVLog
 from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
 from .metrics import accuracy
@@ -27,6 +28,7 @@ __all__ = [
     "CSVLog",
     "Carry",
     "Checkpointing",
+    "Comparison",
     "GraphModule",
     "ModelSummary",
     "NdarrayCodec",
@@ -44,6 +46,7 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "accuracy",
+    "compare",
     "executor",
     "fedavg",
     "fedmedian",
