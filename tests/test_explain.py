@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -58,3 +60,24 @@ def test_a_cached_node_that_changes_itself_warns_and_explain_says_state() -> Non
     why = g.explain(1)["counting"]
     assert not why.hit and why.changed == ("state (weights or held data)",)
 
+
+COUNT = """
+from somatize import Done, Node
+FACTOR = {factor}
+def weigh(n):
+    return n * FACTOR
+class Count(Node):
+    def forward(self, words, ctx):
+        return Done(weigh(len(words)))
+"""
+
+
+def test_explain_names_a_global_whose_value_changed(
+    user_module: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    mod = user_module("explain_globals", COUNT.format(factor=2))
+    Graph.somatize(mod.Count(), keeper=DiskKeeper(tmp_path)).cache("count").forward(["a"])
+    mod = user_module("explain_globals", COUNT.format(factor=3))
+    g = Graph.somatize(mod.Count(), keeper=DiskKeeper(tmp_path)).cache("count")
+    why = g.explain(["a"])["count"]
+    assert not why.hit and why.changed == ("global FACTOR (read by explain_globals.weigh)",)
