@@ -25,7 +25,7 @@ from .decoding import in_decoded_order
 from .errors import CacheError, DeclarationError, NodeError
 from .explain import note
 from .memory import Memory, NodeKeys, key
-from .node import Ctx, Done, Mapped, Run, item_metrics, not_done
+from .node import Ctx, Done, Mapped, Run, item_metrics, not_done, warn_ctx_reads
 from .stack import outside
 from .values import Opaque, check, decode, digest, encode, is_data
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
@@ -183,6 +183,8 @@ def walk(
                 f"input — pass data (a detached tensor) as the input, or stop caching {label!r}"
             )
         node_key = env.key(node, impl, in_keys) if keyless is None and not per_row else None
+        if node_key is not None:
+            warn_ctx_reads(label, impl, run.training and node not in memory.frozen)
         if node_key is not None and node in memory.cached and not per_item:
             hit = _recall(env, node_key, inp, env.devices.get(node))
             if env.explained is not None:
