@@ -19,7 +19,9 @@ from .identity import _describe, _is_user_module, _own, _references, _versions
 if TYPE_CHECKING:
     from .codecs import Codec
 
-__all__ = ["code_parts", "key_parts"]
+__all__ = ["code_parts", "global_parts", "key_parts"]
+
+_CODE = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
 
 
 def code_parts(obj: type | types.FunctionType) -> dict[str, str]:
@@ -44,6 +46,37 @@ def code_parts(obj: type | types.FunctionType) -> dict[str, str]:
                 sys.modules.get(target.__module__)
             ):
                 todo.append(target)
+    return out
+
+
+def global_parts(obj: type | types.FunctionType) -> dict[str, str]:
+    """How each global (or closure value) that is not the user's code enters the key, for
+    ``obj`` and each user helper it reaches: ``"FACTOR (read by app.Count)"`` → its
+    description (data by content). What ``Graph.explain`` compares to name a global whose
+    value changed.
+
+    Example:
+        >>> LIMIT = 3
+        >>> def f(x): return min(x, LIMIT)
+        >>> list(global_parts(f))  # doctest: +ELLIPSIS
+        ['LIMIT (read by ...f)']
+    """
+    out: dict[str, str] = {}
+    seen: set[str] = set()
+    todo: list[Any] = [obj]
+    while todo:
+        o = todo.pop()
+        name = f"{o.__module__}.{o.__qualname__}"
+        if name in seen:
+            continue
+        seen.add(name)
+        for dotted, target in _references(o):
+            if isinstance(target, (types.FunctionType, type)) and _is_user_module(
+                sys.modules.get(target.__module__)
+            ):
+                todo.append(target)
+            elif not isinstance(target, _CODE):
+                out[f"{dotted} (read by {name})"] = _describe(target, {})
     return out
 
 

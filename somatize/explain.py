@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
-from .changes import code_parts
+from .changes import code_parts, global_parts
 from .keepers import atomic_write
 from .node import _NO_VALUES, Mapped, Run
 from .values import Opaque, check, decode, digest, encode
@@ -61,12 +61,13 @@ def _slot(label: str) -> str:
     return f"{safe}.{digest((RECORD, label))[:16]}"
 
 
-def _code(impl: Any) -> dict[str, str]:
+def _code(impl: Any, parts: Any = code_parts) -> dict[str, str]:
     cls = type(impl.inner if isinstance(impl, Mapped) else impl)
     try:
-        return code_parts(cls)
+        found: dict[str, str] = parts(cls)
     except Exception:  # code that cannot be read: identity alone then tells the change
         return {}
+    return found
 
 
 # Records of keepers that are not on disk, by keeper (and of keepers taking no weak ref).
@@ -123,6 +124,7 @@ def note(
         "context": context,  # (records before it lack it: their misses say "state")
         "input": input,
         "code": _code(impl),
+        "globals": _code(impl, global_parts),  # (records before it lack it)
     }
     notes = _notes(keeper)
     if isinstance(notes, Path):
@@ -212,7 +214,14 @@ def _changed(
     if record.get("identity") != parts[0]:
         before, now = record.get("code") or {}, _code(impl)
         helpers = sorted(n for n in before.keys() | now.keys() if before.get(n) != now.get(n))
-        out += [f"code of {n}" for n in helpers] or ["identity (class, or somatize/torch version)"]
+        out += [f"code of {n}" for n in helpers]
+        was, has = record.get("globals"), _code(impl, global_parts)
+        if isinstance(was, dict):
+            out += [
+                f"global {n}" for n in sorted(was.keys() | has.keys()) if was.get(n) != has.get(n)
+            ]
+        if not out:
+            out.append("identity (class, or somatize/torch version)")
     if record.get("declaration") != parts[1]:
         out.append("declaration (constructor arguments)")
     if record.get("state") != parts[2]:

@@ -349,6 +349,20 @@ def _declare(value: Any, where: str, codecs: Sequence[Codec], blind: list[tuple[
         fp = codec.fingerprint(value)
         if fp is not None:
             return {"state": fp}
+    if isinstance(value, enum.Enum) or (
+        _has_attributes(value) and _is_user_module(sys.modules.get(t.__module__))
+    ):  # an enum member; a dataclass or other instance of the user's own class (a config)
+        inner = []
+        described = _describe(value, {}, codecs, inner)
+        unseen = [w for w in inner if not w.startswith(" → ")]  # (not what its code reads)
+        if unseen:
+            raise DeclarationError(
+                f"argument {where} is a {t.__qualname__} whose attribute {unseen[0].strip()} "
+                "cannot be written into a key; make that attribute plain data, pass it as an "
+                "argument of its own, or do not cache this node"
+            )
+        blind.extend((t, w) for w in inner)
+        return {"object": described}
     raise DeclarationError(
         f"argument {where} is a {type(value).__qualname__}, which cannot be written into a key; "
         "pass plain data (numbers, str, lists, dicts), a Node, a function or a tensor instead, "

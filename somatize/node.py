@@ -16,12 +16,15 @@ Example:
 
 from __future__ import annotations
 
+import dis
 import types
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .compose import Composable
 from .errors import NodeError
+from .stack import outside
 from .values import Opaque, check
 
 if TYPE_CHECKING:
@@ -191,6 +194,63 @@ class Mapped(Node):
 
     def __repr__(self) -> str:
         return f"{self.inner!r}.mapped()"
+
+
+# What a node may read of ctx that does not enter any key (``ctx.node``, ``ctx.device`` do
+# not change its output's content).
+_UNKEYED = frozenset({"get", "values", "run", "run_id", "step", "training"})
+_ctx_reads: dict[type, frozenset[str]] = {}
+_ctx_warned: set[tuple[str, type]] = set()
+
+
+def ctx_reads(cls: type) -> frozenset[str]:
+    """What ``cls.forward`` reads of its ctx that enters no key (``{"get", "step"}``), from
+    its bytecode (comprehensions and lambdas inside it included); read once per class."""
+    known = _ctx_reads.get(cls)
+    if known is not None:
+        return known
+    code = getattr(getattr(cls, "forward", None), "__code__", None)
+    found: set[str] = set()
+    if code is not None and code.co_argcount >= 3:
+        name = code.co_varnames[2]  # forward(self, x, ctx)
+        todo = [code]
+        while todo:
+            c = todo.pop()
+            prev: Any = None
+            for ins in dis.get_instructions(c):
+                if (
+                    ins.opname in ("LOAD_ATTR", "LOAD_METHOD")
+                    and ins.argval in _UNKEYED
+                    and prev is not None
+                    and prev.opname.startswith(("LOAD_FAST", "LOAD_DEREF"))
+                    and name in (prev.argval if type(prev.argval) is tuple else (prev.argval,))
+                ):
+                    found.add(ins.argval)
+                prev = ins
+            todo += [k for k in c.co_consts if type(k) is types.CodeType and name in k.co_freevars]
+    _ctx_reads[cls] = result = frozenset(found)
+    return result
+
+
+def warn_ctx_reads(label: str, impl: Any, training: bool) -> None:
+    """Warn once per node that a node whose key is needed reads what ctx carries, which no
+    key holds: a cached output computed under one value would be served under another.
+    ``ctx.training`` counts only where it is True (a frozen node's, or an eval run's, is not)."""
+    cls = type(impl.inner if isinstance(impl, Mapped) else impl)
+    reads = ctx_reads(cls) - (set() if training else {"training"})
+    if not reads or (label, cls) in _ctx_warned:
+        return
+    _ctx_warned.add((label, cls))
+    which = ", ".join(f"ctx.{r}" for r in sorted(reads))
+    warnings.warn(
+        f"node {label!r} ({cls.__qualname__}) is cached or feeds a cached node, and its "
+        f"forward reads {which}: what ctx carries (injected values, the step, the training "
+        "flag) enters no key, so an output computed under one value would be served under "
+        "another. Pass such a value as a constructor argument or in the graph input, or "
+        "stop caching it",
+        UserWarning,
+        stacklevel=outside(),
+    )
 
 
 def not_done(node_id: str, impl: Any, got: Any) -> NodeError:

@@ -9,8 +9,10 @@ a node whose weights or settings changed is never served a stale entry:
   namedtuple, set, dataclass or ``SimpleNamespace``;
 * functions, classes and bound methods by their code (``identity.fingerprint``);
 * a node held by the node by its class's code and its own state;
-* any other object by the modules and tensors it holds directly; the rest of it is left
-  to the declaration (the constructor arguments that made it).
+* an instance of a class from the user's own modules (a config, a tokenizer) by its
+  class's code and its attributes, each as above;
+* any other object (a library's) by the modules and tensors it holds directly; the rest
+  of it is left to the declaration (the constructor arguments that made it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import sys
 import types
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
-from .identity import _describe, _warn_blind
+from .identity import _attributes, _describe, _has_attributes, _is_user_module, _warn_blind
 from .node import Node
 from .values import digest, encode, is_data
 
@@ -93,7 +96,15 @@ def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
             "type": kind,
             "fields": {k: _state_part(v, codes, path) for k, v in fields.items()},
         }
-    held = {}  # any other object: the modules and tensors it holds, one level down
+    if _has_attributes(value) and _is_user_module(sys.modules.get(type(value).__module__)):
+        # an instance of the user's own class: a change to any of its attributes is seen
+        attrs = sorted(_attributes(value).items())
+        return {
+            "type": kind,
+            "code": codes(type(value)),
+            "attrs": {k: _state_part(v, codes, path) for k, v in attrs},
+        }
+    held = {}  # a library's object: the modules and tensors it holds, one level down
     for name, v in getattr(value, "__dict__", {}).items():
         for codec in codes.codecs:
             fp = codec.fingerprint(v)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-from somatize import DiskKeeper, Done, Graph, Node
+from somatize import DiskKeeper, Done, Graph, MemoryKeeper, Node
 
 
 class Embed(Node):
@@ -37,3 +39,45 @@ def test_a_damaged_note_is_read_as_absent(tmp_path: Path, damage: str) -> None:
     why = _graph(tmp_path, 5).explain("hello")["embed"]
     assert not why.hit
     assert not any("declaration" in c for c in why.changed)  # the note says nothing now
+
+
+class Counting(Node):
+    """Counts its own calls: its state changes every time it runs."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def forward(self, x: Any, ctx: Any) -> Done:
+        self.calls += 1
+        return Done(x + 1)
+
+
+def test_a_cached_node_that_changes_itself_warns_and_explain_says_state() -> None:
+    g = Graph.somatize(Counting(), keeper=MemoryKeeper()).cache("counting")
+    with pytest.warns(UserWarning, match=r"node 'counting' \(Counting\) is cached but changed"):
+        g.forward(1)
+    g.forward(1)  # (warned once per node)
+    why = g.explain(1)["counting"]
+    assert not why.hit and why.changed == ("state (weights or held data)",)
+
+
+COUNT = """
+from somatize import Done, Node
+FACTOR = {factor}
+def weigh(n):
+    return n * FACTOR
+class Count(Node):
+    def forward(self, words, ctx):
+        return Done(weigh(len(words)))
+"""
+
+
+def test_explain_names_a_global_whose_value_changed(
+    user_module: Callable[[str, str], ModuleType], tmp_path: Path
+) -> None:
+    mod = user_module("explain_globals", COUNT.format(factor=2))
+    Graph.somatize(mod.Count(), keeper=DiskKeeper(tmp_path)).cache("count").forward(["a"])
+    mod = user_module("explain_globals", COUNT.format(factor=3))
+    g = Graph.somatize(mod.Count(), keeper=DiskKeeper(tmp_path)).cache("count")
+    why = g.explain(["a"])["count"]
+    assert not why.hit and why.changed == ("global FACTOR (read by explain_globals.weigh)",)

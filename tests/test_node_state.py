@@ -1,0 +1,51 @@
+"""The state part of a node's key: what the node holds (``somatize/node_state.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from somatize import Done, Graph, MemoryKeeper, Node
+from somatize.node_state import state
+
+
+class Settings:
+    """A plain class of the user's own, held by a node (a config, a tokenizer)."""
+
+    def __init__(self, lower: bool = True) -> None:
+        self.lower = lower
+
+
+class Slotted:
+    __slots__ = ("lower",)
+
+    def __init__(self, lower: bool = True) -> None:
+        self.lower = lower
+
+
+class Case(Node):
+    def __init__(self) -> None:
+        self.settings: Any = Settings()
+
+    def forward(self, text: str, ctx: Any) -> Done:
+        return Done(text.lower() if self.settings.lower else text)
+
+
+def test_an_instance_of_a_users_class_enters_the_state_by_its_attributes() -> None:
+    node = Case()
+    g = Graph.somatize(node, keeper=MemoryKeeper()).cache("case")
+    assert g.forward("AbC") == "abc"
+    node.settings.lower = False  # changed in place: not the entry computed before
+    assert g.forward("AbC") == "AbC"
+    node.settings = Settings(lower=True)  # replaced: the first entry again
+    assert g.forward("AbC") == "abc"
+    node.settings = Slotted(lower=False)  # slots are attributes too
+    assert g.forward("AbC") == "AbC"
+
+
+def test_a_users_object_holding_itself_is_walked_once() -> None:
+    node = Case()
+    node.settings.me = node.settings
+    before = state(node)
+    assert state(node) == before
+    node.settings.lower = False
+    assert state(node) != before
