@@ -237,7 +237,11 @@ def warn_ctx_reads(label: str, impl: Any, training: bool) -> None:
     key holds: a cached output computed under one value would be served under another.
     ``ctx.training`` counts only where it is True (a frozen node's, or an eval run's, is not)."""
     cls = type(impl.inner if isinstance(impl, Mapped) else impl)
-    reads = ctx_reads(cls) - (set() if training else {"training"})
+    reads = ctx_reads(cls)
+    if not reads:  # (most nodes: no set made)
+        return
+    if not training:
+        reads = reads - {"training"}
     if not reads or (label, cls) in _ctx_warned:
         return
     _ctx_warned.add((label, cls))
