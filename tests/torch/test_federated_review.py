@@ -1,6 +1,8 @@
 """Found by replicating papers with somatize.torch.federated: SCAFFOLD on a model with a frozen
 layer, trimmed means that trim nothing, numpy hyper-parameters."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -63,3 +65,16 @@ def test_scaffold_on_a_graph_with_a_frozen_layer_equals_hand_written_steps():
     assert torch.equal(result.state["two_layers.a.weight"], start["two_layers.a.weight"])
     new = fl.control_variate(start, result, c, ci, lr=lr)
     assert set(new) == set(c)
+
+
+def test_trimmed_mean_that_trims_nothing_warns_naming_the_beta_that_would():
+    """beta=0.1 over 5 clients cuts int(0.5) = 0 values: the plain mean, dragged by the
+    attacker, without a word (as Flower and scipy cut; now it says so)."""
+    states = [{"w": torch.tensor([float(v)])} for v in (1, 2, 3, 4, 100)]
+    with pytest.warns(UserWarning, match=r"trims int\(0.1 × 5\) = 0 .* beta ≥ 1/5 = 0.2"):
+        dragged = fl.trimmed_mean(states, 0.1)
+    assert float(dragged["w"]) == 22.0  # the mean, as before: only the warning is new
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert float(fl.trimmed_mean(states, 0.2)["w"]) == 3.0  # trims one at each end
+        assert float(fl.trimmed_mean(states, 0.0)["w"]) == 22.0  # asked for no trimming

@@ -11,12 +11,14 @@ subtracted from each), so no global state is needed.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 
 from ...errors import AggregationError
+from ...stack import outside
 from .aggregation import Aggregate, IntPolicy, State, _integer, _prepare, fedavg
 from .keys import Exclude
 
@@ -85,7 +87,8 @@ def trimmed_mean(
 
     Args:
         beta: the fraction trimmed at each end, in [0, 0.5) (Flower's range);
-            ``int(beta * n)`` values each, as Flower and ``scipy.stats.trim_mean`` cut.
+            ``int(beta * n)`` values each, as Flower and ``scipy.stats.trim_mean`` cut. A
+            ``beta`` > 0 that trims nothing (``beta * n < 1``) warns (a ``UserWarning``).
         exclude: keys kept local (not aggregated, left out of the result), as in ``fedavg``.
 
     Example:
@@ -96,9 +99,22 @@ def trimmed_mean(
     if isinstance(beta, bool) or not 0 <= beta < 0.5:
         raise ValueError(f"beta must be in [0, 0.5), not {beta!r}; for beta → 0.5 use fedmedian")
 
+    warned = False
+
     def trim(sorted_: torch.Tensor) -> torch.Tensor:
+        nonlocal warned
         n = sorted_.shape[0]
         cut = int(beta * n)
+        if beta > 0 and cut == 0 and not warned:  # a setting that would do nothing, silently
+            warned = True
+            warnings.warn(
+                f"trimmed_mean(beta={beta!r}) over {n} clients trims int({beta!r} × {n}) = 0 "
+                f"values at each end: this is the plain unweighted mean, not robust to any "
+                f"attacker; use beta ≥ 1/{n} = {1 / n:.3g} to trim one value at each end, or "
+                "sample more clients per round",
+                UserWarning,
+                stacklevel=outside(),
+            )
         return sorted_[cut : n - cut].mean(dim=0)
 
     return _coordinatewise(results, int_buffers, nonfinite, trim, exclude)
