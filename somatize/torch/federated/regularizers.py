@@ -17,6 +17,8 @@ unscaling), so the loss, the graph and the Trainer stay as they are::
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -55,8 +57,9 @@ def prox(optimizer: Factory, mu: float) -> Factory:
         Parameter containing:
         tensor([2.], requires_grad=True)
     """
-    if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not mu >= 0:
-        raise ValueError(f"mu must be a non-negative number (0 is FedAvg), not {mu!r}")
+    if isinstance(mu, bool) or not isinstance(mu, numbers.Real) or not 0 <= mu < math.inf:
+        raise ValueError(f"mu must be a non-negative finite number (0 is FedAvg), not {mu!r}")
+    mu = float(mu)  # (numpy's scalars too: a float32 mu would round each term to float32)
     if not callable(optimizer):
         raise TypeError(
             "prox wraps an optimizer factory, e.g. prox(lambda ps: SGD(ps, 0.1), mu=0.01)"

@@ -21,6 +21,7 @@ from ...errors import AggregationError
 from ...stack import outside
 from .aggregation import Aggregate, IntPolicy, State, _integer, _prepare, fedavg
 from .keys import Exclude
+from .sampling import _int
 
 __all__ = ["bulyan", "fedmedian", "krum", "multi_krum", "trimmed_mean"]
 
@@ -130,14 +131,16 @@ def _flat(states: list[State]) -> torch.Tensor:
     )
 
 
-def _check_attackers(name: str, n: int, attackers: int, needed: int, rule: str) -> None:
-    if isinstance(attackers, bool) or not isinstance(attackers, int) or attackers < 0:
-        raise ValueError(f"attackers must be a non-negative int, not {attackers!r}")
+def _check_attackers(name: str, n: int, attackers: int, times: int) -> int:
+    """``attackers`` as an int (numpy's too), and enough clients for it: n ≥ times·f + 3."""
+    attackers = _int("attackers", attackers, 0, "a non-negative int")
+    needed, rule = times * attackers + 3, f"n ≥ {times}f + 3"
     if n < needed:
         raise AggregationError(
             f"{name} with attackers={attackers} needs at least {needed} clients ({rule}), but "
             f"got {n}; sample more clients per round or assume fewer attackers"
         )
+    return attackers
 
 
 def _krum_scores(flat: torch.Tensor, attackers: int) -> torch.Tensor:
@@ -186,8 +189,9 @@ def multi_krum(
     # NaN/inf: every distance meaningless
     states, _, _ = _prepare(results, "raise", int_buffers, exclude)
     n = len(states)
-    _check_attackers("Krum", n, attackers, 2 * attackers + 3, "n ≥ 2f + 3")
-    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= n:
+    attackers = _check_attackers("Krum", n, attackers, 2)
+    keep = _int("keep", keep, 1, f"an int in [1, {n}] (the number of clients)")
+    if keep > n:
         raise ValueError(f"keep must be an int in [1, {n}] (the number of clients), not {keep!r}")
     with torch.no_grad():
         chosen = _krum_order(states, attackers)[:keep]
@@ -242,7 +246,7 @@ def bulyan(
     """
     states, _, local = _prepare(results, "raise", int_buffers, exclude)
     n = len(states)
-    _check_attackers("Bulyan", n, attackers, 4 * attackers + 3, "n ≥ 4f + 3")
+    attackers = _check_attackers("Bulyan", n, attackers, 4)
     theta, beta = n - 2 * attackers, n - 4 * attackers
     with torch.no_grad():
         flat = _flat(states)
