@@ -11,6 +11,7 @@ data that crosses process boundaries, hashes and indexes any tensor or array
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,10 +85,21 @@ def _size(data: Any, fn: str) -> int:
         ) from e
 
 
+def _is_int(value: Any) -> bool:
+    """An int, or an integer numpy's and ``operator.index`` take (``np.int64``); never a bool."""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
 def _check(n: int, clients: int, min_size: int | None = None) -> None:
     """``clients`` (and ``min_size``, for a split that has one) are valid, and ``n``
     examples give each client ``min_size`` (one, for a split without the argument)."""
-    if isinstance(clients, bool) or not isinstance(clients, int) or clients < 1:
+    if not _is_int(clients) or clients < 1:
         raise ValueError(f"clients must be a positive int, not {clients!r}")
     if min_size is None:
         if clients > n:
@@ -95,7 +107,7 @@ def _check(n: int, clients: int, min_size: int | None = None) -> None:
                 f"{n} examples cannot give {clients} clients one each; use at most {n} clients"
             )
         return
-    if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
+    if not _is_int(min_size) or min_size < 0:
         raise ValueError(
             f"min_size must be a non-negative int (examples per client), not {min_size!r}"
         )
@@ -114,7 +126,7 @@ def _check_shards(n: int, clients: int, per_client: int) -> None:
             ``clients`` and ``per_client`` that fit.
     """
     _check(n, clients)
-    if isinstance(per_client, bool) or not isinstance(per_client, int) or per_client < 1:
+    if not _is_int(per_client) or per_client < 1:
         raise ValueError(
             f"per_client must be a positive int (shards per client), not {per_client!r}"
         )

@@ -14,7 +14,8 @@ its own (``pip install 'somatize[dp]'``)::
         global_state = dp.step(global_state, results)
         print(r, dp.epsilon(delta=1e-5))
 
-The accountant analyses Poisson sampling of clients at rate q = per_round / clients;
+The accountant analyses Poisson sampling of clients at rate q = per_round / clients:
+``fl.sample(clients, rate=q, ...)`` draws that (with ``DPFedAvg(..., poisson=True)``);
 drawing a fixed count per round with ``fl.sample`` is the usual approximation of it.
 Clients drawn by weight (``fl.sample(..., weights=sizes)``) are not drawn at rate q: a big
 client takes part more often, so give ``DPFedAvg`` the same ``weights=`` and ε is charged
@@ -116,6 +117,10 @@ class DPFedAvg:
             with which any client is drawn in a round (``sample_rate``; an upper bound on
             it, exact for equal weights) instead of per_round / N, which would under-report
             the big clients' ε. Without them, clients must be drawn uniformly.
+        poisson: the loop draws Poisson samples, ``fl.sample(clients, rate=dp.sample_rate,
+            ...)``, which the accountant analyses exactly: a round's count varies around
+            ``per_round``, so a round of more does not warn (by default it does: ε would be
+            under-reported if a fixed draw took more than ``per_round``).
         seed: None (the default): the noise generator is seeded from the operating
             system's randomness (``secrets``), so nobody can regenerate the noise. An int
             fixes it, for reproducible experiments only — anyone who knows the seed can
@@ -152,6 +157,7 @@ class DPFedAvg:
         clients: int,
         per_round: int,
         weights: Sequence[float] | None = None,
+        poisson: bool = False,
         seed: int | None = None,
         buffers: Iterable[str] = (),
         buffer_policy: BufferPolicy | None = None,
@@ -173,6 +179,14 @@ class DPFedAvg:
                 f"buffer_policy must be 'global', 'noised' or 'unprotected_mean', not "
                 f"{buffer_policy!r}"
             )
+        if not isinstance(poisson, bool):
+            raise ValueError(f"poisson must be True or False, not {poisson!r}")
+        if poisson and weights is not None:
+            raise ValueError(
+                "poisson=True draws every client at the rate per_round / clients: it takes no "
+                "weights= (fl.sample(rate=) takes none either)"
+            )
+        self.poisson = poisson
         self.clip, self.noise = float(clip), float(noise)
         self.clients, self.per_round = clients, per_round
         self.sample_rate = (
@@ -289,13 +303,14 @@ class DPFedAvg:
                 f"DPFedAvg(clients={self.clients}) got {n} updates in one round, more than there "
                 "are clients; pass clients= the population the round's clients are drawn from"
             )
-        if n > self.per_round:
+        if n > self.per_round and not self.poisson:
             warnings.warn(
                 f"DPFedAvg(per_round={self.per_round}) got {n} updates in one round: epsilon "
                 f"is charged as if each client took part with probability "
                 f"{self.sample_rate:.4g} (Poisson sampling, whose count varies). If the "
                 "round's clients were chosen otherwise (every client, or a larger fixed draw), "
-                "epsilon is under-reported: set per_round to the number each round trains",
+                "epsilon is under-reported: set per_round to the number each round trains; "
+                "for Poisson draws, fl.sample(rate=dp.sample_rate), pass poisson=True",
                 stacklevel=outside(),
             )
 

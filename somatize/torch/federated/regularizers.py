@@ -17,6 +17,8 @@ unscaling), so the loss, the graph and the Trainer stay as they are::
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -55,8 +57,9 @@ def prox(optimizer: Factory, mu: float) -> Factory:
         Parameter containing:
         tensor([2.], requires_grad=True)
     """
-    if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not mu >= 0:
-        raise ValueError(f"mu must be a non-negative number (0 is FedAvg), not {mu!r}")
+    if isinstance(mu, bool) or not isinstance(mu, numbers.Real) or not 0 <= mu < math.inf:
+        raise ValueError(f"mu must be a non-negative finite number (0 is FedAvg), not {mu!r}")
+    mu = float(mu)  # (numpy's scalars too: a float32 mu would round each term to float32)
     if not callable(optimizer):
         raise TypeError(
             "prox wraps an optimizer factory, e.g. prox(lambda ps: SGD(ps, 0.1), mu=0.01)"
@@ -96,23 +99,24 @@ def scaffold(optimizer: Factory, g: Graph, c: Variates, c_client: Variates) -> F
     Args:
         optimizer: the factory the Trainer would take (SCAFFOLD's analysis is for SGD).
         g: the client's graph, to name the parameters the Trainer passes.
-        c: the server's control variate; ``c_client``: this client's (both by name).
+        c: the server's control variate; ``c_client``: this client's (both by name, one
+            entry per trainable parameter, as ``variates(g)`` makes them: a frozen
+            parameter has none, and is never corrected).
     """
-    names = {id(p): n for n, p in graph_module(g).named_parameters()}
-    for label, var in (("c", c), ("c_client", c_client)):
-        missing = sorted(n for n in names.values() if n not in var)
-        if missing:
-            raise AggregationError(
-                f"the control variate {label} has no entry for {missing[:5]}; start from "
-                "fl.variates(g) and keep one entry per trainable parameter"
-            )
+    named = list(graph_module(g).named_parameters())
+    names = {id(p): n for n, p in named}
+    # the trainable ones, as fl.variates(g) gives them (a frozen layer has no variate)
+    _check_variates(c, c_client, [n for n, p in named if p.requires_grad])
 
     def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
         opt = optimizer(params)
         pairs = []
-        for p in _params(opt):
+        held = [p for p in _params(opt) if p.requires_grad]  # a frozen one is never stepped
+        for p in held:
             if id(p) not in names:
                 raise AggregationError("scaffold: the optimizer holds a parameter not in g")
+        _check_variates(c, c_client, [names[id(p)] for p in held])
+        for p in held:
             n = names[id(p)]
             pairs.append(
                 (
@@ -135,6 +139,16 @@ def scaffold(optimizer: Factory, g: Graph, c: Variates, c_client: Variates) -> F
         return opt
 
     return make
+
+
+def _check_variates(c: Variates, c_client: Variates, names: Sequence[str]) -> None:
+    for label, var in (("c", c), ("c_client", c_client)):
+        missing = sorted(n for n in names if n not in var)
+        if missing:
+            raise AggregationError(
+                f"the control variate {label} has no entry for {missing[:5]}; start from "
+                "fl.variates(g) and keep one entry per trainable parameter"
+            )
 
 
 def control_variate(

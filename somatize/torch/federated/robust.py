@@ -11,14 +11,17 @@ subtracted from each), so no global state is needed.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 
 from ...errors import AggregationError
+from ...stack import outside
 from .aggregation import Aggregate, IntPolicy, State, _integer, _prepare, fedavg
 from .keys import Exclude
+from .sampling import _int
 
 __all__ = ["bulyan", "fedmedian", "krum", "multi_krum", "trimmed_mean"]
 
@@ -85,7 +88,8 @@ def trimmed_mean(
 
     Args:
         beta: the fraction trimmed at each end, in [0, 0.5) (Flower's range);
-            ``int(beta * n)`` values each, as Flower and ``scipy.stats.trim_mean`` cut.
+            ``int(beta * n)`` values each, as Flower and ``scipy.stats.trim_mean`` cut. A
+            ``beta`` > 0 that trims nothing (``beta * n < 1``) warns (a ``UserWarning``).
         exclude: keys kept local (not aggregated, left out of the result), as in ``fedavg``.
 
     Example:
@@ -96,9 +100,22 @@ def trimmed_mean(
     if isinstance(beta, bool) or not 0 <= beta < 0.5:
         raise ValueError(f"beta must be in [0, 0.5), not {beta!r}; for beta → 0.5 use fedmedian")
 
+    warned = False
+
     def trim(sorted_: torch.Tensor) -> torch.Tensor:
+        nonlocal warned
         n = sorted_.shape[0]
         cut = int(beta * n)
+        if beta > 0 and cut == 0 and not warned:  # a setting that would do nothing, silently
+            warned = True
+            warnings.warn(
+                f"trimmed_mean(beta={beta!r}) over {n} clients trims int({beta!r} × {n}) = 0 "
+                f"values at each end: this is the plain unweighted mean, not robust to any "
+                f"attacker; use beta ≥ 1/{n} = {1 / n:.3g} to trim one value at each end, or "
+                "sample more clients per round",
+                UserWarning,
+                stacklevel=outside(),
+            )
         return sorted_[cut : n - cut].mean(dim=0)
 
     return _coordinatewise(results, int_buffers, nonfinite, trim, exclude)
@@ -114,14 +131,16 @@ def _flat(states: list[State]) -> torch.Tensor:
     )
 
 
-def _check_attackers(name: str, n: int, attackers: int, needed: int, rule: str) -> None:
-    if isinstance(attackers, bool) or not isinstance(attackers, int) or attackers < 0:
-        raise ValueError(f"attackers must be a non-negative int, not {attackers!r}")
+def _check_attackers(name: str, n: int, attackers: int, times: int) -> int:
+    """``attackers`` as an int (numpy's too), and enough clients for it: n ≥ times·f + 3."""
+    attackers = _int("attackers", attackers, 0, "a non-negative int")
+    needed, rule = times * attackers + 3, f"n ≥ {times}f + 3"
     if n < needed:
         raise AggregationError(
             f"{name} with attackers={attackers} needs at least {needed} clients ({rule}), but "
             f"got {n}; sample more clients per round or assume fewer attackers"
         )
+    return attackers
 
 
 def _krum_scores(flat: torch.Tensor, attackers: int) -> torch.Tensor:
@@ -170,8 +189,9 @@ def multi_krum(
     # NaN/inf: every distance meaningless
     states, _, _ = _prepare(results, "raise", int_buffers, exclude)
     n = len(states)
-    _check_attackers("Krum", n, attackers, 2 * attackers + 3, "n ≥ 2f + 3")
-    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= n:
+    attackers = _check_attackers("Krum", n, attackers, 2)
+    keep = _int("keep", keep, 1, f"an int in [1, {n}] (the number of clients)")
+    if keep > n:
         raise ValueError(f"keep must be an int in [1, {n}] (the number of clients), not {keep!r}")
     with torch.no_grad():
         chosen = _krum_order(states, attackers)[:keep]
@@ -226,7 +246,7 @@ def bulyan(
     """
     states, _, local = _prepare(results, "raise", int_buffers, exclude)
     n = len(states)
-    _check_attackers("Bulyan", n, attackers, 4 * attackers + 3, "n ≥ 4f + 3")
+    attackers = _check_attackers("Bulyan", n, attackers, 4)
     theta, beta = n - 2 * attackers, n - 4 * attackers
     with torch.no_grad():
         flat = _flat(states)

@@ -19,6 +19,7 @@ def sample(
     *,
     fraction: float | None = None,
     count: int | None = None,
+    rate: float | None = None,
     round: int,
     seed: int = 0,
     weights: Sequence[float] | None = None,
@@ -33,6 +34,10 @@ def sample(
         fraction: the share to take, ``max(1, floor(fraction * clients))`` of them
             (McMahan et al.'s C); or give ``count``.
         count: how many to take.
+        rate: Poisson sampling instead: each client takes part independently with
+            probability ``rate``, so a round's count varies (and may be 0) — the sampling
+            DP-FedAvg's accountant analyses: ``rate=dp.sample_rate``, with
+            ``DPFedAvg(..., poisson=True)``.
         round: the round number.
         seed: the campaign's seed.
         weights: optional sampling weights, one per client (e.g. client sizes): a client
@@ -45,10 +50,18 @@ def sample(
         True
         >>> len(sample(100, fraction=0.1, round=3, seed=0))
         10
+        >>> sample(20, rate=0.1, round=0, seed=0)   # Poisson: any number, 0 included
+        [2, 3, 11, 13]
     """
     clients = _int("clients", clients, 1, "a positive int (how many there are)")
-    if (fraction is None) == (count is None):
-        raise ValueError("give exactly one of fraction= (a share of the clients) or count=")
+    if sum(a is not None for a in (fraction, count, rate)) != 1:
+        raise ValueError(
+            "give exactly one of fraction= (a share of the clients), count= or rate= (each "
+            f"client with that probability: Poisson sampling), not fraction={fraction!r}, "
+            f"count={count!r}, rate={rate!r}"
+        )
+    if rate is not None:
+        return _poisson(clients, rate, round, seed, weights)
     if fraction is not None:
         if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
             raise TypeError(
@@ -67,6 +80,21 @@ def sample(
     rng = np.random.default_rng([seed, round])
     p = None if weights is None else _probabilities(weights, clients, count)
     return sorted(int(c) for c in rng.choice(clients, size=count, replace=False, p=p))
+
+
+def _poisson(clients: int, rate: float, round: int, seed: int, weights: Any) -> list[int]:
+    """Each client independently with probability ``rate``, deterministic in (seed, round)."""
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 < rate <= 1:
+        raise ValueError(f"rate must be a probability in (0, 1], not {rate!r}; e.g. rate=0.1")
+    if weights is not None:
+        raise ValueError(
+            "rate= draws every client with the same probability; weights= goes with "
+            "fraction= or count= (give DPFedAvg the same weights=)"
+        )
+    round = _int("round", round, 0, "a non-negative int")
+    seed = _int("seed", seed, 0, "a non-negative int (numpy seeds cannot be negative)")
+    drawn = np.random.default_rng([seed, round]).random(clients) < float(rate)
+    return [int(c) for c in np.flatnonzero(drawn)]
 
 
 def _probabilities(weights: Sequence[float], clients: int, count: int) -> np.ndarray:

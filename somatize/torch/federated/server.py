@@ -20,11 +20,13 @@ continues bitwise.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from ...errors import AggregationError
@@ -69,6 +71,11 @@ def _check_state(name: str, value: Any) -> None:
             )
 
 
+def _real(value: Any) -> bool:
+    """A real number — numpy's scalars too (``np.float32(0.1)``) — and not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 @dataclass
 class ServerOptimizer:
     """One of Reddi et al.'s server updates; make one with ``FedAdam(...)`` and friends.
@@ -105,12 +112,14 @@ class ServerOptimizer:
             raise ValueError(f"rule must be avgm, adam, yogi or adagrad, not {self.rule!r}")
         for name in ("lr", "tau"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+            if not (_real(value) and value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive finite number, not {value!r}")
+            setattr(self, name, float(value))  # (numpy's scalars too, as Python floats)
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+            if not (_real(value) and 0 <= value < 1):
                 raise ValueError(f"{name} must be in [0, 1), not {value!r}")
+            setattr(self, name, float(value))
         self.buffers = _names("buffers", self.buffers)
         self.exclude = _rule(self.exclude)
         self._warned = False
