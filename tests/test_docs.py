@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import os
 import pkgutil
 import re
 import shlex
+import signal
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -96,6 +99,52 @@ def test_docs_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
         for added in set(sys.modules) - before:  # modules the examples imported from tmp_path
             if str(tmp_path) in str(getattr(sys.modules[added], "__file__", "")):
                 del sys.modules[added]
+
+
+# Pages whose examples guard a part with `if __name__ == "__main__":` (process pools
+# need it): test_docs_examples_run imports the page as a module, which skips that part.
+MAIN_PAGES = [p for p in PAGES if 'if __name__ == "__main__":' in p.read_text()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", MAIN_PAGES, ids=[p.name for p in MAIN_PAGES])
+def test_main_examples_run_as_a_script(page: Path, tmp_path: Path) -> None:
+    """The page's python examples, in order, run as one script (`__main__`, so its
+    guarded parts run too) in a child process; each `print(...)  # X` prints X, in order,
+    and each ```text block of the page is printed as shown."""
+    found = examples(page)
+    script = []
+    for lang, code, _ in found:
+        if lang == "python" and code.startswith("# file: "):
+            name = code.split("\n", 1)[0].removeprefix("# file: ").strip()
+            (tmp_path / name).write_text(code)
+        elif lang == "python":
+            script.append(code)
+    code = "\n".join(script)
+    (tmp_path / "page.py").write_text(code)
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {**os.environ, "PYTHONPATH": path}
+    child = subprocess.Popen(
+        [sys.executable, "page.py"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its pool's workers too are stopped with it, below
+    )
+    try:
+        out, err = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 0, err
+    printed = out.splitlines()
+    expected = re.findall(r"^[ \t]*print\(.*\)[ \t]+# (.+)$", code, re.M)
+    assert [line for line in printed if line in expected] == expected, out
+    for shown in re.findall(r"^```text\n(.*?)^```", page.read_text(), re.S | re.M):
+        assert shown in out, out
 
 
 @pytest.mark.parametrize("name", MODULES)
