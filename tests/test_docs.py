@@ -178,3 +178,18 @@ def test_relative_links_in_the_docs_resolve() -> None:
             if not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not broken, broken
+
+
+def test_every_public_name_is_in_the_user_docs() -> None:
+    """Each name of somatize.__all__ and somatize.torch.__all__ is mentioned in README.md
+    or a page of docs/ other than the generated api.md."""
+    import somatize.torch
+
+    text = "\n".join(
+        p.read_text()
+        for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+        if p.name != "api.md"
+    )
+    names = [*somatize.__all__, *somatize.torch.__all__]
+    missing = [n for n in names if not re.search(rf"(?<!\w){re.escape(n)}(?!\w)", text)]
+    assert not missing, missing
