@@ -193,3 +193,24 @@ def test_every_public_name_is_in_the_user_docs() -> None:
     names = [*somatize.__all__, *somatize.torch.__all__]
     missing = [n for n in names if not re.search(rf"(?<!\w){re.escape(n)}(?!\w)", text)]
     assert not missing, missing
+
+
+def test_links_to_sections_resolve() -> None:
+    """Every `page.md#section` link of README.md and docs/*.md names a heading of that
+    page (GitHub's anchors: lower case, punctuation dropped, spaces as hyphens)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    fence = re.compile(r"^```.*?^```", re.S | re.M)
+    anchors = {
+        p.resolve(): {
+            re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+\s+(.*)$", fence.sub("", p.read_text()), re.M)
+        }
+        for p in pages
+    }
+    broken = []
+    for page in pages:
+        for target, section in re.findall(r"\]\(([^)#\s]*)#([^)\s]*)\)", page.read_text()):
+            dest = (page.parent / target).resolve() if target else page.resolve()
+            if "://" not in target and dest in anchors and section not in anchors[dest]:
+                broken.append(f"{page.relative_to(ROOT)} -> {target}#{section}")
+    assert not broken, broken
