@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import os
 import pkgutil
 import re
 import shlex
+import signal
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -98,6 +101,52 @@ def test_docs_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
                 del sys.modules[added]
 
 
+# Pages whose examples guard a part with `if __name__ == "__main__":` (process pools
+# need it): test_docs_examples_run imports the page as a module, which skips that part.
+MAIN_PAGES = [p for p in PAGES if 'if __name__ == "__main__":' in p.read_text()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", MAIN_PAGES, ids=[p.name for p in MAIN_PAGES])
+def test_main_examples_run_as_a_script(page: Path, tmp_path: Path) -> None:
+    """The page's python examples, in order, run as one script (`__main__`, so its
+    guarded parts run too) in a child process; each `print(...)  # X` prints X, in order,
+    and each ```text block of the page is printed as shown."""
+    found = examples(page)
+    script = []
+    for lang, code, _ in found:
+        if lang == "python" and code.startswith("# file: "):
+            name = code.split("\n", 1)[0].removeprefix("# file: ").strip()
+            (tmp_path / name).write_text(code)
+        elif lang == "python":
+            script.append(code)
+    code = "\n".join(script)
+    (tmp_path / "page.py").write_text(code)
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {**os.environ, "PYTHONPATH": path}
+    child = subprocess.Popen(
+        [sys.executable, "page.py"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its pool's workers too are stopped with it, below
+    )
+    try:
+        out, err = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 0, err
+    printed = out.splitlines()
+    expected = re.findall(r"^[ \t]*print\(.*\)[ \t]+# (.+)$", code, re.M)
+    assert [line for line in printed if line in expected] == expected, out
+    for shown in re.findall(r"^```text\n(.*?)^```", page.read_text(), re.S | re.M):
+        assert shown in out, out
+
+
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name: str) -> None:
     module = importlib.import_module(name)
@@ -128,4 +177,40 @@ def test_relative_links_in_the_docs_resolve() -> None:
                 continue
             if not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
+
+
+def test_every_public_name_is_in_the_user_docs() -> None:
+    """Each name of somatize.__all__ and somatize.torch.__all__ is mentioned in README.md
+    or a page of docs/ other than the generated api.md."""
+    import somatize.torch
+
+    text = "\n".join(
+        p.read_text()
+        for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+        if p.name != "api.md"
+    )
+    names = [*somatize.__all__, *somatize.torch.__all__]
+    missing = [n for n in names if not re.search(rf"(?<!\w){re.escape(n)}(?!\w)", text)]
+    assert not missing, missing
+
+
+def test_links_to_sections_resolve() -> None:
+    """Every `page.md#section` link of README.md and docs/*.md names a heading of that
+    page (GitHub's anchors: lower case, punctuation dropped, spaces as hyphens)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    fence = re.compile(r"^```.*?^```", re.S | re.M)
+    anchors = {
+        p.resolve(): {
+            re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+\s+(.*)$", fence.sub("", p.read_text()), re.M)
+        }
+        for p in pages
+    }
+    broken = []
+    for page in pages:
+        for target, section in re.findall(r"\]\(([^)#\s]*)#([^)\s]*)\)", page.read_text()):
+            dest = (page.parent / target).resolve() if target else page.resolve()
+            if "://" not in target and dest in anchors and section not in anchors[dest]:
+                broken.append(f"{page.relative_to(ROOT)} -> {target}#{section}")
     assert not broken, broken

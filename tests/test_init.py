@@ -110,3 +110,22 @@ def test_no_core_module_imports_torch():
                 else []
             )
             assert not any(n.split(".")[0] in ("torch", "lightning") for n in names), path.name
+
+
+def test_somatize_torch_without_torch_names_the_extra():
+    """docs/quickstart.md: a missing optional dependency raises an error naming the extra;
+    torch is one (the `torch` extra), so `import somatize.torch` without it says so."""
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["torch"] = None  # any `import torch` now raises ImportError
+        from somatize.errors import MissingExtraError
+        try:
+            import somatize.torch
+        except MissingExtraError as e:
+            print(e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'somatize[torch]'" in out.stdout

@@ -4,6 +4,16 @@ Importing this module imports torch (the core ``somatize`` never does) but not
 lightning, tensorboard or dask: those load where they are used.
 """
 
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as e:  # an error naming the extra to install, not a bare "No module named"
+    from ..errors import MissingExtraError
+
+    raise MissingExtraError(
+        "'torch' is not installed; install it with: pip install 'somatize[torch]'"
+        " (or the torch build your machine needs: https://pytorch.org/get-started)"
+    ) from e
+
 from .campaign import Summary, executor, summarize
 from .carry import Carry
 from .checkpoint import Checkpointing, load_checkpoint
