@@ -244,11 +244,7 @@ def walk(
             # Caching was asked for: an Opaque that holds data (a frozen encoder's tensor,
             # computed without grad) is stored as that data; anything else cannot be.
             if not is_data(value, codecs):
-                raise CacheError(
-                    f"node {label!r} is cached or named but returned Opaque holding a "
-                    f"{type(value).__qualname__} that is not data (a tensor that requires grad?); "
-                    f"{rows.not_data_fix(label, node in memory.frozen)}, or stop caching it"
-                )
+                raise rows.not_data(label, value, codecs, node in memory.frozen, "cached or named")
             is_opaque = False
         if is_opaque:
             opaque.add(node)

@@ -116,8 +116,16 @@ def _split(
 
 
 def _describe(value: Any) -> str:
-    """``a tuple whose item 1 is a int`` (the first item that is not a tensor), ``a list``."""
+    """``a tuple whose item 1 is a int`` (the first item that is not a tensor), ``a list``,
+    ``a dict whose key 0 is an int``."""
     t = type(value)
+    odd_key = next((k for k in value if type(k) is not str), None) if t is dict else None
+    if odd_key is not None:
+        name = type(odd_key).__name__
+        return (
+            f"a dict whose key {odd_key!r} is a{'n' * (name[0] in 'aeiou')} {name} (a batch dict needs "
+            "str keys: {'image': ..., 'meta': ...})"
+        )
     items = (
         list(value.items()) if t is dict else list(enumerate(value)) if t in (list, tuple) else []
     )

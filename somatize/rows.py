@@ -24,17 +24,18 @@ is a miss: it is discarded and computed again, never returned.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
-from .errors import CacheError
+from .errors import CacheError, ValueConversionError
 from .explain import note
 from .node import Ctx, Done, not_done
 from .row_batches import Leaf, RowCodec, _rebuild, _split, device_of, place
 from .row_entries import ROWS_VERSION, Layout, check_entry, encode_rows, is_current, layout_of
-from .values import Opaque, encode, is_data
+from .values import Opaque, check, encode, is_data
 from .watchers import CacheRows, notify
 
 if TYPE_CHECKING:
@@ -62,6 +63,41 @@ def not_data_fix(label: str, frozen: bool) -> str:
             "in it (not under torch.enable_grad(), not a parameter itself), or .detach() them"
         )
     return f"freeze {label!r} (g.freeze({label!r})) or return detached tensors"
+
+
+def _requires_grad(value: Any) -> bool:
+    """Whether a leaf of ``value`` (in plain tuples, lists and dicts) requires grad."""
+    if type(value) in (tuple, list):
+        return any(_requires_grad(v) for v in value)
+    if type(value) is dict:
+        return any(_requires_grad(v) for v in value.values())
+    return getattr(value, "requires_grad", False) is True
+
+
+def not_data(label: str, value: Any, codecs: Sequence[Any], frozen: bool, how: str) -> CacheError:
+    """The error for a node ``how`` cached (``"cached per example"``) that returned what is
+    not data: a tensor that requires grad (freeze the node, or detach), or a value data
+    does not hold — a namedtuple, an ``OrderedDict`` (a HuggingFace ``ModelOutput``), a
+    set — named with its own fix. (A cached node's output is stored: Opaque is no way out.)"""
+    if not _requires_grad(value):
+        try:
+            check(value, codecs, where="")
+        except ValueConversionError as e:
+            at, _, reason = str(e).partition(": cannot pass ")
+            reason = re.sub(r",? or wrap (it|the dict) in Opaque\(\.\.\.\)[^;,—]*", "", reason)
+            where = at.strip().removeprefix("at ")
+            of = f" ({where} of it)" if where else ""
+            return CacheError(
+                f"node {label!r} is {how}, so its output is stored as data, but it returned "
+                f"{reason}{of}, or stop caching it"
+            )
+    what = (
+        "" if getattr(value, "requires_grad", False) else f"{type(value).__qualname__} holding a "
+    )
+    return CacheError(
+        f"node {label!r} is {how} but returned a {what}tensor that requires grad; "
+        f"{not_data_fix(label, frozen)}, or stop caching it"
+    )
 
 
 def get_many(keeper: Keeper | None, keys: Sequence[str]) -> list[bytes | None]:
@@ -207,11 +243,7 @@ def remember(
     if type(value) is Opaque:
         value = value.value
     if not is_data(value, codecs):
-        raise CacheError(
-            f"node {label!r} is cached per example but returned a {type(value).__qualname__} "
-            f"that is not data (a tensor that requires grad?); "
-            f"{not_data_fix(label, node in env.memory.frozen)}, or stop caching it"
-        )
+        raise not_data(label, value, codecs, node in env.memory.frozen, "cached per example")
     okind, onames, oleaves, m = _split(value, codecs, label, "output")
     if m != len(computed):
         raise CacheError(

@@ -591,7 +591,9 @@ def test_a_cached_or_named_node_returning_opaque_that_is_not_data_raises() -> No
         else:
             g.name("h", "held")
         with pytest.raises(
-            CacheError, match="node 'h' is cached or named but returned Opaque holding a object"
+            CacheError,
+            match="node 'h' is cached or named, so its output is stored as data, but it "
+            "returned an object of type object; convert it to plain data",
         ):
             g.forward(1)
     with pytest.raises(CacheError, match="returned Opaque holding a object for item 0"):

@@ -45,8 +45,8 @@ from .readcache import DEFAULT_READ_CACHE, PackCache
 __all__ = ["DiskKeeper"]
 
 
-def _reopen(path: Path, read_cache: int) -> DiskKeeper:
-    return DiskKeeper(path, read_cache=read_cache)
+def _reopen(path: Path, read_cache: int, max_bytes: int | None = None) -> DiskKeeper:
+    return DiskKeeper(path, read_cache=read_cache, max_bytes=max_bytes)
 
 
 class DiskKeeper:
@@ -70,6 +70,9 @@ class DiskKeeper:
             raises ``KeeperError`` — for tools that only look.
         read_cache: bytes of verified pack entries kept in this process (default
             256 MiB; 0 turns it off). Packs this handle writes are kept too.
+        max_bytes: keep the store near this size: a handle that writes runs
+            ``gc(max_bytes)`` at its first write and after each eighth of it written, so the
+            least recently used unpinned entries go. None (default): it grows until a gc.
 
     Raises:
         KeeperError: the layout cannot be created, or (``create=False``) ``path`` is
@@ -91,7 +94,9 @@ class DiskKeeper:
         *,
         create: bool = True,
         read_cache: int = DEFAULT_READ_CACHE,
+        max_bytes: int | None = None,
     ) -> None:
+        self._bound = upkeep.SizeBound(max_bytes)
         if isinstance(path, (str, bytes, os.PathLike)) and not os.fspath(path):
             raise ValueError(
                 "DiskKeeper(''): the cache directory is an empty path, which would fill the "
@@ -122,7 +127,7 @@ class DiskKeeper:
         self._folders: tuple[int, int, frozenset[str]] = (0, 0, frozenset())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_reopen, (self.path, self._cache.max_bytes))
+        return (_reopen, (self.path, self._cache.max_bytes, self._bound.max_bytes))
 
     def _object(self, key: str) -> str:
         check_key(key)
@@ -217,6 +222,7 @@ class DiskKeeper:
             replace_with(path, [loose.header(data), data], durable=False)
         except OSError as e:
             raise fail("write cache entry", path, e) from e
+        self._keep_bound(len(data))
 
     def put_many(self, items: Sequence[tuple[str, bytes]], *, pinned: bool = False) -> None:
         """Store a batch as pack files (one per 64 MiB), each written atomically.
@@ -239,6 +245,11 @@ class DiskKeeper:
             size += len(item[1])
         if batch:
             self._write_pack(batch, pinned)
+        self._keep_bound(sum(len(d) for d in latest.values()))
+
+    def _keep_bound(self, written: int) -> None:
+        if self._bound.wrote(written):
+            self.gc(self._bound.max_bytes)  # type: ignore[arg-type]
 
     def _write_pack(self, items: Sequence[tuple[str, bytes]], pinned: bool) -> None:
         pack, chunks = build(items, FLAG_PINNED if pinned else 0)

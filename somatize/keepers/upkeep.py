@@ -32,7 +32,38 @@ from .protocol import check_key, is_key
 
 _STALE = 3600.0  # seconds: a temp file this old belongs to no live writer
 
-__all__ = ["decodes", "discard", "gc", "remove_bad", "rewrite", "unpin", "verify"]
+__all__ = ["SizeBound", "decodes", "discard", "gc", "remove_bad", "rewrite", "unpin", "verify"]
+
+
+class SizeBound:
+    """``DiskKeeper(max_bytes=)``: when a handle that writes should ``gc(max_bytes)``.
+
+    At its first write, then each time it has written an eighth of the bound since the
+    last gc: one listing per eighth, and the store passes the bound by at most that
+    (and a pack) per writing process. None: never (the store grows until a gc)."""
+
+    def __init__(self, max_bytes: int | None) -> None:
+        if max_bytes is not None and (
+            isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1
+        ):
+            raise ValueError(
+                f"DiskKeeper(max_bytes={max_bytes!r}): give the most bytes the store may hold, "
+                "an int of 1 or more (1 << 30 for 1 GiB), or None to let it grow until "
+                "keeper.gc(n) or `somatize cache gc --max-bytes N`"
+            )
+        self.max_bytes = max_bytes
+        self._every = max(max_bytes // 8, 1) if max_bytes is not None else 0
+        self._written = self._every  # the first write checks the store as it was found
+
+    def wrote(self, size: int) -> bool:
+        """Count ``size`` bytes written; whether the store is due a gc now."""
+        if self.max_bytes is None:
+            return False
+        self._written += size
+        if self._written < self._every:
+            return False
+        self._written = 0
+        return True
 
 
 def _write(index: PackIndex, items: list[tuple[str, bytes]], flags: int) -> int:

@@ -135,7 +135,7 @@ def _cold(node: str, epoch: int, hits: int, lookups: int, whole: bool) -> str:
         "only for inputs that repeat — stop caching it, or augment its output instead); "
         "its key changed (its weights, code or declaration — a node meant to "
         "be fixed should be frozen); or the keeper dropped the entries (a MemoryKeeper "
-        "whose max_bytes is smaller than an epoch, or a gc of the DiskKeeper — "
+        "or a DiskKeeper whose max_bytes is smaller than an epoch, or a gc of the DiskKeeper — "
         "keeper.gc(), somatize cache gc — in another process meanwhile: see keeper.stats()). "
         "g.explain(batch) says which part of the node's key changed."
     )

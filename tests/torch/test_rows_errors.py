@@ -1,0 +1,79 @@
+"""What a node cached per example (or whole) is told when its batch or output is not one
+per-example memory can keep: the error names the node, what is wrong and the fix."""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict, namedtuple
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as st
+from somatize import CacheError, Done, Graph, Node, Opaque
+
+Features = namedtuple("Features", "pooled tokens")
+
+
+class Returns(Node):
+    """A frozen backbone returning its features in the container ``kind`` names."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x, ctx):
+        h = self.lin(x)
+        if self.kind == "namedtuple":
+            return Done(Opaque(Features(h, h)))
+        if self.kind == "ordereddict":  # a HuggingFace ModelOutput is one
+            return Done(Opaque(OrderedDict(pooled=h)))
+        return Done(Opaque(h))
+
+
+def frozen(kind: str, per: str) -> Graph:
+    g = Graph.somatize(Returns(kind).with_id("enc"))
+    g.freeze("enc").cache("enc", per=per)
+    st.module(g)
+    return g
+
+
+@pytest.mark.parametrize("per", ["example", "batch"])
+@pytest.mark.parametrize(
+    ("kind", "fix"), [("namedtuple", r"tuple\(\.\.\.\)"), ("ordereddict", r"dict\(\.\.\.\)")]
+)
+def test_a_detached_output_in_a_subclass_is_named_as_such_not_as_needing_grad(kind, fix, per):
+    g = frozen(kind, per)
+    with pytest.raises(CacheError) as e:
+        g.forward(torch.randn(3, 2))
+    message = str(e.value)
+    assert "'enc'" in message and "subclass of" in message and "stop caching" in message
+    assert re.search(fix, message)
+    assert "requires grad" not in message and "detach" not in message
+
+
+@pytest.mark.parametrize("per", ["example", "batch"])
+def test_an_output_that_requires_grad_is_still_told_to_detach(per):
+    class Leaks(Node):
+        def forward(self, x, ctx):
+            return Done(Opaque(x.clone().requires_grad_()))  # a leaf of its own
+
+    g = Graph.somatize(Leaks().with_id("enc"))
+    g.freeze("enc").cache("enc", per=per)
+    st.module(g)
+    with pytest.raises(CacheError, match=r"'enc'.*requires grad.*\.detach\(\)"):
+        g.forward(torch.randn(3, 2))
+
+
+def test_a_batch_dict_with_keys_that_are_not_str_says_so():
+    class Both(Node):
+        rowwise = True
+
+        def forward(self, x, ctx):
+            return Done(x[0] + x[1])
+
+    g = Graph().node("enc", Both()).cache("enc", per="example")
+    st.module(g)
+    with pytest.raises(CacheError, match=r"'enc'.*a dict whose key 0 is an int.*str keys"):
+        g.forward({0: torch.ones(3, 2), 1: torch.ones(3, 2)})
