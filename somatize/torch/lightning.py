@@ -31,7 +31,7 @@ from torch import nn
 
 from ..errors import add_note, require
 from ..graph import Graph
-from . import lightning_state, tally
+from . import lightning_carry, lightning_state, tally
 from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
 from .first_step import batch_note
@@ -225,12 +225,15 @@ class LightningGraph(L.LightningModule):
     def validation_step(
         self, batch: Any, batch_idx: int, dataloader_idx: int | None = None
     ) -> None:
+        lightning_carry.start_set(self, batch_idx)
         self._evaluate_step(batch, "val_", dataloader_idx)
 
     def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
+        lightning_carry.start_set(self, batch_idx)
         self._evaluate_step(batch, "test_", dataloader_idx)
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        lightning_carry.start_set(self, batch_idx)
         try:
             return self.net((self.split or split)(batch)[0])
         except (TypeError, ValueError) as e:
@@ -314,6 +317,9 @@ class LightningGraph(L.LightningModule):
                 self.log(name, value, prog_bar=False, add_dataloader_idx=False)
         return out
 
+    def on_train_start(self) -> None:
+        lightning_carry.check(self)  # st.Carry with a shuffled DataLoader or DDP: warn
+
     def on_train_epoch_start(self) -> None:
         reset(carries(self.net))  # carried state (st.Carry) starts afresh each epoch
 
@@ -321,15 +327,12 @@ class LightningGraph(L.LightningModule):
         if self._tally is not None:  # evaluations are not counted
             self._tally.pause(True)
         self._evaluations["val_"] = Evaluation(self._metrics, self.device)
-        found = carries(self.net)  # evaluation starts afresh; training's is given back after
-        self._carried = [(c, c.value) for c in found]
-        reset(found)
+        self._carried = lightning_carry.keep(self)  # given back after; each loader afresh
 
     def on_validation_epoch_end(self) -> None:
         if self._tally is not None:
             self._tally.pause(False)
-        for c, value in getattr(self, "_carried", ()):
-            c.value = value
+        lightning_carry.give_back(getattr(self, "_carried", []))
         self._carried = []
         evaluation, sets = self._evaluations.pop("val_"), self._sets("val_")
         computed = self._compute_metric_objects("val_", evaluation, sets)
@@ -349,7 +352,6 @@ class LightningGraph(L.LightningModule):
 
     def on_test_epoch_start(self) -> None:
         self._evaluations["test_"] = Evaluation(self._metrics, self.device)
-        reset(carries(self.net))
 
     def on_test_epoch_end(self) -> None:
         evaluation = self._evaluations.pop("test_")
