@@ -83,7 +83,8 @@ class LightningGraph(L.LightningModule):
         scheduler: a factory ``optimizer -> LR scheduler``, stepped once per epoch as
             Lightning steps a plain scheduler (a ``ReduceLROnPlateau`` with
             ``monitor="val_loss"``); or returning Lightning's ``lr_scheduler`` dict
-            (``{"scheduler": s, "interval": "step", ...}``) to choose.
+            (``{"scheduler": s, "interval": "step", ...}``) to choose. Called in
+            ``configure_optimizers``, so it may read ``trainer.estimated_stepping_batches``.
         metrics: name → ``fn(output, target)`` evaluated on validation and test data.
         split: how a batch becomes ``(inputs, target)``, for batches of another form than
             ``(x, y)`` or ``{"x": ..., "y": ...}``: ``split=lambda b: (b["input_ids"],
@@ -254,7 +255,14 @@ class LightningGraph(L.LightningModule):
             self._pending.append(total)
 
     def configure_optimizers(self) -> Any:
-        return configured(self.graph, self._optimizer, self._scheduler)
+        config, names = configured(self.graph, self._optimizer, self._scheduler)
+        # named from the objects the run uses: in every checkpoint (hparams) and, as Lightning
+        # logs them after configuring, in every logger (which logs hparams_initial)
+        self.hparams.update(names)
+        initial: Any = getattr(self, "_hparams_initial", None)  # (save_hyperparameters' own)
+        if initial is not None:
+            initial.update(names)
+        return config
 
     # -- bookkeeping ----------------------------------------------------------------------
 
