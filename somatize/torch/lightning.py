@@ -376,7 +376,13 @@ class LightningGraph(L.LightningModule):
         cls, checkpoint_path: Any, map_location: Any = None, *, weights_only: bool = True, **kw: Any
     ) -> Any:
         """Lightning's, with ``weights_only=True`` unless told otherwise: a checkpoint's
-        pickles run no code, whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says."""
+        pickles run no code, whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says.
+
+        Raises:
+            SettingError: ``g=``, ``loss=`` or ``optimizer=`` not given (the checkpoint
+                holds weights, not code), naming the graph's nodes and the call to write.
+        """
+        lightning_state.check_loading(checkpoint_path, kw)
         load = super().load_from_checkpoint
         return load(checkpoint_path, map_location, weights_only=weights_only, **kw)
 

@@ -98,3 +98,35 @@ def test_a_scheduler_reading_the_trainer_is_called_when_lightning_configures(tmp
     plain = Plain()
     _trainer().fit(plain, _loader())
     torch.testing.assert_close(lg.net.lin.lin.weight, plain.lin.weight)
+
+
+def test_load_from_checkpoint_without_the_graph_names_what_to_pass(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from somatize.errors import SettingError
+
+    lg = LightningGraph(
+        Graph.somatize(Lin()),
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+    )
+    checkpoint = ModelCheckpoint(dirpath=tmp_path)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[checkpoint],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(lg, _loader())
+    path = checkpoint.best_model_path
+    # Lightning's habit, Model.load_from_checkpoint(path): the checkpoint holds no code
+    with pytest.raises(SettingError) as e:
+        LightningGraph.load_from_checkpoint(path)
+    message = str(e.value)
+    assert "missing g=, loss=, optimizer=" in message
+    assert "'lin'" in message  # the nodes the graph to build has
+    assert "g=g, loss=" in message  # the call to write
+    with pytest.raises(SettingError, match="missing optimizer="):
+        LightningGraph.load_from_checkpoint(path, g=Graph.somatize(Lin()), loss=None)
