@@ -31,7 +31,7 @@ from torch import nn
 
 from ..errors import add_note, require
 from ..graph import Graph
-from . import lightning_state, tally
+from . import lightning_carry, lightning_state, tally
 from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
 from .first_step import batch_note
@@ -83,7 +83,8 @@ class LightningGraph(L.LightningModule):
         scheduler: a factory ``optimizer -> LR scheduler``, stepped once per epoch as
             Lightning steps a plain scheduler (a ``ReduceLROnPlateau`` with
             ``monitor="val_loss"``); or returning Lightning's ``lr_scheduler`` dict
-            (``{"scheduler": s, "interval": "step", ...}``) to choose.
+            (``{"scheduler": s, "interval": "step", ...}``) to choose. Called in
+            ``configure_optimizers``, so it may read ``trainer.estimated_stepping_batches``.
         metrics: name → ``fn(output, target)`` evaluated on validation and test data.
         split: how a batch becomes ``(inputs, target)``, for batches of another form than
             ``(x, y)`` or ``{"x": ..., "y": ...}``: ``split=lambda b: (b["input_ids"],
@@ -225,12 +226,15 @@ class LightningGraph(L.LightningModule):
     def validation_step(
         self, batch: Any, batch_idx: int, dataloader_idx: int | None = None
     ) -> None:
+        lightning_carry.start_set(self, batch_idx)
         self._evaluate_step(batch, "val_", dataloader_idx)
 
     def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
+        lightning_carry.start_set(self, batch_idx)
         self._evaluate_step(batch, "test_", dataloader_idx)
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        lightning_carry.start_set(self, batch_idx)
         try:
             return self.net((self.split or split)(batch)[0])
         except (TypeError, ValueError) as e:
@@ -251,7 +255,14 @@ class LightningGraph(L.LightningModule):
             self._pending.append(total)
 
     def configure_optimizers(self) -> Any:
-        return configured(self.graph, self._optimizer, self._scheduler)
+        config, names = configured(self.graph, self._optimizer, self._scheduler)
+        # named from the objects the run uses: in every checkpoint (hparams) and, as Lightning
+        # logs them after configuring, in every logger (which logs hparams_initial)
+        self.hparams.update(names)
+        initial: Any = getattr(self, "_hparams_initial", None)  # (save_hyperparameters' own)
+        if initial is not None:
+            initial.update(names)
+        return config
 
     # -- bookkeeping ----------------------------------------------------------------------
 
@@ -314,6 +325,9 @@ class LightningGraph(L.LightningModule):
                 self.log(name, value, prog_bar=False, add_dataloader_idx=False)
         return out
 
+    def on_train_start(self) -> None:
+        lightning_carry.check(self)  # st.Carry with a shuffled DataLoader or DDP: warn
+
     def on_train_epoch_start(self) -> None:
         reset(carries(self.net))  # carried state (st.Carry) starts afresh each epoch
 
@@ -321,15 +335,12 @@ class LightningGraph(L.LightningModule):
         if self._tally is not None:  # evaluations are not counted
             self._tally.pause(True)
         self._evaluations["val_"] = Evaluation(self._metrics, self.device)
-        found = carries(self.net)  # evaluation starts afresh; training's is given back after
-        self._carried = [(c, c.value) for c in found]
-        reset(found)
+        self._carried = lightning_carry.keep(self)  # given back after; each loader afresh
 
     def on_validation_epoch_end(self) -> None:
         if self._tally is not None:
             self._tally.pause(False)
-        for c, value in getattr(self, "_carried", ()):
-            c.value = value
+        lightning_carry.give_back(getattr(self, "_carried", []))
         self._carried = []
         evaluation, sets = self._evaluations.pop("val_"), self._sets("val_")
         computed = self._compute_metric_objects("val_", evaluation, sets)
@@ -349,7 +360,6 @@ class LightningGraph(L.LightningModule):
 
     def on_test_epoch_start(self) -> None:
         self._evaluations["test_"] = Evaluation(self._metrics, self.device)
-        reset(carries(self.net))
 
     def on_test_epoch_end(self) -> None:
         evaluation = self._evaluations.pop("test_")
@@ -366,7 +376,13 @@ class LightningGraph(L.LightningModule):
         cls, checkpoint_path: Any, map_location: Any = None, *, weights_only: bool = True, **kw: Any
     ) -> Any:
         """Lightning's, with ``weights_only=True`` unless told otherwise: a checkpoint's
-        pickles run no code, whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says."""
+        pickles run no code, whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says.
+
+        Raises:
+            SettingError: ``g=``, ``loss=`` or ``optimizer=`` not given (the checkpoint
+                holds weights, not code), naming the graph's nodes and the call to write.
+        """
+        lightning_state.check_loading(checkpoint_path, kw)
         load = super().load_from_checkpoint
         return load(checkpoint_path, map_location, weights_only=weights_only, **kw)
 

@@ -52,11 +52,21 @@ def hyperparameters(
     g: Graph, loss: Any, optimizer: Any, scheduler: Any, metrics: Mapping[str, Any]
 ) -> dict[str, Any]:
     """What ``save_hyperparameters`` records: the topology (checked when a checkpoint is
-    loaded), the memory settings, and the names of the loss, optimizer and scheduler."""
+    loaded), the memory settings, and the names of the loss, optimizer and scheduler.
+
+    The factories are probed for class names and the learning rate. A scheduler factory
+    may read the Trainer (``trainer.estimated_stepping_batches``), which knows the run
+    only once it has the model: when its probe fails, its name is None here, and
+    ``configure_optimizers`` names both from the objects the run uses (``configured``)."""
     params = parameters(g)
     opt = optimizer(params) if params else None  # probes, for class names and lr only
-    lr = float(opt.param_groups[0]["lr"]) if opt is not None else None
-    sched = scheduler(opt) if scheduler is not None and opt is not None else None
+    names = _named(opt)
+    sched = None
+    if scheduler is not None and opt is not None:
+        try:
+            sched = scheduler(opt)
+        except Exception:  # (called again, and its error raised, when Lightning configures)
+            sched = None
     if isinstance(sched, Mapping):
         sched = sched.get("scheduler")
     return {
@@ -64,17 +74,25 @@ def hyperparameters(
         "frozen": sorted(g.memory.frozen),
         "cached": sorted(g.memory.cached),
         "loss_name": _name(loss),
-        "optimizer_name": type(opt).__qualname__ if opt is not None else None,
-        "lr": lr,
+        **names,
         "scheduler_name": type(sched).__qualname__ if sched is not None else None,
         "metric_names": sorted(metrics),
     }
 
 
-def configured(g: Graph, optimizer: Any, scheduler: Any) -> Any:
-    """What ``configure_optimizers`` returns: the optimizer, and the scheduler's config —
-    a plain scheduler once per epoch, as Lightning steps one (a ``ReduceLROnPlateau`` on
-    ``val_loss``); a dict the factory returned, as it is.
+def _named(opt: Any) -> dict[str, Any]:
+    """The optimizer's class name and learning rate (as the factory set it)."""
+    return {
+        "optimizer_name": type(opt).__qualname__ if opt is not None else None,
+        "lr": float(opt.param_groups[0]["lr"]) if opt is not None else None,
+    }
+
+
+def configured(g: Graph, optimizer: Any, scheduler: Any) -> tuple[Any, dict[str, Any]]:
+    """What ``configure_optimizers`` returns — the optimizer, and the scheduler's config: a
+    plain scheduler once per epoch, as Lightning steps one (a ``ReduceLROnPlateau`` on
+    ``val_loss``); a dict the factory returned, as it is — and the hyper-parameters that
+    name them (``optimizer_name``, ``lr`` before any scheduler, ``scheduler_name``).
 
     Raises:
         ValueError: nothing to train.
@@ -86,8 +104,9 @@ def configured(g: Graph, optimizer: Any, scheduler: Any) -> Any:
             "(unfreeze a node with g.freeze(id, False), or give a node an nn.Module)"
         )
     opt = optimizer(params)
+    names = _named(opt)  # (the rate the factory set, before a scheduler changes it)
     if scheduler is None:
-        return opt
+        return opt, {**names, "scheduler_name": None}
     sched = scheduler(opt)
     if isinstance(sched, Mapping):
         config = dict(sched)
@@ -95,4 +114,6 @@ def configured(g: Graph, optimizer: Any, scheduler: Any) -> Any:
         config = {"scheduler": sched, "interval": "epoch"}
         if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
             config["monitor"] = "val_loss"
-    return {"optimizer": opt, "lr_scheduler": config}
+    scheduled = config.get("scheduler")
+    names["scheduler_name"] = type(scheduled).__qualname__ if scheduled is not None else None
+    return {"optimizer": opt, "lr_scheduler": config}, names

@@ -8,15 +8,18 @@ Used by ``somatize.torch.lightning``; needs the ``lightning`` extra there.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointError
+import torch
+
+from ..errors import CheckpointError, SettingError
 from . import tally
 
 if TYPE_CHECKING:
     from .lightning import LightningGraph
 
-__all__ = ["restore", "saved"]
+__all__ = ["check_loading", "restore", "saved"]
 
 
 def saved(lg: LightningGraph) -> dict[str, Any]:
@@ -69,3 +72,29 @@ def restore(lg: LightningGraph, checkpoint: dict[str, Any]) -> None:
     else:  # (a strategy restoring after setup: the fit's tally counts on from it)
         tally.detach(lg.net, lg._tally)
         lg._tally = tally.attach(lg.net, since)
+
+
+def check_loading(path: Any, given: dict[str, Any]) -> None:
+    """``load_from_checkpoint``: refuse a call without the code a checkpoint cannot hold —
+    the graph, the loss and the optimizer factory — naming the graph's nodes.
+
+    Raises:
+        SettingError: ``g``, ``loss`` or ``optimizer`` not given.
+    """
+    missing = [name for name in ("g", "loss", "optimizer") if name not in given]
+    if not missing:
+        return
+    nodes = ""
+    try:  # (only to name the nodes: plain data, read as weights_only)
+        hparams = torch.load(path, map_location="cpu", weights_only=True)["hyper_parameters"]
+        nodes = f" with nodes {json.loads(hparams['topology'])['nodes']}"
+    except Exception:  # (a file Lightning's own load then reports on)
+        pass
+    raise SettingError(
+        f"LightningGraph.load_from_checkpoint({str(path)!r}) is missing "
+        f"{', '.join(f'{m}=' for m in missing)}: a checkpoint holds the graph's weights and "
+        f"topology, not its code. Build the graph as it was trained{nodes} and pass it "
+        "with the loss and the optimizer factory (code too; loss=None when the graph's "
+        "output is the loss): LightningGraph.load_from_checkpoint(path, g=g, "
+        "loss=F.cross_entropy, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3))"
+    )
