@@ -60,3 +60,21 @@ def test_what_ctx_reads_are_found_and_which_are_harmless() -> None:
         frozen = Graph.somatize(Drop(), keeper=MemoryKeeper()).cache("drop").freeze("drop")
         frozen.forward([1], training=True)  # a frozen node's ctx.training is always False
         Graph.somatize(Drop(), keeper=MemoryKeeper()).cache("drop").forward([1])  # (eval)
+
+
+def test_a_warning_raised_inside_model_x_points_at_the_users_line_not_torchs():
+    """model(x) goes through nn.Module.__call__ before somatize: outside() skips torch's
+    frames too (and Lightning's, whose hooks call LightningGraph)."""
+    torch = pytest.importorskip("torch")
+    import somatize.torch as st
+
+    class Stepper(Node):
+        def forward(self, x, ctx):
+            return Done(x * (1 + 0 * ctx.step))
+
+    g = Graph.somatize(Stepper().with_id("s"))
+    g.cache("s")
+    model = st.module(g)
+    with pytest.warns(UserWarning, match=r"node 's' \(.*Stepper\) is cached") as said:
+        model(torch.ones(2, 3))
+    assert said[0].filename == __file__
