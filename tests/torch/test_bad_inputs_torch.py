@@ -205,6 +205,12 @@ CASES = [
     P(lambda t: st.Options(scheduler_every="batch"), ValueError, "not 'batch'", id="options-scheduler-every"),
     P(lambda t: st.Patience("val_loss", mode="up"), ValueError, "not 'up'", id="patience-mode"),
     P(lambda t: trainer(loss=F.mse_loss).fit(42, []), TypeError, "takes a Graph or an nn.Module, got int", id="fit-int"),
+    P(lambda t: trainer(loss=F.mse_loss).evaluate(42, []), TypeError, r"Trainer\.evaluate takes a Graph or an nn\.Module, got int; pass a Graph, st\.module\(g\)", id="evaluate-int"),
+    P(lambda t: trainer(loss=F.mse_loss).predict(Lin(), []), TypeError, r"Trainer\.predict takes .*got Lin, a Node; make it a graph first: Graph\.somatize\(node\)", id="predict-node"),
+    P(lambda t: trainer(loss=F.mse_loss).fit(lin(), None), SomatizeError, r"fit\(\)'s train is NoneType, not batches; pass a sequence of batches or a DataLoader", id="fit-train-none"),
+    P(lambda t: trainer(loss=F.mse_loss).fit(lin(), "train.csv"), SomatizeError, r"fit\(\)'s train is str, not batches", id="fit-train-str"),
+    P(lambda t: trainer(loss=F.mse_loss).evaluate(lin(), None), SomatizeError, r"evaluate\(\)'s data is NoneType, not batches; pass", id="evaluate-none"),
+    P(lambda t: trainer(loss=F.mse_loss).predict(lin(), 3), SomatizeError, r"predict\(\)'s data is int, not batches; pass", id="predict-int"),
     P(lambda t: trainer(loss=F.mse_loss, epochs=1).fit(lin(), []), ValueError, "yielded no batches in epoch 0", id="fit-no-batches"),
     P(lambda t: trainer(loss=F.mse_loss).fit(lin().freeze("lin"), [torch.zeros(1, 3)]), ValueError, "nothing to train", id="fit-all-frozen"),
 ]
