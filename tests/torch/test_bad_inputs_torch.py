@@ -205,6 +205,8 @@ CASES = [
     P(lambda t: st.Options(scheduler_every="batch"), ValueError, "not 'batch'", id="options-scheduler-every"),
     P(lambda t: st.Patience("val_loss", mode="up"), ValueError, "not 'up'", id="patience-mode"),
     P(lambda t: trainer(loss=F.mse_loss).fit(42, []), TypeError, "takes a Graph or an nn.Module, got int", id="fit-int"),
+    P(lambda t: st.load_checkpoint(None), TypeError, r"load_checkpoint takes the path of a checkpoint file .*not None; e\.g\. st\.load_checkpoint\('runs/", id="load-checkpoint-none"),
+    P(lambda t: st.load_checkpoint(3), TypeError, r"load_checkpoint takes the path .*not 3", id="load-checkpoint-int"),
     P(lambda t: trainer(loss=F.mse_loss).evaluate(42, []), TypeError, r"Trainer\.evaluate takes a Graph or an nn\.Module, got int; pass a Graph, st\.module\(g\)", id="evaluate-int"),
     P(lambda t: trainer(loss=F.mse_loss).predict(Lin(), []), TypeError, r"Trainer\.predict takes .*got Lin, a Node; make it a graph first: Graph\.somatize\(node\)", id="predict-node"),
     P(lambda t: trainer(loss=F.mse_loss).fit(lin(), None), SomatizeError, r"fit\(\)'s train is NoneType, not batches; pass a sequence of batches or a DataLoader", id="fit-train-none"),
