@@ -20,6 +20,7 @@ import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque, encode
 from somatize.errors import AggregationError, CheckpointError, SomatizeError, StateError
 from somatize.errors import ValueConversionError as VCE
+from somatize.torch import federated as fl
 from somatize.torch.checkpoint import rng_state
 from somatize.torch.verify import verify_checkpoints
 
@@ -188,6 +189,11 @@ CASES = [
     P(lambda t: st.fedavg(two(W, W), weights="uniform", int_buffers="nope"), ValueError, "int_buffers must be .*'nope'", id="fedavg-int-policy"),
     P(lambda t: st.fedavg(two({"w": torch.tensor([float("nan"), 0.0])}, W), weights="uniform"), AggregationError, "client 0.*'w'", id="fedavg-nan"),
     P(lambda t: st.fedmedian([]), AggregationError, "empty", id="fedmedian-empty"),
+    P(lambda t: st.fedavg(two(W, W), weights=[None, 1]), TypeError, r"client 0's weight is None, not a number; weights holds one number per client", id="fedavg-weight-none"),
+    P(lambda t: st.fedavg(two(W, W), weights=5), TypeError, r"weights must be .*not 5; give one number per client.*weights=\[120, 80\]", id="fedavg-weights-int"),
+    P(lambda t: st.fedavg(two(W, W), exclude=3), TypeError, r"exclude is a list of keys or patterns .*not 3; e\.g\. exclude=\['head\.\*'\]", id="fedavg-exclude-int"),
+    P(lambda t: st.trimmed_mean(two(W, W, W), beta="0.1"), ValueError, r"beta must be in \[0, 0\.5\), not '0\.1'", id="trimmed-mean-beta-str"),
+    P(lambda t: fl.histogram([0, 1, 1], [[0, 5]]), ValueError, r"client 0's part holds 5, not an index of the 3 labels \(0 to 2\); pass the labels the partition was made from", id="histogram-index-out-of-range"),
     P(lambda t: st.summarize([], "val_acc"), ValueError, "no results to summarize for 'val_acc'", id="summarize-empty"),
     P(lambda t: st.summarize([result()], "val_loss"), KeyError, "no metric 'val_loss'.*val_acc", id="summarize-missing-metric"),
     P(lambda t: st.run_all(42, abs, [1]), TypeError, "not 42", id="run-all-not-an-executor"),
