@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import runs_cli
-from .errors import KeeperError
+from .errors import KeeperError, SomatizeError
 from .graph import Graph
 from .keepers import DiskKeeper
 from .rows import check_entry
@@ -90,13 +90,19 @@ def _explain(args: argparse.Namespace) -> int:
         try:
             g.keeper = DiskKeeper(args.dir, create=False)
         except KeeperError as e:
-            print(f"somatize: no cache at {args.dir!r}: {e}", file=sys.stderr)
+            print(f"somatize: {e}", file=sys.stderr)  # (it names the directory)
             return 2
     if "torch" in sys.modules:  # the graph's module uses torch: give it the torch runtime
         from .torch import module
 
         module(g)
-    print(g.explain(x))
+    try:
+        print(g.explain(x))
+    except SomatizeError as e:  # an empty graph, an input that cannot be keyed...
+        print(
+            f"somatize: cannot explain {args.targets[0]} on {args.targets[1]}: {e}", file=sys.stderr
+        )
+        return 2
     return 0
 
 
@@ -107,7 +113,11 @@ def _cache(args: argparse.Namespace) -> int:
         print(f"somatize: cache {args.action} takes no MODULE:ATTR arguments", file=sys.stderr)
         return 2
     if args.action == "gc" and args.max_bytes is None:
-        print("somatize: cache gc needs --max-bytes N", file=sys.stderr)
+        print(
+            "somatize: cache gc needs --max-bytes N, the size to shrink the cache to; "
+            "e.g. somatize cache gc --max-bytes 1000000000",
+            file=sys.stderr,
+        )
         return 2
     try:
         # Nothing is created: a directory that is not a cache is an error, not a new cache.
@@ -178,7 +188,11 @@ def _graph(args: argparse.Namespace) -> int:
     obj = _load(args.target)
     if obj is None:
         return 2
-    print(obj.to_mermaid() if args.format == "mermaid" else obj.to_text())
+    try:
+        print(obj.to_mermaid() if args.format == "mermaid" else obj.to_text())
+    except SomatizeError as e:  # an empty graph
+        print(f"somatize: cannot draw {args.target}: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -258,6 +258,12 @@ class JsonLines:
     def __init__(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
         self._fd: int | None = None  # first: __del__ runs even if the mkdir below fails
         self.path = Path(path)
+        if self.path.is_dir():
+            raise IsADirectoryError(
+                errno.EISDIR,
+                f"JsonLines takes the path of a log file, and {self.path} is a directory; pass "
+                f"a file in it, e.g. JsonLines({str(self.path / 'events.jsonl')!r})",
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.nodes = nodes
         self._fresh_line = False  # whether the next line must start with "\n" (a torn tail)

@@ -25,6 +25,7 @@ from somatize import (
     EmptyGraphError,
     Graph,
     GraphError,
+    JsonLines,
     KeeperError,
     MemoryKeeper,
     MissingNodeError,
@@ -255,3 +256,13 @@ def test_disk_keeper_gc_refuses_a_size_below_0_and_keeps_every_entry(
 def test_memory_keeper_refuses_a_budget_that_is_not_a_positive_int(max_bytes: Any) -> None:
     with pytest.raises(ValueError, match=r"MemoryKeeper\(max_bytes=.*an int of 1 or more"):
         MemoryKeeper(max_bytes=max_bytes)
+
+
+def test_jsonlines_given_a_directory_names_it_and_a_file_to_pass(tmp_path: Path) -> None:
+    # an OSError as before (the one the OS raised on the first event), now at construction
+    with pytest.raises(IsADirectoryError, match=r"JsonLines takes the path of a log file, and "):
+        JsonLines(tmp_path)
+    try:
+        JsonLines(tmp_path)
+    except IsADirectoryError as e:
+        assert f"pass a file in it, e.g. JsonLines({str(tmp_path / 'events.jsonl')!r})" in str(e)

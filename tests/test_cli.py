@@ -303,3 +303,62 @@ def test_output_cut_short_by_a_pipe_ends_quietly(
     assert out.stdout.startswith(f"{0:064x}")
     err = (tmp_path / "err").read_text()
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+EMPTY_MODULE = """
+    from somatize import Graph
+
+    empty = Graph()
+    word = "hello"
+"""
+
+
+def test_an_empty_graph_is_an_error_naming_it_not_a_traceback(
+    tmp_path: Path, user_module: Writer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    user_module("cli_empty", EMPTY_MODULE)
+    rc, _, err = run(["graph", "cli_empty:empty"], capsys)
+    assert rc == 2
+    assert "somatize: cannot draw cli_empty:empty: the graph has no nodes; add one" in err
+    DiskKeeper(tmp_path / "cache")
+    args = [
+        "cache",
+        "explain",
+        "cli_empty:empty",
+        "cli_empty:word",
+        "--dir",
+        str(tmp_path / "cache"),
+    ]
+    rc, _, err = run(args, capsys)
+    assert rc == 2 and "cannot explain cli_empty:empty on cli_empty:word: the graph has no" in err
+
+
+def test_cache_explain_without_a_cache_names_the_directory_once(
+    tmp_path: Path, user_module: Writer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    user_module("cli_explain", EXPLAIN_MODULE)
+    cache = str(tmp_path / "nowhere")
+    rc, _, err = run(
+        ["cache", "explain", "cli_explain:graph", "cli_explain:word", "--dir", cache], capsys
+    )
+    assert rc == 2 and err.count("no cache at") == 1 and "--dir" in err
+
+
+def test_cache_gc_without_max_bytes_shows_how_to_give_it(
+    store: DiskKeeper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, _, err = run(["cache", "gc", "--dir", str(store.path)], capsys)
+    assert rc == 2 and "needs --max-bytes N" in err
+    assert "e.g. somatize cache gc --max-bytes 1000000000" in err
+
+
+@pytest.mark.slow
+def test_python_m_somatize_runs_the_command(subprocess_env: dict[str, str]) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "somatize", "cache", "gc"],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "needs --max-bytes N" in out.stderr

@@ -151,10 +151,17 @@ def check_data(
     (``batch_size=None``) is refused as its dataset would be by the target rule.
 
     Raises:
-        SettingError: naming the dataset and the fix, ``DataLoader(ds, batch_size=...)``.
+        SettingError: naming the dataset and the fix, ``DataLoader(ds, batch_size=...)``;
+            or ``data`` is None, a string or nothing that yields batches.
     """
     from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+    readable = isinstance(data, Iterable) or hasattr(type(data), "__getitem__")
+    if data is None or isinstance(data, (str, bytes)) or not readable:
+        raise SettingError(
+            f"{what} is {type(data).__qualname__}, not batches; pass a sequence of batches "
+            "or a DataLoader, e.g. DataLoader(TensorDataset(X, Y), batch_size=32)"
+        )
     if type(data) in (list, tuple) and any(isinstance(b, (DataLoader, Dataset)) for b in data):
         _refuse_loaders(data, what, train)
     if type(data) in (list, tuple) and data and _an_example(data[0], split_, listed=True):

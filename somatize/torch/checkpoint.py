@@ -218,7 +218,13 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             holds code (a pickle that is not weights-only is refused, never executed),
             is not a somatize checkpoint, or its payload lacks a key, has one of the
             wrong type or out of range (each named).
+        TypeError: ``path`` is not a str or a path.
     """
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"load_checkpoint takes the path of a checkpoint file (a str or a pathlib.Path), "
+            f"not {path!r:.80}; e.g. st.load_checkpoint('runs/ckpt/step-000000100.ckpt')"
+        )
     path = Path(path)
     with integrity.open_checkpoint(path) as f:  # one open file: what is verified is loaded
         ckptdir.refuse_pointer(path, f)

@@ -32,7 +32,7 @@ def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) ->
     """``Trainer.evaluate``: the loss and metrics over ``data``, averaged over examples."""
     refuse_sets(data, "evaluate")
     check_data(data, "evaluate()'s data", trainer._split)
-    net = as_module(model)
+    net = as_module(model, "Trainer.evaluate")
     reset(carries(net))
     rank, world = ddp.rank_world()
     device = place(net, trainer.options.device, world)  # where fit() would run it
@@ -45,7 +45,7 @@ def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> 
     """``Trainer.predict``: the output of each batch, in order, in eval mode, without grad."""
     refuse_sets(data, "predict")
     check_data(data, "predict()'s data", trainer._split)
-    net = as_module(model)
+    net = as_module(model, "Trainer.predict")
     device = place(net, trainer.options.device, ddp.rank_world()[1])
     autocast = autocast_for(trainer.options.precision, device)
     reset(carries(net))  # carried state starts afresh, as for an evaluation

@@ -118,7 +118,15 @@ def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         >>> accuracy(torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1]))
         tensor(0.5000)
     """
-    return (output.argmax(dim=-1) == target).float().mean()
+    predicted = output.argmax(dim=-1)
+    if predicted.shape != target.shape:  # (broadcasting would compare every row with every row)
+        raise ValueError(
+            f"accuracy: the output {tuple(output.shape)} gives one predicted class per row, "
+            f"{tuple(predicted.shape)} (argmax over its last dimension), but the target is "
+            f"{tuple(target.shape)}; give logits (batch, classes) and class ids (batch,) — "
+            "for one logit per row, measure ((output > 0) == target).float().mean()"
+        )
+    return (predicted == target).float().mean()
 
 
 def evaluate(

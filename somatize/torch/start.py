@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..graph import Graph
+from ..node import Node
 from ..watchers import Watcher
 from . import ddp
 from .batches import num_examples
@@ -33,13 +34,19 @@ __all__ = [
 ]
 
 
-def as_module(model: Graph | nn.Module) -> nn.Module:
+def as_module(model: Graph | nn.Module, caller: str = "Trainer.fit") -> nn.Module:
+    """The ``nn.Module`` to train or run (``caller`` names the method, for its error)."""
     if isinstance(model, Graph):
         return module(model)
     if isinstance(model, nn.Module):
         inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper: train what it wraps
         return inner if isinstance(inner, nn.Module) else model
-    raise TypeError(f"Trainer.fit takes a Graph or an nn.Module, got {type(model).__qualname__}")
+    fix = (
+        ", a Node; make it a graph first: Graph.somatize(node)"
+        if isinstance(model, Node)
+        else "; pass a Graph, st.module(g) or any nn.Module"
+    )
+    raise TypeError(f"{caller} takes a Graph or an nn.Module, got {type(model).__qualname__}{fix}")
 
 
 def compiled(model: Any) -> nn.Module | None:

@@ -20,6 +20,7 @@ import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque, encode
 from somatize.errors import AggregationError, CheckpointError, SomatizeError, StateError
 from somatize.errors import ValueConversionError as VCE
+from somatize.torch import federated as fl
 from somatize.torch.checkpoint import rng_state
 from somatize.torch.verify import verify_checkpoints
 
@@ -188,6 +189,13 @@ CASES = [
     P(lambda t: st.fedavg(two(W, W), weights="uniform", int_buffers="nope"), ValueError, "int_buffers must be .*'nope'", id="fedavg-int-policy"),
     P(lambda t: st.fedavg(two({"w": torch.tensor([float("nan"), 0.0])}, W), weights="uniform"), AggregationError, "client 0.*'w'", id="fedavg-nan"),
     P(lambda t: st.fedmedian([]), AggregationError, "empty", id="fedmedian-empty"),
+    P(lambda t: st.accuracy(torch.zeros(8, 2), torch.zeros(7, dtype=torch.long)), ValueError, r"accuracy: the output \(8, 2\) gives one predicted class per row, \(8,\) .* but the target is \(7,\); give logits \(batch, classes\)", id="accuracy-rows-differ"),
+    P(lambda t: st.accuracy(torch.zeros(8), torch.zeros(8, dtype=torch.long)), ValueError, r"accuracy: the output \(8,\) .* for one logit per row, measure \(\(output > 0\) == target\)", id="accuracy-one-logit"),
+    P(lambda t: st.fedavg(two(W, W), weights=[None, 1]), TypeError, r"client 0's weight is None, not a number; weights holds one number per client", id="fedavg-weight-none"),
+    P(lambda t: st.fedavg(two(W, W), weights=5), TypeError, r"weights must be .*not 5; give one number per client.*weights=\[120, 80\]", id="fedavg-weights-int"),
+    P(lambda t: st.fedavg(two(W, W), exclude=3), TypeError, r"exclude is a list of keys or patterns .*not 3; e\.g\. exclude=\['head\.\*'\]", id="fedavg-exclude-int"),
+    P(lambda t: st.trimmed_mean(two(W, W, W), beta="0.1"), ValueError, r"beta must be in \[0, 0\.5\), not '0\.1'", id="trimmed-mean-beta-str"),
+    P(lambda t: fl.histogram([0, 1, 1], [[0, 5]]), ValueError, r"client 0's part holds 5, not an index of the 3 labels \(0 to 2\); pass the labels the partition was made from", id="histogram-index-out-of-range"),
     P(lambda t: st.summarize([], "val_acc"), ValueError, "no results to summarize for 'val_acc'", id="summarize-empty"),
     P(lambda t: st.summarize([result()], "val_loss"), KeyError, "no metric 'val_loss'.*val_acc", id="summarize-missing-metric"),
     P(lambda t: st.run_all(42, abs, [1]), TypeError, "not 42", id="run-all-not-an-executor"),
@@ -205,6 +213,14 @@ CASES = [
     P(lambda t: st.Options(scheduler_every="batch"), ValueError, "not 'batch'", id="options-scheduler-every"),
     P(lambda t: st.Patience("val_loss", mode="up"), ValueError, "not 'up'", id="patience-mode"),
     P(lambda t: trainer(loss=F.mse_loss).fit(42, []), TypeError, "takes a Graph or an nn.Module, got int", id="fit-int"),
+    P(lambda t: st.load_checkpoint(None), TypeError, r"load_checkpoint takes the path of a checkpoint file .*not None; e\.g\. st\.load_checkpoint\('runs/", id="load-checkpoint-none"),
+    P(lambda t: st.load_checkpoint(3), TypeError, r"load_checkpoint takes the path .*not 3", id="load-checkpoint-int"),
+    P(lambda t: trainer(loss=F.mse_loss).evaluate(42, []), TypeError, r"Trainer\.evaluate takes a Graph or an nn\.Module, got int; pass a Graph, st\.module\(g\)", id="evaluate-int"),
+    P(lambda t: trainer(loss=F.mse_loss).predict(Lin(), []), TypeError, r"Trainer\.predict takes .*got Lin, a Node; make it a graph first: Graph\.somatize\(node\)", id="predict-node"),
+    P(lambda t: trainer(loss=F.mse_loss).fit(lin(), None), SomatizeError, r"fit\(\)'s train is NoneType, not batches; pass a sequence of batches or a DataLoader", id="fit-train-none"),
+    P(lambda t: trainer(loss=F.mse_loss).fit(lin(), "train.csv"), SomatizeError, r"fit\(\)'s train is str, not batches", id="fit-train-str"),
+    P(lambda t: trainer(loss=F.mse_loss).evaluate(lin(), None), SomatizeError, r"evaluate\(\)'s data is NoneType, not batches; pass", id="evaluate-none"),
+    P(lambda t: trainer(loss=F.mse_loss).predict(lin(), 3), SomatizeError, r"predict\(\)'s data is int, not batches; pass", id="predict-int"),
     P(lambda t: trainer(loss=F.mse_loss, epochs=1).fit(lin(), []), ValueError, "yielded no batches in epoch 0", id="fit-no-batches"),
     P(lambda t: trainer(loss=F.mse_loss).fit(lin().freeze("lin"), [torch.zeros(1, 3)]), ValueError, "nothing to train", id="fit-all-frozen"),
 ]

@@ -9,6 +9,7 @@ not weights: averaging them as floats is wrong, so ``int_buffers`` says what to 
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -165,6 +166,25 @@ def _finite(states: list[State], nonfinite: str) -> list[int]:
     return keep
 
 
+def _listed(weights: Any) -> list[Any]:
+    try:
+        return list(weights)
+    except TypeError:
+        raise TypeError(
+            f"weights must be 'num_examples', 'uniform' or a list, not {weights!r:.60}; give "
+            "one number per client, in the order of results, e.g. weights=[120, 80]"
+        ) from None
+
+
+def _weight(i: int, w: Any) -> float:
+    if not isinstance(w, (numbers.Real, torch.Tensor)):
+        raise TypeError(
+            f"client {i}'s weight is {w!r:.60}, not a number; weights holds one number per "
+            "client (e.g. its number of examples), in the order of results"
+        )
+    return float(w)
+
+
 def _weights(results: Sequence[Any], weights: Any, keep: list[int]) -> list[float]:
     if isinstance(weights, str):
         if weights == "uniform":
@@ -189,7 +209,7 @@ def _weights(results: Sequence[Any], weights: Any, keep: list[int]) -> list[floa
             "pass a list with one number per client, in the order of results"
         )
     else:
-        raw = [float(w) for w in weights]
+        raw = [_weight(i, w) for i, w in enumerate(_listed(weights))]
         if len(raw) != len(results):
             raise AggregationError(
                 f"{len(raw)} weights for {len(results)} clients; give one per client"

@@ -71,6 +71,11 @@ def _rule(exclude: Exclude) -> Exclude:
             f"exclude is a list of keys or patterns (or a predicate), not the string "
             f"{exclude!r}; pass [{exclude!r}]"
         )
+    if not isinstance(exclude, Iterable):
+        raise TypeError(
+            f"exclude is a list of keys or patterns (or a predicate key -> bool), not "
+            f"{exclude!r:.60}; e.g. exclude=['head.*'] keeps the head's keys local"
+        )
     out = tuple(exclude)
     for p in out:
         if not isinstance(p, str):

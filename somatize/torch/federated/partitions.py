@@ -340,6 +340,15 @@ def histogram(labels: Any, parts: Sequence[Sequence[int]]) -> Histogram:
     y = _labels(labels)
     classes = np.unique(y)
     pos = np.searchsorted(classes, y)
+    for c, p in enumerate(parts):
+        idx = np.asarray(p, dtype=np.int64)
+        if idx.size and not (idx.min() >= 0 and idx.max() < len(y)):
+            bad = int(idx[(idx < 0) | (idx >= len(y))][0])
+            raise ValueError(
+                f"client {c}'s part holds {bad}, not an index of the {len(y)} labels "
+                f"(0 to {len(y) - 1}); pass the labels the partition was made from, and the "
+                "parts as made (index lists)"
+            )
     counts = tuple(
         tuple(
             int(v) for v in np.bincount(pos[np.asarray(p, dtype=np.int64)], minlength=len(classes))

@@ -11,6 +11,7 @@ subtracted from each), so no global state is needed.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -97,7 +98,7 @@ def trimmed_mean(
         >>> trimmed_mean(s, 0.25)["w"]
         tensor([2.5000])
     """
-    if isinstance(beta, bool) or not 0 <= beta < 0.5:
+    if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0 <= beta < 0.5:
         raise ValueError(f"beta must be in [0, 0.5), not {beta!r}; for beta → 0.5 use fedmedian")
 
     warned = False
