@@ -162,6 +162,8 @@ def check_data(
             f"{what} is {type(data).__qualname__}, not batches; pass a sequence of batches "
             "or a DataLoader, e.g. DataLoader(TensorDataset(X, Y), batch_size=32)"
         )
+    if isinstance(data, torch.Tensor):
+        _refuse_tensor(data, what)
     if type(data) in (list, tuple) and any(isinstance(b, (DataLoader, Dataset)) for b in data):
         _refuse_loaders(data, what, train)
     if type(data) in (list, tuple) and data and _an_example(data[0], split_, listed=True):
@@ -186,6 +188,25 @@ def check_data(
         "example and the run would count its features as its examples. Wrap it in a "
         f"DataLoader: DataLoader(dataset, batch_size=32{shuffle}) (a dataset whose items are "
         "batches already: DataLoader(dataset, batch_size=None))"
+    )
+
+
+def _refuse_tensor(data: torch.Tensor, what: str) -> None:
+    """One tensor where batches belong: each of its rows would be one un-batched batch
+    (``predict(g, X)`` would predict row by row, without a complaint)."""
+    one, loader = (
+        ("[X]", "TensorDataset(X)")
+        if what.startswith("predict")
+        else (
+            "[(X, Y)]",
+            "TensorDataset(X, Y)",
+        )
+    )
+    rows = f"its {data.shape[0]} rows" if data.dim() else "it"
+    raise SettingError(
+        f"{what} is one tensor of shape {tuple(data.shape)}, but data is read as a sequence "
+        f"of batches: each of {rows} would be one un-batched batch. Pass {one} for one "
+        f"batch, or DataLoader({loader}, batch_size=32)"
     )
 
 

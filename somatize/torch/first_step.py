@@ -186,11 +186,6 @@ def _dict_fix(batch: Mapping[Any, Any], owner: str) -> str:
 
 
 def _train_hint(train: Any) -> str:
-    if isinstance(train, torch.Tensor):
-        return (
-            "; fit() was given one tensor as train, so each batch is one row of it: pass "
-            "batches, e.g. DataLoader(TensorDataset(X, Y), batch_size=32)"
-        )
     if (
         isinstance(train, (tuple, list))
         and len(train) == 2

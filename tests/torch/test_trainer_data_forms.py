@@ -198,3 +198,20 @@ def test_a_list_of_single_examples_is_refused_naming_the_loader_that_batches_it(
         trainer().evaluate(make_graph(), list(zip(x, y)))
     result = trainer().fit(make_graph(), DataLoader(list(zip(x, y)), batch_size=10))  # the fix
     assert (result.steps, result.num_examples) == (3, 30)
+
+
+def test_one_tensor_as_data_is_refused_before_it_is_read_row_by_row():
+    """predict(g, X) would predict each row un-batched, without a complaint."""
+    x, y = tensors()
+    with pytest.raises(SettingError) as caught:
+        trainer().predict(make_graph(), x)
+    message = str(caught.value)
+    assert "predict()'s data is one tensor of shape (30, 4)" in message
+    assert "each of its 30 rows would be one un-batched batch" in message
+    assert "[X] for one batch, or DataLoader(TensorDataset(X), batch_size=32)" in message
+    with pytest.raises(SettingError, match=r"fit\(\)'s train is one tensor .*\[\(X, Y\)\]"):
+        trainer().fit(make_graph(), x)
+    with pytest.raises(SettingError, match=r"evaluate\(\)'s data is one tensor"):
+        trainer().evaluate(make_graph(), x)
+    outputs = trainer().predict(make_graph(), [x])  # the fix: one batch
+    assert [tuple(o.shape) for o in outputs] == [(30, 3)]
