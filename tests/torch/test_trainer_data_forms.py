@@ -202,7 +202,7 @@ def test_a_list_of_single_examples_is_refused_naming_the_loader_that_batches_it(
 
 def test_one_tensor_as_data_is_refused_before_it_is_read_row_by_row():
     """predict(g, X) would predict each row un-batched, without a complaint."""
-    x, y = tensors()
+    x, _ = tensors()
     with pytest.raises(SettingError) as caught:
         trainer().predict(make_graph(), x)
     message = str(caught.value)
