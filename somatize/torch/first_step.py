@@ -103,6 +103,21 @@ def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
             "(e.g. loss=F.cross_entropy); a metric belongs in Trainer(metrics=...)",
         )
         return
+    called = _loss_call(e) if trainer.loss is not None else None
+    if called is not None:
+        output, target = called
+        name = getattr(trainer.loss, "__qualname__", type(trainer.loss).__qualname__)
+        args = "output" if target is None else "output, target"
+        given = f"output {_typed(output)}" + (
+            "" if target is None else f", target {_typed(target)}"
+        )
+        add_note(
+            e,
+            f"raised in the loss function {name}, called as loss({args}) with {given}: "
+            "the Trainer calls it with the model's output and the batch's target (the "
+            "output alone for batches without a target); F.cross_entropy, for one, wants "
+            "float logits (batch, classes) and int64 class indices (batch,)",
+        )
     if isinstance(e, RuntimeError):
         return
     batch = _failing_batch(e)
@@ -113,6 +128,37 @@ def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
     note = batch_note(batch, trainer.loss is not None) + _train_hint(train)
     if note:
         add_note(e, note)
+
+
+def _typed(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')} {tuple(value.shape)}"
+    return describe(value, 1)
+
+
+def _loss_call(e: BaseException) -> tuple[Any, Any] | None:
+    """(output, target) when ``e`` was raised in calling the loss function (``loss_of``'s
+    call of it, or the fast path's, or inside it), else None."""
+    from .batches import loss_of
+    from .fastpath import fast_epoch
+
+    tb: types.TracebackType | None = e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code is fast_epoch.__code__:
+            local = tb.tb_frame.f_locals
+            # the model ran (out) and the loss was not made yet: the first batch's
+            # loss call failed (after a first step, explain is not asked)
+            if "out" in local and "loss" not in local:
+                return local["out"], local.get("y")
+        if code is loss_of.__code__:
+            local = tb.tb_frame.f_locals
+            # (loss_of's own scalar check says what it wants: no note on it)
+            if tb.tb_next is None and "value" in local:
+                return None
+            return local.get("output"), local.get("target")
+        tb = tb.tb_next
+    return None
 
 
 def _failing_batch(e: BaseException) -> Any:

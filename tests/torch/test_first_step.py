@@ -187,3 +187,33 @@ def test_a_loss_without_grad_is_named_on_the_first_step(loss):
     notes = "".join(info.value.__notes__)
     assert "the loss function" in notes and "<lambda>" in notes
     assert "does not require grad" in notes
+
+
+@pytest.mark.parametrize("options", [Q, st.Options(progress=False, accumulate=2)])
+@pytest.mark.parametrize(
+    "loss, raised",
+    [
+        (F.cross_entropy, RuntimeError),  # a float target: torch names no loss
+        (lambda out: out.sum(), TypeError),  # one argument, called with two
+    ],
+    ids=["float-target", "one-argument"],
+)
+def test_a_loss_that_fails_on_the_first_step_is_named_with_what_it_was_given(options, loss, raised):
+    floats = [(x, y.float()) for x, y in data()]
+    with pytest.raises(raised) as info:
+        st.Trainer(loss=loss, optimizer=sgd, options=options).fit(graph(), floats)
+    notes = "".join(info.value.__notes__)
+    assert "raised in the loss function" in notes
+    assert "called as loss(output, target) with output float32 (4, 2), target float32 (4,)" in notes
+
+
+def test_a_model_that_fails_is_not_said_to_be_the_loss():
+    class Broken(Node):
+        def forward(self, x, ctx):
+            raise ValueError("the model's own failure")
+
+    with pytest.raises(ValueError, match="the model's own failure") as info:
+        st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=Q).fit(
+            Graph.somatize(Broken() >> Head()), data()
+        )
+    assert "raised in the loss" not in "".join(getattr(info.value, "__notes__", []))
