@@ -196,6 +196,8 @@ CASES = [
     P(lambda t: Topology(nodes=(), edges=()).require_nonempty(), EmptyGraphError, "no nodes", id="topology-empty"),
     # -- keepers ----------------------------------------------------------------------
     P(lambda t: MemoryKeeper().put("nothex", b"x"), KeeperError, "invalid key 'nothex'", id="memory-bad-key"),
+    P(lambda t: DiskKeeper(None), TypeError, r"DiskKeeper\(None\): the cache directory is a path .*'\.somatize-cache'", id="disk-none"),
+    P(lambda t: DiskKeeper(3), TypeError, r"DiskKeeper\(3\): .*got int", id="disk-int"),
     P(lambda t: keeper(t).put("../etc", b"x"), KeeperError, r"invalid key '\.\./etc'", id="disk-put-traversal"),
     P(lambda t: keeper(t).put("A" * 64, b"x"), KeeperError, "invalid key 'AAAA", id="disk-put-upper"),
     P(lambda t: keeper(t).put("a" * 63, b"x"), KeeperError, "invalid key 'aaa", id="disk-put-short"),

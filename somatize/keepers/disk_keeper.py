@@ -97,7 +97,13 @@ class DiskKeeper:
         max_bytes: int | None = None,
     ) -> None:
         self._bound = upkeep.SizeBound(max_bytes)
-        if isinstance(path, (str, bytes, os.PathLike)) and not os.fspath(path):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                f"DiskKeeper({path!r:.60}): the cache directory is a path (a str or a "
+                f"pathlib.Path), got {type(path).__qualname__}; e.g. "
+                "DiskKeeper('.somatize-cache')"
+            )
+        if not os.fspath(path):
             raise ValueError(
                 "DiskKeeper(''): the cache directory is an empty path, which would fill the "
                 "current directory with objects/, packs/, names/ ...; give a directory, e.g. "
