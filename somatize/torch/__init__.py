@@ -24,11 +24,11 @@ from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
 from .metrics import accuracy
 from .model_summary import ModelSummary, model_summary
 from .module import GraphModule, module, parameters
-from .pool import Runs, run_all
 from .progress import Progress
 from .pruning import Patience, Pruner, Threshold
 from .remember import Remembered, RememberedResult, remember, run_checkpointing
 from .result import TrainResult
+from .run_all import Runs, run_all
 from .state import load_state, state
 from .tensorboard import TensorBoard
 from .trainer import Options, Trainer

@@ -47,8 +47,8 @@ from typing import Any, Literal, TypeVar, overload
 from blake3 import blake3
 
 from ...errors import add_note
-from ..pool import note_unpicklable
 from ..pool_worker import portable, raise_alone
+from ..run_all import note_unpicklable
 from .spool import dumps, open_spool, remove, ship, unship
 
 __all__ = ["ClientFailure", "map_clients"]
