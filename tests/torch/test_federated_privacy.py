@@ -2,7 +2,9 @@
 
 import math
 import sys
+import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -387,3 +389,43 @@ def test_counts_take_numpy_integers_as_fl_sample_does_and_bools_are_refused():
         fl.DPFedAvg(clip=1.0, noise=True, clients=10, per_round=2)
     with pytest.raises(ValueError, match=r"per_round must be a positive int .*, not 2.0"):
         fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2.0)
+
+
+def test_poisson_sampling_is_what_dpfedavg_accountant_charges_and_does_not_warn():
+    """DP-FedAvg's accountant analyses Poisson sampling; the loop had to write it by hand
+    (np.flatnonzero(rng.random(N) < q)) and silence the over-count warning every round."""
+    from opacus.accountants import RDPAccountant
+
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=50, per_round=5, poisson=True, seed=0)
+    x, sizes = {"w": torch.zeros(4)}, []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # rounds of more than per_round=5 do not warn
+        for r in range(40):
+            chosen = fl.sample(50, rate=dp.sample_rate, round=r, seed=3)
+            assert chosen == fl.sample(50, rate=0.1, round=r, seed=3)  # by (seed, round) alone
+            assert chosen == sorted(set(chosen)) and all(0 <= c < 50 for c in chosen)
+            sizes.append(len(chosen))
+            x = dp.step(x, [{"w": x["w"] + 0.1} for _ in chosen])
+    assert max(sizes) > 5 and dp.rounds == 40
+    ref = RDPAccountant()
+    for _ in range(40):
+        ref.step(noise_multiplier=1.0, sample_rate=0.1)
+    assert dp.epsilon(1e-5) == ref.get_epsilon(1e-5)
+    # each client independently at the rate: over many rounds, every client near it
+    drawn = np.zeros(50)
+    for r in range(2000):
+        drawn[fl.sample(50, rate=0.1, round=r, seed=0)] += 1
+    assert np.abs(drawn / 2000 - 0.1).max() < 0.035  # (4.9 standard deviations of 2000 draws)
+    assert any(not fl.sample(50, rate=0.02, round=r) for r in range(50))  # a round of nobody
+    with pytest.warns(UserWarning, match=r"pass poisson=True"):
+        fl.DPFedAvg(clip=1.0, noise=1.0, clients=50, per_round=5).step(
+            {"w": torch.zeros(1)}, [{"w": torch.ones(1)}] * 6
+        )
+    with pytest.raises(ValueError, match="exactly one of fraction=.*rate="):
+        fl.sample(50, count=5, rate=0.1, round=0)
+    with pytest.raises(ValueError, match=r"rate must be a probability in \(0, 1\], not 1.5"):
+        fl.sample(50, rate=1.5, round=0)
+    with pytest.raises(ValueError, match="weights= goes with fraction= or count="):
+        fl.sample(50, rate=0.1, round=0, weights=[1.0] * 50)
+    with pytest.raises(ValueError, match="poisson=True .* takes no weights="):
+        fl.DPFedAvg(clip=1.0, noise=1.0, clients=2, per_round=1, poisson=True, weights=[1, 2])

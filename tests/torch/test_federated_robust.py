@@ -1,5 +1,7 @@
 """Krum, multi-Krum, Bulyan and the trimmed mean: honest clients chosen, preconditions named."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -85,3 +87,16 @@ def test_trimmed_mean_accepts_every_beta_flower_accepts(n):
     for beta in [0.5, -0.1, 1.0]:
         with pytest.raises(ValueError, match=r"beta must be in \[0, 0.5\)"):
             fl.trimmed_mean(states, beta)
+
+
+def test_trimmed_mean_that_trims_nothing_warns_naming_the_beta_that_would():
+    """beta=0.1 over 5 clients cuts int(0.5) = 0 values: the plain mean, dragged by the
+    attacker, without a word (as Flower and scipy cut; now it says so)."""
+    states = [{"w": torch.tensor([float(v)])} for v in (1, 2, 3, 4, 100)]
+    with pytest.warns(UserWarning, match=r"trims int\(0.1 × 5\) = 0 .* beta ≥ 1/5 = 0.2"):
+        dragged = fl.trimmed_mean(states, 0.1)
+    assert float(dragged["w"]) == 22.0  # the mean, as before: only the warning is new
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert float(fl.trimmed_mean(states, 0.2)["w"]) == 3.0  # trims one at each end
+        assert float(fl.trimmed_mean(states, 0.0)["w"]) == 22.0  # asked for no trimming
