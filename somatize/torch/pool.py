@@ -249,7 +249,7 @@ def _deliver(task: _Task, result: Any) -> None:
         task.future.set_result(result)
         return
     try:
-        value = pickle.loads(result)
+        value = pickle.loads(result)  # the user's own function's result, from their own worker
     except Exception as e:
         error = RuntimeError(
             f"call {task.id}'s result came back from its worker but cannot be unpickled in "
