@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import add_note, require
+from ..errors import SettingError, add_note, require
 from ..graph import Graph
 from . import lightning_carry, lightning_state, tally
 from .batches import checked_split, loss_of, num_examples, split
@@ -79,7 +79,9 @@ class LightningGraph(L.LightningModule):
             (it is then given the whole batch, and its output is logged as the loss —
             ``val_loss``, ``test_loss`` — as under ``st.Trainer``).
         optimizer: a factory ``params -> torch.optim.Optimizer`` (given ``parameters(g)``:
-            trainable, deduplicated, frozen nodes excluded).
+            trainable, deduplicated, frozen nodes excluded). Needed only to train: a
+            ``LightningGraph`` without one predicts, validates and tests, and ``fit``
+            raises a ``SettingError`` naming ``optimizer=``.
         scheduler: a factory ``optimizer -> LR scheduler``, stepped once per epoch as
             Lightning steps a plain scheduler (a ``ReduceLROnPlateau`` with
             ``monitor="val_loss"``); or returning Lightning's ``lr_scheduler`` dict
@@ -114,7 +116,7 @@ class LightningGraph(L.LightningModule):
         g: Graph,
         *,
         loss: Loss | None,
-        optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
         scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
         metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
         split: Callable[[Any], tuple[Any, Any]] | None = None,
@@ -255,6 +257,14 @@ class LightningGraph(L.LightningModule):
             self._pending.append(total)
 
     def configure_optimizers(self) -> Any:
+        if self._optimizer is None:  # (Lightning configures only to fit)
+            raise SettingError(
+                "LightningGraph was made without optimizer=, so it predicts, validates and "
+                "tests but cannot be fitted: pass an optimizer factory to train it, e.g. "
+                "LightningGraph(g, loss=..., optimizer=lambda ps: torch.optim.AdamW(ps, "
+                "lr=1e-3)) or LightningGraph.load_from_checkpoint(path, g=g, loss=..., "
+                "optimizer=...)"
+            )
         config, names = configured(self.graph, self._optimizer, self._scheduler)
         # named from the objects the run uses: in every checkpoint (hparams) and, as Lightning
         # logs them after configuring, in every logger (which logs hparams_initial)
@@ -378,9 +388,12 @@ class LightningGraph(L.LightningModule):
         """Lightning's, with ``weights_only=True`` unless told otherwise: a checkpoint's
         pickles run no code, whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says.
 
+        ``optimizer=`` is needed only to go on training: without it the loaded module
+        predicts, validates and tests (``fit`` then names ``optimizer=``).
+
         Raises:
-            SettingError: ``g=``, ``loss=`` or ``optimizer=`` not given (the checkpoint
-                holds weights, not code), naming the graph's nodes and the call to write.
+            SettingError: ``g=`` or ``loss=`` not given (the checkpoint holds weights,
+                not code), naming the graph's nodes and the call to write.
         """
         lightning_state.check_loading(checkpoint_path, kw)
         load = super().load_from_checkpoint

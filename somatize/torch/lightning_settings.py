@@ -23,9 +23,10 @@ def check(g: Any, loss: Any, optimizer: Any, scheduler: Any, metrics: Any) -> No
     """Refuse a bad argument when a ``LightningGraph`` is made, naming it and the fix."""
     if not isinstance(g, Graph):
         raise TypeError(f"LightningGraph takes a somatize Graph, got {type(g).__qualname__}")
-    if not callable(optimizer):
+    if optimizer is not None and not callable(optimizer):
         raise TypeError(
-            "optimizer must be a factory over parameters, e.g. "
+            "optimizer must be a factory over parameters (or None, to predict and evaluate "
+            "only), e.g. "
             "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
         )
     if scheduler is not None and not callable(scheduler):
@@ -59,7 +60,9 @@ def hyperparameters(
     only once it has the model: when its probe fails, its name is None here, and
     ``configure_optimizers`` names both from the objects the run uses (``configured``)."""
     params = parameters(g)
-    opt = optimizer(params) if params else None  # probes, for class names and lr only
+    opt = (
+        optimizer(params) if params and optimizer is not None else None
+    )  # probes, for class names and lr only
     names = _named(opt)
     sched = None
     if scheduler is not None and opt is not None:

@@ -76,12 +76,13 @@ def restore(lg: LightningGraph, checkpoint: dict[str, Any]) -> None:
 
 def check_loading(path: Any, given: dict[str, Any]) -> None:
     """``load_from_checkpoint``: refuse a call without the code a checkpoint cannot hold —
-    the graph, the loss and the optimizer factory — naming the graph's nodes.
+    the graph and the loss (the optimizer factory only to train on) — naming the graph's
+    nodes.
 
     Raises:
-        SettingError: ``g``, ``loss`` or ``optimizer`` not given.
+        SettingError: ``g`` or ``loss`` not given.
     """
-    missing = [name for name in ("g", "loss", "optimizer") if name not in given]
+    missing = [name for name in ("g", "loss") if name not in given]
     if not missing:
         return
     nodes = ""
@@ -94,7 +95,8 @@ def check_loading(path: Any, given: dict[str, Any]) -> None:
         f"LightningGraph.load_from_checkpoint({str(path)!r}) is missing "
         f"{', '.join(f'{m}=' for m in missing)}: a checkpoint holds the graph's weights and "
         f"topology, not its code. Build the graph as it was trained{nodes} and pass it "
-        "with the loss and the optimizer factory (code too; loss=None when the graph's "
-        "output is the loss): LightningGraph.load_from_checkpoint(path, g=g, "
-        "loss=F.cross_entropy, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3))"
+        "with the loss (code too; loss=None when the graph's output is the loss), and the "
+        "optimizer factory to train on: LightningGraph.load_from_checkpoint(path, g=g, "
+        "loss=F.cross_entropy, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3)) — "
+        "optimizer= may be left out to predict, validate or test only"
     )

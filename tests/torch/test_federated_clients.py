@@ -67,6 +67,74 @@ def test_prox_equals_a_hand_written_fedprox_loss(make_opt):
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
 
 
+CLOSURE_OPTIMIZERS = [
+    lambda ps: torch.optim.LBFGS(ps, lr=0.5, max_iter=4),
+    lambda ps: torch.optim.LBFGS(ps, lr=1, max_iter=4, line_search_fn="strong_wolfe"),
+    lambda ps: torch.optim.SGD(ps, lr=0.1),  # as Lightning steps it: with a closure
+]
+CLOSURE_IDS = ["lbfgs", "lbfgs-wolfe", "sgd-closure"]
+
+
+def _closure(model, opt, x, y, extra=lambda: 0.0):
+    def closure():
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y) + extra()
+        loss.backward()
+        return loss
+
+    return closure
+
+
+@pytest.mark.parametrize("make_opt", CLOSURE_OPTIMIZERS, ids=CLOSURE_IDS)
+def test_prox_with_a_closure_equals_a_hand_written_fedprox_loss(make_opt):
+    # LBFGS evaluates the closure many times a step: the term must be in every evaluation
+    mu = 0.5
+    torch.manual_seed(0)
+    ours, theirs = nn.Linear(4, 3), nn.Linear(4, 3)
+    theirs.load_state_dict(ours.state_dict())
+    anchor = [p.detach().clone() for p in theirs.parameters()]
+    opt_ours = fl.prox(make_opt, mu=mu)(list(ours.parameters()))
+    opt_theirs = make_opt(list(theirs.parameters()))
+    moved(ours), moved(theirs)
+
+    def prox_term():
+        return mu / 2 * sum((p - a).pow(2).sum() for p, a in zip(theirs.parameters(), anchor))
+
+    for x, y in BATCHES:
+        got = opt_ours.step(_closure(ours, opt_ours, x, y))
+        want = opt_theirs.step(_closure(theirs, opt_theirs, x, y, prox_term))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # the objective's loss
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("make_opt", CLOSURE_OPTIMIZERS, ids=CLOSURE_IDS)
+def test_scaffold_with_a_closure_equals_a_hand_written_linear_correction(make_opt):
+    g = make_graph()
+    ours = st.module(g)
+    theirs = nn.Linear(4, 3)
+    weight, bias = ours.parameters()
+    theirs.load_state_dict({"weight": weight.detach(), "bias": bias.detach()})
+    gen = torch.Generator().manual_seed(1)
+    c = {n: 0.1 * torch.randn(p.shape, generator=gen) for n, p in ours.named_parameters()}
+    ci = {n: 0.1 * torch.randn(p.shape, generator=gen) for n, p in ours.named_parameters()}
+    d = [c[n] - ci[n] for n, _ in ours.named_parameters()]
+    opt_ours = fl.scaffold(make_opt, g, c, ci)(list(ours.parameters()))
+    opt_theirs = make_opt(list(theirs.parameters()))
+
+    def l2(model):  # (the user's own: bounds the objective, which a linear term alone may
+        return lambda: 0.5 * sum(p.pow(2).sum() for p in model.parameters())  # not be)
+
+    def linear():  # ⟨c − cᵢ, w⟩: its gradient is SCAFFOLD's correction
+        return l2(theirs)() + sum((di * p).sum() for di, p in zip(d, theirs.parameters()))
+
+    for x, y in BATCHES:
+        opt_ours.step(_closure(ours, opt_ours, x, y, l2(ours)))
+        opt_theirs.step(_closure(theirs, opt_theirs, x, y, linear))
+        for a, b in zip(ours.parameters(), theirs.parameters()):  # (the losses differ by a
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # constant, rounded)
+
+
 def test_prox_in_the_trainer_pulls_the_client_towards_the_global_state():
     distance = {}
     for mu in (0.0, 1.0):

@@ -60,11 +60,45 @@ def test_epsilon_grows_with_rounds_and_resume_is_exact():
         eps.append(dp.epsilon(delta=1e-5))
     assert 0 < eps[0] < eps[1] < eps[2]
     again = fl.DPFedAvg(clip=1.0, noise=1.1, clients=100, per_round=10)
-    again.load_state_dict(dp.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same settings: a resume says nothing
+        again.load_state_dict(dp.state_dict())
     assert again.epsilon(1e-5) == eps[-1]
     nxt = round_of(x, 0.01, seed=9)
     a, b = dp.step(x, nxt), again.step(x, nxt)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_resume_with_other_settings_warns_naming_both_and_epsilon_composes_both():
+    from opacus.accountants import RDPAccountant
+
+    dp = fl.DPFedAvg(clip=1.0, noise=1.1, clients=100, per_round=10, seed=3)
+    x = GLOBAL
+    for r in range(3):
+        x = dp.step(x, round_of(x, 0.01, seed=r))
+    other = fl.DPFedAvg(clip=0.5, noise=0.8, clients=100, per_round=20, seed=3)
+    with pytest.warns(UserWarning, match=r"noise=1\.1 \(this DPFedAvg: 0\.8\)") as w:
+        other.load_state_dict(dp.state_dict())
+    message = str(w[0].message)
+    assert "clip=1.0 (this DPFedAvg: 0.5)" in message and "sample_rate=0.1" in message
+    assert "fl.DPFedAvg(clip=1.0, noise=1.1, clients=100, per_round=10" in message  # the fix
+    for r in range(2):
+        x = other.step(x, round_of(x, 0.01, clients=20, seed=10 + r))
+    # ε is the composition of both settings' rounds, as Opacus's accountant composes them
+    plain = RDPAccountant()
+    for noise, rate in [(1.1, 0.1)] * 3 + [(0.8, 0.2)] * 2:
+        plain.step(noise_multiplier=noise, sample_rate=rate)
+    assert other.epsilon(1e-5) == pytest.approx(plain.get_epsilon(delta=1e-5), rel=1e-12)
+
+
+def test_noiseless_rounds_before_a_resume_with_noise_leave_epsilon_infinite():
+    dp = fl.DPFedAvg(clip=1.0, noise=0.0, clients=100, per_round=10)
+    x = dp.step(GLOBAL, round_of(GLOBAL, 0.01))  # ε = ∞ from here on, whatever follows
+    noisy = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10)
+    with pytest.warns(UserWarning, match=r"noise=0\.0 \(this DPFedAvg: 1\.0\)"):
+        noisy.load_state_dict(dp.state_dict())
+    noisy.step(x, round_of(x, 0.01, seed=1))
+    assert noisy.epsilon(1e-5) == math.inf
 
 
 def test_arguments_are_checked():

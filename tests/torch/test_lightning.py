@@ -295,6 +295,33 @@ def test_load_from_checkpoint_restores_weights_and_refuses_another_graph(tmp_pat
         )
 
 
+def test_load_from_checkpoint_without_an_optimizer_predicts_as_the_trained_model(tmp_path):
+    from somatize.errors import SettingError
+
+    lg = _lg(_graph(0))
+    ck = ModelCheckpoint(tmp_path / "ck")
+    _trainer(tmp_path, max_epochs=2, callbacks=[ck]).fit(lg, _loader())
+    # inference only: no optimizer factory to write
+    loaded = LightningGraph.load_from_checkpoint(
+        ck.best_model_path, g=_graph(3), loss=nn.functional.cross_entropy
+    )
+    x, y = _tensors(32, seed=5)
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    got = torch.cat(_trainer(tmp_path).predict(loaded, loader))
+    lg.eval()
+    with torch.no_grad():
+        want = torch.cat([lg.net(xb) for xb, _ in loader])
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    _trainer(tmp_path).validate(loaded, loader)
+    lg_val = _trainer(tmp_path).validate(lg, loader)
+    assert loaded.validated[-1]["val_loss"] == pytest.approx(lg_val[0]["val_loss"], rel=1e-6)
+    # fit without one names the fix (Lightning configures optimizers only to fit)
+    with pytest.raises(SettingError, match="optimizer="):
+        _trainer(tmp_path, max_epochs=1).fit(loaded, _loader())
+    with pytest.raises(SettingError, match="optimizer="):
+        _trainer(tmp_path, max_epochs=1).fit(LightningGraph(_graph(1), loss=None), _loader())
+
+
 def test_test_and_predict_steps(tmp_path):
     lg = _lg(_graph())
     trainer = _trainer(tmp_path, max_epochs=1)

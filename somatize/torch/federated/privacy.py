@@ -320,12 +320,27 @@ class DPFedAvg:
             raise ValueError(f"delta must be in (0, 1), typically below 1/clients, not {delta!r}")
         if self.rounds == 0:
             return 0.0
-        if self.noise == 0:
+        # a round without noise is not in the accountant's history (it charges none), and
+        # costs ε = ∞: one before a resume with noise counts as much as one now
+        charged = sum(int(h[2]) for h in self.accountant.history)
+        if self.noise == 0 or charged < self.rounds:
             return math.inf
         return float(self.accountant.get_epsilon(delta=delta))
 
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "clip": self.clip,
+            "noise": self.noise,
+            "sample_rate": self.sample_rate,
+            "clients": self.clients,
+            "per_round": self.per_round,
+            "poisson": self.poisson,
+        }
+
     def state_dict(self) -> dict[str, Any]:
-        """Rounds, the accountant's history and the noise generator (for an exact resume).
+        """Rounds, the accountant's history, the noise generator (for an exact resume) and
+        the settings (``clip``, ``noise``, ``sample_rate``, ``clients``, ``per_round``,
+        ``poisson``) its rounds ran under.
 
         The generator's state regenerates the noise of every round after it: keep what
         this returns (and checkpoints holding it) as private as the clients' updates.
@@ -334,10 +349,39 @@ class DPFedAvg:
             "rounds": self.rounds,
             "history": [tuple(h) for h in self.accountant.history],
             "generator": self.generator.get_state(),
+            "settings": self._settings(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what ``state_dict()`` returned."""
+        """Restore what ``state_dict()`` returned.
+
+        Settings other than the checkpoint's (another ``clip``, ``noise``, sampling rate...)
+        warn, naming both: ε stays right — the accountant's history holds each round's σ
+        and rate, and a noiseless round makes ε infinite — but a resumed loop built with
+        other settings is usually a mistake; build it with the checkpoint's, or keep the
+        new ones on purpose (a schedule of σ).
+        """
+        saved = state.get("settings")
+        if saved is None and state["history"]:  # (a state from before it held them)
+            noise, rate = state["history"][-1][:2]
+            saved = {"noise": float(noise), "sample_rate": float(rate)}
+        mine = self._settings()
+        differ = [
+            f"{k}={v!r} (this DPFedAvg: {mine[k]!r})"
+            for k, v in (saved or {}).items()
+            if k in mine and v != mine[k]
+        ]
+        if differ:
+            named = ("clip", "noise", "clients", "per_round")
+            call = ", ".join(f"{k}={v!r}" for k, v in (saved or {}).items() if k in named)
+            warnings.warn(
+                f"DPFedAvg.load_state_dict: the checkpoint's rounds ran with {', '.join(differ)}. "
+                "The rounds from now on run with this object's settings; epsilon stays right "
+                "(the accountant's history holds each round's noise and rate), but if this is "
+                "a resume, build DPFedAvg with the checkpoint's settings: "
+                f"fl.DPFedAvg({call}, ...)",
+                stacklevel=outside(),
+            )
         self.rounds = int(state["rounds"])
         self.accountant.history = [tuple(h) for h in state["history"]]
         self.generator.set_state(state["generator"])

@@ -3,7 +3,10 @@
 Both wrap the Trainer's optimizer factory. The wrapped optimizer gets a step
 pre-hook (``Optimizer.register_step_pre_hook``) that adds a term to each gradient
 just before the update, after backward (and after gradient clipping and AMP
-unscaling), so the loss, the graph and the Trainer stay as they are::
+unscaling), so the loss, the graph and the Trainer stay as they are. A step given a
+closure (``LBFGS``, which evaluates it many times a step; Lightning, whose closure
+computes the gradients afresh) gets its closure wrapped instead: the term is added
+after each of its backward passes, and its loss to the loss the closure returns::
 
     trainer = st.Trainer(loss=..., optimizer=fl.prox(lambda ps: SGD(ps, lr=0.05), mu=0.01))
 
@@ -39,6 +42,41 @@ def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in opt.param_groups for p in group["params"]]
 
 
+def _on_gradients(
+    opt: torch.optim.Optimizer, add: Callable[[], None], value: Callable[[], torch.Tensor]
+) -> None:
+    """Make every step of ``opt`` see ``add()``'s terms in its gradients.
+
+    A step without a closure: added before it. A step with one (``LBFGS``, which calls it
+    again and again; Lightning, whose closure zeroes the gradients and computes them
+    afresh): added inside it, after each backward, and ``value()`` — the term's own loss,
+    whose gradient ``add`` adds — is added to the loss it returns, so a line search compares
+    the losses of the objective whose gradients it is given."""
+
+    def hook(_opt: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # (args are step's own, the optimizer first: step(self, closure=None))
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        if closure is None:
+            with torch.no_grad():
+                add()
+            return None
+
+        def wrapped() -> Any:
+            loss = closure()
+            with torch.no_grad():
+                add()
+                if loss is None:
+                    return None
+                extra = value()
+            return loss + (extra.to(loss) if isinstance(loss, torch.Tensor) else float(extra))
+
+        if len(args) > 1:
+            return (args[0], wrapped, *args[2:]), kwargs
+        return args, {**kwargs, "closure": wrapped}
+
+    opt.register_step_pre_hook(hook)
+
+
 def prox(optimizer: Factory, mu: float) -> Factory:
     """FedProx: an optimizer factory whose steps add μ(w − w₀) to each parameter's gradient.
 
@@ -69,16 +107,19 @@ def prox(optimizer: Factory, mu: float) -> Factory:
         opt = optimizer(params)
         anchors = [(p, p.detach().clone()) for p in _params(opt)]
 
-        def pull(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            with torch.no_grad():
-                for p, w0 in anchors:
-                    term = (p - w0).mul_(mu)
-                    if p.grad is None:
-                        p.grad = term
-                    else:
-                        p.grad.add_(term)
+        def pull() -> None:
+            for p, w0 in anchors:
+                term = (p - w0).mul_(mu)
+                if p.grad is None:
+                    p.grad = term
+                else:
+                    p.grad.add_(term)
 
-        opt.register_step_pre_hook(pull)
+        def value() -> torch.Tensor:  # μ/2‖w − w₀‖², whose gradient pull adds
+            total = sum(((p - w0).double().pow(2).sum() for p, w0 in anchors), torch.zeros(()))
+            return total * (mu / 2)
+
+        _on_gradients(opt, pull, value)
         return opt
 
     return make
@@ -127,15 +168,20 @@ def scaffold(optimizer: Factory, g: Graph, c: Variates, c_client: Variates) -> F
                 )
             )
 
-        def correct(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            with torch.no_grad():
-                for p, d in pairs:
-                    if p.grad is None:
-                        p.grad = d.clone()
-                    else:
-                        p.grad.add_(d)
+        starts = [p.detach().clone() for p, _ in pairs]
 
-        opt.register_step_pre_hook(correct)
+        def correct() -> None:
+            for p, d in pairs:
+                if p.grad is None:
+                    p.grad = d.clone()
+                else:
+                    p.grad.add_(d)
+
+        def value() -> torch.Tensor:  # ⟨c − cᵢ, w − w₀⟩, whose gradient correct adds
+            terms = ((d.double() * (p - w0).double()).sum() for (p, d), w0 in zip(pairs, starts))
+            return sum(terms, torch.zeros((), dtype=torch.float64))
+
+        _on_gradients(opt, correct, value)
         return opt
 
     return make
