@@ -30,22 +30,13 @@ from somatize import DiskKeeper, Done, Graph, JsonLines, Node, Opaque, Recorder 
 from somatize.errors import CheckpointError  # noqa: E402
 from somatize.torch.lightning import LightningGraph, Watch, result  # noqa: E402
 from somatize.watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd  # noqa: E402
+from tests.torch.lightning_quiet import NO_VAL, QUIET  # noqa: E402
 
 pytestmark = [
     # the nodes count their calls in CALLS, which their keys cannot (and need not) see
     pytest.mark.filterwarnings("ignore:node class .* reads the global CALLS"),
-    # lightning 2.6's CombinedLoader uses torch.utils._pytree.LeafSpec, deprecated in the
-    # torch we run (2.13): every fit warns, whatever the module does.
-    pytest.mark.filterwarnings(
-        r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning"
-    ),
-    # our DataLoaders have num_workers=0 on purpose (tiny in-memory tensors); Lightning
-    # advises more workers on machines with more than two cores.
-    pytest.mark.filterwarnings("ignore:The '.*' does not have many workers"),
-    # fitting without validation data is a normal run here, as in the somatize Trainer.
-    pytest.mark.filterwarnings(
-        "ignore:You defined a `validation_step` but have no `val_dataloader`"
-    ),
+    *QUIET,
+    NO_VAL,  # fitting without validation data is a normal run here, as in the Trainer
 ]
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,16 +15,9 @@ L = pytest.importorskip("lightning")
 import somatize.torch as st  # noqa: E402
 from somatize import Done, Graph, Node, Opaque  # noqa: E402
 from somatize.torch.lightning import LightningGraph  # noqa: E402
+from tests.torch.lightning_quiet import NO_VAL, QUIET  # noqa: E402
 
-pytestmark = [
-    pytest.mark.filterwarnings(
-        r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning"
-    ),
-    pytest.mark.filterwarnings("ignore:The '.*' does not have many workers"),
-    pytest.mark.filterwarnings(
-        "ignore:You defined a `validation_step` but have no `val_dataloader`"
-    ),
-]
+pytestmark = [*QUIET, NO_VAL]
 
 
 class Recurrent(Node):

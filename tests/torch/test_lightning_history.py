@@ -15,15 +15,9 @@ import somatize.torch as st  # noqa: E402
 from somatize import Done, Graph, Node, Opaque, Recorder  # noqa: E402
 from somatize.torch.lightning import LightningGraph, Watch, result  # noqa: E402
 from somatize.watchers import EpochEnd  # noqa: E402
+from tests.torch.lightning_quiet import QUIET  # noqa: E402
 
-pytestmark = [
-    # lightning 2.6's CombinedLoader uses torch.utils._pytree.LeafSpec, deprecated in the
-    # torch we run: every fit warns, whatever the module does (as in test_lightning.py).
-    pytest.mark.filterwarnings(
-        r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning"
-    ),
-    pytest.mark.filterwarnings("ignore:The '.*' does not have many workers"),
-]
+pytestmark = QUIET
 
 
 class Hidden(Node):
