@@ -220,6 +220,8 @@ CASES = [
     P(lambda t: trainer(loss=F.mse_loss).fit(lin(), None), SomatizeError, r"fit\(\)'s train is NoneType, not batches; pass a sequence of batches or a DataLoader", id="fit-train-none"),
     P(lambda t: trainer(loss=F.mse_loss).fit(lin(), "train.csv"), SomatizeError, r"fit\(\)'s train is str, not batches", id="fit-train-str"),
     P(lambda t: trainer(loss=F.mse_loss).evaluate(lin(), None), SomatizeError, r"evaluate\(\)'s data is NoneType, not batches; pass", id="evaluate-none"),
+    P(lambda t: st.Trainer(loss=None).evaluate(lin(), [(torch.zeros(1, 3), torch.zeros(1, 2))]), TypeError, r"the batch is a tuple of 2 .*without loss= the graph gets the whole batch.*pass loss=fn\(output, target\)", id="evaluate-pair-without-loss"),
+    P(lambda t: st.Trainer(loss=F.mse_loss).evaluate(lin(), [{"image": torch.zeros(1, 3), "label": torch.zeros(1, 2)}]), TypeError, r"which the Trainer does not split.*Trainer\(split=lambda b: \(b\['image'\], b\['label'\]\)\)", id="evaluate-dict-unsplit"),
     P(lambda t: trainer(loss=F.mse_loss).predict(lin(), 3), SomatizeError, r"predict\(\)'s data is int, not batches; pass", id="predict-int"),
     P(lambda t: trainer(loss=F.mse_loss, epochs=1).fit(lin(), []), ValueError, "yielded no batches in epoch 0", id="fit-no-batches"),
     P(lambda t: trainer(loss=F.mse_loss).fit(lin().freeze("lin"), [torch.zeros(1, 3)]), ValueError, "nothing to train", id="fit-all-frozen"),
