@@ -29,6 +29,7 @@ from somatize import (
     KeeperError,
     MemoryKeeper,
     MissingNodeError,
+    MissingValueError,
     Node,
     NodeError,
     Opaque,
@@ -78,6 +79,11 @@ class MyInt(int):
 
 class MyStr(str):
     pass
+
+
+class ReadsLr(Node):
+    def forward(self, x, ctx):
+        return Done(x * ctx.values["lr"])
 
 
 def one() -> Graph:
@@ -172,6 +178,7 @@ CASES = [
     P(lambda t: one().forward(object()), ValueConversionError, "graph input.*type object", id="forward-object"),
     P(lambda t: one().forward([1, {2: {3}}]), ValueConversionError, r"graph input at \[1\]\[2\]", id="forward-nested-set"),
     P(lambda t: one().forward(Opaque(1), {1, 2}), ValueConversionError, r"graph input 1 \(beside an Opaque one\).*a set", id="forward-set-beside-opaque"),
+    P(lambda t: Graph.somatize(ReadsLr()).forward(1), MissingValueError, r"ctx\.values\['lr'\]: this run was given no values; pass it as g\.forward\(x, values=\{'lr': \.\.\.\}\)", id="ctx-values-missing"),
     P(lambda t: one().forward(1, values=[1]), TypeError, r"values=\[1\]\): values is a mapping", id="forward-values-list"),
     # -- graphs: constructor, names, flags, the DSL (audit: S11, M5, C5, C6, M1, section 5)
     P(lambda t: Graph(keeper=42), TypeError, r"Graph\(keeper=\.\.\.\): 42 \(int\) is not a keeper", id="graph-keeper-int"),
