@@ -179,6 +179,9 @@ CASES = [
     P(lambda t: one().forward([1, {2: {3}}]), ValueConversionError, r"graph input at \[1\]\[2\]", id="forward-nested-set"),
     P(lambda t: one().forward(Opaque(1), {1, 2}), ValueConversionError, r"graph input 1 \(beside an Opaque one\).*a set", id="forward-set-beside-opaque"),
     P(lambda t: Graph.somatize(ReadsLr()).forward(1), MissingValueError, r"ctx\.values\['lr'\]: this run was given no values; pass it as g\.forward\(x, values=\{'lr': \.\.\.\}\)", id="ctx-values-missing"),
+    P(lambda t: Graph(codecs=3), TypeError, r"Graph\(codecs=\.\.\.\): codecs is a sequence of codecs, not 3; e\.g\. codecs=\[st\.TensorCodec\(\)\]", id="graph-codecs-int"),
+    P(lambda t: Graph(codecs=[3]), TypeError, r"Graph\(codecs=\.\.\.\): 3 is not a codec: it lacks tag \(a str\), accepts, .*see somatize\.codecs\.Codec", id="graph-codecs-list-of-int"),
+    P(lambda t: one().use(codecs=[object()]), TypeError, r"Graph\.use\(codecs=\.\.\.\): <object object .*> is not a codec", id="graph-use-codecs-object"),
     P(lambda t: one().forward(1, values=[1]), TypeError, r"values=\[1\]\): values is a mapping", id="forward-values-list"),
     # -- graphs: constructor, names, flags, the DSL (audit: S11, M5, C5, C6, M1, section 5)
     P(lambda t: Graph(keeper=42), TypeError, r"Graph\(keeper=\.\.\.\): 42 \(int\) is not a keeper", id="graph-keeper-int"),
