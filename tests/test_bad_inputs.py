@@ -202,6 +202,10 @@ CASES = [
     P(lambda t: Topology(nodes=("a"), edges=(("a", "b"),)), MissingNodeError, "'b'", id="topology-edge-to-nowhere"),
     P(lambda t: Topology(nodes=("a", "b"), edges=(("a", "b"), ("b", "a"))), CycleError, "a -> b -> a", id="topology-cycle"),
     P(lambda t: Topology(nodes=("a", "a"), edges=()), DuplicateNodeError, "'a'", id="topology-duplicate"),
+    P(lambda t: Topology.from_dict(3), TypeError, r"Topology\.from_dict takes a dict as to_dict writes it, not 3; e\.g\. \{'nodes'", id="topology-from-int"),
+    P(lambda t: Topology.from_dict({"nodes": ["a"]}), GraphError, r"Topology\.from_dict: the dict has no 'edges' \(it has 'nodes'\); a topology is", id="topology-no-edges"),
+    P(lambda t: Topology.from_dict({"nodes": ["a", "b"], "edges": ["ab"]}), GraphError, r"edge 'ab' in 'edges' is not a \[source, target\] pair of node ids; e\.g\. 'edges': \[\['a', 'b'\]\]", id="topology-str-edge"),
+    P(lambda t: Topology.from_dict({"nodes": "ab", "edges": []}), GraphError, r"'nodes' is 'ab', not a list of node ids", id="topology-str-nodes"),
     P(lambda t: Topology.from_dict({"nodes": [1], "edges": []}), GraphError, "node id 1", id="topology-int-id"),
     P(lambda t: Topology(nodes=(), edges=()).require_nonempty(), EmptyGraphError, "no nodes", id="topology-empty"),
     # -- keepers ----------------------------------------------------------------------
