@@ -182,6 +182,9 @@ CASES = [
     P(lambda t: Graph(codecs=3), TypeError, r"Graph\(codecs=\.\.\.\): codecs is a sequence of codecs, not 3; e\.g\. codecs=\[st\.TensorCodec\(\)\]", id="graph-codecs-int"),
     P(lambda t: Graph(codecs=[3]), TypeError, r"Graph\(codecs=\.\.\.\): 3 is not a codec: it lacks tag \(a str\), accepts, .*see somatize\.codecs\.Codec", id="graph-codecs-list-of-int"),
     P(lambda t: one().use(codecs=[object()]), TypeError, r"Graph\.use\(codecs=\.\.\.\): <object object .*> is not a codec", id="graph-use-codecs-object"),
+    P(lambda t: MemoryKeeper().put("ab" * 32, "str"), TypeError, r"MemoryKeeper\.put: the value of 'abab.*' is 'str'; a keeper stores bytes, not str; encode the value first, e\.g\. somatize\.encode\(value\)", id="memory-keeper-put-str"),
+    P(lambda t: keeper(t).put("ab" * 32, "str"), TypeError, r"DiskKeeper\.put: the value of 'abab.*' is 'str'; a keeper stores bytes, not str", id="disk-keeper-put-str"),
+    P(lambda t: keeper(t).put_many([("ab" * 32, None)]), TypeError, r"DiskKeeper\.put_many: the value of 'abab.*' is None; a keeper stores bytes, not NoneType", id="disk-keeper-put-many-none"),
     P(lambda t: one().forward(1, values=[1]), TypeError, r"values=\[1\]\): values is a mapping", id="forward-values-list"),
     # -- graphs: constructor, names, flags, the DSL (audit: S11, M5, C5, C6, M1, section 5)
     P(lambda t: Graph(keeper=42), TypeError, r"Graph\(keeper=\.\.\.\): 42 \(int\) is not a keeper", id="graph-keeper-int"),
