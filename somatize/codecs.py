@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .values import check, decode, digest, encode, is_data
 
-__all__ = ["Codec", "DataCodec"]
+__all__ = ["Codec", "DataCodec", "check_codecs"]
 
 
 @runtime_checkable
@@ -52,6 +52,35 @@ class Codec(Protocol):
     def fingerprint(self, obj: Any) -> str | None:
         """A digest of an object held by a node (its state), or None if not this codec's."""
         ...
+
+
+_METHODS = ("accepts", "check", "chunks", "decode", "fingerprint")
+
+
+def check_codecs(codecs: Any, where: str) -> tuple[Codec, ...]:
+    """``codecs`` as a tuple, each checked to have the ``Codec`` protocol's members.
+
+    Raises:
+        TypeError: naming ``where`` and the value that is not a codec, or what it lacks.
+    """
+    if isinstance(codecs, (str, bytes)) or not isinstance(codecs, Iterable):
+        raise TypeError(
+            f"{where}: codecs is a sequence of codecs, not {codecs!r}; e.g. "
+            "codecs=[st.TensorCodec()] (a codec has tag, accepts, check, chunks, decode "
+            "and fingerprint: see somatize.codecs.Codec)"
+        )
+    out = tuple(codecs)
+    for c in out:
+        lacks = [m for m in _METHODS if not callable(getattr(c, m, None))]
+        if not isinstance(getattr(c, "tag", None), str):
+            lacks.insert(0, "tag (a str)")
+        if lacks:
+            raise TypeError(
+                f"{where}: {c!r} is not a codec: it lacks {', '.join(lacks)}. A codec has "
+                "a str tag and methods accepts, check, chunks, decode and fingerprint (see "
+                "somatize.codecs.Codec), e.g. codecs=[st.TensorCodec()]"
+            )
+    return out
 
 
 class DataCodec:

@@ -13,6 +13,7 @@ Each leaf also subclasses the nearest built-in, so ``except TypeError`` or
     │   ├── DuplicateNodeError               two nodes share an id
     │   ├── MissingNodeError (also KeyError) an id that is not in the graph
     │   └── EmptyGraphError                  a graph with no nodes was run or compiled
+├── MissingValueError (KeyError)        a node read ctx.values[name] in a run given no values
     ├── CacheError (ValueError)              caching asked of something that cannot be cached
     ├── KeeperError (OSError)                a keeper could not store or read an entry
     ├── TransportError (RuntimeError)        a slice could not be carried to its host or run there
@@ -75,6 +76,14 @@ class MissingNodeError(GraphError, KeyError):
 
 class EmptyGraphError(GraphError):
     """A graph without nodes was compiled or run."""
+
+
+class MissingValueError(SomatizeError, KeyError):
+    """A node read ``ctx.values[name]`` in a run given no values
+    (``g.forward(x, values={name: ...})`` passes them)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 class CacheError(SomatizeError, ValueError):

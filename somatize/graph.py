@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .bulk import paused_gc
 from .catalog import Catalog
+from .codecs import Codec, check_codecs
 from .compose import Composable
 from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
@@ -30,7 +31,6 @@ from .values import digest
 from .watchers import RunEnd, RunStart, check_watchers, notify
 
 if TYPE_CHECKING:
-    from .codecs import Codec
     from .dsl import Expr
     from .explain import Explanation
     from .keepers import Keeper
@@ -72,7 +72,7 @@ class Graph(Settings, Composable):
         self.placement = Placement()
         self.memory = Memory()
         self.keeper = check_keeper(keeper, "Graph(keeper=...)")
-        self.codecs: tuple[Codec, ...] = tuple(codecs)
+        self.codecs: tuple[Codec, ...] = check_codecs(codecs, "Graph(codecs=...)")
         self.watchers: list[Watcher] = check_watchers(watchers, "Graph(watchers=...)")
         #: A runtime's hook (``somatize.torch`` sets it): ``(node_id, impl, forward) -> forward``.
         self.wrap: Callable[[str, Any, Forward], Forward] | None = None
@@ -182,7 +182,7 @@ class Graph(Settings, Composable):
         a subgraph node's included (its nodes run on the ``ctx`` the wrap passes on).
         """
         if codecs is not None:
-            self.codecs = tuple(codecs)
+            self.codecs = check_codecs(codecs, "Graph.use(codecs=...)")
         if wrap is not None:
             self.wrap = wrap
         self._changed()

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .compose import Composable
-from .errors import NodeError
+from .errors import MissingValueError, NodeError
 from .stack import outside
 from .values import Opaque, check
 
@@ -32,7 +32,23 @@ if TYPE_CHECKING:
 
 __all__ = ["Ctx", "Done", "Mapped", "Node", "Run"]
 
-_NO_VALUES: Mapping[str, Any] = types.MappingProxyType({})
+
+class _NoValues(dict[str, Any]):
+    """The empty dict under a run given no values (read through a ``MappingProxyType``):
+    a name read from it raises ``MissingValueError`` saying how to pass it. (A run given
+    values reads them from a plain dict, at a plain dict's cost.)"""
+
+    __slots__ = ()
+
+    def __missing__(self, name: Any) -> Any:
+        raise MissingValueError(
+            f"ctx.values[{name!r}]: this run was given no values; pass it as "
+            f"g.forward(x, values={{{name!r}: ...}}), or read it with a default: "
+            f"ctx.get({name!r}, default)"
+        )
+
+
+_NO_VALUES: Mapping[str, Any] = types.MappingProxyType(_NoValues())
 
 
 class Done(NamedTuple):

@@ -173,10 +173,51 @@ class Topology:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Topology:
+        """The topology ``to_dict`` wrote: ``{"nodes": [id, ...], "edges": [[a, b], ...],
+        "subgraphs": {id: {...}}}`` (``subgraphs`` may be left out).
+
+        Raises:
+            TypeError: ``d`` is not a mapping.
+            GraphError: a field is missing or not of that form (naming it).
+        """
+        if not isinstance(d, Mapping):
+            raise TypeError(
+                f"Topology.from_dict takes a dict as to_dict writes it, not {d!r}; e.g. "
+                "{'nodes': ['a', 'b'], 'edges': [['a', 'b']], 'subgraphs': {}}"
+            )
+        for name in ("nodes", "edges"):
+            if name not in d:
+                raise GraphError(
+                    f"Topology.from_dict: the dict has no {name!r} (it has "
+                    f"{', '.join(map(repr, d)) or 'nothing'}); a topology is {{'nodes': "
+                    "['a', 'b'], 'edges': [['a', 'b']], 'subgraphs': {}}, as to_dict writes it"
+                )
+        nodes, edges, subgraphs = d["nodes"], d["edges"], d.get("subgraphs", {})
+        if not isinstance(nodes, (list, tuple)):
+            raise GraphError(
+                f"Topology.from_dict: 'nodes' is {nodes!r}, not a list of node ids; e.g. "
+                "'nodes': ['a', 'b']"
+            )
+        if not isinstance(edges, (list, tuple)):
+            raise GraphError(
+                f"Topology.from_dict: 'edges' is {edges!r}, not a list of [source, target] "
+                "pairs; e.g. 'edges': [['a', 'b']]"
+            )
+        for e in edges:
+            if not isinstance(e, (list, tuple)) or len(e) != 2:
+                raise GraphError(
+                    f"Topology.from_dict: edge {e!r} in 'edges' is not a [source, target] "
+                    "pair of node ids; e.g. 'edges': [['a', 'b']]"
+                )
+        if not isinstance(subgraphs, Mapping):
+            raise GraphError(
+                f"Topology.from_dict: 'subgraphs' is {subgraphs!r}, not a dict of node id "
+                "to topology dict; e.g. 'subgraphs': {} for none"
+            )
         return cls(
-            tuple(d["nodes"]),
-            tuple((a, b) for a, b in d.get("edges", ())),
-            {k: cls.from_dict(v) for k, v in d.get("subgraphs", {}).items()},
+            tuple(nodes),
+            tuple((a, b) for a, b in edges),
+            {k: cls.from_dict(v) for k, v in subgraphs.items()},
         )
 
     def to_json(self) -> str:

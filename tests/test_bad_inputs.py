@@ -29,6 +29,7 @@ from somatize import (
     KeeperError,
     MemoryKeeper,
     MissingNodeError,
+    MissingValueError,
     Node,
     NodeError,
     Opaque,
@@ -78,6 +79,11 @@ class MyInt(int):
 
 class MyStr(str):
     pass
+
+
+class ReadsLr(Node):
+    def forward(self, x, ctx):
+        return Done(x * ctx.values["lr"])
 
 
 def one() -> Graph:
@@ -172,6 +178,13 @@ CASES = [
     P(lambda t: one().forward(object()), ValueConversionError, "graph input.*type object", id="forward-object"),
     P(lambda t: one().forward([1, {2: {3}}]), ValueConversionError, r"graph input at \[1\]\[2\]", id="forward-nested-set"),
     P(lambda t: one().forward(Opaque(1), {1, 2}), ValueConversionError, r"graph input 1 \(beside an Opaque one\).*a set", id="forward-set-beside-opaque"),
+    P(lambda t: Graph.somatize(ReadsLr()).forward(1), MissingValueError, r"ctx\.values\['lr'\]: this run was given no values; pass it as g\.forward\(x, values=\{'lr': \.\.\.\}\)", id="ctx-values-missing"),
+    P(lambda t: Graph(codecs=3), TypeError, r"Graph\(codecs=\.\.\.\): codecs is a sequence of codecs, not 3; e\.g\. codecs=\[st\.TensorCodec\(\)\]", id="graph-codecs-int"),
+    P(lambda t: Graph(codecs=[3]), TypeError, r"Graph\(codecs=\.\.\.\): 3 is not a codec: it lacks tag \(a str\), accepts, .*see somatize\.codecs\.Codec", id="graph-codecs-list-of-int"),
+    P(lambda t: one().use(codecs=[object()]), TypeError, r"Graph\.use\(codecs=\.\.\.\): <object object .*> is not a codec", id="graph-use-codecs-object"),
+    P(lambda t: MemoryKeeper().put("ab" * 32, "str"), TypeError, r"MemoryKeeper\.put: the value of 'abab.*' is 'str'; a keeper stores bytes, not str; encode the value first, e\.g\. somatize\.encode\(value\)", id="memory-keeper-put-str"),
+    P(lambda t: keeper(t).put("ab" * 32, "str"), TypeError, r"DiskKeeper\.put: the value of 'abab.*' is 'str'; a keeper stores bytes, not str", id="disk-keeper-put-str"),
+    P(lambda t: keeper(t).put_many([("ab" * 32, None)]), TypeError, r"DiskKeeper\.put_many: the value of 'abab.*' is None; a keeper stores bytes, not NoneType", id="disk-keeper-put-many-none"),
     P(lambda t: one().forward(1, values=[1]), TypeError, r"values=\[1\]\): values is a mapping", id="forward-values-list"),
     # -- graphs: constructor, names, flags, the DSL (audit: S11, M5, C5, C6, M1, section 5)
     P(lambda t: Graph(keeper=42), TypeError, r"Graph\(keeper=\.\.\.\): 42 \(int\) is not a keeper", id="graph-keeper-int"),
@@ -192,6 +205,10 @@ CASES = [
     P(lambda t: Topology(nodes=("a"), edges=(("a", "b"),)), MissingNodeError, "'b'", id="topology-edge-to-nowhere"),
     P(lambda t: Topology(nodes=("a", "b"), edges=(("a", "b"), ("b", "a"))), CycleError, "a -> b -> a", id="topology-cycle"),
     P(lambda t: Topology(nodes=("a", "a"), edges=()), DuplicateNodeError, "'a'", id="topology-duplicate"),
+    P(lambda t: Topology.from_dict(3), TypeError, r"Topology\.from_dict takes a dict as to_dict writes it, not 3; e\.g\. \{'nodes'", id="topology-from-int"),
+    P(lambda t: Topology.from_dict({"nodes": ["a"]}), GraphError, r"Topology\.from_dict: the dict has no 'edges' \(it has 'nodes'\); a topology is", id="topology-no-edges"),
+    P(lambda t: Topology.from_dict({"nodes": ["a", "b"], "edges": ["ab"]}), GraphError, r"edge 'ab' in 'edges' is not a \[source, target\] pair of node ids; e\.g\. 'edges': \[\['a', 'b'\]\]", id="topology-str-edge"),
+    P(lambda t: Topology.from_dict({"nodes": "ab", "edges": []}), GraphError, r"'nodes' is 'ab', not a list of node ids", id="topology-str-nodes"),
     P(lambda t: Topology.from_dict({"nodes": [1], "edges": []}), GraphError, "node id 1", id="topology-int-id"),
     P(lambda t: Topology(nodes=(), edges=()).require_nonempty(), EmptyGraphError, "no nodes", id="topology-empty"),
     # -- keepers ----------------------------------------------------------------------

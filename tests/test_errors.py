@@ -17,6 +17,7 @@ BUILTIN = {
     "CycleError": ValueError,
     "DuplicateNodeError": ValueError,
     "MissingNodeError": KeyError,
+    "MissingValueError": KeyError,
     "EmptyGraphError": ValueError,
     "CacheError": ValueError,
     "KeeperError": OSError,

@@ -34,6 +34,7 @@ def test_public_surface_is_sorted_and_exact():
         "MemoryKeeper",
         "MissingExtraError",
         "MissingNodeError",
+        "MissingValueError",
         "Node",
         "NodeError",
         "Opaque",

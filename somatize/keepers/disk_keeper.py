@@ -39,7 +39,7 @@ from .packs import (
     build,
     open_regular,
 )
-from .protocol import KeeperStats, check_key, check_name, fail, is_key
+from .protocol import KeeperStats, check_key, check_name, fail, is_key, not_bytes
 from .readcache import DEFAULT_READ_CACHE, PackCache
 
 __all__ = ["DiskKeeper"]
@@ -228,6 +228,8 @@ class DiskKeeper:
             replace_with(path, [loose.header(data), data], durable=False)
         except OSError as e:
             raise fail("write cache entry", path, e) from e
+        except TypeError as e:  # data is not bytes (asked only now: a put of bytes pays nothing)
+            raise not_bytes(self, [(key, data)], e) from e
         self._keep_bound(len(data))
 
     def put_many(self, items: Sequence[tuple[str, bytes]], *, pinned: bool = False) -> None:
@@ -243,14 +245,17 @@ class DiskKeeper:
             latest[key] = data  # the last of repeated keys wins
         batch: list[tuple[str, bytes]] = []
         size = 0
-        for item in latest.items():
-            if batch and size + len(item[1]) > MAX_PACK_BYTES:
+        try:
+            for item in latest.items():
+                if batch and size + len(item[1]) > MAX_PACK_BYTES:
+                    self._write_pack(batch, pinned)
+                    batch, size = [], 0
+                batch.append(item)
+                size += len(item[1])
+            if batch:
                 self._write_pack(batch, pinned)
-                batch, size = [], 0
-            batch.append(item)
-            size += len(item[1])
-        if batch:
-            self._write_pack(batch, pinned)
+        except TypeError as e:  # a value is not bytes (asked only now)
+            raise not_bytes(self, latest.items(), e, "put_many") from e
         self._keep_bound(sum(len(d) for d in latest.values()))
 
     def _keep_bound(self, written: int) -> None:

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .protocol import KeeperStats, check_key, check_name
+from .protocol import KeeperStats, check_key, check_name, not_bytes
 
 __all__ = ["DEFAULT_MAX_BYTES", "MemoryKeeper"]
 
@@ -91,12 +91,15 @@ class MemoryKeeper:
     # -- writing ------------------------------------------------------------------------
 
     def _store(self, key: str, data: bytes, pinned: bool) -> None:
+        try:
+            data = bytes(data)  # a copy of a bytearray or memoryview; bytes shared as they are
+        except TypeError as e:  # (the old entry, if any, kept)
+            raise not_bytes(self, [(key, data)], e) from e
         old = self._lru.pop(key, None)
         if old is None:
             old = self._held.pop(key, None)
         if old is not None:
             self._size -= len(old)
-        data = bytes(data)  # a copy of a bytearray or memoryview; bytes are shared as they are
         if pinned:
             self._pins.add(key)
         if key in self._pins:

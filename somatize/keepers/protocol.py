@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -85,6 +85,22 @@ class KeeperStats:
         if self.evicted:
             out += f", {self.evicted} evicted ({self.evicted_bytes} bytes)"
         return out
+
+
+def not_bytes(
+    keeper: object, items: Iterable[tuple[str, Any]], e: TypeError, method: str = "put"
+) -> TypeError:
+    """The error for a ``put`` of a value that is not bytes (asked only once the write
+    failed with ``e``, so a put of bytes pays nothing); ``e`` itself, when all were bytes."""
+    for key, data in items:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            shown = repr(data) if len(repr(data)) <= 40 else f"{repr(data)[:37]}..."
+            return TypeError(
+                f"{type(keeper).__name__}.{method}: the value of {key!r} is {shown}; a keeper stores bytes, not "
+                f"{type(data).__qualname__}; encode the value first, e.g. "
+                "somatize.encode(value) (or text.encode() for a str)"
+            )
+    return e
 
 
 def check_key(key: str) -> None:

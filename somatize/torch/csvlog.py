@@ -47,7 +47,12 @@ class CSVLog:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._fd: int | None = None
+        self._fd: int | None = None  # (first: __del__ reads it)
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                f"CSVLog takes the path of the CSV file to write, not {path!r}; e.g. "
+                "st.CSVLog('runs/metrics.csv')"
+            )
         self.path = Path(path)
         self._columns: list[str] = list(_FIRST)
         self._rows: list[dict[str, Any]] = []

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .run import ActiveRun
     from .trainer import Trainer
 
-__all__ = ["batch_note", "describe", "first_step"]
+__all__ = ["batch_note", "describe", "evaluate_note", "first_step"]
 
 
 @contextlib.contextmanager
@@ -130,6 +130,19 @@ def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
         add_note(e, note)
 
 
+def evaluate_note(e: BaseException, trainer: Trainer) -> None:
+    """The batch rule's note (``batch_note``) on a ``TypeError``/``ValueError`` raised in
+    ``Trainer.evaluate`` on a batch it did not split, as ``fit`` adds on its first step."""
+    if trainer.split is not None or not isinstance(e, (TypeError, ValueError)):
+        return
+    batch = _failing_batch(e)
+    if batch is None:
+        return
+    note = batch_note(batch, trainer.loss is not None)
+    if note:
+        add_note(e, note)
+
+
 def _typed(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"{str(value.dtype).removeprefix('torch.')} {tuple(value.shape)}"
@@ -165,12 +178,13 @@ def _failing_batch(e: BaseException) -> Any:
     """The batch the step was on, read from the failing frames of the step's code (the
     loops keep it in a local, so finding it costs the steps that go well nothing)."""
     from .fastpath import fast_epoch
+    from .metrics import evaluate
     from .step import step
 
     tb: types.TracebackType | None = e.__traceback__
     while tb is not None:
         code, local = tb.tb_frame.f_code, tb.tb_frame.f_locals
-        if code is fast_epoch.__code__ and "batch" in local:
+        if (code is fast_epoch.__code__ or code is evaluate.__code__) and "batch" in local:
             return local["batch"]
         if code is step.__code__ and local.get("group"):
             return local["group"][0]

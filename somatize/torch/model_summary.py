@@ -88,6 +88,11 @@ class ModelSummary:
 def model_summary(model: Graph | nn.Module) -> ModelSummary:
     """The table of ``model``'s nodes (a graph, or ``module(g)``) or of its children (any
     other ``nn.Module``); ``print`` it."""
+    if not isinstance(model, (Graph, nn.Module)):
+        raise TypeError(
+            f"st.model_summary takes a Graph or an nn.Module, not {model!r}; e.g. "
+            "print(st.model_summary(g))"
+        )
     net = module(model) if isinstance(model, Graph) else model
     g = net.graph if isinstance(net, GraphModule) else None
     children = dict(net.named_children())

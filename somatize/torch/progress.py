@@ -51,6 +51,11 @@ class Progress:
 
         if every_steps is not None:
             count("Progress every_steps", every_steps, hint="pass None for a line an epoch")
+        if stream is not None and not callable(getattr(stream, "write", None)):
+            raise TypeError(
+                f"Progress takes a text stream to draw on (with write), not {stream!r}; "
+                "e.g. st.Progress(sys.stdout), or st.Progress() for standard error"
+            )
         self.stream = stream if stream is not None else sys.stderr
         self.interval = interval
         self.redraw = _terminal(self.stream) if redraw is None else redraw

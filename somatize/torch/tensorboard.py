@@ -44,6 +44,11 @@ class TensorBoard:
         every_steps: int = 1,
         hparams: Mapping[str, Any] | None = None,
     ) -> None:
+        if not isinstance(log_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"TensorBoard takes the directory to log to, not {log_dir!r}; e.g. "
+                "st.TensorBoard('runs/tb')"
+            )
         self.log_dir = str(log_dir)
         self.every_steps = every_steps
         self.hparams = dict(hparams or {})
