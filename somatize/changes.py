@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .identity import _describe, _is_user_module, _own, _references, _versions
@@ -33,20 +33,7 @@ def code_parts(obj: type | types.FunctionType) -> dict[str, str]:
         >>> list(code_parts(f))  # doctest: +ELLIPSIS
         ['...f']
     """
-    out: dict[str, str] = {}
-    todo: list[Any] = [obj]
-    while todo:
-        o = todo.pop()
-        name = f"{o.__module__}.{o.__qualname__}"
-        if name in out:
-            continue
-        out[name] = _own(o)[0].hex()
-        for _, target in _references(o):
-            if isinstance(target, (types.FunctionType, type)) and _is_user_module(
-                sys.modules.get(target.__module__)
-            ):
-                todo.append(target)
-    return out
+    return {name: _own(o)[0].hex() for name, o, _ in _reached(obj)}
 
 
 def global_parts(obj: type | types.FunctionType) -> dict[str, str]:
@@ -61,7 +48,23 @@ def global_parts(obj: type | types.FunctionType) -> dict[str, str]:
         >>> list(global_parts(f))  # doctest: +ELLIPSIS
         ['LIMIT (read by ...f)']
     """
-    out: dict[str, str] = {}
+    return {
+        f"{dotted} (read by {name})": _describe(target, {})
+        for name, _, references in _reached(obj)
+        for dotted, target in references
+        if not _user_code(target) and not isinstance(target, _CODE)
+    }
+
+
+def _user_code(target: Any) -> bool:
+    return isinstance(target, (types.FunctionType, type)) and _is_user_module(
+        sys.modules.get(target.__module__)
+    )
+
+
+def _reached(obj: Any) -> Iterator[tuple[str, Any, list[tuple[str, Any]]]]:
+    """(qualified name, object, its references) of ``obj`` and of each user helper it
+    reaches, transitively, each once."""
     seen: set[str] = set()
     todo: list[Any] = [obj]
     while todo:
@@ -70,14 +73,9 @@ def global_parts(obj: type | types.FunctionType) -> dict[str, str]:
         if name in seen:
             continue
         seen.add(name)
-        for dotted, target in _references(o):
-            if isinstance(target, (types.FunctionType, type)) and _is_user_module(
-                sys.modules.get(target.__module__)
-            ):
-                todo.append(target)
-            elif not isinstance(target, _CODE):
-                out[f"{dotted} (read by {name})"] = _describe(target, {})
-    return out
+        references = _references(o)
+        todo.extend(target for _, target in references if _user_code(target))
+        yield name, o, references
 
 
 def key_parts(
