@@ -26,7 +26,6 @@ Example:
 from __future__ import annotations
 
 import re
-import types
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from blake3 import blake3
 
 from .changes import code_parts, global_parts
 from .keepers import atomic_write
-from .node import _NO_VALUES, Mapped, Run
+from .node import Mapped, Run, injected_values
 from .values import Opaque, check, decode, digest, encode
 
 if TYPE_CHECKING:
@@ -262,7 +261,7 @@ def explain_run(
     x = x.value if opaque else x
     if not opaque:
         check(x, g.codecs, "the graph input")
-    injected = types.MappingProxyType(dict(values)) if values else _NO_VALUES
+    injected = injected_values(values)
     run = Run(g.run_id, step, False, injected)
     keyed = program.input_keyed and not opaque
     x_key = digest(x, g.codecs, "the graph input") if keyed else None

@@ -51,6 +51,26 @@ class _NoValues(dict[str, Any]):
 _NO_VALUES: Mapping[str, Any] = types.MappingProxyType(_NoValues())
 
 
+class _Values(dict[str, Any]):
+    """The values a run was given: a name it was not given raises ``MissingValueError``
+    naming the ones it was (a misspelt or forgotten name), at a plain dict's cost on a hit."""
+
+    __slots__ = ()
+
+    def __missing__(self, name: Any) -> Any:
+        given = ", ".join(repr(k) for k in sorted(self))
+        raise MissingValueError(
+            f"ctx.values[{name!r}]: this run was given values for {given} but not "
+            f"{name!r}; add it: g.forward(x, values={{..., {name!r}: ...}}), or read it "
+            f"with a default: ctx.get({name!r}, default)"
+        )
+
+
+def injected_values(values: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The read-only ``ctx.values`` of a run given ``values`` (or none)."""
+    return types.MappingProxyType(_Values(values)) if values else _NO_VALUES
+
+
 class Done(NamedTuple):
     """What a node returns: its value, and optionally scalars for watchers.
 
@@ -343,7 +363,7 @@ def graph_input(
             f"forward(..., values={values!r}): values is a mapping of str names to what "
             "nodes read as ctx.values[name], e.g. values={'lr': 0.1}"
         )
-    injected = types.MappingProxyType(dict(values)) if values else _NO_VALUES
+    injected = injected_values(values)
     if len(inputs) == 1:
         x = inputs[0]
         opaque = type(x) is Opaque

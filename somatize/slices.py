@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .keyed import Env, Walk, walk
 from .memory import Memory, NodeKeys
-from .node import _NO_VALUES, Run
+from .node import Run, injected_values
 from .topology import Topology
 from .values import decode, encode
 from .watchers import CacheHit, CacheMiss, Event, Metrics, NodeEnd, NodeStart, notify
@@ -83,7 +83,7 @@ def execute_job(job: Job, bundle: Bundle, keeper: Keeper) -> Reply:
     topology = Topology.from_json(job["topology"])
     steps = [(n, topology.predecessors(n)) for n in job["nodes"]]
     x = decode(job["input"], codecs) if job["input"] is not None else None
-    injected = decode(job["values"], codecs) if job["values"] is not None else _NO_VALUES
+    injected = injected_values(decode(job["values"], codecs) if job["values"] is not None else None)
     collect = _Collect()
     keys, parts = job["keys"], job["parts"]
     env = Env(

@@ -90,11 +90,12 @@ class MemoryKeeper:
 
     # -- writing ------------------------------------------------------------------------
 
-    def _store(self, key: str, data: bytes, pinned: bool) -> None:
-        try:
-            data = bytes(data)  # a copy of a bytearray or memoryview; bytes shared as they are
-        except TypeError as e:  # (the old entry, if any, kept)
-            raise not_bytes(self, [(key, data)], e) from e
+    def _store(self, key: str, data: bytes, pinned: bool, method: str = "put") -> None:
+        if type(data) is not bytes:  # bytes are shared as they are
+            try:  # a copy of a buffer (bytearray, memoryview); never bytes(3) or bytes([1, 2])
+                data = bytes(memoryview(data))
+            except TypeError as e:  # (the old entry, if any, kept)
+                raise not_bytes(self, [(key, data)], e, method) from e
         old = self._lru.pop(key, None)
         if old is None:
             old = self._held.pop(key, None)
@@ -119,7 +120,7 @@ class MemoryKeeper:
             check_key(key)
         with self._lock:
             for key, data in items:
-                self._store(key, data, pinned)
+                self._store(key, data, pinned, "put_many")
             self._evict(self.max_bytes)
 
     def _evict(self, max_bytes: int) -> int:
