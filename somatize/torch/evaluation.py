@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..errors import add_note
 from ..watchers import Metrics, notify
 from . import ddp
 from .carry import reset
@@ -33,10 +34,15 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, *, epoch_end: bool = False) 
         for vs in run.val_sets or ():
             reset(run.carries)  # each set's evaluation starts afresh
             counted.append(0)
-            evaluated = trainer._evaluate(
-                run.net, vs.data, run.device, run.autocast, run.rank, run.world, vs.limit,
-                counted=counted,
-            )  # fmt: skip
+            try:
+                evaluated = trainer._evaluate(
+                    run.net, vs.data, run.device, run.autocast, run.rank, run.world, vs.limit,
+                    counted=counted,
+                )  # fmt: skip
+            except Exception as e:
+                where = f"val set {vs.name!r}" if vs.name else "the validation set"
+                add_note(e, f"(raised evaluating {where} after step {s.step})")
+                raise
             values.update({f"{vs.prefix}{k}": v for k, v in evaluated.items()})
     for c, value in zip(run.carries, kept):
         c.value = value

@@ -17,7 +17,6 @@ from ..graph import Graph
 from . import ddp
 from .batches import check_data, split, to_device
 from .carry import carries, reset
-from .first_step import evaluate_note
 from .limits import limited
 from .smoke import smoke_batches
 from .start import as_module, autocast_for, place
@@ -39,11 +38,7 @@ def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) ->
     device = place(net, trainer.options.device, world)  # where fit() would run it
     autocast = autocast_for(trainer.options.precision, device)
     limit = smoke_batches(trainer.options)
-    try:
-        return trainer._evaluate(net, data, device, autocast, rank, world, limit)
-    except (TypeError, ValueError) as e:
-        evaluate_note(e, trainer)  # the batch rule, as fit() explains it (first_step.py)
-        raise
+    return trainer._evaluate(net, data, device, autocast, rank, world, limit)
 
 
 def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:

@@ -36,7 +36,7 @@ from .batches import check_data, checked_split, loss_of, num_examples, split
 from .begin import begin
 from .checkpoint import Checkpointing
 from .determinism import deterministic
-from .first_step import first_step
+from .first_step import evaluate_note, first_step
 from .horizon import optimizer_steps, total_steps
 from .limits import batches_per_epoch, epoch_examples, one_epoch
 from .loop import train as train_loop
@@ -334,17 +334,21 @@ class Trainer:
     ) -> dict[str, float]:
         fns = {"loss": self._loss, **self.metrics}
         split_ = self._split if counted is None else _counting(self._split, counted)
-        return evaluate(
-            net,
-            data,
-            fns,
-            split=split_,
-            device=device,
-            autocast=autocast,
-            rank=rank,
-            world=world,
-            limit=limit,
-        )
+        try:
+            return evaluate(
+                net,
+                data,
+                fns,
+                split=split_,
+                device=device,
+                autocast=autocast,
+                rank=rank,
+                world=world,
+                limit=limit,
+            )
+        except (TypeError, ValueError) as e:
+            evaluate_note(e, self)  # the batch rule, as fit() explains it (first_step.py)
+            raise
 
 
 def _counting(split_: Callable[[Any], tuple[Any, Any]], counted: list[int]) -> Callable[..., Any]:
