@@ -13,7 +13,7 @@ Each leaf also subclasses the nearest built-in, so ``except TypeError`` or
     │   ├── DuplicateNodeError               two nodes share an id
     │   ├── MissingNodeError (also KeyError) an id that is not in the graph
     │   └── EmptyGraphError                  a graph with no nodes was run or compiled
-├── MissingValueError (KeyError)        a node read ctx.values[name] in a run given no values
+    ├── MissingValueError (KeyError)         a node read ctx.values[name] the run was not given
     ├── CacheError (ValueError)              caching asked of something that cannot be cached
     ├── KeeperError (OSError)                a keeper could not store or read an entry
     ├── TransportError (RuntimeError)        a slice could not be carried to its host or run there
@@ -79,8 +79,8 @@ class EmptyGraphError(GraphError):
 
 
 class MissingValueError(SomatizeError, KeyError):
-    """A node read ``ctx.values[name]`` in a run given no values
-    (``g.forward(x, values={name: ...})`` passes them)."""
+    """A node read ``ctx.values[name]`` in a run not given that name (or no values at all;
+    ``g.forward(x, values={name: ...})`` passes them)."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
