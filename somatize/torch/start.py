@@ -61,10 +61,19 @@ def compiled(model: Any) -> nn.Module | None:
 
 
 def wrap(
-    net: nn.Module, compiled: nn.Module | None, device: torch.device, world: int, how: Any
+    net: nn.Module,
+    compiled: nn.Module | None,
+    device: torch.device,
+    world: int,
+    how: Any,
+    find_unused: bool = False,
 ) -> nn.Module:
-    """What training calls: DDP under torchrun, the caller's compiled module, compiled here."""
-    wrapped = ddp.wrap(net, device) if world > 1 else (compiled if compiled is not None else net)
+    """What training calls: DDP under torchrun (``find_unused``: its
+    ``find_unused_parameters``), the caller's compiled module, compiled here."""
+    if world > 1:
+        wrapped = ddp.wrap(net, device, find_unused)
+    else:
+        wrapped = compiled if compiled is not None else net
     if how:
         wrapped = torch.compile(wrapped, **(dict(how) if how is not True else {}))  # type: ignore[assignment]
     return wrapped
