@@ -40,7 +40,12 @@ def as_module(model: Graph | nn.Module, caller: str = "Trainer.fit") -> nn.Modul
         return module(model)
     if isinstance(model, nn.Module):
         inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper: train what it wraps
-        return inner if isinstance(inner, nn.Module) else model
+        model = inner if isinstance(inner, nn.Module) else model
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):  # the caller's: the Trainer wraps
+            return as_module(model.module, caller)  # (its state named as in one process)
+        return model
     fix = (
         ", a Node; make it a graph first: Graph.somatize(node)"
         if isinstance(model, Node)

@@ -70,3 +70,15 @@ def test_batchnorm_ranks_evaluate_and_return_rank_zeros_buffers(ranks):
     net.load_state_dict(r0["normed"]["state"])
     alone = ddp_models.trainer().evaluate(net, val)  # the returned model, in one process
     assert r0["normed"]["metrics"][-1]["val_loss"] == pytest.approx(alone["loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_model_the_caller_wrapped_in_ddp_trains_as_the_model_it_wraps(ranks):
+    # it was wrapped again (every gradient all-reduced twice) and its state's names began
+    # with "module.": a checkpoint a one-process run of the same script could not load
+    _, got = ranks
+    for g in got:
+        assert g["wrapped"]["state"].keys() == g["normed"]["state"].keys()
+        for name, value in g["normed"]["state"].items():
+            torch.testing.assert_close(g["wrapped"]["state"][name], value)
+        assert g["wrapped"]["metrics"] == g["normed"]["metrics"]

@@ -7,7 +7,7 @@ the environment), launched by ``tests/torch/test_ddp_models.py`` as
 Each rank writes OUT_DIR/models-rank<R>.pt: the planned steps; the notes of the error a
 model with a parameter no loss reaches fails with by default; the losses and weights it
 trains to with ``Options(find_unused_parameters=True)``; a BatchNorm model's weights and
-validation metrics.
+validation metrics, as a graph and as a module the script wrapped in DDP itself.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
@@ -84,6 +85,9 @@ def main() -> None:
     got["unused"] = {"losses": fitted.losses, "state": dict(fitted.state)}
     fitted = trainer().fit(normed(), train, val=val)
     got["normed"] = {"metrics": fitted.metrics, "state": dict(fitted.state)}
+    wrapped = DistributedDataParallel(st.module(normed()))  # as a hand-written loop has it
+    fitted = trainer().fit(wrapped, train, val=val)
+    got["wrapped"] = {"metrics": fitted.metrics, "state": dict(fitted.state)}
     torch.save(got, out / f"models-rank{rank}.pt")
     dist.destroy_process_group()
 
