@@ -55,7 +55,7 @@ def begin(
     run = ActiveRun(
         id=run_id,
         net=net,
-        wrapped=wrap(net, user_compiled, device, world, o.compile),
+        wrapped=wrap(net, user_compiled, device, world, o.compile, o.find_unused_parameters),
         params=params,
         opt=opt,
         sched=sched,

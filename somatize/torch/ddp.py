@@ -1,10 +1,12 @@
 """Data-parallel training under ``torchrun``: process group, DDP wrapping, reductions.
 
 When ``WORLD_SIZE`` > 1 the Trainer initialises the process group (gloo on CPU,
-nccl on GPU, each rank's GPU made its current device) unless the caller already did, and
-keeps it for later fits; it wraps the module in ``DistributedDataParallel``, gives
-each rank its share of the batches, reduces losses and metrics, and checkpoints and
-logs from rank 0 only.
+nccl on GPU, each rank's GPU made its current device) and keeps it for later fits; a
+group the caller made is used as it is, with or without ``WORLD_SIZE`` (``mp.spawn``
+and ``init_process_group(..., world_size=N)`` set none). It wraps the module in
+``DistributedDataParallel``, gives each rank its share of the batches, reduces losses
+and metrics, evaluates and returns rank 0's buffers, and checkpoints and logs from rank
+0 only.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from torch import nn
 
 __all__ = [
     "barrier",
+    "broadcast_buffers",
     "device",
+    "explain",
     "finish",
     "gather",
     "mean",
@@ -41,6 +45,8 @@ def setup() -> tuple[int, int, bool]:
     ``torchrun``) hung gloo's rendezvous about one time in two.
     """
     global _made
+    if dist.is_available() and dist.is_initialized():  # the caller's group, or an earlier fit's
+        return dist.get_rank(), dist.get_world_size(), _made
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1, False
@@ -88,6 +94,14 @@ def rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+def planned() -> tuple[int, int]:
+    """(rank, world size) a ``fit`` started now would train with: the process group's, else
+    torchrun's environment (``RANK``, ``WORLD_SIZE``), else one process."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def device(requested: Any, world: int, default: torch.device) -> torch.device:
     """The training device: as requested; under torchrun with CUDA, this rank's GPU;
     else ``default`` (where the model already is)."""
@@ -98,11 +112,45 @@ def device(requested: Any, world: int, default: torch.device) -> torch.device:
     return default
 
 
-def wrap(net: nn.Module, dev: torch.device) -> nn.Module:
+def wrap(net: nn.Module, dev: torch.device, find_unused: bool = False) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [dev.index] if dev.type == "cuda" else None
-    return DistributedDataParallel(net, device_ids=ids)
+    return DistributedDataParallel(net, device_ids=ids, find_unused_parameters=find_unused)
+
+
+def explain(e: BaseException) -> None:
+    """A note on DDP's error for parameters no loss reached (a node that is not run, a
+    module it holds but does not call): the DDP wrapper is the Trainer's, so torch's advice
+    (``find_unused_parameters=True`` to ``DistributedDataParallel``) is given as
+    ``Options(find_unused_parameters=True)``."""
+    from ..errors import add_note
+
+    if isinstance(e, RuntimeError) and "find_unused_parameters" in str(e):
+        add_note(
+            e,
+            "the Trainer wraps the model in DistributedDataParallel: pass "
+            "st.Options(find_unused_parameters=True) to let some parameters get no gradient "
+            "in a step (or freeze them, g.freeze(node), or drop what the forward never uses)",
+        )
+
+
+def broadcast_buffers(net: nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm's running statistics) on every rank, as DDP sends them
+    before each training forward: each rank's forward then updated them with its own batch,
+    so without this an evaluation would mix models the ranks alone hold, and the ranks'
+    ``TrainResult.state`` would differ from each other and from rank 0's checkpoint."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for b in net.buffers():
+        groups.setdefault((b.device, b.dtype), []).append(b)
+    for same in groups.values():  # one broadcast per device and dtype
+        flat = torch.cat([b.detach().reshape(-1) for b in same])
+        if dist.get_backend() == "nccl":  # nccl's tensors are on the GPU
+            flat = flat.to("cuda")
+        dist.broadcast(flat, src=0)
+        with torch.no_grad():
+            for b, part in zip(same, flat.split([b.numel() for b in same])):
+                b.copy_(part.view_as(b))
 
 
 def total(t: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,8 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, *, epoch_end: bool = False) 
     record, tell the watchers, and ask the pruner (``epoch_end``: the epoch
     ``run.state.epoch`` has ended, for ``Options(min_epochs=)``)."""
     s = run.state
+    if run.world > 1:  # evaluate rank 0's model on every rank's share, as DDP's wrapper would
+        ddp.broadcast_buffers(run.net)
     kept = [c.value for c in run.carries]  # training's carried state, given back afterwards
     values: dict[str, float] = {}
     counted: list[int] = []  # each set's examples (this rank's), for TrainResult.val_examples

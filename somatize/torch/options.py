@@ -90,6 +90,12 @@ class Options:
             raises; cuDNN deterministic, no autotuning), ``"warn"``, False, or None to
             leave torch's settings as they are. Put back when ``fit`` ends. See
             ``determinism.py``.
+        find_unused_parameters: under DDP, let parameters get no gradient in a step —
+            a node a step does not run, a module a node holds but does not call
+            (``DistributedDataParallel``'s ``find_unused_parameters``; Lightning's
+            ``strategy="ddp_find_unused_parameters_true"``). It costs a walk of the
+            autograd graph each step, so it is off by default; without it such a model
+            fails at its second step, with a note naming this setting.
     """
 
     device: str | torch.device | None = None
@@ -114,6 +120,7 @@ class Options:
     ema: float | None = None
     max_time: float | datetime.timedelta | str | None = None
     deterministic: bool | Literal["warn"] | None = None
+    find_unused_parameters: bool = False
 
     def __post_init__(self) -> None:
         choice(
@@ -129,7 +136,7 @@ class Options:
             )
         if isinstance(self.compile, Mapping):
             _check_compile(self.compile)
-        for name in ("shuffle", "progress"):
+        for name in ("shuffle", "progress", "find_unused_parameters"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "progress" and value is None):
                 raise SettingError(

@@ -33,6 +33,8 @@ _OPTIONS = {
     "limit_val_batches": "Options(limit_val_batches=...)",
     "accelerator": 'Options(device="cuda") (the default: where the model is)',
     "devices": "torchrun for several processes; Options(device=...) for one",
+    "strategy": "torchrun for DDP; Options(find_unused_parameters=True) for "
+    "'ddp_find_unused_parameters_true'",
 }
 #: owner -> Lightning keyword -> what to write instead
 LIGHTNING: dict[str, dict[str, str]] = {

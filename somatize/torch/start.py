@@ -40,7 +40,12 @@ def as_module(model: Graph | nn.Module, caller: str = "Trainer.fit") -> nn.Modul
         return module(model)
     if isinstance(model, nn.Module):
         inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper: train what it wraps
-        return inner if isinstance(inner, nn.Module) else model
+        model = inner if isinstance(inner, nn.Module) else model
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):  # the caller's: the Trainer wraps
+            return as_module(model.module, caller)  # (its state named as in one process)
+        return model
     fix = (
         ", a Node; make it a graph first: Graph.somatize(node)"
         if isinstance(model, Node)
@@ -61,10 +66,19 @@ def compiled(model: Any) -> nn.Module | None:
 
 
 def wrap(
-    net: nn.Module, compiled: nn.Module | None, device: torch.device, world: int, how: Any
+    net: nn.Module,
+    compiled: nn.Module | None,
+    device: torch.device,
+    world: int,
+    how: Any,
+    find_unused: bool = False,
 ) -> nn.Module:
-    """What training calls: DDP under torchrun, the caller's compiled module, compiled here."""
-    wrapped = ddp.wrap(net, device) if world > 1 else (compiled if compiled is not None else net)
+    """What training calls: DDP under torchrun (``find_unused``: its
+    ``find_unused_parameters``), the caller's compiled module, compiled here."""
+    if world > 1:
+        wrapped = ddp.wrap(net, device, find_unused)
+    else:
+        wrapped = compiled if compiled is not None else net
     if how:
         wrapped = torch.compile(wrapped, **(dict(how) if how is not True else {}))  # type: ignore[assignment]
     return wrapped

@@ -174,7 +174,9 @@ class Trainer:
             try:
                 with writing(self, rank, resume):  # one fit writes a checkpoint dir at a time
                     result = self._fit(model, train, val, resume, run_id, rank, world, started)
-            except BaseException:
+            except BaseException as e:
+                if world > 1:
+                    ddp.explain(e)  # DDP's advice, as an Option of the Trainer that wraps
                 if own_group:
                     ddp.finish(failed=True)  # the group goes: peers waiting on it fail now
                 raise
@@ -230,6 +232,8 @@ class Trainer:
                 save(self, run)
             if run.average is not None and run.average.updates:
                 run.average.exchange()  # the model keeps the average (checkpoints: both)
+            if world > 1:  # every rank returns rank 0's model: the one checkpointed
+                ddp.broadcast_buffers(run.net)
             seconds = time.perf_counter() - started
             last = s.metrics[-1] if s.metrics else {}
             final = {k: v for k, v in last.items() if k not in ("step", "epoch")}
@@ -282,7 +286,7 @@ class Trainer:
             >>> trainer.planned_steps(batches)  # 20 batches an epoch, in groups of 2
             30
         """
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        rank, world = ddp.planned()
         return optimizer_steps(self, ddp.shard(train, rank, world, self.seed), rank, world)
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
