@@ -58,7 +58,7 @@ class Patience:
             far), or None while it answers no; ``TrainResult.pruned_reason`` holds it.
 
     Raises:
-        SettingError: ``patience`` or ``min_delta`` out of range.
+        SettingError: ``metric`` is not a name, or ``patience`` or ``min_delta`` out of range.
 
     Warns:
         UserWarning: ``mode`` is left unset on a metric whose name says it improves by
@@ -81,6 +81,15 @@ class Patience:
         min_delta: float = 0.0,
         check_finite: bool = True,
     ) -> None:
+        if not isinstance(metric, str) or not metric:
+            fix = (
+                f"Patience(patience={metric!r})" if type(metric) is int else "Patience('val_loss')"
+            )
+            raise SettingError(
+                f"Patience's first argument is the name of the metric to watch, not "
+                f"{metric!r}; e.g. {fix} (the metric defaults to 'val_loss'; patience is "
+                "keyword-only)"
+            )
         if mode not in ("min", "max", None):
             raise ValueError(f"Patience mode must be 'min' or 'max', not {mode!r}")
         count("Patience patience", patience, 0, hint="it is how many evaluations may not improve")

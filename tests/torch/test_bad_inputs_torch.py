@@ -18,7 +18,13 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque, encode
-from somatize.errors import AggregationError, CheckpointError, SomatizeError, StateError
+from somatize.errors import (
+    AggregationError,
+    CheckpointError,
+    SettingError,
+    SomatizeError,
+    StateError,
+)
 from somatize.errors import ValueConversionError as VCE
 from somatize.torch import federated as fl
 from somatize.torch.checkpoint import rng_state
@@ -228,6 +234,7 @@ CASES = [
     P(lambda t: st.Trainer(loss=F.mse_loss).evaluate(lin(), [{"image": torch.zeros(1, 3), "label": torch.zeros(1, 2)}]), TypeError, r"which the Trainer does not split.*Trainer\(split=lambda b: \(b\['image'\], b\['label'\]\)\)", id="evaluate-dict-unsplit"),
     P(lambda t: trainer(loss=F.mse_loss, epochs=1, options=st.Options(progress=False, sanity_val_batches=0)).fit(lin(), [(torch.zeros(1, 3), torch.zeros(1, 2))], val=[(torch.zeros(1, 3), torch.zeros(1, 2), torch.ones(1))]), TypeError, r"the batch is a tuple of 3 .*which the Trainer does not split.*\n\(raised evaluating the validation set after step 1\)", id="fit-val-triple-after-training"),
     P(lambda t: trainer(loss=F.mse_loss, epochs=1, options=st.Options(progress=False, monitor="val_clean_loss")).fit(lin(), [(torch.zeros(1, 3), torch.zeros(1, 2))], val={"clean": [{"image": torch.zeros(1, 3), "label": torch.zeros(1, 2)}]}), TypeError, r"which the Trainer does not split.*Trainer\(split=lambda b: \(b\['image'\], b\['label'\]\)\).*\n\(raised by the sanity check before training, which evaluates 2 batches of val set 'clean'", id="fit-val-dict-sanity"),
+    P(lambda t: st.Patience(1), SettingError, r"Patience's first argument is the name of the metric to watch, not 1; e\.g\. Patience\(patience=1\)", id="patience-number-as-metric"),
     P(lambda t: trainer(loss=F.mse_loss).predict(lin(), 3), SomatizeError, r"predict\(\)'s data is int, not batches; pass", id="predict-int"),
     P(lambda t: trainer(loss=F.mse_loss, epochs=1).fit(lin(), []), ValueError, "yielded no batches in epoch 0", id="fit-no-batches"),
     P(lambda t: trainer(loss=F.mse_loss).fit(lin().freeze("lin"), [torch.zeros(1, 3)]), ValueError, "nothing to train", id="fit-all-frozen"),
