@@ -7,8 +7,13 @@ globally; ``somatize.torch`` passes its tensor and ndarray codecs by default.
 
 A codec may also *fingerprint* objects a node holds (a module's weights): that is
 how a node's state enters its key. Optionally, a codec has ``key(value) -> str | None``:
-the key ``digest`` gives a lone value, computed by a shorter road (it must equal blake3
-of the value's encoding); None sends ``digest`` down the general path. And optionally
+the key ``digest`` gives a lone value of its own (a value inside a list, tuple or dict
+enters by its encoding). It must depend on the value's content alone, be the same in
+every process, and differ from the key of any other value — ``somatize.torch`` hashes a
+tensor's bytes with keyed blake3 under a key made of its dtype and shape — and cover
+every value the codec writes; None where the value cannot be data (``digest`` then goes
+down the general path, which words why). Without ``key``, a lone value's key is blake3
+of its encoding. And optionally
 ``context() -> data | None``: what every node's output depends on besides its state and
 inputs (``somatize.torch``: the autocast dtype), entered into every node key when not None.
 """

@@ -287,7 +287,9 @@ def encode(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> by
 def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> str:
     """The content key of a data value: blake3 of its canonical encoding, as 64 hex digits.
 
-    Large codec payloads (tensor bytes) are fed to blake3 without being copied.
+    A lone codec value takes its codec's own key where the codec has one (``Codec``: a
+    tensor's is keyed blake3 of its bytes under a key made of its dtype and shape). Large
+    codec payloads (tensor bytes) are fed to blake3 without being copied.
 
     Example:
         >>> digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})
@@ -305,9 +307,9 @@ def digest(value: Any, codecs: Sequence[Codec] = (), where: str = "value") -> st
             if codec.accepts(value):
                 own = getattr(codec, "key", None)
                 if own is not None:
-                    got = own(value)
+                    got: str | None = own(value)
                     if got is not None:
-                        return str(got)
+                        return got
                 try:
                     chunks = [b"", *codec.chunks(value)]
                 except ValueConversionError:

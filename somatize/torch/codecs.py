@@ -1,7 +1,8 @@
 """Codecs for tensors and numpy arrays, and fingerprints of module state.
 
 With these codecs a *detached* tensor (or an ndarray) is data: it is validated,
-keyed by blake3 over its dtype, shape and raw bytes (fed to blake3 without a
+keyed by its dtype, shape and raw bytes (a lone tensor: keyed blake3 of its bytes under
+a key made of its dtype and shape, ``tensor_keys.py``; bytes fed to blake3 without a
 copy), and stored in keepers as a small header plus the raw bytes — never
 pickled. A tensor that requires grad is refused ("wrap it in Opaque to keep the
 autograd graph, or detach it"); it is never detached silently.
@@ -17,7 +18,6 @@ writes through ``.data`` (change weights under ``torch.no_grad()`` instead).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import struct
 import sys
@@ -33,18 +33,13 @@ from ..errors import ValueConversionError
 from ..values import decode as decode_data
 from ..values import encode as encode_data
 from .fingerprints import module_fingerprint
+from .tensor_keys import check_tensor, tensor_bytes, tensor_key
 
 __all__ = ["NdarrayCodec", "TensorCodec", "default_codecs"]
 
 _LEN = struct.Struct(">Q")
+_TENSOR = torch.Tensor
 _HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], bytes] = {}  # (dtype, shape) -> header
-# (dtype, shape) -> what a lone tensor's key hashes before its payload
-_KEY_STARTS: dict[tuple[torch.dtype, tuple[int, ...]], bytes] = {}
-# (dtype, shape) -> that start and the ctypes array type of the payload, for tensors of at
-# most 64 KiB of a dtype without a conj bit (not complex) whose key was made through numpy()
-# once: what ``TensorCodec.key`` needs to read a tensor's bytes by its data pointer
-_SMALL: dict[tuple[torch.dtype, tuple[int, ...]], tuple[bytes, Any]] = {}
-_STRIDED = torch.strided
 
 
 def _header(t: torch.Tensor) -> bytes:
@@ -57,21 +52,6 @@ def _header(t: torch.Tensor) -> bytes:
         if len(_HEADERS) < 4096:
             _HEADERS[t.dtype, tuple(shape)] = header
     return header
-
-
-def _tensor_bytes(t: torch.Tensor) -> memoryview:
-    """The raw bytes of a tensor as a flat byte view, without a copy when it is contiguous on CPU."""
-    try:  # the common case, without making views: numpy's buffer is the tensor's own memory
-        return memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]
-    except (TypeError, RuntimeError):
-        pass  # not on CPU, requires grad, conj/neg bit, no numpy dtype, not C-contiguous, empty
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.resolve_conj().resolve_neg().contiguous().reshape(-1)  # lazy conj/neg views: real bytes
-    if t.numel() == 0:
-        return memoryview(b"")
-    return memoryview(t.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
 
 
 class TensorCodec:
@@ -126,99 +106,16 @@ class TensorCodec:
         return _rows()
 
     def accepts(self, value: Any) -> bool:
-        return isinstance(value, torch.Tensor)
+        return isinstance(value, _TENSOR)
 
     def check(self, value: torch.Tensor) -> None:
-        if (
-            value.is_cpu
-            and not value.requires_grad
-            and value.layout is torch.strided
-            and not value.is_quantized
-        ):
-            return  # the common case, in four attribute reads
-        if value.requires_grad:
-            what = f"a tensor of shape {tuple(value.shape)} that requires grad"
-            e = ValueConversionError(
-                f"{what}; wrap it in Opaque(...) "
-                "to keep the autograd graph (a node's output that should train its node), or "
-                "detach it (.detach()) to pass it as data — a detached output trains nothing "
-                "before it, so freeze that node (g.freeze(...)) if that is what you mean"
-            )
-            e.as_input = (
-                f"{what} as data; to keep its autograd graph (input gradients), pass the "
-                "whole input by identity — model(Opaque(batch)) for module(g), "
-                "g.forward(Opaque(batch)) — or detach it (.detach())"
-            )
-            raise e
-        if value.layout != torch.strided or value.is_quantized or value.device.type == "meta":
-            raise ValueConversionError(
-                f"a {value.layout} tensor on {value.device}; only dense tensors with storage are "
-                "data — convert it (.to_dense()) or wrap it in Opaque(...)"
-            )
+        check_tensor(value)
 
     def chunks(self, value: torch.Tensor) -> Iterable[bytes | memoryview]:
-        self.check(value)
-        return (_header(value), _tensor_bytes(value))
+        check_tensor(value)
+        return (_header(value), tensor_bytes(value))
 
-    def key(self, value: torch.Tensor) -> str | None:
-        """``digest(value, codecs)`` of a lone tensor, by a shorter road: blake3 of the same
-        bytes (tag, size, header, payload), with everything but the payload made once per
-        dtype and shape. None where the general path must word or convert something (a
-        tensor that is not a plain C-contiguous CPU tensor).
-
-        A small tensor of a (dtype, shape) keyed before through ``numpy()`` (``_key``) is
-        read through its data pointer: six checks stand in for ``numpy()``'s, and no array
-        is made (0.7 µs)."""
-        if type(value) is torch.Tensor:
-            try:
-                known = _SMALL.get((value.dtype, value.shape))
-                if (
-                    known is not None
-                    and value.is_cpu
-                    and not value.requires_grad
-                    and value.layout is _STRIDED
-                    and value.is_contiguous()
-                    and not value.is_neg()  # (no conj bit to test: complex dtypes are not kept)
-                ):
-                    ptr = value.data_ptr()
-                    if ptr:  # (0: a tensor with no memory, such as a ZeroTensor)
-                        start, raw = known  # the key's first bytes, a ctypes array type
-                        # (the join copies the bytes under the GIL, while value is held)
-                        return blake3(b"".join((start, raw.from_address(ptr)))).digest().hex()
-            except RuntimeError:  # (a tensor without storage: a functorch or nested tensor)
-                return None
-        return self._key(value)
-
-    def _key(self, value: torch.Tensor) -> str | None:
-        """``key`` through ``numpy()``, which checks what the tensor is; keeps what the fast
-        road needs for a small tensor of a real dtype."""
-        if not value.is_contiguous():
-            return None
-        try:  # (the array itself: join reads its buffer, and a memoryview costs a call)
-            array = value.numpy()
-        except (TypeError, RuntimeError):
-            return None
-        nbytes = array.nbytes
-        start = _KEY_STARTS.get((value.dtype, value.shape))
-        if start is None:  # what values.digest writes before a codec leaf's chunks
-            header, tag = _header(value), self.tag.encode()
-            size = _LEN.pack(len(header) + nbytes)
-            start = b"c" + _LEN.pack(len(tag)) + tag + size + header
-            if len(_KEY_STARTS) < 4096:
-                _KEY_STARTS[value.dtype, tuple(value.shape)] = start
-        if nbytes <= 65536:  # one update: copying a small payload costs less than a call
-            if (
-                type(value) is torch.Tensor
-                and nbytes
-                and not value.dtype.is_complex
-                and len(_SMALL) < 4096
-                and (value.dtype, value.shape) not in _SMALL
-            ):
-                _SMALL[value.dtype, tuple(value.shape)] = (start, ctypes.c_char * nbytes)
-            return blake3(b"".join((start, array))).digest().hex()  # type: ignore[arg-type]
-        h = blake3(start)
-        h.update(memoryview(array).cast("B"))  # type: ignore[arg-type]  # (byte views only)
-        return h.hexdigest()
+    key = staticmethod(tensor_key)  # digest(t, codecs) of a lone tensor (tensor_keys.py)
 
     def decode(self, payload: bytes) -> torch.Tensor:
         (n,) = _LEN.unpack_from(payload)
@@ -248,7 +145,7 @@ class TensorCodec:
             return memo[2]
         h = blake3()
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(_tensor_bytes(t))
+        h.update(tensor_bytes(t))
         result = h.hexdigest()
         self.hashed += 1
         if not seen:

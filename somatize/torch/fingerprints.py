@@ -194,7 +194,7 @@ def _other_setting(v: Any) -> Any:
     if isinstance(v, tuple):  # kernel_size, stride (a torch.Size too): item by item
         return tuple(x if type(x) in _SETTING else _other_setting(x) for x in v)
     if isinstance(v, torch.Tensor):  # (inside a tuple)
-        from .codecs import _tensor_bytes
+        from .tensor_keys import tensor_bytes as _tensor_bytes
 
         return f"tensor:{tuple(v.shape)}:{v.dtype}:{blake3(_tensor_bytes(v)).hexdigest()}"
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type)):

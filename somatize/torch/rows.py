@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from blake3 import blake3
 
-from .codecs import _tensor_bytes
+from .tensor_keys import tensor_bytes as _tensor_bytes
 
 __all__ = ["TensorRows"]
 

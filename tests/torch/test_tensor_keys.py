@@ -1,10 +1,10 @@
-"""The key of a lone tensor by the codec's data-pointer road: the same key as blake3 of the
-tensor's encoding, for every tensor that takes it and every one that must not."""
+"""The key of a lone tensor (``somatize/torch/tensor_keys.py``): keyed blake3 of its bytes
+under a key of its dtype and shape, the same by the data-pointer road as by the slow road,
+for every tensor that takes the pointer road and every one that must not."""
 
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -16,20 +16,16 @@ from torch import nn
 
 from somatize import ValueConversionError, digest, encode
 from somatize.torch import NdarrayCodec, TensorCodec
-from somatize.torch.codecs import _SMALL
+from somatize.torch.tensor_keys import _SMALL
 
 CODECS = (TensorCodec(), NdarrayCodec())
 
 
 def encoded_key(t: torch.Tensor) -> str:
-    """blake3 of the encoding written out by hand (what every road must give)."""
+    """Keyed blake3 of the raw bytes written out by hand (what every road must give)."""
     raw = t.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
-    header = encode((str(t.dtype).removeprefix("torch."), tuple(t.shape)))
-    payload = struct.pack(">Q", len(header)) + header + raw.numpy().tobytes()
-    tag = b"torch.tensor"
-    return blake3(
-        b"c" + struct.pack(">Q", len(tag)) + tag + struct.pack(">Q", len(payload)) + payload
-    ).hexdigest()
+    layout = encode(("somatize.tensor/2", str(t.dtype).removeprefix("torch."), tuple(t.shape)))
+    return blake3(raw.numpy().tobytes(), key=blake3(layout).digest()).hexdigest()
 
 
 def twice(t: torch.Tensor) -> tuple[str, str]:
@@ -52,10 +48,11 @@ SMALL = {
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_the_pointer_road_gives_the_key_of_the_encoding(name):
+def test_the_pointer_road_gives_the_key_of_the_slow_road(name):
     t = SMALL[name]
     first, known = twice(t)
-    assert first == known == encoded_key(t) == blake3(encode(t, CODECS)).hexdigest()
+    assert first == known == encoded_key(t)
+    assert first != blake3(encode(t, CODECS)).hexdigest()  # (the scheme before: not mixed)
     assert (t.dtype, tuple(t.shape)) in _SMALL  # the second key took the pointer road
 
 
@@ -69,7 +66,7 @@ def test_a_contiguous_slice_is_read_from_its_own_offset():
 
 def test_tensors_the_pointer_road_must_not_read_take_the_general_path():
     """Each of these shares its (dtype, shape) with a known plain tensor, so only the
-    checks keep it off the pointer road; each gets the key of its encoded bytes."""
+    checks keep it off the pointer road; each gets the key of its content."""
     base = torch.randn(4, 6)
     digest(torch.randn(6, 4), CODECS)
     digest(torch.randn(4), CODECS)
@@ -84,7 +81,7 @@ def test_tensors_the_pointer_road_must_not_read_take_the_general_path():
     digest(conj, CODECS)
     assert digest(conj.conj(), CODECS) == encoded_key(conj.conj()) != digest(conj, CODECS)
     assert (torch.complex64, (4,)) not in _SMALL  # complex: never by pointer (conj bit)
-    param = nn.Parameter(torch.randn(4), requires_grad=False)  # a subclass: numpy() road
+    param = nn.Parameter(torch.randn(4), requires_grad=False)  # a subclass: the slow road
     assert digest(param, CODECS) == encoded_key(param.detach())
     zero = torch._efficientzerotensor(4)  # no memory: data_ptr() is 0
     assert CODECS[0].key(zero) is None
@@ -95,6 +92,22 @@ def test_a_tensor_that_requires_grad_is_refused_though_its_shape_is_known():
     assert CODECS[0].key(torch.randn(5, requires_grad=True)) is None
     with pytest.raises(ValueConversionError, match="requires grad"):
         digest(torch.randn(5, requires_grad=True), CODECS)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_a_tensor_of_another_layout_is_refused_though_its_dtype_and_shape_are_known():
+    """The pointer road does not read the layout: a sparse or mkldnn tensor has no data
+    pointer (``data_ptr()`` raises), so it is left to the general path, which refuses it."""
+    dense = torch.randn(4, 4)
+    digest(dense, CODECS)  # (float32, (4, 4)) known
+    others = [dense.to_sparse(), dense.to_sparse_csr()]
+    if torch.backends.mkldnn.is_available():
+        others.append(dense.to_mkldnn())
+    for other in others:
+        assert (other.dtype, tuple(other.shape)) in _SMALL
+        assert CODECS[0].key(other) is None
+        with pytest.raises(ValueConversionError, match="dense"):
+            digest(other, CODECS)
 
 
 def test_a_tensor_without_storage_is_left_to_the_general_path():
@@ -127,11 +140,37 @@ def test_dtype_shape_and_bytes_all_enter_the_key():
     assert digest(other, CODECS) != keys[0]
 
 
+def test_same_bytes_of_another_dtype_or_shape_get_another_key_by_every_road():
+    """Every (bytes, dtype, shape) triple gets its own key, whether or not its layout is
+    known, and whether it is read by pointer, through a view, or from a copy."""
+    raw = torch.arange(8, dtype=torch.int32)
+    same_bytes = [
+        raw,
+        raw.view(torch.float32),
+        raw.view(torch.uint32),
+        raw.reshape(2, 4),
+        raw.reshape(4, 2),
+        raw.reshape(1, 8),
+        raw.view(torch.int16),
+        raw.view(torch.uint8),
+        raw.view(torch.int64),
+    ]
+    for t in same_bytes:
+        _SMALL.pop((t.dtype, tuple(t.shape)), None)
+    first = [digest(t, CODECS) for t in same_bytes]  # the slow road
+    known = [digest(t, CODECS) for t in same_bytes]  # the pointer road
+    # the same contents in another memory order (not contiguous: the slow road), or copied
+    views = [t.T.contiguous().T if t.dim() == 2 else t.clone() for t in same_bytes]
+    assert not any(v.is_contiguous() for v in views if v.dim() == 2 and min(v.shape) > 1)
+    assert first == known == [digest(v, CODECS) for v in views]
+    assert len(set(first)) == len(first)
+
+
 def test_the_key_is_pinned_and_the_same_in_a_fresh_process():
-    """The key scheme did not change (existing cache entries keep their keys), and it does
-    not depend on the process."""
+    """The key scheme (``somatize.tensor/2``) does not change unnoticed (cache entries keep
+    their keys), and it does not depend on the process."""
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    pinned = "844516eaa57b95db781ede96fc4f6ea62e0263267b4c603d885084da2a07c3f6"
+    pinned = "997c459c0fa2bf13baefa2c118e4bcb05e82b839d7f3fabd4732756e163c2fd1"
     assert twice(t) == (pinned, pinned)
     code = (
         "import torch; from somatize import digest; from somatize.torch.codecs import "
