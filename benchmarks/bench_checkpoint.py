@@ -9,6 +9,14 @@ ratio is taken per trial, its median is the figure, and the worst trial is repor
 beside it, in wall time and in CPU time (``time.process_time``). A save costs one data
 fsync and one directory fsync (bare: one data fsync); ``last`` is renamed into place
 between the two renames and the directory fsync.
+
+Both sides free the previous 30 MiB each save (bare: ``open(..., "wb")`` truncates it;
+somatize: rotation unlinks the oldest checkpoint after the new one is durable). The
+truncate is committed by bare's own fsync; the unlink by the next save's. So that a
+batch of saves does not leave its last unlink (and the discard of its blocks: this disk
+is mounted ``discard``) to be committed inside the other side's timed fsync, the journal
+is settled, untimed, after every batch of either side (``settle``: an fsync of both
+directories, the same call for both).
 """
 
 from __future__ import annotations
@@ -60,6 +68,14 @@ def run(quick: bool) -> list[Row]:
     def save_somatize() -> None:
         ckpt.save(payload, next(counter))
 
+    def settle() -> None:
+        for d in (root, ckpt.path):
+            fd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
     # a file of its own to load (saves rotate the others away), its path resolved once
     newest = st.Checkpointing(os.path.join(root, "load")).save(payload, 1)
 
@@ -77,7 +93,10 @@ def run(quick: bool) -> list[Row]:
     samples: dict[str, list[tuple[float, float, float, float]]] = {op: [] for op in pairs}
     for _ in range(trials):
         for op, (ours, base, _) in pairs.items():
-            a, b = _timed(ours, number), _timed(base, number)
+            a = _timed(ours, number)
+            settle()
+            b = _timed(base, number)
+            settle()
             samples[op].append((a[0], b[0], a[1], b[1]))
     rows = []
     for op, (_, _, baseline) in pairs.items():

@@ -187,14 +187,15 @@ class Checkpointing:
         pointer = self.path / "last"
         if not pointer.exists():  # a fresh run's: its checkpoints never lie without one
             integrity.write_pointer(pointer, "")
+        names = ckptdir.listing(self.path)  # once: for rotation and the sweep of temp files
         kept, doomed = rotation(
-            self.path, self.keep, file.name, {self.file(p).name for p in protect}, known
+            self.path, self.keep, file.name, {self.file(p).name for p in protect}, known, names
         )
         integrity.write_checkpoint(file, {"format": FORMAT, **payload, "checkpoints": kept})
         integrity.write_pointer(pointer, file.name)
         if best is not None and self.file(best).exists():
             integrity.write_pointer(self.path / "best", self.file(best).name)
-        remove(self.path, doomed)
+        remove(self.path, doomed, names)
         return kept
 
 

@@ -23,7 +23,15 @@ from ..errors import CheckpointError
 from ..stack import outside
 from . import integrity
 
-__all__ = ["checkpoint_files", "newest_intact", "read_pointer", "rotate", "rotation", "writer"]
+__all__ = [
+    "checkpoint_files",
+    "listing",
+    "newest_intact",
+    "read_pointer",
+    "rotate",
+    "rotation",
+    "writer",
+]
 
 FILE = re.compile(r"^step-(\d{9})\.ckpt$")
 TEMP = re.compile(r"^\.(step-\d{9}\.ckpt|last|best)\..*\.tmp$")  # atomic_write's temp names
@@ -36,8 +44,18 @@ def checkpoint_files(directory: Path) -> list[str]:
     Raises:
         CheckpointError: ``directory`` is a file, or cannot be listed.
     """
+    return sorted(f for f in listing(directory) if FILE.match(f))
+
+
+def listing(directory: Path) -> list[str]:
+    """Every name in ``directory`` ([] when it is absent): one listing serves a save's
+    rotation and its sweep of temp files.
+
+    Raises:
+        CheckpointError: ``directory`` is a file, or cannot be listed.
+    """
     try:
-        return sorted(f for f in os.listdir(directory) if FILE.match(f))
+        return os.listdir(directory)
     except FileNotFoundError:
         return []
     except NotADirectoryError as e:
@@ -194,15 +212,23 @@ def newest_intact(directory: Path, name: str | None) -> Path | None:
 
 
 def rotation(
-    directory: Path, keep: int, newest: str, protect: set[str], known: Iterable[str] | None
+    directory: Path,
+    keep: int,
+    newest: str,
+    protect: set[str],
+    known: Iterable[str] | None,
+    names: list[str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """(the chain's checkpoints kept after ``newest`` is written, oldest first; those to delete).
 
     Only ``known`` names are candidates (None: every checkpoint of the directory, for a run
     resumed from a checkpoint that does not list its chain); the newest ``keep - 1`` of
-    them stay beside ``newest``, and the ``protect``-ed.
+    them stay beside ``newest``, and the ``protect``-ed. ``names``: the directory's
+    ``listing``, when the caller has it (else it is listed here).
     """
-    present = set(checkpoint_files(directory))
+    if names is None:
+        names = listing(directory)
+    present = {f for f in names if FILE.match(f)}
     chain = present if known is None else present & set(known)
     older = sorted(chain - {newest})
     doomed = [f for f in older[: max(len(older) - (keep - 1), 0)] if f not in protect]
@@ -214,11 +240,18 @@ def rotate(directory: Path, keep: int, newest: str, protect: set[str]) -> None:
     remove(directory, rotation(directory, keep, newest, protect, None)[1])
 
 
-def remove(directory: Path, doomed: list[str]) -> None:
-    """Delete ``doomed`` and the temp files a killed writer left (one writer per directory)."""
-    with contextlib.suppress(OSError):
-        doomed = doomed + [f for f in os.listdir(directory) if TEMP.match(f)]
-    for name in doomed:
+def remove(directory: Path, doomed: list[str], names: list[str] | None = None) -> None:
+    """Delete ``doomed`` and the temp files a killed writer left (one writer per directory).
+
+    ``names``: a ``listing`` of ``directory`` taken before this save's own temp files
+    were made (a save lists the directory once); None: list it now.
+    """
+    if names is None:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            names = []
+    for name in doomed + [f for f in names if TEMP.match(f)]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(directory / name)
 

@@ -34,6 +34,7 @@ from blake3 import blake3
 
 from ..errors import CheckpointError
 from ..keepers import atomic_file, fsync_dir
+from ..keepers.atomic import replace_with
 from ..stack import outside
 
 __all__ = [
@@ -148,8 +149,7 @@ def write_pointer(path: Path, name: str) -> None:
         CheckpointError: an OS error (full or read-only disk), naming ``path``.
     """
     try:
-        with atomic_file(path, sync=False, sync_dir=False) as f:
-            f.write(name.encode())
+        replace_with(str(path), [name.encode()], durable=False)  # temp file, rename: atomic
         fsync_dir(path.parent)
     except OSError as e:
         raise _write_error(path, e, "checkpoint pointer") from e

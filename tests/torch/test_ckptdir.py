@@ -209,3 +209,29 @@ def test_a_directory_in_place_of_a_checkpoint_is_named_as_such_not_a_full_disk(t
     ):
         fit(ckpt, epochs=2, resume="last")
     assert "free space" not in str(e.value)
+
+
+def test_a_save_lists_its_directory_once_and_sweeps_a_killed_writers_temp_files(
+    tmp_path, monkeypatch
+):
+    from somatize.torch import ckptdir
+
+    ckpt = st.Checkpointing(tmp_path / "ckpt", keep=2)
+    payload = {"model": {"w": torch.ones(3)}}  # rotation and the sweep need no full payload
+    for step in (1, 2):
+        ckpt.save(payload, step)
+    left = [".step-000000007.ckpt.99-0.tmp", ".last.99-1.tmp"]  # a killed writer's
+    for name in left:
+        (ckpt.path / name).write_bytes(b"torn")
+    listed = []
+    real = os.listdir
+    monkeypatch.setattr(ckptdir.os, "listdir", lambda d: listed.append(d) or real(d))
+    ckpt.save(payload, 3)
+    assert len(listed) == 1  # rotation and the sweep share one listing
+    assert sorted(os.listdir(ckpt.path)) == [
+        "last",
+        "step-000000002.ckpt",
+        "step-000000003.ckpt",
+    ]
+    assert (ckpt.path / "last").read_text() == "step-000000003.ckpt"
+    assert integrity.verify_file(ckpt.path / "step-000000003.ckpt")
