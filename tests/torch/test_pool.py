@@ -220,3 +220,18 @@ def test_results_hold_no_file_descriptor_per_tensor_in_the_parent():
     assert all(
         r["layer0.weight"].equal(_state_dict(i)["layer0.weight"]) for i, r in enumerate(results)
     )
+
+
+def test_a_result_arriving_for_a_run_cancelled_meanwhile_is_dropped_quietly():
+    # map's iterator cancels the other futures when one raises; a result unpickled in the
+    # meantime raised InvalidStateError in the pool's callback ("exception calling callback")
+    import pickle
+
+    from somatize.torch.pool import _deliver, _Task
+    from somatize.torch.pool_worker import Packed
+
+    task = _Task(0, b"")
+    task.future.cancel()
+    _deliver(task, Packed(pickle.dumps({"w": 1})))
+    _deliver(task, Packed(b"not a pickle"))
+    assert task.future.cancelled()
