@@ -4,7 +4,7 @@ returned, the lost ones (and, with ``errors="return"``, the failed ones) reporte
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -53,7 +53,7 @@ def run_all(
 
     A run whose worker is lost (and is not re-run by the pool: ``st.executor`` re-runs it
     once, Dask reschedules it) is reported in ``Runs.lost`` by index; the other runs are
-    unaffected.
+    unaffected. Interrupted (Ctrl-C), it cancels its runs not started, as ``map`` does.
 
     Args:
         pool: any ``concurrent.futures.Executor`` (``st.executor()``, a
@@ -82,8 +82,14 @@ def run_all(
             f"is kept in Runs.failed), not {errors!r}"
         )
     items = list(items)
-    futures: Sequence[Future[Any]] = [pool.submit(fn, item) for item in items]
-    wait(futures)
+    futures: list[Future[Any]] = []
+    try:
+        futures.extend(pool.submit(fn, item) for item in items)
+        wait(futures)
+    except BaseException:  # Ctrl-C: the runs not started are cancelled, as map does
+        for f in futures:
+            f.cancel()
+        raise
     results: list[Any] = []
     lost: dict[int, str] = {}
     failed: dict[int, BaseException] = {}

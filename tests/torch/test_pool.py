@@ -235,3 +235,35 @@ def test_a_result_arriving_for_a_run_cancelled_meanwhile_is_dropped_quietly():
     _deliver(task, Packed(pickle.dumps({"w": 1})))
     _deliver(task, Packed(b"not a pickle"))
     assert task.future.cancelled()
+
+
+def test_ctrl_c_in_run_all_cancels_its_runs_not_started_as_map_does():
+    # without a with block, the runs left queued ran for nobody: at exit, the interpreter
+    # waits for every pending call (a sweep of 100 runs went on for hours after Ctrl-C)
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    main, ran, submitted, cancelled = threading.get_ident(), [], [], threading.Event()
+
+    def run(i):
+        ran.append(i)
+        if i == 0:
+            while len(submitted) < 5:
+                time.sleep(0.01)
+            signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, while the others wait
+            cancelled.wait(10)
+        return i
+
+    def submit(*args):
+        future = real(*args)
+        future.add_done_callback(lambda f: cancelled.set() if f.cancelled() else None)
+        submitted.append(future)
+        return future
+
+    pool = ThreadPoolExecutor(1)
+    real, pool.submit = pool.submit, submit  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        st.run_all(pool, run, range(5))
+    pool.shutdown(wait=True)
+    assert ran == [0]
+    assert all(f.cancelled() for f in submitted[1:])
