@@ -4,6 +4,7 @@ returned, the lost ones (and, with ``errors="return"``, the failed ones) reporte
 from __future__ import annotations
 
 import pickle
+import reprlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -35,6 +36,11 @@ class Runs:
         return [
             r for i, r in enumerate(self.results) if i not in self.lost and i not in self.failed
         ]
+
+
+_short = reprlib.Repr()  # an item as a note shows it: a config, cut short where long
+_short.maxstring = _short.maxother = 120
+_short.maxdict = _short.maxlist = _short.maxtuple = 12
 
 
 def _is_loss(e: BaseException) -> bool:
@@ -103,7 +109,10 @@ def run_all(
             lost[i] = f"{type(e).__name__}: {e}"
             continue
         note_unpicklable(e, fn, pool, "run_all")
-        note = f"run_all: raised by fn(items[{i}]); run that item with fn(item) here to debug it"
+        note = (
+            f"run_all: raised by fn(items[{i}]) — items[{i}] = {_short.repr(items[i])}; run "
+            "that item with fn(item) here to debug it"
+        )
         if isinstance(e, TypeError) and type(items[i]) is tuple and "positional arg" in str(e):
             note += (
                 " — run_all passes each item whole, as one argument: for items that are "

@@ -109,6 +109,24 @@ def test_a_lost_run_and_a_failed_run_are_both_left_out_of_finished(tmp_path):
     assert runs.finished == [0, 4, 16]
 
 
+def test_the_note_on_a_failed_run_shows_its_item_so_a_sweep_says_which_config():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def train(config):
+        if config["lr"] > 0.5:
+            raise FloatingPointError("loss is nan")
+        return config["lr"]
+
+    grid = [{"lr": 0.1, "width": 8}, {"lr": 1.0, "width": 16}, {"lr": 0.2, "width": "w" * 500}]
+    with ThreadPoolExecutor(2) as pool:
+        runs = st.run_all(pool, train, grid, errors="return")
+        notes = "".join(runs.failed[1].__notes__)
+        assert "fn(items[1]) — items[1] = {'lr': 1.0, 'width': 16}" in notes
+        grid[2]["lr"] = 2.0
+        runs = st.run_all(pool, train, grid, errors="return")
+        assert len("".join(runs.failed[2].__notes__)) < 400  # a long item is cut short
+
+
 def _frozen(_):
     import gc
 
