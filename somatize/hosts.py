@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .execute import Program
     from .graph import Graph
     from .memory import NodeKeys
-    from .transports import Job, Transport
+    from .transports import Job, Reply, Transport
 
 __all__ = ["run_across"]
 
@@ -186,6 +186,8 @@ def run_across(
                 f"transport was given for it; pass one: g.forward(x, transports={{{host!r}: "
                 "ExecutorTransport(executor)}) — or transports.InProcess() to try it here"
             )
+        if host != LOCAL:
+            _check_transport(host, transports[host])
     keeper = graph.keeper
     if keeper is None and program.keyed:
         keeper = graph.keeper = MemoryKeeper()
@@ -237,17 +239,68 @@ def run_across(
         x_in = x_data if None in sl.inputs else None
         job = _job(prep, index, program, graph, inputs, x_in, x_key, keys, run)
         job["code"], code = _code(prep, index, program, job["name"])
-        reply = transports[sl.host].run(job, code)
+        transport = transports[sl.host]
+        reply = _checked(transport.run(job, code), transport, job)
         if reply["opaque"]:
             slot = reply["opaque"][0]
             later = [(r, h) for r, h in prep.readers[slot] if r is None or r not in sl.nodes]
             raise _crossing(slot, sl.host, later)
         wire.update(reply["outputs"])
-        metrics.update(decode(reply["metrics"], codecs))
+        try:
+            metrics.update(decode(reply["metrics"], codecs))
+        except ValueError as e:
+            raise TransportError(
+                f"{job['name']}: {type(transport).__qualname__}.run replied with 'metrics' "
+                f"that do not decode ({e}); a transport returns them as serve() encodes them"
+            ) from e
         if watchers:
             replay(reply["events"], codecs, run.id, watchers)
     notify(watchers, RunEnd(run.id, time.perf_counter() - start))
     return program.outcome(done)
+
+
+def _check_transport(host: str, transport: object) -> None:
+    """A ``TypeError`` naming ``host`` and the fix where ``transport`` is not a transport."""
+    if isinstance(transport, type):
+        raise TypeError(
+            f"transports[{host!r}] is the class {transport.__qualname__}; pass a transport "
+            f"object: {transport.__qualname__}() (or ExecutorTransport(executor))"
+        )
+    if not callable(getattr(transport, "run", None)):
+        raise TypeError(
+            f"transports[{host!r}] is a {type(transport).__qualname__}, not a transport (an "
+            "object with run(job, code)); pass ExecutorTransport(executor) — for Dask, "
+            "ExecutorTransport(client.get_executor(workers=[address])) — or InProcess()"
+        )
+
+
+_REPLY = {"outputs": dict, "opaque": list, "metrics": bytes, "events": bytes}
+
+
+def _checked(reply: Any, transport: object, job: Job) -> Reply:
+    """``reply``, once it has the shape of a ``Reply`` with every output ``job`` asks for; else
+    a ``TransportError`` naming the transport, the slice and what is wrong."""
+    where = f"{job['name']}: {type(transport).__qualname__}.run"
+    if not isinstance(reply, dict):
+        why = f"returned {type(reply).__qualname__ if reply is not None else None}, not a Reply"
+    elif missing := [k for k in _REPLY if k not in reply]:
+        why = f"replied without {', '.join(map(repr, missing))}"
+    elif bad := [k for k, t in _REPLY.items() if not isinstance(reply[k], t)]:
+        why = f"replied with {bad[0]!r} a {type(reply[bad[0]]).__qualname__}"
+    elif lacking := [n for n in job["outputs"] if n not in reply["outputs"]]:
+        if set(reply["opaque"]) & set(lacking):
+            return reply  # (an Opaque output: the caller names the crossing)
+        why = f"replied with no output of node {lacking[0]!r}"
+    elif odd := [n for n, v in reply["outputs"].items() if not isinstance(v, bytes)]:
+        kind = type(reply["outputs"][odd[0]]).__qualname__
+        why = f"replied with the output of node {odd[0]!r} a {kind}, not bytes"
+    else:
+        return reply  # type: ignore[no-any-return]
+    raise TransportError(
+        f"{where} {why}: a transport returns a Reply — {{'outputs': {{node: encoded bytes}}, "
+        "'opaque': [...], 'metrics': bytes, 'events': bytes}, as serve() or InProcess().run "
+        "make it"
+    )
 
 
 def _job(

@@ -258,6 +258,11 @@ class ExecutorTransport:
             except Exception as e:
                 if _from_slice(e):
                     raise
+                if isinstance(e, RuntimeError) and "after shutdown" in str(e):
+                    raise TransportError(
+                        f"{job['name']}: its executor was shut down ({e}) — its with block "
+                        "ended, or the client closed; give ExecutorTransport a running executor"
+                    ) from e
                 failures.append(e)
                 if len(failures) > self.retries:
                     raise self._lost(job, failures) from e

@@ -228,6 +228,44 @@ def test_no_transport_for_a_host_names_it_and_the_fix():
         g.forward(1, transports={"other": InProcess()})
 
 
+class _Replies:
+    """A transport of one's own that replies ``reply`` (or what ``edit`` makes of a true one)."""
+
+    def __init__(self, reply=None, edit=None):
+        self.reply, self.edit = reply, edit
+
+    def run(self, job, code):
+        return self.edit(InProcess().run(job, code)) if self.edit else self.reply
+
+
+@pytest.mark.parametrize(
+    ("transport", "match"),
+    [
+        (_Replies(None), r"returned None, not a Reply"),
+        (_Replies({}), r"replied without 'outputs', 'opaque'"),
+        (_Replies(edit=lambda r: {**r, "outputs": {}}), r"no output of node 'inc_2'"),
+        (_Replies(edit=lambda r: {**r, "outputs": {"inc_2": 3}}), r"'inc_2'.*int, not bytes"),
+        (_Replies(edit=lambda r: {**r, "metrics": b"x"}), r"'metrics' that do not decode"),
+    ],
+)
+def test_a_transport_of_ones_own_that_replies_garbage_is_named_with_the_slice(transport, match):
+    # before: a bare TypeError / KeyError from inside the caller, naming neither
+    g = Graph.somatize(Inc() >> Inc(2)).place("inc_2", host="gpu-box")
+    with pytest.raises(TransportError, match=match) as info:
+        g.forward(1, transports={"gpu-box": transport})
+    assert "host 'gpu-box'" in str(info.value) and "_Replies" in str(info.value)
+
+
+def test_a_transport_that_is_not_one_is_named_with_its_host_and_the_fix():
+    g = Graph.somatize(Inc() >> Inc(2)).place("inc_2", host="gpu-box")
+    with pytest.raises(
+        TypeError, match=r"transports\['gpu-box'\] is the class InProcess.*InProcess\(\)"
+    ):
+        g.forward(1, transports={"gpu-box": InProcess})
+    with pytest.raises(TypeError, match=r"transports\['gpu-box'\] is a str.*run\(job, code\)"):
+        g.forward(1, transports={"gpu-box": "tcp://10.0.0.2:8786"})
+
+
 # -- Opaque never crosses -----------------------------------------------------------------
 
 

@@ -213,6 +213,16 @@ def test_retries_recover_from_lost_workers_and_are_bounded():
     assert "tried 3 time(s) with retries=2" in str(info.value)
 
 
+def test_an_executor_that_was_shut_down_is_said_so_and_not_retried():
+    # before: retried, then "its worker was lost or did not answer ... retry: retries=N"
+    g = Graph.somatize(Inc() >> Inc(2).with_id("far")).place("far", host="box")
+    pool = cf.ThreadPoolExecutor(1)
+    pool.shutdown()
+    with pytest.raises(TransportError, match=r"slice 2 on host 'box' \(far\).*shut down") as info:
+        g.forward(1, transports={"box": ExecutorTransport(pool, retries=3)})
+    assert "tried" not in str(info.value) and "running executor" in str(info.value)
+
+
 def test_node_errors_come_back_unchanged_and_are_never_retried():
     g = Graph.somatize(Inc() >> Boom()).place("boom", host="box")
     ex = Flaky(failures=0)

@@ -21,13 +21,20 @@ Leaving ``with TorchPool(...)`` by an exception (Ctrl-C) cancels the calls not s
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import os
 import pickle
 import threading
 from collections.abc import Callable
-from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor
+from concurrent.futures import (
+    BrokenExecutor,
+    Executor,
+    Future,
+    InvalidStateError,
+    ProcessPoolExecutor,
+)
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_any
 from types import TracebackType
@@ -245,8 +252,10 @@ class TorchPool(Executor):
 def _deliver(task: _Task, result: Any) -> None:
     """Set ``task``'s result: a ``Packed`` one unpickled here (a result of the user's own
     function, from the user's own worker), or the error naming the call if it fails."""
+    if task.future.done():  # cancelled meanwhile (map cancels the rest when one raises)
+        return
     if type(result) is not Packed:
-        task.future.set_result(result)
+        _settled(task.future.set_result, result)
         return
     try:
         value = pickle.loads(result)  # the user's own function's result, from their own worker
@@ -257,9 +266,15 @@ def _deliver(task: _Task, result: Any) -> None:
             "numbers, strings, lists and dicts of them), or make its class importable here"
         )
         error.__cause__ = e
-        task.future.set_exception(error)
+        _settled(task.future.set_exception, error)
         return
-    task.future.set_result(value)
+    _settled(task.future.set_result, value)
+
+
+def _settled(settle: Callable[[Any], None], value: Any) -> None:
+    """``settle(value)``, unless the future was cancelled while its result was unpickled."""
+    with contextlib.suppress(InvalidStateError):
+        settle(value)
 
 
 def _cancel(task: _Task) -> None:

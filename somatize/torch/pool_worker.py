@@ -19,7 +19,10 @@ raises, made fit to travel back.
 * A call's **result is pickled by the worker** (``Packed``) and unpickled by the pool as
   that call's: a result that does not unpickle in the parent (its class missing there, a
   ``__reduce__`` that fails) fails that call with a ``RuntimeError`` naming it, where the
-  executor, unpickling it itself, would break the whole pool.
+  executor, unpickling it itself, would break the whole pool. Its tensors travel as bytes
+  (plain ``pickle``), not by torch's shared-memory reducer, which holds a file descriptor
+  in the parent per tensor for as long as the result lives: a few state dicts of some
+  hundred tensors each reached the usual limit of 1024 open files.
 * A call the pool aborted before it started (``shutdown(cancel_futures=True)``, an exception
   leaving the ``with`` block) is not run, even one already handed to the workers' queue.
 """
@@ -147,9 +150,9 @@ def _start(
 
 
 class Packed(bytes):
-    """A call's result, pickled by the worker (with ``ForkingPickler``: a tensor still goes
-    by shared memory) and unpickled by ``TorchPool`` as that call's own: a result that
-    does not unpickle in the parent fails its call, where the pool would break."""
+    """A call's result, pickled by the worker (plain ``pickle``: a tensor goes as its bytes,
+    holding no file descriptor here) and unpickled by ``TorchPool`` as that call's own: a
+    result that does not unpickle in the parent fails its call, where the pool would break."""
 
     __slots__ = ()
 
@@ -166,7 +169,7 @@ def _call(payload: bytes, task: int) -> Any:
         fn, args, kwargs = cloudpickle.loads(payload)  # code the user sent to their own pool
         result = fn(*args, **kwargs)
         try:
-            return Packed(ForkingPickler.dumps(result))
+            return Packed(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception as e:
             add_note(
                 e,

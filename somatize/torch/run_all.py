@@ -4,7 +4,8 @@ returned, the lost ones (and, with ``errors="return"``, the failed ones) reporte
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterable, Sequence
+import reprlib
+from collections.abc import Callable, Iterable
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,6 +38,11 @@ class Runs:
         ]
 
 
+_short = reprlib.Repr()  # an item as a note shows it: a config, cut short where long
+_short.maxstring = _short.maxother = 120
+_short.maxdict = _short.maxlist = _short.maxtuple = 12
+
+
 def _is_loss(e: BaseException) -> bool:
     # BrokenProcessPool and WorkerLostError are BrokenExecutors; Dask gives up with KilledWorker
     return isinstance(e, BrokenExecutor) or type(e).__name__ == "KilledWorker"
@@ -53,7 +59,7 @@ def run_all(
 
     A run whose worker is lost (and is not re-run by the pool: ``st.executor`` re-runs it
     once, Dask reschedules it) is reported in ``Runs.lost`` by index; the other runs are
-    unaffected.
+    unaffected. Interrupted (Ctrl-C), it cancels its runs not started, as ``map`` does.
 
     Args:
         pool: any ``concurrent.futures.Executor`` (``st.executor()``, a
@@ -82,8 +88,14 @@ def run_all(
             f"is kept in Runs.failed), not {errors!r}"
         )
     items = list(items)
-    futures: Sequence[Future[Any]] = [pool.submit(fn, item) for item in items]
-    wait(futures)
+    futures: list[Future[Any]] = []
+    try:
+        futures.extend(pool.submit(fn, item) for item in items)
+        wait(futures)
+    except BaseException:  # Ctrl-C: the runs not started are cancelled, as map does
+        for f in futures:
+            f.cancel()
+        raise
     results: list[Any] = []
     lost: dict[int, str] = {}
     failed: dict[int, BaseException] = {}
@@ -97,7 +109,10 @@ def run_all(
             lost[i] = f"{type(e).__name__}: {e}"
             continue
         note_unpicklable(e, fn, pool, "run_all")
-        note = f"run_all: raised by fn(items[{i}]); run that item with fn(item) here to debug it"
+        note = (
+            f"run_all: raised by fn(items[{i}]) — items[{i}] = {_short.repr(items[i])}; run "
+            "that item with fn(item) here to debug it"
+        )
         if isinstance(e, TypeError) and type(items[i]) is tuple and "positional arg" in str(e):
             note += (
                 " — run_all passes each item whole, as one argument: for items that are "
