@@ -153,3 +153,56 @@ def test_the_signature_found_while_registering_equals_the_one_refresh_computes()
     g = Graph().node("a", Many()).node("b", Holder(Many())).node("m", Many().mapped())
     g.node("sub", sub).edge("a", "b").edge("b", "m").edge("m", "sub")
     assert st.module(g)._holds == _signature(g)
+
+
+def test_eval_after_a_swap_on_the_node_reaches_the_new_module():
+    """Found by a deployment review: ``model.eval()`` after ``g["head"].lin = ...`` left the
+    new module in training mode, so its dropout ran at inference, silently."""
+    g = _graph()
+    model = st.module(g)
+    g["head"].lin = nn.Sequential(nn.Dropout(0.5), nn.Linear(8, 3))
+    model.eval()
+    assert not g["head"].lin.training
+    x = torch.randn(5, 4)
+    assert torch.equal(model(x), model(x))
+    model.train()
+    assert g["head"].lin.training
+
+
+def _swapped_export(export):
+    import pytest
+
+    from somatize.errors import StateError
+
+    g = _graph()
+    model = st.module(g).eval()
+    x = torch.randn(5, 4)
+    model(x)
+    g["head"].lin = nn.Linear(8, 3)  # not registered yet: no module(g) since
+    with pytest.raises(StateError, match=r"head\.lin\.weight.*export or trace it again"):
+        export(model, x)
+    exported = export(model, x)  # the error registered it: the second try works
+    with torch.no_grad():
+        assert torch.equal(exported(x), g["head"].lin(g["trunk"].lin(x)))
+    return exported, g
+
+
+def test_exporting_after_a_swap_on_the_node_says_so_rather_than_export_stale_weights():
+    """Found by a deployment review: the exported program's state_dict held the old head's
+    weights while it computed with the new ones as constants (strict: a KeyError)."""
+    for strict in (False, True):
+        program, g = _swapped_export(
+            lambda m, x, strict=strict: torch.export.export(m, (x,), strict=strict).module()
+        )
+        assert torch.equal(program.state_dict()["head.lin.weight"], g["head"].lin.weight)
+
+
+def test_tracing_after_a_swap_on_the_node_says_so():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (torch deprecates jit)
+        traced, g = _swapped_export(lambda m, x: torch.jit.trace(m, x))
+    assert any(p is g["head"].lin.weight for p in traced.parameters()) or torch.equal(
+        dict(traced.named_parameters())["head.lin.weight"], g["head"].lin.weight
+    )
