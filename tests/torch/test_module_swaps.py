@@ -203,6 +203,22 @@ def test_tracing_after_a_swap_on_the_node_says_so():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # (torch deprecates jit)
         traced, g = _swapped_export(lambda m, x: torch.jit.trace(m, x))
-    assert any(p is g["head"].lin.weight for p in traced.parameters()) or torch.equal(
-        dict(traced.named_parameters())["head.lin.weight"], g["head"].lin.weight
-    )
+    assert torch.equal(dict(traced.named_parameters())["head.lin.weight"], g["head"].lin.weight)
+
+
+def test_state_dict_and_load_state_dict_after_a_swap_on_the_node_reach_the_new_module():
+    """Found by a deployment review: weights loaded with ``model.load_state_dict`` after
+    ``g["head"].lin = ...`` went into the old module, and forward ran the new one's random
+    weights, silently; ``state_dict()`` returned the old module's."""
+    trained = st.module(_graph()).state_dict()
+    g = _graph()
+    model = st.module(g)
+    g["head"].lin = nn.Linear(8, 2)
+    assert torch.equal(model.state_dict()["head.lin.weight"], g["head"].lin.weight)
+    g["head"].lin = nn.Linear(8, 2)
+    model.load_state_dict(trained)
+    assert torch.equal(g["head"].lin.weight, trained["head.lin.weight"])
+    g["head"].lin = nn.Linear(8, 2)
+    wrapper = nn.Sequential(model)  # a module holding module(g): loads through it too
+    wrapper.load_state_dict({f"0.{k}": v for k, v in trained.items()})
+    assert torch.equal(g["head"].lin.weight, trained["head.lin.weight"])
