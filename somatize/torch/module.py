@@ -24,7 +24,6 @@ from torch import nn
 from torch.compiler import is_compiling as _is_compiling
 
 from ..bulk import paused_gc
-from ..errors import StateError
 from ..graph import Graph
 from ..node import Run
 from ..values import Opaque
@@ -201,7 +200,7 @@ class GraphModule(nn.Module):
 
     def forward(self, *args: Any) -> Any:
         g = self.graph
-        if _is_compiling() or _is_tracing():  # (a constant to dynamo, guarding nothing)
+        if _is_compiling():  # (a constant to dynamo, guarding nothing)
             _prepare(self)  # called as it is: dynamo traces no compiler, and no recompile
         program = g.program()
         if program is not self._program:
@@ -246,33 +245,9 @@ def _as_input(a: Any, as_data: bool) -> Any:
 def _prepare(m: GraphModule) -> bool:
     """``m._current()`` run as it is, not traced, when dynamo traces a forward: the first
     forward of ``torch.compile(module(g))`` finds the program built and the module current,
-    so what it traces reads them as on every later call. Under an export or a trace, what
-    a node holds is registered again first when it changed (``_registered``)."""
-    _registered(m)
+    so what it traces reads them as on every later call."""
     m._current()
     return True
-
-
-def _registered(m: GraphModule) -> None:
-    """Register what the nodes hold again when it changed since ``m`` registered it
-    (``g["head"].lin = nn.Linear(...)``, then a compile, an export or a trace). An export or
-    a trace read the module's parameters and buffers before calling forward, so it would
-    hold the old tensors and compute with the new ones as constants: a ``StateError`` names
-    them instead, once they are registered, so that exporting again works."""
-    if _signature(m.graph) == m._holds:
-        return
-    before = {k: id(t) for k, t in nn.Module.state_dict(m, keep_vars=True).items()}
-    m._sync()
-    now = {k: id(t) for k, t in nn.Module.state_dict(m, keep_vars=True).items()}
-    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
-    if changed and (_is_tracing() or torch.compiler.is_exporting()):
-        raise StateError(
-            f"what the graph's nodes hold changed since module(g) registered it "
-            f"({', '.join(changed[:6])}{', ...' if len(changed) > 6 else ''}: a module assigned "
-            "on a node, g[id].attr = ...), after this export or trace had read the module's "
-            "parameters and buffers: it would hold the old ones. They are registered now: "
-            "export or trace it again (after a swap, call st.module(g) before exporting)"
-        )
 
 
 # What torch._dynamo.assume_constant_result sets (a test checks it still is), without

@@ -170,24 +170,23 @@ def test_eval_after_a_swap_on_the_node_reaches_the_new_module():
 
 
 def _swapped_export(export):
-    import pytest
-
-    from somatize.errors import StateError
-
     g = _graph()
-    model = st.module(g).eval()
+    model = st.module(g)
     x = torch.randn(5, 4)
     model(x)
-    g["head"].lin = nn.Linear(8, 3)  # not registered yet: no module(g) since
-    with pytest.raises(StateError, match=r"head\.lin\.weight.*export or trace it again"):
-        export(model, x)
-    exported = export(model, x)  # the error registered it: the second try works
+    g["head"].lin = nn.Linear(8, 3)
+    model.eval()  # (what registers it before an export: st.module(g) does too)
+    exported = export(model, x)
     with torch.no_grad():
         assert torch.equal(exported(x), g["head"].lin(g["trunk"].lin(x)))
+    assert all(
+        model.get_parameter(f"head.lin.{n}") is getattr(g["head"].lin, n)
+        for n in ("weight", "bias")
+    )  # the export's stand-ins for the parameters never stay registered
     return exported, g
 
 
-def test_exporting_after_a_swap_on_the_node_says_so_rather_than_export_stale_weights():
+def test_exporting_after_a_swap_and_eval_exports_the_new_weights():
     """Found by a deployment review: the exported program's state_dict held the old head's
     weights while it computed with the new ones as constants (strict: a KeyError)."""
     for strict in (False, True):
@@ -197,13 +196,34 @@ def test_exporting_after_a_swap_on_the_node_says_so_rather_than_export_stale_wei
         assert torch.equal(program.state_dict()["head.lin.weight"], g["head"].lin.weight)
 
 
-def test_tracing_after_a_swap_on_the_node_says_so():
+def test_tracing_after_a_swap_and_eval_traces_the_new_weights():
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # (torch deprecates jit)
         traced, g = _swapped_export(lambda m, x: torch.jit.trace(m, x))
     assert torch.equal(dict(traced.named_parameters())["head.lin.weight"], g["head"].lin.weight)
+
+
+def test_an_export_leaves_a_frozen_graph_with_a_bare_parameter_exportable_again():
+    """Found by a deployment review: a check made during an export registered the
+    export's stand-in tensors, and a strict export after it failed with a KeyError."""
+
+    class Scaled(Node):
+        def __init__(self) -> None:
+            self.lin = nn.Linear(4, 3)
+            self.scale = nn.Parameter(torch.ones(3))
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.lin(x) * self.scale))
+
+    g = Graph.somatize(Linear(4, 4).with_id("trunk") >> Scaled().with_id("head"))
+    model = st.module(g.freeze("trunk")).eval()
+    x = torch.randn(2, 4)
+    for strict in (False, True, False):
+        exported = torch.export.export(model, (x,), strict=strict)
+        assert torch.equal(exported.module()(x), model(x))
+    assert model.get_parameter("head.scale") is g["head"].scale
 
 
 def test_state_dict_and_load_state_dict_after_a_swap_on_the_node_reach_the_new_module():
