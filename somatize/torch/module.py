@@ -174,7 +174,24 @@ class GraphModule(nn.Module):
             "instead: torch.export.export(model, (x,)) (docs/deploy.md)"
         )
 
+    def _resync(self) -> None:
+        """Register the nodes' holdings again if the graph or what they hold changed since
+        (``g["head"].lin = ...``): what ``train()``, ``state_dict()`` and
+        ``load_state_dict()`` do first, so they reach a module swapped in. (``_refresh``
+        without forgetting the codecs' digests: a checkpoint's ``state_dict()`` keeps them.)"""
+        if self.graph._stamp() != self._synced or _signature(self.graph) != self._holds:
+            self._sync()
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        self._resync()
+        return super().state_dict(*args, **kwargs)
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self._resync()  # (what load_state_dict calls, on this module or one holding it)
+        super()._load_from_state_dict(*args, **kwargs)  # type: ignore[no-untyped-call]
+
     def train(self, mode: bool = True) -> GraphModule:
+        self._resync()  # a module swapped into a node since: .eval() reaches it too
         super().train(mode)
         _modes[self.graph] = mode
         for _, held in _frozen_holdings(self, self.graph):

@@ -73,6 +73,7 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
             + " ("
             + (
                 _renamed(missing, unexpected, snapshot)
+                or _average(m, snapshot, missing)
                 or "was it saved from a different graph? compare sorted(state(g)) with the "
                 "saved keys"
             )
@@ -86,6 +87,11 @@ def _renamed(missing: list[str], unexpected: list[str], snapshot: Mapping[str, o
     checkpoint payload instead of its ``["model"]``, a plain model's names (without the
     node ids), or names with a wrapper's prefix (``module.`` of DDP, ``_orig_mod.`` of
     ``torch.compile``). "" when they are not."""
+    if isinstance(snapshot.get("state"), Mapping) and "decay" in snapshot:
+        return (
+            "this is a checkpoint's weight average, its ['ema']: load its ['state'] over the "
+            "model's, load_state(g, {**payload['model'], **payload['ema']['state']})"
+        )
     if isinstance(snapshot.get("model"), Mapping):  # (a state dict's values are tensors)
         return (
             "this is a whole checkpoint (model, optimizer, RNG states...): pass its "
@@ -109,3 +115,21 @@ def _renamed(missing: list[str], unexpected: list[str], snapshot: Mapping[str, o
             "{graph_name: state[graph_name.split('.', 1)[1]] for graph_name in st.state(g)}"
         )
     return ""
+
+
+def _average(m: torch.nn.Module, snapshot: Mapping[str, object], missing: list[str]) -> str:
+    """The fix when ``snapshot`` is exactly what ``Options(ema=)`` averages (trainable
+    parameters and floating-point buffers): a checkpoint's ``["ema"]["state"]`` alone,
+    which holds no integer buffer nor frozen parameter. "" when it is not."""
+    held = m.state_dict(keep_vars=True)
+    averaged = {
+        k
+        for k, t in held.items()
+        if t.is_floating_point() and (t.requires_grad or not isinstance(t, torch.nn.Parameter))
+    }
+    if not missing or set(snapshot) != averaged:
+        return ""
+    return (
+        "it is what a weight average holds, a checkpoint's ['ema']['state']: load it over the "
+        "model's weights, load_state(g, {**payload['model'], **payload['ema']['state']})"
+    )

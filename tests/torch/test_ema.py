@@ -123,6 +123,26 @@ def test_the_checkpoint_holds_the_trained_weights_and_the_average_apart(tmp_path
     assert len(made[0]._optimizer_step_post_hooks) == 0  # the update leaves with the fit
 
 
+def test_loading_a_checkpoints_average_alone_says_to_load_it_over_the_model(tmp_path):
+    """Found by a deployment review: ``load_state(g, payload["ema"])`` and
+    ``load_state(g, payload["ema"]["state"])`` (no integer buffers) asked whether the state
+    came from another graph."""
+    from somatize.errors import StateError
+
+    st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.5),
+        checkpoint=st.Checkpointing(tmp_path),
+        options=st.Options(progress=False, ema=DECAY),
+    ).fit(graph(), data(2))
+    payload = st.load_checkpoint(st.Checkpointing(tmp_path).last())
+    fix = r"\{\*\*payload\['model'\], \*\*payload\['ema'\]\['state'\]\}"
+    for alone in (payload["ema"], payload["ema"]["state"]):
+        with pytest.raises(StateError, match=r"weight average.*" + fix):
+            st.load_state(graph(), alone)
+    st.load_state(graph(), {**payload["model"], **payload["ema"]["state"]})
+
+
 def test_average_update_matches_averaged_model_and_swaps_back():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))

@@ -153,3 +153,92 @@ def test_the_signature_found_while_registering_equals_the_one_refresh_computes()
     g = Graph().node("a", Many()).node("b", Holder(Many())).node("m", Many().mapped())
     g.node("sub", sub).edge("a", "b").edge("b", "m").edge("m", "sub")
     assert st.module(g)._holds == _signature(g)
+
+
+def test_eval_after_a_swap_on_the_node_reaches_the_new_module():
+    """Found by a deployment review: ``model.eval()`` after ``g["head"].lin = ...`` left the
+    new module in training mode, so its dropout ran at inference, silently."""
+    g = _graph()
+    model = st.module(g)
+    g["head"].lin = nn.Sequential(nn.Dropout(0.5), nn.Linear(8, 3))
+    model.eval()
+    assert not g["head"].lin.training
+    x = torch.randn(5, 4)
+    assert torch.equal(model(x), model(x))
+    model.train()
+    assert g["head"].lin.training
+
+
+def _swapped_export(export):
+    g = _graph()
+    model = st.module(g)
+    x = torch.randn(5, 4)
+    model(x)
+    g["head"].lin = nn.Linear(8, 3)
+    model.eval()  # (what registers it before an export: st.module(g) does too)
+    exported = export(model, x)
+    with torch.no_grad():
+        assert torch.equal(exported(x), g["head"].lin(g["trunk"].lin(x)))
+    assert all(
+        model.get_parameter(f"head.lin.{n}") is getattr(g["head"].lin, n)
+        for n in ("weight", "bias")
+    )  # the export's stand-ins for the parameters never stay registered
+    return exported, g
+
+
+def test_exporting_after_a_swap_and_eval_exports_the_new_weights():
+    """Found by a deployment review: the exported program's state_dict held the old head's
+    weights while it computed with the new ones as constants (strict: a KeyError)."""
+    for strict in (False, True):
+        program, g = _swapped_export(
+            lambda m, x, strict=strict: torch.export.export(m, (x,), strict=strict).module()
+        )
+        assert torch.equal(program.state_dict()["head.lin.weight"], g["head"].lin.weight)
+
+
+def test_tracing_after_a_swap_and_eval_traces_the_new_weights():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (torch deprecates jit)
+        traced, g = _swapped_export(lambda m, x: torch.jit.trace(m, x))
+    assert torch.equal(dict(traced.named_parameters())["head.lin.weight"], g["head"].lin.weight)
+
+
+def test_an_export_leaves_a_frozen_graph_with_a_bare_parameter_exportable_again():
+    """Found by a deployment review: a check made during an export registered the
+    export's stand-in tensors, and a strict export after it failed with a KeyError."""
+
+    class Scaled(Node):
+        def __init__(self) -> None:
+            self.lin = nn.Linear(4, 3)
+            self.scale = nn.Parameter(torch.ones(3))
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.lin(x) * self.scale))
+
+    g = Graph.somatize(Linear(4, 4).with_id("trunk") >> Scaled().with_id("head"))
+    model = st.module(g.freeze("trunk")).eval()
+    x = torch.randn(2, 4)
+    for strict in (False, True, False):
+        exported = torch.export.export(model, (x,), strict=strict)
+        assert torch.equal(exported.module()(x), model(x))
+    assert model.get_parameter("head.scale") is g["head"].scale
+
+
+def test_state_dict_and_load_state_dict_after_a_swap_on_the_node_reach_the_new_module():
+    """Found by a deployment review: weights loaded with ``model.load_state_dict`` after
+    ``g["head"].lin = ...`` went into the old module, and forward ran the new one's random
+    weights, silently; ``state_dict()`` returned the old module's."""
+    trained = st.module(_graph()).state_dict()
+    g = _graph()
+    model = st.module(g)
+    g["head"].lin = nn.Linear(8, 2)
+    assert torch.equal(model.state_dict()["head.lin.weight"], g["head"].lin.weight)
+    g["head"].lin = nn.Linear(8, 2)
+    model.load_state_dict(trained)
+    assert torch.equal(g["head"].lin.weight, trained["head.lin.weight"])
+    g["head"].lin = nn.Linear(8, 2)
+    wrapper = nn.Sequential(model)  # a module holding module(g): loads through it too
+    wrapper.load_state_dict({f"0.{k}": v for k, v in trained.items()})
+    assert torch.equal(g["head"].lin.weight, trained["head.lin.weight"])
