@@ -43,7 +43,10 @@ _global_hooks = (  # (torch's own dicts, mutated in place when a global hook is 
 )
 _SETTING = frozenset({int, float, bool, str, type(None)})
 _CLASS_IDS: dict[type, str] = {}
-_PUBLIC: dict[tuple[type, int], tuple[str, ...]] = {}  # (class, size of __dict__) -> names
+# (class, size of __dict__) -> (the names of its settings, the other attributes left out)
+_PUBLIC: dict[tuple[type, int], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+# What nn.Module.__init__ (and .compile()) sets: tables and hooks, entered on their own.
+_MODULE_OWN = frozenset(nn.Module().__dict__) | {"_compiled_call_impl"}
 _PLAIN_TUPLES: set[tuple[Any, ...]] = set()  # tuples of plain values seen: (3, 3), (1, 1)
 
 
@@ -162,21 +165,32 @@ def _class_id(cls: type) -> str:
 
 def _settings(mod: nn.Module, digest: Any) -> tuple[tuple[str, ...], list[Any]]:
     """A module's plain attributes (``LeakyReLU.negative_slope``, ``BatchNorm.eps``): the
-    names of its public instance attributes and their values, numbers, strings and tuples
-    of them as they are, tensors by digest. The names are found once per class and size of
-    the instance's ``__dict__`` (an attribute added changes the size; one missing is a
-    ``KeyError``, and the names are found again)."""
+    names of its public instance attributes (a user module's private ones too, see
+    ``_names``) and their values, numbers, strings and tuples of them as they are, tensors
+    by digest.
+
+    The names are found once per class and size of the instance's ``__dict__``, with the
+    attributes left out beside ``nn.Module``'s own (a library module's private ones): an
+    instance of that size holding all of both has the same attributes (``nn.Module``'s own
+    are in every instance); one missing any is a ``KeyError``, and the names are found
+    again. (An instance with a private attribute and another, of the same size, with a
+    public one in its place are told apart.)"""
     d = mod.__dict__
     shape = (type(mod), len(d))
-    names = _PUBLIC.get(shape)
+    known = _PUBLIC.get(shape)
     try:
-        if names is None:
+        if known is None:
             raise KeyError
+        names, left = known
+        if left:
+            for k in left:
+                d[k]
         values = [d[k] for k in names]
     except KeyError:
-        names = tuple(k for k in d if k[0] != "_" and k != "training")
+        names = _names(type(mod), d)
+        left = tuple(k for k in d if k not in _MODULE_OWN and k not in names)
         if len(_PUBLIC) < 4096:
-            _PUBLIC[shape] = names
+            _PUBLIC[shape] = names, left
         values = [d[k] for k in names]
     if _SETTING.issuperset(map(type, values)):  # (numbers and flags only: as they are)
         return names, values
@@ -188,6 +202,18 @@ def _settings(mod: nn.Module, digest: Any) -> tuple[tuple[str, ...], list[Any]]:
             if plain and len(_PLAIN_TUPLES) < 4096:
                 _PLAIN_TUPLES.add(v)
     return names, values
+
+
+def _names(cls: type, d: dict[str, Any]) -> tuple[str, ...]:
+    """The attributes of a module that enter as settings: the public ones; and, for the
+    user's own classes, the private ones too (``self._scale`` read in ``forward``), but
+    not the tables ``nn.Module`` keeps. (A library module's private attributes are what
+    its constructor made of its public ones.)"""
+    if not _is_user_module(sys.modules.get(cls.__module__)):
+        return tuple(k for k in d if k[0] != "_" and k != "training")
+    return tuple(
+        k for k in d if k != "training" and k not in _MODULE_OWN and not k.startswith("_somatize")
+    )
 
 
 def _other_setting(v: Any) -> Any:
