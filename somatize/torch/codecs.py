@@ -74,6 +74,23 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
 
 
+# The tensor types that are data: a subclass's type, and what it carries beside its
+# values, would enter no key and not survive a store
+_PLAIN = frozenset({torch.Tensor, nn.Parameter, *([nn.Buffer] if hasattr(nn, "Buffer") else [])})
+
+
+def subclass_error(value: torch.Tensor) -> ValueConversionError:
+    """The error for a tensor subclass met as data (a key, a stored row)."""
+    name = type(value).__qualname__
+    return ValueConversionError(
+        f"a {name}, a torch.Tensor subclass: its type (and whatever it carries beside its "
+        f"values) would enter no key, and a stored copy comes back a plain tensor, so a "
+        f"cached node would serve one {name}'s output for another, or for a plain tensor of "
+        "the same values — pass x.as_subclass(torch.Tensor) as data (and what the subclass "
+        "carries as data of its own), or wrap it in Opaque(...) and cache no node it reaches"
+    )
+
+
 class TensorCodec:
     """Detached tensors as data; modules, parameters and buffers fingerprinted as state.
 
@@ -158,6 +175,8 @@ class TensorCodec:
 
     def chunks(self, value: torch.Tensor) -> Iterable[bytes | memoryview]:
         self.check(value)
+        if type(value) not in _PLAIN:  # (keyed or stored: checked data may be one, uncached)
+            raise subclass_error(value)
         return (_header(value), _tensor_bytes(value))
 
     def key(self, value: torch.Tensor) -> str | None:
@@ -192,7 +211,7 @@ class TensorCodec:
     def _key(self, value: torch.Tensor) -> str | None:
         """``key`` through ``numpy()``, which checks what the tensor is; keeps what the fast
         road needs for a small tensor of a real dtype."""
-        if not value.is_contiguous():
+        if type(value) not in _PLAIN or not value.is_contiguous():  # (check words a subclass)
             return None
         try:  # (the array itself: join reads its buffer, and a memoryview costs a call)
             array = value.numpy()

@@ -14,7 +14,8 @@ import torch
 from blake3 import blake3
 from torch import nn
 
-from somatize import ValueConversionError, digest, encode
+import somatize.torch as st
+from somatize import Done, Graph, Node, ValueConversionError, digest, encode
 from somatize.torch import NdarrayCodec, TensorCodec
 from somatize.torch.codecs import _SMALL
 
@@ -157,3 +158,37 @@ def test_a_cuda_tensor_of_a_known_dtype_and_shape_is_keyed_by_its_bytes_not_its_
     digest(torch.randn(6), CODECS)  # (float32, (6,)) known on the CPU
     on_gpu = torch.randn(6, device="cuda")  # a device pointer read as host memory would crash
     assert digest(on_gpu, CODECS) == digest(on_gpu.cpu(), CODECS) == encoded_key(on_gpu.cpu())
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass: same bytes as a plain tensor, another type (as torchvision's
+    ``tv_tensors.BoundingBoxes`` carries a format and a canvas size beside its values)."""
+
+
+class ByType(Node):
+    """Answers by its input's type, as transforms dispatching on tv_tensors do."""
+
+    rowwise = True
+
+    def forward(self, x, ctx):
+        return Done(x.as_subclass(torch.Tensor) * (5.0 if isinstance(x, Tagged) else 1.0))
+
+
+def test_a_tensor_subclass_is_not_data_its_type_would_enter_no_key():
+    plain = torch.ones(2, 3)
+    with pytest.raises(
+        ValueConversionError, match=r"Tagged, a torch\.Tensor subclass.*as_subclass"
+    ):
+        digest(plain.as_subclass(Tagged), CODECS)
+    assert digest(nn.Parameter(plain, requires_grad=False), CODECS) == digest(plain, CODECS)
+
+
+@pytest.mark.parametrize("per", ["example", "batch"])
+def test_a_cached_node_given_a_tensor_subclass_says_so_and_serves_no_plain_rows(per):
+    g = Graph.somatize(ByType().with_id("enc"))
+    g.cache("enc", per=per)
+    st.module(g)
+    plain = torch.ones(2, 3)
+    assert torch.equal(g.forward(plain), plain)
+    with pytest.raises(ValueConversionError, match=r"Tagged, a torch\.Tensor subclass"):
+        g.forward(plain.clone().as_subclass(Tagged))
