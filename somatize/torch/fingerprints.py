@@ -26,6 +26,7 @@ import torch
 from blake3 import blake3
 from torch import nn
 
+from ..bindings import Watched, still, watch
 from ..identity import _is_user_module
 from ..identity import fingerprint as fingerprint_code
 from ..node_state import _code
@@ -42,7 +43,9 @@ _global_hooks = (  # (torch's own dicts, mutated in place when a global hook is 
     nn.modules.module._global_forward_hooks,
 )
 _SETTING = frozenset({int, float, bool, str, type(None)})
-_CLASS_IDS: dict[type, str] = {}
+_CLASS_IDS: dict[type, str] = {}  # a library class's name; a user class's below
+# a user class -> its name and code fingerprint, and the names its code reads (bindings.py)
+_USER_IDS: dict[type, tuple[str, Watched]] = {}
 # (class, size of __dict__) -> (the names of its settings, the other attributes left out)
 _PUBLIC: dict[tuple[type, int], tuple[tuple[str, ...], tuple[str, ...]]] = {}
 # What nn.Module.__init__ (and .compile()) sets: tables and hooks, entered on their own.
@@ -74,7 +77,7 @@ def module_fingerprint(codec: TensorCodec, obj: nn.Module) -> str:
             if mod._forward_pre_hooks or mod._forward_hooks
             else ()
         )
-        cls_id = _CLASS_IDS.get(cls) or _class_id(cls)
+        cls_id = _CLASS_IDS.get(cls) or _class_id(cls)  # (a user class: rechecked)
         parts.append((name, cls_id, mod.training, held, _settings(mod, digest), hooks))
         if cls.get_extra_state is not _NO_EXTRA:
             extra = True
@@ -154,13 +157,20 @@ def _digests(
 
 def _class_id(cls: type) -> str:
     """How a module's class enters a fingerprint: its name; and, when it is the user's own
-    class (not a library's, which enters by version), the fingerprint of its code."""
-    known = cls.__qualname__
-    if _is_user_module(sys.modules.get(cls.__module__)):
-        known = f"{cls.__module__}.{known}:{fingerprint_code(cls)}"
-    if len(_CLASS_IDS) < 4096:
-        _CLASS_IDS[cls] = known
-    return known
+    class (not a library's, which enters by version), the fingerprint of its code, read
+    again when a name its code reads is bound anew (a helper redefined in a notebook)."""
+    known = _USER_IDS.get(cls)
+    if known is not None and (not known[1] or still(known[1])):
+        return known[0]
+    name = cls.__qualname__
+    if not _is_user_module(sys.modules.get(cls.__module__)):
+        if len(_CLASS_IDS) < 4096:
+            _CLASS_IDS[cls] = name
+        return name
+    name = f"{cls.__module__}.{name}:{fingerprint_code(cls)}"
+    if len(_USER_IDS) < 4096:
+        _USER_IDS[cls] = name, watch(cls, ())
+    return name
 
 
 def _settings(mod: nn.Module, digest: Any) -> tuple[tuple[str, ...], list[Any]]:

@@ -3,6 +3,8 @@ node's key sees, checked against the module run afresh."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -66,3 +68,27 @@ def test_two_instances_of_one_size_with_other_attributes_are_told_apart():
     first = codec.fingerprint(two)
     two.scale = 3.0
     assert codec.fingerprint(two) != first
+
+
+def offset(x):
+    return x + 1
+
+
+class Offset(nn.Module):
+    """A user module whose forward calls a helper of this module."""
+
+    def forward(self, x):
+        return offset(x)
+
+
+def test_a_helper_a_user_module_calls_redefined_later_is_seen():
+    me = sys.modules[__name__]
+    codec, helper = st.TensorCodec(), offset
+    mod = Offset()
+    first = codec.fingerprint(mod)
+    try:
+        me.offset = lambda x: x - 1  # (as `def offset` run again in a notebook)
+        assert codec.fingerprint(mod) != first
+    finally:
+        me.offset = helper
+    assert codec.fingerprint(mod) == first
