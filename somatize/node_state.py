@@ -65,7 +65,8 @@ def _state_part(value: Any, codes: Codes, path: frozenset[int] = frozenset()) ->
 
 def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
     """Containers other than list, tuple and dict; code; objects holding modules or tensors.
-    Other objects are left to the declaration (the constructor arguments that made them)."""
+    Of other objects, their plain settings (``scalars``); the rest is left to the
+    declaration (the constructor arguments that made them)."""
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     if isinstance(value, Mapping):  # OrderedDict, ModuleDict-like mappings...
         items = [
@@ -113,7 +114,24 @@ def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
             if fp is not None:
                 held[name] = fp
                 break
+    plain = scalars(value)  # and its plain settings (a config's flags and sizes)
+    if plain:
+        return {"type": kind, "holds": held, "plain": [list(p) for p in plain]}
     return {"type": kind, "holds": held} if held else None
+
+
+_SCALARS = frozenset({int, float, bool, str, type(None)})
+
+
+def scalars(obj: Any) -> list[tuple[str, Any]]:
+    """The attributes of a library's object that are numbers, strings, flags or None — a
+    HuggingFace config's ``output_hidden_states``, ``hidden_size`` —, by name: what of it
+    is read cheaply at every key (its containers and other objects are left to what
+    built it)."""
+    found = getattr(obj, "__dict__", None)
+    if not found:
+        return []
+    return sorted((k, v) for k, v in found.items() if type(v) in _SCALARS)
 
 
 # How a function attribute enters a module's fingerprint (``somatize.torch.fingerprints``:

@@ -29,7 +29,7 @@ from torch import nn
 from ..bindings import Watched, still, watch
 from ..identity import _is_user_module
 from ..identity import fingerprint as fingerprint_code
-from ..node_state import _code
+from ..node_state import _code, scalars
 from ..values import digest as digest_data
 
 if TYPE_CHECKING:
@@ -237,8 +237,8 @@ def _other_setting(v: Any) -> Any:
         return _code(v)  # TransformerEncoderLayer.activation
     try:
         return digest_data(v, (), "a module attribute")  # a list or dict of numbers
-    except Exception:  # anything else: its class (what made it is the module's own code)
-        return f"obj:{type(v).__qualname__}"
+    except Exception:  # anything else: its class and plain settings (a model's config)
+        return f"obj:{type(v).__qualname__}", tuple(scalars(v))
 
 
 def _hooks(*tables: Any) -> tuple[str, ...]:

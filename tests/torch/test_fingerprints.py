@@ -3,6 +3,7 @@ node's key sees, checked against the module run afresh."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import pytest
@@ -92,3 +93,21 @@ def test_a_helper_a_user_module_calls_redefined_later_is_seen():
     finally:
         me.offset = helper
     assert codec.fingerprint(mod) == first
+
+
+class Configured(nn.Module):
+    """A module holding a library's settings object (a HuggingFace model's ``config``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = argparse.Namespace(scale=2.0, output_hidden=False)
+
+    def forward(self, x):
+        return x * self.config.scale
+
+
+def test_a_plain_setting_of_a_library_object_a_module_holds_enters_its_fingerprint():
+    codec, mod = st.TensorCodec(), Configured()
+    first = codec.fingerprint(mod)
+    mod.config.scale = 3.0
+    assert codec.fingerprint(mod) != first
