@@ -30,7 +30,15 @@ def _marks() -> tuple[Any, ...]:
     cpu = _cpu.get_state().numpy().tobytes()
     if not torch.cuda.is_initialized():
         return (cpu,)
-    return (cpu, *(g.get_offset() for g in torch.cuda.default_generators))
+    return (cpu, *(_offset(g) for g in torch.cuda.default_generators))
+
+
+def _offset(g: torch.Generator) -> Any:
+    """A CUDA generator's Philox offset (its whole state where a build has no offset)."""
+    try:
+        return g.get_offset()
+    except (AttributeError, RuntimeError):
+        return g.get_state().numpy().tobytes()
 
 
 class Drawing:
