@@ -280,8 +280,9 @@ class TensorCodec:
 
     def fingerprint(self, obj: Any) -> str | None:
         """The digest of a tensor, of a module's structure, modes and state
-        (``somatize.torch.fingerprints``), or the name of a dtype, device, layout or
-        memory format.
+        (``somatize.torch.fingerprints``), of a generator's state (a node drawing from its
+        own: each call a new key, as each draws anew), or the name of a dtype, device,
+        layout or memory format.
 
         A module's fingerprint is made of each submodule's name, class (and, for the
         user's own classes, the fingerprint of their code), mode, plain attributes
@@ -293,6 +294,8 @@ class TensorCodec:
         """
         if isinstance(obj, torch.Tensor):
             return self.digest(obj)
+        if isinstance(obj, torch.Generator):  # a node's own randomness: where it stands
+            return f"generator:{blake3(obj.get_state().numpy()).hexdigest()}"
         if not isinstance(obj, nn.Module):
             return f"{type(obj).__name__}:{obj}" if isinstance(obj, _NAMED) else None
         return module_fingerprint(self, obj)

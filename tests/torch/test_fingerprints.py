@@ -111,3 +111,11 @@ def test_a_plain_setting_of_a_library_object_a_module_holds_enters_its_fingerpri
     first = codec.fingerprint(mod)
     mod.config.scale = 3.0
     assert codec.fingerprint(mod) != first
+
+
+def test_a_generator_a_module_holds_enters_by_its_state():
+    codec, mod = st.TensorCodec(), nn.Identity()
+    mod.gen = torch.Generator().manual_seed(0)
+    first = codec.fingerprint(mod)
+    torch.randn(3, generator=mod.gen)
+    assert codec.fingerprint(mod) != first

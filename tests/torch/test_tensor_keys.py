@@ -15,7 +15,7 @@ from blake3 import blake3
 from torch import nn
 
 import somatize.torch as st
-from somatize import Done, Graph, Node, ValueConversionError, digest, encode
+from somatize import Done, Graph, MemoryKeeper, Node, ValueConversionError, digest, encode
 from somatize.torch import NdarrayCodec, TensorCodec
 from somatize.torch.codecs import _SMALL
 
@@ -192,3 +192,27 @@ def test_a_cached_node_given_a_tensor_subclass_says_so_and_serves_no_plain_rows(
     assert torch.equal(g.forward(plain), plain)
     with pytest.raises(ValueConversionError, match=r"Tagged, a torch\.Tensor subclass"):
         g.forward(plain.clone().as_subclass(Tagged))
+
+
+class OwnNoise(Node):
+    """Draws from a generator of its own (seeded: reproducible, but fresh at every call)."""
+
+    def __init__(self, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def forward(self, x, ctx):
+        return Done(x + torch.randn(x.shape, generator=self.gen))
+
+
+def test_a_generator_a_node_holds_enters_its_state_by_where_it_stands():
+    """Its draws are fresh at every call, as in plain PyTorch, and a node seeded alike
+    elsewhere hits the entries of the same draws."""
+    keeper, x = MemoryKeeper(), torch.zeros(2, 3)
+    g = Graph(keeper=keeper).node("n", OwnNoise(0)).cache("n")
+    st.module(g)
+    with pytest.warns(UserWarning, match=r"node 'n' \(OwnNoise\) is cached but changed"):
+        first = g.forward(x)
+    assert not torch.equal(g.forward(x), first)  # the generator moved on: a new draw
+    again = Graph(keeper=keeper).node("n", OwnNoise(0)).cache("n")
+    st.module(again)
+    assert torch.equal(again.forward(x), first)  # the same seed, the same state: a hit
