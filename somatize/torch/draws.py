@@ -4,12 +4,17 @@ A cached node's output is remembered from the call that computed it, so noise dr
 its ``forward`` (``torch.randn``, dropout in training mode, a random transform) is drawn
 once and served ever after, where plain PyTorch draws anew at every call. The graph's
 runtime (``frozen.py``) wraps a cached node's forward — which runs only on a miss — in
-``Drawing``: torch's generators are read before and after it (the CPU one's state, a few
-µs; the offset of each CUDA one started), and a change says the node drew.
+``Drawing``: the global generators are read before and after it (torch's CPU one's state,
+the offset of each CUDA one started, Python's ``random`` and numpy's: about 12 µs), and a
+change says the node drew. (A generator the node holds enters its key instead: each call
+draws anew, as in plain PyTorch.)
 """
 
 from __future__ import annotations
 
+import ctypes
+import random
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -22,15 +27,39 @@ from ..stack import outside
 __all__ = ["Drawing"]
 
 _cpu = torch.default_generator
+_U32, _INT = ctypes.c_uint32, ctypes.c_int
 _warned: set[tuple[str, str]] = set()
 
 
 def _marks() -> tuple[Any, ...]:
-    """Where torch's generators stand: the CPU one's state, each started CUDA one's offset."""
-    cpu = _cpu.get_state().numpy().tobytes()
-    if not torch.cuda.is_initialized():
-        return (cpu,)
-    return (cpu, *(_offset(g) for g in torch.cuda.default_generators))
+    """Where the global generators stand: torch's CPU one's state, each started CUDA one's
+    offset, Python's ``random`` and numpy's global one (augmentation libraries draw there)."""
+    marks: list[Any] = [_cpu.get_state().numpy().tobytes(), random.getstate()]
+    np = sys.modules.get("numpy")
+    if np is not None:
+        marks.append(_numpy(np))
+    if torch.cuda.is_initialized():
+        marks += [_offset(g) for g in torch.cuda.default_generators]
+    return tuple(marks)
+
+
+_numpy_states: dict[int, tuple[Any, int]] = {}  # id of a numpy MT19937 -> it, its state's address
+
+
+def _numpy(np: Any) -> Any:
+    """Where numpy's global generator stands: its Mersenne Twister's first key word and
+    position, read where they lie (1 µs; the public ``get_state`` copies it all: 35 µs)."""
+    try:
+        bg = np.random.get_bit_generator()
+        known = _numpy_states.get(id(bg))
+        if known is None or known[0] is not bg:
+            if type(bg).__name__ != "MT19937":
+                raise TypeError  # (another bit generator: its state as numpy gives it)
+            known = _numpy_states[id(bg)] = (bg, bg.ctypes.state_address)
+        at = known[1]  # struct { uint32 key[624]; int pos; ... }
+        return (id(bg), _U32.from_address(at).value, _INT.from_address(at + 2496).value)
+    except Exception:
+        return repr(np.random.get_state(legacy=False))
 
 
 def _offset(g: torch.Generator) -> Any:
@@ -64,7 +93,8 @@ def _warn(node_id: str, cls: str) -> None:
     _warned.add((node_id, cls))
     warnings.warn(
         f"node {node_id!r} ({cls}) is cached but drew random numbers in its forward "
-        "(torch.randn, dropout in training mode, a random transform): its output is "
+        "(torch.randn, dropout in training mode, a random transform, random or np.random): "
+        "its output is "
         "remembered from the call that computed it, so every later call is served that one "
         "draw, where plain PyTorch draws anew. Move the randomness out of the cached node "
         "(into a node after it, or an uncached one before it), freeze it (eval mode: no "

@@ -80,3 +80,26 @@ def test_a_frozen_node_with_dropout_draws_nothing_and_does_not_warn():
         warnings.simplefilter("error")
         g.forward(torch.ones(4, 3))
         g.forward(torch.ones(4, 3))
+
+
+class Jitter(Node):
+    """Augments with Python's and numpy's global generators (as albumentations does)."""
+
+    def __init__(self, draw) -> None:
+        self.draw = draw
+
+    def forward(self, x, ctx):
+        return Done(x * self.draw())
+
+
+@pytest.mark.filterwarnings("ignore:node class .* which enters its key by type alone")
+@pytest.mark.parametrize("which", ["random", "numpy"])
+def test_a_draw_from_pythons_or_numpys_global_generator_warns_too(which):
+    import random
+
+    import numpy as np
+
+    draw = random.random if which == "random" else (lambda: np.random.rand())
+    g = graph(Jitter(draw), "batch", freeze=False)
+    with pytest.warns(UserWarning, match=r"node 'enc' \(Jitter\) is cached but drew random"):
+        g.forward(torch.ones(4, 3))
