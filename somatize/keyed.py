@@ -15,7 +15,6 @@ raises ``CacheError`` (a cached mapped node still keys each item by its content)
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,8 +24,16 @@ from .decoding import in_decoded_order
 from .errors import CacheError, DeclarationError, NodeError
 from .explain import note
 from .memory import Memory, NodeKeys, key
-from .node import Ctx, Done, Mapped, Run, item_metrics, not_done, warn_ctx_reads
-from .stack import outside
+from .node import (
+    Ctx,
+    Done,
+    Mapped,
+    Run,
+    item_metrics,
+    not_done,
+    warn_changed_itself,
+    warn_ctx_reads,
+)
 from .values import Opaque, check, decode, digest, encode, is_data
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
 
@@ -183,7 +190,7 @@ def walk(
                 f"input — pass data (a detached tensor) as the input, or stop caching {label!r}"
             )
         node_key = env.key(node, impl, in_keys) if keyless is None and not per_row else None
-        if node_key is not None:
+        if node_key is not None or per_row:  # (a row's key holds no more of ctx)
             warn_ctx_reads(label, impl, run.training and node not in memory.frozen)
         if node_key is not None and node in memory.cached and not per_item:
             hit = _recall(env, node_key, inp, env.devices.get(node))
@@ -258,7 +265,7 @@ def walk(
                     note(keeper, label, impl, before, in_key, env.node_keys.context())
                     # (a frozen node's modules are put in eval mode around its forward)
                     if node not in memory.frozen and env.node_keys.parts(impl)[2] != before[2]:
-                        _changed_itself(label, impl)
+                        warn_changed_itself(label, impl)
             if node in memory.named:
                 keeper.name(memory.named[node], node_key)
         elif sub is None:
@@ -267,26 +274,6 @@ def walk(
         if node_metrics:
             metrics[node] = node_metrics
             notify(watchers, Metrics(run.id, label, run.step, node_metrics))
-
-
-_warned: set[tuple[str, str]] = set()
-
-
-def _changed_itself(label: str, impl: Any) -> None:
-    """Say once per node that a remembered node changed its own state while it ran."""
-    cls = type(keyed_impl(impl)).__qualname__
-    if (label, cls) in _warned:
-        return
-    _warned.add((label, cls))
-    warnings.warn(
-        f"node {label!r} ({cls}) is cached but changed its own state while it ran (an "
-        "attribute assigned or mutated in forward): its key includes its state, so the entry "
-        "just stored is keyed by the state it had before the call, and a node that changes "
-        "itself on every call (a counter) never hits. Set such attributes up in __init__, "
-        "report counts with Done(value, metrics=...) instead, or stop caching the node",
-        UserWarning,
-        stacklevel=outside(),
-    )
 
 
 def _run_sub(

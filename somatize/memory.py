@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .bindings import Watched, still, watch
 from .errors import GraphError
 from .identity import declaration, identity
 from .keepers.protocol import is_name
@@ -133,7 +134,7 @@ class NodeKeys:
 
     def __init__(self, codecs: Sequence[Codec] = ()) -> None:
         self.codecs = tuple(codecs)
-        self._fixed: dict[int, tuple[Any, str, str]] = {}
+        self._fixed: dict[int, tuple[Any, str, str, Watched]] = {}
         self._codes = Codes(self.codecs)  # the code held nodes hold, read once (node_state)
         # what codecs say outputs depend on besides state and inputs (torch: autocast)
         self._contexts = [f for c in self.codecs if (f := getattr(c, "context", None))]
@@ -160,8 +161,10 @@ class NodeKeys:
             parts: tuple[str, str, str] = own(self)
             return parts
         fixed = self._fixed.get(id(impl))
-        if fixed is None or fixed[0] is not impl:
-            fixed = (impl, identity(impl, self.codecs), declaration(impl, self.codecs))
+        if fixed is None or fixed[0] is not impl or (fixed[3] and not still(fixed[3])):
+            # (the class's code read once; what it reads checked at every key: bindings.py)
+            watched = watch(type(impl), self.codecs)
+            fixed = (impl, identity(impl, self.codecs), declaration(impl, self.codecs), watched)
             self._fixed[id(impl)] = fixed
         return fixed[1], fixed[2], state(impl, self.codecs, self.context(), self._codes)
 

@@ -293,6 +293,27 @@ def warn_ctx_reads(label: str, impl: Any, training: bool) -> None:
     )
 
 
+_changed_warned: set[tuple[str, str]] = set()
+
+
+def warn_changed_itself(label: str, impl: Any) -> None:
+    """Say once per node that a remembered node (cached whole or per example) changed its
+    own state while it ran."""
+    cls = type(impl.inner if isinstance(impl, Mapped) else impl).__qualname__
+    if (label, cls) in _changed_warned:
+        return
+    _changed_warned.add((label, cls))
+    warnings.warn(
+        f"node {label!r} ({cls}) is cached but changed its own state while it ran (an "
+        "attribute assigned or mutated in forward): its key includes its state, so the entry "
+        "just stored is keyed by the state it had before the call, and a node that changes "
+        "itself on every call (a counter) never hits. Set such attributes up in __init__, "
+        "report counts with Done(value, metrics=...) instead, or stop caching the node",
+        UserWarning,
+        stacklevel=outside(),
+    )
+
+
 def not_done(node_id: str, impl: Any, got: Any) -> NodeError:
     """The error for a node whose forward returned something other than ``Done``."""
     return NodeError(

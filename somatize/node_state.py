@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
+from .bindings import Watched, still, watch
+from .changes import _user_code
 from .identity import _attributes, _describe, _has_attributes, _is_user_module, _warn_blind
 from .node import Node
 from .values import digest, encode, is_data
@@ -63,7 +65,8 @@ def _state_part(value: Any, codes: Codes, path: frozenset[int] = frozenset()) ->
 
 def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
     """Containers other than list, tuple and dict; code; objects holding modules or tensors.
-    Other objects are left to the declaration (the constructor arguments that made them)."""
+    Of other objects, their plain settings (``scalars``); the rest is left to the
+    declaration (the constructor arguments that made them)."""
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     if isinstance(value, Mapping):  # OrderedDict, ModuleDict-like mappings...
         items = [
@@ -111,7 +114,24 @@ def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
             if fp is not None:
                 held[name] = fp
                 break
+    plain = scalars(value)  # and its plain settings (a config's flags and sizes)
+    if plain:
+        return {"type": kind, "holds": held, "plain": [list(p) for p in plain]}
     return {"type": kind, "holds": held} if held else None
+
+
+_SCALARS = frozenset({int, float, bool, str, type(None)})
+
+
+def scalars(obj: Any) -> list[tuple[str, Any]]:
+    """The attributes of a library's object that are numbers, strings, flags or None — a
+    HuggingFace config's ``output_hidden_states``, ``hidden_size`` —, by name: what of it
+    is read cheaply at every key (its containers and other objects are left to what
+    built it)."""
+    found = getattr(obj, "__dict__", None)
+    if not found:
+        return []
+    return sorted((k, v) for k, v in found.items() if type(v) in _SCALARS)
 
 
 # How a function attribute enters a module's fingerprint (``somatize.torch.fingerprints``:
@@ -134,7 +154,8 @@ class Codes:
     modules by content, through the codecs).
 
     The code is read once per ``Codes`` — one per graph's keys (``NodeKeys``), as a node
-    class's own code is — so a global rebound later is seen by a new graph. The tensors,
+    class's own code is — and the names it reads are checked at every key: a global
+    rebound later (a helper redefined) is read again (``bindings.py``). The tensors,
     arrays and modules it was found to read are asked for their fingerprints again on
     every key (memoised by version counter: a walk, not a hash), so a new checkpoint loaded
     into a module a held function reads, or an in-place write to a tensor it reads, is
@@ -145,27 +166,36 @@ class Codes:
     def __init__(self, codecs: Sequence[Codec] = ()) -> None:
         self.codecs = tuple(codecs)
         self.owner: type = object  # the class of the node whose state is being read
-        # obj -> (description, [(what it reads, its codec, fingerprint then)])
-        self._known: weakref.WeakKeyDictionary[Any, tuple[str, list[Any]]] = (
+        # obj -> (description, [(what it reads, its codec, fingerprint then)], the names
+        # its code reads, bound as then)
+        self._known: weakref.WeakKeyDictionary[Any, tuple[str, list[Any], Watched]] = (
             weakref.WeakKeyDictionary()
         )
-        self._strong: dict[int, tuple[Any, tuple[str, list[Any]]]] = {}  # (no weak reference)
+        self._strong: dict[
+            int, tuple[Any, tuple[str, list[Any], Watched]]
+        ] = {}  # (no weak reference)
 
     def __call__(self, obj: Any) -> str:
         weak = _weak(obj)
         known = self._known.get(obj) if weak else self._strong.get(id(obj), (None, None))[1]
-        if known is not None and all(c.fingerprint(o) == fp for o, c, fp in known[1]):
+        if (
+            known is not None
+            and all(c.fingerprint(o) == fp for o, c, fp in known[1])
+            and (not known[2] or still(known[2]))
+        ):
             return known[0]
-        watch = _Reads(self.codecs)
+        reads = _Reads(self.codecs)
         blind: list[str] = []
-        described = _describe(obj, {}, (watch,), blind)
+        described = _describe(obj, {}, (reads,), blind)
         if known is None:  # (warned when first read)
             for where in blind:
                 _warn_held(self.owner, obj, where)
+        # the names a user function or class reads, bound as now (bindings.py)
+        names = watch(obj, ()) if _user_code(obj) else []
         if weak:
-            self._known[obj] = (described, watch.read)
+            self._known[obj] = (described, reads.read, names)
         else:
-            self._strong[id(obj)] = (obj, (described, watch.read))
+            self._strong[id(obj)] = (obj, (described, reads.read, names))
         return described
 
 

@@ -32,7 +32,7 @@ from blake3 import blake3
 
 from .errors import CacheError, ValueConversionError
 from .explain import note
-from .node import Ctx, Done, not_done
+from .node import Ctx, Done, not_done, warn_changed_itself
 from .row_batches import Leaf, RowCodec, _rebuild, _split, device_of, place
 from .row_entries import ROWS_VERSION, Layout, check_entry, encode_rows, is_current, layout_of
 from .values import Opaque, check, encode, is_data
@@ -256,6 +256,9 @@ def remember(
         pinned = node in env.memory.pinned
         put_many(keeper, [(keys[i], e) for i, e in zip(computed, stored)], pinned)
         note(keeper, label, impl, parts, None, env.node_keys.context())
+        # (a frozen node's modules are put in eval mode around its forward)
+        if node not in env.memory.frozen and env.parts(node)[2] != parts[2]:
+            warn_changed_itself(label, impl)
     if expand is not None:  # each repeated row's output, at every place it was asked for
         oleaves = [(tag, r, r.take(v, expand)) for tag, r, v in oleaves]
     if not hits:  # (a dict as a hit gives it: its fields in sorted order)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from somatize import Done, Graph, MemoryKeeper, Node
@@ -49,3 +50,21 @@ def test_a_users_object_holding_itself_is_walked_once() -> None:
     assert state(node) == before
     node.settings.lower = False
     assert state(node) != before
+
+
+class Configured(Node):
+    """Holds a library's settings object it built (as a HuggingFace config is held)."""
+
+    def __init__(self, scale: int) -> None:
+        self.cfg = argparse.Namespace(scale=scale, name="x")
+
+    def forward(self, x: Any, ctx: Any) -> Done:
+        return Done(x * self.cfg.scale)
+
+
+def test_a_plain_setting_of_a_library_object_the_node_holds_enters_the_state() -> None:
+    node = Configured(2)
+    g = Graph(keeper=MemoryKeeper()).node("n", node).cache("n")
+    assert g.forward(3) == 6
+    node.cfg.scale = 5  # (model.config.output_hidden_states = True)
+    assert g.forward(3) == 15

@@ -33,7 +33,7 @@ from ..errors import ValueConversionError
 from ..values import decode as decode_data
 from ..values import encode as encode_data
 from .fingerprints import module_fingerprint
-from .tensor_keys import check_tensor, tensor_bytes, tensor_key
+from .tensor_keys import _PLAIN, check_tensor, subclass_error, tensor_bytes, tensor_key
 
 __all__ = ["NdarrayCodec", "TensorCodec", "default_codecs"]
 
@@ -113,6 +113,8 @@ class TensorCodec:
 
     def chunks(self, value: torch.Tensor) -> Iterable[bytes | memoryview]:
         check_tensor(value)
+        if type(value) not in _PLAIN:  # (keyed or stored: checked data may be one, uncached)
+            raise subclass_error(value)
         return (_header(value), tensor_bytes(value))
 
     key = staticmethod(tensor_key)  # digest(t, codecs) of a lone tensor (tensor_keys.py)
@@ -158,8 +160,9 @@ class TensorCodec:
 
     def fingerprint(self, obj: Any) -> str | None:
         """The digest of a tensor, of a module's structure, modes and state
-        (``somatize.torch.fingerprints``), or the name of a dtype, device, layout or
-        memory format.
+        (``somatize.torch.fingerprints``), of a generator's state (a node drawing from its
+        own: each call a new key, as each draws anew), or the name of a dtype, device,
+        layout or memory format.
 
         A module's fingerprint is made of each submodule's name, class (and, for the
         user's own classes, the fingerprint of their code), mode, plain attributes
@@ -171,6 +174,8 @@ class TensorCodec:
         """
         if isinstance(obj, torch.Tensor):
             return self.digest(obj)
+        if isinstance(obj, torch.Generator):  # a node's own randomness: where it stands
+            return f"generator:{blake3(obj.get_state().numpy()).hexdigest()}"
         if not isinstance(obj, nn.Module):
             return f"{type(obj).__name__}:{obj}" if isinstance(obj, _NAMED) else None
         return module_fingerprint(self, obj)

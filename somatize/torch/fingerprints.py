@@ -26,9 +26,10 @@ import torch
 from blake3 import blake3
 from torch import nn
 
+from ..bindings import Watched, still, watch
 from ..identity import _is_user_module
 from ..identity import fingerprint as fingerprint_code
-from ..node_state import _code
+from ..node_state import _code, scalars
 from ..values import digest as digest_data
 
 if TYPE_CHECKING:
@@ -42,8 +43,13 @@ _global_hooks = (  # (torch's own dicts, mutated in place when a global hook is 
     nn.modules.module._global_forward_hooks,
 )
 _SETTING = frozenset({int, float, bool, str, type(None)})
-_CLASS_IDS: dict[type, str] = {}
-_PUBLIC: dict[tuple[type, int], tuple[str, ...]] = {}  # (class, size of __dict__) -> names
+_CLASS_IDS: dict[type, str] = {}  # a library class's name; a user class's below
+# a user class -> its name and code fingerprint, and the names its code reads (bindings.py)
+_USER_IDS: dict[type, tuple[str, Watched]] = {}
+# (class, size of __dict__) -> (the names of its settings, the other attributes left out)
+_PUBLIC: dict[tuple[type, int], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+# What nn.Module.__init__ (and .compile()) sets: tables and hooks, entered on their own.
+_MODULE_OWN = frozenset(nn.Module().__dict__) | {"_compiled_call_impl"}
 _PLAIN_TUPLES: set[tuple[Any, ...]] = set()  # tuples of plain values seen: (3, 3), (1, 1)
 
 
@@ -71,7 +77,7 @@ def module_fingerprint(codec: TensorCodec, obj: nn.Module) -> str:
             if mod._forward_pre_hooks or mod._forward_hooks
             else ()
         )
-        cls_id = _CLASS_IDS.get(cls) or _class_id(cls)
+        cls_id = _CLASS_IDS.get(cls) or _class_id(cls)  # (a user class: rechecked)
         parts.append((name, cls_id, mod.training, held, _settings(mod, digest), hooks))
         if cls.get_extra_state is not _NO_EXTRA:
             extra = True
@@ -151,32 +157,50 @@ def _digests(
 
 def _class_id(cls: type) -> str:
     """How a module's class enters a fingerprint: its name; and, when it is the user's own
-    class (not a library's, which enters by version), the fingerprint of its code."""
-    known = cls.__qualname__
-    if _is_user_module(sys.modules.get(cls.__module__)):
-        known = f"{cls.__module__}.{known}:{fingerprint_code(cls)}"
-    if len(_CLASS_IDS) < 4096:
-        _CLASS_IDS[cls] = known
-    return known
+    class (not a library's, which enters by version), the fingerprint of its code, read
+    again when a name its code reads is bound anew (a helper redefined in a notebook)."""
+    known = _USER_IDS.get(cls)
+    if known is not None and (not known[1] or still(known[1])):
+        return known[0]
+    name = cls.__qualname__
+    if not _is_user_module(sys.modules.get(cls.__module__)):
+        if len(_CLASS_IDS) < 4096:
+            _CLASS_IDS[cls] = name
+        return name
+    name = f"{cls.__module__}.{name}:{fingerprint_code(cls)}"
+    if len(_USER_IDS) < 4096:
+        _USER_IDS[cls] = name, watch(cls, ())
+    return name
 
 
 def _settings(mod: nn.Module, digest: Any) -> tuple[tuple[str, ...], list[Any]]:
     """A module's plain attributes (``LeakyReLU.negative_slope``, ``BatchNorm.eps``): the
-    names of its public instance attributes and their values, numbers, strings and tuples
-    of them as they are, tensors by digest. The names are found once per class and size of
-    the instance's ``__dict__`` (an attribute added changes the size; one missing is a
-    ``KeyError``, and the names are found again)."""
+    names of its public instance attributes (a user module's private ones too, see
+    ``_names``) and their values, numbers, strings and tuples of them as they are, tensors
+    by digest.
+
+    The names are found once per class and size of the instance's ``__dict__``, with the
+    attributes left out beside ``nn.Module``'s own (a library module's private ones): an
+    instance of that size holding all of both has the same attributes (``nn.Module``'s own
+    are in every instance); one missing any is a ``KeyError``, and the names are found
+    again. (An instance with a private attribute and another, of the same size, with a
+    public one in its place are told apart.)"""
     d = mod.__dict__
     shape = (type(mod), len(d))
-    names = _PUBLIC.get(shape)
+    known = _PUBLIC.get(shape)
     try:
-        if names is None:
+        if known is None:
             raise KeyError
+        names, left = known
+        if left:
+            for k in left:
+                d[k]
         values = [d[k] for k in names]
     except KeyError:
-        names = tuple(k for k in d if k[0] != "_" and k != "training")
+        names = _names(type(mod), d)
+        left = tuple(k for k in d if k not in _MODULE_OWN and k not in names)
         if len(_PUBLIC) < 4096:
-            _PUBLIC[shape] = names
+            _PUBLIC[shape] = names, left
         values = [d[k] for k in names]
     if _SETTING.issuperset(map(type, values)):  # (numbers and flags only: as they are)
         return names, values
@@ -190,6 +214,18 @@ def _settings(mod: nn.Module, digest: Any) -> tuple[tuple[str, ...], list[Any]]:
     return names, values
 
 
+def _names(cls: type, d: dict[str, Any]) -> tuple[str, ...]:
+    """The attributes of a module that enter as settings: the public ones; and, for the
+    user's own classes, the private ones too (``self._scale`` read in ``forward``), but
+    not the tables ``nn.Module`` keeps. (A library module's private attributes are what
+    its constructor made of its public ones.)"""
+    if not _is_user_module(sys.modules.get(cls.__module__)):
+        return tuple(k for k in d if k[0] != "_" and k != "training")
+    return tuple(
+        k for k in d if k != "training" and k not in _MODULE_OWN and not k.startswith("_somatize")
+    )
+
+
 def _other_setting(v: Any) -> Any:
     if isinstance(v, tuple):  # kernel_size, stride (a torch.Size too): item by item
         return tuple(x if type(x) in _SETTING else _other_setting(x) for x in v)
@@ -199,10 +235,12 @@ def _other_setting(v: Any) -> Any:
         return f"tensor:{tuple(v.shape)}:{v.dtype}:{blake3(_tensor_bytes(v)).hexdigest()}"
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type)):
         return _code(v)  # TransformerEncoderLayer.activation
+    if isinstance(v, torch.Generator):  # a module drawing from its own: where it stands
+        return f"generator:{blake3(v.get_state().numpy()).hexdigest()}"
     try:
         return digest_data(v, (), "a module attribute")  # a list or dict of numbers
-    except Exception:  # anything else: its class (what made it is the module's own code)
-        return f"obj:{type(v).__qualname__}"
+    except Exception:  # anything else: its class and plain settings (a model's config)
+        return f"obj:{type(v).__qualname__}", tuple(scalars(v))
 
 
 def _hooks(*tables: Any) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from ..graph import Graph
 from ..node import Ctx, Done
 from ..values import Opaque
 from .codecs import NdarrayCodec, TensorCodec
+from .draws import Drawing
 from .holdings import _PLAIN, Holdings, held_by
 
 __all__ = ["equip", "needs_grad"]
@@ -31,7 +32,8 @@ _set_grad_enabled = torch._C._set_grad_enabled
 
 class _FrozenWrap:
     """The graph's runtime wrap: a frozen node's forward runs in eval mode, and without grad
-    unless its input requires grad (then gradients pass through it, as in PyTorch).
+    unless its input requires grad (then gradients pass through it, as in PyTorch); a
+    cached node's is watched for random draws (``draws.py``).
 
     Classes, not closures, so that a graph and its module stay picklable
     (``torch.save(model)``, ``copy``, a worker's task)."""
@@ -43,9 +45,11 @@ class _FrozenWrap:
         self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]
     ) -> Callable[[Any, Ctx], Done]:
         memory = self._somatize_graph.memory
-        if node_id not in memory.frozen:
-            return forward
-        return _Frozen(node_id, impl, forward)
+        if node_id in memory.frozen:
+            forward = _Frozen(node_id, impl, forward)
+        if node_id in memory.cached:  # (it runs on a miss only: its draws would be kept)
+            forward = Drawing(node_id, impl, forward)
+        return forward
 
 
 class _Frozen:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from blake3 import blake3
 
+from .tensor_keys import _PLAIN, subclass_error
 from .tensor_keys import tensor_bytes as _tensor_bytes
 
 __all__ = ["TensorRows"]
@@ -30,6 +31,8 @@ class TensorRows:
         return (str(t.dtype).removeprefix("torch."), tuple(t.shape[1:]))
 
     def rows(self, t: torch.Tensor) -> tuple[memoryview, int]:
+        if type(t) not in _PLAIN:  # (its type would enter no row's key)
+            raise subclass_error(t)
         n = int(t.shape[0])
         view = _tensor_bytes(t)
         return view, (len(view) // n if n else 0)

@@ -43,6 +43,25 @@ _LAYOUT_KEYS: dict[tuple[torch.dtype, tuple[int, ...]], bytes] = {}
 _SMALL: dict[tuple[torch.dtype, tuple[int, ...]], tuple[bytes, Any]] = {}
 
 
+# The tensor types that are data: a subclass's type, and what it carries beside its
+# values, would enter no key and not survive a store
+_PLAIN = frozenset(
+    {torch.Tensor, torch.nn.Parameter, *([torch.nn.Buffer] if hasattr(torch.nn, "Buffer") else [])}
+)
+
+
+def subclass_error(value: torch.Tensor) -> ValueConversionError:
+    """The error for a tensor subclass met as data (a key, a stored row)."""
+    name = type(value).__qualname__
+    return ValueConversionError(
+        f"a {name}, a torch.Tensor subclass: its type (and whatever it carries beside its "
+        f"values) would enter no key, and a stored copy comes back a plain tensor, so a "
+        f"cached node would serve one {name}'s output for another, or for a plain tensor of "
+        "the same values — pass x.as_subclass(torch.Tensor) as data (and what the subclass "
+        "carries as data of its own), or wrap it in Opaque(...) and cache no node it reaches"
+    )
+
+
 def layout_key(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
     """The blake3 key a tensor of ``dtype`` and ``shape`` is hashed under (kept per pair)."""
     k = _LAYOUT_KEYS.get((dtype, shape))
@@ -129,7 +148,10 @@ def tensor_key(value: torch.Tensor) -> str | None:
 
 def _slow_key(value: torch.Tensor) -> str | None:
     """``tensor_key`` through ``check_tensor`` and ``tensor_bytes`` (any tensor that is
-    data: on a GPU, a view, a conj view, a subclass); keeps what the pointer road needs."""
+    data: on a GPU, a view, a conj view); keeps what the pointer road needs. None for a
+    subclass: the general path words why it is not data (``subclass_error``)."""
+    if type(value) not in _PLAIN:
+        return None
     try:
         check_tensor(value)
         view = tensor_bytes(value)

@@ -77,3 +77,41 @@ def test_a_batch_dict_with_keys_that_are_not_str_says_so():
     st.module(g)
     with pytest.raises(CacheError, match=r"'enc'.*a dict whose key 0 is an int.*str keys"):
         g.forward({0: torch.ones(3, 2), 1: torch.ones(3, 2)})
+
+
+class Stepped(Node):
+    """Row-wise, but its output depends on the step: what ctx carries enters no key."""
+
+    rowwise = True
+
+    def forward(self, x, ctx):
+        return Done(x * ctx.step)
+
+
+def test_a_node_cached_per_example_that_reads_ctx_warns_as_one_cached_whole_does():
+    g = Graph.somatize(Stepped().with_id("enc"))
+    g.cache("enc", per="example")
+    st.module(g)
+    with pytest.warns(UserWarning, match=r"node 'enc' \(.*Stepped\) is cached .*ctx\.step"):
+        g.run(torch.ones(2, 3), step=1)
+
+
+class Counting(Node):
+    """Row-wise, but counts its calls in an attribute: its key changes at every call."""
+
+    rowwise = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def forward(self, x, ctx):
+        self.calls += 1
+        return Done(x * 2)
+
+
+def test_a_node_cached_per_example_that_changes_itself_warns_as_one_cached_whole_does():
+    g = Graph.somatize(Counting().with_id("enc"))
+    g.cache("enc", per="example")
+    st.module(g)
+    with pytest.warns(UserWarning, match=r"node 'enc' \(Counting\) is cached but changed its own"):
+        g.forward(torch.ones(2, 3))

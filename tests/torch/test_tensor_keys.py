@@ -14,7 +14,8 @@ import torch
 from blake3 import blake3
 from torch import nn
 
-from somatize import ValueConversionError, digest, encode
+import somatize.torch as st
+from somatize import Done, Graph, MemoryKeeper, Node, ValueConversionError, digest, encode
 from somatize.torch import NdarrayCodec, TensorCodec
 from somatize.torch.tensor_keys import _SMALL
 
@@ -196,3 +197,61 @@ def test_a_cuda_tensor_of_a_known_dtype_and_shape_is_keyed_by_its_bytes_not_its_
     digest(torch.randn(6), CODECS)  # (float32, (6,)) known on the CPU
     on_gpu = torch.randn(6, device="cuda")  # a device pointer read as host memory would crash
     assert digest(on_gpu, CODECS) == digest(on_gpu.cpu(), CODECS) == encoded_key(on_gpu.cpu())
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass: same bytes as a plain tensor, another type (as torchvision's
+    ``tv_tensors.BoundingBoxes`` carries a format and a canvas size beside its values)."""
+
+
+class ByType(Node):
+    """Answers by its input's type, as transforms dispatching on tv_tensors do."""
+
+    rowwise = True
+
+    def forward(self, x, ctx):
+        return Done(x.as_subclass(torch.Tensor) * (5.0 if isinstance(x, Tagged) else 1.0))
+
+
+def test_a_tensor_subclass_is_not_data_its_type_would_enter_no_key():
+    plain = torch.ones(2, 3)
+    with pytest.raises(
+        ValueConversionError, match=r"Tagged, a torch\.Tensor subclass.*as_subclass"
+    ):
+        digest(plain.as_subclass(Tagged), CODECS)
+    assert digest(nn.Parameter(plain, requires_grad=False), CODECS) == digest(plain, CODECS)
+
+
+@pytest.mark.parametrize("per", ["example", "batch"])
+def test_a_cached_node_given_a_tensor_subclass_says_so_and_serves_no_plain_rows(per):
+    g = Graph.somatize(ByType().with_id("enc"))
+    g.cache("enc", per=per)
+    st.module(g)
+    plain = torch.ones(2, 3)
+    assert torch.equal(g.forward(plain), plain)
+    with pytest.raises(ValueConversionError, match=r"Tagged, a torch\.Tensor subclass"):
+        g.forward(plain.clone().as_subclass(Tagged))
+
+
+class OwnNoise(Node):
+    """Draws from a generator of its own (seeded: reproducible, but fresh at every call)."""
+
+    def __init__(self, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def forward(self, x, ctx):
+        return Done(x + torch.randn(x.shape, generator=self.gen))
+
+
+def test_a_generator_a_node_holds_enters_its_state_by_where_it_stands():
+    """Its draws are fresh at every call, as in plain PyTorch, and a node seeded alike
+    elsewhere hits the entries of the same draws."""
+    keeper, x = MemoryKeeper(), torch.zeros(2, 3)
+    g = Graph(keeper=keeper).node("n", OwnNoise(0)).cache("n")
+    st.module(g)
+    with pytest.warns(UserWarning, match=r"node 'n' \(OwnNoise\) is cached but changed"):
+        first = g.forward(x)
+    assert not torch.equal(g.forward(x), first)  # the generator moved on: a new draw
+    again = Graph(keeper=keeper).node("n", OwnNoise(0)).cache("n")
+    st.module(again)
+    assert torch.equal(again.forward(x), first)  # the same seed, the same state: a hit

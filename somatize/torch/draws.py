@@ -1,0 +1,104 @@
+"""A cached node whose forward draws random numbers: warned once, naming it.
+
+A cached node's output is remembered from the call that computed it, so noise drawn in
+its ``forward`` (``torch.randn``, dropout in training mode, a random transform) is drawn
+once and served ever after, where plain PyTorch draws anew at every call. The graph's
+runtime (``frozen.py``) wraps a cached node's forward — which runs only on a miss — in
+``Drawing``: the global generators are read before and after it (torch's CPU one's state,
+the offset of each CUDA one started, Python's ``random`` and numpy's: about 12 µs), and a
+change says the node drew. (A generator the node holds enters its key instead: each call
+draws anew, as in plain PyTorch.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..node import Ctx, Done
+from ..stack import outside
+
+__all__ = ["Drawing"]
+
+_cpu = torch.default_generator
+_U32, _INT = ctypes.c_uint32, ctypes.c_int
+_warned: set[tuple[str, str]] = set()
+
+
+def _marks() -> tuple[Any, ...]:
+    """Where the global generators stand: torch's CPU one's state, each started CUDA one's
+    offset, Python's ``random`` and numpy's global one (augmentation libraries draw there)."""
+    marks: list[Any] = [_cpu.get_state().numpy().tobytes(), random.getstate()]
+    np = sys.modules.get("numpy")
+    if np is not None:
+        marks.append(_numpy(np))
+    if torch.cuda.is_initialized():
+        marks += [_offset(g) for g in torch.cuda.default_generators]
+    return tuple(marks)
+
+
+_numpy_states: dict[int, tuple[Any, int]] = {}  # id of a numpy MT19937 -> it, its state's address
+
+
+def _numpy(np: Any) -> Any:
+    """Where numpy's global generator stands: its Mersenne Twister's first key word and
+    position, read where they lie (1 µs; the public ``get_state`` copies it all: 35 µs)."""
+    try:
+        bg = np.random.get_bit_generator()
+        known = _numpy_states.get(id(bg))
+        if known is None or known[0] is not bg:
+            if type(bg).__name__ != "MT19937":
+                raise TypeError  # (another bit generator: its state as numpy gives it)
+            known = _numpy_states[id(bg)] = (bg, bg.ctypes.state_address)
+        at = known[1]  # struct { uint32 key[624]; int pos; ... }
+        return (id(bg), _U32.from_address(at).value, _INT.from_address(at + 2496).value)
+    except Exception:
+        return repr(np.random.get_state(legacy=False))
+
+
+def _offset(g: torch.Generator) -> Any:
+    """A CUDA generator's Philox offset (its whole state where a build has no offset)."""
+    try:
+        return g.get_offset()
+    except (AttributeError, RuntimeError):
+        return g.get_state().numpy().tobytes()
+
+
+class Drawing:
+    """A cached node's forward, watched for random draws (a class: graphs stay picklable)."""
+
+    __slots__ = ("forward", "impl", "node_id")
+
+    def __init__(self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]) -> None:
+        self.node_id, self.impl, self.forward = node_id, impl, forward
+
+    def __call__(self, x: Any, ctx: Ctx) -> Done:
+        cls = type(self.impl).__qualname__
+        if (self.node_id, cls) in _warned:
+            return self.forward(x, ctx)
+        before = _marks()
+        done = self.forward(x, ctx)
+        if _marks() != before:
+            _warn(self.node_id, cls)
+        return done
+
+
+def _warn(node_id: str, cls: str) -> None:
+    _warned.add((node_id, cls))
+    warnings.warn(
+        f"node {node_id!r} ({cls}) is cached but drew random numbers in its forward "
+        "(torch.randn, dropout in training mode, a random transform, random or np.random): "
+        "its output is "
+        "remembered from the call that computed it, so every later call is served that one "
+        "draw, where plain PyTorch draws anew. Move the randomness out of the cached node "
+        "(into a node after it, or an uncached one before it), freeze it (eval mode: no "
+        "dropout), or stop caching it",
+        UserWarning,
+        stacklevel=outside(),
+    )

@@ -1,0 +1,106 @@
+"""What a node class's code reads is checked at every key (``somatize/bindings.py``): a
+global rebound in the same process — a helper redefined in a notebook cell, a constant
+set anew — or a global tensor or module changed in place is seen by the running graph,
+not only by a new one."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from somatize import Done, Graph, MemoryKeeper, Node
+
+FACTOR = 2
+
+
+def bump(x):
+    return x + 1
+
+
+class Weigh(Node):
+    def forward(self, x, ctx):
+        return Done(bump(x) * FACTOR)
+
+
+def weighed(x):
+    return x * FACTOR
+
+
+class Holds(Node):
+    """Holds a function (a node given its transform): the function's globals count too."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def forward(self, x, ctx):
+        return Done(self.fn(x))
+
+
+def test_a_global_rebound_or_a_helper_redefined_is_seen_by_the_running_graph():
+    me, helper = sys.modules[__name__], bump
+    g = Graph(keeper=MemoryKeeper()).node("w", Weigh()).cache("w")
+    assert g.forward(3) == 8
+    try:
+        me.FACTOR = 10
+        assert g.forward(3) == 40
+        me.bump = lambda x: x - 1  # (as `def bump` run again in a notebook)
+        assert g.forward(3) == 20
+    finally:
+        me.FACTOR, me.bump = 2, helper
+    assert g.forward(3) == 8  # back as it was: the first entry's key again
+
+
+def test_a_global_read_by_a_function_the_node_holds_is_seen_when_rebound():
+    me = sys.modules[__name__]
+    g = Graph(keeper=MemoryKeeper()).node("h", Holds(weighed)).cache("h")
+    assert g.forward(3) == 6
+    try:
+        me.FACTOR = 7
+        assert g.forward(3) == 21
+    finally:
+        me.FACTOR = 2
+
+
+def test_a_closure_variable_set_anew_is_seen():
+    k = 2
+
+    class Times(Node):
+        def forward(self, x, ctx):
+            return Done(x * k)
+
+    g = Graph(keeper=MemoryKeeper()).node("t", Times()).cache("t")
+    assert g.forward(3) == 6
+    k = 5
+    assert g.forward(3) == 15
+
+
+def test_a_global_tensor_written_in_place_or_a_global_module_loaded_anew_is_seen():
+    torch = pytest.importorskip("torch")
+    import somatize.torch as st
+
+    me = sys.modules[__name__]
+    me.SHIFT = torch.zeros(3)
+    me.NET = torch.nn.Linear(3, 3)
+    try:
+
+        class Centre(Node):
+            rowwise = True
+
+            def forward(self, x, ctx):
+                return Done(NET(x - SHIFT).detach())  # noqa: F821  (set above)
+
+        g = Graph(keeper=MemoryKeeper()).node("c", Centre()).cache("c", per="example")
+        st.module(g)
+        x = torch.ones(2, 3)
+        g.forward(x)
+        with torch.no_grad():
+            me.SHIFT.add_(1.0)
+            expected = me.NET(x - 1.0)
+        assert torch.equal(g.forward(x), expected)
+        me.NET.load_state_dict(torch.nn.Linear(3, 3).state_dict())
+        with torch.no_grad():
+            expected = me.NET(x - 1.0)
+        assert torch.equal(g.forward(x), expected)
+    finally:
+        del me.SHIFT, me.NET

@@ -1,0 +1,105 @@
+"""A cached node that draws random numbers in its forward (``somatize/torch/draws.py``):
+its remembered output freezes one draw, where plain PyTorch draws anew at every call."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as st
+from somatize import Done, Graph, MemoryKeeper, Node, Opaque
+from somatize.torch import draws
+
+
+class Noisy(Node):
+    """A backbone with its augmentation inside it: fresh noise at every call."""
+
+    def __init__(self) -> None:
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x + 0.1 * torch.randn_like(x))))
+
+
+class Dropping(Node):
+    """Row-wise and trainable, with dropout: in training mode its rows are random."""
+
+    rowwise = True
+
+    def __init__(self) -> None:
+        self.net = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+
+    def forward(self, x, ctx):
+        with torch.no_grad():
+            return Done(self.net(x))
+
+
+class Plain(Node):
+    def __init__(self) -> None:
+        self.net = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))  # frozen: eval, no draw
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.net(x)))
+
+
+@pytest.fixture(autouse=True)
+def _each_test_warns_afresh():
+    draws._warned.clear()  # (once per node and class in a process)
+
+
+def graph(node: Node, per: str, freeze: bool = True) -> Graph:
+    g = Graph(keeper=MemoryKeeper()).node("enc", node)
+    if freeze:
+        g.freeze("enc")
+    g.cache("enc", per=per)
+    st.module(g)
+    return g
+
+
+@pytest.mark.parametrize("per", ["example", "batch"])
+def test_a_cached_node_drawing_random_numbers_warns_naming_it(per):
+    g = graph(Noisy(), per)
+    with pytest.warns(UserWarning, match=r"node 'enc' \(Noisy\) is cached but drew random"):
+        g.forward(torch.ones(4, 3))
+
+
+def test_dropout_in_training_mode_in_a_row_wise_node_warns():
+    g = graph(Dropping(), "example", freeze=False)
+    st.module(g).train()
+    with pytest.warns(UserWarning, match=r"node 'enc' \(Dropping\) .*drew random.*dropout"):
+        g.forward(torch.ones(4, 3))
+
+
+def test_a_frozen_node_with_dropout_draws_nothing_and_does_not_warn():
+    g = graph(Plain(), "example")
+    st.module(g).train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g.forward(torch.ones(4, 3))
+        g.forward(torch.ones(4, 3))
+
+
+class Jitter(Node):
+    """Augments with Python's and numpy's global generators (as albumentations does)."""
+
+    def __init__(self, draw) -> None:
+        self.draw = draw
+
+    def forward(self, x, ctx):
+        return Done(x * self.draw())
+
+
+@pytest.mark.filterwarnings("ignore:node class .* which enters its key by type alone")
+@pytest.mark.parametrize("which", ["random", "numpy"])
+def test_a_draw_from_pythons_or_numpys_global_generator_warns_too(which):
+    import random
+
+    import numpy as np
+
+    draw = random.random if which == "random" else (lambda: np.random.rand())
+    g = graph(Jitter(draw), "batch", freeze=False)
+    with pytest.warns(UserWarning, match=r"node 'enc' \(Jitter\) is cached but drew random"):
+        g.forward(torch.ones(4, 3))

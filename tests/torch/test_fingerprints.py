@@ -1,0 +1,121 @@
+"""A module's fingerprint (``somatize/torch/fingerprints.py``): what of a module a cached
+node's key sees, checked against the module run afresh."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as st
+from somatize import Done, Graph, MemoryKeeper, Node, Opaque
+
+
+class Scaled(nn.Module):
+    """A user module keeping a setting in a private attribute, as many do (``self._eps``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self._scale = 2.0
+
+    def forward(self, x):
+        return self.lin(x) * self._scale
+
+
+class Enc(Node):
+    def __init__(self) -> None:
+        self.net = Scaled()
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.net(x)))
+
+
+@pytest.mark.parametrize("per", ["example", "batch"])
+def test_a_private_attribute_of_a_user_module_enters_the_key(per):
+    node, x = Enc(), torch.randn(4, 3)
+    g = Graph(keeper=MemoryKeeper()).node("enc", node).freeze("enc").cache("enc", per=per)
+    st.module(g)
+    before = g.forward(x)
+    node.net._scale = 3.0
+    with torch.no_grad():
+        expected = node.net(x)
+    after = g.forward(x)
+    assert torch.equal(after, expected) and not torch.equal(after, before)
+
+
+def test_the_private_tables_of_nn_module_and_of_library_modules_do_not():
+    codec = st.TensorCodec()
+    mine, relu = Scaled(), nn.ReLU()
+    first, plain = codec.fingerprint(mine), codec.fingerprint(relu)
+    mine.register_forward_hook(lambda m, i, o: None)  # (a hook enters as a hook, as before)
+    mine._forward_hooks.clear()
+    assert codec.fingerprint(mine) == first
+    relu._private = 1  # a library module's internals: its constructor made them
+    assert codec.fingerprint(relu) == plain
+
+
+def test_two_instances_of_one_size_with_other_attributes_are_told_apart():
+    """The names are found once per class and size of ``__dict__``: an instance with a
+    private attribute (left out) must not hide another's public one of the same size."""
+    codec = st.TensorCodec()
+    one, two = nn.Tanh(), nn.Tanh()
+    one._tag = "tooling"  # (as libraries mark modules: _is_hf_initialized)
+    codec.fingerprint(one)
+    two.scale = 2.0
+    first = codec.fingerprint(two)
+    two.scale = 3.0
+    assert codec.fingerprint(two) != first
+
+
+def offset(x):
+    return x + 1
+
+
+class Offset(nn.Module):
+    """A user module whose forward calls a helper of this module."""
+
+    def forward(self, x):
+        return offset(x)
+
+
+def test_a_helper_a_user_module_calls_redefined_later_is_seen():
+    me = sys.modules[__name__]
+    codec, helper = st.TensorCodec(), offset
+    mod = Offset()
+    first = codec.fingerprint(mod)
+    try:
+        me.offset = lambda x: x - 1  # (as `def offset` run again in a notebook)
+        assert codec.fingerprint(mod) != first
+    finally:
+        me.offset = helper
+    assert codec.fingerprint(mod) == first
+
+
+class Configured(nn.Module):
+    """A module holding a library's settings object (a HuggingFace model's ``config``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = argparse.Namespace(scale=2.0, output_hidden=False)
+
+    def forward(self, x):
+        return x * self.config.scale
+
+
+def test_a_plain_setting_of_a_library_object_a_module_holds_enters_its_fingerprint():
+    codec, mod = st.TensorCodec(), Configured()
+    first = codec.fingerprint(mod)
+    mod.config.scale = 3.0
+    assert codec.fingerprint(mod) != first
+
+
+def test_a_generator_a_module_holds_enters_by_its_state():
+    codec, mod = st.TensorCodec(), nn.Identity()
+    mod.gen = torch.Generator().manual_seed(0)
+    first = codec.fingerprint(mod)
+    torch.randn(3, generator=mod.gen)
+    assert codec.fingerprint(mod) != first
