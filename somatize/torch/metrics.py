@@ -200,6 +200,7 @@ def evaluate(
     merging = {k: m for k, m in objects.items() if not _torchmetrics(m)}
     if world > 1 and (merging or isinstance(getattr(net, "metrics", None), Mapping)):
         node_names, objects = _combined(node_names, objects, merging)
+    _check_clash(fns, node_names)  # (under DDP, the names every rank agreed on)
     if node_names:  # one reduction and one read-back for all of them
         node_t = torch.stack(
             [torch.as_tensor(node_sums.get(k, 0.0), device=device).to(dtype) for k in node_names]
@@ -216,6 +217,18 @@ def evaluate(
     for j, key in enumerate(node_names):
         out_values[key] = values[len(names) + j] / values[-1]
     return {k: out_values[k] for k in [*fns, *node_names]}
+
+
+def _check_clash(fns: Mapping[str, Any], node_names: list[str]) -> None:
+    """Refuse a metric named as a node's metric ``<node>/<name>``: one value would be lost."""
+    for key in node_names:
+        if key in fns:
+            node, _, name = key.partition("/")
+            raise SettingError(
+                f"metric {key!r} of Trainer(metrics=...) has the name of the metric {name!r} "
+                f"that node {node!r} returns in Done(..., metrics=...): one would overwrite "
+                f"the other; rename the metric (e.g. {key.replace('/', '_')!r})"
+            )
 
 
 def _combined(
