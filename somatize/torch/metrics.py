@@ -17,6 +17,8 @@ all-reduced (the node metrics' names agreed on first, so a rank that saw none ad
 zeros); a torchmetrics metric reduces itself in ``compute``; any other metric object
 needs ``merge(other)``, which folds another rank's object into it: every rank gathers
 all ranks' objects, merges them into rank 0's in rank order, and computes that.
+A torchmetrics metric holding lists of tensors (AUROC's) is refused when a rank
+evaluated no batch of the set: torchmetrics cannot gather that rank's empty state.
 """
 
 from __future__ import annotations
@@ -200,22 +202,55 @@ def evaluate(
     merging = {k: m for k, m in objects.items() if not _torchmetrics(m)}
     if world > 1 and (merging or isinstance(getattr(net, "metrics", None), Mapping)):
         node_names, objects = _combined(node_names, objects, merging)
+    _check_clash(fns, node_names)  # (under DDP, the names every rank agreed on)
     if node_names:  # one reduction and one read-back for all of them
         node_t = torch.stack(
             [torch.as_tensor(node_sums.get(k, 0.0), device=device).to(dtype) for k in node_names]
         )
         sums = torch.cat([sums[:-1], node_t, sums[-1:]])
-    if world > 1:
-        sums = ddp.total(sums)
+    if world > 1:  # with, last, the number of ranks that evaluated no batch
+        sums = ddp.total(torch.cat([sums, (sums[-1:] == 0).to(dtype)]))
     values = sums.tolist()
+    empty = int(values.pop()) if world > 1 else 0
     if values[-1] == 0:
         raise ValueError("the evaluation data yielded no batches: pass at least one batch")
+    if empty:
+        _check_gatherable(objects, empty, world)
     out_values = {name: values[j] / values[-1] for j, name in enumerate(names)}
     for name, m in objects.items():
         out_values[name] = _computed(m.compute(), name)
     for j, key in enumerate(node_names):
         out_values[key] = values[len(names) + j] / values[-1]
     return {k: out_values[k] for k in [*fns, *node_names]}
+
+
+def _check_gatherable(objects: Mapping[str, Metric], empty: int, world: int) -> None:
+    """Refuse, on every rank alike, a torchmetrics metric holding lists of tensors (AUROC's
+    outputs, concatenated) when ``empty`` ranks evaluated no batch: torchmetrics would gather
+    an empty rank's state with another shape and dtype, and the process group would abort."""
+    for name, m in objects.items():
+        states = getattr(m, "metric_state", {}) if _torchmetrics(m) else {}
+        if any(isinstance(v, list) for v in states.values()):
+            raise SettingError(
+                f"metric {name!r} ({type(m).__qualname__}) concatenates its batches' values, "
+                f"and rank {world - empty} of {world} evaluated no batch of this set (it has "
+                f"fewer batches than ranks): torchmetrics cannot gather an empty rank's "
+                "state. Give every rank a batch — a smaller batch_size, or "
+                f"Options(limit_val_batches=) of at least {world} — or evaluate this set in "
+                "one process"
+            )
+
+
+def _check_clash(fns: Mapping[str, Any], node_names: list[str]) -> None:
+    """Refuse a metric named as a node's metric ``<node>/<name>``: one value would be lost."""
+    for key in node_names:
+        if key in fns:
+            node, _, name = key.partition("/")
+            raise SettingError(
+                f"metric {key!r} of Trainer(metrics=...) has the name of the metric {name!r} "
+                f"that node {node!r} returns in Done(..., metrics=...): one would overwrite "
+                f"the other; rename the metric (e.g. {key.replace('/', '_')!r})"
+            )
 
 
 def _combined(

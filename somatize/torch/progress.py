@@ -71,6 +71,8 @@ class Progress:
         if isinstance(event, FitStart):
             self._epochs = event.epochs
             self._max_steps = event.total_steps or event.max_steps
+            # (a watcher reused for another fit, a sweep's next run: that fit's alone)
+            self._examples, self._seconds, self._step, self._last = 0, 0.0, None, 0.0
         elif isinstance(event, StepEnd):
             self._examples += event.examples
             self._seconds += event.seconds

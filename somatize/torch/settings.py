@@ -207,6 +207,11 @@ def check_metrics(metrics: Any) -> None:
     for name, fn in metrics.items():
         if not isinstance(name, str):
             raise SettingError(f"metric names must be strings, not {name!r}")
+        if not name.strip():
+            raise SettingError(
+                f"metric name {name!r} is blank: it would be logged as 'val_{name}'; name "
+                "the metric (e.g. metrics={'acc': st.accuracy}, logged as val_acc)"
+            )
         if name == "loss":
             raise SettingError(
                 "metric name 'loss' is reserved: the loss is evaluated as val_loss; "

@@ -7,6 +7,7 @@ import csv
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 import somatize.torch as st
 
@@ -43,10 +44,25 @@ def test_node_metrics_and_metric_objects_are_over_all_ranks_batches(ranks):
 def test_a_metric_object_without_merge_is_refused_by_fit_and_evaluate_on_every_rank(ranks):
     _, r0, r1 = ranks
     for r in (r0, r1):
-        assert len(r["refused"]) == 2
-        for message in r["refused"]:
+        assert len(r["refused"]) == 3
+        for message in r["refused"][:2]:
             assert "'hits' (Unmergeable) has no merge(other)" in message
             assert "torchmetrics.Metric" in message
+
+
+@pytest.mark.slow
+def test_a_torchmetrics_metric_with_list_states_is_refused_when_a_rank_saw_no_batch(ranks):
+    pytest.importorskip("torchmetrics")
+    from torchmetrics.classification import MulticlassAUROC
+
+    _, r0, r1 = ranks
+    for r in (r0, r1):  # refused on every rank alike (no rank left waiting in a collective)
+        assert "'auc' (MulticlassAUROC)" in r["refused"][2]
+        assert "rank 1 of 2 evaluated no batch" in r["refused"][2]
+    # where every rank has a batch, torchmetrics gathers it: the value one process computes
+    single = st.Trainer(loss=F.cross_entropy, metrics={"auc": MulticlassAUROC(num_classes=3)})
+    expected = single.evaluate(ddp_metrics.graph(), ddp_metrics.data()[1]["all"])
+    assert r0["auc_all"] == r1["auc_all"] == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.slow

@@ -89,3 +89,16 @@ def test_progress_true_to_a_captured_standard_error_writes_no_control_codes(caps
 def test_bad_every_steps_is_refused():
     with pytest.raises(SettingError, match="Progress every_steps must be at least 1"):
         st.Progress(every_steps=0)
+
+
+def test_a_progress_watcher_reused_for_another_fit_shows_that_fits_throughput():
+    from somatize.watchers import FitStart, StepEnd
+
+    stream = io.StringIO()
+    p = st.Progress(stream=stream, every_steps=1)
+    p.on_event(FitStart("a", epochs=1, max_steps=0, start_step=0))
+    p.on_event(StepEnd("a", step=1, epoch=0, loss=1.0, lr=0.1, examples=1000, seconds=1.0))
+    p.on_event(FitStart("b", epochs=1, max_steps=0, start_step=0))  # a sweep's next run
+    p.on_event(StepEnd("b", step=1, epoch=0, loss=1.0, lr=0.1, examples=10, seconds=1.0))
+    first, second = stream.getvalue().splitlines()
+    assert first.endswith("1,000 ex/s") and second.endswith(" 10 ex/s"), (first, second)

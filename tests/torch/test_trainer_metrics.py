@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
+from somatize.errors import SettingError
 
 
 class Linear(Node):
@@ -166,3 +167,17 @@ def test_a_metric_function_giving_a_string_is_named():
     trainer = st.Trainer(loss=F.cross_entropy, metrics={"acc": lambda out, y: "high"})
     with pytest.raises(TypeError, match=r"metric 'acc' gave 'high' \(str\), not a number"):
         trainer.evaluate(Graph.somatize(Linear()), data())
+
+
+def test_a_metric_named_as_a_node_metric_is_refused_not_overwritten():
+    # "linear/mean" is also what the node Linear reports: one of the two values would be lost
+    trainer = st.Trainer(loss=F.cross_entropy, metrics={"linear/mean": st.accuracy})
+    g = Graph.somatize(Linear())
+    with pytest.raises(SettingError, match=r"metric .linear/mean..*node .linear..*; rename"):
+        trainer.evaluate(g, data())
+
+
+@pytest.mark.parametrize("name", ["", " "])
+def test_a_blank_metric_name_is_refused(name):
+    with pytest.raises(SettingError, match=r"metric name .* blank"):
+        st.Trainer(loss=F.cross_entropy, metrics={name: st.accuracy})
