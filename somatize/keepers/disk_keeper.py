@@ -25,15 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KeeperError
-from . import loose, upkeep
+from . import listing, loose, upkeep
 from .atomic import replace_with
 from .packread import read_packed
 from .packs import (
-    CHECK,
     FLAG_PINNED,
     MAX_PACK_BYTES,
     RACY_NS,
-    SLOT,
     NotRegular,
     PackIndex,
     build,
@@ -310,14 +308,10 @@ class DiskKeeper:
             self._cache.rows.pop(key, None)
         upkeep.discard(self._root, self._index, self._object(key), key)
 
-    # -- listing ------------------------------------------------------------------------
+    # -- listing (listing.py) -----------------------------------------------------------
 
     def _markers(self, sub: str) -> list[str]:
-        try:
-            with os.scandir(f"{self._root}/{sub}") as it:
-                return [e.name for e in it if not e.name.startswith(".")]
-        except FileNotFoundError:
-            return []
+        return listing.markers(self._root, sub)
 
     def names(self) -> dict[str, str]:
         """Every recorded name and the key it points to."""
@@ -330,46 +324,16 @@ class DiskKeeper:
 
     def keys(self) -> Iterator[str]:
         """The keys of every entry, sorted (temp files excluded)."""
-        self._index.refresh(force=True)
-        found = {e.name for e in loose.scan(self._root) if is_key(e.name)}
-        yield from sorted(found | self._index.where.keys())
+        return listing.keys(self._root, self._index)
 
     def sizes(self) -> Iterator[tuple[str, int]]:
         """Every entry's key and the bytes it takes, sorted by key: a loose entry's file
         size, or a packed entry's payload with its checksum and index slot."""
-        loose_sizes, _ = self._sizes()
-        packed = {}
-        for pack in self._index.packs.values():
-            for key, (_, n) in zip(pack.keys, pack.slots, strict=True):
-                packed[key] = CHECK + SLOT.size + n
-        packed.update(loose_sizes)
-        yield from sorted(packed.items())
-
-    def _sizes(self) -> tuple[dict[str, int], int]:
-        """Loose entries' sizes, and the bytes of every pack (one stat per file)."""
-        sizes = {}
-        for e in loose.scan(self._root):
-            if len(e.name) == 64 and e.name[0] != ".":
-                try:  # noqa: SIM105 -- suppress() would cost a µs an entry
-                    sizes[e.name] = e.stat().st_size
-                except FileNotFoundError:  # removed meanwhile
-                    pass
-        self._index.refresh(force=True)
-        return sizes, sum(st.st_size for _, st in self._index.sizes())
+        return listing.sizes(self._root, self._index)
 
     def stats(self) -> KeeperStats:
         """Counts read from one listing: a stat per loose entry, a stat per pack."""
-        sizes, pack_bytes = self._sizes()
-        keys = sizes.keys() | self._index.where.keys()
-        pins = set(self._markers("pins"))
-        pinned = {k for p in self._index.packs.values() if p.pinned for k in p.keys}
-        return KeeperStats(
-            entries=len(keys),
-            bytes=sum(sizes.values()) + pack_bytes,
-            pinned=len((pins & keys) | pinned),
-            names=len(self._markers("names")),
-            packs=len(self._index.packs),
-        )
+        return listing.stats(self._root, self._index)
 
     def __repr__(self) -> str:
         return f"DiskKeeper({self._root!r})"
