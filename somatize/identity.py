@@ -1,6 +1,6 @@
-"""What a node *is* (identity), how it was *made* (declaration) and what it *holds* (state).
-
-These are three of the four parts of a node's key (the fourth: its predecessors' keys).
+"""What a node *is* (identity), beside how it was *made* (declaration, ``declaration.py``)
+and what it *holds* (state, ``node_state.py``): three of the four parts of a node's key
+(the fourth: its predecessors' keys).
 
 * identity — the qualified class name plus a fingerprint of its code: the AST with
   docstrings and comments removed, *and* the code of every helper function or class
@@ -21,7 +21,6 @@ import contextlib
 import enum
 import functools
 import importlib.metadata
-import inspect
 import logging
 import os
 import re
@@ -35,8 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
-from .errors import DeclarationError
-from .node import Node
 from .source_code import (
     code_digest,
     code_names,
@@ -51,7 +48,7 @@ from .values import digest, is_data
 if TYPE_CHECKING:
     from .codecs import Codec
 
-__all__ = ["declaration", "fingerprint", "identity"]
+__all__ = ["fingerprint", "identity"]
 
 # The code of each class or function, read once: (digest of it, dotted names it reads).
 # Only an object's own code is kept here: what its names resolve to is looked up on
@@ -317,88 +314,3 @@ def _warn_blind(cls: type, where: str, reads: str = "reads the global") -> None:
         UserWarning,
         stacklevel=outside(),
     )
-
-
-def _declare(value: Any, where: str, codecs: Sequence[Codec], blind: list[tuple[Any, str]]) -> Any:
-    """How one constructor argument enters the declaration; what a function argument's code
-    reads and the key cannot see is added to ``blind`` as (function, where)."""
-    t = type(value)
-    if t is list or t is tuple:
-        return t(_declare(v, f"{where}[{i}]", codecs, blind) for i, v in enumerate(value))
-    if t is dict:
-        for k in value:
-            if type(k) is not str and type(k) is not int:
-                raise DeclarationError(
-                    f"argument {where} has a dict key {k!r} of type {type(k).__qualname__}, "
-                    "which cannot be written into a key; use str or int keys, "
-                    "or do not cache this node"
-                )
-        return {k: _declare(v, f"{where}[{k!r}]", codecs, blind) for k, v in value.items()}
-    if is_data(value, codecs):
-        return value
-    if isinstance(value, Node):
-        return {"node": identity(value, codecs), "args": declaration(value, codecs)}
-    if isinstance(value, (types.FunctionType, type)):  # its code, and what it reads by content
-        inner: list[str] = []
-        described = _describe(value, {}, codecs, inner)
-        blind.extend((value, w) for w in inner)
-        return {"code": described}
-    if isinstance(value, (types.BuiltinFunctionType, types.ModuleType)):
-        return {"lib": _describe(value, {})}
-    for codec in codecs:
-        fp = codec.fingerprint(value)
-        if fp is not None:
-            return {"state": fp}
-    if isinstance(value, enum.Enum) or (
-        _has_attributes(value) and _is_user_module(sys.modules.get(t.__module__))
-    ):  # an enum member; a dataclass or other instance of the user's own class (a config)
-        inner = []
-        described = _describe(value, {}, codecs, inner)
-        unseen = [w for w in inner if not w.startswith(" → ")]  # (not what its code reads)
-        if unseen:
-            raise DeclarationError(
-                f"argument {where} is a {t.__qualname__} whose attribute {unseen[0].strip()} "
-                "cannot be written into a key; make that attribute plain data, pass it as an "
-                "argument of its own, or do not cache this node"
-            )
-        blind.extend((t, w) for w in inner)
-        return {"object": described}
-    raise DeclarationError(
-        f"argument {where} is a {type(value).__qualname__}, which cannot be written into a key; "
-        "pass plain data (numbers, str, lists, dicts), a Node, a function or a tensor instead, "
-        "or do not cache this node"
-    )
-
-
-def declaration(impl: Any, codecs: Sequence[Codec] = ()) -> str:
-    """The declaration part of a node's key: its bound constructor arguments, as a digest.
-
-    Computed once per node, the first time a key is needed.
-
-    Raises:
-        DeclarationError: an argument is neither data nor something with a fingerprint.
-    """
-    cached = impl.__dict__.get("_somatize_decl")
-    if cached is not None:
-        return str(cached)
-    args, kwargs = impl.__dict__.get("_somatize_args", ((), {}))
-    cls = type(impl)
-    if cls.__init__ is object.__init__:
-        bound: dict[str, Any] = {}
-    else:
-        sig = inspect.signature(cls.__init__)
-        ba = sig.bind(impl, *args, **kwargs)
-        ba.apply_defaults()
-        bound = dict(list(ba.arguments.items())[1:])
-    blind: list[tuple[Any, str]] = []
-    declared = {
-        k: _declare(v, f"{k!r} of {cls.__qualname__}", codecs, blind) for k, v in bound.items()
-    }
-    for fn, where in blind:
-        name = getattr(fn, "__qualname__", type(fn).__qualname__)
-        _warn_blind(
-            cls, where.removeprefix(" → "), f"is given {name!r}, whose code reads the global"
-        )
-    result = digest(declared, codecs, where=f"the arguments of {cls.__qualname__}")
-    impl.__dict__["_somatize_decl"] = result
-    return result

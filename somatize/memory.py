@@ -23,8 +23,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .bindings import Watched, still, watch
+from .declaration import declaration
 from .errors import GraphError
-from .identity import declaration, identity
+from .identity import identity
 from .keepers.protocol import is_name
 from .node_state import Codes, state
 from .values import digest

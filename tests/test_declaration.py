@@ -1,4 +1,4 @@
-"""The declaration part of a node's key: its constructor arguments (``identity.declaration``)."""
+"""The declaration part of a node's key: its constructor arguments (``somatize/declaration.py``)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ from somatize import (
     Recorder,
     key,
 )
-from somatize.identity import declaration, fingerprint, identity
+from somatize.declaration import declaration
+from somatize.identity import fingerprint, identity
 from somatize.memory import NodeKeys
 from somatize.node_state import state
 from somatize.watchers import CacheHit, CacheMiss
