@@ -175,7 +175,7 @@ class TensorCodec:
         if isinstance(obj, torch.Tensor):
             return self.digest(obj)
         if isinstance(obj, torch.Generator):  # a node's own randomness: where it stands
-            return f"generator:{blake3(obj.get_state().numpy()).hexdigest()}"
+            return f"generator:{blake3(obj.get_state().numpy().tobytes()).hexdigest()}"
         if not isinstance(obj, nn.Module):
             return f"{type(obj).__name__}:{obj}" if isinstance(obj, _NAMED) else None
         return module_fingerprint(self, obj)

@@ -236,7 +236,7 @@ def _other_setting(v: Any) -> Any:
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type)):
         return _code(v)  # TransformerEncoderLayer.activation
     if isinstance(v, torch.Generator):  # a module drawing from its own: where it stands
-        return f"generator:{blake3(v.get_state().numpy()).hexdigest()}"
+        return f"generator:{blake3(v.get_state().numpy().tobytes()).hexdigest()}"
     try:
         return digest_data(v, (), "a module attribute")  # a list or dict of numbers
     except Exception:  # anything else: its class and plain settings (a model's config)

@@ -83,7 +83,9 @@ class Patience:
     ) -> None:
         if not isinstance(metric, str) or not metric:
             fix = (
-                f"Patience(patience={metric!r})" if type(metric) is int else "Patience('val_loss')"
+                f"Patience(patience={metric!r})"
+                if isinstance(metric, int)
+                else "Patience('val_loss')"
             )
             raise SettingError(
                 f"Patience's first argument is the name of the metric to watch, not "
