@@ -289,13 +289,13 @@ def _checked(reply: Any, transport: object, job: Job) -> Reply:
         why = f"replied with {bad[0]!r} a {type(reply[bad[0]]).__qualname__}"
     elif lacking := [n for n in job["outputs"] if n not in reply["outputs"]]:
         if set(reply["opaque"]) & set(lacking):
-            return cast(Reply, reply)  # (an Opaque output: the caller names the crossing)
+            return cast("Reply", reply)  # (an Opaque output: the caller names the crossing)
         why = f"replied with no output of node {lacking[0]!r}"
     elif odd := [n for n, v in reply["outputs"].items() if not isinstance(v, bytes)]:
         kind = type(reply["outputs"][odd[0]]).__qualname__
         why = f"replied with the output of node {odd[0]!r} a {kind}, not bytes"
     else:
-        return cast(Reply, reply)
+        return cast("Reply", reply)
     raise TransportError(
         f"{where} {why}: a transport returns a Reply — {{'outputs': {{node: encoded bytes}}, "
         "'opaque': [...], 'metrics': bytes, 'events': bytes}, as serve() or InProcess().run "
