@@ -30,7 +30,15 @@ from ..values import Opaque
 from .codecs import TensorCodec
 from .frozen import equip, needs_grad
 from .holdings import MODULE_NAMES
-from .registration import _check_shared, _frozen_holdings, _Nodes, _signature
+from .registration import (
+    _check_frozen_elsewhere,
+    _check_shared,
+    _freezes,
+    _frozen_by_another,
+    _frozen_holdings,
+    _Nodes,
+    _signature,
+)
 
 __all__ = ["GraphModule", "module", "parameters"]
 
@@ -111,6 +119,8 @@ class GraphModule(nn.Module):
         if _marked_any:  # (a walk over every parameter, only once something was frozen)
             for p in self.parameters():
                 if getattr(p, "_somatize_frozen", False) and id(p) not in still:
+                    if _frozen_by_another(p, g):  # (a node this graph shares with another)
+                        continue
                     p.requires_grad_(True)
                     delattr(p, "_somatize_frozen")
         for held in frozen.values():
@@ -119,6 +129,8 @@ class GraphModule(nn.Module):
                     setattr(p, "_somatize_frozen", True)  # noqa: B010 -- not a declared attribute
                     _marked_any = True
                     p.requires_grad_(False)
+                if getattr(p, "_somatize_frozen", False):
+                    _freezes(p, g)
             held.eval()
         self._frozen = frozenset(frozen)
         # The program is compiled by the first forward (_current), not here: a module made
@@ -153,8 +165,20 @@ class GraphModule(nn.Module):
         self._holds = _signature(self.graph)  # the nodes now hold the moved tensors
         return self
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The parameters freezing marked: a copy's are marked again (copy.deepcopy drops a
+        # parameter's attributes, and a fresh process has marked none), so unfreezing works.
+        marked = [p for p in self.parameters() if getattr(p, "_somatize_frozen", False)]
+        return {**super().__getstate__(), "_somatize_marked": marked}  # type: ignore[no-untyped-call]
+
     def __setstate__(self, state: dict[str, Any]) -> None:
+        global _marked_any
+        marked = state.pop("_somatize_marked", ())
         super().__setstate__(state)  # type: ignore[no-untyped-call]
+        for p in marked:
+            setattr(p, "_somatize_frozen", True)  # noqa: B010 -- not a declared attribute
+            _freezes(p, self.graph)
+            _marked_any = True
         equip(self.graph)  # a copy (copy.deepcopy(model)) runs its own nodes, not the original's
         if _by_graph.get(id(self.graph)) is None:  # module(copy.graph) is this copy
             _by_graph[id(self.graph)] = self
@@ -298,7 +322,10 @@ def parameters(g: Graph) -> list[nn.Parameter]:
     """
     seen: set[int] = set()
     out = []
-    for p in module(g).parameters():
+    m = module(g)
+    if _marked_any:
+        _check_frozen_elsewhere(m, g)
+    for p in m.parameters():
         if p.requires_grad and id(p) not in seen:
             seen.add(id(p))
             out.append(p)

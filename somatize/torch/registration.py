@@ -5,10 +5,12 @@ trainable node."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..errors import StateError
 from ..graph import Graph
@@ -113,3 +115,51 @@ def _signature(g: Graph) -> list[Any]:
         else:
             put(_signature(impl) if isinstance(impl, Graph) else holdings_signature(impl))
     return out
+
+
+# parameter -> the graphs (alive) whose modules froze it. A node two graphs hold is one set
+# of parameters, and requires_grad is the tensor's: it stays frozen while any graph freezes
+# it, and a graph that does not cannot undo that (its module only ever unfreezes its own).
+_freezers: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _freezes(p: nn.Parameter, g: Graph) -> None:
+    """Record that ``g`` froze ``p``."""
+    graphs = _freezers.get(p)
+    if graphs is None:
+        graphs = _freezers[p] = weakref.WeakSet()
+    graphs.add(g)
+
+
+def _frozen_by_another(p: nn.Parameter, g: Graph) -> bool:
+    """Forget that ``g`` froze ``p``; whether another graph still does."""
+    graphs = _freezers.get(p)
+    if graphs is None:
+        return False
+    graphs.discard(g)
+    return bool(graphs)
+
+
+def _check_frozen_elsewhere(m: nn.Module, g: Graph) -> None:
+    """A parameter of a node trainable in ``g`` that another graph holding it froze would
+    silently not train here: asked for the trainable parameters, say so.
+
+    Raises:
+        StateError: naming the node, the parameter and the fixes.
+    """
+    for name, p in m.named_parameters():
+        if p.requires_grad or not getattr(p, "_somatize_frozen", False):
+            continue
+        graphs = _freezers.get(p)
+        if graphs is None or g in graphs or not graphs:
+            continue
+        node = name.split(".", 1)[0]
+        other = next(iter(graphs))
+        raise StateError(
+            f"node {node!r} is trainable in this graph, but another graph holding the same "
+            f"module ({other!r}) froze it (its parameter {name!r}), and a parameter frozen is "
+            f"frozen in every graph holding it: it would not train here. Freeze it here too "
+            f"(g.freeze({node!r})), unfreeze it in the other graph (other.freeze(id, False), "
+            f"then st.module(other)), or give each graph its own copy of the node "
+            f"(copy.deepcopy(node))"
+        )
