@@ -95,10 +95,18 @@ class GraphModule(nn.Module):
         self._program: Any = None
         self._frozen: frozenset[str] = frozenset()  # paths of the nodes frozen at the last sync
         self._holds: Any = None  # what the nodes held at the last sync (_signature)
+        self._in_sync = False
         self._sync()
 
     def _sync(self) -> None:
         """Register every node's modules and enforce frozen nodes (after any graph change)."""
+        self._in_sync = True  # (what it reads of the module does not sync again)
+        try:
+            self._register()
+        finally:
+            self._in_sync = False
+
+    def _register(self) -> None:
         global _marked_any
         g = equip(self.graph)  # again: a subgraph may have been added since
         for name in list(self._modules):
@@ -150,6 +158,31 @@ class GraphModule(nn.Module):
             self._sync()
         return self
 
+    def _fresh(self) -> None:
+        """Register the modules again if the graph changed since they were (a node added,
+        frozen or unfrozen: a stamp compared), before the module's own readers — state_dict,
+        load_state_dict, parameters, buffers, train/eval — so a handle held across a change
+        is never stale."""
+        busy = _is_compiling() or vars(self).get("_in_sync", False)
+        if not busy and self.graph._stamp() != self._synced:
+            self._sync()
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        self._fresh()
+        return super().state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        self._fresh()
+        return super().load_state_dict(*args, **kwargs)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        self._fresh()
+        return super().named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args: Any, **kwargs: Any) -> Any:
+        self._fresh()
+        return super().named_buffers(*args, **kwargs)
+
     def _current(self) -> Any:
         """The graph's program, with the modules registered again first if the graph changed
         since they were; compiled here on the first forward after they were."""
@@ -199,6 +232,7 @@ class GraphModule(nn.Module):
         )
 
     def train(self, mode: bool = True) -> GraphModule:
+        self._fresh()
         super().train(mode)
         _modes[self.graph] = mode
         for _, held in _frozen_holdings(self, self.graph):
