@@ -31,12 +31,12 @@ from .codecs import TensorCodec
 from .frozen import equip, needs_grad
 from .holdings import MODULE_NAMES
 from .registration import (
-    _check_frozen_elsewhere,
     _check_shared,
     _freezes,
     _frozen_by_another,
     _frozen_holdings,
     _Nodes,
+    _settle_frozen,
     _signature,
 )
 
@@ -127,10 +127,10 @@ class GraphModule(nn.Module):
         if _marked_any:  # (a walk over every parameter, only once something was frozen)
             for p in self.parameters():
                 if getattr(p, "_somatize_frozen", False) and id(p) not in still:
-                    if _frozen_by_another(p, g):  # (a node this graph shares with another)
+                    if _frozen_by_another(p, self):  # (a node this graph shares with another)
                         continue
                     p.requires_grad_(True)
-                    delattr(p, "_somatize_frozen")
+                    vars(p).pop("_somatize_frozen", None)  # (unless the other's sync just did)
         for held in frozen.values():
             for p in held.parameters():
                 if p.requires_grad:  # marked, so unfreezing gives back only what freezing took
@@ -138,7 +138,7 @@ class GraphModule(nn.Module):
                     _marked_any = True
                     p.requires_grad_(False)
                 if getattr(p, "_somatize_frozen", False):
-                    _freezes(p, g)
+                    _freezes(p, self)
             held.eval()
         self._frozen = frozenset(frozen)
         # The program is compiled by the first forward (_current), not here: a module made
@@ -210,7 +210,7 @@ class GraphModule(nn.Module):
         super().__setstate__(state)  # type: ignore[no-untyped-call]
         for p in marked:
             setattr(p, "_somatize_frozen", True)  # noqa: B010 -- not a declared attribute
-            _freezes(p, self.graph)
+            _freezes(p, self)
             _marked_any = True
         equip(self.graph)  # a copy (copy.deepcopy(model)) runs its own nodes, not the original's
         if _by_graph.get(id(self.graph)) is None:  # module(copy.graph) is this copy
@@ -358,7 +358,7 @@ def parameters(g: Graph) -> list[nn.Parameter]:
     out = []
     m = module(g)
     if _marked_any:
-        _check_frozen_elsewhere(m, g)
+        _settle_frozen(m)
     for p in m.parameters():
         if p.requires_grad and id(p) not in seen:
             seen.add(id(p))

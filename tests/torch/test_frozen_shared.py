@@ -44,7 +44,7 @@ def test_training_a_graph_whose_node_another_graph_froze_is_an_error_naming_both
     enc, pre, tune = two_graphs()
     kept = st.module(pre)  # noqa: F841
     tune.freeze("enc")
-    st.module(tune)
+    tuned = st.module(tune)  # noqa: F841 -- (alive: its graph's freeze holds)
     with pytest.raises(StateError, match=r"'enc'.*enc\.lin\.weight.*freeze\('enc'") as e:
         st.parameters(pre)
     assert "deepcopy" in str(e.value)
@@ -100,3 +100,23 @@ def test_unfreezing_a_module_loaded_in_a_fresh_process_unfreezes(tmp_path, subpr
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["4"]
+
+
+def test_a_subgraph_two_graphs_hold_unfreezes_in_both_when_it_unfreezes_inside():
+    torch.manual_seed(0)
+    sub = Graph.somatize(Linear(4, 4).with_id("inner")).freeze("inner")
+    a = Graph.somatize(sub.with_id("sub") >> Linear(4, 2).with_id("head"))
+    b = Graph.somatize(sub.with_id("sub") >> Linear(4, 3).with_id("head"))
+    kept = (st.module(a), st.module(b))  # noqa: F841
+    assert len(st.parameters(a)) == 2
+    sub.freeze("inner", False)
+    assert len(st.parameters(a)) == 4 and len(st.parameters(b)) == 4
+
+
+def test_a_freeze_whose_module_was_dropped_does_not_keep_another_graph_from_training():
+    enc, pre, tune = two_graphs()
+    kept = st.module(pre)  # noqa: F841
+    tune.freeze("enc")
+    st.module(tune)  # (dropped at once: nothing enforces the freeze any more)
+    gc.collect()
+    assert len(st.parameters(pre)) == 4 and enc.lin.weight.requires_grad
