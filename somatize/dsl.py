@@ -4,7 +4,8 @@
 ``nn.Sequential`` cannot express. Ids default to the class name in snake case,
 made unique (``classify``, ``classify_2``); ``node.with_id("enc")`` sets one.
 The same node instance written twice is one node: it may feed two branches, but not
-itself, nor one node twice.
+itself, nor one node twice. ``>>`` binds tighter than ``|`` (Python's precedence): a
+fork needs its parentheses, ``a >> b | c`` is ``(a >> b) | c``.
 
 Example:
     >>> from somatize import Node, Done, Graph

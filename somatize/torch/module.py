@@ -30,7 +30,15 @@ from ..values import Opaque
 from .codecs import TensorCodec
 from .frozen import equip, needs_grad
 from .holdings import MODULE_NAMES
-from .registration import _check_shared, _frozen_holdings, _Nodes, _signature
+from .registration import (
+    _check_shared,
+    _freezes,
+    _frozen_by_another,
+    _frozen_holdings,
+    _Nodes,
+    _settle_frozen,
+    _signature,
+)
 
 __all__ = ["GraphModule", "module", "parameters"]
 
@@ -87,10 +95,18 @@ class GraphModule(nn.Module):
         self._program: Any = None
         self._frozen: frozenset[str] = frozenset()  # paths of the nodes frozen at the last sync
         self._holds: Any = None  # what the nodes held at the last sync (_signature)
+        self._in_sync = False
         self._sync()
 
     def _sync(self) -> None:
         """Register every node's modules and enforce frozen nodes (after any graph change)."""
+        self._in_sync = True  # (what it reads of the module does not sync again)
+        try:
+            self._register()
+        finally:
+            self._in_sync = False
+
+    def _register(self) -> None:
         global _marked_any
         g = equip(self.graph)  # again: a subgraph may have been added since
         for name in list(self._modules):
@@ -111,14 +127,18 @@ class GraphModule(nn.Module):
         if _marked_any:  # (a walk over every parameter, only once something was frozen)
             for p in self.parameters():
                 if getattr(p, "_somatize_frozen", False) and id(p) not in still:
+                    if _frozen_by_another(p, self):  # (a node this graph shares with another)
+                        continue
                     p.requires_grad_(True)
-                    delattr(p, "_somatize_frozen")
+                    vars(p).pop("_somatize_frozen", None)  # (unless the other's sync just did)
         for held in frozen.values():
             for p in held.parameters():
                 if p.requires_grad:  # marked, so unfreezing gives back only what freezing took
                     setattr(p, "_somatize_frozen", True)  # noqa: B010 -- not a declared attribute
                     _marked_any = True
                     p.requires_grad_(False)
+                if getattr(p, "_somatize_frozen", False):
+                    _freezes(p, self)
             held.eval()
         self._frozen = frozenset(frozen)
         # The program is compiled by the first forward (_current), not here: a module made
@@ -138,6 +158,36 @@ class GraphModule(nn.Module):
             self._sync()
         return self
 
+    def _fresh(self, holdings: bool = False) -> None:
+        """Register the modules again if the graph changed since they were (a node added,
+        frozen or unfrozen: a stamp compared), before the module's own readers — state_dict,
+        load_state_dict, parameters, buffers, train/eval — so a handle held across a change
+        is never stale. ``holdings``: also if what the nodes hold changed (a module swapped
+        in, ``g["head"].lin = ...``: a walk), for the readers called seldom — state_dict,
+        load_state_dict, train/eval — so they reach it (the per-step ones do not look)."""
+        if _is_compiling() or vars(self).get("_in_sync", False):
+            return
+        if self.graph._stamp() != self._synced or (
+            holdings and _signature(self.graph) != self._holds
+        ):
+            self._sync()
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        self._fresh(holdings=True)
+        return super().state_dict(*args, **kwargs)
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self._fresh(holdings=True)  # (what load_state_dict calls, on this module or one holding it)
+        super()._load_from_state_dict(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        self._fresh()
+        return super().named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args: Any, **kwargs: Any) -> Any:
+        self._fresh()
+        return super().named_buffers(*args, **kwargs)
+
     def _current(self) -> Any:
         """The graph's program, with the modules registered again first if the graph changed
         since they were; compiled here on the first forward after they were."""
@@ -153,8 +203,20 @@ class GraphModule(nn.Module):
         self._holds = _signature(self.graph)  # the nodes now hold the moved tensors
         return self
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The parameters freezing marked: a copy's are marked again (copy.deepcopy drops a
+        # parameter's attributes, and a fresh process has marked none), so unfreezing works.
+        marked = [p for p in self.parameters() if getattr(p, "_somatize_frozen", False)]
+        return {**super().__getstate__(), "_somatize_marked": marked}  # type: ignore[no-untyped-call]
+
     def __setstate__(self, state: dict[str, Any]) -> None:
+        global _marked_any
+        marked = state.pop("_somatize_marked", ())
         super().__setstate__(state)  # type: ignore[no-untyped-call]
+        for p in marked:
+            setattr(p, "_somatize_frozen", True)  # noqa: B010 -- not a declared attribute
+            _freezes(p, self)
+            _marked_any = True
         equip(self.graph)  # a copy (copy.deepcopy(model)) runs its own nodes, not the original's
         if _by_graph.get(id(self.graph)) is None:  # module(copy.graph) is this copy
             _by_graph[id(self.graph)] = self
@@ -174,24 +236,8 @@ class GraphModule(nn.Module):
             "instead: torch.export.export(model, (x,)) (docs/deploy.md)"
         )
 
-    def _resync(self) -> None:
-        """Register the nodes' holdings again if the graph or what they hold changed since
-        (``g["head"].lin = ...``): what ``train()``, ``state_dict()`` and
-        ``load_state_dict()`` do first, so they reach a module swapped in. (``_refresh``
-        without forgetting the codecs' digests: a checkpoint's ``state_dict()`` keeps them.)"""
-        if self.graph._stamp() != self._synced or _signature(self.graph) != self._holds:
-            self._sync()
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        self._resync()
-        return super().state_dict(*args, **kwargs)
-
-    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
-        self._resync()  # (what load_state_dict calls, on this module or one holding it)
-        super()._load_from_state_dict(*args, **kwargs)  # type: ignore[no-untyped-call]
-
     def train(self, mode: bool = True) -> GraphModule:
-        self._resync()  # a module swapped into a node since: .eval() reaches it too
+        self._fresh(holdings=True)  # a module swapped into a node since: .eval() reaches it
         super().train(mode)
         _modes[self.graph] = mode
         for _, held in _frozen_holdings(self, self.graph):
@@ -315,7 +361,10 @@ def parameters(g: Graph) -> list[nn.Parameter]:
     """
     seen: set[int] = set()
     out = []
-    for p in module(g).parameters():
+    m = module(g)
+    if _marked_any:
+        _settle_frozen(m)
+    for p in m.parameters():
         if p.requires_grad and id(p) not in seen:
             seen.add(id(p))
             out.append(p)

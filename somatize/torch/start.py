@@ -18,6 +18,7 @@ from ..watchers import Watcher
 from . import ddp
 from .batches import num_examples
 from .module import GraphModule, module
+from .registration import _settle_frozen
 
 __all__ = [
     "as_module",
@@ -130,6 +131,7 @@ def as_placed(device: torch.device) -> torch.device:
 def trainable(net: nn.Module) -> list[nn.Parameter]:
     if isinstance(net, GraphModule):
         net._refresh()  # the graph may have changed since the module was made
+        _settle_frozen(net)
     params = [p for p in net.parameters() if p.requires_grad]
     if not params:
         raise ValueError(

@@ -68,6 +68,24 @@ def test_a_change_between_module_and_the_first_forward_is_registered_and_run():
     assert g["a"].lin.weight.grad is None and g["c"].lin.weight.grad is not None
 
 
+def test_a_change_before_any_call_is_in_state_dict_parameters_and_modes_of_a_held_module():
+    g = Graph.somatize(Linear(2, 2).with_id("a"))
+    m = st.module(g)
+    g.node("c", Linear(2, 1)).edge("a", "c")  # the model grown with the handle alive
+    assert "c.lin.weight" in m.state_dict()
+    assert any(p is g["c"].lin.weight for p in m.parameters())
+    assert any(name == "c.lin.bias" for name, _ in m.named_parameters())
+    m.eval()
+    assert not g["c"].lin.training
+    g.freeze("a")
+    assert [n for n, p in m.named_parameters() if p.requires_grad] == ["c.lin.weight", "c.lin.bias"]
+    twin = Graph.somatize(Linear(2, 2).with_id("a"))
+    copy_of = st.module(twin)
+    twin.node("c", Linear(2, 1)).edge("a", "c")
+    copy_of.load_state_dict(m.state_dict())  # (no "unexpected key c.lin.weight")
+    assert torch.equal(twin["c"].lin.weight, g["c"].lin.weight)
+
+
 def test_torch_compile_of_a_module_never_called_traces_once_and_runs_the_graph():
     torch.manual_seed(0)
     g = Graph.somatize(Linear(4, 4) >> (Linear(4, 3) | Linear(4, 5)) >> Concat())
