@@ -100,6 +100,15 @@ class Holdings(nn.Module):
         if isinstance(value, torch.Tensor):
             _mirrored(self)  # and kept so: .to() and functional_call write the tables
 
+    def add_module(self, name: str, module: nn.Module | None) -> None:
+        """As ``nn.Module``'s; a module replacing one the node holds is written on the node
+        too, so forward runs it: what converters that rebuild a model child by child write
+        through (``nn.SyncBatchNorm.convert_sync_batchnorm``, ``register_module``)."""
+        super().add_module(name, module)
+        impl = vars(self)["_impl"]
+        if isinstance(module, nn.Module) and name not in _OWN and name in vars(impl):
+            setattr(impl, name, module)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         node = type(self._impl).__qualname__
         raise TypeError(

@@ -242,3 +242,29 @@ def test_state_dict_and_load_state_dict_after_a_swap_on_the_node_reach_the_new_m
     wrapper = nn.Sequential(model)  # a module holding module(g): loads through it too
     wrapper.load_state_dict({f"0.{k}": v for k, v in trained.items()})
     assert torch.equal(g["head"].lin.weight, trained["head.lin.weight"])
+
+
+def test_convert_sync_batchnorm_of_the_module_replaces_the_batchnorms_the_nodes_hold():
+    class Enc(Node):
+        def __init__(self) -> None:
+            self.bn = nn.BatchNorm1d(4)  # held by the node itself
+            self.seq = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))  # inside a container
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.seq(self.bn(x))))
+
+    torch.manual_seed(0)
+    g = Graph.somatize(Enc())
+    model = st.module(g).eval()
+    x = torch.randn(6, 4)
+    before = model(x)
+    converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    assert converted is model
+    node = g["enc"]
+    assert type(node.bn) is nn.SyncBatchNorm and node.bn is model.enc.bn
+    assert type(node.seq[1]) is nn.SyncBatchNorm
+    ran = []
+    node.bn.register_forward_hook(lambda *_: ran.append(1))
+    assert_close(model.eval()(x), before)  # the same statistics, now in SyncBatchNorm
+    assert ran == [1]  # forward calls the converted module
+    assert sorted(st.module(g).state_dict()) == sorted(model.state_dict())
