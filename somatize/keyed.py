@@ -20,20 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import rows
+from .cache_warnings import warn_changed_itself, warn_ctx_reads
 from .decoding import in_decoded_order
 from .errors import CacheError, DeclarationError, NodeError
 from .explain import note
 from .memory import Memory, NodeKeys, key
-from .node import (
-    Ctx,
-    Done,
-    Mapped,
-    Run,
-    item_metrics,
-    not_done,
-    warn_changed_itself,
-    warn_ctx_reads,
-)
+from .node import Ctx, Done, Mapped, Run, item_metrics, not_done
 from .values import Opaque, check, decode, digest, encode, is_data
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
 

@@ -16,15 +16,12 @@ Example:
 
 from __future__ import annotations
 
-import dis
 import types
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .compose import Composable
 from .errors import MissingValueError, NodeError
-from .stack import outside
 from .values import Opaque, check
 
 if TYPE_CHECKING:
@@ -203,8 +200,15 @@ class Node(Composable):
 
         return Ref(self, node_id)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__qualname__}()"
+    def __repr__(self) -> str:  # Lin(4, 8, bias=False): how it was made, long values elided
+        args, kwargs = self.__dict__.get("_somatize_args", ((), {}))
+        shown = [*map(_short, args), *(f"{k}={_short(v)}" for k, v in kwargs.items())]
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 and "\n" not in text else f"<{type(value).__qualname__}>"
 
 
 class Mapped(Node):
@@ -230,88 +234,6 @@ class Mapped(Node):
 
     def __repr__(self) -> str:
         return f"{self.inner!r}.mapped()"
-
-
-# What a node may read of ctx that does not enter any key (``ctx.node``, ``ctx.device`` do
-# not change its output's content).
-_UNKEYED = frozenset({"get", "values", "run", "run_id", "step", "training"})
-_ctx_reads: dict[type, frozenset[str]] = {}
-_ctx_warned: set[tuple[str, type]] = set()
-
-
-def ctx_reads(cls: type) -> frozenset[str]:
-    """What ``cls.forward`` reads of its ctx that enters no key (``{"get", "step"}``), from
-    its bytecode (comprehensions and lambdas inside it included); read once per class."""
-    known = _ctx_reads.get(cls)
-    if known is not None:
-        return known
-    code = getattr(getattr(cls, "forward", None), "__code__", None)
-    found: set[str] = set()
-    if code is not None and code.co_argcount >= 3:
-        name = code.co_varnames[2]  # forward(self, x, ctx)
-        todo = [code]
-        while todo:
-            c = todo.pop()
-            prev: Any = None
-            for ins in dis.get_instructions(c):
-                if (
-                    ins.opname in ("LOAD_ATTR", "LOAD_METHOD")
-                    and ins.argval in _UNKEYED
-                    and prev is not None
-                    and prev.opname.startswith(("LOAD_FAST", "LOAD_DEREF"))
-                    and name in (prev.argval if type(prev.argval) is tuple else (prev.argval,))
-                ):
-                    found.add(ins.argval)
-                prev = ins
-            todo += [k for k in c.co_consts if type(k) is types.CodeType and name in k.co_freevars]
-    _ctx_reads[cls] = result = frozenset(found)
-    return result
-
-
-def warn_ctx_reads(label: str, impl: Any, training: bool) -> None:
-    """Warn once per node that a node whose key is needed reads what ctx carries, which no
-    key holds: a cached output computed under one value would be served under another.
-    ``ctx.training`` counts only where it is True (a frozen node's, or an eval run's, is not)."""
-    cls = type(impl.inner if isinstance(impl, Mapped) else impl)
-    reads = ctx_reads(cls)
-    if not reads:  # (most nodes: no set made)
-        return
-    if not training:
-        reads = reads - {"training"}
-    if not reads or (label, cls) in _ctx_warned:
-        return
-    _ctx_warned.add((label, cls))
-    which = ", ".join(f"ctx.{r}" for r in sorted(reads))
-    warnings.warn(
-        f"node {label!r} ({cls.__qualname__}) is cached or feeds a cached node, and its "
-        f"forward reads {which}: what ctx carries (injected values, the step, the training "
-        "flag) enters no key, so an output computed under one value would be served under "
-        "another. Pass such a value as a constructor argument or in the graph input, or "
-        "stop caching it",
-        UserWarning,
-        stacklevel=outside(),
-    )
-
-
-_changed_warned: set[tuple[str, str]] = set()
-
-
-def warn_changed_itself(label: str, impl: Any) -> None:
-    """Say once per node that a remembered node (cached whole or per example) changed its
-    own state while it ran."""
-    cls = type(impl.inner if isinstance(impl, Mapped) else impl).__qualname__
-    if (label, cls) in _changed_warned:
-        return
-    _changed_warned.add((label, cls))
-    warnings.warn(
-        f"node {label!r} ({cls}) is cached but changed its own state while it ran (an "
-        "attribute assigned or mutated in forward): its key includes its state, so the entry "
-        "just stored is keyed by the state it had before the call, and a node that changes "
-        "itself on every call (a counter) never hits. Set such attributes up in __init__, "
-        "report counts with Done(value, metrics=...) instead, or stop caching the node",
-        UserWarning,
-        stacklevel=outside(),
-    )
 
 
 def not_done(node_id: str, impl: Any, got: Any) -> NodeError:

@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
+from .cache_warnings import warn_changed_itself
 from .errors import CacheError, ValueConversionError
 from .explain import note
-from .node import Ctx, Done, not_done, warn_changed_itself
+from .node import Ctx, Done, not_done
 from .row_batches import Leaf, RowCodec, _rebuild, _split, device_of, place
 from .row_entries import ROWS_VERSION, Layout, check_entry, encode_rows, is_current, layout_of
 from .values import Opaque, check, encode, is_data

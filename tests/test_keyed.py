@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from somatize import Ctx, Done, Graph, MemoryKeeper, Node
-from somatize.node import ctx_reads
+from somatize.cache_warnings import ctx_reads
 
 
 class AtLeast(Node):

@@ -155,3 +155,16 @@ def test_mapped_items_metrics_are_averaged_over_the_items_that_report_them() -> 
     # a hit reports nothing, as a cached node's hit does: the items computed only
     assert cached.run(["a", "bb", "dddd"]).metrics["measure"]["len"] == 4
     assert cached.run(["a", "bb"]).metrics == {}
+
+
+def test_a_nodes_repr_shows_how_it_was_made_eliding_long_values() -> None:
+    class Scale(Node):
+        def __init__(self, factor: float, *, name: str = "s", table: Any = None) -> None:
+            self.factor = factor
+
+        def forward(self, x: Any, ctx: Any) -> Done:
+            return Done(x * self.factor)
+
+    assert repr(Scale(2.0, name="half")) == "Scale(2.0, name='half')"
+    assert repr(Scale(1, table=list(range(100)))) == "Scale(1, table=<list>)"
+    assert repr(Scale(3).mapped()) == "Scale(3).mapped()"
