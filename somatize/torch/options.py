@@ -57,7 +57,8 @@ class Options:
             ``sanity.py``). 0 turns it off.
         monitor: the metric ``TrainResult.best`` tracks (and pruners without a ``metric``).
         mode: ``"min"`` or ``"max"`` — which way ``monitor`` improves.
-        progress: show a progress bar; None: when standard error is a terminal.
+        progress: show a progress bar; None: when standard error is a terminal or a
+            Jupyter notebook's output.
         scheduler_every: step the LR scheduler every ``"step"`` or every ``"epoch"``.
         compile: train through ``torch.compile`` — True, or its keyword arguments
             (``{"fullgraph": True, "mode": "max-autotune"}``). Nodes still see each step's

@@ -102,3 +102,19 @@ def test_a_progress_watcher_reused_for_another_fit_shows_that_fits_throughput():
     p.on_event(StepEnd("b", step=1, epoch=0, loss=1.0, lr=0.1, examples=10, seconds=1.0))
     first, second = stream.getvalue().splitlines()
     assert first.endswith("1,000 ex/s") and second.endswith(" 10 ex/s"), (first, second)
+
+
+class NotebookStream(io.StringIO):
+    """What a Jupyter kernel puts in sys.stderr: a stream of ipykernel's, not a terminal."""
+
+
+NotebookStream.__module__ = "ipykernel.iostream"
+
+
+@pytest.mark.parametrize(("stream", "shown"), [(NotebookStream(), True), (io.StringIO(), False)])
+def test_progress_is_on_by_default_in_a_notebook_in_plain_lines(monkeypatch, stream, shown):
+    monkeypatch.setattr("sys.stderr", stream)
+    fit([], progress=None)
+    text = stream.getvalue()
+    assert ("done: 6 steps" in text) is shown
+    assert "\r" not in text and "\x1b" not in text
