@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,10 @@ def _line(r: dict[str, Any]) -> str:
     status = r.get("status", "?")
     done = f"{_metrics(r)}{_stopped(r)}"
     tail = {"done": done, "collected": f"{done}  ({COLLECTED})"}.get(status, status)
-    return f"{str(r['key'])[:12]}  {_size(float(r['size'])):>9}  {fn}({args})  {tail}".rstrip()
+    used = r.get("used")  # when it last ran or was recalled: tells runs of changed code apart
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(used)) if used else "?"
+    size = _size(float(r["size"]))
+    return f"{str(r['key'])[:12]}  {size:>9}  {when}  {fn}({args})  {tail}".rstrip()
 
 
 def locate(directory: str) -> tuple[runs.RunStore, str | None]:

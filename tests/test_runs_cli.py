@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def test_runs_stored_with_a_dir_of_their_own_are_listed_shown_and_gcd(
     rc, out, _ = run(["ls", "--dir", str(mine)], capsys)
     assert rc == 0 and out.splitlines()[-1].startswith("2 runs (2 finished), ")
     assert f"{A[:12]}" in out and "train(seed=a)  val_loss=0.5" in out
+    assert re.search(rf"{A[:12]} +\S+ \S+  \d{{4}}-\d\d-\d\d \d\d:\d\d  train\(seed=a\)", out)
     rc, out, _ = run(["show", "bbb", "--dir", str(mine)], capsys)
     assert rc == 0 and json.loads(out)["key"] == B
     # the keeper's directory has no remembered/: nothing there, said as before
