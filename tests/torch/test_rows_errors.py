@@ -115,3 +115,59 @@ def test_a_node_cached_per_example_that_changes_itself_warns_as_one_cached_whole
     st.module(g)
     with pytest.warns(UserWarning, match=r"node 'enc' \(Counting\) is cached but changed its own"):
         g.forward(torch.ones(2, 3))
+
+
+class Truncating(Node):
+    """Cuts its output to the longest sequence of the batch: a row's shape depends on the
+    other rows, so it is not row-wise, though each row's values are."""
+
+    def __init__(self):
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, b, ctx):
+        longest = int(b["mask"].sum(1).max())
+        return Done(Opaque(self.emb(b["ids"][:, :longest])))
+
+
+def test_an_output_whose_row_shape_depends_on_the_batch_is_named_not_an_index_copy_error():
+    g = Graph.somatize(Truncating().with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    ids = torch.randint(1, 10, (3, 6))
+    mask = torch.tensor([[1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]])
+    g.forward({"ids": ids[:2], "mask": mask[:2]})  # rows 0 and 1 stored as (3, 4)
+    with pytest.raises(CacheError) as e:
+        g.forward({"ids": ids, "mask": mask})  # row 2 computed as (5, 4) beside them
+    message = str(e.value)
+    assert "node 'enc'" in message and "(3, 4)" in message and "(5, 4)" in message
+    assert "depend on that row alone" in message and "g.cache('enc')" in message
+
+
+class Fields(Node):
+    def __init__(self):
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, b, ctx):
+        return Done(Opaque(self.emb(b["input_ids"]).sum(1)))
+
+
+def test_a_batch_with_fields_that_are_not_tensors_is_told_to_keep_them_out_of_the_node():
+    g = Graph.somatize(Fields().with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    batch = {"input_ids": torch.randint(0, 10, (4, 5)), "text": ["a", "b", "c", "d"]}
+    with pytest.raises(CacheError) as e:
+        g.forward(batch)
+    message = str(e.value)
+    assert "node 'enc'" in message and "'text' is a list" in message
+    assert "give the node only its tensors" in message and "split=" in message
+    assert ".mapped()" not in message  # the batch is tensors and extras, not a list of items
+
+
+def test_an_ndarray_is_named_with_an_and_the_from_numpy_fix():
+    g = Graph.somatize(Fields().with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    ids = torch.randint(0, 10, (4, 5))
+    with pytest.raises(CacheError, match=r"item 'input_ids' is an ndarray.*torch\.from_numpy"):
+        g.forward({"input_ids": ids.numpy()})
