@@ -8,16 +8,22 @@ a ``rows`` attribute shaped like ``RowCodec`` (``somatize.torch``: tensors, alon
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .errors import CacheError
+from .stack import outside
 
-__all__ = ["Leaf", "RowCodec", "device_of", "place"]
+__all__ = ["Leaf", "RowCodec", "device_of", "place", "versions", "wrote_input"]
 
 
 class RowCodec(Protocol):
-    """What a codec offers per-example memory, as its ``rows`` attribute."""
+    """What a codec offers per-example memory, as its ``rows`` attribute.
+
+    It may also offer ``version(value) -> int | None``, a counter that in-place writes
+    move (torch's version counter): a node cached per example that writes into its input
+    is then warned about (``wrote_input``)."""
 
     def count(self, value: Any) -> int:
         """Rows along the first dimension (``ValueError`` if the value has none)."""
@@ -180,3 +186,32 @@ def place(value: Any, device: str | None, codecs: Sequence[Any]) -> Any:
     if type(value) is dict:
         return {k: place(v, device, codecs) for k, v in value.items()}
     return value
+
+
+def versions(leaves: list[Leaf]) -> list[Any]:
+    """The in-place write counter of each leaf (None where its codec keeps none)."""
+    out = []
+    for _, rows, v in leaves:
+        version = getattr(rows, "version", None)
+        out.append(version(v) if version is not None else None)
+    return out
+
+
+_wrote_warned: set[tuple[str, str]] = set()
+
+
+def wrote_input(label: str, impl: Any) -> None:
+    """Say once per node that a node cached per example wrote into its input in place."""
+    cls = type(impl).__qualname__
+    if (label, cls) in _wrote_warned:
+        return
+    _wrote_warned.add((label, cls))
+    warnings.warn(
+        f"node {label!r} ({cls}) is cached per example but wrote into its input in place "
+        "(x.div_(255), a transform with inplace=True): its rows were keyed before the write, "
+        "and on a hit it does not run, so whatever else reads that input (another node, "
+        "your loop) sees it written on a miss and unwritten on a hit. Compute out of place "
+        "(x = x / 255), or clone the input first (x = x.clone())",
+        UserWarning,
+        stacklevel=outside(),
+    )

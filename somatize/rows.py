@@ -33,7 +33,16 @@ from blake3 import blake3
 from .errors import CacheError, ValueConversionError
 from .explain import note
 from .node import Ctx, Done, not_done, warn_changed_itself
-from .row_batches import Leaf, RowCodec, _rebuild, _split, device_of, place
+from .row_batches import (
+    Leaf,
+    RowCodec,
+    _rebuild,
+    _split,
+    device_of,
+    place,
+    versions,
+    wrote_input,
+)
 from .row_entries import ROWS_VERSION, Layout, check_entry, encode_rows, is_current, layout_of
 from .values import Opaque, check, encode, is_data
 from .watchers import CacheRows, notify
@@ -261,12 +270,13 @@ def remember(
         return _rebuild(layout.kind, layout.names, hits), node_key, None
 
     computed, expand = _distinct(miss, keys)  # a row repeated in the batch: computed once
-    batch = (  # (an empty batch, n == 0, is computed: it has no rows to remember)
-        inp
-        if len(computed) == n
-        else _rebuild(kind, names, [r.take(v, computed) for _, r, v in leaves])
-    )
+    if len(computed) != n:  # (an empty batch, n == 0, is computed: it has no rows to remember)
+        leaves = [(tag, r, r.take(v, computed)) for tag, r, v in leaves]
+    batch = inp if len(computed) == n else _rebuild(kind, names, [v for _, _, v in leaves])
+    before = versions(leaves)
     done = forward(batch, ctx)
+    if versions(leaves) != before:
+        wrote_input(label, impl)
     if type(done) is not Done:
         raise not_done(label, impl, done)
     value, metrics = done

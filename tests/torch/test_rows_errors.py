@@ -4,6 +4,7 @@ per-example memory can keep: the error names the node, what is wrong and the fix
 from __future__ import annotations
 
 import re
+import warnings
 from collections import OrderedDict, namedtuple
 
 import pytest
@@ -171,3 +172,51 @@ def test_an_ndarray_is_named_with_an_and_the_from_numpy_fix():
     ids = torch.randint(0, 10, (4, 5))
     with pytest.raises(CacheError, match=r"item 'input_ids' is an ndarray.*torch\.from_numpy"):
         g.forward({"input_ids": ids.numpy()})
+
+
+class Scales(Node):
+    """Normalises its input in place: on a hit it does not run, so the input stays unscaled."""
+
+    def __init__(self):
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, ctx):
+        x.div_(2)
+        return Done(Opaque(self.lin(x)))
+
+
+class Passes(Node):
+    def forward(self, x, ctx):
+        return Done(x)
+
+
+class Adds(Node):
+    def forward(self, pair, ctx):
+        return Done(Opaque(pair[0] + pair[1]))
+
+
+def test_a_node_cached_per_example_that_writes_its_input_in_place_warns_naming_it():
+    g = Graph()
+    g.node("enc", Scales()).node("raw", Passes()).node("add", Adds())
+    g.edge("enc", "add").edge("raw", "add")  # the input, read by enc and (after it) raw
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    x = torch.arange(8.0).reshape(2, 4)
+    with pytest.warns(UserWarning) as caught:
+        g.forward(x.clone())
+    said = [str(w.message) for w in caught if "in place" in str(w.message)]
+    assert len(said) == 1 and "node 'enc' (Scales)" in said[0]
+    assert "x = x / 2" in said[0] or "out of place" in said[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g.forward(x.clone())  # once per node
+
+
+def test_a_node_cached_per_example_that_leaves_its_input_alone_does_not_warn():
+    g = Graph.somatize(Returns("tensor").with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g.forward(torch.randn(3, 2))
+        g.forward(torch.randn(3, 2))
