@@ -142,3 +142,31 @@ def test_a_node_drawing_from_a_generator_it_holds_draws_anew_at_each_call(which,
     assert torch.equal(again.forward(torch.ones(4, 3)), first)
     missed = [e for e in rec.events if type(e).__name__ == "CacheMiss" or getattr(e, "misses", 0)]
     assert not missed
+
+
+class Augment(nn.Module):
+    """A module of one's own that augments with a numpy generator it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import numpy as np
+
+        self.rng = np.random.default_rng(0)
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.lin(x + float(self.rng.random()))
+
+
+class Holds(Node):
+    def __init__(self) -> None:
+        self.net = Augment()
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.net(x)))
+
+
+@pytest.mark.parametrize("per", ["example", "batch"])
+def test_a_module_drawing_from_a_generator_it_holds_draws_anew_at_each_call(per):
+    g = graph(Holds(), per)
+    assert not torch.equal(g.forward(torch.ones(4, 3)), g.forward(torch.ones(4, 3)))
