@@ -1,7 +1,7 @@
 """What a cached node does that its key cannot see, said once per node: reading what ``ctx``
-carries (``warn_ctx_reads``), and changing its own state while it runs
-(``warn_changed_itself``). Used by the keyed walk (``keyed.py``) and per-example rows
-(``rows.py``)."""
+carries (``warn_ctx_reads``), changing its own state while it runs
+(``warn_changed_itself``), writing into its input in place (``wrote_input``, per-example
+rows). Used by the keyed walk (``keyed.py``) and per-example rows (``rows.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from .node import Mapped
 from .stack import outside
 
-__all__ = ["ctx_reads", "warn_changed_itself", "warn_ctx_reads"]
+__all__ = ["ctx_reads", "warn_changed_itself", "warn_ctx_reads", "wrote_input"]
 
 # What a node may read of ctx that does not enter any key (``ctx.node``, ``ctx.device`` do
 # not change its output's content).
@@ -92,6 +92,26 @@ def warn_changed_itself(label: str, impl: Any) -> None:
         "just stored is keyed by the state it had before the call, and a node that changes "
         "itself on every call (a counter) never hits. Set such attributes up in __init__, "
         "report counts with Done(value, metrics=...) instead, or stop caching the node",
+        UserWarning,
+        stacklevel=outside(),
+    )
+
+
+_wrote_warned: set[tuple[str, str]] = set()
+
+
+def wrote_input(label: str, impl: Any) -> None:
+    """Say once per node that a node cached per example wrote into its input in place."""
+    cls = type(impl).__qualname__
+    if (label, cls) in _wrote_warned:
+        return
+    _wrote_warned.add((label, cls))
+    warnings.warn(
+        f"node {label!r} ({cls}) is cached per example but wrote into its input in place "
+        "(x.div_(255), a transform with inplace=True): its rows were keyed before the write, "
+        "and on a hit it does not run, so whatever else reads that input (another node, "
+        "your loop) sees it written on a miss and unwritten on a hit. Compute out of place "
+        "(x = x / 255), or clone the input first (x = x.clone())",
         UserWarning,
         stacklevel=outside(),
     )

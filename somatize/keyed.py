@@ -159,15 +159,17 @@ def walk(
                 "pass data as the graph input (a tensor that requires grad, as module(g) gets "
                 "it, is wrapped in Opaque: pass x.detach())"
                 if source == the_input
-                else f"return data (a detached tensor) from {source}"
+                else f"return data (a detached tensor) from {source}: Done(x), not Done(Opaque(x))"
             )
             after = next((i for i in inputs if i in opaque), None)  # (None: the graph input)
             if node in memory.frozen and after is not None and after not in memory.frozen:
                 fix = (
                     f"a frozen node passes gradients through to a trainable node before it, so "
                     f"its input keeps them and has no key: cache a frozen node only where what "
-                    f"reaches it is data — freeze {source} too and return data (a detached "
-                    f"tensor) from it"
+                    f"reaches it is data — return data from {source}: Done(x), not "
+                    f"Done(Opaque(x)) (enough for a step without weights, a normalisation), "
+                    f"and freeze {source} too if it has weights (a trainable node's output "
+                    f"requires grad, so it cannot be data)"
                 )
             what = f"its input, {source}," if source == the_input else f"its input from {source}"
             raise CacheError(

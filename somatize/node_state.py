@@ -11,6 +11,8 @@ a node whose weights or settings changed is never served a stale entry:
 * a node held by the node by its class's code and its own state;
 * an instance of a class from the user's own modules (a config, a tokenizer) by its
   class's code and its attributes, each as above;
+* a random generator (``random.Random``, numpy's ``Generator`` and ``RandomState``) by
+  where it stands, so a node drawing from its own draws anew at every call;
 * any other object (a library's) by the modules and tensors it holds directly; the rest
   of it is left to the declaration (the constructor arguments that made it).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import random
 import sys
 import types
 import weakref
@@ -99,6 +102,9 @@ def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
             "type": kind,
             "fields": {k: _state_part(v, codes, path) for k, v in fields.items()},
         }
+    drawn = _generator_state(value)
+    if drawn is not None:  # a generator of its own: where it stands, as a torch.Generator's
+        return {"type": kind, "draws": drawn}
     if _has_attributes(value) and _is_user_module(sys.modules.get(type(value).__module__)):
         # an instance of the user's own class: a change to any of its attributes is seen
         attrs = sorted(_attributes(value).items())
@@ -118,6 +124,36 @@ def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
     if plain:
         return {"type": kind, "holds": held, "plain": [list(p) for p in plain]}
     return {"type": kind, "holds": held} if held else None
+
+
+def _generator_state(value: Any) -> str | None:
+    """The digest of where a random generator stands — Python's ``random.Random``, numpy's
+    ``Generator``, ``RandomState`` or bit generator —, None for anything else. A node
+    augmenting with a generator of its own then draws anew at every call (its key moves
+    with each draw), and a node seeded alike elsewhere finds the same entries."""
+    if isinstance(value, random.Random):
+        with contextlib.suppress(NotImplementedError):  # (SystemRandom keeps no state)
+            return digest(value.getstate())
+        return None
+    if not type(value).__module__.startswith("numpy.random"):
+        return None
+    with contextlib.suppress(Exception):  # (a numpy object of another kind: not a generator)
+        held = getattr(value, "bit_generator", value)  # a Generator, or a bit generator
+        state = held.get_state(legacy=False) if hasattr(held, "get_state") else held.state
+        return digest(_plain_state(state))
+    return None
+
+
+def _plain_state(value: Any) -> Any:
+    """A generator's state as data: its arrays (a RandomState's key) as their bytes."""
+    if isinstance(value, dict):
+        return {str(k): _plain_state(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_state(v) for v in value]
+    tobytes = getattr(value, "tobytes", None)
+    if tobytes is not None and not isinstance(value, (int, float, str, bytes)):
+        return [str(getattr(value, "dtype", "")), tobytes()]
+    return value if is_data(value) else repr(value)
 
 
 _SCALARS = frozenset({int, float, bool, str, type(None)})

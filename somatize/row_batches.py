@@ -13,11 +13,15 @@ from typing import Any, Protocol
 
 from .errors import CacheError
 
-__all__ = ["Leaf", "RowCodec", "device_of", "place"]
+__all__ = ["Leaf", "RowCodec", "device_of", "place", "versions"]
 
 
 class RowCodec(Protocol):
-    """What a codec offers per-example memory, as its ``rows`` attribute."""
+    """What a codec offers per-example memory, as its ``rows`` attribute.
+
+    It may also offer ``version(value) -> int | None``, a counter that in-place writes
+    move (torch's version counter): a node cached per example that writes into its input
+    is then warned about (``wrote_input``)."""
 
     def count(self, value: Any) -> int:
         """Rows along the first dimension (``ValueError`` if the value has none)."""
@@ -90,11 +94,18 @@ def _split(
             kind = ""
         found = [_leaf(v, codecs) for v in items]
         if not items or any(f is None for f in found):
+            fix = (  # tensors beside other fields (ids, strings): a batch with extras
+                "give the node only its tensors: keep the other fields out of its input "
+                "(Trainer(split=...), the collate_fn, or a node before it that picks the "
+                "tensors), or make them tensors"
+                if any(f is not None for f in found)
+                else "use .mapped() for a list of items"
+            )
             raise CacheError(
                 f"node {label!r} is cached per example but its {what} is "
                 f"{_describe(value)}; per-example memory takes a tensor batch, or a tuple, "
-                f"list or dict of tensors with the same first dimension — use .mapped() for "
-                f"a list of items, or cache it per batch: g.cache({label!r})"
+                f"list or dict of tensors with the same first dimension — {fix}, or cache it "
+                f"per batch: g.cache({label!r})"
             )
         leaves = [f for f in found if f is not None]
     counts = set()
@@ -131,10 +142,14 @@ def _describe(value: Any) -> str:
     )
     odd = next(((k, v) for k, v in items if type(v).__name__ != "Tensor"), None)
     if odd is not None:
-        return f"a {t.__name__} whose item {odd[0]!r} is a {type(odd[1]).__name__}"
-    return f"a {t.__name__}" + (
-        " (torch.from_numpy(...) makes it a tensor)" * (t.__name__ == "ndarray")
-    )
+        return f"a {t.__name__} whose item {odd[0]!r} is {_a(type(odd[1]).__name__)}"
+    return _a(t.__name__)
+
+
+def _a(name: str) -> str:
+    """``a list``, ``an ndarray (torch.from_numpy(...) makes it a tensor)``."""
+    numpy = " (torch.from_numpy(...) makes it a tensor)" * (name == "ndarray")
+    return f"a{'n' * (name[0] in 'aeiou' or name == 'ndarray')} {name}{numpy}"
 
 
 def _rebuild(kind: str, names: tuple[Any, ...], leaves: list[Any]) -> Any:
@@ -169,3 +184,12 @@ def place(value: Any, device: str | None, codecs: Sequence[Any]) -> Any:
     if type(value) is dict:
         return {k: place(v, device, codecs) for k, v in value.items()}
     return value
+
+
+def versions(leaves: list[Leaf]) -> list[Any]:
+    """The in-place write counter of each leaf (None where its codec keeps none)."""
+    out = []
+    for _, rows, v in leaves:
+        version = getattr(rows, "version", None)
+        out.append(version(v) if version is not None else None)
+    return out

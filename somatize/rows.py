@@ -30,11 +30,19 @@ from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
-from .cache_warnings import warn_changed_itself
+from .cache_warnings import warn_changed_itself, wrote_input
 from .errors import CacheError, ValueConversionError
 from .explain import note
 from .node import Ctx, Done, not_done
-from .row_batches import Leaf, RowCodec, _rebuild, _split, device_of, place
+from .row_batches import (
+    Leaf,
+    RowCodec,
+    _rebuild,
+    _split,
+    device_of,
+    place,
+    versions,
+)
 from .row_entries import ROWS_VERSION, Layout, check_entry, encode_rows, is_current, layout_of
 from .values import Opaque, check, encode, is_data
 from .watchers import CacheRows, notify
@@ -196,6 +204,36 @@ def _distinct(miss: list[int], keys: Sequence[str]) -> tuple[list[int], list[int
     return computed, [first[keys[i]] for i in miss]
 
 
+def _described(kind: str, names: tuple[Any, ...], layouts: tuple[Any, ...]) -> str:
+    """``float32 (3, 4)``, ``a dict {'pooled': float32 (16,), ...}``: rows as a message says them."""
+    said = [" ".join(map(str, lay)) if type(lay) is tuple else repr(lay) for lay in layouts]
+    if kind == "leaf":
+        return said[0]
+    if kind == "dict":
+        return "a dict {" + ", ".join(f"{k!r}: {s}" for k, s in zip(names, said)) + "}"
+    return f"a {kind} ({', '.join(said)})"
+
+
+def _check_fits(
+    label: str, layout: Layout, kind: str, names: tuple[Any, ...], leaves: list[Leaf]
+) -> None:
+    """Raise ``CacheError`` when the rows just computed are not laid out as the rows a batch
+    hit (their structure, dtype or shape): a row's output then depends on the other rows."""
+    found = tuple(lay for _, lay, _, _ in layout.leaves)
+    now = tuple(rows.layout(v) for _, rows, v in leaves)
+    if (layout.kind, layout.names, found) == (kind, names, now):
+        return
+    raise CacheError(
+        f"node {label!r} is cached per example, but the rows it computed now are "
+        f"{_described(kind, names, now)} where the rows it remembered for this input layout "
+        f"are {_described(layout.kind, layout.names, found)}; a row's output must depend on "
+        "that row alone, its shape and structure too (an output cut or padded to the "
+        "batch's longest sequence depends on the other rows) — give each row an output of "
+        f"its own fixed shape (pad or cut to a fixed length), or cache it per batch: "
+        f"g.cache({label!r})"
+    )
+
+
 def remember(
     env: Env, node: str, label: str, impl: Any, inp: Any, ctx: Ctx, forward: Forward
 ) -> tuple[Any, str, Any]:
@@ -232,12 +270,13 @@ def remember(
         return _rebuild(layout.kind, layout.names, hits), node_key, None
 
     computed, expand = _distinct(miss, keys)  # a row repeated in the batch: computed once
-    batch = (  # (an empty batch, n == 0, is computed: it has no rows to remember)
-        inp
-        if len(computed) == n
-        else _rebuild(kind, names, [r.take(v, computed) for _, r, v in leaves])
-    )
+    if len(computed) != n:  # (an empty batch, n == 0, is computed: it has no rows to remember)
+        leaves = [(tag, r, r.take(v, computed)) for tag, r, v in leaves]
+    batch = inp if len(computed) == n else _rebuild(kind, names, [v for _, _, v in leaves])
+    before = versions(leaves)
     done = forward(batch, ctx)
+    if versions(leaves) != before:
+        wrote_input(label, impl)
     if type(done) is not Done:
         raise not_done(label, impl, done)
     value, metrics = done
@@ -264,5 +303,7 @@ def remember(
         oleaves = [(tag, r, r.take(v, expand)) for tag, r, v in oleaves]
     if not hits:  # (a dict as a hit gives it: its fields in sorted order)
         return _rebuild(okind, onames, [v for _, _, v in oleaves]), node_key, metrics
+    if layout is not None:
+        _check_fits(label, layout, okind, onames, oleaves)
     merged = [rows.scatter([(miss, v), (hit, h)], n) for (_, rows, v), h in zip(oleaves, hits)]
     return _rebuild(okind, onames, merged), node_key, metrics

@@ -29,7 +29,7 @@ from torch import nn
 from ..bindings import Watched, still, watch
 from ..identity import _is_user_module
 from ..identity import fingerprint as fingerprint_code
-from ..node_state import _code, scalars
+from ..node_state import _code, _generator_state, scalars
 from ..values import digest as digest_data
 
 if TYPE_CHECKING:
@@ -237,6 +237,9 @@ def _other_setting(v: Any) -> Any:
         return _code(v)  # TransformerEncoderLayer.activation
     if isinstance(v, torch.Generator):  # a module drawing from its own: where it stands
         return f"generator:{blake3(v.get_state().numpy().tobytes()).hexdigest()}"
+    drawn = _generator_state(v)  # (random.Random, numpy's generators: the same)
+    if drawn is not None:
+        return f"generator:{drawn}"
     try:
         return digest_data(v, (), "a module attribute")  # a list or dict of numbers
     except Exception:  # anything else: its class and plain settings (a model's config)

@@ -88,6 +88,12 @@ class TensorRows:
             out.index_copy_(0, at, rows.to(device=out.device, dtype=out.dtype))
         return out
 
+    def version(self, t: torch.Tensor) -> int | None:
+        try:
+            return int(t._version)
+        except RuntimeError:  # an inference tensor keeps no version counter
+            return None
+
     def device(self, t: torch.Tensor) -> str:
         return str(t.device)
 

@@ -346,7 +346,7 @@ def test_a_buffer_made_under_inference_mode_is_hashed_every_time():
 
 def test_a_batch_that_is_not_rows_is_named_by_its_odd_item():
     g = cached(Enc())
-    with pytest.raises(CacheError, match=r"a tuple whose item 1 is a int"):
+    with pytest.raises(CacheError, match=r"a tuple whose item 1 is an int"):
         g.forward((X, 3))
     with pytest.raises(CacheError, match=r"torch\.from_numpy"):
         g.forward(X.numpy())

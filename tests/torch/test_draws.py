@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import somatize.torch as st
-from somatize import Done, Graph, MemoryKeeper, Node, Opaque
+from somatize import Done, Graph, MemoryKeeper, Node, Opaque, Recorder
 from somatize.torch import draws
 
 
@@ -103,3 +103,70 @@ def test_a_draw_from_pythons_or_numpys_global_generator_warns_too(which):
     g = graph(Jitter(draw), "batch", freeze=False)
     with pytest.warns(UserWarning, match=r"node 'enc' \(Jitter\) is cached but drew random"):
         g.forward(torch.ones(4, 3))
+
+
+class OwnGenerator(Node):
+    """Augments with a generator of its own (``np.random.default_rng(0)``, ``random.Random``):
+    each call draws anew, as a held ``torch.Generator`` does."""
+
+    def __init__(self, which: str) -> None:
+        import random
+
+        import numpy as np
+
+        self.which = which
+        self.rng: object = {
+            "numpy": np.random.default_rng(0),
+            "numpy-legacy": np.random.RandomState(0),
+            "random": random.Random(0),
+        }[which]
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, ctx):
+        draw = self.rng.random() if self.which != "numpy-legacy" else self.rng.rand()
+        return Done(Opaque(self.lin(x + float(draw))))
+
+
+@pytest.mark.parametrize("per", ["example", "batch"])
+@pytest.mark.parametrize("which", ["numpy", "numpy-legacy", "random"])
+def test_a_node_drawing_from_a_generator_it_holds_draws_anew_at_each_call(which, per):
+    torch.manual_seed(0)
+    g = graph(OwnGenerator(which), per)
+    first, second = g.forward(torch.ones(4, 3)), g.forward(torch.ones(4, 3))
+    assert not torch.equal(first, second)  # as in plain PyTorch: not the first draw again
+    torch.manual_seed(0)
+    again = graph(OwnGenerator(which), per)  # seeded alike: the same draws, found
+    again.keeper = g.keeper
+    rec = Recorder()
+    again.watchers.append(rec)
+    assert torch.equal(again.forward(torch.ones(4, 3)), first)
+    missed = [e for e in rec.events if type(e).__name__ == "CacheMiss" or getattr(e, "misses", 0)]
+    assert not missed
+
+
+class Augment(nn.Module):
+    """A module of one's own that augments with a numpy generator it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import numpy as np
+
+        self.rng = np.random.default_rng(0)
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.lin(x + float(self.rng.random()))
+
+
+class Holds(Node):
+    def __init__(self) -> None:
+        self.net = Augment()
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.net(x)))
+
+
+@pytest.mark.parametrize("per", ["example", "batch"])
+def test_a_module_drawing_from_a_generator_it_holds_draws_anew_at_each_call(per):
+    g = graph(Holds(), per)
+    assert not torch.equal(g.forward(torch.ones(4, 3)), g.forward(torch.ones(4, 3)))

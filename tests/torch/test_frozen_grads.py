@@ -11,7 +11,8 @@ from torch import nn
 from torch.testing import assert_close
 
 import somatize.torch as st
-from somatize import CacheError, Done, Graph, Node, Opaque, ValueConversionError
+from somatize import CacheError, Done, Graph, Node, Opaque, Recorder, ValueConversionError
+from somatize.watchers import CacheRows
 
 from .tensor_nodes import Linear
 
@@ -116,3 +117,37 @@ def test_a_frozen_node_fed_a_dict_that_requires_grad_passes_gradients():
     st.module(g)(Opaque({"img": img})).sum().backward()
     want = torch.autograd.grad(g["pick"].lin(img).sum(), img)[0]
     assert_close(img.grad, want)
+
+
+class Normalise(Node):
+    """No weights: a preprocessing step written in the house style, returning Opaque."""
+
+    def __init__(self, opaque: bool) -> None:
+        self.opaque = opaque
+
+    def forward(self, x, ctx):
+        y = (x - 0.5) * 2
+        return Done(Opaque(y) if self.opaque else y)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_step_returning_opaque_before_a_cached_node_is_told_to_return_done_x(frozen):
+    def graph(opaque: bool) -> Graph:
+        torch.manual_seed(0)
+        g = Graph().node("norm", Normalise(opaque)).node("enc", Linear(4, 4)).edge("norm", "enc")
+        if frozen:
+            g.freeze("norm")
+        return g.freeze("enc").cache("enc", per="example")
+
+    with pytest.raises(CacheError) as e:
+        st.module(graph(opaque=True))(torch.ones(2, 4))
+    msg = str(e.value)
+    assert "its input from node 'norm' is Opaque" in msg
+    assert "Done(x), not Done(Opaque(x))" in msg
+    g = graph(opaque=False)  # the fix the message gives: nothing to freeze, no weights
+    rec = Recorder()
+    g.watchers.append(rec)
+    model = st.module(g)
+    model(torch.ones(2, 4))
+    model(torch.ones(2, 4))
+    assert [(e.hits, e.misses) for e in rec.of(CacheRows)] == [(0, 2), (2, 0)]

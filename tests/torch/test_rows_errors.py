@@ -4,6 +4,7 @@ per-example memory can keep: the error names the node, what is wrong and the fix
 from __future__ import annotations
 
 import re
+import warnings
 from collections import OrderedDict, namedtuple
 
 import pytest
@@ -115,3 +116,107 @@ def test_a_node_cached_per_example_that_changes_itself_warns_as_one_cached_whole
     st.module(g)
     with pytest.warns(UserWarning, match=r"node 'enc' \(Counting\) is cached but changed its own"):
         g.forward(torch.ones(2, 3))
+
+
+class Truncating(Node):
+    """Cuts its output to the longest sequence of the batch: a row's shape depends on the
+    other rows, so it is not row-wise, though each row's values are."""
+
+    def __init__(self):
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, b, ctx):
+        longest = int(b["mask"].sum(1).max())
+        return Done(Opaque(self.emb(b["ids"][:, :longest])))
+
+
+def test_an_output_whose_row_shape_depends_on_the_batch_is_named_not_an_index_copy_error():
+    g = Graph.somatize(Truncating().with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    ids = torch.randint(1, 10, (3, 6))
+    mask = torch.tensor([[1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]])
+    g.forward({"ids": ids[:2], "mask": mask[:2]})  # rows 0 and 1 stored as (3, 4)
+    with pytest.raises(CacheError) as e:
+        g.forward({"ids": ids, "mask": mask})  # row 2 computed as (5, 4) beside them
+    message = str(e.value)
+    assert "node 'enc'" in message and "(3, 4)" in message and "(5, 4)" in message
+    assert "depend on that row alone" in message and "g.cache('enc')" in message
+
+
+class Fields(Node):
+    def __init__(self):
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, b, ctx):
+        return Done(Opaque(self.emb(b["input_ids"]).sum(1)))
+
+
+def test_a_batch_with_fields_that_are_not_tensors_is_told_to_keep_them_out_of_the_node():
+    g = Graph.somatize(Fields().with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    batch = {"input_ids": torch.randint(0, 10, (4, 5)), "text": ["a", "b", "c", "d"]}
+    with pytest.raises(CacheError) as e:
+        g.forward(batch)
+    message = str(e.value)
+    assert "node 'enc'" in message and "'text' is a list" in message
+    assert "give the node only its tensors" in message and "split=" in message
+    assert ".mapped()" not in message  # the batch is tensors and extras, not a list of items
+
+
+def test_an_ndarray_is_named_with_an_and_the_from_numpy_fix():
+    g = Graph.somatize(Fields().with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    ids = torch.randint(0, 10, (4, 5))
+    with pytest.raises(CacheError, match=r"item 'input_ids' is an ndarray.*torch\.from_numpy"):
+        g.forward({"input_ids": ids.numpy()})
+
+
+class Scales(Node):
+    """Normalises its input in place: on a hit it does not run, so the input stays unscaled."""
+
+    def __init__(self):
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, ctx):
+        x.div_(2)
+        return Done(Opaque(self.lin(x)))
+
+
+class Passes(Node):
+    def forward(self, x, ctx):
+        return Done(x)
+
+
+class Adds(Node):
+    def forward(self, pair, ctx):
+        return Done(Opaque(pair[0] + pair[1]))
+
+
+def test_a_node_cached_per_example_that_writes_its_input_in_place_warns_naming_it():
+    g = Graph()
+    g.node("enc", Scales()).node("raw", Passes()).node("add", Adds())
+    g.edge("enc", "add").edge("raw", "add")  # the input, read by enc and (after it) raw
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    x = torch.arange(8.0).reshape(2, 4)
+    with pytest.warns(UserWarning) as caught:
+        g.forward(x.clone())
+    said = [str(w.message) for w in caught if "in place" in str(w.message)]
+    assert len(said) == 1 and "node 'enc' (Scales)" in said[0]
+    assert "x = x / 2" in said[0] or "out of place" in said[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g.forward(x.clone())  # once per node
+
+
+def test_a_node_cached_per_example_that_leaves_its_input_alone_does_not_warn():
+    g = Graph.somatize(Returns("tensor").with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g.forward(torch.randn(3, 2))
+        g.forward(torch.randn(3, 2))

@@ -131,6 +131,31 @@ def test_an_epoch_that_finds_nothing_stored_warns_once_naming_the_node_and_cause
     assert result.cache == {"enc": {"hits": 0, "misses": 3 * N}}
 
 
+def test_a_cold_epoch_names_padding_to_each_batchs_longest_as_a_cause():
+    x, y = examples()
+
+    def padded(items):  # each batch padded to its own longest: rows change with the batch
+        longest = 1 + int(torch.randint(0, 64, ()))
+        xs = torch.stack([torch.nn.functional.pad(a, (0, longest)) for a, _ in items])
+        return xs, torch.stack([b for _, b in items])
+
+    class Wide(Node):
+        def __init__(self) -> None:
+            self.net = nn.Linear(1, 16)
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.net(x.unsqueeze(-1)).mean(1)))
+
+    torch.manual_seed(0)
+    g = Graph.somatize(Wide().with_id("enc") >> Head())
+    g.freeze("enc").cache("enc", per="example")
+    data = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True, collate_fn=padded)
+    with pytest.warns(RuntimeWarning, match="node 'enc' is cached") as caught:
+        fit(g, data, epochs=2)
+    message = next(str(w.message) for w in caught if "node 'enc' is cached" in str(w.message))
+    assert "padded to its own longest" in message and "fixed length" in message
+
+
 def test_a_node_cached_per_batch_under_a_shuffled_loader_is_told_to_cache_per_example():
     with pytest.warns(
         RuntimeWarning, match=r"cache it per example, g.cache\('enc', per='example'\)"
