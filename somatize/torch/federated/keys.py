@@ -136,3 +136,25 @@ def batchnorm_keys(g: Graph | nn.Module) -> list[str]:
         if isinstance(layer, nn.modules.batchnorm._BatchNorm)
         for k in layer.state_dict()
     ]
+
+
+def _unchanged(
+    global_state: Mapping[str, torch.Tensor], states: list[Any], keys: Iterable[str]
+) -> list[str]:
+    """The ``keys`` every state holds exactly as the global state does while others moved: a
+    frozen backbone's, which no client can move (the server then noises them for nothing).
+    A round in which nothing moved at all says nothing of the kind: none."""
+    keys = list(keys)
+    same = [k for k in keys if all(torch.equal(s[k], global_state[k]) for s in states)]
+    return same if states and len(same) < len(keys) else []
+
+
+def _unchanged_warning(rule: str, keys: list[str]) -> str:
+    shown = ", ".join(repr(k) for k in keys[:4]) + (f", ... ({len(keys)} keys)" * (len(keys) > 4))
+    return (
+        f"{rule}: [{shown}] came back unchanged from every client (a frozen backbone?), and "
+        "are noised like the trained keys: the global state's copy of them drifts by noise "
+        "every round, and a cache keyed by their weights misses every round. Keep them as "
+        f"the global state's with {rule}(..., exclude=[...]) — e.g. exclude=['enc.*'] for a "
+        "frozen node 'enc' — and send the clients the same state"
+    )

@@ -48,7 +48,17 @@ from ...errors import AggregationError, require
 from ...stack import outside
 from .aggregation import _finite, _states, _validate
 from .clipping import clip_update
-from .keys import Exclude, _local, _names, _rule, _statistics, _unknown, _without
+from .keys import (
+    Exclude,
+    _local,
+    _names,
+    _rule,
+    _statistics,
+    _unchanged,
+    _unchanged_warning,
+    _unknown,
+    _without,
+)
 from .sampling import _int, _largest_inclusion
 
 __all__ = ["DPFedAvg"]
@@ -198,6 +208,7 @@ class DPFedAvg:
         self.generator = torch.Generator().manual_seed(_seed(seed))
         self.rounds = 0
         self.norms: tuple[float, ...] = ()
+        self._warned_unchanged = False
 
     def _kept(
         self, global_state: Mapping[str, torch.Tensor], local: frozenset[str]
@@ -249,6 +260,9 @@ class DPFedAvg:
             for k, t in global_state.items()
             if t.is_floating_point() and k not in kept and k not in clear
         ]
+        if not self._warned_unchanged and (still := _unchanged(global_state, states, keys)):
+            self._warned_unchanged = True  # (the server's to see, as dp.norms: never published)
+            warnings.warn(_unchanged_warning("DPFedAvg", still), stacklevel=outside())
         with torch.no_grad():
             total = {k: torch.zeros(global_state[k].shape, dtype=torch.float64) for k in keys}
             norms = []
