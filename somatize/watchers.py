@@ -142,7 +142,8 @@ class StepEnd(Event):
 
     Under DDP (told on rank 0 only) ``loss`` is the mean over all ranks' examples and
     ``examples`` all ranks' together, unless ``Options(nonfinite="ignore")`` (then rank 0's own);
-    ``lr`` and ``seconds`` are rank 0's."""
+    ``lr`` and ``seconds`` are rank 0's. ``lr`` is the first parameter group's rate;
+    ``lrs`` each group's, in order, when the optimizer has several (else empty)."""
 
     step: int
     epoch: int
@@ -150,6 +151,7 @@ class StepEnd(Event):
     lr: float
     examples: int
     seconds: float
+    lrs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """A watcher writing a run as a CSV table: one row per step and per evaluation.
 
 Columns: ``kind`` (``step``, ``eval`` or ``epoch``), ``step``, ``epoch``, then ``loss``,
-``lr``, ``examples``, ``seconds`` on step rows, node metrics as ``<node>/<name>`` on the
+``lr`` (and ``lr/group<i>`` for each parameter group after the first), ``examples``,
+``seconds`` on step rows, node metrics as ``<node>/<name>`` on the
 step they were computed in, and the evaluation's values (``val_loss``, ``val_acc``...) on
 eval rows. When the graph remembers a node, an epoch row after each epoch holds what
 its cache found: ``cache/<node>/hits`` and ``cache/<node>/misses`` (``EpochEnd.cache``).
@@ -71,6 +72,7 @@ class CSVLog:
                 "lr": event.lr,
                 "examples": event.examples,
                 "seconds": event.seconds,
+                **{f"lr/group{i}": lr for i, lr in enumerate(event.lrs[1:], 1)},
             }
         elif isinstance(event, Metrics):
             values = {k: _number(v) for k, v in event.values.items()}

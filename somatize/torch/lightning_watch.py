@@ -80,6 +80,7 @@ class Watch(L.Callback):
             )
         self.run_id = ""
         self._started = self._tick = self._lr = 0.0
+        self._lrs: tuple[float, ...] = ()
         self._on = False
         self._step = 0  # trainer.global_step after the last optimizer step reported
         self._window: list[tuple[float, int]] = []  # (loss, examples) of the step's batches
@@ -105,6 +106,8 @@ class Watch(L.Callback):
         self._tick = time.perf_counter()
         opt = trainer.optimizers[0] if trainer.optimizers else None
         self._lr = float(opt.param_groups[0]["lr"]) if opt is not None else 0.0  # the step's rate
+        groups = opt.param_groups if opt is not None else ()
+        self._lrs = tuple(float(g["lr"]) for g in groups) if len(groups) > 1 else ()
 
     def on_train_batch_end(
         self,
@@ -125,7 +128,9 @@ class Watch(L.Callback):
         loss = sum(value * examples for value, examples in self._window) / max(n, 1)
         self._window = []
         seconds = time.perf_counter() - self._tick
-        notify(self.watchers, StepEnd(self.run_id, step, epoch, loss, self._lr, n, seconds))
+        notify(
+            self.watchers, StepEnd(self.run_id, step, epoch, loss, self._lr, n, seconds, self._lrs)
+        )
         if _is_graph(pl_module):
             for node, values in pl_module.net.metrics.items():
                 notify(self.watchers, Metrics(self.run_id, node, step, dict(values)))

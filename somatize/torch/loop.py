@@ -175,7 +175,10 @@ def _epoch(
         tick = time.perf_counter() if watchers else 0.0
         if graph_net is not None:
             graph_net.step = s.step + 1  # nodes see the number of the step they compute
-        lr = run.opt.param_groups[0]["lr"] if watchers else 0.0  # the rate this step uses
+        # the rates this step uses: the first group's, and every group's when there are several
+        groups = run.opt.param_groups if watchers else ()
+        lr = groups[0]["lr"] if groups else 0.0
+        lrs = tuple([float(g["lr"]) for g in groups]) if len(groups) > 1 else ()
         loss, n, stepped = step(trainer, run, group, i)
         if not stepped:  # a non-finite loss, skipped: no step taken, the batch consumed
             s.skipped += 1
@@ -191,7 +194,7 @@ def _epoch(
         else:
             s.pending.append(loss)
         if watchers:
-            _report_step(run, loss, lr, n, tick)
+            _report_step(run, loss, lr, n, tick, lrs)
         if val is not None and every and s.step % every == 0:
             evaluate_into(trainer, run)
         if run.due or (ckpt_every and s.step % ckpt_every == 0):
@@ -222,9 +225,11 @@ def _groups(batches: Iterator[Any], start: int, k: int) -> Iterator[tuple[int, l
         yield i, group
 
 
-def _report_step(run: ActiveRun, loss: torch.Tensor | float, lr: Any, n: int, tick: float) -> None:
+def _report_step(
+    run: ActiveRun, loss: torch.Tensor | float, lr: Any, n: int, tick: float, lrs: tuple[float, ...]
+) -> None:
     s, seconds = run.state, time.perf_counter() - tick
-    notify(run.watchers, StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds))
+    notify(run.watchers, StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds, lrs))
     node_metrics = getattr(run.net, "metrics", None)
     if node_metrics:
         for node, values in node_metrics.items():

@@ -1,6 +1,7 @@
 """A watcher writing TensorBoard event files: loss, learning rate, throughput, metrics.
 
-Tags: ``train/loss``, ``train/lr``, ``train/examples_per_second`` per step;
+Tags: ``train/loss``, ``train/lr`` (and ``train/lr/group<i>`` for each parameter group
+after the first), ``train/examples_per_second`` per step;
 ``val/<metric>`` per evaluation (``val/loss``, ``val/acc``...); ``train/epoch`` and,
 for each remembered node, ``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cache``) at
 each epoch end; ``node/<node>/<metric>`` for metrics nodes return in ``Done`` during
@@ -86,6 +87,8 @@ class TensorBoard:
             w = self._w()
             w.add_scalar("train/loss", event.loss, event.step)
             w.add_scalar("train/lr", event.lr, event.step)
+            for i, lr in enumerate(event.lrs[1:], 1):  # parameter groups after the first
+                w.add_scalar(f"train/lr/group{i}", lr, event.step)
             if event.seconds > 0:
                 w.add_scalar(
                     "train/examples_per_second", event.examples / event.seconds, event.step

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import pickle
 import re
@@ -225,3 +226,64 @@ def test_tensorboard_warns_when_a_fresh_run_logs_into_a_directory_another_run_us
     ) as w:
         fit()
     assert w[0].filename == __file__  # the user's fit line, not a somatize file
+
+
+def test_each_parameter_groups_rate_is_reported_logged_and_written(tmp_path):
+    """Two groups (body at 0.1, head at 0.01) under a StepLR: StepEnd.lrs holds both, and
+    TensorBoard and CSVLog add the second group's beside train/lr, as LearningRateMonitor."""
+    from somatize.watchers import StepEnd
+
+    class Seen:
+        def __init__(self) -> None:
+            self.steps: list[StepEnd] = []
+
+        def on_event(self, event):
+            if isinstance(event, StepEnd):
+                self.steps.append(event)
+
+    seen = Seen()
+    torch.manual_seed(0)
+    g = Graph.somatize(Body() >> Head())
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(
+            [
+                {"params": g["body"].lin.parameters()},
+                {"params": g["head"].lin.parameters(), "lr": 0.01},
+            ],
+            lr=0.1,
+        ),
+        scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5),
+        epochs=2,
+        watchers=[seen, st.TensorBoard(tmp_path / "tb"), st.CSVLog(tmp_path / "log.csv")],
+        options=st.Options(progress=False),
+    )
+    trainer.fit(g, data())
+    want = [
+        (0.1, 0.01),
+        (0.1, 0.01),
+        (0.05, 0.005),
+        (0.05, 0.005),
+        (0.025, 0.0025),
+        (0.025, 0.0025),
+    ]
+    assert [e.lrs for e in seen.steps] == [pytest.approx(w) for w in want]
+    assert [e.lr for e in seen.steps] == pytest.approx([w[0] for w in want])
+    got = scalars(tmp_path / "tb")
+    assert [v for _, v in got["train/lr/group1"]] == pytest.approx([w[1] for w in want])
+    assert "train/lr/group0" not in got and "train/lr/group2" not in got
+    with open(tmp_path / "log.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["kind"] == "step"]
+    assert [float(r["lr/group1"]) for r in rows] == pytest.approx([w[1] for w in want])
+
+
+def test_one_parameter_group_reports_no_lrs():
+    lrs: list[tuple[float, ...]] = []
+
+    class Seen:
+        def on_event(self, event):
+            if type(event).__name__ == "StepEnd":
+                lrs.append(event.lrs)
+
+    fit([Seen()])
+    assert lrs == [()] * 6
