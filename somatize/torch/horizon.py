@@ -157,22 +157,36 @@ def check_horizon(trainer: Trainer, run: ActiveRun, train: Iterable[Any]) -> Non
             warnings.warn(f"{said}: {wrong}. {fix}", UserWarning, stacklevel=outside())
 
 
-def check_restored(run: ActiveRun, path: Path, fresh: dict[str, int], planned: int | None) -> None:
+def check_restored(
+    trainer: Trainer, run: ActiveRun, path: Path, fresh: dict[str, int], planned: int | None
+) -> None:
     """Warn when the scheduler restored from ``path`` was built for fewer steps than this
-    run plans (``planned``, or what the freshly built one was sized for: ``fresh``)."""
+    run plans (``planned``, or what the freshly built one was sized for: ``fresh``): because
+    the run is longer than the one that wrote the checkpoint, or because the scheduler
+    factory builds it that short for this run too (then the fix is the factory's)."""
     for p in parts(run.sched):
         ends = p.start + p.built
-        wanted = max(fresh.get(f"{p.where}'s {p.key}", 0), planned or 0)
+        name = f"{p.where}'s {p.key}"
+        wanted = max(fresh.get(name, 0), planned or 0)
         if ends < wanted:
             at = f" from step {p.start}" if p.start else ""
-            warnings.warn(
-                f"{p.where} restored from {path} was built for {p.key}={p.built}{at}, but this "
-                f"run plans {wanted}; the checkpoint's schedule is "
-                "kept (it may end, or raise, before the run does). Resume into a run of the "
-                "same length, or start a fresh one for the longer schedule",
-                UserWarning,
-                stacklevel=outside(),
+            said = (
+                f"{p.where} restored from {path} was built for {p.key}={p.built}{at}, but "
+                f"this run plans {wanted}"
             )
+            if fresh.get(name) == ends:  # built as short now: not the resume's doing
+                why = (
+                    "; the scheduler factory builds it so for this run too, so it ends before "
+                    "the run does, resumed or not. "
+                    + _fix(trainer, p.key, wanted - p.start, p.start)
+                )
+            else:
+                why = (
+                    "; the checkpoint's schedule is kept (it may end, or raise, before the run "
+                    "does). Resume into a run of the same length, or start a fresh one for the "
+                    "longer schedule"
+                )
+            warnings.warn(said + why, UserWarning, stacklevel=outside())
 
 
 def _how(trainer: Trainer) -> str:

@@ -181,7 +181,7 @@ def check_extension(
     if trainer.max_steps is None or s.step < trainer.max_steps:  # (at it: nothing to train)
         check_world(run, path)
         check_order(trainer, run, path, train)
-    check_restored(run, path, fresh, scheduler_steps(trainer, train, run.rank, run.world))
+    check_restored(trainer, run, path, fresh, scheduler_steps(trainer, train, run.rank, run.world))
 
 
 def check_world(run: ActiveRun, path: Path) -> None:

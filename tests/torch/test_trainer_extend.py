@@ -108,3 +108,20 @@ def test_resuming_a_run_past_this_trainers_limits_says_nothing_is_trained(tmp_pa
     ):
         again = trainer(tmp_path, 2).fit(graph(), data(), resume="last")
     assert again.steps == first.steps == 12
+
+
+def test_resuming_a_run_whose_factory_builds_a_short_scheduler_names_the_factory(tmp_path):
+    """A cosine of T_max=4 in a 6-step run: the fresh run warns; resumed at the same length,
+    the warning names the factory's sizing, not a resume into a longer run."""
+
+    def short(opt):
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4)
+
+    with pytest.warns(UserWarning, match=r"CosineAnnealingLR was built for T_max=4, but this run"):
+        trainer(tmp_path, 2, short).fit(graph(), data())
+    with pytest.warns(UserWarning) as seen:
+        trainer(tmp_path, 2, short).fit(graph(), data(), resume="last")
+    message = "\n".join(str(w.message) for w in seen)
+    assert "T_max=4, but this run plans 6; the scheduler factory builds it so" in message
+    assert "Size it in optimizer steps, T_max=6" in message
+    assert "Resume into a run of the same length" not in message
