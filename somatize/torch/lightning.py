@@ -35,8 +35,9 @@ from . import lightning_carry, lightning_state, tally
 from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
 from .first_step import batch_note
-from .lightning_history import Evaluation, Sums, compute_objects, scalar, suffix
+from .lightning_history import Evaluation, Sums, compute_objects, node_keys, scalar, suffix
 from .lightning_settings import check, configured, hyperparameters
+from .metrics import _check_clash
 from .module import GraphModule, module
 
 try:
@@ -160,6 +161,8 @@ class LightningGraph(L.LightningModule):
         return self.split(batch) if self.split is not None else split(batch)
 
     def _log_nodes(self, prefix: str, sums: Sums | None = None, **how: Any) -> None:
+        if sums is not None:  # (as st.Trainer: a metric named as a node's metric is refused)
+            _check_clash(self._metrics, node_keys(self.net.metrics), "LightningGraph")
         for node, values in self.net.metrics.items():
             for name, value in values.items():
                 v = scalar(value, f"node {node!r} metric {name!r}")

@@ -27,7 +27,20 @@ from torch import nn
 
 from .metrics import is_metric
 
-__all__ = ["Evaluation", "Sums", "compute_objects", "reset_objects", "scalar", "suffix"]
+__all__ = [
+    "Evaluation",
+    "Sums",
+    "compute_objects",
+    "node_keys",
+    "reset_objects",
+    "scalar",
+    "suffix",
+]
+
+
+def node_keys(reported: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The names ``<node>/<name>`` of the metrics nodes reported (``net.metrics``)."""
+    return [f"{node}/{name}" for node, values in reported.items() for name in values]
 
 
 def scalar(value: Any, where: str) -> torch.Tensor | float:

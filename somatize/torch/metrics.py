@@ -241,13 +241,13 @@ def _check_gatherable(objects: Mapping[str, Metric], empty: int, world: int) -> 
             )
 
 
-def _check_clash(fns: Mapping[str, Any], node_names: list[str]) -> None:
+def _check_clash(fns: Mapping[str, Any], node_names: Any, who: str = "Trainer") -> None:
     """Refuse a metric named as a node's metric ``<node>/<name>``: one value would be lost."""
     for key in node_names:
         if key in fns:
             node, _, name = key.partition("/")
             raise SettingError(
-                f"metric {key!r} of Trainer(metrics=...) has the name of the metric {name!r} "
+                f"metric {key!r} of {who}(metrics=...) has the name of the metric {name!r} "
                 f"that node {node!r} returns in Done(..., metrics=...): one would overwrite "
                 f"the other; rename the metric (e.g. {key.replace('/', '_')!r})"
             )
