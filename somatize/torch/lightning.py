@@ -31,11 +31,11 @@ from torch import nn
 
 from ..errors import SettingError, add_note, require
 from ..graph import Graph
-from . import lightning_carry, lightning_state, tally
+from . import lightning_carry, lightning_history, lightning_state, tally
 from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
 from .first_step import batch_note
-from .lightning_history import Evaluation, Sums, compute_objects, node_keys, scalar, suffix
+from .lightning_history import Evaluation, Sums, compute_objects, scalar, suffix
 from .lightning_settings import check, configured, hyperparameters
 from .metrics import _check_clash
 from .module import GraphModule, module
@@ -162,7 +162,8 @@ class LightningGraph(L.LightningModule):
 
     def _log_nodes(self, prefix: str, sums: Sums | None = None, **how: Any) -> None:
         if sums is not None:  # (as st.Trainer: a metric named as a node's metric is refused)
-            _check_clash(self._metrics, node_keys(self.net.metrics), "LightningGraph")
+            names = lightning_history.node_keys(self.net.metrics)
+            _check_clash(self._metrics, names, "LightningGraph")
         for node, values in self.net.metrics.items():
             for name, value in values.items():
                 v = scalar(value, f"node {node!r} metric {name!r}")
@@ -220,7 +221,7 @@ class LightningGraph(L.LightningModule):
             "sync_dist": True,
         }
         for name, value in values.items():
-            v = scalar(value, f"metric {name!r}")
+            v = scalar(value, f"metric {name!r}", lightning_history.metric_fix(name))
             self.log(f"{prefix}{name}", v, prog_bar=name == "loss", **how)
             sums.add(name, v, n)
         sums.examples += n

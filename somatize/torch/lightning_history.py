@@ -31,6 +31,7 @@ __all__ = [
     "Evaluation",
     "Sums",
     "compute_objects",
+    "metric_fix",
     "node_keys",
     "reset_objects",
     "scalar",
@@ -43,11 +44,22 @@ def node_keys(reported: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return [f"{node}/{name}" for node, values in reported.items() for name in values]
 
 
-def scalar(value: Any, where: str) -> torch.Tensor | float:
+NODE_FIX = "report a float or a one-element tensor in Done(..., metrics=...)"
+
+
+def metric_fix(name: str) -> str:
+    """The fix for a ``metrics=`` function that gave more than one number."""
+    return (
+        f"make metrics[{name!r}] return one number per batch (a mean over its examples), "
+        "e.g. with .mean(), or pass a torchmetrics object for a metric over the whole set"
+    )
+
+
+def scalar(value: Any, where: str, fix: str = NODE_FIX) -> torch.Tensor | float:
     """A metric as ``self.log`` takes it: a detached one-element tensor or a float.
 
     Raises:
-        TypeError: anything else, naming ``where`` it came from.
+        TypeError: anything else, naming ``where`` it came from and ``fix``.
     """
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return value.detach().reshape(())
@@ -55,8 +67,7 @@ def scalar(value: Any, where: str) -> torch.Tensor | float:
         return float(value)
     shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
     raise TypeError(
-        f"{where} is a {type(value).__name__}{shape}; Lightning logs scalars only — "
-        "report a float or a one-element tensor in Done(..., metrics=...)"
+        f"{where} is a {type(value).__name__}{shape}; Lightning logs scalars only — {fix}"
     )
 
 

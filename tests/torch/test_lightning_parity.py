@@ -58,3 +58,18 @@ def test_a_metric_named_as_a_nodes_metric_is_refused_as_the_trainer_refuses_it()
         _trainer().fit(lg, _loader(), _loader())
     with pytest.raises(SettingError, match=r"LightningGraph\(metrics=\.\.\.\)"):
         _trainer().validate(lg, _loader())
+
+
+def test_a_metric_function_giving_one_number_per_example_names_its_own_fix():
+    # it said to report a scalar in Done(..., metrics=...): a node's metrics, not this
+    lg = LightningGraph(
+        Graph.somatize(Head()),
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        metrics={"acc": lambda out, y: (out.argmax(dim=1) == y).float()},
+    )
+    with pytest.raises(TypeError, match=r"metric 'acc' is a Tensor of shape \(16,\)") as e:
+        _trainer().validate(lg, _loader())
+    assert "metrics['acc'] return one number per batch" in str(e.value)
+    assert ".mean()" in str(e.value)
+    assert "Done(" not in str(e.value)
