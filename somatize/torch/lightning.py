@@ -35,7 +35,7 @@ from . import lightning_carry, lightning_history, lightning_state, tally
 from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
 from .first_step import batch_note
-from .lightning_history import Evaluation, Sums, compute_objects, scalar, suffix
+from .lightning_history import Evaluation, Sums, scalar
 from .lightning_settings import check, configured, hyperparameters
 from .metrics import _check_clash
 from .module import GraphModule, module
@@ -326,19 +326,6 @@ class LightningGraph(L.LightningModule):
         n = len(self.trainer.num_val_batches if prefix == "val_" else self.trainer.num_test_batches)
         return list(range(n)) if n > 1 else [None]
 
-    def _compute_metric_objects(
-        self, prefix: str, evaluation: Evaluation, sets: list[int | None]
-    ) -> dict[int | None, dict[str, float]]:
-        """Each set's metric objects over the whole set, logged as ``<prefix><name>``
-        (``.../dataloader_idx_<i>`` with several loaders, as Lightning names the rest)."""
-        out = {}
-        for idx in sets:  # (every rank the same sets, in order: torchmetrics syncs in compute)
-            out[idx] = compute_objects(evaluation.of(idx)[1])
-            for name, value in out[idx].items():
-                name = f"{prefix}{name}{suffix(idx)}"
-                self.log(name, value, prog_bar=False, add_dataloader_idx=False)
-        return out
-
     def on_train_start(self) -> None:
         lightning_carry.check(self)  # st.Carry with a shuffled DataLoader or DDP: warn
 
@@ -357,7 +344,7 @@ class LightningGraph(L.LightningModule):
         lightning_carry.give_back(getattr(self, "_carried", []))
         self._carried = []
         evaluation, sets = self._evaluations.pop("val_"), self._sets("val_")
-        computed = self._compute_metric_objects("val_", evaluation, sets)
+        computed = lightning_history.log_objects(self, "val_", evaluation, sets)
         if self.trainer.sanity_checking:
             return
         reduce = self.trainer.strategy.reduce if self.trainer.world_size > 1 else None
@@ -377,7 +364,7 @@ class LightningGraph(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         evaluation = self._evaluations.pop("test_")
-        self._compute_metric_objects("test_", evaluation, self._sets("test_"))
+        lightning_history.log_objects(self, "test_", evaluation, self._sets("test_"))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["somatize"] = lightning_state.saved(self)

@@ -31,6 +31,7 @@ __all__ = [
     "Evaluation",
     "Sums",
     "compute_objects",
+    "log_objects",
     "metric_fix",
     "node_keys",
     "reset_objects",
@@ -226,4 +227,18 @@ def _copies(metrics: Mapping[str, Any], idx: int) -> dict[str, Any]:
                 f"failed ({e}); make it copyable, or validate one loader per fit"
             ) from e
         out[name].reset()
+    return out
+
+
+def log_objects(
+    lg: Any, prefix: str, evaluation: Evaluation, sets: list[int | None]
+) -> dict[int | None, dict[str, float]]:
+    """Each set's metric objects over the whole set, logged by ``lg`` (a ``LightningGraph``)
+    as ``<prefix><name>`` (``.../dataloader_idx_<i>`` with several loaders, as Lightning
+    names the rest)."""
+    out = {}
+    for idx in sets:  # (every rank the same sets, in order: torchmetrics syncs in compute)
+        out[idx] = compute_objects(evaluation.of(idx)[1])
+        for name, value in out[idx].items():
+            lg.log(f"{prefix}{name}{suffix(idx)}", value, prog_bar=False, add_dataloader_idx=False)
     return out
