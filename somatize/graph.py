@@ -39,6 +39,33 @@ if TYPE_CHECKING:
 
 __all__ = ["Graph"]
 
+#: nn.Module's methods a PyTorch user reaches for on the graph instead of st.module(g).
+_MODULE_METHODS = frozenset(
+    [
+        "parameters",
+        "named_parameters",
+        "buffers",
+        "named_buffers",
+        "modules",
+        "children",
+        "state_dict",
+        "load_state_dict",
+        "to",
+        "cuda",
+        "cpu",
+        "half",
+        "float",
+        "double",
+        "train",
+        "eval",
+        "zero_grad",
+        "requires_grad_",
+        "apply",
+        "register_forward_hook",
+        "register_buffer",
+    ]
+)
+
 Forward = Callable[[Any, Ctx], Done]
 
 
@@ -217,8 +244,31 @@ class Graph(Settings, Composable):
         return tuple(self._shape.edges)
 
     def __getitem__(self, node_id: str) -> Any:
+        if not isinstance(node_id, str):  # list(g), torch.optim.Adam(g): indexes 0, 1, ...
+            raise TypeError(
+                f"a Graph is indexed by node id (g[{next(iter(self._impls), 'enc')!r}]), "
+                f"not by {type(node_id).__name__}, and is not a sequence of parameters: "
+                "for an optimizer, pass st.parameters(g) (somatize.torch), "
+                "or st.module(g).parameters()"
+            )
         self._require(node_id)
         return self._impls[node_id]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            "a Graph is not called: g.forward(x) runs it; for tensors and training, "
+            "model = st.module(g) (somatize.torch) is the nn.Module to call, model(x)"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        # only for names the instance and class lack: nn.Module's, used on the graph itself
+        if name in _MODULE_METHODS:
+            raise AttributeError(
+                f"'Graph' object has no {name}() — a Graph is not an nn.Module; "
+                f"st.module(g) (somatize.torch) is: st.module(g).{name}(...)"
+                + (", or st.parameters(g) for an optimizer" if name == "parameters" else "")
+            )
+        raise AttributeError(f"'Graph' object has no attribute {name!r}")
 
     def __contains__(self, node_id: object) -> bool:
         return node_id in self._impls

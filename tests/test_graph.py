@@ -674,3 +674,31 @@ def test_an_entry_that_does_not_decode_is_a_miss_and_is_written_afresh() -> None
     keeper.put(out.key, b"\xff not an encoded value")  # its checksum would hold on disk
     assert g.forward(1) == 6 and CALLS["x"] == 1  # recomputed, never a wrong value
     assert g.forward(1) == 6 and CALLS["x"] == 1  # and stored whole again
+
+
+# -- a graph used as if it were an nn.Module ------------------------------------------
+
+
+def test_calling_a_graph_like_a_module_names_forward_and_module() -> None:
+    g = Graph.somatize(Add(1))
+    with pytest.raises(TypeError, match=r"g\.forward\(x\).*st\.module\(g\)"):
+        g(1)
+
+
+@pytest.mark.parametrize("name", ["parameters", "state_dict", "to", "train", "eval", "cuda"])
+def test_a_module_method_on_a_graph_names_module(name: str) -> None:
+    g = Graph.somatize(Add(1))
+    with pytest.raises(AttributeError, match=rf"no {name}\(\).*st\.module\(g\)\.{name}"):
+        getattr(g, name)
+    assert not hasattr(g, name)  # still an AttributeError: hasattr and getattr(..., None) work
+    with pytest.raises(AttributeError, match="'Graph' object has no attribute 'nope'$"):
+        g.nope  # noqa: B018 — other names keep Python's own message
+
+
+def test_iterating_a_graph_like_a_module_names_parameters() -> None:
+    # torch.optim.Adam(g) does list(g), which indexes 0, 1, ... through __getitem__
+    g = Graph.somatize(Add(1))
+    with pytest.raises(TypeError, match=r"by node id.*st\.parameters\(g\)"):
+        list(g)
+    with pytest.raises(MissingNodeError, match="no node 'nope'"):
+        g["nope"]

@@ -130,15 +130,22 @@ def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
         add_note(e, note)
 
 
-def evaluate_note(e: BaseException, trainer: Trainer) -> None:
+def evaluate_note(e: BaseException, trainer: Trainer, data: Any = None) -> None:
     """The batch rule's note (``batch_note``) on a ``TypeError``/``ValueError`` raised in
-    ``Trainer.evaluate`` on a batch it did not split, as ``fit`` adds on its first step."""
+    ``Trainer.evaluate`` (or on ``fit``'s validation) on a batch it did not split, as
+    ``fit`` adds on its first step; ``data``: what was evaluated, for ``val=(X, Y)``."""
     if trainer.split is not None or not isinstance(e, (TypeError, ValueError)):
         return
     batch = _failing_batch(e)
     if batch is None:
         return
     note = batch_note(batch, trainer.loss is not None)
+    if note and _tensor_pair(data):
+        note += (
+            "; the data evaluated is a pair (X, Y) (val=(X, Y) or evaluate(g, (X, Y))), which "
+            "is a sequence of two batches, X and Y: pass [(X, Y)] for one batch, or "
+            "DataLoader(TensorDataset(X, Y), batch_size=32)"
+        )
     if note:
         add_note(e, note)
 
@@ -245,12 +252,16 @@ def _dict_fix(batch: Mapping[Any, Any], owner: str) -> str:
     )
 
 
+def _tensor_pair(data: Any) -> bool:
+    return (
+        isinstance(data, (tuple, list))
+        and len(data) == 2
+        and all(isinstance(t, torch.Tensor) for t in data)
+    )
+
+
 def _train_hint(train: Any) -> str:
-    if (
-        isinstance(train, (tuple, list))
-        and len(train) == 2
-        and all(isinstance(t, torch.Tensor) for t in train)
-    ):
+    if _tensor_pair(train):
         return (
             "; fit() was given a pair (X, Y), which is a sequence of two batches, X and Y: "
             "pass [(X, Y)] for one batch, or DataLoader(TensorDataset(X, Y), batch_size=32)"

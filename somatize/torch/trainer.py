@@ -351,7 +351,7 @@ class Trainer:
                 limit=limit,
             )
         except (TypeError, ValueError) as e:
-            evaluate_note(e, self)  # the batch rule, as fit() explains it (first_step.py)
+            evaluate_note(e, self, data)  # the batch rule, as fit() explains it (first_step.py)
             raise
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -167,6 +169,37 @@ def test_a_metric_function_giving_a_string_is_named():
     trainer = st.Trainer(loss=F.cross_entropy, metrics={"acc": lambda out, y: "high"})
     with pytest.raises(TypeError, match=r"metric 'acc' gave 'high' \(str\), not a number"):
         trainer.evaluate(Graph.somatize(Linear()), data())
+
+
+def _notes(e: pytest.ExceptionInfo) -> str:
+    return "\n".join(getattr(e.value, "__notes__", ()))
+
+
+def test_a_metric_function_of_the_wrong_shape_is_named_with_how_it_is_called():
+    # a newcomer's metric of the output alone: Python only says "takes 1 positional argument"
+    trainer = st.Trainer(loss=F.cross_entropy, metrics={"mean": lambda out: out.mean()})
+    with pytest.raises(TypeError, match="positional argument") as e:
+        trainer.evaluate(Graph.somatize(Linear()), data())
+    assert re.search(
+        r"raised in metric 'mean', called as fn\(output, target\) with output float32 "
+        r"\(8, 2\), target int64 \(8,\)",
+        _notes(e),
+    )
+
+
+def test_a_validation_pair_of_tensors_is_named_as_two_batches():
+    # val=(X, Y) is a sequence of two batches, X and Y — as fit((X, Y)) is
+    x, y = data()[0]
+    trainer = st.Trainer(loss=F.cross_entropy, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    with pytest.raises(TypeError) as e:
+        trainer.fit(Graph.somatize(Linear()), data(), val=(x, y))
+    hint = (
+        r"a pair \(X, Y\) \(val=\(X, Y\) or evaluate\(g, \(X, Y\)\)\), which is a sequence of two"
+    )
+    assert re.search(hint, _notes(e))
+    with pytest.raises(TypeError) as e:
+        trainer.evaluate(Graph.somatize(Linear()), (x, y))
+    assert re.search(hint, _notes(e))
 
 
 def test_a_metric_named_as_a_node_metric_is_refused_not_overwritten():
