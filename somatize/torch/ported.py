@@ -5,7 +5,9 @@ docs/trainer.md's "Coming from Lightning" table that a port writes first."""
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -87,8 +89,19 @@ def ported(owner: str) -> Callable[[F], F]:
                 found = _UNEXPECTED.search(str(e))
                 if found and found[1] in names and found[1] in kwargs:
                     add_note(e, f"{found[1]} is Lightning's; here: {names[found[1]]}")
+                elif found and found[1] in kwargs:
+                    close(e, found[1], fn)
                 raise
 
         return cast(F, call)
 
     return decorate
+
+
+def close(e: TypeError, given: str, fn: Callable[..., Any]) -> None:
+    """A note on ``e`` naming the keywords of ``fn`` closest to the misspelt ``given``
+    (``epoch`` → ``epochs``), when there are any."""
+    params = [p for p in inspect.signature(fn).parameters if p not in ("self", "cls")]
+    near = difflib.get_close_matches(given, params, n=2, cutoff=0.6)
+    if near:
+        add_note(e, f"did you mean {' or '.join(map(repr, near))}?")

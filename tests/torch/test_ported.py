@@ -61,5 +61,30 @@ def test_fit_and_the_lightning_methods_say_what_to_call():
 def test_a_keyword_that_is_ours_is_not_explained_and_every_row_names_an_owner():
     with pytest.raises(TypeError) as e:
         st.Trainer(optimizer=sgd, epochz=3)
-    assert not notes(e)
+    assert notes(e) == "did you mean 'epochs'?"  # (a misspelling: no Lightning note)
     assert set(LIGHTNING) == {"Trainer", "Options", "Checkpointing", "fit"}
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda: st.Trainer(optimizer=sgd, epoch=3), "did you mean 'epochs'?"),
+        (lambda: st.Options(devic="cpu"), "did you mean 'device'?"),
+        (lambda: st.Options(acumulate=2), "did you mean 'accumulate'?"),
+        (lambda: st.Checkpointing("ck", every_step=2), "did you mean 'every_steps'?"),
+    ],
+)
+def test_a_misspelt_keyword_gets_the_closest_ones(make, said):
+    with pytest.raises(TypeError, match="unexpected keyword argument") as e:
+        make()
+    assert said in notes(e), notes(e)
+
+
+def test_a_misspelt_fit_keyword_gets_the_closest_and_a_far_one_nothing():
+    t = st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=st.Options(progress=False))
+    with pytest.raises(TypeError) as e:
+        t.fit(make_graph(), batches(2), resum="last")
+    assert "did you mean 'resume'?" in notes(e)
+    with pytest.raises(TypeError) as e:
+        st.Trainer(optimizer=sgd, zzzzzz=1)
+    assert notes(e) == ""
