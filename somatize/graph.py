@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import not_a_module
 from .bulk import paused_gc
 from .catalog import Catalog
 from .codecs import Codec, check_codecs
@@ -38,33 +39,6 @@ if TYPE_CHECKING:
     from .watchers import Watcher
 
 __all__ = ["Graph"]
-
-#: nn.Module's methods a PyTorch user reaches for on the graph instead of st.module(g).
-_MODULE_METHODS = frozenset(
-    [
-        "parameters",
-        "named_parameters",
-        "buffers",
-        "named_buffers",
-        "modules",
-        "children",
-        "state_dict",
-        "load_state_dict",
-        "to",
-        "cuda",
-        "cpu",
-        "half",
-        "float",
-        "double",
-        "train",
-        "eval",
-        "zero_grad",
-        "requires_grad_",
-        "apply",
-        "register_forward_hook",
-        "register_buffer",
-    ]
-)
 
 Forward = Callable[[Any, Ctx], Done]
 
@@ -254,21 +228,9 @@ class Graph(Settings, Composable):
         self._require(node_id)
         return self._impls[node_id]
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(
-            "a Graph is not called: g.forward(x) runs it; for tensors and training, "
-            "model = st.module(g) (somatize.torch) is the nn.Module to call, model(x)"
-        )
-
-    def __getattr__(self, name: str) -> Any:
-        # only for names the instance and class lack: nn.Module's, used on the graph itself
-        if name in _MODULE_METHODS:
-            raise AttributeError(
-                f"'Graph' object has no {name}() — a Graph is not an nn.Module; "
-                f"st.module(g) (somatize.torch) is: st.module(g).{name}(...)"
-                + (", or st.parameters(g) for an optimizer" if name == "parameters" else "")
-            )
-        raise AttributeError(f"'Graph' object has no attribute {name!r}")
+    # a Graph used as the nn.Module it is not (g(x), g.parameters()): errors naming the fix
+    __call__ = not_a_module.called
+    __getattr__ = not_a_module.missing
 
     def __contains__(self, node_id: object) -> bool:
         return node_id in self._impls
