@@ -19,7 +19,7 @@ __all__ = ["ctx_reads", "warn_changed_itself", "warn_ctx_reads", "wrote_input"]
 # not change its output's content).
 _UNKEYED = frozenset({"get", "values", "run", "run_id", "step", "training"})
 _ctx_reads: dict[type, frozenset[str]] = {}
-_ctx_warned: set[tuple[str, type]] = set()
+_said: set[tuple[Any, ...]] = set()  # (what, node id, class) warned about
 
 
 def ctx_reads(cls: type) -> frozenset[str]:
@@ -61,57 +61,49 @@ def warn_ctx_reads(label: str, impl: Any, training: bool) -> None:
         return
     if not training:
         reads = reads - {"training"}
-    if not reads or (label, cls) in _ctx_warned:
+    if not reads or ("ctx", label, cls) in _said:
         return
-    _ctx_warned.add((label, cls))
     which = ", ".join(f"ctx.{r}" for r in sorted(reads))
-    warnings.warn(
+    _once(
+        ("ctx", label, cls),
         f"node {label!r} ({cls.__qualname__}) is cached or feeds a cached node, and its "
         f"forward reads {which}: what ctx carries (injected values, the step, the training "
         "flag) enters no key, so an output computed under one value would be served under "
         "another. Pass such a value as a constructor argument or in the graph input, or "
         "stop caching it",
-        UserWarning,
-        stacklevel=outside(),
     )
-
-
-_changed_warned: set[tuple[str, str]] = set()
 
 
 def warn_changed_itself(label: str, impl: Any) -> None:
     """Say once per node that a remembered node (cached whole or per example) changed its
     own state while it ran."""
     cls = type(impl.inner if isinstance(impl, Mapped) else impl).__qualname__
-    if (label, cls) in _changed_warned:
-        return
-    _changed_warned.add((label, cls))
-    warnings.warn(
+    _once(
+        ("changed", label, cls),
         f"node {label!r} ({cls}) is cached but changed its own state while it ran (an "
         "attribute assigned or mutated in forward): its key includes its state, so the entry "
         "just stored is keyed by the state it had before the call, and a node that changes "
         "itself on every call (a counter) never hits. Set such attributes up in __init__, "
         "report counts with Done(value, metrics=...) instead, or stop caching the node",
-        UserWarning,
-        stacklevel=outside(),
     )
-
-
-_wrote_warned: set[tuple[str, str]] = set()
 
 
 def wrote_input(label: str, impl: Any) -> None:
     """Say once per node that a node cached per example wrote into its input in place."""
     cls = type(impl).__qualname__
-    if (label, cls) in _wrote_warned:
-        return
-    _wrote_warned.add((label, cls))
-    warnings.warn(
+    _once(
+        ("wrote", label, cls),
         f"node {label!r} ({cls}) is cached per example but wrote into its input in place "
         "(x.div_(255), a transform with inplace=True): its rows were keyed before the write, "
         "and on a hit it does not run, so whatever else reads that input (another node, "
         "your loop) sees it written on a miss and unwritten on a hit. Compute out of place "
         "(x = x / 255), or clone the input first (x = x.clone())",
-        UserWarning,
-        stacklevel=outside(),
     )
+
+
+def _once(key: tuple[Any, ...], message: str) -> None:
+    """Warn ``message`` once per process for ``key`` (what, node id, class), at the user's line."""
+    if key in _said:
+        return
+    _said.add(key)
+    warnings.warn(message, UserWarning, stacklevel=outside())
