@@ -48,7 +48,8 @@ class TrainResult:
         cache: what the graph's remembered nodes found during the training steps (not
             the evaluations), by node: ``{"enc": {"hits": 9000, "misses": 1000}}`` —
             rows for a node cached per example, items for a cached ``.mapped()`` node,
-            calls for a node cached whole. Empty when the graph remembers nothing.
+            calls for a node cached whole; under DDP, over every rank's share. Empty when
+            the graph remembers nothing.
         val_examples: the examples each validation set's last evaluation averaged over
             (over all ranks), by the prefix of that set's metrics — ``{"val_": 200}``, or
             ``{"val_clean_": 100, "val_noisy_": 100}`` for ``val={"clean": ..., "noisy":

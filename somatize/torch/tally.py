@@ -22,7 +22,8 @@ from typing import Any
 from ..stack import outside
 from ..watchers import CacheHit, CacheMiss, CacheRows, Event
 
-__all__ = ["CacheTally", "Counts", "resumed", "state"]
+__all__ = ["CacheTally", "Counts", "over_ranks", "resumed", "state"]
+
 
 Counts = dict[str, dict[str, int]]  # node -> {"hits": ..., "misses": ...}
 
@@ -204,3 +205,20 @@ def resumed(saved: Any, rank: int, world: int) -> Mapping[str, Any] | None:
 def totals(tally: CacheTally | None) -> Mapping[str, dict[str, int]]:
     """The fit's counts, for ``TrainResult.cache`` (empty without a tally)."""
     return {node: dict(c) for node, c in tally.total.items()} if tally is not None else {}
+
+
+def over_ranks(counts: Mapping[str, dict[str, int]], world: int) -> Mapping[str, dict[str, int]]:
+    """``counts`` summed over every rank's, on every rank (under DDP each rank counts its own
+    share of the batches): ``TrainResult.cache`` is the run's, as ``num_examples`` is.
+    Collective: every rank calls it."""
+    if world <= 1:
+        return counts
+    from . import ddp
+
+    out: dict[str, dict[str, int]] = {}
+    for mine in ddp.gather({node: dict(c) for node, c in counts.items()}):
+        for node, c in mine.items():
+            summed = out.setdefault(node, {})
+            for k, v in c.items():
+                summed[k] = summed.get(k, 0) + v
+    return out

@@ -265,7 +265,7 @@ class Trainer:
             skipped=s.skipped,
             seconds=seconds,
             seed=self.seed,
-            cache=tally.totals(run.tally),
+            cache=tally.over_ranks(tally.totals(run.tally), world),
             timed_out=run.timed_out,
             val_examples=dict(s.val_examples),
         )

@@ -82,3 +82,12 @@ def test_a_model_the_caller_wrapped_in_ddp_trains_as_the_model_it_wraps(ranks):
         for name, value in g["normed"]["state"].items():
             torch.testing.assert_close(g["wrapped"]["state"][name], value)
         assert g["wrapped"]["metrics"] == g["normed"]["metrics"]
+
+
+@pytest.mark.slow
+def test_the_cache_counts_are_the_runs_over_every_ranks_share(ranks):
+    # each rank counted its own share only (16 of the 32 examples an epoch)
+    _, got = ranks
+    for g in got:
+        assert g["cache"]["examples"] == 32  # an epoch, over both ranks
+        assert g["cache"]["cache"] == {"enc": {"hits": 32, "misses": 32}}

@@ -7,7 +7,8 @@ the environment), launched by ``tests/torch/test_ddp_models.py`` as
 Each rank writes OUT_DIR/models-rank<R>.pt: the planned steps; the notes of the error a
 model with a parameter no loss reaches fails with by default; the losses and weights it
 trains to with ``Options(find_unused_parameters=True)``; a BatchNorm model's weights and
-validation metrics, as a graph and as a module the script wrapped in DDP itself.
+validation metrics, as a graph and as a module the script wrapped in DDP itself; the cache
+counts of a frozen encoder cached per example (each rank its own keeper).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import somatize.torch as st
-from somatize import Done, Graph, Node, Opaque
+from somatize import Done, Graph, MemoryKeeper, Node, Opaque
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddp_train import data
@@ -45,6 +46,28 @@ class Normed(Node):
 
     def forward(self, x, ctx):
         return Done(Opaque(self.net(x)))
+
+
+class Encoder(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+class Head(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x)))
+
+
+def cached() -> Graph:
+    torch.manual_seed(0)
+    g = Graph.somatize(Encoder().with_id("enc") >> Head().with_id("head"), keeper=MemoryKeeper())
+    return g.freeze("enc").cache("enc", per="example")
 
 
 def unused() -> Graph:
@@ -88,6 +111,8 @@ def main() -> None:
     wrapped = DistributedDataParallel(st.module(normed()))  # as a hand-written loop has it
     fitted = trainer().fit(wrapped, train, val=val)
     got["wrapped"] = {"metrics": fitted.metrics, "state": dict(fitted.state)}
+    fitted = trainer().fit(cached(), train)
+    got["cache"] = {"cache": fitted.cache, "examples": fitted.num_examples}
     torch.save(got, out / f"models-rank{rank}.pt")
     dist.destroy_process_group()
 
