@@ -154,9 +154,16 @@ class GraphModule(nn.Module):
         do — not every forward, which sees only graph changes. (Private: a public method's
         name could not be a node id holding modules.)"""
         _forget_digests(self.graph)
-        if self.graph._stamp() != self._synced or _signature(self.graph) != self._holds:
+        if self._changed(holdings=True):
             self._sync()
         return self
+
+    def _changed(self, holdings: bool) -> bool:
+        """Whether the graph changed since the last sync (a stamp compared), or, with
+        ``holdings``, what its nodes hold did (a walk)."""
+        return self.graph._stamp() != self._synced or (
+            holdings and _signature(self.graph) != self._holds
+        )
 
     def _fresh(self, holdings: bool = False) -> None:
         """Register the modules again if the graph changed since they were (a node added,
@@ -167,9 +174,7 @@ class GraphModule(nn.Module):
         load_state_dict, train/eval — so they reach it (the per-step ones do not look)."""
         if _is_compiling() or vars(self).get("_in_sync", False):
             return
-        if self.graph._stamp() != self._synced or (
-            holdings and _signature(self.graph) != self._holds
-        ):
+        if self._changed(holdings):
             self._sync()
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
