@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.nn import functional as F
 
 import somatize.torch as st
@@ -55,8 +56,6 @@ def main() -> None:
     if "--held" in sys.argv:
         import datetime
 
-        import torch.distributed as dist
-
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=4))
         if rank == 0:
             hold(remembered, float(sys.argv[sys.argv.index("--held") + 1]))
@@ -67,6 +66,8 @@ def main() -> None:
         {"recalled": result.recalled, "losses": result.losses, "state": dict(result.state)},
         out / f"remember-rank{rank}-{job}.pt",
     )
+    if "--held" in sys.argv:  # the script's own group: it destroys it, as torch asks
+        dist.destroy_process_group()  # (left to exit, gloo aborted about one job in eight)
 
 
 if __name__ == "__main__":
