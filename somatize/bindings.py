@@ -8,8 +8,11 @@ for the class and each user helper its code reaches, the names it reads that cou
 its output — the user's own code, data, tensors and modules, not library code — with the
 object each is bound to and, for what a codec fingerprints, that fingerprint. ``still``
 checks them at every key: a dict lookup per name (a walk, not a hash, for a module, as
-for a node's own weights). A list or dict mutated in place is not seen: its content was
-read when the class was first keyed.
+for a node's own weights). A list, dict or set of plain values (numbers, strings, bytes,
+None, and lists, tuples, dicts and sets of them: ``CFG = {"scale": 2.0}``), up to
+``CONTENT_LIMIT`` values in all, is also compared with a copy of its content, so that
+``CFG["scale"] = 3.0`` is seen as ``CFG = {...}`` is. One holding other objects, or
+more values, is read once, when the class is first keyed: rebind it to change it.
 """
 
 from __future__ import annotations
@@ -25,14 +28,49 @@ from .source_code import functions
 if TYPE_CHECKING:
     from .codecs import Codec
 
-__all__ = ["Watched", "still", "watch"]
+__all__ = ["CONTENT_LIMIT", "Watched", "still", "watch"]
 
 _MISSING = object()
+CONTENT_LIMIT = 10_000  # plain values a watched container may hold to be compared by content
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_MUTABLE = (list, dict, set, bytearray)
 _LIBRARY = (types.ModuleType, types.BuiltinFunctionType, types.FunctionType, type)
 
 # (where the name lives — a module's globals or a closure cell —, its first name, the
-# attributes after it, the object it was bound to, the codec and fingerprint then or None)
-Watched = list[tuple[Any, str, tuple[str, ...], Any, Any, str | None]]
+# attributes after it, the object it was bound to, the codec and fingerprint then or None,
+# a copy of its content then — a container of plain values — or _MISSING)
+Watched = list[tuple[Any, str, tuple[str, ...], Any, Any, str | None, Any]]
+
+
+def _content(obj: Any) -> Any:
+    """A copy of a container of plain values, as ``==`` compares it, or ``_MISSING`` where
+    ``obj`` is not one (or holds more than ``CONTENT_LIMIT`` values). Immutable values are
+    kept as they are: only the containers are new."""
+    if not isinstance(obj, _MUTABLE):
+        return _MISSING
+    budget = [CONTENT_LIMIT]
+
+    def copy(o: Any) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise OverflowError
+        t = type(o)
+        if t in _SCALARS:
+            return o
+        if t is list or t is tuple:
+            return t(copy(v) for v in o)
+        if t is dict:
+            return {copy(k): copy(v) for k, v in o.items()}
+        if t is set or t is frozenset:
+            return t(copy(v) for v in o)
+        if t is bytearray:
+            return bytes(o)
+        raise TypeError
+
+    try:
+        return copy(obj)
+    except (OverflowError, TypeError):
+        return _MISSING
 
 
 def _scope(obj: Any, name: str) -> Any:
@@ -57,13 +95,15 @@ def watch(obj: Any, codecs: Sequence[Codec]) -> Watched:
             first, *rest = dotted.split(".")
             fp = next(((c, f) for c in codecs if (f := c.fingerprint(target)) is not None), None)
             codec, seen = fp if fp is not None else (None, None)
-            out.append((_scope(user, first), first, tuple(rest), target, codec, seen))
+            content = _content(target) if codec is None else _MISSING
+            out.append((_scope(user, first), first, tuple(rest), target, codec, seen, content))
     return out
 
 
 def still(watched: Watched) -> bool:
-    """Whether every watched name is bound as it was, to what fingerprints as it did."""
-    for where, first, rest, target, codec, seen in watched:
+    """Whether every watched name is bound as it was, to what fingerprints as it did, and
+    holds what it held (a container of plain values)."""
+    for where, first, rest, target, codec, seen, content in watched:
         if type(where) is dict:
             now = where.get(first, _MISSING)
         else:
@@ -74,5 +114,7 @@ def still(watched: Watched) -> bool:
         for attr in rest:
             now = getattr(now, attr, _MISSING)
         if now is not target or (codec is not None and codec.fingerprint(target) != seen):
+            return False
+        if content is not _MISSING and now != content:  # (bytearray == bytes by content)
             return False
     return True

@@ -12,6 +12,7 @@ import pytest
 from somatize import Done, Graph, MemoryKeeper, Node
 
 FACTOR = 2
+CFG = {"scale": 2.0, "shift": [0.0, 1.0], "tags": {"a"}}
 
 
 def bump(x):
@@ -104,3 +105,41 @@ def test_a_global_tensor_written_in_place_or_a_global_module_loaded_anew_is_seen
         assert torch.equal(g.forward(x), expected)
     finally:
         del me.SHIFT, me.NET
+
+
+class Configured(Node):
+    def forward(self, x, ctx):
+        return Done(x * CFG["scale"] + CFG["shift"][1] + len(CFG["tags"]))
+
+
+def test_a_global_dict_or_list_of_plain_values_changed_in_place_is_seen():
+    # a notebook's CFG["scale"] = 3.0 kept serving the entry of scale 2.0: the dict is
+    # bound as it was, and its content was read only when the class was first keyed
+    saved = {"scale": CFG["scale"], "shift": list(CFG["shift"]), "tags": set(CFG["tags"])}
+    g = Graph(keeper=MemoryKeeper()).node("c", Configured()).cache("c")
+    assert g.forward(3) == 8.0
+    try:
+        CFG["scale"] = 10.0
+        assert g.forward(3) == 32.0
+        CFG["shift"][1] = 5.0  # a list inside the dict
+        assert g.forward(3) == 36.0
+        CFG["tags"].add("b")  # a set inside it
+        assert g.forward(3) == 37.0
+    finally:
+        CFG.clear()
+        CFG.update(saved)
+    assert g.forward(3) == 8.0  # as it was: the first entry's key again
+
+
+def test_a_global_container_holding_other_objects_is_read_once():
+    from somatize import bindings
+
+    assert bindings._content([1, "a", (2.5, None), {"k": b"v"}]) == [
+        1,
+        "a",
+        (2.5, None),
+        {"k": b"v"},
+    ]
+    assert bindings._content([object()]) is bindings._MISSING  # (rebind it to change it)
+    assert bindings._content(list(range(bindings.CONTENT_LIMIT + 1))) is bindings._MISSING
+    assert bindings._content((1, 2)) is bindings._MISSING  # immutable: nothing to compare
