@@ -110,6 +110,9 @@ def _describe(
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)):
         name = getattr(obj, "__qualname__", None) or obj.__name__
         return f"lib:{getattr(obj, '__module__', '') or ''}.{name}"
+    named = _library_function(obj)
+    if named is not None:  # numpy's ufuncs and dispatchers, Cython functions: by name too
+        return "lib:" + named
     if is_data(obj):
         return "data:" + digest(obj)
     if codecs and is_data(obj, codecs):  # a global tensor or array (normalising constants)
@@ -172,6 +175,40 @@ def _describe_object(
         blind.append(f" (a {t.__qualname__})")
         return "obj:" + t.__qualname__
     return f"{t.__qualname__}:" + blake3("\0".join(parts).encode()).hexdigest()
+
+
+_DESCRIPTORS = (
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.ClassMethodDescriptorType,
+)
+
+
+def _library_function(obj: Any) -> str | None:
+    """``module.name`` of a library function that is not a Python one — a numpy ufunc or
+    array-function dispatcher (``np.add``, ``np.dot``), a Cython function
+    (``np.random.default_rng``), a builtin type's method (``str.lower``) — found under
+    that name in its library module, as a library's Python function is known by its name;
+    None for anything else (a library object's instance, even a callable one, has state).
+    """
+    if isinstance(obj, _DESCRIPTORS):
+        owner = obj.__objclass__
+        if _is_user_module(sys.modules.get(owner.__module__)):
+            return None
+        return f"{owner.__module__}.{obj.__qualname__}"
+    if not callable(obj):
+        return None
+    module_name = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if not isinstance(module_name, str) or not isinstance(name, str):
+        return None
+    module = sys.modules.get(module_name)
+    if module is None or _is_user_module(module):
+        return None
+    found: Any = module
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    return f"{module_name}.{name}" if found is obj else None
 
 
 def _has_attributes(obj: Any) -> bool:

@@ -99,3 +99,35 @@ def test_a_global_the_key_cannot_see_is_warned_about_once_naming_class_and_globa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         node_key(mod.Enc())  # once per process
+
+
+def test_a_library_function_that_is_not_python_code_enters_by_name_without_a_warning(
+    user_module: Writer,
+) -> None:
+    # np.dot (a dispatcher), np.exp (a ufunc), np.random.default_rng (Cython) and
+    # str.lower (a method descriptor) each warned "enters its key by type alone", for
+    # every node using numpy; they are library code, known by their names
+    pytest.importorskip("numpy")
+    source = """
+        import numpy as np
+        from somatize import Node, Done
+        class Enc(Node):
+            def __init__(self):
+                self.w = np.random.default_rng(0).standard_normal(3)
+            def forward(self, x, ctx):
+                return Done(str.lower(x[0]) + str(np.exp(np.dot(self.w, x[1]))))
+        """
+    mod = user_module("glob_numpy", source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        key = node_key(mod.Enc())
+    assert key == node_key(mod.Enc())
+    import numpy as np
+
+    from somatize.identity import _describe
+
+    assert [_describe(f, {}) for f in (np.exp, np.log, str.lower)] == [
+        "lib:numpy.exp",
+        "lib:numpy.log",
+        "lib:builtins.str.lower",
+    ]
