@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import struct
 import sys
+import warnings
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -30,6 +31,7 @@ from blake3 import blake3
 from torch import nn
 
 from ..errors import ValueConversionError
+from ..stack import outside
 from ..values import decode as decode_data
 from ..values import encode as encode_data
 from .fingerprints import module_fingerprint
@@ -237,13 +239,67 @@ class NdarrayCodec:
         arr = np.frombuffer(payload[8 + n :], dtype=np.dtype(dtype)).reshape(shape).copy()
         return arr[()] if scalar else arr
 
+    def __init__(self) -> None:
+        # id -> (weak reference, layout, digest) of read-only arrays: hashed once
+        self._memo: dict[int, tuple[Any, tuple[Any, ...], str]] = {}
+        self._warned: set[int] = set()
+        self.hashed = 0  # arrays hashed (a count tests read)
+
     def fingerprint(self, obj: Any) -> str | None:
+        """The digest of an array's dtype, shape and bytes. numpy keeps no record of writes,
+        so a writeable array is hashed at every call (a global a node reads: at every key);
+        a read-only one (``arr.setflags(write=False)``, down to the memory it views) is
+        hashed once. A writeable array of ``_LARGE`` bytes or more warns, once."""
         if not self.accepts(obj):
             return None
+        frozen = _read_only(obj)
+        if frozen:
+            seen = (obj.__array_interface__["data"][0], obj.dtype, obj.shape, obj.strides)
+            memo = self._memo.get(id(obj))
+            if memo is not None and memo[0]() is obj and memo[1] == seen:
+                return memo[2]
+        elif obj.nbytes >= _LARGE and id(obj) not in self._warned:
+            self._warned.add(id(obj))
+            warnings.warn(
+                f"a writeable numpy array ({obj.dtype}, shape {obj.shape}, "
+                f"{obj.nbytes / 2**20:.0f} MiB) is part of a node's key: numpy keeps no "
+                "record of writes, so it is hashed anew at every key. Mark it read-only "
+                "(arr.setflags(write=False): hashed once) or hold it as a torch tensor "
+                "(torch.tensor(arr): a copy, its writes tracked by its version counter)",
+                RuntimeWarning,
+                stacklevel=outside(),
+            )
         h = blake3()
         for chunk in self.chunks(obj):
             h.update(chunk)
-        return h.hexdigest()
+        result = h.hexdigest()
+        self.hashed += 1
+        if frozen:
+            if len(self._memo) > 1024:  # forget arrays that no longer exist
+                self._memo = {k: v for k, v in self._memo.items() if v[0]() is not None}
+            self._memo[id(obj)] = (weakref.ref(obj), seen, result)
+        return result
+
+
+_LARGE = 8 << 20  # bytes: a writeable array this large hashed at every key warns
+
+
+def _read_only(arr: Any) -> bool:
+    """Whether no write through numpy can reach ``arr``'s memory: it and every array it
+    views are read-only, down to memory an array owns or ``bytes`` (not a memory map or
+    another object's buffer, which can be written elsewhere)."""
+    import numpy as np
+
+    if not isinstance(arr, np.ndarray):
+        return False  # (a numpy scalar: small, hashed as it is)
+    while not arr.flags.writeable:
+        base = arr.base
+        if base is None or type(base) is bytes:
+            return True
+        if not isinstance(base, np.ndarray):
+            return False
+        arr = base
+    return False
 
 
 def default_codecs() -> tuple[TensorCodec, NdarrayCodec]:
