@@ -178,11 +178,15 @@ class Explanation(tuple[Why, ...]):
 
 
 def _context(context: list[Any] | None) -> str:
-    """A context as read (torch's: ((device type, autocast dtype), ...))."""
+    """A context as read (torch's: ((device type, autocast dtype), ..., ("default dtype",
+    dtype), ("float32 matmul", precision))): "autocast cpu torch.bfloat16, ..."."""
     if context is None:
         return "off"
     pairs = [p for c in context for p in (c if isinstance(c, tuple) else (c,))]
-    return ", ".join(" ".join(map(str, p)) if isinstance(p, tuple) else str(p) for p in pairs)
+    said = [" ".join(map(str, p)) if isinstance(p, tuple) else str(p) for p in pairs]
+    if said and not said[0].startswith(("default dtype", "float32 matmul")):
+        said[0] = "autocast " + said[0]
+    return ", ".join(said)
 
 
 def _state(record: dict[str, Any], impl: Any, keys: NodeKeys | None) -> list[str]:
@@ -191,7 +195,7 @@ def _state(record: dict[str, Any], impl: Any, keys: NodeKeys | None) -> list[str
     if keys is None or "context" not in record or record["context"] == keys.context():
         return weights
     before = record["context"]
-    context = [f"context (autocast {_context(keys.context())}, was {_context(before)})"]
+    context = [f"context ({_context(keys.context())}, was {_context(before)})"]
     inner = impl.inner if isinstance(impl, Mapped) else impl  # what keys its rows
     try:  # the state it has now, under the context it had then
         same = keys.under(before).parts(inner)[2] == record["state"]

@@ -91,16 +91,19 @@ class TensorCodec:
 
     def context(self) -> tuple[tuple[str, str], ...] | None:
         """What a node's output depends on besides its state and inputs: the autocast
-        dtype of each device type where autocast is on (None where it is off everywhere,
-        so keys made without autocast do not change)."""
-        if _any_autocast is not None and not _any_autocast():  # (the common case: 0.1 µs)
-            return None
+        dtype of each device type where autocast is on, the default dtype where it is not
+        float32 (what ``torch.arange(3.0)`` in a node makes), and the float32 matmul
+        precision where it is not "highest" (TF32 or bfloat16 passes). None where all are
+        as torch starts, so keys made under the defaults do not change."""
+        numerics = _numerics()
+        if _any_autocast is not None and not _any_autocast():  # (the common case)
+            return numerics
         on = tuple(
             (device, str(torch.get_autocast_dtype(device)))
             for device in _AUTOCAST_DEVICES
             if torch.is_autocast_enabled(device)
         )
-        return on or None
+        return (on + (numerics or ())) or None
 
     @property
     def rows(self) -> Any:
@@ -193,6 +196,17 @@ _NAMED = (torch.dtype, torch.device, torch.layout, torch.memory_format)  # enter
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _numerics() -> tuple[tuple[str, str], ...] | None:
+    """The default dtype and float32 matmul precision where they are not torch's defaults."""
+    dtype, matmul = torch.get_default_dtype(), torch.get_float32_matmul_precision()
+    if dtype is torch.float32 and matmul == "highest":
+        return None
+    out = () if dtype is torch.float32 else (("default dtype", str(dtype)),)
+    return out + (() if matmul == "highest" else (("float32 matmul", matmul),))
+
+
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)  # (private: may go away)
 
 
