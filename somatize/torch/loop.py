@@ -70,6 +70,7 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     budget = seconds_of(trainer.options.max_time)
     run.deadline = run.clock.deadline(budget)
     run.timed_out = spent_before(run.clock, budget)  # (the clock is read after each step)
+    first = s.step
     while s.epoch < epochs and not s.pruned and s.step < max_steps and not run.timed_out:
         batches = _batches(trainer, run, data)
         # carried state starts afresh each epoch, or as a mid-epoch checkpoint left it
@@ -106,6 +107,19 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                 save(trainer, run)
             continue
         break
+    if run.timed_out and s.position and s.step > first and val is not None:
+        _evaluate_at_time_out(trainer, run)
+
+
+def _evaluate_at_time_out(trainer: Trainer, run: ActiveRun) -> None:
+    """Out of time mid-epoch, in an epoch whose end (or a step of which) evaluates: the
+    model trained so far is evaluated once more, as Lightning's ``Timer`` asks for a
+    validation when it stops a run (not at ``max_steps``, as Lightning neither)."""
+    s, o = run.state, trainer.options
+    if s.metrics and s.metrics[-1]["step"] == s.step:  # (evaluated at this very step)
+        return
+    if o.eval_every_steps is not None or evaluates_at_epoch_end(o, s.epoch):
+        evaluate_into(trainer, run)
 
 
 def _over_ranks(trainer: Trainer, run: ActiveRun, examples: int) -> int:

@@ -4,8 +4,9 @@ The time counts from the start of a fresh run's training and goes on across resu
 every checkpoint holds the seconds trained so far (``payload["elapsed"]``), so a run killed
 and resumed stops where one uninterrupted run would have, near the same total. It is
 checked after each optimizer step, so a fresh run takes at least one step however small
-its budget; once it is spent, the run stops there, as at ``max_steps`` — the last
-checkpoint is written (with ``checkpoint=``), ``fit`` returns with
+its budget; once it is spent, the run stops there, as at ``max_steps`` — stopped
+mid-epoch, it evaluates once more where the epoch's end would have (``loop.py``), the
+last checkpoint is written (with ``checkpoint=``), ``fit`` returns with
 ``TrainResult.timed_out`` True, and ``fit(resume="last")`` with a larger budget goes on
 bitwise from there; with the same budget it takes no step. Under DDP, ranks stop
 together: a rank whose clock says the time is spent stops them all at that step (one

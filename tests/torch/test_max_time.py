@@ -130,3 +130,34 @@ def test_the_epoch_that_spends_it_at_its_last_step_still_ends_and_evaluates():
 def test_a_budget_that_is_not_a_positive_duration_is_refused_naming_the_forms(bad):
     with pytest.raises(SettingError, match=r"max_time"):
         st.Options(max_time=bad)
+
+
+@pytest.mark.parametrize("path", ["fast", "step"])
+def test_a_run_out_of_time_mid_epoch_evaluates_the_model_it_returns(path):
+    # it stopped without an evaluation: metrics and best were of the model of the last
+    # epoch's end, or none at all (Lightning's Timer asks for a validation when it stops)
+    val = data()[:2]
+    watchers = [Recorder()] if path == "step" else []
+    result = trainer(3.5, watchers=watchers).fit(graph(), data(), val)
+    assert result.timed_out and result.steps == 4 and result.epochs == 0
+    assert [m["step"] for m in result.metrics] == [4]
+    net = st.module(graph())
+    net.load_state_dict(result.state)
+    alone = trainer().evaluate(net, val)
+    assert result.metrics[-1]["val_loss"] == pytest.approx(alone["loss"], rel=1e-6)
+    assert result.best == result.metrics[-1]["val_loss"]
+
+
+def test_out_of_time_in_an_epoch_that_does_not_evaluate_or_at_max_steps_it_does_not():
+    val = data()[:2]
+    skipped = trainer(3.5, eval_every_epochs=2).fit(graph(), data(), val)
+    assert skipped.timed_out and skipped.metrics == []  # epoch 0's end is no evaluation
+    at_steps = trainer(max_steps=4).fit(graph(), data(), val)
+    assert at_steps.metrics == []  # (max_steps stops without one, as in Lightning)
+
+
+def test_a_resumed_run_whose_budget_is_spent_evaluates_no_more(tmp_path):
+    val = data()[:2]
+    first = trainer(3.5, ckpt=tmp_path).fit(graph(), data(), val)
+    again = trainer(3.5, ckpt=tmp_path).fit(graph(), data(), val, resume="last")
+    assert again.steps == 4 and again.metrics == first.metrics and len(first.metrics) == 1
