@@ -307,5 +307,6 @@ def test_a_time_budget_stops_every_rank_at_the_same_step(tmp_path):
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
     assert r0["timed_out"] and r1["timed_out"] and r0["steps"] == r1["steps"] == 3
+    assert [m["step"] for m in r0["metrics"]] == [3] and r0["metrics"] == r1["metrics"]
     for name, value in r0["state"].items():
         assert torch.equal(value, r1["state"][name]), name

@@ -5,8 +5,8 @@
 Each rank's clock is a fake one its model moves on every training forward: rank 1's by
 two seconds, rank 0's by one. With a budget of 5.5 seconds rank 1's is spent after step
 3 and rank 0's would be after step 6: the ranks must stop together, at step 3 (a rank
-going on alone would wait forever for the other's gradients). Every rank writes what it
-ends with to OUT_DIR/rank<R>.pt.
+going on alone would wait forever for the other's gradients), and evaluate together, once.
+Every rank writes what it ends with to OUT_DIR/rank<R>.pt.
 """
 
 from __future__ import annotations
@@ -48,9 +48,14 @@ def main() -> None:
         optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
         epochs=2,
         options=st.Options(progress=False, shuffle=False, max_time=5.5),
-    ).fit(Graph.somatize(Tick()), data)
+    ).fit(Graph.somatize(Tick()), data, val=data[:4])  # (evaluates at the stop: both ranks)
     torch.save(
-        {"state": dict(result.state), "steps": result.steps, "timed_out": result.timed_out},
+        {
+            "state": dict(result.state),
+            "steps": result.steps,
+            "timed_out": result.timed_out,
+            "metrics": result.metrics,
+        },
         out / f"rank{RANK}.pt",
     )
 
