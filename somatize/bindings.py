@@ -12,7 +12,9 @@ for a node's own weights). A list, dict or set of plain values (numbers, strings
 None, and lists, tuples, dicts and sets of them: ``CFG = {"scale": 2.0}``), up to
 ``CONTENT_LIMIT`` values in all, is also compared with a copy of its content, so that
 ``CFG["scale"] = 3.0`` is seen as ``CFG = {...}`` is. One holding other objects, or
-more values, is read once, when the class is first keyed: rebind it to change it.
+more values, is read once, when the class is first keyed: rebind it to change it. One
+the code itself changes in place (a call counter: ``identity.is_record``) is its record,
+not compared.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .changes import _reached, _user_code
+from .identity import is_record
 from .source_code import functions
 
 if TYPE_CHECKING:
@@ -88,14 +91,17 @@ def watch(obj: Any, codecs: Sequence[Codec]) -> Watched:
     """The names ``obj``'s code (a class or a function, and the user helpers it reaches)
     reads that could change its output."""
     out: Watched = []
-    for _, user, references in _reached(obj):
+    reached = list(_reached(obj))
+    records = {d for _, user, refs in reached for d, t in refs if is_record(user, d, t)}
+    for _, user, references in reached:
         for dotted, target in references:
             if isinstance(target, _LIBRARY) and not _user_code(target):
                 continue  # (library code enters by name and version; torch stays torch)
             first, *rest = dotted.split(".")
             fp = next(((c, f) for c in codecs if (f := c.fingerprint(target)) is not None), None)
             codec, seen = fp if fp is not None else (None, None)
-            content = _content(target) if codec is None else _MISSING
+            keeps = codec is None and dotted not in records  # (a record: the code's own)
+            content = _content(target) if keeps else _MISSING
             out.append((_scope(user, first), first, tuple(rest), target, codec, seen, content))
     return out
 

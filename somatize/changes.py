@@ -14,7 +14,15 @@ import types
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .identity import _describe, _is_user_module, _own, _references, _versions
+from .identity import (
+    _describe,
+    _is_user_module,
+    _own,
+    _references,
+    _versions,
+    is_record,
+    record,
+)
 
 if TYPE_CHECKING:
     from .codecs import Codec
@@ -90,5 +98,7 @@ def key_parts(
     memo: dict[int, str] = {id(obj): "self"}
     refs = {}
     for dotted, target in _references(obj):
-        refs[dotted] = _describe(target, memo, codecs)
+        refs[dotted] = (
+            record(target) if is_record(obj, dotted, target) else _describe(target, memo, codecs)
+        )
     return _own(obj)[0].hex(), refs, _versions()

@@ -41,6 +41,7 @@ from .source_code import (
     referenced,
     source_tree,
     strip_docstrings,
+    written,
 )
 from .stack import outside
 from .values import digest, is_data
@@ -50,10 +51,11 @@ if TYPE_CHECKING:
 
 __all__ = ["fingerprint", "identity"]
 
-# The code of each class or function, read once: (digest of it, dotted names it reads).
+# The code of each class or function, read once: (digest of it, dotted names it reads,
+# names it changes in place).
 # Only an object's own code is kept here: what its names resolve to is looked up on
 # every fingerprint, since a helper module may be reloaded under an unchanged class.
-_sources: weakref.WeakKeyDictionary[Any, tuple[bytes, list[list[str]]]] = (
+_sources: weakref.WeakKeyDictionary[Any, tuple[bytes, list[list[str]], frozenset[str]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -226,8 +228,9 @@ def _attributes(obj: Any) -> dict[str, Any]:
     return found
 
 
-def _own(obj: Any) -> tuple[bytes, list[list[str]]]:
-    """The digest of ``obj``'s own code and the dotted names it reads (read once per object)."""
+def _own(obj: Any) -> tuple[bytes, list[list[str]], frozenset[str]]:
+    """The digest of ``obj``'s own code, the dotted names it reads, and the names it
+    changes in place (read once per object)."""
     cached = _sources.get(obj)
     if cached is not None:
         return cached
@@ -237,6 +240,7 @@ def _own(obj: Any) -> tuple[bytes, list[list[str]]]:
     # it (`Apply(lambda x: x + 1) | Apply(lambda x: x * 2)`): a lambda is known by its code.
     is_lambda = getattr(obj, "__name__", None) == "<lambda>"
     tree = None if is_lambda else source_tree(obj)
+    wrote: frozenset[str] = frozenset()
     if tree is None:
         names: list[list[str]] = []
         for f in functions(obj):
@@ -245,8 +249,8 @@ def _own(obj: Any) -> tuple[bytes, list[list[str]]]:
     else:
         strip_docstrings(tree)
         h.update(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
-        names = referenced(tree)
-    result = (h.digest(), names)
+        names, wrote = referenced(tree), frozenset(written(tree))
+    result = (h.digest(), names, wrote)
     with contextlib.suppress(TypeError):  # objects that take no weak reference
         _sources[obj] = result
     return result
@@ -269,12 +273,33 @@ def _fingerprint(
     h = blake3(_own(obj)[0])
     for dotted, target in _references(obj):
         inner: list[str] = []
-        h.update(f"{dotted}={_describe(target, memo, codecs, inner)}\0".encode())
+        described = (
+            record(target)
+            if is_record(obj, dotted, target)
+            else _describe(target, memo, codecs, inner)
+        )
+        h.update(f"{dotted}={described}\0".encode())
         if blind is not None:
             blind.extend(dotted + where for where in inner)
     result = h.hexdigest()
     memo[id(obj)] = result
     return result
+
+
+_RECORDS = (list, dict, set)
+
+
+def is_record(obj: Any, dotted: str, target: Any) -> bool:
+    """Whether the global ``dotted`` is a list, dict or set ``obj``'s own code changes in
+    place (``CALLS["n"] += 1``, ``SEEN.append(x)``): a record the code keeps, not data
+    its output depends on. It enters by its type, so counting calls does not change the
+    key (nor make the cache miss at every call)."""
+    return type(target) in _RECORDS and dotted in _own(obj)[2]
+
+
+def record(target: Any) -> str:
+    """How a record (``is_record``) enters a fingerprint."""
+    return f"record:{type(target).__qualname__}"
 
 
 def _references(obj: Any) -> list[tuple[str, Any]]:

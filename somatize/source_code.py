@@ -142,3 +142,40 @@ def referenced(tree: ast.AST) -> list[list[str]]:
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             chains.append([node.id])
     return chains if outside is None else [c for c in chains if c[0] in outside]
+
+
+# Methods that change a list, dict or set in place
+_MUTATORS = frozenset(
+    {
+        "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
+        "update", "setdefault", "popitem", "add", "discard", "difference_update",
+        "intersection_update", "symmetric_difference_update", "__setitem__", "__delitem__",
+    }
+)  # fmt: skip
+
+
+def written(tree: ast.AST) -> set[str]:
+    """The dotted names the code changes in place: ``CALLS["n"] += 1``, ``SEEN.append(x)``,
+    ``del CACHE[k]``, ``LOG["a"]["b"] = 1`` (``LOG``), ``stats.SEEN.add(x)``
+    (``stats.SEEN``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            target: ast.AST = node.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+        ):
+            target = node.func.value
+        else:
+            continue
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        chain: list[str] = []
+        while isinstance(target, ast.Attribute):
+            chain.append(target.attr)
+            target = target.value
+        if isinstance(target, ast.Name):
+            names.add(".".join([target.id, *reversed(chain)]))
+    return names

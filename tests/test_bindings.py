@@ -143,3 +143,50 @@ def test_a_global_container_holding_other_objects_is_read_once():
     assert bindings._content([object()]) is bindings._MISSING  # (rebind it to change it)
     assert bindings._content(list(range(bindings.CONTENT_LIMIT + 1))) is bindings._MISSING
     assert bindings._content((1, 2)) is bindings._MISSING  # immutable: nothing to compare
+
+
+CALLS = {"n": 0}
+SEEN: list = []
+
+
+class Counted(Node):
+    def forward(self, x, ctx):
+        CALLS["n"] += 1  # the node's own records: a counter and a log
+        SEEN.append(x)
+        return Done(x * CFG["scale"])
+
+
+def test_a_global_the_nodes_own_code_changes_in_place_is_its_record_not_its_data():
+    # a counter or a log the node keeps changed its key at every call, so it never hit
+    # (our own Lightning tests count calls so); settings it only reads are still compared
+    me = sys.modules[__name__]
+    g = Graph(keeper=MemoryKeeper()).node("c", Counted()).cache("c")
+    before = CALLS["n"]
+    assert [g.forward(3) for _ in range(3)] == [6.0] * 3
+    assert CALLS["n"] == before + 1  # computed once, then hit
+    other = Graph(keeper=g.keeper).node("c", Counted()).cache("c")
+    assert other.forward(3) == 6.0 and CALLS["n"] == before + 1  # same key in a new graph
+    try:
+        CFG["scale"] = 5.0
+        assert g.forward(3) == 15.0 and CALLS["n"] == before + 2
+    finally:
+        CFG["scale"] = 2.0
+        me.SEEN.clear()
+
+
+def test_what_code_changes_in_place_is_read_from_its_source():
+    import ast
+
+    from somatize.source_code import written
+
+    tree = ast.parse(
+        "def f(x):\n"
+        "    CALLS['n'] += 1\n"
+        "    LOG['a']['b'] = x\n"
+        "    stats.SEEN.add(x)\n"
+        "    del CACHE[x]\n"
+        "    self.seen.append(x)\n"
+        "    y = TABLE[x]\n"
+        "    return CFG.get('k')\n"
+    )
+    assert written(tree) == {"CALLS", "LOG", "stats.SEEN", "CACHE", "self.seen"}
