@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, SettingError
 from ..graph import Graph
 from ..watchers import Watcher
 from .carry import check_carried, named_carries
@@ -38,8 +38,10 @@ def begin(
     rank: int,
     world: int,
     train: Iterable[Any],
+    monitor: str,
 ) -> ActiveRun:
-    """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh."""
+    """Module, device, optimizer, scheduler; then restore a checkpoint or seed afresh.
+    ``monitor``: what ``Options.monitor`` watches in this fit (``valsets.monitored``)."""
     o = trainer.options
     net, user_compiled = as_module(model), compiled(model)
     carried = named_carries(net)
@@ -69,7 +71,13 @@ def begin(
     run.average = averaged(net, opt, o.ema)
     run.compiled = bool(o.compile) or user_compiled is not None
     run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
-    run.state.monitor, run.state.mode = o.monitor, o.mode
+    if run.plateau and monitor != o.monitor:  # (defaulted to the first of several val sets)
+        raise SettingError(
+            f"ReduceLROnPlateau is stepped with Options.monitor, and with several validation "
+            f"sets its default 'val_loss' names none of them; name the one it watches, "
+            f"e.g. Options(monitor={monitor!r})"
+        )
+    run.state.monitor, run.state.mode = monitor, o.mode
     path = resume_path(trainer, resume)
     if path is not None:
         payload = load_checkpoint(path)

@@ -53,7 +53,7 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, *, epoch_end: bool = False) 
     s.val_examples = {vs.prefix: n for vs, n in zip(run.val_sets or (), counted)}
     record: dict[str, float] = {"step": s.step, "epoch": s.epoch, **values}
     s.metrics.append(record)
-    monitor, mode = trainer.options.monitor, trainer.options.mode
+    monitor, mode = s.monitor, s.mode  # (Options' as this fit reads them: begin.py)
     v = record.get(monitor)
     if v is None:  # fit() checked the names it knows; a node metric is known only now
         raise KeyError(

@@ -251,6 +251,11 @@ def check_fit(trainer: Any, val: Any) -> None:
             f"Options(monitor={trainer.options.monitor!r}) at evaluations, but fit() got no "
             "val= data to evaluate on; pass val=batches (or Checkpointing(best=0))"
         )
+    from .valsets import monitored
+
+    monitor = monitored(o.monitor, val)  # (several sets: the first's loss, for result.best)
+    if monitor != o.monitor and (best or _watches_monitor(trainer.pruner)):
+        monitor = o.monitor  # something acts on it: the set is named, not defaulted (refused)
     if val is not None:
         from .batches import check_data
         from .valsets import check_reusable, check_val, evaluated_names
@@ -259,10 +264,15 @@ def check_fit(trainer: Any, val: Any) -> None:
             check_data(data, f"val set {name!r}" if name else "fit()'s val", trainer._split)
         check_val(val, trainer.metrics)
         check_reusable(val, trainer.epochs, o)
-        check_monitor(trainer.options.monitor, evaluated_names(val, trainer.metrics), val)
+        check_monitor(monitor, evaluated_names(val, trainer.metrics), val)
         check_schedule_fits(o.eval_every_epochs, trainer.epochs)
-    check_pruner_mode(trainer.pruner, trainer.options.monitor, trainer.options.mode)
-    check_study_direction(trainer.pruner, trainer.options.monitor, trainer.options.mode)
+    check_pruner_mode(trainer.pruner, monitor, o.mode)
+    check_study_direction(trainer.pruner, monitor, o.mode)
+
+
+def _watches_monitor(pruner: Any) -> bool:
+    """Whether a pruner acts on ``Options.monitor`` (an Optuna trial), not a metric of its own."""
+    return pruner is not None and not hasattr(pruner, "metric")
 
 
 def check_pruner_mode(pruner: Any, monitor: str, mode: str) -> None:
@@ -296,7 +306,8 @@ def check_monitor(monitor: str, known: list[str], val: Any = None) -> None:
         hint = f"did you mean {'val_' + monitor!r}? evaluated metrics carry the val_ prefix"
     elif several:
         hint = (
-            "with several validation sets every name carries its set's: name one, e.g. "
+            "with several validation sets every name carries its set's, and what acts on "
+            "the monitor (best checkpoints, an Optuna trial) needs the set named: e.g. "
             f"Options(monitor={known[0]!r})"
         )
     else:

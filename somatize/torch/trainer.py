@@ -54,7 +54,7 @@ from .start import (
     close,
     dynamic_step,
 )
-from .valsets import val_sets
+from .valsets import monitored, val_sets
 
 __all__ = ["Options", "Trainer"]
 
@@ -205,7 +205,7 @@ class Trainer:
             check_ranks(self.metrics, world)  # before any step: objects must merge under DDP
         total = total_steps(self, train, world)
         check_steps_fit(o.eval_every_steps if sets and not resume else None, total)
-        run = begin(self, model, resume, run_id, rank, world, train)
+        run = begin(self, model, resume, run_id, rank, world, train, monitored(o.monitor, val))
         run.train, run.train_batches, run.val_sets = train, train_n, sets
         if run.plateau and val is None:
             raise ValueError(
@@ -252,7 +252,7 @@ class Trainer:
             epochs=s.epoch,
             losses=list(s.losses),
             metrics=[dict(m) for m in s.metrics],
-            monitor=self.options.monitor,
+            monitor=s.monitor,
             best=s.best,
             pruned=s.pruned,
             pruned_reason=pruned_reason(self.pruner) if s.pruned else None,

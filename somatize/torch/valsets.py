@@ -4,7 +4,8 @@ One loader's metrics are named as they always were: ``val_loss``, ``val_<metric>
 ``val_<node>/<name>``. A dict of name → loader evaluates each set at every evaluation, in
 the dict's order, and prefixes its metrics with its name: ``val_clean_loss``,
 ``val_clean_<metric>``, ``val_clean_<node>/<name>``; ``Options(monitor=...)`` (and a
-pruner's metric) names one of them. All sets' values go into one record per evaluation.
+pruner's metric) names one of them, and its default, ``"val_loss"``, is the first set's
+(``val_clean_loss``). All sets' values go into one record per evaluation.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from typing import Any
 from ..errors import SettingError
 from .limits import batches_per_epoch
 
-__all__ = ["ValSet", "check_reusable", "check_val", "evaluated_names", "refuse_sets", "val_sets"]
+__all__ = [
+    "ValSet",
+    "check_reusable",
+    "check_val",
+    "evaluated_names",
+    "monitored",
+    "refuse_sets",
+    "val_sets",
+]
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,17 @@ def check_reusable(val: Any, epochs: int | None, options: Any) -> None:
                 "uses up, and this run evaluates more than once; pass a list of batches "
                 "(list(...) of it) or a DataLoader, which can be read again"
             )
+
+
+def monitored(monitor: str, val: Any) -> str:
+    """What ``Options(monitor=...)`` watches in a fit given ``val``: the default
+    ``"val_loss"``, with several validation sets, is the first set's loss
+    (``val_<first>_loss``) for ``TrainResult.best``; any other name is as given. What
+    acts on the monitor — best checkpoints, an Optuna trial, ``ReduceLROnPlateau`` —
+    needs the set named (``settings.check_fit``, ``begin``)."""
+    if monitor == "val_loss" and isinstance(val, Mapping) and val:
+        return f"val_{next(iter(val))}_loss"
+    return monitor
 
 
 def evaluated_names(val: Any, metrics: Mapping[str, Any]) -> list[str]:
