@@ -230,7 +230,6 @@ class Graph(Settings, Composable):
 
     # a Graph used as the nn.Module it is not (g(x), g.parameters()): errors naming the fix
     __call__ = not_a_module.called
-    __getattr__ = not_a_module.missing
 
     def __contains__(self, node_id: object) -> bool:
         return node_id in self._impls
@@ -382,3 +381,6 @@ class Graph(Settings, Composable):
         # is not data and is installed again there (module(g) does it).
         drop = {"_program", "_topology", "_keys", "wrap"}
         return {k: (None if k in drop else v) for k, v in self.__dict__.items()}
+
+
+not_a_module.install(Graph)  # g.parameters(), g.to(...): errors naming st.module(g)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar, cast
 
 from ..errors import add_note
 
-__all__ = ["LIGHTNING", "METHODS", "ported"]
+__all__ = ["LIGHTNING", "METHODS", "lightning_methods", "ported"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,6 +73,28 @@ METHODS = {
     "test": "trainer.evaluate(g, data)",
 }
 _UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+class _Lightnings:
+    """A Lightning ``Trainer`` method's name on ours (``trainer.validate``): reading it
+    raises an ``AttributeError`` naming what to write instead. Installed per name
+    (``lightning_methods``) rather than through a ``__getattr__``, which would slow every
+    attribute read of a Trainer (CPython does not specialise them on such a class)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        raise AttributeError(
+            f"{self.name!r} is Lightning's Trainer method; here: {METHODS[self.name]}"
+        )
+
+
+def lightning_methods(cls: type) -> type:
+    """Class decorator: ``cls`` (the Trainer) answers Lightning's method names (``METHODS``)."""
+    for name in METHODS:
+        setattr(cls, name, _Lightnings(name))
+    return cls
 
 
 def ported(owner: str) -> Callable[[F], F]:

@@ -43,7 +43,7 @@ from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate
 from .options import Options
 from .policy import best_step, save, writing
-from .ported import METHODS, ported
+from .ported import lightning_methods, ported
 from .pruning import pruned_reason
 from .result import TrainResult
 from .sanity import sanity_check
@@ -61,6 +61,7 @@ __all__ = ["Options", "Trainer"]
 Loss = Callable[..., torch.Tensor]
 
 
+@lightning_methods  # trainer.validate(...): the AttributeError names trainer.evaluate
 class Trainer:
     """One training run of a graph (or of the module ``module(g)``, or any ``nn.Module``).
 
@@ -122,11 +123,6 @@ class Trainer:
         # a fresh fit starts the pruner from this state, so one Trainer can run many fits
         snapshot = getattr(pruner, "state_dict", None)
         self._pruner_start = snapshot() if snapshot is not None else None
-
-    def __getattr__(self, name: str) -> Any:  # (only for what the instance lacks)
-        if name in METHODS:
-            raise AttributeError(f"{name!r} is Lightning's Trainer method; here: {METHODS[name]}")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- one run ----------------------------------------------------------------------
 
