@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from blake3 import blake3
 
 from .changes import code_parts, global_parts
-from .keepers import atomic_write
+from .keepers.atomic import replace_with
 from .node import Mapped, Run, injected_values
 from .values import Opaque, check, decode, digest, encode
 
@@ -52,6 +52,10 @@ _SUM = 16  # bytes of blake3 checksum before a record on disk
 _written: weakref.WeakKeyDictionary[Any, dict[str, tuple[str | None, ...]]] = (
     weakref.WeakKeyDictionary()
 )
+# A node class's code and globals as a record names them, by class and identity part: read
+# again only when the identity changes (every miss writes a record; walking the code and
+# its helpers each time cost a miss more than the rest of its bookkeeping)
+_described: dict[tuple[type, str], tuple[dict[str, str], dict[str, str]]] = {}
 
 
 def _slot(label: str) -> str:
@@ -116,20 +120,30 @@ def note(
         seen = {}
     if seen.get(label) == stamp:
         return
+    cls = type(impl.inner if isinstance(impl, Mapped) else impl)
+    described = _described.get((cls, parts[0]))
+    if described is None:
+        if len(_described) > 4096:
+            _described.clear()
+        described = _described[cls, parts[0]] = (_code(impl), _code(impl, global_parts))
     record: dict[str, Any] = {
         "identity": parts[0],
         "declaration": parts[1],
         "state": parts[2],
         "context": context,  # (records before it lack it: their misses say "state")
         "input": input,
-        "code": _code(impl),
-        "globals": _code(impl, global_parts),  # (records before it lack it)
+        "code": described[0],
+        "globals": described[1],  # (records before it lack it)
     }
     notes = _notes(keeper)
     if isinstance(notes, Path):
         try:
             data = encode(record)
-            atomic_write(notes / _slot(label), [blake3(data).digest(_SUM), data])
+            # atomic, not fsynced: a diagnosis, checksummed, like the cache entries it
+            # describes (a power loss leaves an old record, or none: a miss is then unexplained)
+            replace_with(
+                str(notes / _slot(label)), [blake3(data).digest(_SUM), data], durable=False
+            )
         except OSError:  # a record is a diagnosis: never fail a run for it
             return
     else:

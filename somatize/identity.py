@@ -86,7 +86,14 @@ def _is_user_module(module: types.ModuleType | None) -> bool:
     file = getattr(module, "__file__", None)
     if file is None:
         return module.__name__ == "__main__"
-    return not os.path.realpath(file).startswith(_library_roots())
+    return not _in_library(file)
+
+
+@functools.lru_cache(maxsize=8192)
+def _in_library(file: str) -> bool:
+    """Whether a module's file lies under the standard library, site-packages or somatize
+    (kept per path: ``realpath`` costs six ``lstat`` calls, and keys ask at every miss)."""
+    return os.path.realpath(file).startswith(_library_roots())
 
 
 def _describe(
