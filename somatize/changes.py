@@ -57,8 +57,10 @@ def global_parts(obj: type | types.FunctionType) -> dict[str, str]:
         ['LIMIT (read by ...f)']
     """
     return {
-        f"{dotted} (read by {name})": _describe(target, {})
-        for name, _, references in _reached(obj)
+        f"{dotted} (read by {name})": (
+            record(target) if is_record(o, dotted, target) else _describe(target, {})
+        )
+        for name, o, references in _reached(obj)
         for dotted, target in references
         if not _user_code(target) and not isinstance(target, _CODE)
     }

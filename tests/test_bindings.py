@@ -166,6 +166,10 @@ def test_a_global_the_nodes_own_code_changes_in_place_is_its_record_not_its_data
     assert CALLS["n"] == before + 1  # computed once, then hit
     other = Graph(keeper=g.keeper).node("c", Counted()).cache("c")
     assert other.forward(3) == 6.0 and CALLS["n"] == before + 1  # same key in a new graph
+    from somatize.changes import global_parts
+
+    said = {k.split(" ")[0]: v for k, v in global_parts(Counted).items()}
+    assert said["CALLS"] == "record:dict" and said["SEEN"] == "record:list"  # (explain too)
     try:
         CFG["scale"] = 5.0
         assert g.forward(3) == 15.0 and CALLS["n"] == before + 2
