@@ -276,9 +276,10 @@ class NdarrayCodec:
             self._warned.add(id(obj))
             warnings.warn(
                 f"a writeable numpy array ({obj.dtype}, shape {obj.shape}, "
-                f"{obj.nbytes / 2**20:.0f} MiB) is part of a node's key: numpy keeps no "
-                "record of writes, so it is hashed anew at every key. Mark it read-only "
-                "(arr.setflags(write=False): hashed once) or hold it as a torch tensor "
+                f"{obj.nbytes / 2**20:.0f} MiB, or a view of writeable memory) is part of a "
+                "node's key: numpy keeps no record of writes, so it is hashed anew at every "
+                "key. Mark it read-only (arr.setflags(write=False), or "
+                "np.load(..., mmap_mode='r'): hashed once) or hold it as a torch tensor "
                 "(torch.tensor(arr): a copy, its writes tracked by its version counter)",
                 RuntimeWarning,
                 stacklevel=outside(),
@@ -300,13 +301,16 @@ _LARGE = 8 << 20  # bytes: a writeable array this large hashed at every key warn
 
 def _read_only(arr: Any) -> bool:
     """Whether no write through numpy can reach ``arr``'s memory: it and every array it
-    views are read-only, down to memory an array owns or ``bytes`` (not a memory map or
-    another object's buffer, which can be written elsewhere)."""
+    views are read-only, down to memory an array owns, ``bytes``, or a file mapped
+    read-only (``np.load(path, mmap_mode="r")``; not another object's buffer, which can be
+    written elsewhere)."""
     import numpy as np
 
     if not isinstance(arr, np.ndarray):
         return False  # (a numpy scalar: small, hashed as it is)
     while not arr.flags.writeable:
+        if isinstance(arr, np.memmap) and arr.mode == "r":
+            return True  # (its file opened read-only: rewriting it is outside any key)
         base = arr.base
         if base is None or type(base) is bytes:
             return True

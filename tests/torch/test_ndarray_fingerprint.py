@@ -90,3 +90,20 @@ def test_a_large_writeable_array_in_a_key_warns_once_naming_the_fix():
         codec.fingerprint(big)  # once
         small = np.zeros(1000)
         codec.fingerprint(small)  # a small one: none
+
+
+def test_a_file_mapped_read_only_is_hashed_once(tmp_path):
+    # np.load(mmap_mode="r"), the usual form of a large embedding table, warned that it
+    # was "writeable" and was hashed at every key
+    np.save(tmp_path / "table.npy", np.arange(2**20 + 1, dtype=np.float64))
+    table = np.load(tmp_path / "table.npy", mmap_mode="r")
+    codec = NdarrayCodec()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = codec.fingerprint(table)
+        assert codec.fingerprint(table) == first
+    assert codec.hashed == 1
+    writable = np.load(tmp_path / "table.npy", mmap_mode="r+")
+    with pytest.warns(RuntimeWarning, match="writeable numpy array"):
+        assert codec.fingerprint(writable) == first
+    del table, writable
