@@ -23,23 +23,24 @@ class Ramp(Node):
 
 
 @contextlib.contextmanager
+def setting(get, put, value):
+    """torch's global setting ``put(value)`` for the block, then as it was."""
+    before = get()
+    put(value)
+    try:
+        yield
+    finally:
+        put(before)
+
+
 def default_dtype(dtype):
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
+    return setting(torch.get_default_dtype, torch.set_default_dtype, dtype)
 
 
-@contextlib.contextmanager
 def matmul(precision):
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(before)
+    return setting(
+        torch.get_float32_matmul_precision, torch.set_float32_matmul_precision, precision
+    )
 
 
 def cached(per: str) -> Graph:
