@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["called", "install"]
+__all__ = ["Refused", "called", "install"]
 
 #: nn.Module's methods a PyTorch user reaches for on the graph instead of st.module(g).
 _MODULE_METHODS = frozenset(
@@ -47,24 +47,28 @@ def called(self: Any, *args: Any, **kwargs: Any) -> Any:
     )
 
 
-class _NotModule:
-    """An ``nn.Module`` method's name on ``Graph``: reading it raises the error naming
-    ``st.module(g)`` (on the class too, so that it is no member anyone lists)."""
+class Refused:
+    """A name a class answers with an ``AttributeError`` saying what to write instead, on
+    the class too (``hasattr`` stays False, and no one lists it as a member). A descriptor
+    per name, where a ``__getattr__`` would slow every other attribute read of the class."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, message: str) -> None:
+        self.message = message
 
     def __get__(self, obj: Any, owner: Any = None) -> Any:
-        name = self.name
-        raise AttributeError(
-            f"'Graph' object has no {name}() — a Graph is not an nn.Module; "
-            f"st.module(g) (somatize.torch) is: st.module(g).{name}(...)"
-            + (", or st.parameters(g) for an optimizer" if name == "parameters" else "")
-        )
+        raise AttributeError(self.message)
 
 
 def install(cls: type) -> None:
-    """Give ``cls`` (``Graph``) a ``_NotModule`` for each ``nn.Module`` method it lacks."""
+    """Give ``cls`` (``Graph``) a ``Refused`` for each ``nn.Module`` method it lacks."""
     for name in _MODULE_METHODS:
         if not any(name in vars(c) for c in cls.__mro__):
-            setattr(cls, name, _NotModule(name))
+            said = ", or st.parameters(g) for an optimizer" if name == "parameters" else ""
+            setattr(
+                cls,
+                name,
+                Refused(
+                    f"'Graph' object has no {name}() — a Graph is not an nn.Module; "
+                    f"st.module(g) (somatize.torch) is: st.module(g).{name}(...){said}"
+                ),
+            )

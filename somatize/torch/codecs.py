@@ -222,6 +222,12 @@ class NdarrayCodec:
 
     tag = "numpy.ndarray"
 
+    def __init__(self) -> None:
+        # id -> (weak reference, layout, digest) of read-only arrays: hashed once
+        self._memo: dict[int, tuple[Any, tuple[Any, ...], str]] = {}
+        self._warned: set[int] = set()
+        self.hashed = 0  # arrays hashed (a count tests read)
+
     def accepts(self, value: Any) -> bool:
         np = sys.modules.get("numpy")
         return np is not None and isinstance(value, (np.ndarray, np.generic))
@@ -252,12 +258,6 @@ class NdarrayCodec:
         dtype, shape, scalar = decode_data(payload[8 : 8 + n])
         arr = np.frombuffer(payload[8 + n :], dtype=np.dtype(dtype)).reshape(shape).copy()
         return arr[()] if scalar else arr
-
-    def __init__(self) -> None:
-        # id -> (weak reference, layout, digest) of read-only arrays: hashed once
-        self._memo: dict[int, tuple[Any, tuple[Any, ...], str]] = {}
-        self._warned: set[int] = set()
-        self.hashed = 0  # arrays hashed (a count tests read)
 
     def fingerprint(self, obj: Any) -> str | None:
         """The digest of an array's dtype, shape and bytes. numpy keeps no record of writes,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from ..errors import add_note
+from ..not_a_module import Refused
 
 __all__ = ["LIGHTNING", "METHODS", "lightning_methods", "ported"]
 
@@ -75,25 +76,11 @@ METHODS = {
 _UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
 
 
-class _Lightnings:
-    """A Lightning ``Trainer`` method's name on ours (``trainer.validate``): reading it
-    raises an ``AttributeError`` naming what to write instead. Installed per name
-    (``lightning_methods``) rather than through a ``__getattr__``, which would slow every
-    attribute read of a Trainer (CPython does not specialise them on such a class)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        raise AttributeError(
-            f"{self.name!r} is Lightning's Trainer method; here: {METHODS[self.name]}"
-        )
-
-
 def lightning_methods(cls: type) -> type:
-    """Class decorator: ``cls`` (the Trainer) answers Lightning's method names (``METHODS``)."""
-    for name in METHODS:
-        setattr(cls, name, _Lightnings(name))
+    """Class decorator: ``cls`` (the Trainer) answers Lightning's method names (``METHODS``,
+    ``trainer.validate``) with an ``AttributeError`` naming what to write instead."""
+    for name, instead in METHODS.items():
+        setattr(cls, name, Refused(f"{name!r} is Lightning's Trainer method; here: {instead}"))
     return cls
 
 
