@@ -81,3 +81,21 @@ def test_explain_names_a_global_whose_value_changed(
     g = Graph.somatize(mod.Count(), keeper=DiskKeeper(tmp_path)).cache("count")
     why = g.explain(["a"])["count"]
     assert not why.hit and why.changed == ("global FACTOR (read by explain_globals.weigh)",)
+
+
+class Halve(Node):
+    def forward(self, x, ctx):
+        return Done(x / 2)
+
+
+def test_the_record_a_miss_leaves_reads_the_nodes_code_once_per_identity(monkeypatch):
+    # every miss walked the node's code and helpers again for its record (with realpath's
+    # lstat calls per module): most of a miss's cost
+    import somatize.changes as changes
+
+    walks = []
+    real = changes._reached
+    monkeypatch.setattr(changes, "_reached", lambda obj: walks.append(obj) or real(obj))
+    g = Graph(keeper=MemoryKeeper()).node("h", Halve()).cache("h")
+    assert [g.forward(float(i)) for i in range(10)] == [i / 2 for i in range(10)]  # 10 misses
+    assert len(walks) == 2  # its code, and its globals: once
