@@ -210,6 +210,9 @@ class Codes:
         self._strong: dict[
             int, tuple[Any, tuple[str, list[Any], Watched]]
         ] = {}  # (no weak reference)
+        # a node -> (itself, weakly; its state's parts when exact to compare; the state
+        # they made): the same parts again are not encoded again (``state``)
+        self._states: dict[int, tuple[weakref.ref[Any], dict[str, Any], str]] = {}
 
     def __call__(self, obj: Any) -> str:
         weak = _weak(obj)
@@ -300,4 +303,58 @@ def state(
     parts = _state_parts(impl, codes, frozenset({id(impl)}))
     if context is not None:
         parts["_somatize_context"] = context  # (no attribute has that name: they are skipped)
-    return blake3(encode(parts)).hexdigest()
+    last = codes._states.get(id(impl))
+    if last is not None and last[0]() is impl and _same(parts, last[1]):
+        return last[2]  # (the parts of last time, type for type: not encoded again)
+    result = blake3(encode(parts)).hexdigest()
+    kept = _exact_copy(parts)
+    if kept is not None and _weak(impl):
+        if len(codes._states) > 1024:
+            codes._states.clear()
+        codes._states[id(impl)] = (weakref.ref(impl), kept, result)
+    return result
+
+
+_EXACT = frozenset({str, int, bool, type(None)})  # (== is exact within each of these types)
+
+
+def _exact_copy(parts: dict[str, Any]) -> dict[str, Any] | None:
+    """A copy of ``parts`` when each is a string, an int, a bool, None, a codec's
+    ``{"fp": str}`` or the codecs' context (tuples of strings), else None: what a later
+    ``state`` can match by ``_same`` instead of encoding its parts again (a frozen
+    module's state is asked at every batch). Floats are left out: ``0.0 == -0.0``, and
+    containers, which may be the node's own and change in place."""
+    kept: dict[str, Any] = {}
+    for name, v in parts.items():
+        t = type(v)
+        if t in _EXACT:
+            kept[name] = v
+        elif t is dict and len(v) == 1 and type(v.get("fp")) is str:
+            kept[name] = {"fp": v["fp"]}  # (a copy: the part may be the node's own dict)
+        elif name == "_somatize_context" and _strings(v):
+            kept[name] = v
+        else:
+            return None
+    return kept
+
+
+def _strings(v: Any) -> bool:
+    """Whether ``v`` is a string, or a tuple of such tuples and strings (immutable)."""
+    return type(v) is str or (type(v) is tuple and all(_strings(x) for x in v))
+
+
+def _same(parts: dict[str, Any], kept: dict[str, Any]) -> bool:
+    """Whether ``parts`` are what ``kept`` (``_exact_copy``) holds, type for type."""
+    if len(parts) != len(kept):
+        return False
+    for name, v in parts.items():
+        k = kept.get(name, _same)  # (a name not kept: a function, never a part's type)
+        t = type(v)
+        if t is not type(k):
+            return False
+        if t is dict:
+            if len(v) != 1 or type(v.get("fp")) is not str or v["fp"] != k["fp"]:
+                return False
+        elif not (t in _EXACT or _strings(v)) or v != k:
+            return False
+    return True

@@ -68,3 +68,40 @@ def test_a_plain_setting_of_a_library_object_the_node_holds_enters_the_state() -
     assert g.forward(3) == 6
     node.cfg.scale = 5  # (model.config.output_hidden_states = True)
     assert g.forward(3) == 15
+
+
+class Holder(Node):
+    """A node whose state is made of exact parts (remembered, see ``state``) or not."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def forward(self, x: Any, ctx: Any) -> Done:
+        return Done(x)
+
+
+def test_a_state_remembered_by_its_parts_is_made_again_when_any_changes() -> None:
+    """``state`` keeps the parts it encoded last time when they compare exactly (strings,
+    ints, bools, None): each change, of value or of type alone, is a new state."""
+    from somatize.node_state import Codes
+
+    codes = Codes()
+    node = Holder("a")
+    seen = []
+    for value in ["a", "b", 1, True, 1.0, -0.0, 0.0, 0, False, None, "a"]:
+        node.value = value
+        seen.append(state(node, (), None, codes))
+        assert seen[-1] == state(node, (), None, codes) == state(node)  # (a fresh Codes)
+    assert seen[0] == seen[-1]
+    assert len(set(seen)) == len(seen) - 1  # every other pair differs
+
+
+def test_a_dict_of_the_nodes_own_changed_in_place_is_a_new_state() -> None:
+    """A part that is the node's own container is never remembered by reference."""
+    from somatize.node_state import Codes
+
+    codes = Codes()
+    node = Holder({"fp": "x"})  # (shaped as a codec's part)
+    first = state(node, (), None, codes)
+    node.value["fp"] = "y"
+    assert state(node, (), None, codes) != first == state(Holder({"fp": "x"}))

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import sys
 import types
+import weakref
 from collections.abc import Callable
+from operator import is_, itemgetter
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,6 +53,11 @@ _PUBLIC: dict[tuple[type, int], tuple[tuple[str, ...], tuple[str, ...]]] = {}
 # What nn.Module.__init__ (and .compile()) sets: tables and hooks, entered on their own.
 _MODULE_OWN = frozenset(nn.Module().__dict__) | {"_compiled_call_impl"}
 _PLAIN_TUPLES: set[tuple[Any, ...]] = set()  # tuples of plain values seen: (3, 3), (1, 1)
+# (names, values, their types): a module's settings, as ``_settings`` gives them
+_Settings = tuple[tuple[str, ...], list[Any], tuple[Any, ...]]
+# a module -> (itself, weakly; the size of its __dict__; a reader of its settings and left-out
+# attributes; what it read; the settings they made), kept while all are immutable (_keep)
+_LAST: dict[int, tuple[Any, int, Callable[[Any], Any], Any, _Settings]] = {}
 
 
 def module_fingerprint(codec: TensorCodec, obj: nn.Module) -> str:
@@ -98,7 +105,7 @@ def _hash(codec: TensorCodec, parts: list[tuple[Any, ...]], modules: list[Any]) 
         h.update(f"{name}:{cls}:{training}\0".encode())
         for pname, d in held:
             h.update(f"{name}.{pname}={d}\0".encode())
-        for key, value in zip(*settings):
+        for key, value in zip(settings[0], settings[1]):
             h.update(f"{name}.{key}={value!r}\0".encode())
         if hooks:
             h.update(f"{name} hooks={hooks!r}\0".encode())
@@ -173,7 +180,7 @@ def _class_id(cls: type) -> str:
     return name
 
 
-def _settings(mod: nn.Module, digest: Any) -> tuple[tuple[str, ...], list[Any]]:
+def _settings(mod: nn.Module, digest: Any) -> _Settings:
     """A module's plain attributes (``LeakyReLU.negative_slope``, ``BatchNorm.eps``): the
     names of its public instance attributes (a user module's private ones too, see
     ``_names``) and their values, numbers, strings and tuples of them as they are, tensors
@@ -184,8 +191,18 @@ def _settings(mod: nn.Module, digest: Any) -> tuple[tuple[str, ...], list[Any]]:
     instance of that size holding all of both has the same attributes (``nn.Module``'s own
     are in every instance); one missing any is a ``KeyError``, and the names are found
     again. (An instance with a private attribute and another, of the same size, with a
-    public one in its place are told apart.)"""
+    public one in its place are told apart.)
+
+    The third item is the values' types (inside tuples too): a fingerprint's memo compares
+    parts with ``==``, which holds ``1 == 1.0 == True``; their types tell them apart."""
     d = mod.__dict__
+    last = _LAST.get(id(mod))
+    if last is not None and last[0]() is mod and len(d) == last[1]:
+        try:
+            if all(map(is_, last[2](d), last[3])):
+                return last[4]  # the very objects of last time, all immutable: as they were
+        except KeyError:  # (an attribute of last time is gone)
+            pass
     shape = (type(mod), len(d))
     known = _PUBLIC.get(shape)
     try:
@@ -203,7 +220,8 @@ def _settings(mod: nn.Module, digest: Any) -> tuple[tuple[str, ...], list[Any]]:
             _PUBLIC[shape] = names, left
         values = [d[k] for k in names]
     if _SETTING.issuperset(map(type, values)):  # (numbers and flags only: as they are)
-        return names, values
+        return _keep(mod, names, left, (names, values, tuple(map(type, values))))
+    plain_only = True
     for i, v in enumerate(values):
         t = type(v)
         if t not in _SETTING and not (t is tuple and v in _PLAIN_TUPLES):
@@ -211,7 +229,24 @@ def _settings(mod: nn.Module, digest: Any) -> tuple[tuple[str, ...], list[Any]]:
             plain = t is tuple and all(type(x) in _SETTING for x in v)
             if plain and len(_PLAIN_TUPLES) < 4096:
                 _PLAIN_TUPLES.add(v)
-    return names, values
+            plain_only = plain_only and plain
+    kinds = tuple([tuple(map(type, v)) if type(v) is tuple else type(v) for v in values])
+    return _keep(mod, names, left, (names, values, kinds)) if plain_only else (names, values, kinds)
+
+
+def _keep(
+    mod: nn.Module, names: tuple[str, ...], left: tuple[str, ...], made: _Settings
+) -> _Settings:
+    """Remember the settings ``made`` of a module's values that are only numbers, flags,
+    strings and tuples of them (immutable): while its ``__dict__`` has the same size and holds
+    the very same objects under those names and the left-out ones, its settings are these
+    (``_settings``). Returns ``made``."""
+    if len(_LAST) > 4096:
+        _LAST.clear()
+    d, read = mod.__dict__, (*names, *left)
+    getter = itemgetter(*read) if len(read) > 1 else (lambda d: tuple(d[k] for k in read))
+    _LAST[id(mod)] = (weakref.ref(mod), len(d), getter, getter(d), made)
+    return made
 
 
 def _names(cls: type, d: dict[str, Any]) -> tuple[str, ...]:

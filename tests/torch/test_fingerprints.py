@@ -119,3 +119,40 @@ def test_a_generator_a_module_holds_enters_by_its_state():
     first = codec.fingerprint(mod)
     torch.randn(3, generator=mod.gen)
     assert codec.fingerprint(mod) != first
+
+
+def test_settings_remembered_by_identity_still_see_every_change():
+    """A module's plain settings are remembered while its ``__dict__`` holds the very same
+    objects (``_settings``): an equal tuple made anew, a value of another type, a setting
+    added or a left-out attribute removed are each read again."""
+    codec = st.TensorCodec()
+    conv = nn.Conv2d(1, 2, 3, padding=1)
+    first = codec.fingerprint(conv)
+    assert codec.fingerprint(conv) == first  # (the remembered path)
+    conv.padding = (1, 1)  # equal, another object: read again, the same fingerprint
+    assert codec.fingerprint(conv) == first
+    conv.padding = (2, 2)
+    moved = codec.fingerprint(conv)
+    assert moved != first
+    conv.padding = (1.0, 1.0)  # equal to (1, 1), another type: another fingerprint
+    assert codec.fingerprint(conv) not in (first, moved)
+    conv.padding = (1, 1)
+    assert codec.fingerprint(conv) == first
+    conv.groups = True  # == 1, another type
+    assert codec.fingerprint(conv) != first
+    conv.groups = 1
+    del conv._reversed_padding_repeated_twice  # a left-out attribute gone: no error
+    assert codec.fingerprint(conv) == first
+    conv.extra = 5  # a setting added
+    assert codec.fingerprint(conv) != first
+
+
+def test_a_setting_that_can_change_in_place_is_read_at_every_fingerprint():
+    """Only immutable settings are remembered by identity: a list changed in place is seen."""
+    codec = st.TensorCodec()
+    act = nn.ReLU()
+    act.sizes = [1, 2]
+    first = codec.fingerprint(act)
+    assert codec.fingerprint(act) == first
+    act.sizes.append(3)
+    assert codec.fingerprint(act) != first
