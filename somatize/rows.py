@@ -179,12 +179,13 @@ def _recall(
     if layout is None:
         return None, [], []
     size, prefix = layout.size, layout.prefix
+    every: list[bytes] = found  # type: ignore[assignment]  # (if None is not in it)
     if (  # all hits, of one size and prefix: checked at C speed
         None not in found
-        and set(map(len, found)) == {size}
-        and all(map(bytes.startswith, found, repeat(prefix)))
+        and set(map(len, every)) == {size}
+        and all(map(bytes.startswith, every, repeat(prefix)))
     ):
-        return layout, list(range(len(found))), found  # type: ignore[return-value]
+        return layout, list(range(len(every))), every
     where = [
         i for i, e in enumerate(found) if e is not None and len(e) == size and e.startswith(prefix)
     ]
