@@ -11,7 +11,9 @@ checks them at every key: a dict lookup per name (a walk, not a hash, for a modu
 for a node's own weights). A list, dict or set of plain values (numbers, strings, bytes,
 None, and lists, tuples, dicts and sets of them: ``CFG = {"scale": 2.0}``), up to
 ``CONTENT_LIMIT`` values in all, is also compared with a copy of its content, so that
-``CFG["scale"] = 3.0`` is seen as ``CFG = {...}`` is. One holding other objects, or
+``CFG["scale"] = 3.0`` is seen as ``CFG = {...}`` is; up to ``EXACT_LIMIT`` values, type
+for type too (``CFG["k"] = 2`` then ``2.0``: ``==`` holds ``2 == 2.0``), by comparing its
+pickle (written only, never read back). One holding other objects, or
 more values, is read once, when the class is first keyed: rebind it to change it. One
 the code itself changes in place (a call counter: ``identity.is_record``) is its record,
 not compared.
@@ -19,6 +21,7 @@ not compared.
 
 from __future__ import annotations
 
+import pickle
 import sys
 import types
 from collections.abc import Sequence
@@ -31,17 +34,19 @@ from .source_code import functions
 if TYPE_CHECKING:
     from .codecs import Codec
 
-__all__ = ["CONTENT_LIMIT", "Watched", "still", "watch"]
+__all__ = ["CONTENT_LIMIT", "EXACT_LIMIT", "Watched", "still", "watch"]
 
 _MISSING = object()
 CONTENT_LIMIT = 10_000  # plain values a watched container may hold to be compared by content
+EXACT_LIMIT = 1_000  # and to be compared type for type too (1 -> 1.0 seen): by its pickle
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _MUTABLE = (list, dict, set, bytearray)
 _LIBRARY = (types.ModuleType, types.BuiltinFunctionType, types.FunctionType, type)
 
 # (where the name lives — a module's globals or a closure cell —, its first name, the
 # attributes after it, the object it was bound to, the codec and fingerprint then or None,
-# a copy of its content then — a container of plain values — or _MISSING)
+# a copy of its content then — a container of plain values — and its pickle (or None), or
+# _MISSING)
 Watched = list[tuple[Any, str, tuple[str, ...], Any, Any, str | None, Any]]
 
 
@@ -71,9 +76,31 @@ def _content(obj: Any) -> Any:
         raise TypeError
 
     try:
-        return copy(obj)
+        copied = copy(obj)
     except (OverflowError, TypeError):
         return _MISSING
+    exact = _pickled(obj) if CONTENT_LIMIT - budget[0] <= EXACT_LIMIT else None
+    return copied, exact
+
+
+def _pickled(obj: Any) -> bytes | None:
+    """``obj`` pickled (written, never read back): bytes that tell ``1``, ``1.0``, ``True``
+    and ``-0.0`` apart, where ``==`` does not; None if it cannot be."""
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except Exception:  # (an object of the user's that refuses: compared by == alone)
+        return None
+
+
+def _holds(now: Any, content: tuple[Any, bytes | None]) -> bool:
+    """Whether ``now`` holds what ``content`` (``_content``) copied: equal, and where it was
+    small enough, of the same types (its pickle). A value ``==`` cannot compare (a tensor
+    put in the container) is a change."""
+    copied, exact = content
+    try:
+        return bool(now == copied) and (exact is None or _pickled(now) == exact)
+    except Exception:  # (bool of a tensor of several values, an __eq__ that raises)
+        return False
 
 
 def _scope(obj: Any, name: str) -> Any:
@@ -121,6 +148,6 @@ def still(watched: Watched) -> bool:
             now = getattr(now, attr, _MISSING)
         if now is not target or (codec is not None and codec.fingerprint(target) != seen):
             return False
-        if content is not _MISSING and now != content:  # (bytearray == bytes by content)
+        if content is not _MISSING and not _holds(now, content):  # (bytearray == bytes)
             return False
     return True

@@ -134,12 +134,10 @@ def test_a_global_dict_or_list_of_plain_values_changed_in_place_is_seen():
 def test_a_global_container_holding_other_objects_is_read_once():
     from somatize import bindings
 
-    assert bindings._content([1, "a", (2.5, None), {"k": b"v"}]) == [
-        1,
-        "a",
-        (2.5, None),
-        {"k": b"v"},
-    ]
+    copied, exact = bindings._content([1, "a", (2.5, None), {"k": b"v"}])
+    assert copied == [1, "a", (2.5, None), {"k": b"v"}] and exact is not None
+    big = list(range(bindings.EXACT_LIMIT + 1))  # compared by == alone
+    assert bindings._content(big) == (big, None)
     assert bindings._content([object()]) is bindings._MISSING  # (rebind it to change it)
     assert bindings._content(list(range(bindings.CONTENT_LIMIT + 1))) is bindings._MISSING
     assert bindings._content((1, 2)) is bindings._MISSING  # immutable: nothing to compare
@@ -194,3 +192,47 @@ def test_what_code_changes_in_place_is_read_from_its_source():
         "    return CFG.get('k')\n"
     )
     assert written(tree) == {"CALLS", "LOG", "stats.SEEN", "CACHE", "self.seen"}
+
+
+EXACT = {"k": 2, "flags": [0.0]}
+
+
+class Exact(Node):
+    def forward(self, x, ctx):
+        return Done((x * EXACT["k"], EXACT["flags"][0]))
+
+
+def test_a_value_of_a_global_container_changed_in_type_alone_is_seen():
+    """``==`` holds ``2 == 2.0 == True`` and ``0.0 == -0.0``: an int made a float in a
+    config (2 -> 2.0: an int tensor times it is a float tensor) kept serving the int."""
+    g = Graph(keeper=MemoryKeeper()).node("e", Exact()).cache("e")
+    try:
+        for k, flag in [(2, 0.0), (2.0, 0.0), (True, 0.0), (1, 0.0), (1, -0.0), (2, 0.0)]:
+            EXACT["k"], EXACT["flags"][0] = k, flag
+            out = g.forward(3)
+            assert out == (3 * k, flag)
+            assert [type(v) for v in out] == [type(3 * k), float]
+            assert str(out[1]) == str(flag)  # (-0.0 prints as such)
+    finally:
+        EXACT["k"], EXACT["flags"][0] = 2, 0.0
+
+
+class Looks(Node):
+    def forward(self, x, ctx):
+        return Done(x + len(EXACT["flags"]))
+
+
+def test_a_global_container_given_a_value_eq_cannot_compare_is_a_change_not_a_crash():
+    """A tensor put into a watched container: its ``==`` cannot be made a bool, and the key
+    raised "Boolean value of Tensor ... is ambiguous"; it is a change, read anew."""
+    torch = pytest.importorskip("torch")
+    import somatize.torch as st
+
+    g = Graph(keeper=MemoryKeeper()).node("l", Looks()).cache("l")
+    st.module(g)
+    assert g.forward(1) == 2
+    try:
+        EXACT["flags"][0] = torch.ones(3)
+        assert g.forward(1) == 2  # (read anew: the same length, the same value)
+    finally:
+        EXACT["flags"][:] = [0.0]
