@@ -6,11 +6,14 @@ served a stale entry. It is made of each submodule's name, class (for the user's
 classes, also the fingerprint of their code), mode, plain attributes (``negative_slope``,
 ``eps``) and forward hooks, the digest of each parameter and buffer (memoised by version
 counter), and torch's global forward hooks. When all of those equal what the module's
-last fingerprint was made of, that fingerprint is returned without hashing anything.
+last fingerprint was made of, type for type (``1`` and ``1.0`` are equal, not the same
+setting), that fingerprint is returned without hashing anything.
 
 What that check costs is a walk of the modules: per tensor one read of its version,
 address, dtype, shape and strides against the codec's memo, per module its table of
-children, its plain attributes and its hook tables, with no Python call per tensor (a
+children, its plain attributes (compared by identity while they are the very numbers,
+strings and tuples of them found last time) and its hook tables, with no Python call per
+tensor (a
 150-module, 350-tensor backbone: 435–465 µs per batch, measured, against 494 µs walking
 ``named_modules`` and calling ``digest`` per tensor).
 """
