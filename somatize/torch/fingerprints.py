@@ -233,8 +233,15 @@ def _settings(mod: nn.Module, digest: Any) -> _Settings:
             if plain and len(_PLAIN_TUPLES) < 4096:
                 _PLAIN_TUPLES.add(v)
             plain_only = plain_only and plain
-    kinds = tuple([tuple(map(type, v)) if type(v) is tuple else type(v) for v in values])
+    kinds = tuple([_typed(v) for v in values])
     return _keep(mod, names, left, (names, values, kinds)) if plain_only else (names, values, kinds)
+
+
+def _typed(v: Any) -> Any:
+    """The type of ``v``, and inside tuples and lists, of each item's (a held object's plain
+    settings: ``("obj:Config", (("scale", 1),))``)."""
+    t = type(v)
+    return tuple([_typed(x) for x in v]) if t is tuple or t is list else t
 
 
 def _keep(

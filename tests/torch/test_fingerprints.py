@@ -156,3 +156,16 @@ def test_a_setting_that_can_change_in_place_is_read_at_every_fingerprint():
     assert codec.fingerprint(act) == first
     act.sizes.append(3)
     assert codec.fingerprint(act) != first
+
+
+def test_a_held_objects_setting_changed_in_type_alone_is_a_new_fingerprint():
+    """An object a module holds enters by its plain settings: ``scale`` 1 then 1.0 (equal
+    by ``==``, which the fingerprint's memo compares with) is a change."""
+    codec = st.TensorCodec()
+    act = nn.ReLU()
+    act.cfg = argparse.Namespace(scale=1)
+    first = codec.fingerprint(act)
+    act.cfg.scale = 1.0
+    assert codec.fingerprint(act) != first
+    act.cfg.scale = 1
+    assert codec.fingerprint(act) == first
