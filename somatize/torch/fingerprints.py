@@ -227,7 +227,7 @@ def _settings(mod: nn.Module, digest: Any) -> _Settings:
     plain_only = True
     for i, v in enumerate(values):
         t = type(v)
-        if t not in _SETTING and not (t is tuple and v in _PLAIN_TUPLES):
+        if t not in _SETTING and not (t is tuple and _seen_plain(v)):
             values[i] = digest(v) if isinstance(v, torch.Tensor) else _other_setting(v)
             plain = t is tuple and all(type(x) in _SETTING for x in v)
             if plain and len(_PLAIN_TUPLES) < 4096:
@@ -235,6 +235,15 @@ def _settings(mod: nn.Module, digest: Any) -> _Settings:
             plain_only = plain_only and plain
     kinds = tuple([_typed(v) for v in values])
     return _keep(mod, names, left, (names, values, kinds)) if plain_only else (names, values, kinds)
+
+
+def _seen_plain(v: tuple[Any, ...]) -> bool:
+    """Whether ``v`` is a tuple of plain values seen before; False for one that cannot be
+    hashed (a list in it: ``([3, 3], 1)``), which is then read item by item."""
+    try:
+        return v in _PLAIN_TUPLES
+    except TypeError:
+        return False
 
 
 def _typed(v: Any) -> Any:

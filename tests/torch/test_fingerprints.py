@@ -169,3 +169,16 @@ def test_a_held_objects_setting_changed_in_type_alone_is_a_new_fingerprint():
     assert codec.fingerprint(act) != first
     act.cfg.scale = 1
     assert codec.fingerprint(act) == first
+
+
+def test_a_setting_tuple_holding_a_list_enters_by_content_and_does_not_crash():
+    """``([3, 3], 1)`` cannot be hashed: looking it up among the plain tuples seen raised
+    ``TypeError: unhashable type: 'list'`` at every key of a node holding the module."""
+    codec = st.TensorCodec()
+    act = nn.ReLU()
+    act.spec = ([3, 3], 1)
+    first = codec.fingerprint(act)
+    act.spec[0].append(3)  # in place: seen
+    assert codec.fingerprint(act) != first
+    act.spec[0].pop()
+    assert codec.fingerprint(act) == first
