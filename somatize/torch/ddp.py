@@ -44,32 +44,36 @@ def setup() -> tuple[int, int, bool]:
     use: destroying it and making another in the same job (a sweep of fits under one
     ``torchrun``) hung gloo's rendezvous about one time in two.
     """
-    global _made
+    global _made, _at_exit
     if dist.is_available() and dist.is_initialized():  # the caller's group, or an earlier fit's
-        return dist.get_rank(), dist.get_world_size(), _made
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1, False
-    if not dist.is_initialized():
+        world = dist.get_world_size()
+    else:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return 0, 1, False
         if torch.cuda.is_available():  # "cuda" is then this rank's GPU (nccl's tensors)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        if not _made:
-            atexit.register(_destroy)
         _made = True
-    return dist.get_rank(), dist.get_world_size(), _made
+    if not _at_exit:
+        atexit.register(_exit)
+        _at_exit = True
+    return dist.get_rank(), world, _made
 
 
 _made = False  # whether this process's group was made by setup() (destroyed at exit)
+_at_exit = False  # whether _exit is registered
 
 
-def _destroy() -> None:
-    """At exit: the group goes after what holds it. A fit's ``DistributedDataParallel``
-    wrapper sits in reference cycles until a collection; its reducer, freed during the
-    interpreter's teardown after the group, aborted the process ("terminate called without
-    an active exception") in about one job in four."""
-    if dist.is_initialized():
-        gc.collect()
+def _exit() -> None:
+    """At exit, while the interpreter is whole: collect, then destroy the group ``setup``
+    made. A fit's ``DistributedDataParallel`` wrapper can sit in reference cycles until a
+    collection (a fit that raised: its traceback's frames hold it); its reducer, freed
+    during the interpreter's teardown instead, aborted the process ("terminate called
+    without an active exception") — about one job in four, on the group the Trainer made
+    and on one the caller made and destroyed alike."""
+    gc.collect()
+    if _made and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -298,6 +298,12 @@ def test_resuming_another_world_sizes_checkpoint_in_mid_epoch_is_refused(data_ru
         assert data_run[rank]["other_world_epoch_end"] == {"steps": 12, "epochs": 2}
 
 
+def test_what_runs_at_exit_collects_what_a_fit_that_raised_left_in_cycles(data_run):
+    # its parameters (DDP's hooks on them), freed during the interpreter's teardown after
+    # the group, aborted the job: "terminate called without an active exception"
+    assert [data_run[rank]["garbage_parameters"] for rank in (0, 1)] == [0, 0]
+
+
 @pytest.mark.slow
 def test_a_time_budget_stops_every_rank_at_the_same_step(tmp_path):
     # rank 1's (fake) clock runs twice as fast: its budget is spent after step 3
