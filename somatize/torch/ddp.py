@@ -67,11 +67,11 @@ _at_exit = False  # whether _exit is registered
 
 def _exit() -> None:
     """At exit, while the interpreter is whole: collect, then destroy the group ``setup``
-    made. A fit's ``DistributedDataParallel`` wrapper can sit in reference cycles until a
-    collection (a fit that raised: its traceback's frames hold it); its reducer, freed
-    during the interpreter's teardown instead, aborted the process ("terminate called
-    without an active exception") — about one job in four, on the group the Trainer made
-    and on one the caller made and destroyed alike."""
+    made. What a fit leaves in reference cycles until a collection (a fit that raised: its
+    graph and parameters, with DDP's hooks on them), freed during the interpreter's
+    teardown instead, after the group, aborted the process ("terminate called without an
+    active exception"): on the group the Trainer made, and on one the caller made and
+    destroyed alike (2 of 6 jobs of a repro with three fits that raised; 0 of 18 since)."""
     gc.collect()
     if _made and dist.is_initialized():
         dist.destroy_process_group()

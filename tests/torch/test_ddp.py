@@ -301,6 +301,7 @@ def test_resuming_another_world_sizes_checkpoint_in_mid_epoch_is_refused(data_ru
 def test_what_runs_at_exit_collects_what_a_fit_that_raised_left_in_cycles(data_run):
     # its parameters (DDP's hooks on them), freed during the interpreter's teardown after
     # the group, aborted the job: "terminate called without an active exception"
+    assert [data_run[rank]["exit_registered"] for rank in (0, 1)] == [True, True]
     assert [data_run[rank]["garbage_parameters"] for rank in (0, 1)] == [0, 0]
 
 
