@@ -162,6 +162,21 @@ def check_forward(node_id: str, impl: Any) -> None:
     _CHECKED.add(cls)
 
 
+class _Held:
+    """What assignments on nodes tell the layer that registers their modules: the attribute
+    kinds whose assignment changes what a module made from a graph registers (``nn.Module``
+    and ``nn.Parameter``, set by ``somatize.torch``; none without it), and how many such
+    assignments were made. A module compares the count (one int) before ``parameters()``, so
+    a head swapped on a node (``g["head"].lin = nn.Linear(8, 3)``) is registered before an
+    optimizer reads it, while a tensor a forward writes on its node costs nothing."""
+
+    kinds: tuple[type, ...] = ()
+    swaps = 0
+
+
+HELD = _Held
+
+
 class Node(Composable):
     """Base class of user nodes: implement ``forward(self, x, ctx) -> Done``.
 
@@ -185,6 +200,12 @@ class Node(Composable):
         # The declaration: recorded here, canonicalised only when a key is needed.
         self.__dict__["_somatize_args"] = (args, kwargs)
         return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        kinds = HELD.kinds  # (a module or parameter put in or taken out: counted)
+        if kinds and (isinstance(value, kinds) or isinstance(self.__dict__.get(name), kinds)):
+            HELD.swaps += 1
+        super().__setattr__(name, value)
 
     def forward(self, x: Any, ctx: Ctx) -> Done:
         raise NodeError(f"{type(self).__qualname__} must implement forward(self, x, ctx) -> Done")

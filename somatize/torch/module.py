@@ -25,7 +25,7 @@ from torch.compiler import is_compiling as _is_compiling
 
 from ..bulk import paused_gc
 from ..graph import Graph
-from ..node import Run
+from ..node import HELD, Run
 from ..values import Opaque
 from .codecs import TensorCodec
 from .frozen import equip, needs_grad
@@ -53,6 +53,9 @@ _RESERVED: list[frozenset[str]] = []
 # GraphModule's plain attributes. They live in the instance dict, beside children of the
 # same name (a subgraph written into ``>>`` gets the id "graph"), reached by named_children.
 _OWN = frozenset({"graph", "step", "metrics"})
+
+
+HELD.kinds = (nn.Module, nn.Parameter)  # assigned on a node: what a module registers changes
 
 
 def _reserved() -> frozenset[str]:
@@ -95,6 +98,7 @@ class GraphModule(nn.Module):
         self._program: Any = None
         self._frozen: frozenset[str] = frozenset()  # paths of the nodes frozen at the last sync
         self._holds: Any = None  # what the nodes held at the last sync (_signature)
+        self._swaps = HELD.swaps  # modules assigned on any node, counted, at the last sync
         self._in_sync = False
         self._sync()
 
@@ -109,6 +113,7 @@ class GraphModule(nn.Module):
     def _register(self) -> None:
         global _marked_any
         g = equip(self.graph)  # again: a subgraph may have been added since
+        self._swaps = HELD.swaps
         for name in list(self._modules):
             del self._modules[name]
         nodes = _Nodes(g, _reserved())
@@ -159,19 +164,27 @@ class GraphModule(nn.Module):
         return self
 
     def _changed(self, holdings: bool) -> bool:
-        """Whether the graph changed since the last sync (a stamp compared), or, with
-        ``holdings``, what its nodes hold did (a walk)."""
-        return self.graph._stamp() != self._synced or (
-            holdings and _signature(self.graph) != self._holds
-        )
+        """Whether the graph changed since the last sync (a stamp compared), or what its nodes
+        hold did (a walk): with ``holdings``, or once a module or parameter was assigned on
+        any node since (a count compared: ``g["head"].lin = ...``)."""
+        if self.graph._stamp() != self._synced:
+            return True
+        swaps = HELD.swaps
+        if not holdings and swaps == self._swaps:
+            return False
+        if _signature(self.graph) != self._holds:
+            return True
+        object.__setattr__(self, "_swaps", swaps)  # (another graph's node, or the same again)
+        return False
 
     def _fresh(self, holdings: bool = False) -> None:
         """Register the modules again if the graph changed since they were (a node added,
         frozen or unfrozen: a stamp compared), before the module's own readers — state_dict,
         load_state_dict, parameters, buffers, train/eval — so a handle held across a change
-        is never stale. ``holdings``: also if what the nodes hold changed (a module swapped
-        in, ``g["head"].lin = ...``: a walk), for the readers called seldom — state_dict,
-        load_state_dict, train/eval — so they reach it (the per-step ones do not look)."""
+        is never stale; also if a module or parameter was assigned on a node since (a count
+        compared, then a walk). ``holdings``: walk in any case, for the readers called seldom
+        — state_dict, load_state_dict, train/eval — so they also reach a module replaced
+        inside a list or dict a node holds (``g["h"].blocks[0] = ...``), which no count sees."""
         if _is_compiling() or vars(self).get("_in_sync", False):
             return
         if self._changed(holdings):
@@ -192,6 +205,14 @@ class GraphModule(nn.Module):
     def named_buffers(self, *args: Any, **kwargs: Any) -> Any:
         self._fresh()
         return super().named_buffers(*args, **kwargs)
+
+    def named_modules(self, *args: Any, **kwargs: Any) -> Any:
+        self._fresh()
+        return super().named_modules(*args, **kwargs)
+
+    def named_children(self) -> Any:
+        self._fresh()
+        return super().named_children()
 
     def _current(self) -> Any:
         """The graph's program, with the modules registered again first if the graph changed

@@ -90,6 +90,77 @@ def test_nothing_swapped_registers_nothing_again_and_forward_never_compares(monk
     assert calls  # (where it is compared)
 
 
+def test_a_head_swapped_on_the_node_is_in_the_modules_own_parameters_and_is_trained():
+    """Found by a review: an optimizer built from ``model.parameters()`` after
+    ``g["head"].lin = ...`` (a handle made before) held the old head, and trained the trunk
+    while the new head kept its random weights, silently."""
+    g = _graph()
+    model = st.module(g)
+    new = nn.Linear(8, 3)
+    g["head"].lin = new
+    assert dict(model.named_modules())["head.lin"] is new
+    assert [m for m in model.head.children()] == [new]
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)  # nothing else called since the swap
+    trunk, head = copy.deepcopy(g["trunk"].lin), copy.deepcopy(new)
+    start = new.weight.detach().clone()
+    plain = torch.optim.SGD([*trunk.parameters(), *head.parameters()], lr=0.5)
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    for o, out in ((opt, model(x)), (plain, head(trunk(x)))):
+        nn.functional.cross_entropy(out, y).backward()
+        o.step()
+    assert_close(new.weight, head.weight)  # moved, and as plain PyTorch moved it
+    assert not torch.equal(new.weight, start)
+    assert_close(g["trunk"].lin.weight, trunk.weight)
+
+    class Scale(Node):
+        def __init__(self) -> None:
+            self.w = nn.Parameter(torch.ones(2))
+
+        def forward(self, x, ctx):
+            return Done(Opaque(x * self.w))
+
+    g = Graph().node("s", Scale())
+    model = st.module(g)
+    g["s"].w = torch.ones(2)  # a parameter taken out: no longer trained
+    assert list(model.parameters()) == []
+    assert "s.w" in dict(model.named_buffers())
+
+
+def test_a_tensor_a_forward_writes_on_its_node_costs_no_walk(monkeypatch):
+    """What is counted is a module or parameter put in or taken out, not a tensor written:
+    a node keeping its last output (``self.last = ...``) adds no walk to each step's
+    ``parameters()``, nor does ``torch.func.functional_call`` swapping parameters in."""
+    from somatize.node import HELD
+
+    class Keep(Node):
+        def __init__(self) -> None:
+            self.lin = nn.Linear(2, 2)
+            self.last = None
+
+        def forward(self, x, ctx):
+            self.last = x.detach()
+            return Done(Opaque(self.lin(x)))
+
+    g = Graph().node("k", Keep())
+    m = st.module(g)
+    calls = []
+    where = sys.modules["somatize.torch.module"]
+    real = where._signature
+    monkeypatch.setattr(where, "_signature", lambda *a: calls.append(1) or real(*a))
+    before = HELD.swaps
+    params = {k: v * 2 for k, v in m.named_parameters()}
+    for _ in range(3):
+        m(torch.ones(1, 2)).sum().backward()
+        list(m.parameters())
+        torch.func.functional_call(m, params, (torch.ones(1, 2),))
+    assert HELD.swaps == before and calls == []
+    g["k"].lin = nn.Linear(2, 2)
+    assert HELD.swaps == before + 1
+    list(m.parameters())
+    list(m.parameters())
+    assert calls == [1]  # one walk, then the count is caught up
+
+
 def test_a_module_assigned_on_the_module_is_the_one_forward_runs():
     g = _graph()
     model = st.module(g)
@@ -169,13 +240,14 @@ def test_eval_after_a_swap_on_the_node_reaches_the_new_module():
     assert g["head"].lin.training
 
 
-def _swapped_export(export):
+def _swapped_export(export, settle=False):
     g = _graph()
     model = st.module(g)
     x = torch.randn(5, 4)
     model(x)
-    g["head"].lin = nn.Linear(8, 3)
-    model.eval()  # (what registers it before an export: st.module(g) does too)
+    g["head"].lin = nn.Linear(8, 3)  # counted: the export's parameters() registers it
+    if settle:
+        model.eval()  # (what registers a module replaced inside a list: st.module(g) too)
     exported = export(model, x)
     with torch.no_grad():
         assert torch.equal(exported(x), g["head"].lin(g["trunk"].lin(x)))
@@ -189,9 +261,10 @@ def _swapped_export(export):
 def test_exporting_after_a_swap_and_eval_exports_the_new_weights():
     """Found by a deployment review: the exported program's state_dict held the old head's
     weights while it computed with the new ones as constants (strict: a KeyError)."""
-    for strict in (False, True):
+    for strict, settle in ((False, True), (True, True), (False, False), (True, False)):
         program, g = _swapped_export(
-            lambda m, x, strict=strict: torch.export.export(m, (x,), strict=strict).module()
+            lambda m, x, strict=strict: torch.export.export(m, (x,), strict=strict).module(),
+            settle,
         )
         assert torch.equal(program.state_dict()["head.lin.weight"], g["head"].lin.weight)
 
@@ -201,7 +274,7 @@ def test_tracing_after_a_swap_and_eval_traces_the_new_weights():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # (torch deprecates jit)
-        traced, g = _swapped_export(lambda m, x: torch.jit.trace(m, x))
+        traced, g = _swapped_export(lambda m, x: torch.jit.trace(m, x), settle=True)
     assert torch.equal(dict(traced.named_parameters())["head.lin.weight"], g["head"].lin.weight)
 
 
