@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import enum
 import inspect
+import os
 import sys
 import types
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -66,11 +68,43 @@ def _declare(value: Any, where: str, codecs: Sequence[Codec], blind: list[tuple[
             )
         blind.extend((t, w) for w in inner)
         return {"object": described}
+    library = _library(value, where, codecs, blind)
+    if library is not None:
+        return library
+    if isinstance(value, os.PathLike):
+        raise DeclarationError(
+            f"argument {where} is a path ({value!r}), and a key made of a path would not "
+            "follow the file's content: read the file in a node before this one (what it "
+            "returns is keyed by content), or pass str(path) if only the name matters"
+        )
     raise DeclarationError(
         f"argument {where} is a {type(value).__qualname__}, which cannot be written into a key; "
         "pass plain data (numbers, str, lists, dicts), a Node, a function or a tensor instead, "
         "or do not cache this node"
     )
+
+
+def _library(value: Any, where: str, codecs: Sequence[Codec], blind: list[tuple[Any, str]]) -> Any:
+    """A value of a standard or library type whose content says all it is, declared with
+    its type's name (``torch.Size([3, 4])`` is not ``(3, 4)``), or None: a tuple type
+    (``torch.Size``; a namedtuple of the user's own is an object, above), an
+    ``OrderedDict`` (its order kept), a set (its items in the order of their keys),
+    a ``range``, a ``complex``."""
+    t = type(value)
+    kind = f"{t.__module__}.{t.__qualname__}"
+    if isinstance(value, tuple):
+        return {kind: [_declare(v, f"{where}[{i}]", codecs, blind) for i, v in enumerate(value)]}
+    if t is OrderedDict:
+        plain = _declare(dict(value), where, codecs, blind)  # (its keys checked there)
+        return {kind: [[k, plain[k]] for k in value]}
+    if t is set or t is frozenset:
+        items = [_declare(v, f"{where} item {v!r:.40}", codecs, blind) for v in value]
+        return {kind: sorted(items, key=lambda v: digest(v, codecs, where=where))}
+    if t is range:
+        return {kind: [value.start, value.stop, value.step]}
+    if t is complex:
+        return {kind: [value.real, value.imag]}
+    return None
 
 
 def declaration(impl: Any, codecs: Sequence[Codec] = ()) -> str:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
+import pathlib
+import subprocess
+import sys
 import threading
+import time
+from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -54,3 +60,63 @@ def test_a_dataclass_or_instance_of_a_users_class_is_declared_by_its_fields() ->
 def test_an_argument_holding_what_cannot_be_written_down_names_the_attribute() -> None:
     with pytest.raises(DeclarationError, match=r"'config' of Clean .*\.lock .*lock"):
         key_of(Clean(Options(Mode.FAST, lock=threading.Lock())))
+
+
+class Hold(Node):
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def forward(self, x: Any, ctx: Any) -> Done:
+        return Done([x, len(self.value)])
+
+
+def test_library_values_whose_content_says_all_are_declared_with_their_type() -> None:
+    """Found by a review: a cached node given an OrderedDict, a set of stop words, a range
+    or a library's tuple type (torch.Size, time.struct_time) raised DeclarationError."""
+    stamp = time.gmtime(0)  # a tuple type of the standard library
+    assert key_of(Hold(stamp)) == key_of(Hold(time.gmtime(0)))
+    assert key_of(Hold(stamp)) != key_of(Hold(time.gmtime(1)))
+    assert key_of(Hold(stamp)) != key_of(Hold(tuple(stamp)))  # its type is part of it
+    ordered = OrderedDict(a=1, b=[2, 3])
+    assert key_of(Hold(ordered)) == key_of(Hold(OrderedDict(a=1, b=[2, 3])))
+    assert key_of(Hold(ordered)) != key_of(Hold(OrderedDict(b=[2, 3], a=1)))  # order kept
+    assert key_of(Hold(ordered)) != key_of(Hold(dict(ordered)))
+    with pytest.raises(DeclarationError, match=r"dict key \(1, 2\)"):
+        key_of(Hold(OrderedDict([((1, 2), 3)])))
+    words = {"the", "a", "of"}
+    assert key_of(Hold(words)) == key_of(Hold({"of", "a", "the"}))
+    assert key_of(Hold(words)) != key_of(Hold({"the", "a"}))
+    assert key_of(Hold(words)) != key_of(Hold(frozenset(words)))
+    assert key_of(Hold(range(3))) == key_of(Hold(range(0, 3, 1))) != key_of(Hold(range(4)))
+    assert key_of(Hold(1 + 2j)) != key_of(Hold(1 + 2.5j))
+    keeper = MemoryKeeper()
+    g = Graph.somatize(Hold(words), keeper=keeper).cache("hold")
+    assert g.forward("x") == g.forward("x") == ["x", 3]
+    assert keeper.stats().entries == 1
+
+
+def test_a_set_is_keyed_the_same_in_every_process() -> None:
+    """A set's order follows str hashing, which differs from process to process
+    (PYTHONHASHSEED): its items enter in the order of their keys."""
+    code = (
+        "from somatize.memory import NodeKeys; import sys; sys.path.insert(0, 'tests');"
+        "from test_declaration import Hold; words = {'the', 'a', 'of', 'and', 'to'};"
+        "print(NodeKeys().of(Hold(words), ['input']), list(words))"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split(" ", 1)
+        for seed in (1, 2, 3, 4)
+    ]
+    assert len({order for _, order in runs}) > 1  # the set's own order did differ
+    assert len({key for key, _ in runs}) == 1
+
+
+def test_a_path_is_refused_saying_its_key_would_not_follow_the_file() -> None:
+    with pytest.raises(DeclarationError, match=r"'value' of Hold is a path .*file's content"):
+        key_of(Hold(pathlib.Path("vocab.txt")))

@@ -139,12 +139,12 @@ def test_an_undeclarable_argument_fails_only_when_a_key_is_needed() -> None:
         def forward(self, x: Any, ctx: Ctx) -> Done:
             return Done(x)
 
-    assert Graph().node("bag", Bag({1, 2})).forward(1) == 1  # uncached: no key, runs fine
-    g = Graph().node("bag", Bag({1, 2})).cache("bag")
+    assert Graph().node("bag", Bag(iter([1, 2]))).forward(1) == 1  # uncached: no key, runs fine
+    g = Graph().node("bag", Bag(iter([1, 2]))).cache("bag")
     with pytest.raises(DeclarationError) as info:
         g.forward(1)
     msg = str(info.value)
-    assert "node 'bag'" in msg and "'items' of" in msg and "set" in msg
+    assert "node 'bag'" in msg and "'items' of" in msg and "list_iterator" in msg
     assert "do not cache" in msg
     with pytest.raises(DeclarationError, match=r"dict key \(1, 2\).*str or int"):
         Graph().node("bag", Bag({(1, 2): 3})).cache("bag").forward(1)

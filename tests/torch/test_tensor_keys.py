@@ -255,3 +255,22 @@ def test_a_generator_a_node_holds_enters_its_state_by_where_it_stands():
     again = Graph(keeper=keeper).node("n", OwnNoise(0)).cache("n")
     st.module(again)
     assert torch.equal(again.forward(x), first)  # the same seed, the same state: a hit
+
+
+def test_a_cached_node_given_a_torch_size_is_keyed_by_it():
+    """Found by a review: ``Resize(x.shape[1:])`` raised DeclarationError once cached."""
+
+    class Resize(Node):
+        def __init__(self, shape: torch.Size) -> None:
+            self.shape = shape
+
+        def forward(self, x, ctx):
+            return Done(x.reshape(-1, *self.shape))
+
+    x = torch.arange(12.0).reshape(2, 6)
+    keeper = MemoryKeeper()
+    for shape, want in ((torch.Size([2, 3]), (2, 2, 3)), (torch.Size([3, 2]), (2, 3, 2))):
+        g = Graph.somatize(Resize(shape), keeper=keeper).cache("resize")
+        st.module(g)  # (the tensor codec)
+        assert g.forward(x).shape == want and g.forward(x).shape == want
+    assert keeper.stats().entries == 2  # one entry per shape: the size is in the key
