@@ -12,7 +12,7 @@ from torch.nn import functional as F
 import somatize.torch as st
 from somatize.torch.ported import LIGHTNING, METHODS
 
-from .test_trainer import batches, make_graph
+from .trainer_helpers import batches, make_graph
 
 
 def sgd(ps):

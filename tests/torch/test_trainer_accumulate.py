@@ -8,7 +8,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from tests.torch.test_checkpoint_resume import Crash, CrashAt, assert_same, data, graph, trainer
-from tests.torch.test_trainer import Capture, batches, make_graph, quiet
+from tests.torch.trainer_helpers import Capture, batches, make_graph, quiet
 
 
 @pytest.mark.parametrize(("k", "micro"), [(2, 1), (3, 1), (3, 2)])

@@ -11,7 +11,7 @@ from torch.nn import functional as F
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import somatize.torch as st
-from tests.torch.test_trainer import batches, make_graph, plain_copy, quiet
+from tests.torch.trainer_helpers import batches, make_graph, plain_copy, quiet
 
 
 def _decay(s):

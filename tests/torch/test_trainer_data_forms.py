@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 import somatize.torch as st
 from somatize.errors import SettingError
-from tests.torch.test_trainer import batches, make_graph, quiet
+from tests.torch.trainer_helpers import batches, make_graph, quiet
 
 
 def trainer() -> st.Trainer:

@@ -11,7 +11,7 @@ from somatize import Recorder
 from somatize.errors import SettingError
 from somatize.watchers import EpochEnd, Metrics
 from tests.torch.test_checkpoint_resume import Crash, CrashAt, assert_same, data, graph, trainer
-from tests.torch.test_trainer import batches, make_graph, quiet, sgd
+from tests.torch.trainer_helpers import batches, make_graph, quiet, sgd
 
 
 def test_evaluations_come_at_the_end_of_every_nth_epoch_only():

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset, Wei
 import somatize.torch as st
 from somatize import Graph
 from tests.torch.test_checkpoint_resume import Crash, CrashAt
-from tests.torch.test_trainer import Linear
+from tests.torch.trainer_helpers import Linear
 
 
 def test_num_examples_counts_what_a_dataloaders_sampler_draws_not_the_whole_dataset():

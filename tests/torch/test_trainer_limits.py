@@ -15,7 +15,7 @@ from somatize.torch.batches import epoch_batches
 from somatize.watchers import FitStart, StepEnd
 from tests.torch.test_checkpoint_resume import Crash, CrashAt, assert_same, data, graph, trainer
 from tests.torch.test_resume_random_data import LOADERS, CrashingLoss
-from tests.torch.test_trainer import Capture, batches, make_graph, plain_copy, plain_state, quiet
+from tests.torch.trainer_helpers import Capture, batches, make_graph, plain_copy, plain_state, quiet
 
 
 def sgd(params):

@@ -9,7 +9,7 @@ from torch.nn import functional as F
 import somatize.torch as st
 from somatize.errors import SettingError
 from tests.torch.test_checkpoint_resume import Crash, CrashAt, assert_same, data, graph, trainer
-from tests.torch.test_trainer import batches, make_graph, quiet
+from tests.torch.trainer_helpers import batches, make_graph, quiet
 
 
 def frozen_lr(ps):

@@ -16,8 +16,8 @@ from somatize.errors import SettingError
 from somatize.watchers import Metrics, StepEnd
 from tests.torch.test_checkpoint_resume import Crash, CrashAt, assert_same, graph
 from tests.torch.test_resume_random_data import Augmented
-from tests.torch.test_trainer import batches, make_graph, quiet
 from tests.torch.test_trainer_min_epochs import Answers
+from tests.torch.trainer_helpers import batches, make_graph, quiet
 
 
 class Counting:

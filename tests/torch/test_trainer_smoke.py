@@ -9,7 +9,7 @@ from torch.nn import functional as F
 import somatize.torch as st
 from somatize import Recorder
 from somatize.errors import CheckpointError, SettingError
-from tests.torch.test_trainer import batches, make_graph, quiet
+from tests.torch.trainer_helpers import batches, make_graph, quiet
 
 
 def adam(ps):

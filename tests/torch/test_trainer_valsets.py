@@ -14,8 +14,8 @@ from somatize import Done, Graph, Node, Opaque, Recorder
 from somatize.errors import SettingError
 from somatize.watchers import Metrics
 from tests.torch.test_checkpoint_resume import Crash, CrashAt, assert_same, data, graph, trainer
-from tests.torch.test_trainer import batches, make_graph, quiet
 from tests.torch.test_trainer_sanity import Counting
+from tests.torch.trainer_helpers import batches, make_graph, quiet
 
 
 def sets():
