@@ -18,20 +18,19 @@ cost; partition and sampling cost.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from common import Row, cpu_ratio, interleave, per_call
-from fedavg_floors import conversion_pass, float32_pass
+from common import Row, interleave, per_call
+from federated_costs import fedavg_rows, partition_rows
+from peak_rss import _rss_kib
 
 HERE = Path(__file__).resolve().parent
 
@@ -114,43 +113,6 @@ def _state() -> dict[str, torch.Tensor]:
     import somatize.torch as st
 
     return st.state(make_graph())
-
-
-def _rss_kib(field: str, pid: int) -> int:
-    """A process's resident memory in KiB from ``/proc/PID/status`` (VmRSS now, VmHWM peak)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-class PeakRSS:
-    """The peak resident memory of this process and its descendants, sampled every 50 ms."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self.proc, self.peak, self._stop = psutil.Process(), 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        import psutil
-
-        while not self._stop.is_set():
-            total = 0
-            for p in [self.proc, *self.proc.children(recursive=True)]:
-                with contextlib.suppress(psutil.Error):  # a process that just ended
-                    total += p.memory_info().rss
-            self.peak = max(self.peak, total)
-            self._stop.wait(0.05)
-
-    def __enter__(self) -> PeakRSS:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def timed_client(global_state: dict[str, torch.Tensor], task: tuple[Any, ...]) -> Any:
@@ -322,77 +284,6 @@ def flower_rows(sizes: list[int], per_round: dict[int, float]) -> list[Row]:
             )
         )
     return rows
-
-
-def fedavg_rows(quick: bool) -> list[Row]:
-    import somatize.torch as st
-
-    clients, params = (20, 1_000_000) if quick else (100, 1_000_000)
-    gen = torch.Generator().manual_seed(0)
-    states = [{"w": torch.randn(params, generator=gen)} for _ in range(clients)]
-    weights = [float(i + 1) for i in range(clients)]
-
-    t = interleave(
-        {
-            "fedavg": per_call(lambda: st.fedavg(states, weights=weights), 1),
-            "float32 pass": per_call(lambda: float32_pass(states, weights), 1),
-            "conversion": per_call(lambda: conversion_pass(states), 1),
-        },
-        trials=3 if quick else 5,
-    )
-    exact = st.fedavg(states, weights=weights)["w"].double()
-    ref = sum(s["w"].double() * w for s, w in zip(states, weights)) / sum(weights)
-    err = float((exact - ref).abs().max())
-    ratio = t["fedavg"].median / t["float32 pass"].median
-    return [
-        Row(
-            "federated",
-            f"fedavg {clients} clients × {params / 1e6:.0f}M float32",
-            t["fedavg"].median * 1e3,
-            "ms",
-            baseline="one float32 accumulation pass",
-            baseline_value=t["float32 pass"].median * 1e3,
-            ratio=ratio,
-            target="≤ 1.5× one pass",
-            met=ratio <= 1.5,
-            note=(
-                f"float64 accumulation; max error against a float64 reference {err:.1e}; "
-                f"converting every client tensor to float64 alone (torch's copy_, a slice at "
-                f"a time, nothing summed) takes {t['conversion'].median * 1e3:.1f} ms = "
-                f"{t['conversion'].median / t['float32 pass'].median:.2f}× the float32 pass"
-            ),
-            cpu_ratio=cpu_ratio(t["fedavg"], t["float32 pass"]),
-        )
-    ]
-
-
-def partition_rows(per_round: dict[int, float]) -> list[Row]:
-    from somatize.torch import federated as fl
-
-    labels = torch.randint(0, 10, (100_000,), generator=torch.Generator().manual_seed(0))
-    t = interleave(
-        {
-            "dirichlet": per_call(lambda: fl.dirichlet(labels, clients=1000, alpha=0.5), 1),
-            "sample": per_call(lambda: fl.sample(1000, fraction=0.1, round=7), 100),
-        },
-        trials=3,
-    )
-    cost = t["dirichlet"].median + t["sample"].median
-    base = per_round[max(per_round)]
-    return [
-        Row(
-            "federated",
-            "Dirichlet(0.5) partition of 100k examples × 1,000 clients, and one round's sample",
-            cost * 1e3,
-            "ms",
-            baseline=f"one round of {max(per_round)} clients on 2 workers",
-            baseline_value=base * 1e3,
-            ratio=cost / base,
-            target="negligible (≤ 0.1× a round)",
-            met=cost / base <= 0.1,
-            note=f"sample alone {t['sample'].median * 1e6:.0f} µs",
-        )
-    ]
 
 
 _CORUNNER = """

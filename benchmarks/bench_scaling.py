@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common import Row, Sample, Timing, cpu_ratio, fmt, interleave, per_call
+from scaling_graphs import Lin, expression, make_nodes, plain_walk
 
 from somatize import Done, Graph, Node, Opaque
 
@@ -41,75 +42,6 @@ SIZES = (10, 100, 1_000, 10_000)
 GROWTH_TARGET = 12.0
 #: the tables of the last run, by shape, for docs/benchmarks.md (run.py writes them)
 TABLES: dict[str, str] = {}
-
-
-class Identity(Node):
-    def forward(self, x: Any, ctx: Any) -> Done:
-        return Done(Opaque(x))
-
-
-class Join(Node):
-    def forward(self, xs: Any, ctx: Any) -> Done:
-        return Done(Opaque(xs[0]))
-
-
-class Lin(Node):
-    def __init__(self) -> None:
-        import torch
-
-        self.lin = torch.nn.Linear(4, 4)
-
-    def forward(self, x: Any, ctx: Any) -> Done:
-        return Done(Opaque(self.lin(x)))
-
-
-def expression(shape: str, nodes: list[Any]) -> Any:
-    """``n0 >> n1 >> ...`` or ``n0 >> (n1 | ... | n_{N-2}) >> n_{N-1}``, one operator at a time."""
-    if shape == "chain":
-        e = nodes[0]
-        for n in nodes[1:]:
-            e = e >> n
-        return e
-    src, *branches, join = nodes
-    fork = branches[0]
-    for b in branches[1:]:
-        fork = fork | b
-    return src >> fork >> join
-
-
-def make_nodes(shape: str, n: int, kind: type[Node] = Identity) -> list[Any]:
-    nodes: list[Any] = [kind() for _ in range(n)]
-    if shape == "fork" and kind is Identity:
-        nodes[-1] = Join()
-    return nodes
-
-
-def plain_walk(shape: str, n: int) -> Callable[[Any], Any]:
-    """The same walk as plain Python: one function call per node."""
-
-    def ident(v: Any) -> Any:
-        return v
-
-    def join(vs: Any) -> Any:
-        return vs[0]
-
-    fns = [ident] * n
-    if shape == "chain":
-
-        def chain(x: Any) -> Any:
-            v = x
-            for f in fns:
-                v = f(v)
-            return v
-
-        return chain
-    branches = fns[1:-1]
-
-    def fork(x: Any) -> Any:
-        h = ident(x)
-        return join(tuple([b(h) for b in branches]))
-
-    return fork
 
 
 def fresh(make: Callable[[], Any], run: Callable[[Any], Any], count: int) -> Callable[[], float]:

@@ -46,6 +46,10 @@ class Sample(float):
         s.cpu = cpu
         return s
 
+    def __reduce__(self) -> tuple[type[Sample], tuple[float, float]]:
+        # (a Row holding one is copied by asdict: float's own reduce would drop the cpu)
+        return Sample, (float(self), self.cpu)
+
 
 def _timing(s: list[float]) -> Timing:
     return Timing(statistics.median(s), min(s), max(s), len(s))

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 import torch
-from bench_federated import _DATA, PeakRSS, _state, tasks_for, train_client
+from bench_federated import _DATA, _state, tasks_for, train_client
+from peak_rss import PeakRSS
 
 
 def run_flower(sizes: list[int]) -> None:
