@@ -1,37 +1,14 @@
-"""fedavg, fedmedian and trimmed_mean: against float64 references, and every error case."""
+"""fedavg, fedmedian and trimmed_mean against float64 references: weighting, order, dtypes,
+slice-by-slice sums, scratch buffers; and the federated submodules' docstring examples."""
 
-import pickle
 import random
 
 import pytest
 import torch
 
 import somatize.torch as st
-from somatize.errors import AggregationError, SomatizeError
-
-
-def client(seed, scale=1.0, dtype=torch.float32, count=10):
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "enc.lin.weight": (torch.randn(6, 4, generator=g) * scale).to(dtype),
-        "enc.lin.bias": (torch.randn(6, generator=g) * scale).to(dtype),
-        "head.bn.running_mean": torch.randn(3, generator=g).to(dtype),
-        "head.bn.num_batches_tracked": torch.tensor(count, dtype=torch.int64),
-    }
-
-
-def result(state, n):
-    return st.TrainResult(state=state, num_examples=n, steps=1, epochs=1)
-
-
-def reference(states, weights):
-    """A straightforward float64 weighted mean, key by key."""
-    total = sum(weights)
-    return {
-        k: sum(s[k].double() * w for s, w in zip(states, weights)) / total
-        for k in states[0]
-        if states[0][k].is_floating_point()
-    }
+from somatize.errors import AggregationError
+from tests.torch.federated_helpers import client, reference, result
 
 
 def test_fedavg_matches_a_float64_reference_weighted_by_num_examples():
@@ -190,137 +167,6 @@ def test_fedavg_reuses_its_slice_buffers_for_every_key():
     )
 
 
-def test_integer_buffers_follow_an_explicit_policy():
-    states = [client(i, count=10 * i) for i in (1, 4, 2)]  # counters 10, 40, 20
-    with pytest.warns(RuntimeWarning, match="num_batches_tracked.*differ.*int_buffers='max'"):
-        assert st.fedavg(states, weights="uniform")["head.bn.num_batches_tracked"].item() == 40
-    assert (
-        st.fedavg(states, weights="uniform", int_buffers="max")[
-            "head.bn.num_batches_tracked"
-        ].item()
-        == 40
-    )  # said explicitly: no warning
-    assert (
-        st.fedavg(states, weights="uniform", int_buffers="first")[
-            "head.bn.num_batches_tracked"
-        ].item()
-        == 10
-    )
-    out = st.fedavg(states, weights="uniform", int_buffers="max")
-    assert out["head.bn.num_batches_tracked"].dtype == torch.int64
-    with pytest.raises(AggregationError, match="num_batches_tracked.*counters"):
-        st.fedavg(states, weights="uniform", int_buffers="error")
-
-
-def test_bool_buffers_are_combined_by_or_and_called_bool_tensors():
-    states = [
-        {"mask": torch.tensor([True, False, False])},
-        {"mask": torch.tensor([False, False, True])},
-    ]
-    with pytest.warns(RuntimeWarning) as record:
-        out = st.fedavg(states, weights="uniform")
-    message = str(record[0].message)
-    assert "'mask': the clients' bool tensors differ; keeping their logical OR" in message
-    assert "integer" not in message and "num_batches_tracked" not in message
-    assert out["mask"].tolist() == [True, False, True] and out["mask"].dtype == torch.bool
-    assert st.fedavg(states, weights="uniform", int_buffers="max")["mask"].tolist() == [
-        True,
-        False,
-        True,
-    ]
-    with pytest.raises(
-        AggregationError, match=r"'mask' is a bool tensor; averaging flags .*torch\.bool"
-    ):
-        st.fedavg(states, weights="uniform", int_buffers="error")
-
-
-def test_mismatched_keys_name_the_client_and_the_key():
-    a, b = client(0), client(1)
-    del b["enc.lin.bias"]
-    with pytest.raises(AggregationError, match=r"client 1 .*missing: \['enc.lin.bias'\]"):
-        st.fedavg([a, b], weights="uniform")
-    c = client(2)
-    c["extra"] = torch.zeros(1)
-    with pytest.raises(AggregationError, match=r"client 1 .*unexpected: \['extra'\]"):
-        st.fedavg([a, c], weights="uniform")
-
-
-def test_mismatched_shapes_and_dtypes_name_the_client_and_the_key():
-    a, b = client(0), client(1)
-    b["enc.lin.weight"] = torch.zeros(6, 5)
-    with pytest.raises(AggregationError, match=r"client 1, key 'enc.lin.weight': shape \(6, 5\)"):
-        st.fedavg([a, b], weights="uniform")
-    c = client(2)
-    c["enc.lin.bias"] = c["enc.lin.bias"].double()
-    with pytest.raises(
-        AggregationError, match=r"client 1, key 'enc.lin.bias': dtype torch.float64"
-    ):
-        st.fedavg([a, c], weights="uniform")
-
-
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_nonfinite_updates_raise_or_are_skipped_and_reported(bad):
-    states = [client(i) for i in range(3)]
-    states[2]["enc.lin.bias"][0] = bad
-    with pytest.raises(AggregationError, match=r"client 2, key 'enc.lin.bias'.*NaN or inf"):
-        st.fedavg(states, weights="uniform")
-    with pytest.warns(RuntimeWarning, match=r"clients \[2\] skipped"):
-        out = st.fedavg(states, weights="uniform", nonfinite="skip")
-    assert out.skipped == (2,)
-    ref = reference(states[:2], [1, 1])
-    torch.testing.assert_close(out["enc.lin.bias"].double(), ref["enc.lin.bias"], atol=1e-6, rtol=0)
-
-
-def test_weights_are_validated():
-    states = [client(i) for i in range(2)]
-    with pytest.raises(AggregationError, match="client 1 has weight -1"):
-        st.fedavg(states, weights=[1, -1])
-    for bad in (float("inf"), float("-inf"), float("nan")):  # named, not "sum to inf"
-        with pytest.raises(AggregationError, match=f"client 0 has weight {bad}; .*finite"):
-            st.fedavg(states, weights=[bad, 1])
-    with pytest.raises(AggregationError, match="sum to inf .float overflow.; scale them down"):
-        st.fedavg(states, weights=[1e308, 1e308])
-    with pytest.raises(AggregationError, match="sum to 0"):
-        st.fedavg(states, weights=[0, 0])
-    with pytest.raises(AggregationError, match="client 0 is a plain state dict"):
-        st.fedavg(states)  # no num_examples on plain dicts
-    with pytest.raises(AggregationError, match="3 weights for 2 clients"):
-        st.fedavg(states, weights=[1, 2, 3])
-    with pytest.raises(AggregationError, match="empty"):
-        st.fedavg([])
-    with pytest.raises(AggregationError, match="sum to 0"):
-        st.fedavg([result(s, 0) for s in states])
-
-
-def test_errors_are_somatize_errors_and_value_errors():
-    with pytest.raises(ValueError):
-        st.fedavg([])
-    with pytest.raises(SomatizeError):
-        st.fedavg([])
-
-
-def test_the_aggregate_is_a_picklable_state_dict():
-    out = st.fedavg([client(0), client(1)], weights="uniform")
-    back = pickle.loads(pickle.dumps(out))
-    assert back.keys() == out.keys() and back.weights == out.weights
-    assert all(torch.equal(back[k], out[k]) for k in out)
-
-
-def test_the_aggregate_saved_with_torch_loads_with_weights_only(tmp_path):
-    # users save the global state as fedavg returns it; torch.load refuses unknown classes
-    with pytest.warns(RuntimeWarning):  # the clients' counters differ
-        out = st.fedavg([client(0, count=3), client(1, count=5), client(2)], weights=[1, 2, 0])
-    path = tmp_path / "global.pt"
-    torch.save({"global": out, "round": 7}, path)
-    back = torch.load(path, weights_only=True)  # torch's default since 2.6
-    assert back["round"] == 7 and list(back["global"]) == list(out)
-    assert all(torch.equal(back["global"][k], out[k]) for k in out)
-    assert back["global"]["head.bn.num_batches_tracked"].item() == 10
-    g = back["global"]  # an OrderedDict, as a state_dict() is, with the attributes on it
-    assert (g.weights, g.skipped, g.selected) == (out.weights, (), (0, 1, 2))
-    assert out.weights == pytest.approx((1 / 3, 2 / 3, 0.0))
-
-
 def honest_and_malicious(n_honest=7, n_bad=2):
     honest = [client(i) for i in range(n_honest)]
     bad = [client(100 + i, scale=1e6) for i in range(n_bad)]
@@ -348,70 +194,6 @@ def test_fedmedian_and_trimmed_mean_against_sorted_references():
     assert st.trimmed_mean(states, 0.0)["w"].tolist() == [2.75, -2.75]
     with pytest.raises(ValueError, match="beta"):
         st.trimmed_mean(states, 0.5)
-
-
-def test_robust_aggregators_validate_like_fedavg():
-    a, b = client(0), client(1)
-    b["enc.lin.weight"] = torch.zeros(2)
-    with pytest.raises(AggregationError, match="client 1, key 'enc.lin.weight'"):
-        st.fedmedian([a, b])
-    c = client(2)
-    c["enc.lin.bias"][1] = float("nan")
-    with pytest.raises(AggregationError, match="client 1, key 'enc.lin.bias'"):
-        st.trimmed_mean([a, c], 0.1)
-
-
-def test_a_value_that_is_not_a_tensor_names_the_client_the_key_and_the_fix():
-    a, b = client(0), client(1)
-    b["head.scale"] = 0.5
-    a["head.scale"] = torch.tensor(0.5)
-    with pytest.raises(
-        AggregationError, match=r"client 1, key 'head.scale': a float .*torch.tensor"
-    ):
-        st.fedavg([a, b], weights="uniform")
-
-
-def test_complex_tensors_are_refused_with_the_fix():
-    states = [{"w": torch.randn(3, dtype=torch.complex64)} for _ in range(2)]
-    with pytest.raises(AggregationError, match=r"client 0, key 'w': a complex.*view_as_real"):
-        st.fedavg(states, weights="uniform")
-    with pytest.raises(AggregationError, match="complex"):
-        st.fedmedian(states)
-    later = [
-        {"w": torch.randn(3)},
-        {"w": torch.randn(3)},
-        {"w": torch.randn(3, dtype=torch.cfloat)},
-    ]
-    with pytest.raises(AggregationError, match=r"client 2, key 'w': a complex.*view_as_real"):
-        st.fedavg(later, weights="uniform")
-    later[2] = {"w": "3.0"}
-    with pytest.raises(AggregationError, match=r"client 2, key 'w': a str .*not a tensor"):
-        st.fedavg(later, weights="uniform")
-
-
-def test_weights_given_as_a_set_are_refused():
-    states = [client(i) for i in range(2)]
-    with pytest.raises(AggregationError, match="weights is a set.*list"):
-        st.fedavg(states, weights={1.0, 3.0})
-
-
-def test_parameters_in_plain_tensors_out():
-    states = [{"w": torch.nn.Parameter(torch.randn(3))} for _ in range(3)]
-    for aggregate in (lambda s: st.fedavg(s, weights="uniform"), st.fedmedian):
-        out = aggregate(states)
-        assert not out["w"].requires_grad and type(out["w"]) is torch.Tensor
-    ref = sum(s["w"].detach().double() for s in states) / 3
-    torch.testing.assert_close(st.fedavg(states, weights="uniform")["w"].double(), ref)
-
-
-def test_summarize_names_nan_runs_or_omits_them():
-    with pytest.raises(ValueError, match=r"'val_loss' is NaN in run\(s\) \[1\].*nan='omit'"):
-        st.summarize([0.5, float("nan"), 0.4], "val_loss")
-    s = st.summarize([0.5, float("nan"), 0.4], "val_loss", nan="omit")
-    assert (s.n, s.best, s.min, s.max) == (2, 2, 0.4, 0.5)
-    assert s.mean == pytest.approx(0.45)
-    with pytest.raises(ValueError, match="every run"):
-        st.summarize([float("nan")], "val_acc", nan="omit")
 
 
 def test_the_submodules_docstring_examples_run():

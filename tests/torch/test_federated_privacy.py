@@ -1,31 +1,18 @@
-"""DP-FedAvg: clipped updates, noise of scale σ·C, ε from Opacus's accountant growing with rounds."""
+"""DP-FedAvg: clipped updates, noise of scale σ·C, ε from Opacus's accountant growing with
+rounds, resumes, argument checks, the noise's seed and low-precision contributions."""
 
 import math
 import sys
 import warnings
 
-import numpy as np
 import pytest
 import torch
 
 from somatize.errors import AggregationError, MissingExtraError
 from somatize.torch import federated as fl
+from tests.torch.privacy_rounds import GLOBAL, round_of
 
 pytest.importorskip("opacus")
-
-
-def round_of(global_state, scale, clients=10, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        {
-            k: v + scale * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
-            for k, v in global_state.items()
-        }
-        for _ in range(clients)
-    ]
-
-
-GLOBAL = {"w": torch.zeros(100, 50), "b": torch.zeros(50), "count": torch.tensor(4)}
 
 
 def test_clipping_bounds_every_update_without_noise():
@@ -119,151 +106,6 @@ def test_without_opacus_the_error_names_the_extra(monkeypatch):
         fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=1)
 
 
-def bn_round(clients=4, seed=0):
-    """A Linear + BatchNorm model's global state, and clients that moved every float key
-    (the statistics far more than the weights, as a client's data moves them)."""
-    torch.manual_seed(seed)
-    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
-    glob = {k: v.clone() for k, v in net.state_dict().items()}
-    g = torch.Generator().manual_seed(seed)
-    states = []
-    for i in range(clients):
-        s = {}
-        for k, v in glob.items():
-            if not v.is_floating_point():
-                s[k] = v + 3 + i  # num_batches_tracked
-            else:
-                scale = 5.0 if k.startswith("1.running") else 0.5
-                s[k] = v + scale * torch.randn(v.shape, generator=g)
-        states.append(s)
-    buffers = [k for k, _ in net.named_buffers()]
-    return glob, states, buffers
-
-
-WEIGHTS = ("0.weight", "0.bias", "1.weight", "1.bias")
-STATS = ("1.running_mean", "1.running_var")
-
-
-def reference(glob, states, keys, clip, per_round):
-    """DP-FedAvg without noise, by hand: each update over ``keys`` clipped to ``clip``,
-    summed, divided by per_round; and each client's norm."""
-    out, norms = {k: glob[k].double().clone() for k in keys}, []
-    for s in states:
-        d = {k: s[k].double() - glob[k].double() for k in keys}
-        norm = float(torch.cat([v.reshape(-1) for v in d.values()]).norm())
-        norms.append(norm)
-        for k in keys:
-            out[k] += d[k] * min(1.0, clip / norm) / per_round
-    return {k: v.to(glob[k].dtype) for k, v in out.items()}, norms
-
-
-def test_float_buffers_are_refused_without_a_policy_naming_the_keys_and_the_choices():
-    glob, states, buffers = bn_round()
-    for dp in (
-        fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=4),  # found by their names
-        fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=4, buffers=buffers),
-    ):
-        with pytest.raises(AggregationError) as e:
-            dp.step(glob, states)
-        msg = str(e.value)
-        assert "'1.running_mean', '1.running_var'" in msg
-        for choice in ("buffer_policy='global'", "'noised'", "'unprotected_mean'", "GroupNorm"):
-            assert choice in msg
-        assert dp.rounds == 0 and dp.accountant.history == []  # nothing was spent
-    # a float buffer of another name counts once buffers= names it
-    plain = {"w": torch.zeros(3), "scale": torch.ones(2)}
-    dp = fl.DPFedAvg(clip=1.0, noise=0.0, clients=10, per_round=2, buffers=["scale"])
-    with pytest.raises(AggregationError, match=r"\['scale'\] are float buffers"):
-        dp.step(plain, [plain, plain])
-    # a model without float buffers steps as before, and integer buffers are no reason to refuse
-    dp = fl.DPFedAvg(clip=1.0, noise=0.0, clients=10, per_round=2, buffers=["count"])
-    out = dp.step(GLOBAL, [GLOBAL, GLOBAL])
-    assert torch.equal(out["w"], GLOBAL["w"]) and out["count"].item() == 4
-
-
-def test_global_policy_keeps_the_servers_buffers_out_of_the_norm_and_the_noise():
-    glob, states, buffers = bn_round()
-    dp = fl.DPFedAvg(clip=0.5, noise=0.0, clients=10, per_round=4, buffers=buffers,
-                     buffer_policy="global")  # fmt: skip
-    out = dp.step(glob, states)
-    want, norms = reference(glob, states, WEIGHTS, clip=0.5, per_round=4)
-    for k in WEIGHTS:
-        torch.testing.assert_close(out[k], want[k], atol=1e-7, rtol=0)
-    assert dp.norms == pytest.approx(norms, rel=1e-12)  # the weights' update only
-    for k in (*STATS, "1.num_batches_tracked"):  # named integer buffers too
-        assert torch.equal(out[k], glob[k])
-    noisy = fl.DPFedAvg(clip=0.5, noise=2.0, clients=10, per_round=4, buffers=buffers,
-                        buffer_policy="global", seed=1)  # fmt: skip
-    out = noisy.step(glob, states)
-    assert all(torch.equal(out[k], glob[k]) for k in STATS)  # no noise on them either
-    assert not torch.allclose(out["0.weight"], want["0.weight"], atol=1e-3)  # but on weights
-
-
-def test_global_policy_keeps_integer_buffers_buffers_did_not_name():
-    # the statistics are found by name; their counter must stay the server's too, or the
-    # round would publish the largest client's number of batches, which epsilon does not cover
-    glob, states, _ = bn_round()
-    dp = fl.DPFedAvg(clip=0.5, noise=0.0, clients=10, per_round=4, buffer_policy="global")
-    out = dp.step(glob, states)
-    for k in (*STATS, "1.num_batches_tracked"):
-        assert torch.equal(out[k], glob[k])
-    want, _ = reference(glob, states, WEIGHTS, clip=0.5, per_round=4)
-    for k in WEIGHTS:
-        torch.testing.assert_close(out[k], want[k], atol=1e-7, rtol=0)
-
-
-def test_unprotected_mean_policy_averages_the_buffers_in_the_clear():
-    glob, states, buffers = bn_round()
-    dp = fl.DPFedAvg(clip=0.5, noise=3.0, clients=10, per_round=4, buffers=buffers,
-                     buffer_policy="unprotected_mean")  # fmt: skip
-    out = dp.step(glob, states)
-    for k in STATS:  # the plain mean, no noise: what epsilon does not cover
-        mean = torch.stack([s[k].double() for s in states]).mean(0).float()
-        torch.testing.assert_close(out[k], mean, atol=1e-7, rtol=0)
-    _, norms = reference(glob, states, WEIGHTS, clip=0.5, per_round=4)
-    assert dp.norms == pytest.approx(norms, rel=1e-12)
-    assert out["1.num_batches_tracked"].item() == glob["1.num_batches_tracked"].item() + 6  # max
-
-
-def test_noised_policy_treats_the_statistics_as_weights():
-    glob, states, _ = bn_round()
-    dp = fl.DPFedAvg(clip=0.5, noise=0.0, clients=10, per_round=4, buffer_policy="noised")
-    out = dp.step(glob, states)  # found by their names, clipped and noised with the rest
-    want, norms = reference(glob, states, WEIGHTS + STATS, clip=0.5, per_round=4)
-    assert dp.norms == pytest.approx(norms, rel=1e-12)
-    for k in WEIGHTS + STATS:
-        torch.testing.assert_close(out[k], want[k], atol=1e-7, rtol=0)
-    _, weights_only = reference(glob, states, WEIGHTS, clip=0.5, per_round=4)
-    assert min(n - w for n, w in zip(norms, weights_only)) > 1  # the statistics dominate
-
-
-def test_buffer_arguments_are_checked():
-    with pytest.raises(ValueError, match=r"buffer_policy must be 'global', 'noised'.*'keep'"):
-        fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2, buffer_policy="keep")
-    with pytest.raises(TypeError, match=r"not the string 'bn.running_mean'; pass \['bn"):
-        fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2, buffers="bn.running_mean")
-    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2, buffers=["bn.running_var"],
-                     buffer_policy="global")  # fmt: skip
-    with pytest.raises(AggregationError, match=r"buffers names keys the state does not hold"):
-        dp.step(GLOBAL, [GLOBAL, GLOBAL])
-
-
-def test_a_round_larger_than_per_round_warns_and_one_larger_than_clients_is_refused():
-    # epsilon is charged at rate per_round / clients: 20 updates from a per_round=10
-    # accountant (every client of a 20-client population, say) would under-report it
-    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=20, per_round=10)
-    with pytest.warns(UserWarning, match=r"got 20 updates in one round: epsilon"):
-        dp.step(GLOBAL, round_of(GLOBAL, 0.01, clients=20))
-    with pytest.raises(AggregationError, match=r"clients=20\) got 21 updates"):
-        dp.step(GLOBAL, round_of(GLOBAL, 0.01, clients=21))
-    assert dp.rounds == 1  # the refused round charged nothing
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        dp.step(GLOBAL, round_of(GLOBAL, 0.01, clients=10))  # as many as planned: silent
-
-
 def test_the_default_noise_is_seeded_from_the_os_and_cannot_be_regenerated(monkeypatch):
     # with seed=0 by default, anyone who knew the library stripped the noise off the
     # published model and recovered a client's update (audit: 3e-16 away)
@@ -341,76 +183,6 @@ def test_low_precision_contributions_are_within_the_clip_norm(monkeypatch):
         assert out["w"].dtype == glob["w"].dtype and torch.equal(out["w"], want)
 
 
-def test_an_empty_round_adds_the_noise_alone_and_is_charged():
-    # Poisson sampling (what the accountant analyses) draws nobody now and then, and a round
-    # whose every client failed is empty once they are dropped; both were refused
-    glob, _, buffers = bn_round()
-    dp = fl.DPFedAvg(clip=0.5, noise=1.3, clients=100, per_round=4, seed=5, buffers=buffers,
-                     buffer_policy="unprotected_mean")  # fmt: skip
-    out = dp.step(glob, [])
-    gen = torch.Generator().manual_seed(5)  # by hand: 0 + N(0, (σC)²), over per_round
-    for k, x in glob.items():
-        if k in WEIGHTS:
-            noise = torch.randn(x.shape, dtype=torch.float64, generator=gen)
-            want = (x.double() + noise * (1.3 * 0.5) / 4).to(x.dtype)
-            assert torch.equal(out[k], want)
-        else:  # no client to average the buffers over, nor to count: the server's
-            assert torch.equal(out[k], x)
-    assert dp.rounds == 1 and dp.norms == ()
-    from opacus.accountants import RDPAccountant
-
-    ref = RDPAccountant()
-    ref.step(noise_multiplier=1.3, sample_rate=4 / 100)
-    assert dp.epsilon(1e-5) == ref.get_epsilon(1e-5)
-    with pytest.raises(TypeError, match="aggregate a list"):
-        dp.step(glob, {})  # an empty dict is not an empty round
-
-
-@pytest.mark.filterwarnings(r"ignore:DPFedAvg\(per_round=2\) got \d updates")  # Poisson's spread
-def test_a_poisson_loop_with_empty_rounds_charges_every_round():
-    import numpy as np
-
-    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=2, seed=0)
-    x, rng, sizes = {"w": torch.zeros(4)}, np.random.default_rng(0), []
-    for _ in range(30):
-        chosen = np.flatnonzero(rng.random(100) < 0.02)
-        sizes.append(len(chosen))
-        x = dp.step(x, [{"w": x["w"] + 0.1} for _ in chosen])
-    assert 0 in sizes and dp.rounds == 30
-    assert sum(n for _, _, n in dp.accountant.history) == 30  # (noise, rate, rounds) entries
-
-
-def test_weighted_sampling_is_charged_at_the_most_likely_clients_rate():
-    # fl.sample(weights=sizes) draws the biggest of Dirichlet(0.5) clients in 16% of the
-    # rounds, not m/N = 10%: charged at 10%, its epsilon was 12.8 where 7.9 was reported
-    import numpy as np
-    from opacus.accountants import RDPAccountant
-
-    labels = np.random.default_rng(0).integers(0, 10, 5000)
-    sizes = [len(p) for p in fl.dirichlet(labels, clients=100, alpha=0.5, seed=0)]
-    big, rounds = int(np.argmax(sizes)), 2000
-    q = sum(big in fl.sample(100, count=10, round=r, seed=1, weights=sizes) for r in range(rounds))
-    q /= rounds
-    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights=sizes)
-    uniform = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10)
-    x = {"w": torch.zeros(3)}
-    for r in range(100):
-        chosen = fl.sample(100, count=10, round=r, seed=0, weights=sizes)
-        dp.step(x, [x] * len(chosen))
-        uniform.step(x, [x] * len(chosen))
-    real = RDPAccountant()
-    for _ in range(100):
-        real.step(noise_multiplier=1.0, sample_rate=q - 4 * (q * (1 - q) / rounds) ** 0.5)
-    assert uniform.sample_rate == 0.1 and q > 0.15 > dp.sample_rate - 0.02
-    assert dp.epsilon(1e-5) >= real.get_epsilon(1e-5) > 1.2 * uniform.epsilon(1e-5)
-    equal = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights=[2.0] * 100)
-    assert equal.sample_rate == 0.1
-    with pytest.raises(ValueError, match=r"DPFedAvg\(weights=\): weights must be 100 finite"):
-        fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights=sizes[:50])
-    with pytest.raises(ValueError, match="the list of sampling weights given to fl.sample"):
-        fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, weights="sizes")
-
-
 def test_counts_take_numpy_integers_as_fl_sample_does_and_bools_are_refused():
     import numpy as np
 
@@ -423,43 +195,3 @@ def test_counts_take_numpy_integers_as_fl_sample_does_and_bools_are_refused():
         fl.DPFedAvg(clip=1.0, noise=True, clients=10, per_round=2)
     with pytest.raises(ValueError, match=r"per_round must be a positive int .*, not 2.0"):
         fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2.0)
-
-
-def test_poisson_sampling_is_what_dpfedavg_accountant_charges_and_does_not_warn():
-    """DP-FedAvg's accountant analyses Poisson sampling; the loop had to write it by hand
-    (np.flatnonzero(rng.random(N) < q)) and silence the over-count warning every round."""
-    from opacus.accountants import RDPAccountant
-
-    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=50, per_round=5, poisson=True, seed=0)
-    x, sizes = {"w": torch.zeros(4)}, []
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # rounds of more than per_round=5 do not warn
-        for r in range(40):
-            chosen = fl.sample(50, rate=dp.sample_rate, round=r, seed=3)
-            assert chosen == fl.sample(50, rate=0.1, round=r, seed=3)  # by (seed, round) alone
-            assert chosen == sorted(set(chosen)) and all(0 <= c < 50 for c in chosen)
-            sizes.append(len(chosen))
-            x = dp.step(x, [{"w": x["w"] + 0.1} for _ in chosen])
-    assert max(sizes) > 5 and dp.rounds == 40
-    ref = RDPAccountant()
-    for _ in range(40):
-        ref.step(noise_multiplier=1.0, sample_rate=0.1)
-    assert dp.epsilon(1e-5) == ref.get_epsilon(1e-5)
-    # each client independently at the rate: over many rounds, every client near it
-    drawn = np.zeros(50)
-    for r in range(2000):
-        drawn[fl.sample(50, rate=0.1, round=r, seed=0)] += 1
-    assert np.abs(drawn / 2000 - 0.1).max() < 0.035  # (4.9 standard deviations of 2000 draws)
-    assert any(not fl.sample(50, rate=0.02, round=r) for r in range(50))  # a round of nobody
-    with pytest.warns(UserWarning, match=r"pass poisson=True"):
-        fl.DPFedAvg(clip=1.0, noise=1.0, clients=50, per_round=5).step(
-            {"w": torch.zeros(1)}, [{"w": torch.ones(1)}] * 6
-        )
-    with pytest.raises(ValueError, match="exactly one of fraction=.*rate="):
-        fl.sample(50, count=5, rate=0.1, round=0)
-    with pytest.raises(ValueError, match=r"rate must be a probability in \(0, 1\], not 1.5"):
-        fl.sample(50, rate=1.5, round=0)
-    with pytest.raises(ValueError, match="weights= goes with fraction= or count="):
-        fl.sample(50, rate=0.1, round=0, weights=[1.0] * 50)
-    with pytest.raises(ValueError, match="poisson=True .* takes no weights="):
-        fl.DPFedAvg(clip=1.0, noise=1.0, clients=2, per_round=1, poisson=True, weights=[1, 2])

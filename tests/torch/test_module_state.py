@@ -1,0 +1,90 @@
+"""``parameters(g)``, ``state(g)`` / ``load_state(g, s)`` and ``module(g).to(dtype)``:
+deduplicated parameters, detached copies, every problem of a state reported, dtypes moved."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.testing import assert_close
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.errors import StateError
+
+from .tensor_nodes import Layer, Linear
+
+
+def test_parameters_are_deduplicated_and_exclude_frozen_nodes():
+    shared = nn.Linear(3, 3)
+    g = Graph.somatize(
+        Layer(shared).with_id("a") >> Layer(shared).with_id("b") >> Linear(3, 1).with_id("c")
+    )
+    params = st.parameters(g)
+    assert len(params) == 4
+    assert {id(p) for p in params} == {id(shared.weight), id(shared.bias)} | {
+        id(p) for p in g["c"].lin.parameters()
+    }
+    g.freeze("c")
+    assert {id(p) for p in st.parameters(g)} == {id(shared.weight), id(shared.bias)}
+
+
+def test_state_is_detached_cpu_copies_named_as_state_dict():
+    g = Graph.somatize(Linear(2, 2))
+    snap = st.state(g)
+    assert sorted(snap) == sorted(st.module(g).state_dict())
+    w = g["linear"].lin.weight
+    assert not snap["linear.lin.weight"].requires_grad
+    snap["linear.lin.weight"].add_(1.0)
+    assert not torch.equal(snap["linear.lin.weight"], w.detach())  # a copy, not a view
+
+
+def test_load_state_round_trips_and_reports_every_problem():
+    torch.manual_seed(0)
+    g = Graph.somatize(Linear(2, 3) >> Linear(3, 1))
+    torch.manual_seed(1)
+    g2 = Graph.somatize(Linear(2, 3) >> Linear(3, 1))
+    st.load_state(g2, st.state(g))
+    for k, v in st.state(g2).items():
+        assert_close(v, st.state(g)[k])
+
+    bad = st.state(g)
+    del bad["linear.lin.bias"]
+    bad["nowhere.weight"] = torch.zeros(1)
+    bad["linear_2.lin.weight"] = torch.zeros(5, 5)
+    bad["linear_2.lin.bias"] = [0.0]
+    with pytest.raises(StateError) as e:
+        st.load_state(g, bad)
+    msg = str(e.value)
+    assert "missing keys: linear.lin.bias" in msg
+    assert "unexpected keys: nowhere.weight" in msg
+    assert "linear_2.lin.weight: graph has (1, 3), state has (5, 5)" in msg
+    assert "not tensors: linear_2.lin.bias" in msg
+    assert isinstance(e.value, ValueError)
+    # nothing is loaded from a state that does not fit, not even the keys that do
+    before = st.state(g)
+    bad["linear.lin.weight"] = torch.zeros(3, 2)
+    with pytest.raises(StateError):
+        st.load_state(g, bad)
+    for k, v in st.state(g).items():
+        assert_close(v, before[k])
+
+
+def test_to_dtype_moves_node_modules_and_tensors():
+    class Scaled(Node):
+        def __init__(self) -> None:
+            self.lin = nn.Linear(2, 2)
+            self.gain = nn.Parameter(torch.ones(2))
+            self.offset = torch.zeros(2)
+            self.blocks = [nn.Linear(2, 2)]
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.blocks[0](self.lin(x) * self.gain + self.offset)))
+
+    g = Graph.somatize(Scaled())
+    m = st.module(g).to(torch.float64)
+    node = g["scaled"]
+    assert node.lin.weight.dtype == node.gain.dtype == node.offset.dtype == torch.float64
+    assert node.blocks[0].weight.dtype == torch.float64
+    assert dict(m.named_buffers())["scaled.offset"] is node.offset  # the node sees the moved buffer
+    assert m(torch.ones(1, 2, dtype=torch.float64)).dtype == torch.float64

@@ -1,0 +1,92 @@
+"""Per-example memory's checks: a trainable node must be frozen or rowwise, bad inputs name
+the node and the fix, and a corrupt entry is a miss that is recomputed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.testing import assert_close
+
+import somatize.torch as st
+from somatize import CacheError, Done, Graph, MemoryKeeper, Node, Opaque
+from somatize.rows import get_many
+from tests.torch.rows_graphs import Encoder, Head, data, graph
+
+
+def test_a_trainable_node_needs_to_be_frozen_or_rowwise():
+    torch.manual_seed(0)
+    g = Graph.somatize(Encoder().with_id("enc") >> Head().with_id("head"))
+    g.cache("enc", per="example")
+    with pytest.raises(CacheError, match=r"'enc' is cached per example but is neither frozen"):
+        st.module(g)(torch.randn(2, 8))
+
+    class Scale(Node):
+        rowwise = True  # each row alone: allowed without freezing
+
+        def forward(self, x, ctx):
+            return Done(x * 2)
+
+    g = Graph().node("s", Scale()).cache("s", per="example")
+    st.module(g)
+    assert_close(g.forward(torch.ones(3, 2)), torch.full((3, 2), 2.0))
+
+
+def test_bad_inputs_name_the_node_and_the_fix():
+    class Texts(Node):
+        rowwise = True
+
+        def forward(self, x, ctx):
+            return Done(x)
+
+    class Mean(Node):
+        rowwise = True
+
+        def forward(self, x, ctx):
+            return Done(x.mean(0, keepdim=True))  # one row for the whole batch
+
+    g = Graph().node("t", Texts()).cache("t", per="example")
+    st.module(g)
+    with pytest.raises(CacheError, match=r"'t' is cached per example but its input is a list"):
+        g.forward(["a", "b"])
+    with pytest.raises(CacheError, match=r"no rows"):
+        g.forward(torch.tensor(1.0))
+    g = Graph().node("m", Mean()).cache("m", per="example")
+    st.module(g)
+    with pytest.raises(CacheError, match=r"'m' .* returned 1 rows for 4 input rows.*per batch"):
+        g.forward(torch.randn(4, 2))
+    with pytest.raises(Exception, match=r"per is 'batch'.*or 'example'"):
+        g.cache("m", per="row")
+
+    class Grad(Node):
+        def __init__(self):
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.lin(x)))
+
+    g = Graph.somatize(Grad().with_id("grad") >> Texts().with_id("t")).cache("t", per="example")
+    m = st.module(g)
+    with pytest.raises(CacheError, match=r"'t' is cached but its input from node 'grad' is Opaque"):
+        m(torch.randn(3, 2))
+
+
+def test_a_corrupt_entry_is_a_miss_and_is_recomputed():
+    class Recording(MemoryKeeper):
+        def put_many(self, items, *, pinned=False):
+            self.keys = [k for k, _ in items]
+            super().put_many(items, pinned=pinned)
+
+    keeper = Recording()
+    g = graph(keeper=keeper)
+    m = st.module(g)
+    x = data().tensors[0][:4]
+    good = m(x).detach()
+    keys = keeper.keys
+    assert len(keys) == 4 and all(keeper.get(k).startswith(b"SMZ2") for k in keys)
+    keeper.put(keys[0], b"SMZ2\x00\x05junk!")  # torn layout
+    keeper.put(keys[1], keeper.get(keys[1])[:-3])  # truncated row
+    Encoder.rows = 0
+    assert_close(m(x), good)
+    assert Encoder.rows == 2
+    assert all(e is not None for e in get_many(keeper, keys))  # rewritten
