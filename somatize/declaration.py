@@ -5,6 +5,7 @@ node's key, beside its identity, ``identity.py``, and its state, ``node_state.py
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import os
 import sys
@@ -14,7 +15,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import DeclarationError
-from .identity import _describe, _has_attributes, _is_user_module, _warn_blind, identity
+from .identity import (
+    _describe,
+    _has_attributes,
+    _is_user_module,
+    _library_function,
+    _warn_blind,
+    identity,
+)
 from .node import Node
 from .values import digest, is_data
 
@@ -49,7 +57,16 @@ def _declare(value: Any, where: str, codecs: Sequence[Codec], blind: list[tuple[
         blind.extend((value, w) for w in inner)
         return {"code": described}
     if isinstance(value, (types.BuiltinFunctionType, types.ModuleType)):
-        return {"lib": _describe(value, {})}
+        return {"lib": _describe(value, {}, codecs)}  # (a bound builtin: its object too)
+    named = _library_function(value)
+    if named is not None:  # a builtin type's method (torch.Tensor.relu), a numpy ufunc
+        return {"lib": named}
+    if isinstance(value, functools.partial):
+        return {
+            "partial": _declare(value.func, f"{where}.func", codecs, blind),
+            "args": _declare(list(value.args), f"{where}.args", codecs, blind),
+            "kwargs": _declare(dict(value.keywords), f"{where}.keywords", codecs, blind),
+        }
     for codec in codecs:
         fp = codec.fingerprint(value)
         if fp is not None:

@@ -201,6 +201,24 @@ class Program:
         """The hot path's forwards, by node id."""
         return {node: forward for node, forward, *_ in self.fast}
 
+    @cached_property
+    def _prepares(self) -> dict[str, Callable[[], None]]:
+        """The ``prepare()`` of each wrapped forward that has one (in the wrap, or in one it
+        wraps): called before the node's key is read, so the key holds what the forward
+        will run with (a frozen node's modules put in eval mode first)."""
+        found = {}
+        for node, forward in self._forwards.items():
+            f: Any = forward
+            for _ in range(4):  # (wraps of wraps: a cached frozen node's is two deep)
+                prepare = getattr(type(f), "prepare", None)
+                if prepare is not None:
+                    found[node] = f.prepare
+                    break
+                if "forward" not in getattr(type(f), "__slots__", ()):
+                    break  # (a node's own forward: nothing more inside)
+                f = f.forward
+        return found
+
     def _forward(self, node: str, impl: Any) -> Forward:
         forward: Forward = impl.forward
         return self.wrap(node, impl, forward) if self.wrap is not None else forward
@@ -298,15 +316,28 @@ class Program:
         """
         needs_key = frozenset(self.topology.nodes) if need_key else self._needs_key
 
+        prepares = self._prepares
+
         def key(node: str, impl: Any, in_keys: Sequence[str | None]) -> str | None:
-            return recipe_key(keys, impl, prefix + node, in_keys) if node in needs_key else None
+            if node not in needs_key:
+                return None
+            prepare = prepares.get(node)
+            if prepare is not None:
+                prepare()
+            return recipe_key(keys, impl, prefix + node, in_keys)
+
+        def parts(node: str) -> tuple[str, str, str]:
+            prepare = prepares.get(node)
+            if prepare is not None:
+                prepare()
+            return keys.parts(keyed_impl(self.catalog[node]))
 
         env = Env(
             impls=self.catalog,
             forward=self.forward_of,
             subprogram=self.subprograms.get,
             key=key,
-            parts=lambda node: keys.parts(keyed_impl(self.catalog[node])),
+            parts=parts,
             memory=self.memory,
             codecs=self.codecs,
             devices=self.placement.devices,

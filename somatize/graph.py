@@ -180,7 +180,9 @@ class Graph(Settings, Composable):
 
         ``somatize.torch`` calls this (through ``module(g)``) to add its tensor codecs and
         to run frozen nodes under ``torch.no_grad()``. The wrap gets every node's forward,
-        a subgraph node's included (its nodes run on the ``ctx`` the wrap passes on).
+        a subgraph node's included (its nodes run on the ``ctx`` the wrap passes on). A
+        wrapped forward may have a ``prepare()`` method (a class with ``__slots__`` holding
+        ``forward`` may wrap one that has): it is called before the node's key is read.
         """
         if codecs is not None:
             self.codecs = check_codecs(codecs, "Graph.use(codecs=...)")

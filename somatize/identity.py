@@ -118,7 +118,16 @@ def _describe(
         return result
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)):
         name = getattr(obj, "__qualname__", None) or obj.__name__
-        return f"lib:{getattr(obj, '__module__', '') or ''}.{name}"
+        described = f"lib:{getattr(obj, '__module__', '') or ''}.{name}"
+        owner = getattr(obj, "__self__", None)
+        if owner is None or isinstance(owner, (types.ModuleType, type)):
+            return described
+        # a builtin method bound to its object ("b-{}".format, t.mul, d.get): the object too
+        inner = []
+        described += "@" + _describe(owner, memo, codecs, inner)
+        if blind is not None:
+            blind.extend(".__self__" + where for where in inner)
+        return described
     named = _library_function(obj)
     if named is not None:  # numpy's ufuncs and dispatchers, Cython functions: by name too
         return "lib:" + named

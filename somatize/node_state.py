@@ -88,6 +88,10 @@ def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
         }
     if isinstance(value, types.MethodType):
         return {"method": codes(value.__func__), "of": _state_part(value.__self__, codes, path)}
+    if isinstance(value, types.BuiltinFunctionType) and not isinstance(
+        value.__self__, (types.ModuleType, type, type(None))
+    ):  # a builtin method bound to its object ("{}-x".format, d.get, t.mul): the object too
+        return {"builtin": value.__qualname__, "of": _state_part(value.__self__, codes, path)}
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
         return {"code": codes(value)}
     if isinstance(value, types.SimpleNamespace) or (
@@ -170,20 +174,6 @@ def scalars(obj: Any) -> list[tuple[str, Any]]:
     return sorted((k, v) for k, v in found.items() if type(v) in _SCALARS)
 
 
-# How a function attribute enters a module's fingerprint (``somatize.torch.fingerprints``:
-# an activation function, a hook), by the object: its code, read once per process.
-_codes: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-
-
-def _code(obj: Any) -> str:
-    known = _codes.get(obj)
-    if known is None:
-        known = _describe(obj, {})
-        with contextlib.suppress(TypeError):  # (builtins take no weak reference)
-            _codes[obj] = known
-    return known
-
-
 class Codes:
     """How the functions, methods and node classes a node holds enter its state: by their
     code and by what that code reads (globals and closure variables; tensors, arrays and
@@ -199,8 +189,9 @@ class Codes:
     naming the node and the function.
     """
 
-    def __init__(self, codecs: Sequence[Codec] = ()) -> None:
+    def __init__(self, codecs: Sequence[Codec] = (), *, warn: bool = True) -> None:
         self.codecs = tuple(codecs)
+        self.warn = warn  # (False: no node to name, as for what a module holds)
         self.owner: type = object  # the class of the node whose state is being read
         # obj -> (description, [(what it reads, its codec, fingerprint then)], the names
         # its code reads, bound as then)
@@ -226,7 +217,7 @@ class Codes:
         reads = _Reads(self.codecs)
         blind: list[str] = []
         described = _describe(obj, {}, (reads,), blind)
-        if known is None:  # (warned when first read)
+        if known is None and self.warn:  # (warned when first read)
             for where in blind:
                 _warn_held(self.owner, obj, where)
         # the names a user function or class reads, bound as now (bindings.py)

@@ -120,3 +120,28 @@ def test_a_set_is_keyed_the_same_in_every_process() -> None:
 def test_a_path_is_refused_saying_its_key_would_not_follow_the_file() -> None:
     with pytest.raises(DeclarationError, match=r"'value' of Hold is a path .*file's content"):
         key_of(Hold(pathlib.Path("vocab.txt")))
+
+
+def test_builtin_methods_bound_to_different_strings_are_different_nodes() -> None:
+    """Found by an outside audit: ``"a-{}".format`` and ``"b-{}".format`` were keyed by
+    their name alone, so two different nodes shared one entry."""
+
+    class Apply(Node):
+        def __init__(self, fn: Any) -> None:
+            self.fn = fn
+
+        def forward(self, x: Any, ctx: Any) -> Done:
+            return Done(self.fn(x))
+
+    keeper = MemoryKeeper()
+    outs = [
+        Graph(keeper=keeper).node("n", Apply(f.format)).cache("n").forward("x")
+        for f in ("a-{}", "b-{}")
+    ]
+    assert outs == ["a-x", "b-x"]
+    table = {"x": 1}
+    node = Apply(table.get)  # as an attribute: its object read at every key
+    g = Graph(keeper=keeper).node("n", node).cache("n")
+    assert g.forward("x") == 1
+    table["x"] = 7
+    assert g.forward("x") == 7

@@ -20,7 +20,9 @@ tensor (a
 
 from __future__ import annotations
 
+import math
 import sys
+import threading
 import types
 import weakref
 from collections.abc import Callable
@@ -34,7 +36,7 @@ from torch import nn
 from ..bindings import Watched, still, watch
 from ..identity import _is_user_module
 from ..identity import fingerprint as fingerprint_code
-from ..node_state import _code, _generator_state, scalars
+from ..node_state import Codes, _state_part
 from ..values import digest as digest_data
 
 if TYPE_CHECKING:
@@ -68,7 +70,7 @@ def module_fingerprint(codec: TensorCodec, obj: nn.Module) -> str:
     # hooks every module runs, then per module: name, class, mode, parameter and buffer
     # digests, plain attributes, forward hooks
     parts: list[tuple[Any, ...]] = [
-        _hooks(*_global_hooks) if _global_hooks[0] or _global_hooks[1] else ()
+        _hooks(codec, *_global_hooks) if _global_hooks[0] or _global_hooks[1] else ()
     ]
     extra = False
     digest, known = codec.digest, codec._memo.get
@@ -83,12 +85,12 @@ def module_fingerprint(codec: TensorCodec, obj: nn.Module) -> str:
             _digests(mod._buffers, held, known, digest, mod.training)
         cls = type(mod)
         hooks = (
-            _hooks(mod._forward_pre_hooks, mod._forward_hooks)
+            _hooks(codec, mod._forward_pre_hooks, mod._forward_hooks)
             if mod._forward_pre_hooks or mod._forward_hooks
             else ()
         )
         cls_id = _CLASS_IDS.get(cls) or _class_id(cls)  # (a user class: rechecked)
-        parts.append((name, cls_id, mod.training, held, _settings(mod, digest), hooks))
+        parts.append((name, cls_id, mod.training, held, _settings(mod, codec), hooks))
         if cls.get_extra_state is not _NO_EXTRA:
             extra = True
     memo = codec._modules.get(id(obj))
@@ -183,7 +185,7 @@ def _class_id(cls: type) -> str:
     return name
 
 
-def _settings(mod: nn.Module, digest: Any) -> _Settings:
+def _settings(mod: nn.Module, codec: TensorCodec) -> _Settings:
     """A module's plain attributes (``LeakyReLU.negative_slope``, ``BatchNorm.eps``): the
     names of its public instance attributes (a user module's private ones too, see
     ``_names``) and their values, numbers, strings and tuples of them as they are, tensors
@@ -197,7 +199,8 @@ def _settings(mod: nn.Module, digest: Any) -> _Settings:
     public one in its place are told apart.)
 
     The third item is the values' types (inside tuples too): a fingerprint's memo compares
-    parts with ``==``, which holds ``1 == 1.0 == True``; their types tell them apart."""
+    parts with ``==``, which holds ``1 == 1.0 == True`` and ``0.0 == -0.0``; their types
+    (``-0.0`` marked) tell them apart."""
     d = mod.__dict__
     last = _LAST.get(id(mod))
     if last is not None and last[0]() is mod and len(d) == last[1]:
@@ -223,12 +226,12 @@ def _settings(mod: nn.Module, digest: Any) -> _Settings:
             _PUBLIC[shape] = names, left
         values = [d[k] for k in names]
     if _SETTING.issuperset(map(type, values)):  # (numbers and flags only: as they are)
-        return _keep(mod, names, left, (names, values, tuple(map(type, values))))
+        return _keep(mod, names, left, (names, values, tuple(map(_typed, values))))
     plain_only = True
     for i, v in enumerate(values):
         t = type(v)
         if t not in _SETTING and not (t is tuple and _seen_plain(v)):
-            values[i] = digest(v) if isinstance(v, torch.Tensor) else _other_setting(v)
+            values[i] = codec.digest(v) if isinstance(v, torch.Tensor) else _other_setting(v, codec)
             plain = t is tuple and all(type(x) in _SETTING for x in v)
             if plain and len(_PLAIN_TUPLES) < 4096:
                 _PLAIN_TUPLES.add(v)
@@ -250,6 +253,8 @@ def _typed(v: Any) -> Any:
     """The type of ``v``, and inside tuples and lists, of each item's (a held object's plain
     settings: ``("obj:Config", (("scale", 1),))``)."""
     t = type(v)
+    if t is float and not v and math.copysign(1.0, v) < 0:
+        return "-0.0"  # (equal to 0.0, and not the same setting: 1 / x differs)
     return tuple([_typed(x) for x in v]) if t is tuple or t is list else t
 
 
@@ -280,26 +285,47 @@ def _names(cls: type, d: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
-def _other_setting(v: Any) -> Any:
+def _other_setting(v: Any, codec: TensorCodec) -> Any:
     if isinstance(v, tuple):  # kernel_size, stride (a torch.Size too): item by item
-        return tuple(x if type(x) in _SETTING else _other_setting(x) for x in v)
+        return tuple(x if type(x) in _SETTING else _other_setting(x, codec) for x in v)
     if isinstance(v, torch.Tensor):  # (inside a tuple)
         from .tensor_keys import tensor_bytes as _tensor_bytes
 
         return f"tensor:{tuple(v.shape)}:{v.dtype}:{blake3(_tensor_bytes(v)).hexdigest()}"
-    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type)):
-        return _code(v)  # TransformerEncoderLayer.activation
     if isinstance(v, torch.Generator):  # a module drawing from its own: where it stands
         return f"generator:{blake3(v.get_state().numpy().tobytes()).hexdigest()}"
-    drawn = _generator_state(v)  # (random.Random, numpy's generators: the same)
-    if drawn is not None:
-        return f"generator:{drawn}"
+    return _held(v, codec)
+
+
+def _held(v: Any, codec: TensorCodec) -> Any:
+    """A module's attribute or hook that is neither a number nor a tensor, as a node's own
+    attribute enters its state (``node_state``): code by its code and what it reads (a
+    global rebound, a closure, a tensor it reads changed in place), a list or dict of
+    tensors or modules item by item, a ``partial`` by its function and arguments, a
+    bound method by its function and its object, a config by its attributes — read at
+    every key, not once per process."""
+    codes = vars(codec).get("_held_codes")
+    if codes is None:
+        codes = codec._held_codes = Codes((codec,), warn=False)  # type: ignore[attr-defined]
+    if isinstance(v, (types.FunctionType, type)) or (
+        isinstance(v, types.BuiltinFunctionType)
+        and (v.__self__ is None or isinstance(v.__self__, (types.ModuleType, type)))
+    ):
+        return codes(v)  # (TransformerEncoderLayer.activation: its code, memoised)
+    depth = getattr(_DEPTH, "n", 0)
+    if depth > 8:  # (a module holding itself in a list: its own fingerprint again, and so on)
+        return f"deep:{type(v).__qualname__}"
+    _DEPTH.n = depth + 1
     try:
-        return digest_data(v, (), "a module attribute")  # a list or dict of numbers
-    except Exception:  # anything else: its class and plain settings (a model's config)
-        return f"obj:{type(v).__qualname__}", tuple(scalars(v))
+        return "held:" + digest_data(_state_part(v, codes), (), "a module attribute")
+    finally:
+        _DEPTH.n = depth
 
 
-def _hooks(*tables: Any) -> tuple[str, ...]:
-    """The code of the forward hooks registered in ``tables`` (each hook changes outputs)."""
-    return tuple(_code(h) for table in tables for h in table.values())
+_DEPTH = threading.local()
+
+
+def _hooks(codec: TensorCodec, *tables: Any) -> tuple[Any, ...]:
+    """The forward hooks registered in ``tables`` (each hook changes outputs), each by its
+    code and what it reads, at every key (``_held``)."""
+    return tuple(_held(h, codec) for table in tables for h in table.values())

@@ -60,6 +60,13 @@ class _Frozen:
     def __init__(self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]) -> None:
         self.node_id, self.impl, self.forward = node_id, impl, forward
 
+    def prepare(self) -> None:
+        """Before its key is read: its modules in eval mode, the mode its forward runs in,
+        so a module put in training mode (a submodule swapped in, ``.train()`` on the
+        node's own) is keyed as it computes, and its entry is not found again once the
+        node is unfrozen and trains."""
+        _keep_eval(self.node_id, self.impl)
+
     def __call__(self, x: Any, ctx: Ctx) -> Done:
         _keep_eval(self.node_id, self.impl)
         run = ctx.run
