@@ -168,7 +168,9 @@ def check_restored(
         ends = p.start + p.built
         name = f"{p.where}'s {p.key}"
         wanted = max(fresh.get(name, 0), planned or 0)
-        if ends < wanted:
+        if ends < wanted and not (
+            not isinstance(p.sched, _lr.OneCycleLR) and _goes_wrong(p.sched, ends, wanted) is None
+        ):  # (a warm-up that ends on purpose is not warned about, as in a fresh run)
             at = f" from step {p.start}" if p.start else ""
             said = (
                 f"{p.where} restored from {path} was built for {p.key}={p.built}{at}, but "

@@ -39,6 +39,8 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     """The epochs: steps, evaluations, checkpoints, until done, pruned or out of steps."""
     s, net, watchers = run.state, run.net, run.watchers
     graph_net = net if isinstance(net, GraphModule) else None
+    if graph_net is not None:  # (resumed: an evaluation before any step sees where it stood)
+        graph_net.step = s.step
     epochs = trainer.epochs if trainer.epochs is not None else sys.maxsize
     max_steps = trainer.max_steps if trainer.max_steps is not None else sys.maxsize
     per_step = trainer.options.scheduler_every == "step"
