@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .changes import _reached, _user_code
-from .identity import is_record
+from .identity import _attributes, _has_attributes, _is_user_module, is_record
 from .source_code import functions
 
 if TYPE_CHECKING:
@@ -53,8 +53,10 @@ Watched = list[tuple[Any, str, tuple[str, ...], Any, Any, str | None, Any]]
 def _content(obj: Any) -> Any:
     """A copy of a container of plain values, as ``==`` compares it, or ``_MISSING`` where
     ``obj`` is not one (or holds more than ``CONTENT_LIMIT`` values). Immutable values are
-    kept as they are: only the containers are new."""
-    if not isinstance(obj, _MUTABLE):
+    kept as they are: only the containers are new. An instance of the user's own class (a
+    config object) is copied as its class and its attributes, each as above."""
+    mine = _is_mine(obj)
+    if not mine and not isinstance(obj, _MUTABLE):
         return _MISSING
     budget = [CONTENT_LIMIT]
 
@@ -73,14 +75,27 @@ def _content(obj: Any) -> Any:
             return t(copy(v) for v in o)
         if t is bytearray:
             return bytes(o)
+        if _is_mine(o):
+            return (t, {k: copy(v) for k, v in sorted(_attributes(o).items())})
         raise TypeError
 
     try:
         copied = copy(obj)
-    except (OverflowError, TypeError):
+    except (OverflowError, TypeError, RecursionError):
         return _MISSING
-    exact = _pickled(obj) if CONTENT_LIMIT - budget[0] <= EXACT_LIMIT else None
+    exact = _pickled(copied if mine else obj) if CONTENT_LIMIT - budget[0] <= EXACT_LIMIT else None
     return copied, exact
+
+
+def _is_mine(obj: Any) -> bool:
+    """Whether ``obj`` is an instance of a class from the user's own modules, with
+    attributes (not a class, a function or a module)."""
+    t = type(obj)
+    return (
+        not isinstance(obj, _LIBRARY)
+        and _has_attributes(obj)
+        and _is_user_module(sys.modules.get(t.__module__))
+    )
 
 
 def _pickled(obj: Any) -> bytes | None:
@@ -97,6 +112,8 @@ def _holds(now: Any, content: tuple[Any, bytes | None]) -> bool:
     small enough, of the same types (its pickle). A value ``==`` cannot compare (a tensor
     put in the container) is a change."""
     copied, exact = content
+    if type(copied) is tuple and len(copied) == 2 and type(copied[0]) is type:
+        return bool(_content(now) == content)  # (an instance of the user's: copied again, compared)
     try:
         return bool(now == copied) and (exact is None or _pickled(now) == exact)
     except Exception:  # (bool of a tensor of several values, an __eq__ that raises)

@@ -23,6 +23,7 @@ import functools
 import importlib.metadata
 import logging
 import os
+import random
 import re
 import sys
 import sysconfig
@@ -120,7 +121,11 @@ def _describe(
         name = getattr(obj, "__qualname__", None) or obj.__name__
         described = f"lib:{getattr(obj, '__module__', '') or ''}.{name}"
         owner = getattr(obj, "__self__", None)
-        if owner is None or isinstance(owner, (types.ModuleType, type)):
+        if (
+            owner is None
+            or isinstance(owner, (types.ModuleType, type, random.Random))
+            or type(owner).__module__.startswith("numpy.random")
+        ):  # (random.random, np.random.rand: a global generator's draws, by name)
             return described
         # a builtin method bound to its object ("b-{}".format, t.mul, d.get): the object too
         inner = []
@@ -307,10 +312,21 @@ _RECORDS = (list, dict, set)
 
 def is_record(obj: Any, dotted: str, target: Any) -> bool:
     """Whether the global ``dotted`` is a list, dict or set ``obj``'s own code changes in
-    place (``CALLS["n"] += 1``, ``SEEN.append(x)``): a record the code keeps, not data
+    place (``CALLS["n"] += 1``, ``SEEN.append(x)``), or an object of the user's whose
+    attributes it sets or changes (``STATS.calls += 1``): a record the code keeps, not data
     its output depends on. It enters by its type, so counting calls does not change the
     key (nor make the cache miss at every call)."""
-    return type(target) in _RECORDS and dotted in _own(obj)[2]
+    written = _own(obj)[2]
+    if type(target) in _RECORDS:
+        return dotted in written
+    # an object of the user's whose attributes the code sets or changes (STATS.calls += 1,
+    # STATS.seen.append(x)): its record too
+    return (
+        not isinstance(target, (type, types.ModuleType, types.FunctionType))
+        and _has_attributes(target)
+        and _is_user_module(sys.modules.get(type(target).__module__))
+        and any(w == dotted or w.startswith(dotted + ".") for w in written)
+    )
 
 
 def record(target: Any) -> str:

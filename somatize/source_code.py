@@ -157,11 +157,14 @@ _MUTATORS = frozenset(
 def written(tree: ast.AST) -> set[str]:
     """The dotted names the code changes in place: ``CALLS["n"] += 1``, ``SEEN.append(x)``,
     ``del CACHE[k]``, ``LOG["a"]["b"] = 1`` (``LOG``), ``stats.SEEN.add(x)``
-    (``stats.SEEN``)."""
+    (``stats.SEEN``), ``STATS.calls += 1`` (``STATS.calls``), ``type(self).rows += n``
+    (``type(self).rows``)."""
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)):
             target: ast.AST = node.value
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            target = node  # an attribute set: ``STATS.calls += 1``, ``Enc.rows += n``
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -176,6 +179,14 @@ def written(tree: ast.AST) -> set[str]:
         while isinstance(target, ast.Attribute):
             chain.append(target.attr)
             target = target.value
-        if isinstance(target, ast.Name):
+        if (
+            isinstance(target, ast.Call)
+            and isinstance(target.func, ast.Name)
+            and target.func.id == "type"
+            and len(target.args) == 1
+            and isinstance(target.args[0], ast.Name)
+        ):  # ``type(self).rows += n``: the class's own attribute
+            names.add(".".join([f"type({target.args[0].id})", *reversed(chain)]))
+        elif isinstance(target, ast.Name):
             names.add(".".join([target.id, *reversed(chain)]))
     return names

@@ -236,3 +236,89 @@ def test_a_global_container_given_a_value_eq_cannot_compare_is_a_change_not_a_cr
         assert g.forward(1) == 2  # (read anew: the same length, the same value)
     finally:
         EXACT["flags"][:] = [0.0]
+
+
+class Settings:
+    def __init__(self) -> None:
+        self.scale = 2
+        self.inner = Shift()
+
+
+class Shift:
+    def __init__(self) -> None:
+        self.by = 0
+
+
+SETTINGS = Settings()
+
+
+class Scaled(Node):
+    SCALE = 1  # a class constant: set anew below
+
+    def forward(self, x, ctx):
+        return Done(x * SETTINGS.scale * self.SCALE + SETTINGS.inner.by)
+
+
+def test_a_global_object_of_the_users_changed_in_place_and_a_class_constant_are_seen():
+    """Found by an outside audit: ``SETTINGS.scale = 5`` (a module-level config object of
+    the user's) and ``Scaled.SCALE = 5`` kept serving the entries computed before."""
+    g = Graph(keeper=MemoryKeeper()).node("s", Scaled()).cache("s")
+    assert g.forward(3) == 6
+    try:
+        SETTINGS.scale = 5
+        assert g.forward(3) == 15
+        SETTINGS.inner.by = 1  # an object it holds
+        assert g.forward(3) == 16
+        SETTINGS.scale = 5.0  # in type alone
+        assert g.forward(3) == 16.0 and type(g.forward(3)) is float
+        Scaled.SCALE = 10
+        assert g.forward(3) == 151.0
+    finally:
+        SETTINGS.scale, SETTINGS.inner.by, Scaled.SCALE = 2, 0, 1
+    assert g.forward(3) == 6
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.seen: list = []
+
+
+TALLY = Tally()
+
+
+class Tallied(Node):
+    def forward(self, x, ctx):
+        TALLY.calls += 1  # an object of the user's the code keeps its records in
+        TALLY.seen.append(x)
+        return Done(x * 2)
+
+
+def test_a_global_object_the_nodes_code_sets_is_its_record_not_its_data():
+    keeper = MemoryKeeper()
+    g = Graph(keeper=keeper).node("t", Tallied()).cache("t")
+    assert [g.forward(3) for _ in range(3)] == [6, 6, 6]
+    assert TALLY.calls == 1 and keeper.stats().entries == 1  # computed once, then hit
+
+
+class ClassCounted(Node):
+    calls = 0  # class attributes the code counts in: records, not data
+    rows = 0
+    FACTOR = 3  # one it only reads: data
+
+    def forward(self, x, ctx):
+        type(self).calls += 1
+        ClassCounted.rows += 1
+        return Done(x * self.FACTOR)
+
+
+def test_a_class_attribute_the_nodes_code_sets_is_its_record_not_its_data():
+    keeper = MemoryKeeper()
+    g = Graph(keeper=keeper).node("c", ClassCounted()).cache("c")
+    assert [g.forward(2) for _ in range(3)] == [6, 6, 6]
+    assert ClassCounted.calls == ClassCounted.rows == 1 and keeper.stats().entries == 1
+    ClassCounted.FACTOR = 4
+    try:
+        assert g.forward(2) == 8
+    finally:
+        ClassCounted.FACTOR = 3
