@@ -21,10 +21,13 @@ if TYPE_CHECKING:
 __all__ = ["evaluate_into", "rank_checkpoint"]
 
 
-def evaluate_into(trainer: Trainer, run: ActiveRun, *, epoch_end: bool = False) -> dict[str, float]:
+def evaluate_into(
+    trainer: Trainer, run: ActiveRun, *, epoch_end: bool = False, final: bool = False
+) -> dict[str, float]:
     """Evaluate every validation set of the run (``run.val_sets``, see ``valsets.py``),
     record, tell the watchers, and ask the pruner (``epoch_end``: the epoch
-    ``run.state.epoch`` has ended, for ``Options(min_epochs=)``)."""
+    ``run.state.epoch`` has ended, for ``Options(min_epochs=)``). ``final``: the run stops
+    after it (out of time): recorded and ranked, but no plateau stepped, no pruner asked."""
     s = run.state
     if run.world > 1:  # evaluate rank 0's model on every rank's share, as DDP's wrapper would
         ddp.broadcast_buffers(run.net)
@@ -66,11 +69,11 @@ def evaluate_into(trainer: Trainer, run: ActiveRun, *, epoch_end: bool = False) 
         keep = trainer.checkpoint.best if trainer.checkpoint is not None else 0
         if keep:
             run.due = rank_checkpoint(s.ranked, v, s.step, keep, mode)
-    if run.plateau:
+    if run.plateau and not final:
         run.sched.step(v)
     notify(run.watchers, Metrics(run.id, "", s.step, values))  # node '': the Trainer's own
     pruner = trainer.pruner
-    if pruner is not None:
+    if pruner is not None and not final:
         name = getattr(pruner, "metric", monitor)
         if name not in record:
             raise KeyError(

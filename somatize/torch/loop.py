@@ -121,7 +121,17 @@ def _evaluate_at_time_out(trainer: Trainer, run: ActiveRun) -> None:
     if s.metrics and s.metrics[-1]["step"] == s.step:  # (evaluated at this very step)
         return
     if o.eval_every_steps is not None or evaluates_at_epoch_end(o, s.epoch):
-        evaluate_into(trainer, run)
+        # Recorded (result.metrics, result.best), and nothing else: no pruner asked, no
+        # plateau stepped, the RNG put back, so a run resumed with a larger budget goes on
+        # as if never stopped. The checkpoint written at this step, if any, is written
+        # again: the record is in the one a resume reads.
+        kept = snapshot()
+        try:
+            evaluate_into(trainer, run, final=True)
+        finally:
+            put_back(kept)
+        if run.checkpoint is not None and trainer.checkpoint is not None:
+            run.resave = run.checkpoint == trainer.checkpoint.file(s.step)
 
 
 def _over_ranks(trainer: Trainer, run: ActiveRun, examples: int) -> int:

@@ -223,7 +223,7 @@ class Trainer:
             if (
                 self.checkpoint is not None
                 and s.step
-                and run.checkpoint != self.checkpoint.file(s.step)
+                and (run.checkpoint != self.checkpoint.file(s.step) or run.resave)
             ):
                 save(self, run)
             if run.average is not None and run.average.updates:

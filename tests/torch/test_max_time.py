@@ -161,3 +161,90 @@ def test_a_resumed_run_whose_budget_is_spent_evaluates_no_more(tmp_path):
     first = trainer(3.5, ckpt=tmp_path).fit(graph(), data(), val)
     again = trainer(3.5, ckpt=tmp_path).fit(graph(), data(), val, resume="last")
     assert again.steps == 4 and again.metrics == first.metrics and len(first.metrics) == 1
+
+
+def _tracked(max_time, ckpt, lr=0.1, **kwargs) -> st.Trainer:
+    return st.Trainer(
+        loss=nn.functional.mse_loss,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=lr),
+        epochs=3,
+        checkpoint=ckpt,
+        options=st.Options(max_time=max_time, progress=False),
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"pruner": lambda: st.Patience("val_loss", patience=1)},
+        {"scheduler": lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0)},
+    ],
+    ids=["patience", "plateau"],
+)
+def test_the_evaluation_at_a_time_out_asks_no_pruner_nor_plateau(tmp_path, kwargs):
+    """Found by an outside audit: it reported to the pruner and stepped the plateau
+    scheduler, both then checkpointed, so a run resumed with a larger budget was pruned,
+    or cut its rate, at other steps than one never stopped."""
+    val = data()[:2]  # at lr=1 the loss climbs: the time-out's is the best evaluation
+
+    def fit(max_time, ckpt, resume=None):
+        made = {k: (v() if k == "pruner" else v) for k, v in kwargs.items()}
+        return _tracked(max_time, ckpt, lr=1.0, **made).fit(graph(), data(), val, resume=resume)
+
+    plain = fit(None, None)
+    stopped = fit(3.5, st.Checkpointing(tmp_path))
+    assert stopped.timed_out and [m["step"] for m in stopped.metrics] == [4]
+    rest = fit(None, st.Checkpointing(tmp_path), resume="last")
+    assert rest.steps == plain.steps and rest.pruned == plain.pruned
+    assert rest.losses == plain.losses
+    assert all(torch.equal(rest.state[k], plain.state[k]) for k in plain.state)
+
+
+def test_the_evaluation_at_a_time_out_is_in_the_checkpoint_of_its_step(tmp_path):
+    """Found by an outside audit: with a checkpoint every step, the one of the stopping
+    step was written before the time-out evaluation and not again, so a resume with the
+    same budget returned no metrics and no best."""
+    val = data()[:2]
+    ckpt = st.Checkpointing(tmp_path, every_steps=1, best=1)
+    first = _tracked(3.5, ckpt).fit(graph(), data(), val)
+    again = _tracked(3.5, ckpt).fit(graph(), data(), val, resume="last")
+    assert first.metrics and again.metrics == first.metrics
+    assert again.best == first.best is not None
+    assert again.best_checkpoint == first.best_checkpoint == str(ckpt.file(4))
+    assert st.load_checkpoint(first.checkpoint)["metrics"] == first.metrics
+
+
+class Noisy(torch.utils.data.Dataset):
+    """Validation rows with noise drawn from the global RNG as they are read."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full((4,), float(i)) + 0.1 * torch.randn(4), torch.zeros(1)
+
+
+class DropTick(Tick):
+    """``Tick`` with dropout in training: each step draws from the global RNG."""
+
+    def forward(self, x, ctx):
+        x = nn.functional.dropout(x, 0.5, training=ctx.training)
+        return super().forward(x, ctx)
+
+
+def test_the_evaluation_at_a_time_out_puts_the_rng_back(tmp_path):
+    """Found by an outside audit: its draws moved the RNG the checkpoint then kept, so the
+    dropout masks of a run resumed with a larger budget differed from one never stopped."""
+    val = torch.utils.data.DataLoader(Noisy(), batch_size=4)
+
+    def fit(max_time, ckpt, resume=None):
+        torch.manual_seed(0)
+        return trainer(max_time, ckpt=ckpt).fit(
+            Graph.somatize(DropTick()), data(), val, resume=resume
+        )
+
+    plain = fit(None, None)
+    assert fit(3.5, tmp_path).timed_out
+    rest = fit(None, tmp_path, resume="last")
+    assert rest.losses == plain.losses

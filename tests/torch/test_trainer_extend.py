@@ -66,8 +66,8 @@ def test_a_restored_scheduler_built_for_a_shorter_run_is_warned_about(tmp_path):
 
 
 def test_a_fixed_horizon_shorter_than_the_run_is_warned_about_too(tmp_path):
-    def linear(opt):
-        return torch.optim.lr_scheduler.LinearLR(opt, total_iters=6)
+    def linear(opt):  # a decay (a warm-up, which ends on purpose, is not warned about)
+        return torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.1, total_iters=6)
 
     trainer(tmp_path, 2, linear).fit(graph(), data())
     with pytest.warns(UserWarning, match="total_iters=6, but this run plans 9"):
