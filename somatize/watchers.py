@@ -128,12 +128,18 @@ class Metrics(Event):
 @dataclass(frozen=True, slots=True)
 class FitStart(Event):
     """A training run began: planned epochs and steps (``max_steps`` 0 when unbounded), and
-    the steps it will take in all, when the data's length says (``total_steps``, else 0)."""
+    the steps it will take in all, when the data's length says (``total_steps``, else 0).
+    Resumed (``start_step`` > 0): ``start_position``, the batches of its epoch the
+    checkpoint had taken (0: it was written at an epoch's end), and ``start_evaluated``,
+    whether it holds an evaluation at ``start_step`` — else one logged there before the
+    interruption is made again (a log keeps one of each)."""
 
     epochs: int
     max_steps: int
     start_step: int
     total_steps: int = 0
+    start_position: int = 0
+    start_evaluated: bool = False
 
 
 @dataclass(frozen=True, slots=True)

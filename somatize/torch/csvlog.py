@@ -83,7 +83,7 @@ class CSVLog:
             self._finish()
             self._write({"kind": "eval", "step": event.step, "epoch": self._epoch, **values})
         elif isinstance(event, FitStart):
-            self._start(event.start_step)
+            self._start(event)
         elif isinstance(event, EpochEnd):
             self._finish()
             if event.cache:  # what the cached nodes found in the epoch: one row
@@ -94,10 +94,11 @@ class CSVLog:
         elif isinstance(event, FitEnd):
             self._finish()
 
-    def _start(self, start_step: int) -> None:
+    def _start(self, event: FitStart) -> None:
         self._rows, self._columns, self._pending = [], list(_FIRST), None
+        start_step = event.start_step
         if start_step and self.path.exists():  # resumed: keep what led up to the checkpoint
-            self._rows = self._read(start_step)
+            self._rows = [row for row in self._read(start_step) if not _redone(row, event)]
         self._rewrite()
 
     def _read(self, start_step: int) -> list[dict[str, Any]]:
@@ -190,3 +191,15 @@ class CSVLog:
 def _number(value: Any) -> Any:
     item = getattr(value, "item", None)
     return item() if callable(item) else value
+
+
+def _redone(row: dict[str, Any], start: FitStart) -> bool:
+    """Whether the resumed run writes ``row`` again: an evaluation at its start step that
+    its checkpoint does not hold (written after it, before the process died), or the
+    end of an epoch the checkpoint was written inside of."""
+    if int(row["step"]) != start.start_step:
+        return False
+    kind = row.get("kind")
+    return (kind == "eval" and not start.start_evaluated) or (
+        kind == "epoch" and start.start_position > 0
+    )

@@ -214,7 +214,10 @@ class Trainer:
         run.tally = tally.attach(run.net, tally.resumed(s.cache, rank, world))
         try:
             sanity_check(self, run)  # a few val batches first; changes nothing (sanity.py)
-            start = FitStart(run.id, self.epochs or 0, self.max_steps or 0, s.step, total)
+            evaluated = bool(s.metrics) and s.metrics[-1]["step"] == s.step
+            start = FitStart(
+                run.id, self.epochs or 0, self.max_steps or 0, s.step, total, s.position, evaluated
+            )
             notify(run.watchers, start)
             compiling = dynamic_step() if run.compiled else contextlib.nullcontext()
             with compiling, first_step(self, run, train):  # checks made once (first_step.py)

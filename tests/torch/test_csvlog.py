@@ -12,6 +12,7 @@ import torch
 from torch.nn import functional as F
 
 import somatize.torch as st
+from somatize.watchers import EpochEnd
 from tests.torch.test_checkpoint_resume import Crash, CrashAt, data, graph
 from tests.torch.test_watchers_torch import Body, Head, fit
 from tests.torch.test_watchers_torch import data as wdata
@@ -66,6 +67,46 @@ def test_a_resumed_run_drops_the_rows_after_its_checkpoint(tmp_path):
     )
     steps = [int(r["step"]) for r in rows(log) if r["kind"] == "step"]
     assert steps == list(range(1, 21))  # 7 was dropped (the checkpoint is at 6), then written again
+
+
+class DieAtEpochEnd:
+    """The process dying after epoch 0's evaluation, before its end-of-epoch checkpoint."""
+
+    def on_event(self, event) -> None:
+        if isinstance(event, EpochEnd) and event.epoch == 0:
+            raise Crash
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["plain", "cached"])
+def test_an_evaluation_after_the_checkpoint_of_its_step_is_logged_once_after_a_resume(
+    tmp_path, cached
+):
+    """Found by an outside audit: with a checkpoint at an epoch's last step, a run that died
+    after that epoch's evaluation logged it twice once resumed (it evaluates again), and
+    the epoch's cache row too."""
+
+    def model():
+        g = graph(0)
+        return g.freeze("body").cache("body", per="example") if cached else g
+
+    def fit(folder, extra=(), resume=None):
+        return st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            epochs=2,
+            checkpoint=st.Checkpointing(tmp_path / folder / "ckpt", every_steps=2),
+            watchers=[st.CSVLog(tmp_path / folder / "log.csv"), *extra],
+            options=st.Options(progress=False),
+        ).fit(model(), data(4), val=data(2), resume=resume)  # 4 batches: step 4 ends epoch 0
+
+    fit("ref")
+    with pytest.raises(Crash):
+        fit("run", [DieAtEpochEnd()])
+    fit("run", resume="last")
+    kinds = [(r["kind"], r["step"]) for r in rows(tmp_path / "run" / "log.csv")]
+    assert kinds == [(r["kind"], r["step"]) for r in rows(tmp_path / "ref" / "log.csv")]
+    assert kinds.count(("eval", "4")) == 1
+    assert kinds.count(("epoch", "4")) == cached
 
 
 def test_tensorboard_hparams_hold_the_hyperparameters_and_final_metrics(tmp_path):
