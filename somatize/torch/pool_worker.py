@@ -169,7 +169,10 @@ def _call(payload: bytes, task: int) -> Any:
         fn, args, kwargs = cloudpickle.loads(payload)  # code the user sent to their own pool
         result = fn(*args, **kwargs)
         try:
-            return Packed(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+            try:
+                return Packed(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+            except pickle.PicklingError:  # a class of __main__ the payload rebuilt by value:
+                return Packed(cloudpickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception as e:
             add_note(
                 e,

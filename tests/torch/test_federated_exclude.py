@@ -179,3 +179,21 @@ def test_batchnorm_keys_name_every_batchnorm_key_of_the_state():
     assert set(keys) <= set(state) and len(keys) == 10
     assert {k for k in state if ".bn." in k} == set(keys)
     assert fl.batchnorm_keys(nn.Linear(2, 2)) == []
+
+
+def test_clients_that_leave_their_local_keys_out_are_accepted_by_every_rule():
+    """Found by an outside audit: exclude= was resolved against client 0's keys alone, so a
+    client 0 without them failed every rule, and Krum failed or not by whom it picked."""
+
+    def state(v, local=True):
+        return {"w": torch.full((2,), v), **({"bn.w": torch.full((2,), v)} if local else {})}
+
+    for omitting in range(5):  # each client in turn leaves its local key out
+        states = [state(v, i != omitting) for i, v in enumerate((0.9, 1.0, 1.1, 1.3, 50.0))]
+        mean = st.fedavg(states, weights="uniform", exclude=["bn.*"])
+        assert set(mean) == {"w"} and mean.excluded == ("bn.w",)
+        torch.testing.assert_close(mean["w"], torch.full((2,), 54.3 / 5))
+        for rule in (fl.fedmedian, lambda s, **k: fl.trimmed_mean(s, 0.2, **k)):
+            assert set(rule(states, exclude=["bn.*"])) == {"w"}
+        picked = fl.krum(states, attackers=1, exclude=["bn.*"])
+        assert set(picked) == {"w"} and picked.excluded == ("bn.w",)

@@ -2,7 +2,9 @@
 returned as ClientFailure, and batches that taper so the workers finish together."""
 
 import concurrent.futures
+import os
 import pickle
+import signal
 
 import pytest
 import torch
@@ -174,3 +176,26 @@ def test_map_clients_sends_a_large_shared_value_in_fewer_batches():
 
 
 # map_clients on st.executor and on Dask, bitwise against the serial round: test_federated_recipes.py
+
+
+def _add_or_die(shared, task):
+    """``shared["w"] + x.sum()``; kill this worker first on the task ``die`` (once)."""
+    x, die, marker = task
+    if die and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"w": shared["w"] + x.sum()}
+
+
+@pytest.mark.slow
+def test_a_worker_killed_in_a_round_of_tensor_tasks_costs_one_rerun(tmp_path):
+    """Found by an outside audit: the batch's tasks travel in a /dev/shm file the worker
+    removed once read, so the re-run of a killed worker's batch failed with a
+    FileNotFoundError naming that file."""
+    marker = str(tmp_path / "died")
+    tasks = [(torch.ones(4) * i, i == 3, marker) for i in range(8)]
+    with st.executor(workers=2) as pool:
+        out = fl.map_clients(pool, _add_or_die, tasks, shared={"w": torch.zeros(3)})
+        assert pool.restarts == 1
+    assert [float(o["w"][0]) for o in out] == [4.0 * i for i in range(8)]
+    assert os.path.exists(marker)

@@ -1,5 +1,7 @@
 """Server optimizers against float64 references written from Reddi et al.'s rules; an exact resume."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -247,3 +249,20 @@ def test_buffers_named_are_taken_from_the_aggregate_and_statistics_left_unnamed_
     assert not torch.equal(moved["running_var"], agg["running_var"])  # moved as a weight
     with pytest.raises(AggregationError, match=r"buffers names keys the state does not hold"):
         fl.FedAdam(buffers=["bn.running_mean"]).step(glob, agg)
+
+
+@pytest.mark.parametrize("make", [fl.FedAdam, fl.FedAvgM], ids=["adam", "avgm"])
+def test_a_refused_server_step_changes_nothing(make):
+    """Found by an outside audit: the keys before the bad one had moved their moments, so
+    the step retried once the state was fixed applied theirs twice."""
+    server = make(lr=0.1)
+    x = {"a": torch.zeros(3), "b": torch.zeros(2)}
+    x = server.step(x, {"a": torch.ones(3), "b": torch.ones(2)})
+    before = copy.deepcopy(server.state_dict())
+    with pytest.raises(AggregationError, match="key 'b'"):
+        server.step(x, {"a": torch.ones(3) * 2, "b": torch.ones(2, dtype=torch.float64)})
+    after = server.state_dict()
+    assert after["steps"] == before["steps"] == 1
+    for table in ("m", "v"):
+        assert after[table].keys() == before[table].keys()
+        assert all(torch.equal(after[table][k], before[table][k]) for k in before[table])

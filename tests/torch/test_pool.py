@@ -285,3 +285,39 @@ def test_ctrl_c_in_run_all_cancels_its_runs_not_started_as_map_does():
     pool.shutdown(wait=True)
     assert ran == [0]
     assert all(f.cancelled() for f in submitted[1:])
+
+
+_MAIN_CLASS = """
+import dataclasses, sys
+import somatize.torch as st
+
+@dataclasses.dataclass
+class Out:
+    n: int
+
+def fn(t):
+    return Out(t)
+
+if __name__ == "__main__":
+    with st.executor(workers=1, start_method=sys.argv[1]) as pool:
+        got = list(pool.map(fn, [1, 2]))
+    assert got == [Out(1), Out(2)] and isinstance(got[0], Out), got
+    print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_result_of_a_class_defined_in_main_comes_back_from_a_fresh_worker(tmp_path, method):
+    """Found by an outside audit: the worker rebuilt the class from the shipped code, then
+    pickled the result by reference to ``__main__``, where its class is another object:
+    a PicklingError, with a note saying to return plain values."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "main_class.py"
+    script.write_text(_MAIN_CLASS)
+    done = subprocess.run(
+        [sys.executable, str(script), method], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -273,7 +273,8 @@ def _shared(results: Sequence[Any], exclude: Exclude) -> tuple[list[State], froz
     states = _states(results)
     if exclude is None:  # (nothing to resolve or copy: fedavg's default path)
         return states, frozenset()
-    local = _local(exclude, states[0].keys(), "client 0's state")
+    keys = dict.fromkeys(k for s in states for k in s)  # (a client may leave them out)
+    local = _local(exclude, keys, "any client's state")
     return _without(states, local), local
 
 

@@ -49,7 +49,7 @@ from blake3 import blake3
 from ...errors import add_note
 from ..pool_worker import portable, raise_alone
 from ..run_all import note_unpicklable
-from .spool import dumps, open_spool, remove, ship, unship
+from .spool import discard, dumps, open_spool, remove, ship, unship
 
 __all__ = ["ClientFailure", "map_clients"]
 
@@ -138,7 +138,7 @@ def _run_batch(fn: Callable[[Any, Any], Any], payload: bytes, errors: str = "rai
         shared = pickle.loads(blob)  # the same caller's shared value, as dumps wrote it
         _last_shared.clear()
         _last_shared[digest] = shared
-    tasks = unship(shipped, spool)
+    tasks = unship(shipped, spool, keep=True)  # (removed by the caller: a re-run reads it)
     return ship(_apply(fn, shared, tasks, indices, errors, pooled=True), spool)
 
 
@@ -287,13 +287,16 @@ def map_clients(
     groups = _batches(len(tasks), shares, sizes)
     spool = open_spool(pool)
     futures: dict[Future[Any], list[int]] = {}
+    sent: dict[Future[Any], Any] = {}
     try:
         for g in groups:  # (a loop: a failed submission leaves the earlier ones tracked)
             shipped = ship([tasks[i] for i in g], spool, to_worker=True)
             payload = pickle.dumps((digest, blob, spool, shipped, g), protocol=5)
-            futures[pool.submit(_run_batch, fn, payload, errors)] = g
+            f = pool.submit(_run_batch, fn, payload, errors)
+            futures[f], sent[f] = g, shipped
         out: list[Any] = [None] * len(tasks)
         for f in as_completed(futures):  # unpickle each batch's results as it arrives
+            discard(sent.pop(f))  # its tasks' file, read by the worker that ran it
             try:
                 shipped_back = f.result()
             except Exception as e:

@@ -188,7 +188,7 @@ def multi_krum(
         (0, 1)
     """
     # NaN/inf: every distance meaningless
-    states, _, _ = _prepare(results, "raise", int_buffers, exclude)
+    states, _, local = _prepare(results, "raise", int_buffers, exclude)
     n = len(states)
     attackers = _check_attackers("Krum", n, attackers, 2)
     keep = _int("keep", keep, 1, f"an int in [1, {n}] (the number of clients)")
@@ -202,8 +202,9 @@ def multi_krum(
         if len(w) != n:
             raise AggregationError(f"{len(w)} weights for {n} clients; give one per client")
         w = [float(w[i]) for i in chosen]
-    out = fedavg(picked, weights=w, int_buffers=int_buffers, exclude=exclude)
-    out.selected = tuple(chosen)
+    # the keys resolved against every client, not the picked ones (who may lack them)
+    out = fedavg(picked, weights=w, int_buffers=int_buffers, exclude=local.__contains__)
+    out.selected, out.excluded = tuple(chosen), tuple(sorted(local))
     return out
 
 

@@ -150,6 +150,8 @@ class ServerOptimizer:
         self._warn_statistics(global_state, local)
         out: dict[str, torch.Tensor] = {}
         b1, b2 = self.beta1, self.beta2
+        moved_m: dict[str, torch.Tensor] = {}  # (kept only once every key has stepped: a
+        moved_v: dict[str, torch.Tensor] = {}  # step refused on a later key changes nothing)
         with torch.no_grad():
             for k, x in global_state.items():
                 if k in local:  # the clients' own: the server keeps its value
@@ -179,7 +181,7 @@ class ServerOptimizer:
                 if self.rule == "avgm":  # Hsu et al. 2019: v ← βv + Δ; x ← x + ηv
                     m = b1 * m + delta
                     out[k] = (x64 + self.lr * m).to(x.dtype)
-                    self.m[k] = m
+                    moved_m[k] = m
                     continue
                 m = b1 * m + (1 - b1) * delta
                 v = self.v.get(k)
@@ -193,7 +195,9 @@ class ServerOptimizer:
                 else:
                     v = b2 * v + (1 - b2) * sq
                 out[k] = (x64 + self.lr * m / (v.sqrt() + self.tau)).to(x.dtype)
-                self.m[k], self.v[k] = m, v
+                moved_m[k], moved_v[k] = m, v
+        self.m.update(moved_m)
+        self.v.update(moved_v)
         self.steps += 1
         return out
 

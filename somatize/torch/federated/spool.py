@@ -19,6 +19,7 @@ raw tensor bytes, never unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import io
 import os
@@ -185,13 +186,14 @@ def _write_all(fd: int, views: list[memoryview]) -> None:
             pending[i] = pending[i][done:]
 
 
-def unship(shipped: Any, spool: str | None) -> list[Any]:
+def unship(shipped: Any, spool: str | None, *, keep: bool = False) -> list[Any]:
     """What ``ship`` made, through the user's own executor, in the user's own processes.
 
     Only the pickle is unpickled, as the executor's own messages are. The spool file (in
     a directory ``mkdtemp`` made for this call, readable by this user only) holds raw
     tensor bytes: they become out-of-band buffers, data that is never unpickled; the file
-    is removed once read."""
+    is removed once read, unless ``keep`` (a batch's tasks: a pool that re-runs the batch
+    of a lost worker sends the same payload again; the caller removes it, ``discard``)."""
     if isinstance(shipped, bytes):  # in-band, as ship pickled it
         # ship's bytes, from the user's own process or worker via the user's own executor
         return pickle.loads(shipped)  # type: ignore[no-any-return]
@@ -204,12 +206,20 @@ def unship(shipped: Any, spool: str | None) -> list[Any]:
     view = memoryview(raw[skip : skip + length])  # type: ignore[arg-type]
     with open(path, "rb") as fh:
         got = fh.readinto(view)
-    os.unlink(path)
+    if not keep:
+        os.unlink(path)
     if got != length:
         raise ValueError(f"a batch's spool file {path!r} holds {got} bytes of {length}")
     buffers = [view[start : start + n] for start, n in zip(offsets, sizes)]
     # the pickle ship made; the file's bytes only fill its tensors' buffers
     return pickle.loads(head, buffers=buffers)  # type: ignore[no-any-return]
+
+
+def discard(shipped: Any) -> None:
+    """Remove the spool file of what ``ship`` made, if it made one and it is still there."""
+    if not isinstance(shipped, bytes):
+        with contextlib.suppress(OSError):
+            os.unlink(shipped[0])
 
 
 def remove(spool: str) -> None:
