@@ -142,9 +142,11 @@ class LightningGraph(L.LightningModule):
         self._split_ok: set[str] = set()  # stages a batch went through: its form is not at fault
         self._started = 0.0
         self._tally: tally.CacheTally | None = None  # on the graph during fit (tally.py)
+        self._restored = False  # a checkpoint was restored into the fit starting now
         self._epoch_counts: tuple[int, dict[str, dict[str, int]]] = (-1, {})
         self._cache_since: Any = None  # a checkpoint's counts, for the fit resuming it
         self.save_hyperparameters(hyperparameters(g, loss, optimizer, scheduler, self._metrics))
+        self._factory_lr = self.hparams.get("lr")  # (what hparams["lr"] set later changes)
 
     # -- the steps ------------------------------------------------------------------------
 
@@ -242,6 +244,8 @@ class LightningGraph(L.LightningModule):
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         lightning_carry.start_set(self, batch_idx)
         try:
+            if self.split is None and type(batch) in (list, tuple) and len(batch) == 1:
+                return self.net(batch[0])  # DataLoader(TensorDataset(x)) yields [x]
             return self.net((self.split or split)(batch)[0])
         except (TypeError, ValueError) as e:
             self._explain(e, batch, "predict")
@@ -269,7 +273,11 @@ class LightningGraph(L.LightningModule):
                 "lr=1e-3)) or LightningGraph.load_from_checkpoint(path, g=g, loss=..., "
                 "optimizer=...)"
             )
-        config, names = configured(self.graph, self._optimizer, self._scheduler)
+        wanted = self.hparams.get("lr")  # set since by Lightning's lr_find (update_attr)
+        changed = wanted is not None and wanted != self._factory_lr
+        config, names = configured(
+            self.graph, self._optimizer, self._scheduler, wanted if changed else None
+        )
         # named from the objects the run uses: in every checkpoint (hparams) and, as Lightning
         # logs them after configuring, in every logger (which logs hparams_initial)
         self.hparams.update(names)
@@ -295,8 +303,17 @@ class LightningGraph(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self._started = time.perf_counter()
-        tally.detach(self.net, self._tally)  # (one a failed fit left behind)
+        restored, self._restored = self._restored, False
         since, self._cache_since = self._cache_since, None  # (a resumed run's counts)
+        if not restored:
+            if self.trainer.global_step == 0:  # a run of its own: the last fit's is not its
+                self._pending.clear()
+                self._group.clear()
+                self._losses, self.history, self._examples, self._val_examples = [], [], {}, {}
+                since = None
+            elif self._tally is not None:  # the same Trainer going on (max_epochs raised)
+                since = tally.state(self._tally)
+        tally.detach(self.net, self._tally)  # (one a failed fit left behind)
         self._tally, self._epoch_counts = tally.attach(self.net, since), (-1, {})
 
     def on_fit_end(self) -> None:

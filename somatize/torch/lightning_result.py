@@ -29,7 +29,12 @@ def _pruned_reason(trainer: L.Trainer) -> str | None:
         return None
     for callback in getattr(trainer, "callbacks", ()):
         message = getattr(callback, "stopping_reason_message", None)
-        if message and getattr(callback, "stopped_epoch", 0):
+        reason = getattr(callback, "stopping_reason", None)  # (stopped_epoch may be 0)
+        if reason is not None:
+            stopped = getattr(reason, "name", "") != "NOT_STOPPED"
+        else:
+            stopped = bool(getattr(callback, "stopped_epoch", 0))
+        if message and stopped:
             return str(message)
     return "a callback set trainer.should_stop"
 

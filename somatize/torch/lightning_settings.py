@@ -14,7 +14,7 @@ import torch
 
 from ..graph import Graph
 from .module import parameters
-from .settings import check_loss, check_measured, check_metrics
+from .settings import check_loss, check_measured, check_metrics, check_optimizer
 
 __all__ = ["check", "configured", "hyperparameters"]
 
@@ -63,6 +63,8 @@ def hyperparameters(
     opt = (
         optimizer(params) if params and optimizer is not None else None
     )  # probes, for class names and lr only
+    if opt is not None:
+        check_optimizer(opt, params)  # (as st.Trainer: a list of two, a dict, refused)
     names = _named(opt)
     sched = None
     if scheduler is not None and opt is not None:
@@ -91,7 +93,9 @@ def _named(opt: Any) -> dict[str, Any]:
     }
 
 
-def configured(g: Graph, optimizer: Any, scheduler: Any) -> tuple[Any, dict[str, Any]]:
+def configured(
+    g: Graph, optimizer: Any, scheduler: Any, lr: float | None = None
+) -> tuple[Any, dict[str, Any]]:
     """What ``configure_optimizers`` returns — the optimizer, and the scheduler's config: a
     plain scheduler once per epoch, as Lightning steps one (a ``ReduceLROnPlateau`` on
     ``val_loss``); a dict the factory returned, as it is — and the hyper-parameters that
@@ -107,7 +111,13 @@ def configured(g: Graph, optimizer: Any, scheduler: Any) -> tuple[Any, dict[str,
             "(unfreeze a node with g.freeze(id, False), or give a node an nn.Module)"
         )
     opt = optimizer(params)
+    check_optimizer(opt, params)
+    if lr is not None:  # hparams["lr"] set since (Lightning's lr_find): every group scaled
+        ratio = lr / opt.param_groups[0]["lr"]
+        for group in opt.param_groups:
+            group["lr"] = group["lr"] * ratio
     names = _named(opt)  # (the rate the factory set, before a scheduler changes it)
+    names["frozen"], names["cached"] = sorted(g.memory.frozen), sorted(g.memory.cached)
     if scheduler is None:
         return opt, {**names, "scheduler_name": None}
     sched = scheduler(opt)

@@ -57,8 +57,10 @@ def restore(lg: LightningGraph, checkpoint: dict[str, Any]) -> None:
             f"not this one ({own}); load it into the graph it was trained with"
         )
     state = checkpoint.get("somatize")
-    if state is None:
-        return
+    trainer = lg._trainer
+    if state is None or (trainer is not None and trainer.state.fn != "fit"):  # (TrainerFn)
+        return  # (test, validate, predict with ckpt_path=: the weights only, not the run)
+    lg._restored = trainer is not None  # (a fit resumed: on_fit_start keeps what it took)
     lg._pending.clear()
     lg._group.clear()
     lg._losses = list(state["losses"])
