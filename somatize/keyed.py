@@ -193,6 +193,8 @@ def walk(
                 env.explained.append((label, impl, parts, digest(tuple(in_keys)), hit is not None))
             if hit is not None:
                 notify(watchers, CacheHit(run.id, label, node_key))
+                if node in memory.pinned:  # (an entry stored before g.pin, or unpinned)
+                    rows.pin_found(keeper, [node_key])
                 if node in memory.named and keeper is not None:  # the name follows each run
                     keeper.name(memory.named[node], node_key)
                 values[node], vkeys[node] = hit[0], node_key
@@ -348,6 +350,8 @@ def _mapped(
         hit = keeper.get(item_key) if keeper is not None else None
         if hit is not None:
             notify(watchers, CacheHit(run.id, f"{label}[{i}]", item_key))
+            if pinned:
+                rows.pin_found(keeper, [item_key])
             out.append(decode(hit, codecs))
             continue
         notify(watchers, CacheMiss(run.id, f"{label}[{i}]", item_key))

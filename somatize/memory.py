@@ -75,13 +75,15 @@ class Memory:
 
         Raises:
             GraphError: ``name`` is not a keeper name (letters, digits, ``.``, ``_``,
-                ``-``; at most 200), or another node of the graph has it already.
+                ``-``; at most 200, not starting with ``.``), or another node of the graph
+                has it already.
         """
         if name is not None:
             if not is_name(name):
                 raise GraphError(
                     f"g.name({node!r}, {name!r}): a name is a str of letters, digits, '.', "
-                    "'_' or '-' (1 to 200 of them), as it becomes a file name in the keeper; "
+                    "'_' or '-' (1 to 200 of them, the first not '.'), as it becomes a file "
+                    "name in the keeper; "
                     "e.g. g.name(node, 'features-v1')"
                 )
             other = next((k for k, v in self.named.items() if v == name and k != node), None)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from collections.abc import Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
@@ -126,6 +127,26 @@ def put_many(keeper: Keeper, items: Sequence[tuple[str, bytes]], pinned: bool) -
     else:
         for k, data in items:
             keeper.put(k, data, pinned=pinned)
+
+
+# keeper -> the keys this process pinned in it on a hit (each pinned once)
+_PINNED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def pin_found(keeper: Keeper | None, keys: Sequence[str]) -> None:
+    """Pin entries a pinned node found (stored before ``g.pin``, or by an unpinned run):
+    the node's entries survive ``gc``, not only those it wrote. Each key once a process."""
+    pin = getattr(keeper, "pin", None)  # (a keeper of the protocol's methods alone: none)
+    if pin is None or not keys:
+        return
+    try:
+        seen = _PINNED.setdefault(keeper, set())
+    except TypeError:  # (a keeper that takes no weak reference: pinned every time)
+        seen = set()
+    for k in keys:
+        if k not in seen:
+            pin(k)
+            seen.add(k)
 
 
 def _keys(leaves: list[Leaf], salt: bytes) -> list[str]:
@@ -258,6 +279,8 @@ def remember(
     keys = _keys(leaves, salt)
     node_key = blake3(salt + "".join(keys).encode()).hexdigest()
     layout, hit, entries = _recall(get_many(keeper, keys), keys, env)
+    if hit and node in env.memory.pinned:
+        pin_found(keeper, [keys[i] for i in hit])
     hits: list[Any] = []
     if layout is not None and entries:
         device = ctx.device or leaves[0][1].device(leaves[0][2])

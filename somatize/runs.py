@@ -321,6 +321,7 @@ def explain(store: RunStore, ck: CallKey, recalled: bool) -> str:
         why = {
             "done": "it finished, but its result is no longer in the keeper (evicted?)",
             "started": "it started and did not finish (killed?)",
+            "unremembered": f"what it returned could not be kept ({own.get('error', '?')})",
         }.get(str(status), f"it raised: {own.get('error', '?')}")
         return (
             f"not recalled: run {ck.key[:12]} of {fn} has this key, but {why}; "

@@ -197,6 +197,12 @@ CASES = [
     P(lambda t: one().name("inc", 5), GraphError, r"g.name\('inc', 5\): a name is a str", id="name-int"),
     P(lambda t: one().name("inc", ""), GraphError, r"g.name\('inc', ''\)", id="name-empty"),
     P(lambda t: one().name("inc", "a b"), GraphError, r"g.name\('inc', 'a b'\)", id="name-space"),
+    # found by an outside audit: "." and ".." broke the store, ".v1" was a hidden file no
+    # listing showed, ".x.tmp" one gc took for a temporary, "v1\n" a file name with a newline
+    *(
+        P(lambda t, n=n: one().name("inc", n), GraphError, "the first not '.'", id=f"name-{i}")
+        for i, n in enumerate([".", "..", ".v1", ".model.tmp", "v1\n"])
+    ),
     P(lambda t: one().freeze("inc", "no"), GraphError, r"g.freeze\('inc', 'no'\): on is True or False", id="freeze-truthy-str"),
     P(lambda t: one().cache("inc", 1), GraphError, r"g.cache\('inc', 1\)", id="cache-int-flag"),
     P(lambda t: Graph().node(" ", Inc()), GraphError, "node id ' '", id="node-id-blank"),

@@ -131,3 +131,23 @@ def test_keeper_stats_reads_as_before_when_nothing_was_evicted() -> None:
     assert (
         str(KeeperStats(2, 20, 1, 0, packs=1)) == "2 entries, 20 bytes, 1 pinned, 0 names, 1 packs"
     )
+
+
+def test_a_buffer_is_stored_as_its_bytes_and_never_as_the_callers_object(
+    keeper: MemoryKeeper | DiskKeeper, tmp_path: Path
+) -> None:
+    """Found by an outside audit: a 2-D memoryview (its len() is not its byte count) was
+    indexed by len() and read back wrong (or lost its neighbour), and a bytearray was
+    kept in the read cache as the caller's object, so changing it changed the entry."""
+    grid = memoryview(bytes(range(20))).cast("B", (4, 5))
+    keeper.put_many([(k(1), grid), (k(2), b"hello-world")])
+    keeper.put(k(3), memoryview(bytes(range(6))).cast("B", (2, 3)))
+    mine = bytearray(b"original")
+    keeper.put_many([(k(4), mine)])
+    mine[:] = b"MUTATED!"
+    want = [bytes(range(20)), b"hello-world", bytes(range(6)), b"original"]
+    assert keeper.get_many([k(1), k(2), k(3), k(4)]) == want
+    assert all(type(v) is bytes for v in keeper.get_many([k(1), k(4)]))
+    if isinstance(keeper, DiskKeeper):  # from disk too, without the read cache
+        fresh = DiskKeeper(tmp_path / "store", read_cache=0)
+        assert fresh.get_many([k(1), k(2), k(3), k(4)]) == want

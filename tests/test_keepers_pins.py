@@ -64,3 +64,31 @@ def test_the_pin_log_records_only_pinned_nodes() -> None:
     for node, key in [("a", "k1"), ("a[3]", "k2"), ("b", "k3")]:
         log.on_event(type("CacheHit", (), {"node": node, "key": key})())
     assert log.take("a") == {"k1", "k2"} and log.take("b") == set() and log.take("a") == set()
+
+
+def test_pinning_a_node_pins_the_entries_it_finds_too(keeper: MemoryKeeper | DiskKeeper) -> None:
+    """Found by an outside audit: only entries written while the node was pinned were
+    pinned, so an entry stored by an earlier, unpinned run was taken by gc."""
+    g = Graph(keeper=keeper).node("a", Add(1)).cache("a")
+    assert g.forward(1) == 2  # stored unpinned
+    g.pin("a")
+    assert g.forward(1) == 2  # found: now pinned
+    assert keeper.stats().pinned == 1
+    keeper.gc(0)
+    assert keeper.stats().entries == 1 and g.forward(1) == 2
+
+
+def test_gc_counts_what_it_frees_when_two_packs_hold_one_pinned_key(tmp_path: Path) -> None:
+    """Found by an outside audit: each pack kept its pinned key by a rewrite, both to the
+    same pack, and gc counted that pack's bytes twice: it reported too little freed and
+    so removed more than it had to."""
+    keeper = DiskKeeper(tmp_path / "store")
+    key = [f"{i:064x}" for i in range(10)]
+    keeper.put_many([(key[1], bytes(1000)), (key[2], bytes(1000))])
+    keeper.put_many([(key[1], bytes(1000)), (key[3], bytes(1000))])  # another process's batch
+    keeper.pin(key[1])
+    before = keeper.stats().bytes
+    freed = keeper.gc(0)
+    after = keeper.stats().bytes
+    assert freed == before - after > 0
+    assert keeper.get(key[1]) == bytes(1000) and keeper.stats().entries == 1

@@ -37,7 +37,7 @@ from .packs import (
     build,
     open_regular,
 )
-from .protocol import KeeperStats, check_key, check_name, fail, is_key, not_bytes
+from .protocol import KeeperStats, as_bytes, check_key, check_name, fail, is_key, not_bytes
 from .readcache import DEFAULT_READ_CACHE, PackCache
 
 __all__ = ["DiskKeeper"]
@@ -223,6 +223,7 @@ class DiskKeeper:
         if pinned:
             self.pin(key)  # first: gc never sees the new entry unpinned
         try:
+            data = as_bytes(data)  # (a bytearray or memoryview: copied, its length its size)
             replace_with(path, [loose.header(data), data], durable=False)
         except OSError as e:
             raise fail("write cache entry", path, e) from e
@@ -244,6 +245,9 @@ class DiskKeeper:
         batch: list[tuple[str, bytes]] = []
         size = 0
         try:
+            for key, data in latest.items():
+                if type(data) is not bytes:  # a copy: its length its size, the caller's own
+                    latest[key] = as_bytes(data)  # buffer never in the read cache
             for item in latest.items():
                 if batch and size + len(item[1]) > MAX_PACK_BYTES:
                     self._write_pack(batch, pinned)

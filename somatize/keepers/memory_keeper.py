@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .protocol import KeeperStats, check_key, check_name, not_bytes
+from .protocol import KeeperStats, as_bytes, check_key, check_name, not_bytes
 
 __all__ = ["DEFAULT_MAX_BYTES", "MemoryKeeper"]
 
@@ -93,7 +93,7 @@ class MemoryKeeper:
     def _store(self, key: str, data: bytes, pinned: bool, method: str = "put") -> None:
         if type(data) is not bytes:  # bytes are shared as they are
             try:  # a copy of a buffer (bytearray, memoryview); never bytes(3) or bytes([1, 2])
-                data = bytes(memoryview(data))
+                data = as_bytes(data)
             except TypeError as e:  # (the old entry, if any, kept)
                 raise not_bytes(self, [(key, data)], e, method) from e
         old = self._lru.pop(key, None)

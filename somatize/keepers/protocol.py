@@ -18,7 +18,8 @@ def fail(what: str, path: str, e: OSError) -> KeeperError:
 
 
 _KEY = re.compile(r"^[0-9a-f]{64}$")
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+# (not starting with a dot: ".", "..", a hidden file or a temporary one; \Z: no newline)
+_NAME = re.compile(r"\A[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}\Z")
 
 
 @runtime_checkable
@@ -87,6 +88,14 @@ class KeeperStats:
         return out
 
 
+def as_bytes(data: Any) -> bytes:
+    """``data`` as bytes: bytes as they are; a copy of another buffer (a bytearray, a
+    memoryview of any shape), so that its length is its byte count and nothing the caller
+    changes later reaches the keeper. ``TypeError`` for what is no buffer (``bytes(3)``
+    would be three zero bytes)."""
+    return data if type(data) is bytes else bytes(memoryview(data))
+
+
 def not_bytes(
     keeper: object, items: Iterable[tuple[str, Any]], e: TypeError, method: str = "put"
 ) -> TypeError:
@@ -115,7 +124,8 @@ def check_name(name: str) -> None:
     """Raise ``KeeperError`` unless ``name`` is a safe file name."""
     if not (type(name) is str and _NAME.match(name)):
         raise KeeperError(
-            f"invalid name {name!r}: use letters, digits, '.', '_' or '-' (at most 200)"
+            f"invalid name {name!r}: use letters, digits, '.', '_' or '-' (at most 200, "
+            "not starting with '.')"
         )
 
 

@@ -67,17 +67,20 @@ class SizeBound:
 
 
 def _write(index: PackIndex, items: list[tuple[str, bytes]], flags: int) -> int:
-    """Write ``items`` as one pack; the bytes written."""
+    """Write ``items`` as one pack; the bytes it adds to the store (none where a pack of
+    that name, so of that content, was there already: two packs holding one pinned key
+    rewrite to the same pack)."""
     if not items:
         return 0
     pack, chunks = build(items, flags)
+    there = pack.name in index.packs
     path = index.path(pack.name)
     try:
         replace_with(path, chunks, durable=False)
     except OSError as e:
         raise KeeperError(f"could not write cache pack {path}: {e.strerror or e}") from e
     index.add(pack)
-    return sum(len(c) for c in chunks)
+    return 0 if there else sum(len(c) for c in chunks)
 
 
 def rewrite(

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
 import os
@@ -297,16 +298,14 @@ class Remembered:
         finally:
             _current.reset(token)
         if not isinstance(result, TrainResult):
-            warnings.warn(
-                f"{ck.function} returned a {type(result).__qualname__}, not a TrainResult: "
-                "its run is not remembered",
-                RuntimeWarning,
-                stacklevel=outside(),
-            )
+            why = f"{ck.function} returned a {type(result).__qualname__}, not a TrainResult"
+            self._unremembered(ck.key, record, why, problems)
+            warnings.warn(f"{why}: its run is not remembered", RuntimeWarning, stacklevel=outside())
             return result  # type: ignore[no-any-return]
         try:
             payload = encode_result(result, self.codecs)
         except ValueConversionError as e:
+            self._unremembered(ck.key, record, str(e), problems)
             warnings.warn(
                 f"{e}; the run's result is returned but not remembered",
                 RuntimeWarning,
@@ -336,6 +335,18 @@ class Remembered:
                 stacklevel=outside(),
             )
         return self._returned(result, ck.key)
+
+    def _unremembered(
+        self, key: str, record: dict[str, Any], why: str, problems: list[str]
+    ) -> None:
+        """The run finished but what it returned cannot be stored: its record says so (not
+        ``started``, which reads as a run killed)."""
+        if problems:
+            return
+        with contextlib.suppress(KeeperError):
+            self.store.write(
+                key, {**record, "status": "unremembered", "finished": time.time(), "error": why}
+            )
 
     @staticmethod
     def _returned(result: TrainResult, key: str) -> RememberedResult:

@@ -233,6 +233,13 @@ def test_keyable_arguments_and_exclusions(keeper):
         st.remember(takes, keeper=MemoryKeeper())
     with pytest.warns(RuntimeWarning, match="not a TrainResult"):
         assert st.remember(a_function, keeper=keeper)() == 1
+    # found by an outside audit: its record stayed "started", read as a run killed
+    (record,) = [
+        r
+        for r in runs.RunStore(keeper.path / runs.FOLDER).records()
+        if "a_function" in r["function"]
+    ]
+    assert record["status"] == "unremembered" and "not a TrainResult" in record["error"]
 
 
 def returns_odd(kind):
