@@ -84,7 +84,7 @@ def _explain(args: argparse.Namespace) -> int:
         print("somatize: cache explain needs GRAPH and INPUT, each MODULE:ATTR", file=sys.stderr)
         return 2
     g, x = _load(args.targets[0]), _load(args.targets[1], graph=False)
-    if g is None or x is None:
+    if g is _FAILED or x is _FAILED:
         return 2
     if g.keeper is None:  # a graph without its own keeper is explained against --dir
         try:
@@ -157,8 +157,12 @@ def _tend(keeper: DiskKeeper, args: argparse.Namespace) -> int:
     return 0
 
 
+_FAILED = object()  # what _load gives after an error (None is an input like another)
+
+
 def _load(target: str, graph: bool = True) -> Any:
-    """The object MODULE:ATTR names (called if it is a function); None after an error."""
+    """The object MODULE:ATTR names (called if it is a function); ``_FAILED`` after an
+    error, which it has printed."""
     module_name, _, attr = target.partition(":")
     if not attr:
         print(
@@ -166,7 +170,7 @@ def _load(target: str, graph: bool = True) -> Any:
             "e.g. recipes.text_pipeline:graph",
             file=sys.stderr,
         )
-        return None
+        return _FAILED
     if os.getcwd() not in sys.path:  # modules of the directory the command runs in
         sys.path.insert(0, os.getcwd())
     try:
@@ -175,18 +179,18 @@ def _load(target: str, graph: bool = True) -> Any:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
         print(f"somatize: cannot load {target}: {e}", file=sys.stderr)
-        return None
+        return _FAILED
     if callable(obj) and not isinstance(obj, Graph):
         obj = obj()
     if graph and not isinstance(obj, Graph):
         print(f"somatize: {target} is a {type(obj).__qualname__}, not a Graph", file=sys.stderr)
-        return None
+        return _FAILED
     return obj
 
 
 def _graph(args: argparse.Namespace) -> int:
     obj = _load(args.target)
-    if obj is None:
+    if obj is _FAILED:
         return 2
     try:
         print(obj.to_mermaid() if args.format == "mermaid" else obj.to_text())

@@ -211,6 +211,7 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
             nodes.append((nid, r.impl))
 
     edges: list[tuple[str, str]] = []
+    have: set[tuple[str, str]] = set()
 
     def walk(e: Expr) -> tuple[list[str], list[str]]:
         if isinstance(e, Ref):
@@ -219,8 +220,19 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
         if isinstance(e, Par):
             srcs: list[str] = []
             sinks: list[str] = []
+            branches: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
             for p in e.parts:
                 s, k = walk(p)
+                if (tuple(s), tuple(k)) in branches:  # ((a >> c) | (a >> c)): one branch
+                    ids_ = list(dict.fromkeys([*s, *k]))
+                    what = (
+                        f"node {ids_[0]!r}" if len(ids_) == 1 else f"the branch {' >> '.join(ids_)}"
+                    )
+                    raise GraphError(
+                        f"{what} is written twice side by side (x | x), and one instance "
+                        f"written twice is one node: the fork would give its output twice; {_FIX}"
+                    )
+                branches.add((tuple(s), tuple(k)))
                 srcs += s
                 sinks += k
             _side_by_side(srcs, sinks)
@@ -232,14 +244,42 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
         for p in e.parts[1:]:
             s, k = walk(p)
             _ends_twice(prev_sinks, s)
-            edges.extend((a, b) for b in s for a in prev_sinks)
+            # an edge a shared chain gives again is that edge ((t >> a) | (t >> b), t = x >> y:
+            # x -> y once); one step giving it twice (a >> (b | b)) is refused below
+            step = [(a, b) for b in s for a in prev_sinks]
+            edges.extend(edge for edge in step if edge not in have)
+            have.update(step)
             prev_sinks = k
         return first_src, prev_sinks
 
-    _, ends = walk(root)
+    starts, ends = walk(root)
     _check_repeats(refs, ids, edges)
+    _check_starts(starts, edges)
     _check_ends(ends, edges)
     return nodes, edges
+
+
+def _check_starts(starts: list[str], edges: list[tuple[str, str]]) -> None:
+    """The graph's input goes to its roots (the nodes nothing feeds), so a node beginning a
+    branch of the expression that another node also feeds (``(a >> n) | n``) would not
+    receive it: refused, not dropped.
+
+    Raises:
+        GraphError: naming the node, what feeds it and the fix.
+    """
+    if len(starts) < 2:
+        return
+    fed: dict[str, list[str]] = {}
+    for a, b in edges:
+        fed.setdefault(b, []).append(a)
+    for nid in starts:
+        if nid in fed:
+            raise GraphError(
+                f"node {nid!r} begins a branch of the expression but is also fed by "
+                f"{', '.join(map(repr, fed[nid]))}, and the graph's input goes to its roots "
+                f"(the nodes nothing feeds): that branch would not receive it. Begin it with "
+                f"a node of its own (an identity node), or leave the branch out"
+            )
 
 
 def _check_ends(ends: list[str], edges: list[tuple[str, str]]) -> None:

@@ -36,8 +36,8 @@ from blake3 import blake3
 
 from .changes import code_parts, global_parts
 from .keepers.atomic import replace_with
-from .node import Mapped, Run, injected_values
-from .values import Opaque, check, decode, digest, encode
+from .node import Mapped, Run, graph_input
+from .values import decode, digest, encode
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -274,12 +274,7 @@ def explain_run(
 ) -> Explanation:
     """``g.explain(*inputs)``: run ``g`` against a read-only view of its keeper, then explain."""
     program = g.program()
-    x: Any = inputs[0] if len(inputs) == 1 else tuple(inputs)
-    opaque = type(x) is Opaque
-    x = x.value if opaque else x
-    if not opaque:
-        check(x, g.codecs, "the graph input")
-    injected = injected_values(values)
+    x, opaque, injected = graph_input(tuple(inputs), values, g.codecs)  # (as Graph.run reads them)
     run = Run(g.run_id, step, False, injected)
     keyed = program.input_keyed and not opaque
     x_key = digest(x, g.codecs, "the graph input") if keyed else None

@@ -17,7 +17,7 @@ from .bulk import paused_gc
 from .catalog import Catalog
 from .codecs import Codec, check_codecs
 from .compose import Composable
-from .errors import DuplicateNodeError, GraphError, MissingNodeError
+from .errors import DuplicateNodeError, EmptyGraphError, GraphError, MissingNodeError
 from .execute import Outcome, Program
 from .graph_settings import Settings
 from .keepers import MemoryKeeper
@@ -245,7 +245,20 @@ class Graph(Settings, Composable):
         """The executable form of the graph, built once per change."""
         stamp = self._stamp()
         if self._program is None or stamp != self._built_from:
-            subs = {n: sub.program() for n, sub in self._subgraphs().items()}
+            subs = {}
+            for n, sub in self._subgraphs().items():
+                if not len(sub):
+                    raise EmptyGraphError(
+                        f"node {n!r} is a subgraph with no nodes; add one to it "
+                        "(sub.node(id, impl)) or leave it out of this graph"
+                    )
+                if sub.placement.multi_host:  # (run here, it would run them all here)
+                    raise GraphError(
+                        f"node {n!r} is a subgraph with inner nodes placed on other hosts; a "
+                        f"subgraph moves as one unit — place the subgraph node itself "
+                        f"(g.place({n!r}, host=...)) and clear its inner hosts"
+                    )
+                subs[n] = sub.program()
             self._built_from = stamp
             placements = {n: sub.placement for n, sub in self._subgraphs().items()}
             self._program = Program.compiled(

@@ -302,6 +302,14 @@ def _fingerprint(
         h.update(f"{dotted}={described}\0".encode())
         if blind is not None:
             blind.extend(dotted + where for where in inner)
+    for f in functions(obj):  # default values, made when the code ran: ``k=k`` in a factory
+        defaults = [*(f.__defaults__ or ()), *sorted((f.__kwdefaults__ or {}).items())]
+        if defaults:
+            inner = []
+            described = _describe(defaults, memo, codecs, inner)
+            h.update(f"{f.__qualname__} defaults={described}\0".encode())
+            if blind is not None:
+                blind.extend(f"{f.__name__} defaults" + where for where in inner)
     result = h.hexdigest()
     memo[id(obj)] = result
     return result

@@ -140,6 +140,11 @@ def check_keeper(keeper: Any, where: str) -> Any:
     """
     if keeper is None:
         return None
+    if isinstance(keeper, type):
+        raise TypeError(
+            f"{where}: {keeper.__qualname__} is the class, not a keeper; pass an instance, "
+            f"{keeper.__qualname__}() (a DiskKeeper takes its folder: DiskKeeper(path))"
+        )
     missing = [m for m in _KEEPER_METHODS if not callable(getattr(keeper, m, None))]
     if missing:
         raise TypeError(
