@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any
 
 from ..errors import SettingError
@@ -138,28 +138,36 @@ def steps_per_epoch(
 
 
 def epoch_examples(
-    data: Iterable[Any], n: int | None, seed: int, shuffle: bool, world: int
+    data: Iterable[Any],
+    n: int | None,
+    seed: int,
+    shuffle: bool,
+    world: int,
+    count: Callable[[Any], int] | None = None,
 ) -> int | None:
-    """Examples one epoch trains on, over all ranks (None when the data cannot say).
+    """Examples one epoch trains on, over all ranks (None when the data cannot say);
+    ``count``: a batch's examples, as the steps count them (of ``split``'s inputs).
 
     Unlimited (``n`` None): the data's (``start.count_examples``). Limited to ``n`` batches
     a rank: for a sequence, those of the first epoch's first ``n`` batches of each rank;
-    for a DataLoader with a ``batch_size``, ``n`` full batches a rank, at most its dataset.
+    for a DataLoader with a ``batch_size``, ``n`` full batches a rank, at most what its
+    sampler draws an epoch.
     """
     from .batches import epoch_batches, num_examples
     from .start import count_examples
 
+    count = count or num_examples
     if n is None:
-        return count_examples(data, world)
+        return count_examples(data, world, count)
 
     if isinstance(data, Sequence):
         return sum(
-            num_examples(b)
+            count(b)
             for rank in range(world)
             for b in itertools.islice(epoch_batches(data, 0, seed, shuffle, rank, world), n)
         )
-    size, dataset = getattr(data, "batch_size", None), getattr(data, "dataset", None)
-    full = length(dataset)
+    size = getattr(data, "batch_size", None)
+    full = count_examples(data, world, count)  # (an oversampling sampler draws more)
     if isinstance(size, int) and full is not None:
         return min(n * size * world, full)
     return None

@@ -19,7 +19,7 @@ from .carry import start_epoch
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
 from .limits import limited
-from .module import GraphModule
+from .module import GraphModule, node_metrics
 from .policy import save
 from .rng import put_back, snapshot
 from .schedule import evaluates_at_epoch_end
@@ -256,7 +256,7 @@ def _report_step(
 ) -> None:
     s, seconds = run.state, time.perf_counter() - tick
     notify(run.watchers, StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds, lrs))
-    node_metrics = getattr(run.net, "metrics", None)
-    if node_metrics:
-        for node, values in node_metrics.items():
+    reported = node_metrics(run.net)
+    if reported:
+        for node, values in reported.items():
             notify(run.watchers, Metrics(run.id, node, s.step, values))

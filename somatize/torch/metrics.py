@@ -35,6 +35,7 @@ from ..errors import SettingError, add_note
 from . import ddp
 from .batches import epoch_batches, num_examples, to_device
 from .limits import limited
+from .module import node_metrics
 
 __all__ = ["Metric", "accuracy", "check_ranks", "evaluate", "is_metric"]
 
@@ -190,7 +191,7 @@ def evaluate(
                     for m in objects.values():
                         m.update(out, y)
                 sums[-1] += n
-                for node, values in (getattr(net, "metrics", None) or {}).items():
+                for node, values in (node_metrics(net) or {}).items():
                     if not isinstance(values, Mapping):
                         raise TypeError(
                             f"node {node!r} returned Done(..., metrics={values!r}); metrics "
@@ -205,7 +206,7 @@ def evaluate(
         net.train(was_training)
     node_names = sorted(node_sums)
     merging = {k: m for k, m in objects.items() if not _torchmetrics(m)}
-    if world > 1 and (merging or isinstance(getattr(net, "metrics", None), Mapping)):
+    if world > 1 and (merging or isinstance(node_metrics(net), Mapping)):
         node_names, objects = _combined(node_names, objects, merging)
     _check_clash(fns, node_names)  # (under DDP, the names every rank agreed on)
     if node_names:  # one reduction and one read-back for all of them

@@ -379,6 +379,16 @@ def _forget_digests(g: Graph) -> None:
         _forget_digests(sub)
 
 
+def node_metrics(net: Any) -> Mapping[str, Any] | None:
+    """What the graph's nodes reported in ``net``'s last call (``GraphModule.metrics``; a
+    compiled or DDP-wrapped one too), or None for any other module, whose own ``metrics``
+    attribute (a torchmetrics collection) is its own business."""
+    inner = getattr(net, "_orig_mod", net)  # torch.compile's
+    if not isinstance(inner, GraphModule):
+        inner = getattr(inner, "module", None)  # DistributedDataParallel's
+    return inner.metrics if isinstance(inner, GraphModule) else None
+
+
 def parameters(g: Graph) -> list[nn.Parameter]:
     """The trainable parameters of ``g``: deduplicated, frozen nodes excluded.
 

@@ -95,7 +95,9 @@ class TrainResult:
         )
 
     def summary(self) -> dict[str, Any]:
-        """Everything but the state, as plain data (for logs and tables)."""
+        """The run's figures as plain data, for logs and tables: its counts, the final loss,
+        the last evaluation, the best value, whether it was pruned or timed out, its time
+        and cache counts (not the state, nor the per-step losses and every evaluation)."""
         return {
             "num_examples": self.num_examples,
             "steps": self.steps,

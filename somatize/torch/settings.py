@@ -331,8 +331,9 @@ def check_optimizer(opt: Any, params: list[Any]) -> None:
         )
     own = {id(p) for p in params}
     given = [p for group in opt.param_groups for p in group["params"]]
-    foreign = [p for p in given if id(p) not in own]
-    if foreign or not given:
+    # (a frozen parameter given too, model.parameters() whole: torch skips it, its grad None)
+    foreign = [p for p in given if id(p) not in own and p.requires_grad]
+    if foreign or not any(id(p) in own for p in given):
         raise SettingError(
             f"the optimizer the factory returned updates {len(foreign)} of its {len(given)} "
             f"tensors that are not trainable parameters of the model (which has {len(params)}), "

@@ -165,7 +165,9 @@ def autocast_for(precision: str, device: torch.device) -> Callable[[], Any]:
     return contextlib.nullcontext
 
 
-def count_examples(train: Iterable[Any], world: int) -> int | None:
+def count_examples(
+    train: Iterable[Any], world: int, count: Callable[[Any], int] = num_examples
+) -> int | None:
     """Examples one epoch trains on, over all ranks (None when the data cannot say).
 
     A DataLoader's are what its sampler draws an epoch (a ``SubsetRandomSampler`` its
@@ -176,7 +178,7 @@ def count_examples(train: Iterable[Any], world: int) -> int | None:
     from .samplers import reads_share
 
     if isinstance(train, Sequence):
-        return sum(num_examples(train[i]) for i in range(len(train) - len(train) % world))
+        return sum(count(train[i]) for i in range(len(train) - len(train) % world))
     dataset = getattr(train, "dataset", None)
     if dataset is None or not hasattr(dataset, "__len__"):
         return None

@@ -209,7 +209,9 @@ class Trainer:
                 "but fit() got no val= data; pass val=batches (and Options(monitor=...))"
             )
         s = run.state
-        n_train = epoch_examples(train, train_n, self.seed, self.options.shuffle, world)
+        n_train = epoch_examples(  # (each batch's examples as the steps count them)
+            train, train_n, self.seed, self.options.shuffle, world, self._examples
+        )
         # counts what remembered nodes find, on from a resumed checkpoint's counts (tally.py)
         run.tally = tally.attach(run.net, tally.resumed(s.cache, rank, world))
         try:
@@ -287,6 +289,9 @@ class Trainer:
         """
         rank, world = ddp.planned()
         return optimizer_steps(self, ddp.shard(train, rank, world, self.seed), rank, world)
+
+    def _examples(self, batch: Any) -> int:
+        return num_examples(self._split(batch)[0])
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
         # without a loss function the graph computes the loss, so it gets the whole batch

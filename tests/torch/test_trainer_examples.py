@@ -9,7 +9,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset, WeightedRandomSampler
 
 import somatize.torch as st
-from somatize import Graph
+from somatize import Graph, Recorder
+from somatize.errors import SettingError
 from tests.torch.test_checkpoint_resume import Crash, CrashAt
 from tests.torch.trainer_helpers import Linear
 
@@ -79,3 +80,78 @@ def test_num_examples_of_unsized_data_survives_a_resume_after_the_first_epoch(tm
         stream_fit(3, tmp_path, watchers=[CrashAt(7)])  # checkpointed at step 6, epoch 1
     resumed = stream_fit(3, tmp_path, resume="last")
     assert resumed.steps == 12 and resumed.num_examples == 40
+
+
+def _trainer(**kwargs) -> st.Trainer:
+    options = kwargs.pop("options", {})
+    return st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=kwargs.pop("optimizer", lambda ps: torch.optim.SGD(ps, lr=0.1)),
+        options=st.Options(progress=False, **options),
+        **kwargs,
+    )
+
+
+def test_a_limited_epoch_counts_what_an_oversampling_sampler_draws():
+    """Found by an outside audit: capped at the dataset's length, a limited epoch of a
+    sampler drawing 200 of 45 rows counted 45 while it trained on 80."""
+    gen = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(45, 4, generator=gen), torch.randint(0, 3, (45,), generator=gen))
+    sampler = WeightedRandomSampler(torch.ones(45), num_samples=200, replacement=True)
+    loader = DataLoader(ds, batch_size=8, sampler=sampler)
+    model = torch.nn.Linear(4, 3)
+    assert _trainer(options={"limit_train_batches": 10}).fit(model, loader).num_examples == 80
+    assert _trainer().fit(model, loader).num_examples == 200
+
+
+def test_the_examples_of_a_list_of_batches_are_counted_as_the_steps_count_them():
+    """Found by an outside audit: with split=, a list of dict batches counted one example
+    a batch (its 0-d first value), not the rows of the inputs split gives the model."""
+    gen = torch.Generator().manual_seed(0)
+    batches = [
+        {"tokens": torch.tensor(10 * n), "input": torch.randn(n, 4, generator=gen),
+         "labels": torch.randint(0, 3, (n,), generator=gen)}
+        for n in (5, 7, 3, 8)
+    ]  # fmt: skip
+    split = lambda b: (b["input"], b["labels"])  # noqa: E731
+    model = torch.nn.Linear(4, 3)
+    assert _trainer(split=split).fit(model, batches).num_examples == 23
+    limited = _trainer(split=split, options={"limit_train_batches": 2, "shuffle": False})
+    assert limited.fit(model, batches).num_examples == 12
+
+
+def test_an_optimizer_over_all_the_models_parameters_frozen_ones_too_trains_the_rest():
+    """Found by an outside audit: ``AdamW(model.parameters())`` with a frozen layer was
+    refused as updating tensors not of the model; torch skips them (their grad is None)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    model[0].requires_grad_(False)
+    frozen, head = model[0].weight.clone(), model[2].weight.clone()
+    optimizer = lambda ps: torch.optim.AdamW(model.parameters(), weight_decay=0.1)  # noqa: E731
+    batches = [(torch.randn(5, 4), torch.randint(0, 3, (5,))) for _ in range(3)]
+    assert _trainer(optimizer=optimizer).fit(model, batches).steps == 3
+    assert torch.equal(model[0].weight, frozen) and not torch.equal(model[2].weight, head)
+    other = torch.nn.Linear(4, 3)
+    with pytest.raises(SettingError, match="not trainable parameters of the model"):
+        _trainer(optimizer=lambda ps: torch.optim.SGD(other.parameters(), lr=0.1)).fit(
+            model, batches
+        )
+
+
+def test_a_plain_modules_own_metrics_attribute_is_its_own():
+    """Found by an outside audit: a module keeping its torchmetrics in ``self.metrics`` was
+    read as the graph's node metrics, and evaluate() and fit(val=...) failed."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Linear(4, 3)
+            self.metrics = ["acc", "f1"]  # (a torchmetrics collection, as often)
+
+        def forward(self, x):
+            return self.body(x)
+
+    batches = [(torch.randn(5, 4), torch.randint(0, 3, (5,))) for _ in range(2)]
+    assert set(_trainer().evaluate(Net(), batches)) == {"loss"}
+    result = _trainer(watchers=[Recorder()]).fit(Net(), batches, val=batches)
+    assert [sorted(m) for m in result.metrics] == [["epoch", "step", "val_loss"]]
