@@ -29,13 +29,13 @@ def evaluate_into(
     ``run.state.epoch`` has ended, for ``Options(min_epochs=)``). ``final``: the run stops
     after it (out of time): recorded and ranked, but no plateau stepped, no pruner asked."""
     s = run.state
-    if run.world > 1:  # evaluate rank 0's model on every rank's share, as DDP's wrapper would
-        ddp.broadcast_buffers(run.net)
     kept = [c.value for c in run.carries]  # training's carried state, given back afterwards
     values: dict[str, float] = {}
     counted: list[int] = []  # each set's examples (this rank's), for TrainResult.val_examples
     paused = run.tally.paused() if run.tally is not None else contextlib.nullcontext()
     with paused, swapped(run.average):  # Options(ema=): the average is what is evaluated
+        if run.world > 1:  # rank 0's model (its average's buffers too) on every rank's share
+            ddp.broadcast_buffers(run.net)
         for vs in run.val_sets or ():
             reset(run.carries)  # each set's evaluation starts afresh
             counted.append(0)

@@ -23,6 +23,7 @@ evaluated no batch of the set: torchmetrics cannot gather that rank's empty stat
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -170,8 +171,15 @@ def evaluate(
     dtype = torch.float32 if device.type == "mps" else torch.float64
     sums = torch.zeros(len(names) + 1, dtype=dtype, device=device)  # the last counts examples
     node_sums: dict[str, Any] = {}  # "<node>/<name>" -> example-weighted sum
+    # Under DDP every rank reads the loader and takes its share of the batches: a sampler
+    # drawing from the global RNG (a SubsetRandomSampler) must draw the same on every
+    # rank, or rows are read twice and others never. The ranks read it from one seeded
+    # state, on a fork of the RNG (training's own draws are not moved).
+    agreed = torch.random.fork_rng(devices=[]) if world > 1 else contextlib.nullcontext()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), agreed:
+            if world > 1:
+                torch.manual_seed(0)
             for batch in limited(epoch_batches(data, 0, 0, False, rank, world, even=False), limit):
                 x, y = split(batch)
                 x, y = to_device(x, device), to_device(y, device)

@@ -147,6 +147,14 @@ def _nonfinite(
                     "empty batches from the training data (a client or shard with no "
                     "examples has nothing to train on: skip its fit)"
                 )
+        if math.isfinite(value):  # (under DDP: another rank's was not)
+            raise NonFiniteError(
+                f"the loss of another rank is NaN or inf at step {s.step + 1} (epoch "
+                f"{s.epoch}); this rank's (rank {run.rank}, batch {index} of the epoch) is "
+                f"{value}. Nothing was stepped or checkpointed with it; the rank whose loss "
+                "it was names its batch. Look for a too-high learning rate or bad data, "
+                "or skip such steps with Options(nonfinite='skip')"
+            )
         raise NonFiniteError(
             f"the loss is {value} at step {s.step + 1} (epoch {s.epoch}, batch "
             f"{index} of the epoch); nothing was stepped or checkpointed with it. Look for "
