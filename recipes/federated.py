@@ -5,7 +5,8 @@
     python recipes/federated.py --executor dask      # clients on a local Dask cluster
 
 scikit-learn's bundled digits (no download), split over ten clients by label shards
-(``fl.shards``: two shards, two or three classes each). A round: every client trains
+(``fl.shards``: two shards each, sorted by label, so one to four classes a client — the
+recipe prints the histogram). A round: every client trains
 from the global state with the somatize Trainer, ``fedavg`` averages. FedAvg trains
 E local epochs of small batches; FedSGD one full-batch step. At equal rounds FedAvg
 ends far ahead — McMahan et al., 2017.
