@@ -136,6 +136,11 @@ def save(out: str, payload: dict) -> None:
 
 def child(command: str, keeper: str, out: str, flags: list[str]) -> None:
     global HOLD
+    import faulthandler
+
+    # a child still running after 90 s is stuck: its threads' stacks go to the log the
+    # test prints (a run here takes a few seconds)
+    faulthandler.dump_traceback_later(90, exit=False)
     torch.set_num_threads(1)
     say("pid")
     for flag in flags:
