@@ -178,6 +178,11 @@ def run_across(
     """
     prep = _prepare(program)
     transports = transports or {}
+    if not isinstance(transports, Mapping):
+        raise TypeError(
+            f"transports={transports!r:.60} is a {type(transports).__qualname__}; it maps each "
+            "host name to its transport: g.forward(x, transports={'box': InProcess()})"
+        )
     for host in prep.dplan.hosts:
         if host != LOCAL and host not in transports:
             nodes = [n for sl in prep.dplan.slices if sl.host == host for n in sl.nodes]

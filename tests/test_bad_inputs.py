@@ -171,6 +171,7 @@ CASES = [
     P(lambda t: one().place("zz", host="h"), MissingNodeError, "no node 'zz'", id="place-missing"),
     P(lambda t: Graph.somatize(Wrap() >> Inc()).cache("inc").forward(1), CacheError, r"'inc'.*'wrap'", id="cache-after-opaque"),
     P(lambda t: one().place("inc", host="box").forward(1), TransportError, "'box'", id="host-without-transport"),
+    P(lambda t: one().place("inc", host="box").forward(1, transports=["box"]), TypeError, r"transports=\['box'\] is a list; it maps each host", id="transports-a-list"),
     P(lambda t: (Graph.somatize(Wrap() >> Inc().with_id("far")) .place("far", host="box") .forward(1, transports={"box": InProcess()}) ), CrossingError, "'wrap'.*'far'|'far'.*'wrap'", id="opaque-crossing-hosts"),
     # -- graphs: inputs -----------------------------------------------------------
     P(lambda t: one().forward({1}), ValueConversionError, "the graph input: .*a set", id="forward-set"),
@@ -232,6 +233,7 @@ CASES = [
     P(lambda t: keeper(t).name("../x", K), KeeperError, r"invalid name '\.\./x'", id="disk-name-traversal"),
     P(lambda t: keeper(t).name("ok", "zz"), KeeperError, "invalid key 'zz'", id="disk-name-bad-key"),
     P(lambda t: keeper(t).lookup(""), KeeperError, "invalid name ''", id="disk-lookup-empty"),
+    P(lambda t: keeper(t).get_many([None]), KeeperError, "invalid key None", id="disk-get-many-none"),
     P(lambda t: keeper(t).name("a" * 201, K), KeeperError, "invalid name 'aaaa", id="disk-name-too-long"),
     # -- transports -------------------------------------------------------------------
     P(lambda t: ExecutorTransport(ThreadPoolExecutor(1), retries=-1), ValueError, "retries=-1", id="transport-retries"),

@@ -161,6 +161,9 @@ class DiskKeeper:
         return payload
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        if keys and set(map(type, keys)) != {str}:  # (at C speed: a batch's rows every step)
+            for key in keys:  # a KeeperError naming it, as get's (not a bare TypeError)
+                check_key(key)
         self._index.refresh()  # packs others wrote or removed: one stat of packs/ if none
         out = self._read_packed(keys)
         missing = [i for i, got in enumerate(out) if got is None]
