@@ -259,6 +259,18 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
     return nodes, edges
 
 
+def _linked(ids: list[str], edges: list[tuple[str, str]], end: int) -> tuple[str, list[str]]:
+    """The first of ``ids`` (an expression's outer starts or ends, more than one) with
+    an edge at ``end`` (1: fed by a node, 0: feeding one), and those nodes; ("", [])."""
+    if len(ids) < 2:
+        return "", []  # (one start is a root, one end a sink)
+    linked: dict[str, list[str]] = {}
+    for edge in edges:
+        linked.setdefault(edge[end], []).append(edge[1 - end])
+    nid = next((n for n in ids if n in linked), "")
+    return nid, linked.get(nid, [])
+
+
 def _check_starts(starts: list[str], edges: list[tuple[str, str]]) -> None:
     """The graph's input goes to its roots (the nodes nothing feeds), so a node beginning a
     branch of the expression that another node also feeds (``(a >> n) | n``) would not
@@ -267,19 +279,14 @@ def _check_starts(starts: list[str], edges: list[tuple[str, str]]) -> None:
     Raises:
         GraphError: naming the node, what feeds it and the fix.
     """
-    if len(starts) < 2:
-        return
-    fed: dict[str, list[str]] = {}
-    for a, b in edges:
-        fed.setdefault(b, []).append(a)
-    for nid in starts:
-        if nid in fed:
-            raise GraphError(
-                f"node {nid!r} begins a branch of the expression but is also fed by "
-                f"{', '.join(map(repr, fed[nid]))}, and the graph's input goes to its roots "
-                f"(the nodes nothing feeds): that branch would not receive it. Begin it with "
-                f"a node of its own (an identity node), or leave the branch out"
-            )
+    nid, fed_by = _linked(starts, edges, 1)
+    if nid:
+        raise GraphError(
+            f"node {nid!r} begins a branch of the expression but is also fed by "
+            f"{', '.join(map(repr, fed_by))}, and the graph's input goes to its roots "
+            f"(the nodes nothing feeds): that branch would not receive it. Begin it with "
+            f"a node of its own (an identity node), or leave the branch out"
+        )
 
 
 def _check_ends(ends: list[str], edges: list[tuple[str, str]]) -> None:
@@ -289,20 +296,15 @@ def _check_ends(ends: list[str], edges: list[tuple[str, str]]) -> None:
     Raises:
         GraphError: naming the end, what it feeds and the fix.
     """
-    if len(ends) < 2:
-        return  # (one end is a sink: the last part of a chain feeds nothing)
-    feeds: dict[str, list[str]] = {}
-    for a, b in edges:
-        feeds.setdefault(a, []).append(b)
-    for nid in ends:
-        if nid in feeds:
-            raise GraphError(
-                f"node {nid!r} ends a branch of the expression but also feeds "
-                f"{', '.join(map(repr, feeds[nid]))}, and a graph's outputs are its sinks "
-                f"(the nodes nothing follows): its value would not be returned. To return it, "
-                f"end that branch with a node of its own (an identity node, forward returning "
-                f"Done(Opaque(x))); or leave the branch out"
-            )
+    nid, feeds = _linked(ends, edges, 0)
+    if nid:
+        raise GraphError(
+            f"node {nid!r} ends a branch of the expression but also feeds "
+            f"{', '.join(map(repr, feeds))}, and a graph's outputs are its sinks "
+            f"(the nodes nothing follows): its value would not be returned. To return it, "
+            f"end that branch with a node of its own (an identity node, forward returning "
+            f"Done(Opaque(x))); or leave the branch out"
+        )
 
 
 _FIX = (
