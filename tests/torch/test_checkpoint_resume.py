@@ -249,7 +249,7 @@ class Trainings:
             left = deadline - time.monotonic()
             if left <= 0 or not self.sel.select(left):
                 raise AssertionError(
-                    "the training subprocess said nothing for two minutes:\n"
+                    f"the training subprocess said nothing for two minutes (unread: {self.buf!r}):\n"
                     + self.stderr.read_text()
                 )
             chunk = os.read(self.proc.stdout.fileno(), 4096)

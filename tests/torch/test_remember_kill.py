@@ -53,7 +53,10 @@ class Server:
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
             if left <= 0 or not self.sel.select(left):
-                raise AssertionError("the script said nothing for two minutes:\n" + self.log())
+                raise AssertionError(
+                    f"the script said nothing for two minutes (unread: {self.buf!r}):\n"
+                    + self.log()
+                )
             chunk = os.read(self.proc.stdout.fileno(), 4096)
             if not chunk:
                 raise AssertionError("the script ended:\n" + self.log())

@@ -52,7 +52,13 @@ class Head(Node):
 
 
 def say(text: str) -> None:
-    print(f"{os.getpid()} {text}", flush=True)
+    tell(f"{os.getpid()} {text}")
+
+
+def tell(line: str) -> None:
+    """One write per line: ``print`` under ``python -u`` writes the text and its newline
+    apart, and a SIGKILL between the two glued the server's next line onto a half line."""
+    os.write(1, line.encode() + b"\n")
 
 
 class Lines:
@@ -189,14 +195,14 @@ def read_line() -> str | None:
 def serve() -> None:
     import torch._dynamo  # noqa: F401 -- the first optimizer step would import it in every child
 
-    print("ready", flush=True)
+    tell("ready")
     while (line := read_line()) is not None:
         if not line.strip():
             continue
         command, *rest = line.split()
         if command == "wait":
             _, status = os.waitpid(int(rest[0]), 0)
-            print(f"exit {rest[0]} {os.waitstatus_to_exitcode(status)}", flush=True)
+            tell(f"exit {rest[0]} {os.waitstatus_to_exitcode(status)}")
             continue
         pid = os.fork()
         if pid == 0:

@@ -58,10 +58,16 @@ def data() -> tuple[list, list]:
     return train, val
 
 
+def say(line: str) -> None:
+    """One write per line: ``print`` under ``python -u`` writes the text and its newline
+    apart, and a SIGKILL between the two glued the server's next line onto a half line."""
+    os.write(1, line.encode() + b"\n")
+
+
 class Lines:
     def on_event(self, event) -> None:
         if isinstance(event, StepEnd):
-            print(f"step {event.step}", flush=True)
+            say(f"step {event.step}")
 
 
 def read_line() -> str | None:
@@ -77,7 +83,7 @@ def read_line() -> str | None:
 def hook(name, real):
     def hooked(*args):
         target = os.path.basename(str(args[-1])) if name == "replace" else ""
-        print(f"hook {name} {target}".rstrip(), flush=True)
+        say(f"hook {name} {target}".rstrip())
         read_line()
         return real(*args)
 
@@ -85,7 +91,7 @@ def hook(name, real):
 
 
 def train(ckpt_dir: str, out: str, hooks: bool) -> None:
-    print(f"pid {os.getpid()}", flush=True)
+    say(f"pid {os.getpid()}")
     torch.set_num_threads(1)
     if hooks:
         os.fsync = hook("fsync", os.fsync)
@@ -111,13 +117,13 @@ def train(ckpt_dir: str, out: str, hooks: bool) -> None:
             {"state": dict(result.state), "losses": result.losses, "metrics": result.metrics}, f
         )
     os.rename(out + ".tmp", out)
-    print("done", flush=True)
+    say("done")
 
 
 def serve() -> None:
     import torch._dynamo  # noqa: F401 -- the first optimizer step would import it in every child
 
-    print("ready", flush=True)
+    say("ready")
     while (line := read_line()) is not None:
         if not line.strip():
             continue
@@ -136,7 +142,7 @@ def serve() -> None:
                 sys.stdout.flush()
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
-        print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
+        say(f"exit {os.waitstatus_to_exitcode(status)}")
 
 
 if __name__ == "__main__":
