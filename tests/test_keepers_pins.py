@@ -1,13 +1,17 @@
-"""Graph.pin(node, False) unpins that node's entries, and only that node's."""
+"""Graph.pin(node, False) unpins that node's entries, and only that node's; a pin and a
+gc under way take turns."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from somatize import Ctx, DiskKeeper, Done, Graph, MemoryKeeper, Node
+from somatize.keepers import upkeep
 from somatize.keepers.pins import PinLog
 
 
@@ -37,7 +41,8 @@ def test_unpinning_a_node_lets_gc_take_its_entries(keeper: MemoryKeeper | DiskKe
     keeper.gc(0)
     assert keeper.stats().entries == 0
     if isinstance(keeper, DiskKeeper):
-        assert not list((keeper.path / "pins").iterdir())  # the markers went too
+        # the markers went too (.lock: what pin and gc take turns on)
+        assert [p.name for p in (keeper.path / "pins").iterdir()] == [".lock"]
 
 
 def test_unpinning_a_mapped_node_unpins_each_item(keeper: MemoryKeeper | DiskKeeper) -> None:
@@ -92,3 +97,38 @@ def test_gc_counts_what_it_frees_when_two_packs_hold_one_pinned_key(tmp_path: Pa
     after = keeper.stats().bytes
     assert freed == before - after > 0
     assert keeper.get(key[1]) == bytes(1000) and keeper.stats().entries == 1
+
+
+def test_a_pin_during_a_gc_waits_for_it_and_every_later_gc_keeps_the_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # before: gc read pins/ once, so a pin landing while it removed was not seen, and the
+    # entry went although pin had returned
+    keeper = DiskKeeper(tmp_path / "store")
+    first, second = "1" * 64, "2" * 64
+    keeper.put(first, b"a" * 100)
+    keeper.put(second, b"b" * 100)
+    removing, go = threading.Event(), threading.Event()
+    real = upkeep._remove
+
+    def remove(path: str) -> bool:  # gc has read pins/ and removes: hold it there
+        removing.set()
+        go.wait(30)
+        return real(path)
+
+    monkeypatch.setattr(upkeep, "_remove", remove)
+    gc = threading.Thread(target=keeper.gc, args=(0,))
+    gc.start()
+    assert removing.wait(30)
+    pinned = threading.Event()
+    pin = threading.Thread(target=lambda: (keeper.pin(second), pinned.set()))
+    pin.start()
+    time.sleep(0.3)
+    assert not pinned.is_set()  # it waits for the gc under way
+    go.set()
+    gc.join(30)
+    pin.join(30)
+    assert pinned.is_set() and keeper.stats().entries == 0  # that gc came first
+    keeper.put(second, b"b" * 100)
+    keeper.gc(0)
+    assert keeper.get(second) == b"b" * 100  # the pin holds for every gc after it

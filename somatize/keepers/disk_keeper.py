@@ -293,7 +293,8 @@ class DiskKeeper:
     def pin(self, key: str) -> None:
         """Keep ``key`` through ``gc``."""
         check_key(key)
-        self._marker("pin cache entry", f"{self._root}/pins/{key}", b"")
+        with upkeep.pins_locked(self._root, exclusive=False):  # not inside a gc's removals
+            self._marker("pin cache entry", f"{self._root}/pins/{key}", b"")
 
     def unpin(self, key: str) -> None:
         """Let ``gc`` remove ``key`` again (its marker goes; a pinned pack is rewritten)."""

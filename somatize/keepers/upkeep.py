@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 
 from ..errors import KeeperError
 from . import loose
@@ -32,7 +32,17 @@ from .protocol import check_key, is_key
 
 _STALE = 3600.0  # seconds: a temp file this old belongs to no live writer
 
-__all__ = ["SizeBound", "decodes", "discard", "gc", "remove_bad", "rewrite", "unpin", "verify"]
+__all__ = [
+    "SizeBound",
+    "decodes",
+    "discard",
+    "gc",
+    "pins_locked",
+    "remove_bad",
+    "rewrite",
+    "unpin",
+    "verify",
+]
 
 
 class SizeBound:
@@ -222,6 +232,36 @@ def discard(root: str, index: PackIndex, path: str, key: str) -> None:
         rewrite(index, root, pack.name, drop={key})
 
 
+@contextlib.contextmanager
+def pins_locked(root: str, *, exclusive: bool) -> Iterator[None]:
+    """``flock`` on ``pins/.lock``: shared while ``pin`` writes its marker, exclusive while
+    ``gc`` reads ``pins/`` and removes. So a pin that returned is seen by every later gc,
+    and a gc under way finishes before a pin returns (its entry may be gone: gc came
+    first). The kernel drops the lock with its process. Where no lock can be taken (no
+    ``fcntl``, a read-only disk), pins and gc go on without it, as they did before.
+    """
+    try:
+        import fcntl
+    except ImportError:  # (Windows)
+        yield
+        return
+    path = f"{root}/pins/.lock"
+    try:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            os.makedirs(f"{root}/pins", exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # (a read-only disk: nothing there to remove, no pin to write)
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
+
+
 def _remove(path: str) -> bool:
     """Remove a file gc chose; False if it was gone already."""
     try:
@@ -268,11 +308,19 @@ def gc(root: str, index: PackIndex, max_bytes: int) -> int:
     total = sum(size for _, size, _ in ranked)
     if total <= max_bytes:
         return freed
+    with pins_locked(root, exclusive=True):  # no pin lands between reading and removing
+        return freed + _shrink(root, index, ranked, total - max_bytes)
+
+
+def _shrink(root: str, index: PackIndex, ranked: list[tuple[float, int, str]], over: int) -> int:
+    """Remove the least recent unpinned entries and packs of ``ranked`` until ``over``
+    bytes are gone; the bytes freed."""
     pins: set[str] = set()
     with contextlib.suppress(FileNotFoundError), os.scandir(f"{root}/pins") as it:
-        pins = {e.name for e in it}
+        pins = {e.name for e in it if e.name[0] != "."}
+    freed = 0
     for _, size, path in sorted(ranked):
-        if total <= max_bytes:
+        if freed >= over:
             break
         name = os.path.basename(path)
         if not name.endswith(".pack"):
@@ -289,5 +337,5 @@ def gc(root: str, index: PackIndex, max_bytes: int) -> int:
                 index.drop([name])
                 continue
             index.drop([name])
-        total, freed = total - size, freed + size
+        freed += size
     return freed
