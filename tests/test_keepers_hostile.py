@@ -47,7 +47,7 @@ def quarantined(keeper: DiskKeeper) -> list[str]:
 
 
 @pytest.mark.parametrize("thing", ["fifo", "folder"])
-@pytest.mark.parametrize("call", ["get", "get_many", "verify"])
+@pytest.mark.parametrize("call", ["get", "get_many", "verify", "gc"])
 def test_a_fifo_or_folder_for_an_entry_is_a_miss_and_moved_aside(
     tmp_path: Path, thing: str, call: str
 ) -> None:
@@ -65,8 +65,13 @@ def test_a_fifo_or_folder_for_an_entry_is_a_miss_and_moved_aside(
         assert keeper.get(k(2)) is None
     elif call == "get_many":
         assert keeper.get_many([k(1), k(2)]) == [b"healthy", None]
-    else:
+    elif call == "verify":
         assert keeper.verify() == [k(2)]
+    else:  # no entry in a listing; gc moves it aside and goes on (it failed on a folder)
+        assert keeper.stats().entries == 1 and list(keeper.keys()) == [k(1)]
+        assert [key for key, _ in keeper.sizes()] == [k(1)]
+        keeper.gc(0)
+        assert keeper.stats().entries == 0
     assert not os.path.lexists(path) and quarantined(keeper) == [k(2)]
     if thing == "folder":  # moved whole, never deleted
         (moved,) = (keeper.path / "quarantine").iterdir()

@@ -25,7 +25,7 @@ def markers(root: str, sub: str) -> list[str]:
 def keys(root: str, index: PackIndex) -> Iterator[str]:
     """The keys of every entry, sorted (temp files excluded)."""
     index.refresh(force=True)
-    found = {e.name for e in loose.scan(root) if is_key(e.name)}
+    found = {e.name for e in loose.scan(root) if is_key(e.name) and _regular(e)}
     yield from sorted(found | index.where.keys())
 
 
@@ -41,11 +41,17 @@ def sizes(root: str, index: PackIndex) -> Iterator[tuple[str, int]]:
     yield from sorted(packed.items())
 
 
+def _regular(e: os.DirEntry[str]) -> bool:
+    """A regular file (from the listing's file type: no stat). A directory, FIFO or
+    symlink where an entry should be is no entry: a read quarantines or removes it."""
+    return e.is_file(follow_symlinks=False)
+
+
 def _sizes(root: str, index: PackIndex) -> tuple[dict[str, int], int]:
     """Loose entries' sizes, and the bytes of every pack (one stat per file)."""
     found = {}
     for e in loose.scan(root):
-        if len(e.name) == 64 and e.name[0] != ".":
+        if len(e.name) == 64 and e.name[0] != "." and _regular(e):
             try:  # noqa: SIM105 -- suppress() would cost a µs an entry
                 found[e.name] = e.stat().st_size
             except FileNotFoundError:  # removed meanwhile

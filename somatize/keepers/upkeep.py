@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 from collections.abc import Callable, Collection, Iterator
 
@@ -295,7 +296,10 @@ def gc(root: str, index: PackIndex, max_bytes: int) -> int:
                 st = e.stat(follow_symlinks=False)
             except FileNotFoundError:  # removed meanwhile
                 continue
-            ranked.append((st.st_mtime, st.st_size, e.path))
+            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):  # (unlink: the link)
+                ranked.append((st.st_mtime, st.st_size, e.path))
+            else:  # a directory, FIFO, socket: moved aside, as a read would
+                loose.quarantine(root, e.path, st.st_ino)
     # temp files of killed writers: packs, names, pins, and g.explain's notes
     for folder in (index.directory, f"{root}/names", f"{root}/pins", f"{root}/notes"):
         with contextlib.suppress(FileNotFoundError), os.scandir(folder) as it:
