@@ -27,6 +27,7 @@ import threading
 from typing import TYPE_CHECKING, Protocol, TypedDict, runtime_checkable
 
 from .errors import TransportError
+from .remote_errors import Shipped, portable, raise_alone, restored
 from .shipping import load_code
 
 if TYPE_CHECKING:
@@ -149,8 +150,12 @@ def serve(
             return None
         return execute_job(job, bundle, _worker_keeper(keeper))
     except Exception as e:
-        _mark(e, job["name"])
-        raise
+        # (a class of the user's, shipped by value, would not pickle back: it goes Shipped)
+        error = portable(e, job["name"])
+        _mark(error, job["name"])
+        if error is e:
+            raise
+    raise_alone(error)
 
 
 # -- stock transports -------------------------------------------------------------------
@@ -257,6 +262,8 @@ class ExecutorTransport:
                 reply = self._submit(job, code if send else None)
             except Exception as e:
                 if _from_slice(e):
+                    if isinstance(e, Shipped):
+                        raise restored(e) from None
                     raise
                 if isinstance(e, RuntimeError) and "after shutdown" in str(e):
                     raise TransportError(

@@ -278,8 +278,9 @@ def executor(
     * a worker that dies (killed, out of memory) costs one re-run of the call it was
       running, on a fresh worker, not the pool (``TorchPool``); a fresh worker is started
       by ``forkserver`` instead of ``fork`` if forking has become unsafe since;
-    * a call's exception that would not unpickle here arrives as a ``RuntimeError`` that
-      names it and the call (not as a broken pool); a worker exits when this process dies;
+    * a call's exception arrives as itself (a class of ``__main__`` too), or, where it would
+      not unpickle here, as a ``RuntimeError`` that names it and the call (not as a broken
+      pool); a worker exits when this process dies;
     * use it as a context manager for a clean shutdown: an exception leaving the block
       (Ctrl-C) cancels the calls not started, a normal exit waits for all.
 

@@ -43,6 +43,7 @@ from typing import Any, Literal
 import cloudpickle
 
 from ..errors import WorkerLostError, add_note
+from ..remote_errors import restored
 from .pool_worker import Aborted, Packed, _call, _start
 
 __all__ = ["TorchPool"]
@@ -194,7 +195,7 @@ class TorchPool(Executor):
             task.future.cancel()
             return
         if not isinstance(error, BrokenExecutor):
-            task.future.set_exception(error)
+            task.future.set_exception(restored(error))  # (a class of __main__: Shipped)
             return
         killed = gen.killed(task.id)  # read now: the survivors are terminated right after
         if killed:

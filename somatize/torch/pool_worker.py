@@ -10,12 +10,11 @@ raises, made fit to travel back.
   manager thread, which exits right after; nor the worker's parent: under forkserver it is
   the server, which outlives the pool's process as long as its workers do.
 * A call's exception **arrives as itself, or as a RuntimeError naming it**: the parent
-  unpickles what a worker raised, and one that does not unpickle (a custom exception whose
-  ``__init__`` takes other arguments than it passes to ``super().__init__``, or a class of
-  ``__main__`` that came with the function) breaks the whole process pool — every call fails
-  with ``BrokenProcessPool``, and ``TorchPool`` would take it for a dead worker. ``portable``
-  tries the round trip in the worker and, where it fails, raises a ``RuntimeError`` that
-  names the exception, its message and the call, its traceback in a note.
+  unpickles what a worker raised, and one that does not unpickle breaks the whole process
+  pool — every call fails with ``BrokenProcessPool``, and ``TorchPool`` would take it for a
+  dead worker. ``somatize.remote_errors.portable`` makes it fit to travel (a class of
+  ``__main__`` as cloudpickle bytes, which the pool restores; one that unpickles nowhere as a
+  ``RuntimeError`` naming it).
 * A call's **result is pickled by the worker** (``Packed``) and unpickled by the pool as
   that call's: a result that does not unpickle in the parent (its class missing there, a
   ``__reduce__`` that fails) fails that call with a ``RuntimeError`` naming it, where the
@@ -35,60 +34,21 @@ import pickle
 import select
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from multiprocessing.reduction import ForkingPickler
-from typing import Any, NoReturn
+from typing import Any
 
 import cloudpickle
 
 from ..errors import add_note
+from ..remote_errors import portable, raise_alone
 
-__all__ = ["portable", "raise_alone"]
+__all__: list[str] = []
 
 _worker: dict[str, Any] = {}  # in a worker process: its slot, and the pool's abort flag
 
 
 class Aborted(Exception):
     """In a worker: the call was not started, the pool having been aborted."""
-
-
-def portable(
-    e: BaseException, task: str, dumps: Callable[[Any], Any] = ForkingPickler.dumps
-) -> BaseException:
-    """``e``, or a ``RuntimeError`` naming it and ``task``, with ``e``'s notes and traceback as
-    its own notes, where ``e`` would not unpickle in the parent (pickled by ``dumps``, as it
-    travels back).
-
-    Args:
-        e: what the task raised, in the worker.
-        task: the task, as a message names it (``"fn(shared, tasks[3])"``).
-        dumps: how the exception travels: the executor's pickle by default.
-    """
-    try:
-        pickle.loads(dumps(e))  # the worker's own exception, as the parent would read it
-    except Exception as why:
-        error = RuntimeError(
-            f"{task} raised {type(e).__qualname__}: {e} — which cannot "
-            f"be pickled back from the worker ({type(why).__qualname__}: {why}), so it arrives "
-            "as this RuntimeError. To get the exception itself, make it picklable: pass "
-            "super().__init__() every argument __init__ takes (or define __reduce__), and "
-            "define its class in a module rather than in __main__"
-        )
-        for note in getattr(e, "__notes__", ()):  # what they say of e holds of this one
-            add_note(error, note)
-        text = "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
-        add_note(error, f"the original traceback, in the worker:\n{text}")
-        return error
-    return e
-
-
-def raise_alone(error: BaseException) -> NoReturn:
-    """Raise ``error`` unchained; call it after the ``except`` block, not in it. Raised there,
-    it would chain the exception it replaces (``__context__``), which a pickler that keeps
-    chains (tblib's, which importing ``dask.distributed`` installs) carries back, to fail."""
-    error.__context__ = None
-    raise error
 
 
 def _alive(pid: int) -> bool:

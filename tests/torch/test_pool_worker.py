@@ -128,7 +128,7 @@ def test_a_result_that_does_not_travel_back_fails_its_run_once_not_the_pool():
 
 
 @pytest.mark.slow
-def test_an_exception_of_a_class_shipped_by_value_names_its_task():
+def test_an_exception_of_a_class_shipped_by_value_arrives_as_itself_naming_its_task():
     class Local(Exception):  # shipped with the function by cloudpickle, as __main__'s are
         pass
 
@@ -139,9 +139,11 @@ def test_an_exception_of_a_class_shipped_by_value_names_its_task():
 
     with st.executor(workers=1) as pool:
         runs = st.run_all(pool, run, range(3), errors="return")
+        with pytest.raises(Local, match="bad config 1"):  # before: a RuntimeError naming it
+            pool.submit(run, 1).result()
     assert runs.finished == [0, 2] and runs.lost == {}
-    message = str(runs.failed[1])
-    assert "Local: bad config 1" in message and "run(...)" in message
+    assert type(runs.failed[1]) is Local and str(runs.failed[1]) == "bad config 1"
+    assert "raised by fn(items[1])" in runs.failed[1].__notes__[0]
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ sent, so use them with machines and code you trust.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import pickle
 import traceback
@@ -47,7 +48,7 @@ from typing import Any, Literal, TypeVar, overload
 from blake3 import blake3
 
 from ...errors import add_note
-from ..pool_worker import portable, raise_alone
+from ...remote_errors import Shipped, portable, raise_alone, restored
 from ..run_all import note_unpicklable
 from .spool import discard, dumps, open_spool, remove, ship, unship
 
@@ -300,9 +301,14 @@ def map_clients(
             try:
                 shipped_back = f.result()
             except Exception as e:
-                note_unpicklable(e, fn, pool, "map_clients")
-                raise
+                error = restored(e)  # (a class of __main__ comes as a Shipped)
+                note_unpicklable(error, fn, pool, "map_clients")
+                if error is e:
+                    raise
+                raise error from None
             for i, r in zip(futures[f], unship(shipped_back, spool)):
+                if isinstance(r, ClientFailure) and isinstance(r.error, Shipped):
+                    r = dataclasses.replace(r, error=restored(r.error))
                 out[i] = r
         return out
     finally:
