@@ -20,7 +20,7 @@ from .ema import averaged, restore_average
 from .horizon import check_horizon, horizon
 from .policy import check_extension, check_fresh, resume_path
 from .run import ActiveRun
-from .settings import check_optimizer, check_scheduler
+from .settings import check_no_closure, check_optimizer, check_scheduler
 from .start import as_module, autocast_for, compiled, place, seed_everything, trainable, wrap
 from .timelimit import restored
 
@@ -51,6 +51,7 @@ def begin(
     assert trainer.optimizer is not None  # fit() checked
     opt = trainer.optimizer(params)
     check_optimizer(opt, params)
+    check_no_closure(opt)
     sched = trainer.scheduler(opt) if trainer.scheduler is not None else None
     if trainer.scheduler is not None:
         check_scheduler(sched, o)

@@ -324,10 +324,16 @@ def check_optimizer(opt: Any, params: list[Any]) -> None:
     import torch
 
     if not isinstance(opt, torch.optim.Optimizer):
+        several = (
+            " (one optimizer a run: for another learning rate or weight decay on a part, "
+            "give it its own parameter group, docs/trainer.md#parameter-groups)"
+            if isinstance(opt, (list, tuple, dict))
+            else ""
+        )
         raise SettingError(
             f"the optimizer factory returned {type(opt).__qualname__}, not a torch optimizer; "
             "it must return one built over the parameters it is given, e.g. "
-            "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
+            f"optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3){several}"
         )
     own = {id(p) for p in params}
     given = [p for group in opt.param_groups for p in group["params"]]
@@ -339,6 +345,21 @@ def check_optimizer(opt: Any, params: list[Any]) -> None:
             f"tensors that are not trainable parameters of the model (which has {len(params)}), "
             "so it would train nothing the run keeps; build it over the parameters the factory "
             "is given (lambda params: torch.optim.SGD(params, lr=0.1)), not another model's"
+        )
+
+
+def check_no_closure(opt: Any) -> None:
+    """The Trainer steps its optimizer once a batch, without a closure: one whose ``step``
+    needs a closure (``LBFGS``) is refused by name, not by a bare ``TypeError`` at step 1."""
+    import inspect
+
+    closure = inspect.signature(type(opt).step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise SettingError(
+            f"{type(opt).__qualname__} needs a closure at every step (it evaluates the loss "
+            "again and again, as LBFGS does); st.Trainer steps its optimizer once a batch, "
+            "without one. Train it with Lightning (st.lightning: its automatic optimization "
+            "passes the closure), or with a loop of your own: opt.step(closure)"
         )
 
 

@@ -144,6 +144,14 @@ def test_cuda_without_cuda_says_so():
             "updates 1 of its 1 tensors that are not trainable parameters of the model",
         ),
         ({"optimizer": sgd, "scheduler": lambda opt: None}, "scheduler factory returned None"),
+        (
+            {"optimizer": lambda ps: [torch.optim.SGD(ps, lr=0.1), torch.optim.SGD(ps, lr=1)]},
+            r"returned list, not a torch optimizer.*own parameter group",
+        ),
+        (  # before: a bare TypeError from LBFGS.step() at the first step
+            {"optimizer": lambda ps: torch.optim.LBFGS(ps)},
+            r"LBFGS needs a closure at every step.*Lightning.*opt.step\(closure\)",
+        ),
     ],
 )
 def test_bad_factories_are_refused_before_training(kwargs, match):
