@@ -123,6 +123,13 @@ def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         tensor(0.5000)
     """
     predicted = output.argmax(dim=-1)
+    if output.ndim > 1 and output.shape[-1] == 1:  # (argmax of one logit: class 0 every row)
+        raise ValueError(
+            f"accuracy: the output {tuple(output.shape)} has one logit per row, whose argmax "
+            "is class 0 for every row; accuracy takes logits (batch, classes) — for one "
+            "logit per row (a binary head), measure "
+            "((output.squeeze(-1) > 0) == target).float().mean()"
+        )
     if predicted.shape != target.shape:  # (broadcasting would compare every row with every row)
         raise ValueError(
             f"accuracy: the output {tuple(output.shape)} gives one predicted class per row, "

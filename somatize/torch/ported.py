@@ -38,7 +38,18 @@ _OPTIONS = {
     "devices": "torchrun for several processes; Options(device=...) for one",
     "strategy": "torchrun for DDP; Options(find_unused_parameters=True) for "
     "'ddp_find_unused_parameters_true'",
+    "log_every_n_steps": "watchers=[st.TensorBoard(dir, every_steps=N)] or "
+    "st.Progress(every_steps=N): a watcher's own setting",
+    "gradient_clip_algorithm": "Options(clip_grad_norm=...) clips by norm; by value, an "
+    "optimizer pre-hook in the factory (docs/trainer.md, Gradient clipping)",
 }
+
+
+def _in_trainer(instead: str) -> str:
+    """An Options row as written in ``Trainer(...)``: ``options=st.Options(...)``."""
+    return f"options=st.{instead}" if instead.startswith("Options(") else instead
+
+
 #: owner -> Lightning keyword -> what to write instead
 LIGHTNING: dict[str, dict[str, str]] = {
     "Trainer": {
@@ -47,11 +58,11 @@ LIGHTNING: dict[str, dict[str, str]] = {
         "checkpoint=st.Checkpointing(dir) (ModelCheckpoint)",
         "logger": "watchers=[st.TensorBoard(dir)] or [st.CSVLog(path)]",
         "default_root_dir": "checkpoint=st.Checkpointing(dir)",
-        **{k: f"options={v}" for k, v in _OPTIONS.items()},
+        **{k: _in_trainer(v) for k, v in _OPTIONS.items()},
     },
     "Options": {
         "max_epochs": "Trainer(epochs=...)",
-        **{k: v.removeprefix("Options") for k, v in _OPTIONS.items()},
+        **_OPTIONS,
     },
     "Checkpointing": {
         "dirpath": "Checkpointing(dir)",

@@ -102,12 +102,13 @@ class Trainer:
         micro_batches: int = 1,
         metrics: Mapping[str, Callable[[Any, Any], Any] | Metric] | None = None,
         checkpoint: Checkpointing | None = None,
-        watchers: Iterable[Watcher] = (),
+        watchers: Iterable[Watcher] | None = (),
         pruner: Any = None,
         seed: int = 0,
         options: Options = Options(),  # frozen, so one shared default is safe
         split: Callable[[Any], tuple[Any, Any]] | None = None,
     ) -> None:
+        watchers = () if watchers is None else watchers  # (as metrics=None: none)
         check_arguments(
             optimizer, scheduler, epochs, max_steps, micro_batches, metrics, pruner, seed
         )

@@ -197,6 +197,7 @@ CASES = [
     P(lambda t: st.fedmedian([]), AggregationError, "empty", id="fedmedian-empty"),
     P(lambda t: st.accuracy(torch.zeros(8, 2), torch.zeros(7, dtype=torch.long)), ValueError, r"accuracy: the output \(8, 2\) gives one predicted class per row, \(8,\) .* but the target is \(7,\); give logits \(batch, classes\)", id="accuracy-rows-differ"),
     P(lambda t: st.accuracy(torch.zeros(8), torch.zeros(8, dtype=torch.long)), ValueError, r"accuracy: the output \(8,\) .* for one logit per row, measure \(\(output > 0\) == target\)", id="accuracy-one-logit"),
+    P(lambda t: st.accuracy(torch.ones(8, 1), torch.zeros(8, dtype=torch.long)), ValueError, r"accuracy: the output \(8, 1\) has one logit per row.*\(\(output.squeeze\(-1\) > 0\) == target\)", id="accuracy-one-logit-column"),  # before: 1.0, every row class 0
     P(lambda t: st.fedavg(two(W, W), weights=[None, 1]), TypeError, r"client 0's weight is None, not a number; weights holds one number per client", id="fedavg-weight-none"),
     P(lambda t: st.fedavg(two(W, W), weights=5), TypeError, r"weights must be .*not 5; give one number per client.*weights=\[120, 80\]", id="fedavg-weights-int"),
     P(lambda t: st.fedavg(two(W, W), exclude=3), TypeError, r"exclude is a list of keys or patterns .*not 3; e\.g\. exclude=\['head\.\*'\]", id="fedavg-exclude-int"),

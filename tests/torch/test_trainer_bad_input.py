@@ -172,6 +172,13 @@ def test_a_batch_without_a_tensor_is_refused(batch):
         )
 
 
+def test_none_for_watchers_is_no_watchers_as_for_metrics_and_scheduler():
+    # before: SettingError "not a NoneType; write watchers=[w]"
+    t = st.Trainer(loss=F.cross_entropy, optimizer=sgd, watchers=None, metrics=None)
+    assert t.watchers == []
+    assert t.fit(Graph.somatize(Linear()), data()).steps > 0
+
+
 def test_clipping_still_clips():
     st.Trainer(
         loss=F.cross_entropy, optimizer=sgd, options=st.Options(clip_grad_norm=0.5, progress=False)

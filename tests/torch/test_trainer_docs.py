@@ -1,4 +1,5 @@
-"""docs/trainer.md: every Python example runs, in order, in one namespace."""
+"""docs/trainer.md: every Python example runs, in order, in one namespace; its list of
+``st.Options`` names every setting."""
 
 from __future__ import annotations
 
@@ -46,3 +47,14 @@ def test_the_trainer_docs_examples_run(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "runs" / "example" / "run.jsonl").exists()
     assert any((tmp_path / "runs" / "example" / "tb").iterdir())
     assert (tmp_path / "runs" / "example" / "log.csv").read_text().startswith("kind,step,epoch")
+
+
+def test_the_list_of_options_names_every_field():
+    import dataclasses
+
+    import somatize.torch as st
+
+    text = DOC.read_text()
+    listed = text[text.index("settings live in `st.Options`") : text.index("The\nTrainer itself")]
+    missing = [f.name for f in dataclasses.fields(st.Options) if f"`{f.name}`" not in listed]
+    assert not missing  # (before: find_unused_parameters)
