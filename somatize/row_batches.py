@@ -100,6 +100,8 @@ def _split(
                 "tensors), or make them tensors"
                 if any(f is not None for f in found)
                 else "use .mapped() for a list of items"
+                if what == "input"
+                else "return a tensor (torch.as_tensor) for a batch of numbers"
             )
             raise CacheError(
                 f"node {label!r} is cached per example but its {what} is "

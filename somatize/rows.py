@@ -276,7 +276,12 @@ def remember(
         if len(_salts) > 1024:
             _salts.clear()
         salt = _salts[recipe] = blake3(encode((ROWS_VERSION, *recipe))).digest()
-    keys = _keys(leaves, salt)
+    try:
+        keys = _keys(leaves, salt)
+    except ValueConversionError as e:  # (a tensor subclass: say which node met it)
+        raise ValueConversionError(
+            f"node {label!r} is cached per example, but its input holds {e}"
+        ) from None
     node_key = blake3(salt + "".join(keys).encode()).hexdigest()
     layout, hit, entries = _recall(get_many(keeper, keys), keys, env)
     if hit and node in env.memory.pinned:
@@ -321,7 +326,8 @@ def remember(
     okind, onames, oleaves, m = _split(value, codecs, label, "output")
     if m != len(computed):
         raise CacheError(
-            f"node {label!r} is cached per example but returned {m} rows for {len(computed)} "
+            f"node {label!r} is cached per example but returned {m} row{'s' * (m != 1)} for "
+            f"{len(computed)} "
             f"input rows; per-example memory needs one output row per input row — cache it "
             f"per batch instead: g.cache({label!r})"
         )

@@ -54,7 +54,7 @@ def subclass_error(value: torch.Tensor) -> ValueConversionError:
     """The error for a tensor subclass met as data (a key, a stored row)."""
     name = type(value).__qualname__
     return ValueConversionError(
-        f"a {name}, a torch.Tensor subclass: its type (and whatever it carries beside its "
+        f"the torch.Tensor subclass {name}: its type (and whatever it carries beside its "
         f"values) would enter no key, and a stored copy comes back a plain tensor, so a "
         f"cached node would serve one {name}'s output for another, or for a plain tensor of "
         "the same values — pass x.as_subclass(torch.Tensor) as data (and what the subclass "

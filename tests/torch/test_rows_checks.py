@@ -53,10 +53,23 @@ def test_bad_inputs_name_the_node_and_the_fix():
         g.forward(torch.tensor(1.0))
     g = Graph().node("m", Mean()).cache("m", per="example")
     st.module(g)
-    with pytest.raises(CacheError, match=r"'m' .* returned 1 rows for 4 input rows.*per batch"):
+    with pytest.raises(CacheError, match=r"'m' .* returned 1 row for 4 input rows.*per batch"):
         g.forward(torch.randn(4, 2))
     with pytest.raises(Exception, match=r"per is 'batch'.*or 'example'"):
         g.cache("m", per="row")
+
+    class Floats(Node):
+        rowwise = True
+
+        def forward(self, x, ctx):
+            return Done([float(v) for v in x.sum(1)])  # numbers, not a tensor of them
+
+    g = Graph().node("f", Floats()).cache("f", per="example")
+    st.module(g)
+    with pytest.raises(CacheError, match=r"'f' .* its output is a list") as e:
+        g.forward(torch.randn(4, 2))
+    assert "return a tensor (torch.as_tensor)" in str(e.value)  # before: "use .mapped()"
+    assert ".mapped()" not in str(e.value)
 
     class Grad(Node):
         def __init__(self):
