@@ -118,7 +118,8 @@ class CacheRows(Event):
 
 @dataclass(frozen=True, slots=True)
 class Metrics(Event):
-    """Scalars a node returned in ``Done(..., metrics=...)`` (``node`` is '' for the Trainer's)."""
+    """Scalars a node returned in ``Done(..., metrics=...)`` (``node`` is '' for the Trainer's
+    evaluations); during a Trainer's training steps, floats."""
 
     node: str
     step: int
@@ -198,6 +199,11 @@ def check_watchers(watchers: Any, where: str) -> list[Watcher]:
         )
     out = list(watchers)
     for w in out:
+        if isinstance(w, type):  # (its on_event unbound: a TypeError at the first event)
+            raise TypeError(
+                f"{where}: {w.__qualname__} is a watcher class, not a watcher; pass an "
+                f"instance, {w.__qualname__}(...)"
+            )
         if not callable(getattr(w, "on_event", None)):
             raise TypeError(
                 f"{where}: {w!r} is not a watcher: a watcher has a method on_event(event) "

@@ -21,6 +21,7 @@ whose header is damaged is set aside as ``<name>.damaged`` and started anew.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import os
 import warnings
@@ -55,6 +56,12 @@ class CSVLog:
                 "st.CSVLog('runs/metrics.csv')"
             )
         self.path = Path(path)
+        if self.path.is_dir():  # (before: an IsADirectoryError naming a temp file, at fit)
+            raise IsADirectoryError(
+                errno.EISDIR,
+                f"CSVLog takes the path of a CSV file, and {self.path} is a directory; pass a "
+                f"file in it, e.g. st.CSVLog({str(self.path / 'metrics.csv')!r})",
+            )
         self._columns: list[str] = list(_FIRST)
         self._rows: list[dict[str, Any]] = []
         self._pending: dict[str, Any] | None = None

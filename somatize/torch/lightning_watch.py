@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import require
 from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
 from .batches import num_examples, split
+from .start import close
 
 try:
     import lightning as L
@@ -159,15 +160,9 @@ class Watch(L.Callback):
                 self.run_id, trainer.global_step, trainer.current_epoch, seconds, _pruned(trainer)
             )
             notify(self.watchers, event)
-        self._close()
+        close(self.watchers)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        for w in self.watchers:
-            close = getattr(w, "close", None)
-            if close is not None:
-                close()
+        close(self.watchers, exception)  # (a watcher's error: a note on the fit's own)

@@ -19,6 +19,7 @@ from .carry import start_epoch
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
 from .limits import limited
+from .metrics import node_scalars
 from .module import GraphModule, node_metrics
 from .policy import save
 from .rng import put_back, snapshot
@@ -257,6 +258,7 @@ def _report_step(
     s, seconds = run.state, time.perf_counter() - tick
     notify(run.watchers, StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds, lrs))
     reported = node_metrics(run.net)
-    if reported:
+    if reported:  # (checked as an evaluation checks them; numbers, as Metrics says)
         for node, values in reported.items():
-            notify(run.watchers, Metrics(run.id, node, s.step, values))
+            checked = {k: float(v) for k, v in node_scalars(node, values).items()}
+            notify(run.watchers, Metrics(run.id, node, s.step, checked))

@@ -207,16 +207,9 @@ def evaluate(
                         m.update(out, y)
                 sums[-1] += n
                 for node, values in (node_metrics(net) or {}).items():
-                    if not isinstance(values, Mapping):
-                        raise TypeError(
-                            f"node {node!r} returned Done(..., metrics={values!r}); metrics "
-                            "is a dict name → number, e.g. Done(out, metrics={'mean': "
-                            "out.mean()})"
-                        )
-                    for k, v in values.items():
+                    for k, v in node_scalars(node, values).items():
                         key = f"{node}/{k}"
-                        value = _exact(_scalar(v, k, f"node {node!r}: "), dtype)
-                        node_sums[key] = node_sums.get(key, 0.0) + value * n
+                        node_sums[key] = node_sums.get(key, 0.0) + _exact(v, dtype) * n
     finally:
         net.train(was_training)
     node_names = sorted(node_sums)
@@ -320,6 +313,17 @@ def _call_note(name: str, out: Any, y: Any) -> str:
         "(an object with reset/update/compute, a torchmetrics Metric, is given "
         "update(output, target))"
     )
+
+
+def node_scalars(node: str, values: Any) -> dict[str, Any]:
+    """What node ``node`` returned as ``Done(metrics=...)``: name -> a 0-d tensor or a
+    float; anything else a TypeError naming the node, the metric and the fix."""
+    if not isinstance(values, Mapping):
+        raise TypeError(
+            f"node {node!r} returned Done(..., metrics={values!r}); metrics "
+            "is a dict name → number, e.g. Done(out, metrics={'mean': out.mean()})"
+        )
+    return {k: _scalar(v, k, f"node {node!r}: ") for k, v in values.items()}
 
 
 def _scalar(value: Any, name: str, whose: str = "") -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import add_note
 from ..graph import Graph
 from ..node import Node
 from ..watchers import Watcher
@@ -193,8 +194,26 @@ def count_examples(
     return drawn * world if world > 1 and reads_share(sampler) else drawn
 
 
-def close(watchers: list[Watcher]) -> None:
+def close(watchers: list[Watcher], failing: BaseException | None = None) -> None:
+    """Close every watcher that has ``close``, each even when one before it raised. While
+    ``failing`` (the fit's own error) propagates, a watcher's error is a note on it, never
+    in its place; else the first is raised once all are closed."""
+    errors: list[tuple[Watcher, Exception]] = []
     for w in watchers:
         close = getattr(w, "close", None)
         if close is not None:
-            close()
+            try:
+                close()
+            except Exception as e:
+                errors.append((w, e))
+    if not errors:
+        return
+    said = [f"closing watcher {w!r} failed too: {type(e).__name__}: {e}" for w, e in errors]
+    if failing is not None:
+        for note in said:
+            add_note(failing, note)
+        return
+    first = errors[0][1]
+    for note in said[1:]:
+        add_note(first, note)
+    raise first

@@ -13,6 +13,7 @@ all ranks as ``StepEnd`` says. Needs the ``tensorboard`` package (in the ``somat
 
 from __future__ import annotations
 
+import errno
 import os
 import warnings
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from typing import Any
 from ..errors import require
 from ..stack import outside
 from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
+from .settings import count
 
 __all__ = ["TensorBoard"]
 
@@ -50,6 +52,15 @@ class TensorBoard:
                 f"TensorBoard takes the directory to log to, not {log_dir!r}; e.g. "
                 "st.TensorBoard('runs/tb')"
             )
+        if os.path.exists(log_dir) and not os.path.isdir(log_dir):  # (a FileExistsError at step 1)
+            raise NotADirectoryError(
+                errno.ENOTDIR,
+                f"TensorBoard takes a directory for its event files, and {os.fspath(log_dir)} "
+                "is a file; pass a directory, e.g. st.TensorBoard('runs/tb')",
+            )
+        count(
+            "TensorBoard every_steps", every_steps, hint="e.g. st.TensorBoard(dir, every_steps=10)"
+        )
         self.log_dir = str(log_dir)
         self.every_steps = every_steps
         self.hparams = dict(hparams or {})

@@ -215,6 +215,7 @@ class Trainer:
         )
         # counts what remembered nodes find, on from a resumed checkpoint's counts (tally.py)
         run.tally = tally.attach(run.net, tally.resumed(s.cache, rank, world))
+        failing: BaseException | None = None
         try:
             sanity_check(self, run)  # a few val batches first; changes nothing (sanity.py)
             evaluated = bool(s.metrics) and s.metrics[-1]["step"] == s.step
@@ -242,11 +243,14 @@ class Trainer:
             if s.losses:
                 final["loss"] = s.losses[-1]
             notify(run.watchers, FitEnd(run.id, s.step, s.epoch, seconds, s.pruned, final))
+        except BaseException as e:
+            failing = e
+            raise
         finally:
             if run.average is not None:
                 run.average.detach()
             tally.detach(run.net, run.tally)
-            close(run.watchers)  # also when training fails: event files are flushed
+            close(run.watchers, failing)  # also when training fails: event files are flushed
         return TrainResult(
             state={k: v.detach().to("cpu", copy=True) for k, v in run.net.state_dict().items()},
             num_examples=one_epoch(n_train, s),
