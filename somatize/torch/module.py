@@ -30,6 +30,7 @@ from ..values import Opaque
 from .codecs import TensorCodec
 from .frozen import equip, needs_grad
 from .holdings import MODULE_NAMES
+from .own_code import give_own_code, without_own_code
 from .registration import (
     _check_shared,
     _freezes,
@@ -100,6 +101,7 @@ class GraphModule(nn.Module):
         self._holds: Any = None  # what the nodes held at the last sync (_signature)
         self._swaps = HELD.swaps  # modules assigned on any node, counted, at the last sync
         self._in_sync = False
+        give_own_code(self, "forward")  # compiled per graph: a sweep's share no recompile limit
         self._sync()
 
     def _sync(self) -> None:
@@ -233,12 +235,14 @@ class GraphModule(nn.Module):
         # The parameters freezing marked: a copy's are marked again (copy.deepcopy drops a
         # parameter's attributes, and a fresh process has marked none), so unfreezing works.
         marked = [p for p in self.parameters() if getattr(p, "_somatize_frozen", False)]
-        return {**super().__getstate__(), "_somatize_marked": marked}  # type: ignore[no-untyped-call]
+        state = without_own_code(super().__getstate__(), "forward")  # type: ignore[no-untyped-call]
+        return {**state, "_somatize_marked": marked}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         global _marked_any
         marked = state.pop("_somatize_marked", ())
         super().__setstate__(state)  # type: ignore[no-untyped-call]
+        give_own_code(self, "forward")
         for p in marked:
             setattr(p, "_somatize_frozen", True)  # noqa: B010 -- not a declared attribute
             _freezes(p, self)

@@ -1,4 +1,5 @@
-"""torch.compile under the Trainer: nodes see each step, zero recompiles after warm-up."""
+"""torch.compile under the Trainer: nodes see each step, zero recompiles after warm-up, and
+every run of a sweep in one process compiled."""
 
 from __future__ import annotations
 
@@ -88,3 +89,22 @@ def test_the_compiled_run_equals_the_eager_one():
 def test_bad_compile_is_refused():
     with pytest.raises(TypeError, match="compile must be True, False or torch.compile's keyword"):
         st.Options(compile="yes")
+
+
+@pytest.mark.parametrize("how", ["option", "wrapper"])
+def test_every_run_of_a_sweep_in_one_process_is_compiled(how):
+    # before: the graphs shared GraphModule.forward's code object, and so dynamo's limit of
+    # 8 recompiles: from the ninth run on, the sweep ran eagerly, said only in a log line
+    torch._dynamo.reset()
+    counters.clear()
+    runs = torch._dynamo.config.recompile_limit + 2
+    for seed in range(runs):
+        torch.manual_seed(seed)
+        g = Graph.somatize(Linear())
+        before = counters["stats"]["unique_graphs"]
+        if how == "option":
+            watch = fit(g, compile=EAGER)
+        else:
+            watch = fit(torch.compile(st.module(g), **EAGER))
+        assert watch.graphs[0] > before, f"run {seed} was not compiled"
+    assert not counters["recompile_limit"]
