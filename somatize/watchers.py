@@ -163,8 +163,8 @@ class StepEnd(Event):
 
 @dataclass(frozen=True, slots=True)
 class EpochEnd(Event):
-    """An epoch (and its evaluation, if any) finished; ``metrics`` holds the evaluation,
-    ``cache`` what the graph's remembered nodes found in the epoch's training steps
+    """An epoch (and its evaluation, if any) finished; ``metrics`` holds the evaluation (with
+    its ``step`` and ``epoch``, as ``TrainResult.metrics`` rows), ``cache`` what the graph's remembered nodes found in the epoch's training steps
     (node -> ``{"hits": ..., "misses": ...}``: rows, items or calls; see ``TrainResult.cache``)."""
 
     epoch: int
@@ -177,7 +177,8 @@ class EpochEnd(Event):
 class FitEnd(Event):
     """A training run ended (``pruned`` if a pruner stopped it). ``final``: the run's last
     values — ``loss`` (its last step's) and its last evaluation's (``val_loss``...) — over
-    the whole run, a resumed one's checkpointed part included."""
+    the whole run, a resumed one's checkpointed part included. ``epoch``: the epochs
+    finished (a count; ``EpochEnd.epoch`` numbers them from 0)."""
 
     step: int
     epoch: int

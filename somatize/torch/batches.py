@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -164,6 +164,12 @@ def check_data(
         )
     if isinstance(data, torch.Tensor):
         _refuse_tensor(data, what)
+    if isinstance(data, Mapping) and any(isinstance(v, torch.Tensor) for v in data.values()):
+        keys = ", ".join(map(repr, list(data)[:3])) + (", ..." if len(data) > 3 else "")
+        raise SettingError(  # (read as data, a dict gives its keys)
+            f"{what} is one dict batch ({keys}), not batches: read as data, it would "
+            f"give its keys; pass [batch] for one batch, or a DataLoader over the examples"
+        )
     if type(data) in (list, tuple) and any(isinstance(b, (DataLoader, Dataset)) for b in data):
         _refuse_loaders(data, what, train)
     if type(data) in (list, tuple) and data and _an_example(data[0], split_, listed=True):

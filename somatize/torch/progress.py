@@ -9,6 +9,7 @@ per evaluation, one at the end — with no control codes.
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from typing import TextIO
@@ -47,10 +48,21 @@ class Progress:
         redraw: bool | None = None,
         every_steps: int | None = None,
     ) -> None:
+        from ..errors import SettingError
         from .settings import count
 
         if every_steps is not None:
             count("Progress every_steps", every_steps, hint="pass None for a line an epoch")
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
+            raise SettingError(
+                f"Progress interval is the shortest time between redraws in seconds, a "
+                f"number >= 0, not {interval!r}; e.g. st.Progress(interval=0.5)"
+            )
+        if isinstance(stream, io.RawIOBase | io.BufferedIOBase):  # (bytes: fails mid-fit)
+            raise TypeError(
+                f"Progress draws text, and {stream!r} is a binary stream; pass a text one, "
+                "e.g. st.Progress(sys.stdout), not sys.stdout.buffer"
+            )
         if stream is not None and not callable(getattr(stream, "write", None)):
             raise TypeError(
                 f"Progress takes a text stream to draw on (with write), not {stream!r}; "

@@ -92,8 +92,11 @@ class Patience:
                 f"{metric!r}; e.g. {fix} (the metric defaults to 'val_loss'; patience is "
                 "keyword-only)"
             )
-        if mode not in ("min", "max", None):
-            raise ValueError(f"Patience mode must be 'min' or 'max', not {mode!r}")
+        if mode not in ("min", "max", None):  # (as Options(mode=) refuses it)
+            raise SettingError(
+                f"Patience mode must be 'min' or 'max', not {mode!r}: 'min' when lower is "
+                "better (a loss), 'max' when higher is (an accuracy)"
+            )
         count("Patience patience", patience, 0, hint="it is how many evaluations may not improve")
         if (
             isinstance(min_delta, bool)

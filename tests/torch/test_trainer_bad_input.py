@@ -172,6 +172,20 @@ def test_a_batch_without_a_tensor_is_refused(batch):
         )
 
 
+def test_one_dict_batch_as_the_data_is_refused_saying_pass_a_list():
+    # before: read key by key, "a batch of type str holds no tensor"
+    X, Y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    with pytest.raises(SettingError, match=r"train is one dict batch \('x', 'y'\).*\[batch\]"):
+        st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=st.Options(progress=False)).fit(
+            Graph.somatize(Linear()), {"x": X, "y": Y}
+        )
+
+
+def test_patience_with_an_unknown_mode_is_a_setting_error():
+    with pytest.raises(SettingError, match="Patience mode must be 'min' or 'max', not 'maximum'"):
+        st.Patience("val_acc", mode="maximum")
+
+
 def test_none_for_watchers_is_no_watchers_as_for_metrics_and_scheduler():
     # before: SettingError "not a NoneType; write watchers=[w]"
     t = st.Trainer(loss=F.cross_entropy, optimizer=sgd, watchers=None, metrics=None)

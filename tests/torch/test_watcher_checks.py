@@ -113,3 +113,17 @@ def test_a_watcher_failing_to_close_after_a_good_fit_raises_once_all_are_closed(
     with pytest.raises(OSError, match="disk full while flushing"):
         trainer([first, after]).fit(make_graph(), batches(2))
     assert after.closed
+
+
+@pytest.mark.parametrize("interval", ["x", -1, None])
+def test_progress_interval_is_a_number_of_seconds(interval):
+    with pytest.raises(SettingError, match="Progress interval is the shortest time"):
+        st.Progress(interval=interval)
+
+
+def test_progress_refuses_a_binary_stream():
+    import io
+
+    # before: accepted, then "a bytes-like object is required" mid-fit
+    with pytest.raises(TypeError, match="Progress draws text.*not sys.stdout.buffer"):
+        st.Progress(io.BytesIO())
