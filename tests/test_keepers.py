@@ -199,6 +199,9 @@ def test_gc_and_stats_tolerate_files_vanishing(
     class Ghost:  # listed, but removed by another process before its stat()
         name, path = k(9), str(entry_file(keeper, k(9)))
 
+        def is_file(self, follow_symlinks: bool = True) -> bool:
+            return True  # (the listing's file type)
+
         def stat(self, follow_symlinks: bool = True) -> os.stat_result:
             raise FileNotFoundError(self.path)
 
