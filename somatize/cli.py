@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -158,16 +159,19 @@ def _tend(keeper: DiskKeeper, args: argparse.Namespace) -> int:
 
 
 _FAILED = object()  # what _load gives after an error (None is an input like another)
+_EXAMPLE = {True: "recipes.text_pipeline:graph", False: "recipes.text_pipeline:batch"}
 
 
 def _load(target: str, graph: bool = True) -> Any:
     """The object MODULE:ATTR names (called if it is a function); ``_FAILED`` after an
-    error, which it has printed."""
+    error, which it has printed. An error raised inside the user's module or factory is
+    theirs, and keeps its traceback."""
+    what = "the graph" if graph else "the input"
     module_name, _, attr = target.partition(":")
-    if not attr:
+    if not _dotted(module_name) or not _dotted(attr):  # (":g" and ".mod:g" fail in import)
         print(
-            f"somatize: give {'the graph' if graph else 'the input'} as MODULE:ATTR, "
-            "e.g. recipes.text_pipeline:graph",
+            f"somatize: {what} {target!r} is not MODULE:ATTR: a module importable from the "
+            f"current directory, a colon and a name in it, e.g. {_EXAMPLE[graph]}",
             file=sys.stderr,
         )
         return _FAILED
@@ -181,11 +185,42 @@ def _load(target: str, graph: bool = True) -> Any:
         print(f"somatize: cannot load {target}: {e}", file=sys.stderr)
         return _FAILED
     if callable(obj) and not isinstance(obj, Graph):
+        needs, name = _parameters(obj), getattr(obj, "__name__", attr)
+        if needs is not None:
+            print(
+                f"somatize: cannot load {target}: {name}({needs}) takes arguments, and the "
+                f"command passes none; name {what} itself, or a function taking none and "
+                f"returning {what} (e.g. def make(): return {name}(...))",
+                file=sys.stderr,
+            )
+            return _FAILED
         obj = obj()
     if graph and not isinstance(obj, Graph):
         print(f"somatize: {target} is a {type(obj).__qualname__}, not a Graph", file=sys.stderr)
         return _FAILED
     return obj
+
+
+def _dotted(name: str) -> bool:
+    return all(part.isidentifier() for part in name.split("."))
+
+
+def _parameters(fn: Callable[..., Any]) -> str | None:
+    """The parameters ``fn`` needs (``"width"``), or None when it can be called bare —
+    told before the call, so that a TypeError raised inside it stays the user's."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (some builtins): call it
+        return None
+    try:
+        signature.bind()
+    except TypeError:
+        return ", ".join(
+            str(p)
+            for p in signature.parameters.values()
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        )
+    return None
 
 
 def _graph(args: argparse.Namespace) -> int:
@@ -231,7 +266,9 @@ def _main(argv: Sequence[str] | None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     cache = sub.add_parser("cache", help="inspect or tend a DiskKeeper cache")
     cache.add_argument("action", choices=["stats", "verify", "gc", "ls", "explain"])
-    cache.add_argument("targets", nargs="*", help="for explain: GRAPH and INPUT as MODULE:ATTR")
+    cache.add_argument(  # (a default, or argparse calls the optional targets "required")
+        "targets", nargs="*", default=[], help="for explain: GRAPH and INPUT as MODULE:ATTR"
+    )
     cache.add_argument("--dir", default=os.environ.get("SOMATIZE_CACHE", ".somatize-cache"))
     cache.add_argument(
         "--max-bytes", type=runs_cli.byte_count, default=None, help="for gc: the size to shrink to"

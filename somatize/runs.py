@@ -18,20 +18,52 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from .errors import KeeperError
 from .keepers import atomic_write
 from .keepers.protocol import is_key
-from .runkey import CallKey
+from .runs_explain import explain  # (runs.explain, as before)
 
 __all__ = ["RunStore", "explain", "gc", "parse_age"]
 
 FORMAT = "somatize.run/1"
 FOLDER = "remembered"  # under a DiskKeeper's directory
 _STALE = 3600.0  # seconds: a temp file or trash folder this old belongs to no live process
+UNJUDGED = ("damaged", "unreadable")  # statuses of runs gc keeps: their records say nothing
+
+# The type of each field a record may hold: a hand-edited or damaged run.json is reported
+# by its path, never trusted (``runs ls`` formats these fields, gc sums ``bytes``).
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    **dict.fromkeys(("function", "code", "versions", "status", "error"), str),
+    **dict.fromkeys(("helpers", "args", "summary", "result", "metrics"), dict),
+    "excluded": list,
+    **dict.fromkeys(("started", "finished"), (int, float)),
+}
+
+
+def _damage(record: object) -> str | None:
+    """What makes ``record`` (a parsed run.json) no run record, or None."""
+    if not isinstance(record, dict):
+        return f"it is not a run record (a {type(record).__qualname__}, not a JSON object)"
+    if record.get("format") != FORMAT:
+        return f"its format is {record.get('format')!r}, not {FORMAT!r}"
+    for field, kind in _FIELDS.items():
+        value = record.get(field)
+        if field in record and (not isinstance(value, kind) or isinstance(value, bool)):
+            want = f"a {kind.__name__}" if isinstance(kind, type) else "a number"
+            return f"its field {field!r} is {_a(value)}, not {want}"
+    size = record.get("bytes", 0)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        return f"its field 'bytes' is {_a(size)}, not a count of bytes"
+    return None
+
+
+def _a(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name} ({value!r:.40})"
 
 
 def _size(path: Path) -> int:
@@ -56,12 +88,19 @@ class RunStore:
         return self.dir(key) / "ckpt"
 
     def record(self, key: str) -> dict[str, Any] | None:
-        """The record of run ``key``, or None (never started, or damaged).
+        """The record of run ``key``, or None (never started, or no run record: not JSON,
+        another format, a status that is not a string). A record with another field of the
+        wrong type is returned: recalling the run needs its status alone, and a finished
+        run is not computed again for a damaged summary (``records`` lists it damaged).
 
         Raises:
             KeeperError: the record exists but this process may not read it (another
                 user's store): naming the file, rather than taking the run as unfinished.
         """
+        return self._read(key)[0]
+
+    def _read(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(run ``key``'s record or None, what is wrong with its run.json or None)."""
         file = self.dir(key) / "run.json"
         try:
             record = json.loads(file.read_text())
@@ -71,9 +110,15 @@ class RunStore:
                 "and write access to the store (its files follow the umask of the process "
                 "that wrote them), or use a store of its own"
             ) from e
-        except (OSError, ValueError):
-            return None
-        return record if isinstance(record, dict) and record.get("format") == FORMAT else None
+        except FileNotFoundError:
+            return None, None
+        except (OSError, ValueError) as e:  # not JSON, not UTF-8, a directory in its place
+            return None, f"it cannot be read as JSON ({e})"
+        damage = _damage(record)
+        if damage is None:
+            return record, None
+        usable = isinstance(record, dict) and record.get("format") == FORMAT
+        return (record if usable and isinstance(record.get("status"), str) else None), damage
 
     def write(self, key: str, record: dict[str, Any]) -> None:
         """Write run ``key``'s record atomically.
@@ -136,7 +181,9 @@ class RunStore:
 
     def records(self) -> list[dict[str, Any]]:
         """Every run's record, with its ``size`` (checkpoints and result) and ``used`` time; a
-        directory without a record (killed before it wrote one) is listed as ``unknown``."""
+        directory without a record (killed before it wrote one) is listed as ``unknown``, a
+        record that is not one as ``damaged`` (with ``damage``, why, and ``record``, its
+        path), one this process may not read as ``unreadable``."""
         out: list[dict[str, Any]] = []
         if not self.root.is_dir():
             return out
@@ -144,9 +191,12 @@ class RunStore:
             if not is_key(d.name):  # a trash folder, a temp file, something not ours
                 continue
             try:
-                record = self.record(d.name) or {"status": "unknown"}
+                record, damage = self._read(d.name)
             except KeeperError:
-                record = {"status": "unreadable"}
+                record, damage = {"status": "unreadable"}, None
+            if damage is not None:  # shown with its path; gc keeps it (it cannot judge it)
+                record = {"status": "damaged", "damage": damage, "record": str(d / "run.json")}
+            record = record or {"status": "unknown"}
             # The key is the directory's name, never what the record says: a copied or
             # forged run.json must not point gc at another run, or outside the store.
             record = {**record, "key": d.name}
@@ -219,7 +269,8 @@ def gc(
 ) -> list[dict[str, Any]]:
     """Forget remembered runs unused for ``older_than`` seconds, then the least recently used
     until at most ``max_bytes`` remain. Runs computing now (their lock held) are kept.
-    Temp files and trash folders left by killed processes (over an hour old) go too.
+    Temp files and trash folders left by killed processes (over an hour old) go too. A
+    run whose record is damaged or unreadable (``UNJUDGED``) is never removed.
     Returns the records of the runs removed.
 
     Args:
@@ -246,6 +297,8 @@ def gc(
     now, removed = time.time(), []
     total = sum(int(r["size"]) for r in runs)
     for r in runs:
+        if r.get("status") in UNJUDGED:  # its record cannot say what it is: left to a person
+            continue
         old = older_than is not None and now - float(r["used"]) > older_than
         big = max_bytes is not None and total > max_bytes
         if not (old or big):
@@ -307,63 +360,3 @@ def _clean_temps(directory: str, stale: float) -> None:
                 with contextlib.suppress(OSError):
                     if e.stat(follow_symlinks=False).st_mtime < stale:
                         os.unlink(e.path)
-
-
-def explain(store: RunStore, ck: CallKey, recalled: bool) -> str:
-    """Why this call is (or is not) recalled: the key part that differs from the nearest run
-    of the same function in ``store`` (its code, a helper, an argument, the versions)."""
-    fn = ck.function.rsplit(".", 1)[-1]
-    own = store.record(ck.key)
-    if recalled:
-        return f"recalled: {fn}({_args(ck.summary)}) finished before as run {ck.key[:12]}"
-    if own is not None:
-        status = own.get("status")
-        why = {
-            "done": "it finished, but its result is no longer in the keeper (evicted?)",
-            "started": "it started and did not finish (killed?)",
-            "unremembered": f"what it returned could not be kept ({own.get('error', '?')})",
-        }.get(str(status), f"it raised: {own.get('error', '?')}")
-        return (
-            f"not recalled: run {ck.key[:12]} of {fn} has this key, but {why}; "
-            "calling it again resumes from its last checkpoint"
-        )
-    same = [r for r in store.records() if r.get("function") == ck.function]
-    if not same:
-        return f"not recalled: no run of {ck.function} is remembered in {store.root}"
-    # the fewest differing parts; among equals, the most recently used
-    nearest, diffs = min(
-        ((r, _diffs(r, ck)) for r in same), key=lambda p: (len(p[1]), -float(p[0]["used"]))
-    )
-    return (
-        f"not recalled: the nearest run of {fn}, {str(nearest['key'])[:12]}, differs in "
-        + "; ".join(diffs)
-    )
-
-
-def _diffs(r: Mapping[str, Any], ck: CallKey) -> list[str]:
-    fn = ck.function.rsplit(".", 1)[-1]
-    out = []
-    if r.get("code") != ck.code:
-        out.append(f"the code of {fn}")
-    before, now = r.get("helpers", {}), ck.helpers
-    for name in sorted(set(before) | set(now)):
-        if name not in before:
-            out.append(f"{fn} now reads {name!r}")
-        elif name not in now:
-            out.append(f"{fn} no longer reads {name!r}")
-        elif before[name] != now[name]:
-            kind = "helper" if now[name].startswith("code:") else "global"
-            out.append(f"the {kind} {name!r} (its {'code' if kind == 'helper' else 'value'})")
-    args, summary = r.get("args", {}), r.get("summary", {})
-    for name in sorted(set(args) | set(ck.args)):
-        if args.get(name) != ck.args.get(name):
-            was, now_ = summary.get(name, "absent"), ck.summary.get(name, "absent")
-            detail = f"{was} → {now_}" if was != now_ else f"{now_}, its content changed"
-            out.append(f"argument {name!r} ({detail})")
-    if r.get("versions") != ck.versions:
-        out.append(f"the versions ({r.get('versions')} → {ck.versions})")
-    return out or ["nothing it records (a run from another somatize?)"]
-
-
-def _args(summary: Mapping[str, str]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in summary.items())

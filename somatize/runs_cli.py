@@ -91,15 +91,22 @@ def _stopped(r: dict[str, Any]) -> str:
 
 
 def _line(r: dict[str, Any]) -> str:
-    fn = str(r.get("function", "?")).rsplit(".", 1)[-1]
-    args = ", ".join(f"{k}={v}" for k, v in r.get("summary", {}).items())
-    status = r.get("status", "?")
-    done = f"{_metrics(r)}{_stopped(r)}"
-    tail = {"done": done, "collected": f"{done}  ({COLLECTED})"}.get(status, status)
     used = r.get("used")  # when it last ran or was recalled: tells runs of changed code apart
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(used)) if used else "?"
-    size = _size(float(r["size"]))
-    return f"{str(r['key'])[:12]}  {size:>9}  {when}  {fn}({args})  {tail}".rstrip()
+    head = f"{str(r['key'])[:12]}  {_size(float(r['size'])):>9}  {when}"
+    status = r.get("status", "?")
+    if status == "damaged":  # (its fields are not to be trusted: none is shown)
+        return f"{head}  damaged record {r['record']}: {r['damage']}"
+    fn = str(r.get("function", "?")).rsplit(".", 1)[-1]
+    args = ", ".join(f"{k}={v}" for k, v in r.get("summary", {}).items())
+    done = f"{_metrics(r)}{_stopped(r)}"
+    tail = {"done": done, "collected": f"{done}  ({COLLECTED})"}.get(status, status)
+    return f"{head}  {fn}({args})  {tail}".rstrip()
+
+
+def _mend(r: dict[str, Any]) -> str:
+    """The fix for a damaged record: what gc will not do for it."""
+    return f"mend {r['record']} (or put back a copy), or remove {Path(r['record']).parent} by hand"
 
 
 def locate(directory: str) -> tuple[runs.RunStore, str | None]:
@@ -168,8 +175,16 @@ def command(args: argparse.Namespace) -> int:
         for what, field in (("pruned", "pruned"), ("timed out", "timed_out")):
             if n := sum(bool((r.get("result") or {}).get(field)) for r in records):
                 gone += f", {n} {what}"
+        if damaged := sum(r.get("status") == "damaged" for r in records):
+            gone += f", {damaged} with a damaged record"
         total = _size(sum(r["size"] for r in records))
         print(f"{len(records)} runs ({done} finished{gone}), {total}")
+        if damaged:
+            print(
+                f"somatize: {damaged} damaged run record(s), shown above with their paths; "
+                "gc keeps them: mend each run.json, or remove its run's directory by hand",
+                file=sys.stderr,
+            )
         return 0
     if args.action == "show":
         if not args.key:
@@ -184,6 +199,13 @@ def command(args: argparse.Namespace) -> int:
         if r.get("status") == "collected":
             r["status"], r["collected"] = "done", COLLECTED
         print(json.dumps(r, indent=2, sort_keys=True))
+        if r.get("status") == "damaged":
+            print(
+                f"somatize: the record of run {str(r['key'])[:12]} is damaged ({r['damage']}); "
+                f"{_mend(r)} (runs gc keeps it: it cannot tell what the run is)",
+                file=sys.stderr,
+            )
+            return 1
         return 0
     if args.older_than is None and args.max_bytes is None:
         print("somatize: runs gc needs --older-than AGE and/or --max-bytes N", file=sys.stderr)
@@ -196,6 +218,14 @@ def command(args: argparse.Namespace) -> int:
     removed = runs.gc(keeper_dir, older_than=age, max_bytes=args.max_bytes, runs_dir=store.root)
     for r in removed:
         print(f"removed {_line(r)}")
+    for r in records:  # what gc cannot judge, it keeps, and says so
+        key = str(r["key"])[:12]
+        if r.get("status") == "damaged":
+            print(f"kept {key}: its record is damaged ({r['damage']}); {_mend(r)}")
+        elif r.get("status") == "unreadable":
+            print(
+                f"kept {key}: this user cannot read its record {store.dir(r['key']) / 'run.json'}"
+            )
     left = store.records()
     print(f"removed {len(removed)} runs; {len(left)} left, {_size(sum(r['size'] for r in left))}")
     if removed and keeper_dir is None:
