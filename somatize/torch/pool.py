@@ -83,10 +83,33 @@ class _Generation:
 class _Task:
     id: int
     payload: bytes
-    future: Future[Any] = field(default_factory=Future)
+    future: _CallFuture = field(init=False)
     deaths: int = 0
     spared: int = 0
     inner: Future[Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.future = _CallFuture(self)
+
+
+class _CallFuture(Future[Any]):
+    """The future ``TorchPool.submit`` returns: running, and no longer cancellable, once
+    its call is handed to a worker — as ``ProcessPoolExecutor``'s (before, it said it was
+    pending, and ``cancel()`` said yes while the worker ran the call on)."""
+
+    def __init__(self, task: _Task) -> None:
+        super().__init__()
+        self._task = task
+
+    def running(self) -> bool:
+        inner = self._task.inner
+        return not self.done() and inner is not None and inner.running()
+
+    def cancel(self) -> bool:
+        inner = self._task.inner  # (done: a lost worker's, the call about to be sent again)
+        if inner is not None and not inner.done() and not inner.cancel():
+            return False
+        return super().cancel()
 
 
 class TorchPool(Executor):

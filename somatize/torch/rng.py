@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import random
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["as_state", "put_back", "restore_rank_rng", "rng_state", "set_rng_state", "snapshot"]
+__all__ = [
+    "as_state",
+    "put_back",
+    "restore_rank_rng",
+    "rng_state",
+    "set_rng_state",
+    "sharing_warned",
+    "snapshot",
+]
 
 
 def restore_rank_rng(payload: dict[str, Any], rank: int, world: int) -> None:
@@ -110,3 +120,37 @@ def _numpy() -> Any:
     except ImportError:
         return None
     return np
+
+
+_fits = [0]  # fits running in this process now
+_fits_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def sharing_warned() -> Iterator[None]:
+    """Around a fit: a fit that starts while another runs in this process (threads of a
+    ``ThreadPoolExecutor``) warns that both draw from torch's and Python's global
+    generators — dropout, shuffling, augmentation — so neither is reproducible from its
+    seed; processes each have their own."""
+    with _fits_lock:
+        _fits[0] += 1
+        others = _fits[0] - 1
+    try:
+        if others:
+            import warnings
+
+            from ..stack import outside
+
+            warnings.warn(
+                f"this fit starts while {others} other(s) run in this process (threads, "
+                "e.g. a ThreadPoolExecutor): they draw from the same global generators "
+                "(torch's and Python's: dropout, shuffling, augmentation), so no run is "
+                "reproducible from its seed; run them in processes, st.executor(workers=N), "
+                "or one after another",
+                RuntimeWarning,
+                stacklevel=outside(),
+            )
+        yield
+    finally:
+        with _fits_lock:
+            _fits[0] -= 1

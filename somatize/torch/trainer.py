@@ -46,6 +46,7 @@ from .policy import best_step, save, writing
 from .ported import lightning_methods, ported
 from .pruning import pruned_reason
 from .result import TrainResult
+from .rng import sharing_warned
 from .sanity import sanity_check
 from .schedule import check_steps_fit
 from .settings import check_arguments, check_fit, check_measured, check_parts
@@ -162,7 +163,7 @@ class Trainer:
                 "(evaluate() and predict() do without one)"
             )
         check_data(train, "fit()'s train", self._split, train=True)  # not a Dataset of examples
-        with deterministic(self.options.deterministic):  # (put back when fit ends)
+        with deterministic(self.options.deterministic), sharing_warned():  # (rng.py)
             if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
                 return smoke_fit(self, model, train, val, resume)
             check_fit(self, val)

@@ -104,3 +104,38 @@ def test_they_are_put_back_when_fit_fails():
 def test_other_values_are_refused_naming_the_choices(bad):
     with pytest.raises(SettingError, match=r"deterministic must be True, False, 'warn' or None"):
         st.Options(deterministic=bad)
+
+
+def test_a_fit_starting_while_another_runs_in_this_process_warns_they_share_the_generators():
+    import threading
+
+    from somatize.watchers import FitStart
+
+    first_started, second_done = threading.Event(), threading.Event()
+
+    class Holds:  # keeps the first fit running until the second one has started
+        def on_event(self, event):
+            if isinstance(event, FitStart):
+                first_started.set()
+                second_done.wait(60)
+
+    def fit(watchers):
+        batches = [(torch.randn(4, 3), torch.randint(0, 2, (4,)))]
+        trainer = st.Trainer(
+            loss=nn.functional.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            watchers=watchers,
+            options=st.Options(progress=False),
+        )
+        trainer.fit(nn.Linear(3, 2), batches)
+
+    first = threading.Thread(target=fit, args=([Holds()],))
+    first.start()
+    try:
+        assert first_started.wait(60)
+        with pytest.warns(RuntimeWarning, match="starts while 1 other.*same global generators"):
+            fit([])
+    finally:
+        second_done.set()
+        first.join(60)
+    fit([])  # alone again: no warning (warnings are errors here)

@@ -255,6 +255,27 @@ def test_a_result_arriving_for_a_run_cancelled_meanwhile_is_dropped_quietly():
     assert task.future.cancelled()
 
 
+def sleep_then_pid(seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+
+@pytest.mark.slow
+def test_a_call_handed_to_a_worker_is_running_and_not_cancelled_as_process_pool_says():
+    # before: running() stayed False, and cancel() said True while the worker ran it on
+    with st.executor(workers=1) as pool:
+        busy = pool.submit(sleep_then_pid, 1.5)
+        deadline = time.monotonic() + 60
+        while not busy.running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert busy.running()
+        assert not busy.cancel() and not busy.cancelled()
+        waiting = [pool.submit(sleep_then_pid, 0) for _ in range(4)]
+        assert waiting[-1].cancel() and waiting[-1].cancelled()  # still in the pool's queue
+        assert isinstance(busy.result(), int) and not busy.running()
+        assert all(isinstance(f.result(), int) for f in waiting[:-1])
+
+
 def test_ctrl_c_in_run_all_cancels_its_runs_not_started_as_map_does():
     # without a with block, the runs left queued ran for nobody: at exit, the interpreter
     # waits for every pending call (a sweep of 100 runs went on for hours after Ctrl-C)
