@@ -48,6 +48,8 @@ class CacheTally:
         self._warned: set[str] = set(since.get("warned") or ())
         self._whole: set[str] = set(since.get("whole") or ())  # nodes cached whole (a call)
         self._paused = False
+        # the MemoryKeepers of the graphs, and what each had evicted when the fit began
+        self.keepers: list[tuple[Any, int]] = []
 
     def state(self) -> dict[str, Any]:
         """The counts so far — the run's, the epoch's — and the nodes warned about, as
@@ -103,7 +105,9 @@ class CacheTally:
             stored = self.total[node]["misses"] > c["misses"]  # an earlier epoch missed: wrote
             if warn and stored and hits < _COLD * lookups and node not in self._warned:
                 self._warned.add(node)
-                message = _cold(node, epoch, hits, lookups, node in self._whole)
+                message = _evicted(self.keepers) + _cold(
+                    node, epoch, hits, lookups, node in self._whole
+                )
                 # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
                 warnings.warn(message, RuntimeWarning, stacklevel=outside())
         return counts
@@ -118,6 +122,21 @@ def _counts(counts: Any) -> Counts:
 
 
 _COLD = 0.1  # an epoch after the first finding fewer of a node's lookups than this is cold
+
+
+def _evicted(keepers: list[tuple[Any, int]]) -> str:
+    """The known cause first, when there is one: a MemoryKeeper evicted since the fit
+    began, being smaller than what an epoch stores."""
+    for keeper, before in keepers:
+        stats = keeper.stats()
+        if (n := stats.evicted - before) > 0:
+            return (
+                f"The keeper evicted {n:,} entries since this fit began: "
+                f"MemoryKeeper(max_bytes={keeper.max_bytes:,}) holds less than an epoch "
+                f"stores ({stats.bytes:,} bytes kept now) — raise max_bytes, or use a "
+                "DiskKeeper. "
+            )
+    return ""
 
 
 def _cold(node: str, epoch: int, hits: int, lookups: int, whole: bool) -> str:
@@ -159,9 +178,13 @@ def attach(net: Any, since: Mapping[str, Any] | None = None) -> CacheTally | Non
     graphs = _graphs(net)
     if not graphs:
         return None
+    from ..keepers import MemoryKeeper
+
     tally = CacheTally(since)
     for g in graphs:
         g.watchers.append(tally)
+        if isinstance(g.keeper, MemoryKeeper):
+            tally.keepers.append((g.keeper, g.keeper.stats().evicted))
     return tally
 
 

@@ -127,6 +127,7 @@ def test_an_epoch_that_finds_nothing_stored_warns_once_naming_the_node_and_cause
     assert "node 'enc'" in message and "epoch 2" in message and f"{N:,} lookups" in message
     assert "random augmentation" in message and "g.explain(batch)" in message
     assert "per='example'" not in message  # it is cached per example already
+    assert "evicted" not in message  # (the default keeper held every row)
     assert cold[0].filename == __file__  # pointed at the fit call, not inside the Trainer
     assert result.cache == {"enc": {"hits": 0, "misses": 3 * N}}
 
@@ -172,6 +173,9 @@ def test_a_keeper_too_small_for_an_epoch_shows_as_a_cold_epoch():
     found = f"only {hits} of its" if hits else "none of its"
     assert f"{found} {N} lookups of epoch 2" in str(caught[0].message)
     assert "somatize cache gc" in str(caught[0].message)  # a gc elsewhere drops them too
+    # the known cause first (before: one of five possible causes in the list)
+    assert str(caught[0].message).startswith("The keeper evicted ")
+    assert "MemoryKeeper(max_bytes=4,096) holds less than an epoch stores" in str(caught[0].message)
 
 
 def test_warm_epochs_and_a_first_epoch_alone_do_not_warn():
