@@ -158,7 +158,9 @@ class Why:
     Attributes:
         node: the node's id.
         hit: whether everything was read from the keeper.
-        rows: for a node cached per example, (rows hit, rows missed).
+        rows: for a node cached per example, (rows hit, rows missed); for a cached
+            mapped node, (items hit, items missed).
+        unit: what ``rows`` counts, ``"examples"`` or ``"items"``.
         changed: on a miss, what differs from the last entry stored under this node.
     """
 
@@ -166,11 +168,12 @@ class Why:
     hit: bool
     rows: tuple[int, int] | None
     changed: tuple[str, ...]
+    unit: str = "examples"  # what ``rows`` counts: a mapped node's are its items
 
     def __str__(self) -> str:
         counts = ""
         if self.rows is not None:
-            counts = f" ({self.rows[0]} of {sum(self.rows)} examples hit)"
+            counts = f" ({self.rows[0]} of {sum(self.rows)} {self.unit} hit)"
         if self.hit:
             return f"{self.node}: hit{counts}"
         return f"{self.node}: miss{counts} — {', '.join(self.changed)}"
@@ -255,17 +258,20 @@ def explain(keeper: Keeper | None, looked: list[Any], keys: NodeKeys | None = No
     for label, impl, parts, input, found in looked:
         rows = found if isinstance(found, tuple) else None
         hit = (rows[1] == 0) if rows is not None else bool(found)
+        unit = "items" if isinstance(impl, Mapped) else "examples"
         changed: list[str] = []
         if not hit:
             record = _read(keeper, label) if keeper is not None else None
             changed = _changed(record, impl, parts, None if rows is not None else input, keys)
             if not changed and rows is not None:
-                changed = [f"input: {rows[1]} examples not seen before"]
+                changed = [
+                    f"input: {rows[1]} {unit[:-1] if rows[1] == 1 else unit} not seen before"
+                ]
             elif not changed:
                 changed = [
                     "the entry was evicted or removed (code, declaration, state, input same)"
                 ]
-        out.append(Why(label, hit, rows, tuple(changed)))
+        out.append(Why(label, hit, rows, tuple(changed), unit))
     return Explanation(out)
 
 

@@ -345,6 +345,7 @@ def _mapped(
     parts = env.parts(node)
     out = []
     reported = []
+    hits = 0
     for i, item in enumerate(items):
         item_key = key(*parts, [digest(item, codecs, f"item {i} of the input of {label!r}")])
         hit = keeper.get(item_key) if keeper is not None else None
@@ -353,6 +354,7 @@ def _mapped(
             if pinned:
                 rows.pin_found(keeper, [item_key])
             out.append(decode(hit, codecs))
+            hits += 1
             continue
         notify(watchers, CacheMiss(run.id, f"{label}[{i}]", item_key))
         done = inner(item, ctx)
@@ -372,4 +374,9 @@ def _mapped(
             data = encode(value, codecs, f"item {i} of {_where(label)}")
             keeper.put(item_key, data, pinned=pinned)
         out.append(in_decoded_order(value))
+    misses = len(out) - hits
+    if misses and keeper is not None:  # what g.explain compares a later miss with
+        note(keeper, label, impl, parts, None, env.node_keys.context())
+    if env.explained is not None:
+        env.explained.append((label, impl, parts, f"{len(out)} items", (hits, misses)))
     return out, item_metrics(reported)

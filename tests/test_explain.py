@@ -1,4 +1,5 @@
-"""``g.explain``'s records under a DiskKeeper's ``notes/``: damage is absence, never a crash."""
+"""``g.explain``'s records under a DiskKeeper's ``notes/``: damage is absence, never a crash;
+a cached mapped node is explained item by item."""
 
 from __future__ import annotations
 
@@ -99,3 +100,25 @@ def test_the_record_a_miss_leaves_reads_the_nodes_code_once_per_identity(monkeyp
     g = Graph(keeper=MemoryKeeper()).node("h", Halve()).cache("h")
     assert [g.forward(float(i)) for i in range(10)] == [i / 2 for i in range(10)]  # 10 misses
     assert len(walks) == 2  # its code, and its globals: once
+
+
+def test_explain_reports_a_cached_mapped_node_item_by_item(tmp_path: Path) -> None:
+    # before: g.explain returned nothing at all for a cached mapped node
+    def graph(dim: int) -> Graph:
+        return (
+            Graph(keeper=DiskKeeper(tmp_path / "c"))
+            .node("embed", Embed(dim).mapped())
+            .cache("embed")
+        )
+
+    g = graph(2)
+    (first,) = g.explain(["a", "bb"])
+    assert not first.hit and first.rows == (0, 2) and first.unit == "items"
+    assert first.changed == ("nothing stored under this node yet",)
+    g.forward(["a", "bb"])
+    assert str(g.explain(["a", "bb"])) == "embed: hit (2 of 2 items hit)"
+    assert str(g.explain(["a", "ccc"])) == (
+        "embed: miss (1 of 2 items hit) — input: 1 item not seen before"
+    )
+    # another process, another constructor argument: the record says what changed
+    assert "declaration (constructor arguments)" in graph(3).explain(["a"])["embed"].changed
