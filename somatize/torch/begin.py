@@ -14,7 +14,7 @@ from torch import nn
 from ..errors import CheckpointError, SettingError
 from ..graph import Graph
 from ..watchers import Watcher
-from .carry import check_carried, named_carries
+from .carry import check_carried, check_last_batch, named_carries
 from .checkpoint import load_checkpoint, restore, restore_rank_rng, restore_scaler
 from .ema import averaged, restore_average
 from .horizon import check_horizon, horizon
@@ -46,6 +46,7 @@ def begin(
     net, user_compiled = as_module(model), compiled(model)
     carried = named_carries(net)
     check_carried(carried, trainer.micro_batches, train, o.shuffle, world)
+    check_last_batch(carried, train, "fit()'s train")
     device = place(net, o.device, world)
     params = trainable(net)
     assert trainer.optimizer is not None  # fit() checked

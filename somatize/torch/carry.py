@@ -27,14 +27,24 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import RandomSampler
+from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
-from ..errors import SettingError
+from ..errors import CacheError, SettingError
 from ..graph import Graph
 from ..node import Node
 from ..stack import outside
 
-__all__ = ["Carry", "carries", "check_carried", "named_carries", "reset", "start_epoch", "stored"]
+__all__ = [
+    "Carry",
+    "carries",
+    "check_carried",
+    "check_last_batch",
+    "named_carries",
+    "refuse_remembered",
+    "reset",
+    "start_epoch",
+    "stored",
+]
 
 
 class Carry:
@@ -83,36 +93,76 @@ def carries(net: nn.Module) -> list[Carry]:
 
 def named_carries(net: nn.Module) -> dict[str, Carry]:
     """Every ``Carry`` of a model, by where it is held: ``"node 'lm' (.hidden)"`` for a
-    node's attribute, ``"module rnn (.state)"`` for a module's; each ``Carry`` once."""
+    node's attribute (``.hiddens[0]`` in a list, tuple or dict of them), ``"module rnn
+    (.state)"`` for a module's; each ``Carry`` once."""
     found: dict[int, tuple[str, Carry]] = {}
-    seen: set[int] = set()
-
-    def visit(obj: Any, where: str) -> None:
-        if id(obj) in seen:
-            return
-        seen.add(id(obj))
-        if isinstance(obj, Graph):
-            for node_id in obj.nodes():
-                visit(obj[node_id], f"{where}/{node_id}" if where else node_id)
-            return
-        inner = getattr(obj, "inner", None)  # a Mapped node's node
-        if isinstance(inner, Node):
-            visit(inner, where)
-        for attr, value in vars(obj).items() if hasattr(obj, "__dict__") else ():
-            if isinstance(value, Carry):
-                found.setdefault(id(value), (f"node {where!r} (.{attr})", value))
-            elif isinstance(value, (Node, Graph)):
-                visit(value, where)
-
     graph = getattr(net, "graph", None)
     if isinstance(graph, Graph):
-        visit(graph, "")
+        _visit(graph, "", found, set())
     for name, m in net.named_modules():
         for attr, value in vars(m).items():
-            if isinstance(value, Carry):
-                where = f"module {name!r} (.{attr})" if name else f"the model (.{attr})"
-                found.setdefault(id(value), (where, value))
+            for at, c in _held(value, attr):
+                where = f"module {name!r} ({at})" if name else f"the model ({at})"
+                found.setdefault(id(c), (where, c))
     return dict(found.values())
+
+
+def _visit(obj: Any, where: str, found: dict[int, tuple[str, Carry]], seen: set[int]) -> None:
+    """The carries of a graph's nodes (subgraphs, held and mapped nodes too) into ``found``."""
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, Graph):
+        for node_id in obj.nodes():
+            _visit(obj[node_id], f"{where}/{node_id}" if where else node_id, found, seen)
+        return
+    inner = getattr(obj, "inner", None)  # a Mapped node's node
+    if isinstance(inner, Node):
+        _visit(inner, where, found, seen)
+    for attr, value in vars(obj).items() if hasattr(obj, "__dict__") else ():
+        if isinstance(value, (Node, Graph)):
+            _visit(value, where, found, seen)
+        for at, c in _held(value, attr):
+            found.setdefault(id(c), (f"node {where!r} ({at})", c))
+
+
+def _held(value: Any, attr: str) -> list[tuple[str, Carry]]:
+    """The carries an attribute holds: itself, or those in its list, tuple or dict (one a
+    layer, ``self.hiddens = [Carry(), Carry()]``), named ``.attr[i]``."""
+    if isinstance(value, Carry):
+        return [(f".{attr}", value)]
+    if type(value) in (list, tuple):
+        return [(f".{attr}[{i}]", v) for i, v in enumerate(value) if isinstance(v, Carry)]
+    if type(value) is dict:
+        return [(f".{attr}[{k!r}]", v) for k, v in value.items() if isinstance(v, Carry)]
+    return []
+
+
+def refuse_remembered(g: Graph) -> None:
+    """A cached node whose state moves on from call to call cannot be cached: a hit does
+    not run ``forward``, so its ``Carry`` would stand still and every later call of the
+    same input be served the first call's output.
+
+    Raises:
+        CacheError: naming the node, where it holds the ``Carry``, and the fix.
+    """
+    for node_id in g.nodes():
+        impl = g[node_id]
+        if isinstance(impl, Graph):
+            refuse_remembered(impl)
+        if not g.memory.remembers(node_id):
+            continue
+        found: dict[int, tuple[str, Carry]] = {}
+        _visit(impl, node_id, found, set())
+        if found:
+            held = ", ".join(sorted(where for where, _ in found.values()))
+            raise CacheError(
+                f"node {node_id!r} is cached, but it carries state from call to call "
+                f"(st.Carry in {held}): a hit does not run forward, so the state would not "
+                "move on and a later call of the same input would be served the first "
+                f"call's output; stop caching it (g.cache({node_id!r}, False)), or cache "
+                "a node before it that holds no state"
+            )
 
 
 def reset(found: list[Carry]) -> None:
@@ -266,4 +316,32 @@ def _shuffled(train: Any, shuffle: bool) -> str:
     sampler = getattr(train, "sampler", None)
     if isinstance(sampler, RandomSampler):
         return "the DataLoader shuffles (shuffle=True: a RandomSampler)"
+    batches = getattr(getattr(train, "batch_sampler", None), "sampler", None)
+    for drawn in (sampler, batches):  # (a sampler of its own, or inside a batch_sampler)
+        if isinstance(drawn, (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)):
+            return f"the DataLoader draws its rows in random order (a {type(drawn).__name__})"
     return ""
+
+
+def check_last_batch(named: dict[str, Carry], data: Any, what: str) -> None:
+    """A DataLoader whose last batch is short (``drop_last=False``, its dataset's length not a
+    multiple of ``batch_size``): the state carried from the batch before has that batch's
+    rows, and the RNN fails on the short one with a shape error naming no cause — at the
+    end of an epoch, or of its evaluation. Warned when the run starts, naming the fix."""
+    size, n = getattr(data, "batch_size", None), None
+    if not named or not isinstance(size, int) or getattr(data, "drop_last", True):
+        return
+    try:
+        n = len(data.dataset)
+    except (TypeError, AttributeError):  # (an iterable dataset: no length to tell)
+        return
+    if n % size:
+        holders = ", ".join(sorted(named))
+        warnings.warn(
+            f"the model carries state from batch to batch (st.Carry in {holders}), but the "
+            f"last batch of {what} has {n % size} rows, not {size} ({n} examples): the state "
+            "carried into it has the rows of the batch before, so the model fails on it; "
+            "pass DataLoader(..., drop_last=True), or a length that is a multiple of batch_size",
+            UserWarning,
+            stacklevel=outside(),
+        )

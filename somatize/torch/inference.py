@@ -7,6 +7,7 @@ batches are moved to it. Outputs of ``predict`` stay on that device.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -14,9 +15,10 @@ import torch
 from torch import nn
 
 from ..graph import Graph
+from ..stack import outside
 from . import ddp
 from .batches import check_data, split, to_device
-from .carry import carries, reset
+from .carry import carries, check_last_batch, named_carries, reset
 from .limits import limited
 from .smoke import smoke_batches
 from .start import as_module, autocast_for, place
@@ -33,8 +35,19 @@ def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) ->
     refuse_sets(data, "evaluate")
     check_data(data, "evaluate()'s data", trainer._split)
     net = as_module(model, "Trainer.evaluate")
-    reset(carries(net))
+    held = named_carries(net)
+    reset(list(held.values()))
     rank, world = ddp.rank_world()
+    check_last_batch(held, data, "evaluate()'s data")
+    if held and world > 1:  # (fit() warns of its own, training and evaluating)
+        warnings.warn(
+            f"the model carries state from batch to batch (st.Carry in "
+            f"{', '.join(sorted(held))}), but under DDP evaluate() deals the batches out to "
+            f"the {world} ranks, so each rank's state skips the others' batches: not what one "
+            "process computes. Evaluate it in one process (rank 0 alone, outside torchrun)",
+            UserWarning,
+            stacklevel=outside(),
+        )
     device = place(net, trainer.options.device, world)  # where fit() would run it
     autocast = autocast_for(trainer.options.precision, device)
     limit = smoke_batches(trainer.options)

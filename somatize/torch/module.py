@@ -27,6 +27,7 @@ from ..bulk import paused_gc
 from ..graph import Graph
 from ..node import HELD, Run
 from ..values import Opaque
+from .carry import refuse_remembered
 from .codecs import TensorCodec
 from .frozen import equip, needs_grad
 from .holdings import MODULE_NAMES
@@ -151,6 +152,7 @@ class GraphModule(nn.Module):
         # The program is compiled by the first forward (_current), not here: a module made
         # for its parameters or its state alone (a federated server, a checkpoint) never
         # needs it, and a 1,000-node module(g) costs under half what it did with it.
+        refuse_remembered(g)  # (a cached node whose Carry would stand still on a hit)
         self._program = None
         self._synced = g._stamp()  # what the graph was when its modules were registered
 

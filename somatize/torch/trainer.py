@@ -34,6 +34,7 @@ from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp, inference, tally
 from .batches import check_data, checked_split, loss_of, num_examples, split
 from .begin import begin
+from .carry import check_last_batch, named_carries
 from .checkpoint import Checkpointing
 from .determinism import deterministic
 from .first_step import evaluate_note, first_step
@@ -205,6 +206,10 @@ class Trainer:
         check_steps_fit(o.eval_every_steps if sets and not resume else None, total)
         run = begin(self, model, resume, run_id, rank, world, train, monitored(o.monitor, val))
         run.train, run.train_batches, run.val_sets = train, train_n, sets
+        if run.carries and val is not None:  # (a short last batch breaks the carried state)
+            for name, data in val.items() if isinstance(val, Mapping) else [("", val)]:
+                what = f"val set {name!r}" if name else "fit()'s val"
+                check_last_batch(named_carries(run.net), data, what)
         if run.plateau and val is None:
             raise ValueError(
                 "ReduceLROnPlateau is stepped with the monitored metric after each evaluation, "
