@@ -122,16 +122,25 @@ def _numpy() -> Any:
     return np
 
 
-_fits = [0]  # fits running in this process now
+_fits = [0]  # threads in a fit in this process now
 _fits_lock = threading.Lock()
+_in_fit = threading.local()  # this thread's depth (a smoke run's fit runs inside its fit)
 
 
 @contextlib.contextmanager
 def sharing_warned() -> Iterator[None]:
-    """Around a fit: a fit that starts while another runs in this process (threads of a
+    """Around a fit: a fit that starts while another thread is in one (a
     ``ThreadPoolExecutor``) warns that both draw from torch's and Python's global
     generators — dropout, shuffling, augmentation — so neither is reproducible from its
     seed; processes each have their own."""
+    depth = getattr(_in_fit, "depth", 0)
+    _in_fit.depth = depth + 1
+    if depth:  # (a fit inside this thread's own fit)
+        try:
+            yield
+        finally:
+            _in_fit.depth = depth
+        return
     with _fits_lock:
         _fits[0] += 1
         others = _fits[0] - 1
@@ -152,5 +161,6 @@ def sharing_warned() -> Iterator[None]:
             )
         yield
     finally:
+        _in_fit.depth = depth
         with _fits_lock:
             _fits[0] -= 1
