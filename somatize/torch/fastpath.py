@@ -101,6 +101,9 @@ def fast_epoch(
     # The RNG states as the last step left them, when the run stops after it: the loop reads
     # one more batch to learn whether the epoch ended, and that read may draw (augmentation).
     stopped: tuple[Any, ...] | None = None
+    # carried state a skipped step must not pass on (a NaN state would skip every step after)
+    carried = run.carries if trainer.options.nonfinite == "skip" else ()
+    kept: list[Any] = []
     try:
         for i, batch in enumerate(batches):
             if i < start:  # resuming mid-epoch: these batches were already trained on
@@ -135,6 +138,8 @@ def fast_epoch(
             elif y is not None:
                 y = to_device(y, device)
             zero_grad(set_to_none=True)
+            if carried:
+                kept = [c.value for c in carried]
             out = call(x)
             if with_loss and y is not None:
                 loss = loss_fn(out, y)  # type: ignore[misc]
@@ -148,6 +153,8 @@ def fast_epoch(
                 s.step, s.examples_seen = step, examples
                 _nonfinite(trainer, run, policy, value, i)  # raises under "raise"
                 zero_grad(set_to_none=True)
+                for c, v in zip(carried, kept):  # the state as the step before left it
+                    c.value = v
                 s.skipped += 1
                 last = i
                 continue

@@ -194,6 +194,8 @@ def _epoch(
     ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
     i = -1
     stopped = None  # the RNG states as the last step left them (see fast_epoch)
+    # carried state a skipped step must not pass on (a NaN state would skip every step after)
+    carried = run.carries if trainer.options.nonfinite == "skip" else []
     for i, group in _groups(batches, s.position, accumulate):
         if s.pruned or s.step >= max_steps or run.timed_out:
             if stopped is not None:
@@ -206,8 +208,11 @@ def _epoch(
         groups = run.opt.param_groups if watchers else ()
         lr = groups[0]["lr"] if groups else 0.0
         lrs = tuple([float(g["lr"]) for g in groups]) if len(groups) > 1 else ()
+        kept = [c.value for c in carried]
         loss, n, stepped = step(trainer, run, group, i)
         if not stepped:  # a non-finite loss, skipped: no step taken, the batch consumed
+            for c, v in zip(carried, kept):  # the state as the step before left it
+                c.value = v
             s.skipped += 1
             s.position = i + 1
             continue

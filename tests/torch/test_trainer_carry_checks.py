@@ -1,8 +1,12 @@
 """What a model carrying state (st.Carry) cannot do, said before it goes wrong: a cached node
 holding one (a hit would not move the state on), a Carry in a list found like any other, a
-sampler drawing in random order, a short last batch, an evaluation dealt out to DDP ranks."""
+sampler drawing in random order, a short last batch, an evaluation dealt out to DDP ranks;
+and a step skipped for a non-finite loss does not pass its state on."""
 
 from __future__ import annotations
+
+import math
+import os
 
 import pytest
 import torch
@@ -120,3 +124,20 @@ def test_evaluate_under_ddp_warns_that_each_rank_skips_the_others_batches(monkey
     monkeypatch.setattr(t, "_evaluate", lambda *a: {"val_loss": 0.0})  # (no process group)
     with pytest.warns(UserWarning, match=r"under DDP evaluate\(\) deals the batches out"):
         t.evaluate(Graph.somatize(Recurrent().with_id("lm")), data(2))
+
+
+@pytest.mark.parametrize("path", ["fast", "watched"])
+def test_a_skipped_step_does_not_pass_its_non_finite_state_on(path):
+    # before: the NaN state of the skipped batch was carried on, and every step after it
+    # was skipped too (34 of 40 in the audit's run), silently
+    batches = data(6)
+    batches[2] = (torch.full_like(batches[2][0], float("nan")), batches[2][1])
+    result = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=2,
+        watchers=[st.CSVLog(os.devnull)] if path == "watched" else [],
+        options=st.Options(progress=False, shuffle=False, nonfinite="skip"),
+    ).fit(Graph.somatize(Recurrent()), batches)
+    assert result.skipped == 2 and result.steps == 10  # the NaN batch alone, each epoch
+    assert all(math.isfinite(v) for v in result.losses)
