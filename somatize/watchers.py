@@ -164,8 +164,9 @@ class StepEnd(Event):
 @dataclass(frozen=True, slots=True)
 class EpochEnd(Event):
     """An epoch (and its evaluation, if any) finished; ``metrics`` holds the evaluation (with
-    its ``step`` and ``epoch``, as ``TrainResult.metrics`` rows), ``cache`` what the graph's remembered nodes found in the epoch's training steps
-    (node -> ``{"hits": ..., "misses": ...}``: rows, items or calls; see ``TrainResult.cache``)."""
+    its ``step`` and ``epoch``, as ``TrainResult.metrics`` rows), ``cache`` what the graph's
+    remembered nodes found in the epoch's training steps (node -> ``{"hits": ...,
+    "misses": ...}``: rows, items or calls; see ``TrainResult.cache``)."""
 
     epoch: int
     step: int
