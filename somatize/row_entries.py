@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from .row_batches import Leaf, RowCodec
@@ -103,6 +104,7 @@ class Layout:
 
     def __init__(self, prefix: bytes, codecs: Sequence[Any]) -> None:
         self.prefix = prefix
+        self.head = itemgetter(slice(len(prefix)))  # an entry's prefix
         self.current = prefix[:4] == _MAGIC  # (the form written now)
         self.kind, self.names, infos = _parse(prefix)
         by_tag = {c.tag: getattr(c, "rows", None) for c in codecs}

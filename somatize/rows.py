@@ -27,7 +27,6 @@ import contextlib
 import re
 import weakref
 from collections.abc import Sequence
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
@@ -201,12 +200,15 @@ def _recall(
         return None, [], []
     size, prefix = layout.size, layout.prefix
     every: list[bytes] = found  # type: ignore[assignment]  # (if None is not in it)
-    if (  # all hits, of one size and prefix: checked at C speed
-        None not in found
-        and set(map(len, every)) == {size}
-        and all(map(bytes.startswith, every, repeat(prefix)))
-    ):
-        return layout, list(range(len(every))), every
+    try:  # all hits, of one size and prefix: checked at C speed (len(None): a miss)
+        n = len(every)
+        if (
+            list(map(len, every)).count(size) == n
+            and list(map(layout.head, every)).count(prefix) == n
+        ):
+            return layout, list(range(n)), every
+    except TypeError:
+        pass
     where = [
         i for i, e in enumerate(found) if e is not None and len(e) == size and e.startswith(prefix)
     ]

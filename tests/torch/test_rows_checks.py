@@ -103,3 +103,26 @@ def test_a_corrupt_entry_is_a_miss_and_is_recomputed():
     assert_close(m(x), good)
     assert Encoder.rows == 2
     assert all(e is not None for e in get_many(keeper, keys))  # rewritten
+
+
+def test_an_entry_of_the_right_size_with_another_prefix_is_a_miss_among_hits():
+    """A batch of hits is checked at C speed by each entry's size and prefix: one entry of
+    the same size whose prefix differs by a byte is not served, but computed again."""
+
+    class Recording(MemoryKeeper):
+        def put_many(self, items, *, pinned=False):
+            self.keys = [k for k, _ in items]
+            super().put_many(items, pinned=pinned)
+
+    keeper = Recording()
+    m = st.module(graph(keeper=keeper))
+    x = data().tensors[0][:4]
+    good = m(x).detach()
+    keys = keeper.keys
+    entry = bytearray(keeper.get(keys[2]))
+    entry[8] ^= 1  # inside the layout: the same size, another prefix
+    keeper.put(keys[2], bytes(entry))
+    Encoder.rows = 0
+    assert_close(m(x), good)
+    assert Encoder.rows == 1
+    assert keeper.get(keys[2]) != bytes(entry)  # rewritten
