@@ -328,7 +328,7 @@ def check_last_batch(named: dict[str, Carry], data: Any, what: str) -> None:
     multiple of ``batch_size``): the state carried from the batch before has that batch's
     rows, and the RNN fails on the short one with a shape error naming no cause — at the
     end of an epoch, or of its evaluation. Warned when the run starts, naming the fix."""
-    size, n = getattr(data, "batch_size", None), None
+    size = getattr(data, "batch_size", None)
     if not named or not isinstance(size, int) or getattr(data, "drop_last", True):
         return
     try:
