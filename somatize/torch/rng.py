@@ -6,10 +6,13 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from ..stack import outside
 
 __all__ = [
     "as_state",
@@ -133,34 +136,26 @@ def sharing_warned() -> Iterator[None]:
     ``ThreadPoolExecutor``) warns that both draw from torch's and Python's global
     generators — dropout, shuffling, augmentation — so neither is reproducible from its
     seed; processes each have their own."""
-    depth = getattr(_in_fit, "depth", 0)
+    depth = getattr(_in_fit, "depth", 0)  # (> 0: a fit inside this thread's own fit)
     _in_fit.depth = depth + 1
-    if depth:  # (a fit inside this thread's own fit)
-        try:
-            yield
-        finally:
-            _in_fit.depth = depth
-        return
-    with _fits_lock:
-        _fits[0] += 1
-        others = _fits[0] - 1
     try:
-        if others:
-            import warnings
-
-            from ..stack import outside
-
-            warnings.warn(
-                f"this fit starts while {others} other(s) run in this process (threads, "
-                "e.g. a ThreadPoolExecutor): they draw from the same global generators "
-                "(torch's and Python's: dropout, shuffling, augmentation), so no run is "
-                "reproducible from its seed; run them in processes, st.executor(workers=N), "
-                "or one after another",
-                RuntimeWarning,
-                stacklevel=outside(),
-            )
+        if not depth:
+            with _fits_lock:
+                _fits[0] += 1
+                others = _fits[0] - 1
+            if others:
+                warnings.warn(
+                    f"this fit starts while {others} other(s) run in this process (threads, "
+                    "e.g. a ThreadPoolExecutor): they draw from the same global generators "
+                    "(torch's and Python's: dropout, shuffling, augmentation), so no run is "
+                    "reproducible from its seed; run them in processes, "
+                    "st.executor(workers=N), or one after another",
+                    RuntimeWarning,
+                    stacklevel=outside(),
+                )
         yield
     finally:
         _in_fit.depth = depth
-        with _fits_lock:
-            _fits[0] -= 1
+        if not depth:
+            with _fits_lock:
+                _fits[0] -= 1
