@@ -48,7 +48,7 @@ def begin(
     check_carried(carried, trainer.micro_batches, train, o.shuffle, world)
     check_last_batch(carried, train, "fit()'s train")
     device = place(net, o.device, world)
-    params = trainable(net)
+    params = trainable(net, fresh=isinstance(model, Graph))  # (module(g) refreshed it)
     assert trainer.optimizer is not None  # fit() checked
     opt = trainer.optimizer(params)
     check_optimizer(opt, params)

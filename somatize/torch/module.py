@@ -55,6 +55,9 @@ _RESERVED: list[frozenset[str]] = []
 # GraphModule's plain attributes. They live in the instance dict, beside children of the
 # same name (a subgraph written into ``>>`` gets the id "graph"), reached by named_children.
 _OWN = frozenset({"graph", "step", "metrics"})
+# Set in the instance dict directly too: the module's bookkeeping, written by every sync
+# (nn.Module.__setattr__'s type checks, a µs each, a dozen times a fit) and no child's slot.
+_PLAIN = _OWN | {"_program", "_frozen", "_holds", "_swaps", "_in_sync", "_synced"}
 
 
 HELD.kinds = (nn.Module, nn.Parameter)  # assigned on a node: what a module registers changes
@@ -256,7 +259,7 @@ class GraphModule(nn.Module):
         self._holds = None  # (ids of the original's objects: compared, they would mean nothing)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _OWN:  # never a child's slot, even when a node has this id
+        if name in _PLAIN:  # never a child's slot, even when a node has this id
             object.__setattr__(self, name, value)
         else:
             super().__setattr__(name, value)

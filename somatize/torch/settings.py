@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import re
+import types
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -104,9 +107,7 @@ def check_arguments(
 def _check_factory(name: str, factory: Any, arg: str, example: str) -> None:
     """A factory must take one argument (the parameters, the optimizer) and no other: a
     class needing more (``StepLR``'s ``step_size``), or a function taking none, is refused."""
-    import inspect
-
-    if factory is None:
+    if factory is None or _takes_one(factory):
         return
     try:
         signature = inspect.signature(factory)
@@ -124,6 +125,21 @@ def _check_factory(name: str, factory: Any, arg: str, example: str) -> None:
             f"{name} is called with one argument ({arg}), and {what} cannot be ({e}); pass "
             f"a factory of one argument, e.g. {name}=lambda {arg}: {example}"
         ) from None
+
+
+def _takes_one(f: Any) -> bool:
+    """Whether a plain Python function (a lambda, a ``def``) takes one positional argument,
+    read off its code: what ``inspect.signature(f).bind(x)`` would allow, without building
+    the signature (a few µs a Trainer). False when unsure (anything else): then it is asked."""
+    if type(f) is not types.FunctionType or "__wrapped__" in vars(f) or "__signature__" in vars(f):
+        return False
+    code = f.__code__
+    positional = code.co_argcount
+    kwonly = code.co_varnames[positional : positional + code.co_kwonlyargcount]
+    if any(k not in (f.__kwdefaults__ or {}) for k in kwonly):
+        return False
+    required = positional - len(f.__defaults__ or ())
+    return required <= 1 and (positional >= 1 or bool(code.co_flags & inspect.CO_VARARGS))
 
 
 def check_parts(loss: Any, checkpoint: Any, watchers: Any, options: Any) -> None:
@@ -351,16 +367,19 @@ def check_optimizer(opt: Any, params: list[Any]) -> None:
 def check_no_closure(opt: Any) -> None:
     """The Trainer steps its optimizer once a batch, without a closure: one whose ``step``
     needs a closure (``LBFGS``) is refused by name, not by a bare ``TypeError`` at step 1."""
-    import inspect
-
-    closure = inspect.signature(type(opt).step).parameters.get("closure")
-    if closure is not None and closure.default is inspect.Parameter.empty:
+    if _needs_closure(type(opt).step):
         raise SettingError(
             f"{type(opt).__qualname__} needs a closure at every step (it evaluates the loss "
             "again and again, as LBFGS does); st.Trainer steps its optimizer once a batch, "
             "without one. Train it with Lightning (st.lightning: its automatic optimization "
             "passes the closure), or with a loop of your own: opt.step(closure)"
         )
+
+
+@functools.lru_cache(maxsize=64)  # (an optimizer class's step: the same every fit)
+def _needs_closure(step: Any) -> bool:
+    closure = inspect.signature(step).parameters.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty
 
 
 def check_scheduler(sched: Any, options: Any) -> None:

@@ -103,9 +103,10 @@ def place(net: nn.Module, requested: Any, world: int) -> torch.device:
     Raises:
         SettingError: the device asks for CUDA on a machine without it.
     """
-    default = next((p.device for p in net.parameters()), torch.device("cpu"))
+    params = list(net.parameters())  # (one walk for both: a module's is a few µs)
+    default = params[0].device if params else torch.device("cpu")
     device = as_placed(ddp.device(requested, world, default))
-    tensors = itertools.chain(net.parameters(), net.buffers())
+    tensors = itertools.chain(params, net.buffers())
     if any(t.device != device for t in tensors):  # .to() walks every module even when idle
         net.to(device)
     return device
@@ -129,9 +130,12 @@ def as_placed(device: torch.device) -> torch.device:
     return device
 
 
-def trainable(net: nn.Module) -> list[nn.Parameter]:
+def trainable(net: nn.Module, fresh: bool = False) -> list[nn.Parameter]:
+    """``net``'s parameters that train. ``fresh``: ``module(g)`` has just made or refreshed
+    it (``as_module`` of a graph), so it is not refreshed again."""
     if isinstance(net, GraphModule):
-        net._refresh()  # the graph may have changed since the module was made
+        if not fresh:
+            net._refresh()  # the graph may have changed since the module was made
         _settle_frozen(net)
     params = [p for p in net.parameters() if p.requires_grad]
     if not params:

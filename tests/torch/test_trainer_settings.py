@@ -183,3 +183,44 @@ def test_best_keeps_the_best_accuracy_when_the_mode_agrees():
     )
     result = trainer.fit(Graph.somatize(Linear()), data(), val=data(1))
     assert result.best == max(m["val_acc"] for m in result.metrics)
+
+
+# -- the factory check read off a function's code (settings._takes_one) ------------------
+
+
+def _wrapped(ps):
+    return ps
+
+
+_wrapped.__wrapped__ = lambda: None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda ps: ps,
+        lambda ps, lr=0.1: ps,
+        lambda *ps: ps,
+        lambda ps, *, lr=0.1: ps,
+        lambda ps, /: ps,
+        lambda: None,
+        lambda ps, lr: ps,
+        lambda ps, *, lr: ps,
+        lambda *, ps: ps,
+        lambda ps=None, lr=None: ps,
+        lambda **kw: kw,
+        _wrapped,
+    ],
+)
+def test_a_factorys_one_argument_is_read_off_its_code_as_its_signature_says(fn):
+    import inspect
+
+    from somatize.torch.settings import _takes_one
+
+    try:
+        inspect.signature(fn).bind(object())
+        binds = True
+    except TypeError:
+        binds = False
+    # never says yes where the signature says no; unsure (a __wrapped__) asks the signature
+    assert _takes_one(fn) == (binds and fn is not _wrapped)
