@@ -63,6 +63,8 @@ def first_step(trainer: Trainer, run: ActiveRun, train: Any) -> Iterator[None]:
 
 def warn_unreached(net: nn.Module, params: Sequence[nn.Parameter]) -> None:
     """Warn, naming their nodes, about trainable parameters the first backward did not reach."""
+    if all(p.grad is not None for p in params):  # (the common case: no walk for names)
+        return
     trained = {id(p) for p in params}
     missing = [n for n, p in net.named_parameters() if id(p) in trained and p.grad is None]
     if not missing:

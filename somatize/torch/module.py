@@ -378,6 +378,12 @@ def module(g: Graph) -> GraphModule:
     return m
 
 
+def frozen_any() -> bool:
+    """Whether any parameter was ever marked frozen in this process: until one was, none
+    needs ``_settle_frozen``'s walk."""
+    return _marked_any
+
+
 def _forget_digests(g: Graph) -> None:
     """The tensor codecs hash every tensor afresh after ``module(g)`` (every ``fit``): writes
     that do not move a version counter (``p.data``, fused optimizers) are seen then."""

@@ -18,7 +18,7 @@ from ..node import Node
 from ..watchers import Watcher
 from . import ddp
 from .batches import num_examples
-from .module import GraphModule, module
+from .module import GraphModule, frozen_any, module
 from .registration import _settle_frozen
 
 __all__ = [
@@ -103,11 +103,14 @@ def place(net: nn.Module, requested: Any, world: int) -> torch.device:
     Raises:
         SettingError: the device asks for CUDA on a machine without it.
     """
-    params = list(net.parameters())  # (one walk for both: a module's is a few µs)
+    # what .to() would move, each module's parameters and buffers, in one walk (a walk of
+    # parameters() and another of buffers() cost several µs each)
+    modules = list(net.modules())
+    params = [p for m in modules for p in m._parameters.values() if p is not None]
     default = params[0].device if params else torch.device("cpu")
     device = as_placed(ddp.device(requested, world, default))
-    tensors = itertools.chain(params, net.buffers())
-    if any(t.device != device for t in tensors):  # .to() walks every module even when idle
+    buffers = (b for m in modules for b in m._buffers.values() if b is not None)
+    if any(t.device != device for t in itertools.chain(params, buffers)):  # (.to() walks all)
         net.to(device)
     return device
 
@@ -136,7 +139,8 @@ def trainable(net: nn.Module, fresh: bool = False) -> list[nn.Parameter]:
     if isinstance(net, GraphModule):
         if not fresh:
             net._refresh()  # the graph may have changed since the module was made
-        _settle_frozen(net)
+        if frozen_any():  # (only a parameter freezing marked can need settling)
+            _settle_frozen(net)
     params = [p for p in net.parameters() if p.requires_grad]
     if not params:
         raise ValueError(
