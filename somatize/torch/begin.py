@@ -107,12 +107,13 @@ def begin(
 def watchers(trainer: Trainer) -> list[Watcher]:
     """The trainer's watchers, and a progress bar where ``Options(progress)`` asks for one
     (by default, when stderr is a terminal or a notebook's output, as Lightning's bar)."""
-    from .progress import Progress
-
     out = list(trainer.watchers)
     show = trainer.options.progress
     if show is None:  # (a Jupyter kernel's stderr is no terminal: plain lines there)
         show = sys.stderr.isatty() or type(sys.stderr).__module__.startswith("ipykernel")
-    if show and not any(isinstance(w, Progress) for w in out):
-        out.append(Progress())
+    if show:
+        from .progress import Progress
+
+        if not any(isinstance(w, Progress) for w in out):
+            out.append(Progress())
     return out

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _torch_module  # (its global hooks)
 
 from .batches import loss_of, num_examples, split, to_device
 from .evaluation import evaluate_into
@@ -50,17 +51,15 @@ def _zero_grad(opt: torch.optim.Optimizer) -> Any:
 def _call(net: nn.Module) -> Any:
     """``net.forward`` when calling the module would only forward to it (no hooks, not
     compiled in place), else the module itself."""
-    from torch.nn.modules import module as m
-
     hooks = (
         net._forward_hooks,
         net._forward_pre_hooks,
         net._backward_hooks,
         net._backward_pre_hooks,
-        m._global_forward_hooks,
-        m._global_forward_pre_hooks,
-        m._global_backward_hooks,
-        m._global_backward_pre_hooks,
+        _torch_module._global_forward_hooks,
+        _torch_module._global_forward_pre_hooks,
+        _torch_module._global_backward_hooks,
+        _torch_module._global_backward_pre_hooks,
     )
     if any(hooks) or getattr(net, "_compiled_call_impl", None) is not None:
         return net
