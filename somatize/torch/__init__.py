@@ -23,7 +23,8 @@ from .csvlog import CSVLog
 from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
 from .metrics import accuracy
 from .model_summary import ModelSummary, model_summary
-from .module import GraphModule, module, parameters
+from .module import GraphModule, module
+from .module_reads import parameters
 from .progress import Progress
 from .pruning import Patience, Pruner, Threshold
 from .remember import Remembered, RememberedResult, remember, run_checkpointing

@@ -17,10 +17,10 @@ from ..watchers import Watcher
 from .carry import check_carried, check_last_batch, named_carries
 from .checkpoint import load_checkpoint, restore, restore_rank_rng, restore_scaler
 from .ema import averaged, restore_average
+from .factories import check_no_closure, check_optimizer, check_scheduler
 from .horizon import check_horizon, horizon
 from .policy import check_extension, check_fresh, resume_path
 from .run import ActiveRun
-from .settings import check_no_closure, check_optimizer, check_scheduler
 from .start import as_module, autocast_for, compiled, place, seed_everything, trainable, wrap
 from .timelimit import restored
 

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from ..graph import Graph
-from .module import parameters
-from .settings import check_loss, check_measured, check_metrics, check_optimizer
+from .factories import check_optimizer
+from .module_reads import parameters
+from .settings import check_loss, check_measured, check_metrics
 
 __all__ = ["check", "configured", "hyperparameters"]
 

@@ -20,7 +20,8 @@ from .evaluation import evaluate_into
 from .fastpath import fast_epoch
 from .limits import limited
 from .metrics import node_scalars
-from .module import GraphModule, node_metrics
+from .module import GraphModule
+from .module_reads import node_metrics
 from .policy import save
 from .rng import put_back, snapshot
 from .schedule import evaluates_at_epoch_end

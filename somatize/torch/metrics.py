@@ -36,7 +36,7 @@ from ..errors import SettingError, add_note
 from . import ddp
 from .batches import epoch_batches, num_examples, to_device
 from .limits import limited
-from .module import node_metrics
+from .module_reads import node_metrics
 
 __all__ = ["Metric", "accuracy", "check_ranks", "evaluate", "is_metric"]
 

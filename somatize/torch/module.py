@@ -26,11 +26,11 @@ from torch.compiler import is_compiling as _is_compiling
 from ..bulk import paused_gc
 from ..graph import Graph
 from ..node import HELD, Run
-from ..values import Opaque
 from .carry import refuse_remembered
 from .codecs import TensorCodec
-from .frozen import equip, needs_grad
+from .frozen import equip
 from .holdings import MODULE_NAMES
+from .module_inputs import as_input, recording
 from .own_code import give_own_code, without_own_code
 from .registration import (
     _check_shared,
@@ -42,7 +42,7 @@ from .registration import (
     _signature,
 )
 
-__all__ = ["GraphModule", "module", "parameters"]
+__all__ = ["GraphModule", "frozen_any", "module"]
 
 # id(graph) -> its module. Weak on the module, which holds its graph: a registry keyed on
 # the graph would keep every graph (and its weights) alive for ever.
@@ -271,6 +271,23 @@ class GraphModule(nn.Module):
             "instead: torch.export.export(model, (x,)) (docs/deploy.md)"
         )
 
+    def __getattr__(self, name: str) -> Any:
+        # a child (a node's holder) read as an attribute, model.head: registered again first
+        # if a module was swapped into a node since, so model.head.out is the node's own
+        modules = self.__dict__.get("_modules")
+        if modules is not None and name in modules and not _is_compiling():
+            self._fresh()
+            held = self.__dict__["_modules"].get(name)
+            if held is not None:
+                return held
+        return super().__getattr__(name)
+
+    def requires_grad_(self, requires_grad: bool = True) -> GraphModule:
+        super().requires_grad_(requires_grad)
+        if requires_grad and _marked_any:  # a frozen node's parameters stay frozen
+            _settle_frozen(self)
+        return self
+
     def train(self, mode: bool = True) -> GraphModule:
         self._fresh(holdings=True)  # a module swapped into a node since: .eval() reaches it
         super().train(mode)
@@ -296,31 +313,22 @@ class GraphModule(nn.Module):
                 self.metrics = metrics
             return value
         as_data = program.keyed
-        if as_data and (_is_tracing() or torch.compiler.is_exporting()):
+        if as_data and recording():
             cached = sorted({*g.memory.cached, *g.memory.named})
             raise TypeError(
                 f"this graph caches {', '.join(map(repr, cached)) or 'a subgraph node'}, and a "
-                "trace or an export cannot record a cache (it looks up each input's bytes): "
-                f"export it with caching off (g.cache({(cached or ['node'])[0]!r}, False); a "
+                "trace, an export or a torch.func transform (grad, vmap) cannot record a cache "
+                "(it looks up each input's bytes): "
+                f"run it with caching off (g.cache({(cached or ['node'])[0]!r}, False); a "
                 "frozen node still runs frozen)"
             )
-        inputs = [_as_input(a, as_data) for a in args]
+        inputs = [as_input(a, as_data) for a in args]
         outcome = g.run(*inputs, step=self.step, training=self.training)
         self.metrics = outcome.metrics
         return outcome.value
 
     def extra_repr(self) -> str:
         return f"graph={self.graph!r}"
-
-
-def _as_input(a: Any, as_data: bool) -> Any:
-    """An argument of ``GraphModule.forward`` as the graph takes it: a tensor Opaque (data
-    where a cached graph keys it and it needs no grad); a tuple, list or dict holding a
-    tensor that requires grad Opaque as a whole (input gradients of a multimodal batch);
-    anything else data."""
-    if isinstance(a, torch.Tensor):
-        return a if as_data and not a.requires_grad else Opaque(a)
-    return Opaque(a) if needs_grad(a) else a
 
 
 def _prepare(m: GraphModule) -> bool:
@@ -334,11 +342,6 @@ def _prepare(m: GraphModule) -> bool:
 # What torch._dynamo.assume_constant_result sets (a test checks it still is), without
 # importing dynamo, hundreds of modules, into every process that makes a module
 _prepare._dynamo_marked_constant = True  # type: ignore[attr-defined]
-
-
-def _is_tracing() -> bool:
-    """Whether ``torch.jit.trace`` is recording (``torch.jit.is_tracing``, untyped)."""
-    return bool(torch.jit.is_tracing())  # type: ignore[attr-defined,no-untyped-call]
 
 
 def module(g: Graph) -> GraphModule:
@@ -392,31 +395,3 @@ def _forget_digests(g: Graph) -> None:
             c.forget()
     for sub in g._subgraphs().values():
         _forget_digests(sub)
-
-
-def node_metrics(net: Any) -> Mapping[str, Any] | None:
-    """What the graph's nodes reported in ``net``'s last call (``GraphModule.metrics``; a
-    compiled or DDP-wrapped one too), or None for any other module, whose own ``metrics``
-    attribute (a torchmetrics collection) is its own business."""
-    inner = getattr(net, "_orig_mod", net)  # torch.compile's
-    if not isinstance(inner, GraphModule):
-        inner = getattr(inner, "module", None)  # DistributedDataParallel's
-    return inner.metrics if isinstance(inner, GraphModule) else None
-
-
-def parameters(g: Graph) -> list[nn.Parameter]:
-    """The trainable parameters of ``g``: deduplicated, frozen nodes excluded.
-
-    Example:
-        >>> opt = torch.optim.Adam(parameters(g), lr=1e-3)  # doctest: +SKIP
-    """
-    seen: set[int] = set()
-    out = []
-    m = module(g)
-    if _marked_any:
-        _settle_frozen(m)
-    for p in m.parameters():
-        if p.requires_grad and id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out

@@ -151,7 +151,9 @@ def _frozen_by_another(p: nn.Parameter, m: nn.Module) -> bool:
 
 
 def _settle_frozen(m: nn.Module) -> None:
-    """Before ``m``'s trainable parameters are read: a parameter of a node trainable in its
+    """Before ``m``'s trainable parameters are read: a parameter this graph freezes is frozen
+    again if something turned it on since (``model.requires_grad_(True)``, a GAN's toggle
+    of a whole module); a parameter of a node trainable in its
     graph that freezing marked is unfrozen when no other module's graph freezes it any more
     (that module dropped or its node unfrozen), and an error while one does — it would
     silently not train here.
@@ -160,11 +162,15 @@ def _settle_frozen(m: nn.Module) -> None:
         StateError: naming the node, the parameter and the fixes.
     """
     for name, p in m.named_parameters():
-        if p.requires_grad or not getattr(p, "_somatize_frozen", False):
+        if not getattr(p, "_somatize_frozen", False):
             continue
         mine = _freezers.get(p)
-        if mine is not None and m in mine:
-            continue  # (frozen by this graph)
+        if mine is not None and m in mine:  # (frozen by this graph)
+            if p.requires_grad:  # turned on since, by a module-wide requires_grad_(True)
+                p.requires_grad_(False)
+            continue
+        if p.requires_grad:
+            continue
         others = _others_freezing(p, m)
         if not others:
             p.requires_grad_(True)

@@ -1,0 +1,43 @@
+"""What the rest of ``somatize.torch`` reads of a graph's module: its trainable parameters
+(``st.parameters``), and what its nodes reported in its last call."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from ..graph import Graph
+from .module import GraphModule, frozen_any, module
+from .registration import _settle_frozen
+
+__all__ = ["node_metrics", "parameters"]
+
+
+def node_metrics(net: Any) -> Mapping[str, Any] | None:
+    """What the graph's nodes reported in ``net``'s last call (``GraphModule.metrics``; a
+    compiled or DDP-wrapped one too), or None for any other module, whose own ``metrics``
+    attribute (a torchmetrics collection) is its own business."""
+    inner = getattr(net, "_orig_mod", net)  # torch.compile's
+    if not isinstance(inner, GraphModule):
+        inner = getattr(inner, "module", None)  # DistributedDataParallel's
+    return inner.metrics if isinstance(inner, GraphModule) else None
+
+
+def parameters(g: Graph) -> list[nn.Parameter]:
+    """The trainable parameters of ``g``: deduplicated, frozen nodes excluded.
+
+    Example:
+        >>> opt = torch.optim.Adam(parameters(g), lr=1e-3)  # doctest: +SKIP
+    """
+    seen: set[int] = set()
+    out = []
+    m = module(g)
+    if frozen_any():
+        _settle_frozen(m)
+    for p in m.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
