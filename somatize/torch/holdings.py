@@ -118,20 +118,29 @@ class Holdings(nn.Module):
         )
 
     def register_forward_hook(self, hook: Any, *args: Any, **kwargs: Any) -> Any:
-        _warn_hook(self)
+        _warn_hook(self, "forward")
         return super().register_forward_hook(hook, *args, **kwargs)
 
     def register_forward_pre_hook(self, hook: Any, *args: Any, **kwargs: Any) -> Any:
-        _warn_hook(self)
+        _warn_hook(self, "forward")
         return super().register_forward_pre_hook(hook, *args, **kwargs)
 
+    def register_full_backward_hook(self, hook: Any, *args: Any, **kwargs: Any) -> Any:
+        _warn_hook(self, "full_backward")
+        return super().register_full_backward_hook(hook, *args, **kwargs)
 
-def _warn_hook(held: Holdings) -> None:
+    def register_full_backward_pre_hook(self, hook: Any, *args: Any, **kwargs: Any) -> Any:
+        _warn_hook(self, "full_backward")
+        return super().register_full_backward_pre_hook(hook, *args, **kwargs)
+
+
+def _warn_hook(held: Holdings, kind: str) -> None:
     warnings.warn(
-        f"a forward hook on the module holding a {type(held._impl).__qualname__} node's "
-        "modules never runs: the node is called by the graph, not through this module. Hook "
-        "a module the node holds (model.<node>.<attribute>.register_forward_hook), or read "
-        "the node's output from a node after it or from the metrics it returns in Done",
+        f"a {kind.replace('_', ' ')} hook on the module holding a "
+        f"{type(held._impl).__qualname__} node's modules never runs: the node is called by "
+        "the graph, not through this module. Hook a module the node holds "
+        f"(model.<node>.<attribute>.register_{kind}_hook), or read the node's output from a "
+        "node after it or from the metrics it returns in Done",
         UserWarning,
         stacklevel=outside(),
     )

@@ -39,6 +39,11 @@ def test_a_hook_on_a_nodes_holdings_warns_and_one_on_its_module_runs():
     model = st.module(Graph.somatize(Conv()))
     with pytest.warns(UserWarning, match=r"never runs.*model\.<node>\.<attribute>"):
         model.conv.register_forward_hook(lambda *a: None)
+    # (before: backward hooks there never ran either, and said nothing)
+    with pytest.warns(UserWarning, match=r"full backward hook .* never runs.*full_backward_hook"):
+        model.conv.register_full_backward_hook(lambda *a: None)
+    with pytest.warns(UserWarning, match=r"full backward hook .* never runs"):
+        model.conv.register_full_backward_pre_hook(lambda *a: None)
     seen = []
     model.conv.conv.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
     model(X)
