@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 _PLAIN = frozenset({int, float, str, bool, type(None), bytes})
+_NONE: frozenset[str] = frozenset()
 _OWN = frozenset({"_impl"})  # Holdings' own attribute
 MODULE_NAMES = frozenset(dir(nn.Module()))  # attributes every module has
 
@@ -181,7 +182,10 @@ def node_holdings(
     is appended to it, found in the same walk."""
     held: Holdings | None = None
     inside, bare = seen, False
-    for name, value in vars(impl).items():
+    own = vars(impl)
+    kept: frozenset[str] | None = own.get("_somatize_kept")  # (None: its first registration)
+    first: list[str] | None = [] if kept is None else None
+    for name, value in own.items():
         if type(value) in _PLAIN or name.startswith("_somatize"):
             continue  # (most attributes: numbers, strings, flags)
         inner: nn.Module | torch.Tensor | None
@@ -217,8 +221,13 @@ def node_holdings(
         else:
             if inner.requires_grad:
                 _warn_untrained(impl, where, name)
-            held.register_buffer(name, inner)
+            if first is not None:
+                first.append(name)
+            # state (saved, loaded) if held when first registered, not if a forward set it
+            held.register_buffer(name, inner, persistent=kept is None or name in kept)
             bare = True
+    if first is not None:
+        own["_somatize_kept"] = frozenset(first) if first else _NONE
     if bare and held is not None:
         _mirrored(held)  # (only a node holding a bare tensor pays for it)
     return held

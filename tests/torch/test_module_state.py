@@ -3,6 +3,8 @@ deduplicated parameters, detached copies, every problem of a state reported, dty
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -88,3 +90,43 @@ def test_to_dtype_moves_node_modules_and_tensors():
     assert node.blocks[0].weight.dtype == torch.float64
     assert dict(m.named_buffers())["scaled.offset"] is node.offset  # the node sees the moved buffer
     assert m(torch.ones(1, 2, dtype=torch.float64)).dtype == torch.float64
+
+
+class Remembers(Node):
+    """Holds a layer, a tensor set in __init__ (state), and one it sets in forward."""
+
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 3)
+        self.scale = torch.ones(3)
+        self.calls = torch.zeros(())
+
+    def forward(self, x: Any, ctx: Any) -> Done:
+        h = self.lin(x) * self.scale
+        self.last = h.detach()  # what the last batch gave: not the node's state
+        self.calls = self.calls + 1  # held since __init__: state, though set again here
+        return Done(Opaque(h))
+
+
+def test_a_tensor_a_forward_sets_is_not_state_so_a_snapshot_loads_into_a_fresh_copy() -> None:
+    def fresh() -> Graph:
+        torch.manual_seed(0)
+        return Graph.somatize(Remembers())
+
+    g = fresh()
+    m = st.module(g)
+    m(torch.randn(5, 4))
+    m(torch.randn(2, 4))  # another batch size: the transient tensor's shape changes
+    snap = st.state(g)
+    assert sorted(snap) == [
+        "remembers.calls",
+        "remembers.lin.bias",
+        "remembers.lin.weight",
+        "remembers.scale",
+    ]
+    assert "remembers.last" in dict(m.named_buffers())  # still moved by .to(), as a buffer
+    g2 = fresh()
+    st.module(g2).load_state_dict(snap)  # a fresh copy, never called: no 'last' yet
+    assert g2["remembers"].calls.item() == 2.0
+    m(torch.randn(7, 4))
+    st.module(g).load_state_dict(snap)  # into itself after a batch of another size
+    assert g["remembers"].last.shape == (7, 3)
