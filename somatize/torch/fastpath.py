@@ -21,7 +21,7 @@ from .evaluation import evaluate_into
 from .policy import save
 from .rng import put_back, snapshot
 from .settings import check_batch
-from .step import _nonfinite
+from .step import _nonfinite, clipped
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -148,17 +148,16 @@ def fast_epoch(
                 loss = loss_of(loss_fn, out, y)
             loss.backward()
             value = loss.item()  # the history's float, and the non-finite check's
-            if not isfinite(value):
+            norm = None if clip is None or not isfinite(value) else clipped(run, clip, policy)
+            if norm is not None or not isfinite(value):
                 s.step, s.examples_seen = step, examples
-                _nonfinite(trainer, run, policy, value, i)  # raises under "raise"
+                _nonfinite(trainer, run, policy, value, i, norm=norm)  # raises under "raise"
                 zero_grad(set_to_none=True)
                 for c, v in zip(carried, kept):  # the state as the step before left it
                     c.value = v
                 s.skipped += 1
                 last = i
                 continue
-            if clip is not None:
-                nn.utils.clip_grad_norm_(run.params, clip)
             opt_step()
             if step_sched is not None:
                 step_sched.step()

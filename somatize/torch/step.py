@@ -40,7 +40,7 @@ def step(
         the group's loss (a float when the non-finite check read it back — under DDP, the
         mean over every rank's examples — else a tensor on the device), its examples (under
         DDP with the check, every rank's together), and whether the optimizer stepped
-        (False: skipped for a non-finite loss).
+        (False: skipped for a non-finite loss, or gradients' norm under clipping).
 
     Raises:
         NonFiniteError: the loss is NaN or infinite under ``Options(nonfinite="raise")``.
@@ -105,18 +105,15 @@ def step(
             _nonfinite(trainer, run, policy, value, index, group)
             opt.zero_grad(set_to_none=True)
             return value, n, False
-        _update(trainer, run, opt)
-        return value, n, True
+        return value, n, _update(trainer, run, opt, value, index, group)
     if checked:  # under DDP: the check's all-reduce brought the ranks' loss too
         bad, mean, examples = ranks
         if bad:
             _nonfinite(trainer, run, policy, float(total), index, group)
             opt.zero_grad(set_to_none=True)
             return total, n, False
-        _update(trainer, run, opt)
-        return mean, examples, True
-    _update(trainer, run, opt)
-    return total, n, True
+        return mean, examples, _update(trainer, run, opt, mean, index, group)
+    return total, n, _update(trainer, run, opt, math.nan, index, group)
 
 
 def _nonfinite(
@@ -126,6 +123,7 @@ def _nonfinite(
     value: float,
     index: int,
     group: Sequence[Any] | None = None,
+    norm: float | None = None,
 ) -> None:
     """Raise under the "raise" policy (under "skip" the caller skips the step).
 
@@ -133,9 +131,18 @@ def _nonfinite(
     (the fast path) the batch is looked up in a sequence of batches. Only here, once a
     loss is known to be non-finite, is a batch's size looked at: a batch of 0 examples
     (whose mean loss is NaN) is named as such, and the steps that go well pay nothing.
+    ``norm``: the loss was finite, but the gradients' norm (clipping's) is this.
     """
     if policy == "raise":
         s = run.state
+        if norm is not None:
+            raise NonFiniteError(
+                f"the gradients' norm is {norm} at step {s.step + 1} (epoch {s.epoch}, batch "
+                f"{index} of the epoch), though the loss is finite ({value}); nothing was "
+                "stepped or checkpointed with it. Look for an operation whose gradient "
+                "overflows where its value does not (sqrt or pow at 0, log near 0, an "
+                "inf masked out of the loss), or skip such steps with Options(nonfinite='skip')"
+            )
         batches = group if group is not None else _batch(trainer, run, index)
         for j, batch in enumerate(batches or ()):
             if num_examples(trainer._split(batch)[0]) == 0:
@@ -182,13 +189,37 @@ def _position(data: Any, batch: Any) -> str:
     return ""
 
 
-def _update(trainer: Trainer, run: ActiveRun, opt: torch.optim.Optimizer) -> None:
-    """Clip (unscaled, under fp16) and step the optimizer (through the scaler under fp16)."""
+def clipped(run: ActiveRun, clip: float, policy: str) -> float | None:
+    """Clip the gradients to the norm ``clip``; their norm when it is NaN or inf and the
+    non-finite policy checks (read back: clipping computed it anyway), else None."""
+    norm = nn.utils.clip_grad_norm_(run.params, clip)
+    if policy == "ignore":
+        return None
+    value = float(norm)
+    return None if math.isfinite(value) else value
+
+
+def _update(
+    trainer: Trainer,
+    run: ActiveRun,
+    opt: torch.optim.Optimizer,
+    loss: float,
+    index: int,
+    group: Sequence[Any],
+) -> bool:
+    """Clip (unscaled, under fp16) and step the optimizer (through the scaler under fp16).
+    False: not stepped, the gradients' norm being non-finite under ``nonfinite="skip"``
+    (``"raise"`` raises; under fp16 the scaler skips such a step itself)."""
     scaler = run.scaler
     clip = trainer.options.clip_grad_norm
     if scaler is None:
         if clip is not None:
-            nn.utils.clip_grad_norm_(run.params, clip)
+            policy = trainer.options.nonfinite
+            norm = clipped(run, clip, policy)
+            if norm is not None:
+                _nonfinite(trainer, run, policy, loss, index, group, norm=norm)
+                opt.zero_grad(set_to_none=True)
+                return False
         opt.step()
     else:
         if clip is not None:
@@ -196,6 +227,7 @@ def _update(trainer: Trainer, run: ActiveRun, opt: torch.optim.Optimizer) -> Non
             nn.utils.clip_grad_norm_(run.params, clip)
         scaler.step(opt)  # skipped by the scaler itself when a gradient overflowed
         scaler.update()
+    return True
 
 
 def _over_ranks(loss: torch.Tensor, n: int, world: int) -> tuple[bool, float, int]:

@@ -139,3 +139,54 @@ def test_an_empty_batch_from_a_loader_gets_the_hint_and_is_skipped_under_skip():
         trainer(F.cross_entropy).fit(g, loader)
     result = trainer(F.cross_entropy, "skip").fit(g, [*data(2), empty()])
     assert (result.steps, result.skipped) == (2, 1)
+
+
+def overflowing_at(*calls):
+    """cross_entropy plus 0 * sqrt(0) at the given calls: the loss stays finite, the
+    gradients' norm is NaN (sqrt's gradient at 0 is inf, times 0)."""
+    count = [0]
+
+    def loss(out, y):
+        count[0] += 1
+        value = F.cross_entropy(out, y)
+        if count[0] in calls:
+            value = value + 0.0 * torch.sqrt(out - out.detach()).sum()
+        return value
+
+    return loss
+
+
+class Seen:
+    """A watcher (any watcher makes the Trainer take its full loop, not the fast one)."""
+
+    def __init__(self) -> None:
+        self.events = 0
+
+    def on_event(self, event) -> None:
+        self.events += 1
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast loop", "full loop"])
+def test_under_clipping_a_finite_loss_with_a_nan_gradient_raises_or_is_skipped(fast):
+    def run(policy):
+        torch.manual_seed(0)
+        g = Graph.somatize(Linear())
+        options = st.Options(progress=False, shuffle=False, nonfinite=policy, clip_grad_norm=1.0)
+        t = st.Trainer(
+            loss=overflowing_at(2),
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            options=options,
+            watchers=[] if fast else [Seen()],
+        )
+        return g, t.fit(g, data())
+
+    with pytest.raises(
+        NonFiniteError, match=r"gradients' norm is nan at step 2 \(epoch 0, batch 1"
+    ):
+        run("raise")
+    g, result = run("skip")
+    assert result.skipped == 1 and result.steps == 2
+    assert all(torch.isfinite(v).all() for v in st.state(g).values())
+    g, result = run("ignore")  # stepped, as plain PyTorch would: NaN weights
+    assert result.skipped == 0
+    assert not all(torch.isfinite(v).all() for v in st.state(g).values())
