@@ -20,6 +20,7 @@ executor, as the results of ``TorchPool`` are (docs/campaigns.md).
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import traceback
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from typing import Any, NoReturn
 
 from .errors import add_note
 
-__all__ = ["Shipped", "portable", "raise_alone", "restored"]
+__all__ = ["Shipped", "called", "portable", "raise_alone", "restored"]
 
 
 class Shipped(Exception):
@@ -98,3 +99,43 @@ def raise_alone(error: BaseException) -> NoReturn:
     chains (tblib's, which importing ``dask.distributed`` installs) carries back, to fail."""
     error.__context__ = None
     raise error
+
+
+def called(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A call as its errors name it: ``train(0.1, seed=3)``, so a sweep's failed or lost
+    call says which it was. Only plain values are shown (numbers, short strings, and
+    dataclasses, lists, tuples and dicts of them), others by their type (``<Tensor>``):
+    no ``__repr__`` of the user's is run, and it costs little at every submit."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    shown = [_shown(a, 2) for a in args[:6]] + [
+        f"{k}={_shown(v, 2)}" for k, v in list(kwargs.items())[:6]
+    ]
+    if len(args) > 6 or len(kwargs) > 6:
+        shown.append("...")
+    return f"{name}({', '.join(shown)})"
+
+
+_PLAIN = (bool, int, float, type(None))
+
+
+def _shown(value: Any, depth: int) -> str:
+    if isinstance(value, _PLAIN):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else repr(value[:37] + "...")
+    if depth > 0 and type(value) in (list, tuple) and len(value) <= 8:
+        inner = ", ".join(_shown(v, depth - 1) for v in value)
+        return f"[{inner}]" if type(value) is list else f"({inner}{',' if len(value) == 1 else ''})"
+    if depth > 0 and type(value) is dict and len(value) <= 8:
+        return (
+            "{"
+            + ", ".join(f"{_shown(k, 0)}: {_shown(v, depth - 1)}" for k, v in value.items())
+            + "}"
+        )
+    if depth > 0 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = [f for f in dataclasses.fields(value) if f.repr][:8]
+        inner = ", ".join(
+            f"{f.name}={_shown(getattr(value, f.name, None), depth - 1)}" for f in fields
+        )
+        return f"{type(value).__qualname__}({inner})"
+    return f"<{type(value).__qualname__}>"

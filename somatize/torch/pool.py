@@ -43,7 +43,7 @@ from typing import Any, Literal
 import cloudpickle
 
 from ..errors import WorkerLostError, add_note
-from ..remote_errors import restored
+from ..remote_errors import called, restored
 from .pool_worker import Aborted, Packed, _call, _start
 
 __all__ = ["TorchPool"]
@@ -83,6 +83,7 @@ class _Generation:
 class _Task:
     id: int
     payload: bytes
+    what: str  # the call, as its errors name it: train(0.1, seed=3)
     future: _CallFuture = field(init=False)
     deaths: int = 0
     spared: int = 0
@@ -176,7 +177,7 @@ class TorchPool(Executor):
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            task = _Task(next(self._ids), _payload(fn, args, kwargs))
+            task = _Task(next(self._ids), _payload(fn, args, kwargs), called(fn, args, kwargs))
             task.future.add_done_callback(lambda f: _cancel(task) if f.cancelled() else None)
             self._send(task)
         return task.future
@@ -196,7 +197,9 @@ class TorchPool(Executor):
                     lambda inner, gen=gen: self._settle(task, gen, inner)  # type: ignore[misc]
                 )
                 return
-        task.future.set_exception(WorkerLostError(f"call {task.id}: no worker could be started"))
+        task.future.set_exception(
+            WorkerLostError(f"call {task.id}, {task.what}: no worker could be started")
+        )
 
     def _retire(self, gen: _Generation) -> None:
         # a broken pool terminates and joins its own workers; the next send starts another
@@ -236,7 +239,7 @@ class TorchPool(Executor):
                     else f"the pool broke {task.spared} times around it"
                 )
                 lost = WorkerLostError(
-                    f"call {task.id} was lost: {why} (killed, out of memory, or crashed); "
+                    f"call {task.id}, {task.what}, was lost: {why} (killed, out of memory, or crashed); "
                     "raise retries=, or look for what kills the worker"
                 )
                 lost.__cause__ = error
@@ -285,7 +288,7 @@ def _deliver(task: _Task, result: Any) -> None:
         value = pickle.loads(result)  # the user's own function's result, from their own worker
     except Exception as e:
         error = RuntimeError(
-            f"call {task.id}'s result came back from its worker but cannot be unpickled in "
+            f"call {task.id}, {task.what}: its result came back from its worker but cannot be unpickled in "
             f"this process: {type(e).__qualname__}: {e}; return plain data (tensors, "
             "numbers, strings, lists and dicts of them), or make its class importable here"
         )

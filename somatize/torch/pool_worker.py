@@ -40,7 +40,7 @@ from typing import Any
 import cloudpickle
 
 from ..errors import add_note
-from ..remote_errors import portable, raise_alone
+from ..remote_errors import called, portable, raise_alone
 
 __all__: list[str] = []
 
@@ -142,8 +142,8 @@ def _call(payload: bytes, task: int) -> Any:
             )
             raise
     except Exception as e:
-        name = getattr(fn, "__qualname__", type(fn).__qualname__) if fn is not None else "fn"
-        error = portable(e, f"call {task}, {name}(...),")
+        what = called(fn, args, kwargs) if fn is not None else "fn(...)"
+        error = portable(e, f"call {task}, {what},")
         if error is e:
             raise
     finally:

@@ -42,7 +42,10 @@ def test_a_run_that_always_kills_its_worker_is_reported_lost_and_the_others_fini
     with st.executor(workers=2) as pool:
         runs = st.run_all(pool, square_or_die, jobs)
         future = pool.submit(square_or_die, (5, marker, True))
-        with pytest.raises(WorkerLostError, match=r"call \d+ was lost: its worker died 2 time"):
+        with pytest.raises(
+            WorkerLostError,
+            match=r"call \d+, square_or_die\(\(5, '.*', True\)\), was lost: its worker died 2 time",
+        ):
             future.result()
         assert isinstance(future.exception(), BrokenExecutor)  # old except clauses still work
     assert list(runs.lost) == [2] and "WorkerLostError" in runs.lost[2]
@@ -248,7 +251,7 @@ def test_a_result_arriving_for_a_run_cancelled_meanwhile_is_dropped_quietly():
     from somatize.torch.pool import _deliver, _Task
     from somatize.torch.pool_worker import Packed
 
-    task = _Task(0, b"")
+    task = _Task(0, b"", "fn()")
     task.future.cancel()
     _deliver(task, Packed(pickle.dumps({"w": 1})))
     _deliver(task, Packed(b"not a pickle"))
