@@ -16,11 +16,11 @@ from ..stack import outside
 
 __all__ = [
     "as_state",
+    "own_generators",
     "put_back",
     "restore_rank_rng",
     "rng_state",
     "set_rng_state",
-    "sharing_warned",
     "snapshot",
 ]
 
@@ -131,13 +131,17 @@ _in_fit = threading.local()  # this thread's depth (a smoke run's fit runs insid
 
 
 @contextlib.contextmanager
-def sharing_warned() -> Iterator[None]:
-    """Around a fit: a fit that starts while another thread is in one (a
+def own_generators() -> Iterator[None]:
+    """Around a fit: the global generators (Python's, numpy's, torch's) are given back as
+    the caller left them when it ends, however it ends — the fit seeds them for itself, and
+    code after it (the next model's initial weights) draws as if it had not run, not the
+    same numbers after every fit. And a fit that starts while another thread is in one (a
     ``ThreadPoolExecutor``) warns that both draw from torch's and Python's global
     generators — dropout, shuffling, augmentation — so neither is reproducible from its
     seed; processes each have their own."""
     depth = getattr(_in_fit, "depth", 0)  # (> 0: a fit inside this thread's own fit)
     _in_fit.depth = depth + 1
+    callers = snapshot()  # given back when the fit ends: it seeds the generators for itself
     try:
         if not depth:
             with _fits_lock:
@@ -155,6 +159,7 @@ def sharing_warned() -> Iterator[None]:
                 )
         yield
     finally:
+        put_back(callers)
         _in_fit.depth = depth
         if not depth:
             with _fits_lock:

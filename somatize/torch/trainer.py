@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import SettingError
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp, inference, tally
@@ -47,7 +48,7 @@ from .policy import best_step, save, writing
 from .ported import lightning_methods, ported
 from .pruning import pruned_reason
 from .result import TrainResult
-from .rng import sharing_warned
+from .rng import own_generators
 from .sanity import sanity_check
 from .schedule import check_steps_fit
 from .settings import check_arguments, check_fit, check_measured, check_parts
@@ -84,7 +85,8 @@ class Trainer:
         checkpoint: a ``Checkpointing`` (directory, frequency, how many to keep).
         watchers: told of every step, epoch and node metric (``TensorBoard``, ``Progress``...).
         pruner: asked after each evaluation (``Patience``, ``Threshold``, an Optuna ``Trial``).
-        seed: seeds python, numpy and torch at the start of a fresh run, and the batch order.
+        seed: seeds python, numpy and torch at the start of a fresh run (the caller's
+            generators are given back when fit ends), and the batch order.
         options: the less common settings (device, precision, clipping...).
         split: how a batch becomes ``(inputs, target)`` — the model gets the inputs, the
             loss and metrics ``(output, target)`` — for batches of another form than
@@ -158,13 +160,13 @@ class Trainer:
         """
         started = time.perf_counter()
         if self.optimizer is None:
-            raise TypeError(
+            raise SettingError(
                 "fit() trains, so the Trainer needs an optimizer factory: "
                 "st.Trainer(..., optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)) "
                 "(evaluate() and predict() do without one)"
             )
         check_data(train, "fit()'s train", self._split, train=True)  # not a Dataset of examples
-        with deterministic(self.options.deterministic), sharing_warned():  # (rng.py)
+        with deterministic(self.options.deterministic), own_generators():  # (rng.py)
             if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
                 return smoke_fit(self, model, train, val, resume)
             check_fit(self, val)

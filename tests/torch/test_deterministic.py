@@ -4,6 +4,7 @@ the nodes' forward — and put back as they were when it returns or fails."""
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 import torch
@@ -139,3 +140,54 @@ def test_a_fit_starting_while_another_runs_in_this_process_warns_they_share_the_
         second_done.set()
         first.join(60)
     fit([])  # alone again: no warning (warnings are errors here)
+
+
+def draws() -> tuple[float, float, float]:
+    import numpy as np
+
+    return random.random(), float(np.random.rand()), torch.rand(()).item()
+
+
+def seed_all(seed: int) -> None:
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["returns", "fails"])
+def test_fit_gives_the_callers_generators_back_so_what_follows_draws_as_if_it_had_not_run(fails):
+    global FAIL
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(3)]
+    g = Graph.somatize(Watch())
+    trainer = st.Trainer(
+        loss=nn.functional.mse_loss,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        options=st.Options(progress=False),  # shuffles: the fit draws for itself
+    )
+    seed_all(7)
+    expected = draws()
+    seed_all(7)
+    FAIL = fails
+    if fails:
+        with pytest.raises(RuntimeError, match="failing at step 2"):
+            trainer.fit(g, data)
+    else:
+        trainer.fit(g, data)
+    assert draws() == expected
+
+
+def test_models_made_after_fits_start_from_different_weights() -> None:
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(3)]
+    trainer = st.Trainer(
+        loss=nn.functional.mse_loss,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        options=st.Options(progress=False),
+    )
+    inits = []
+    for _ in range(3):  # random restarts, as a user writes them: the fits re-seed nothing after
+        g = Graph.somatize(Watch())
+        inits.append(g["watch"].lin.weight.clone())
+        trainer.fit(g, data)
+    assert not torch.equal(inits[1], inits[2])

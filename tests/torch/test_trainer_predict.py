@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
+from somatize.errors import SettingError
 
 
 class Net(Node):
@@ -42,7 +43,7 @@ def test_evaluate_and_predict_without_an_optimizer():
 
 
 def test_fit_without_an_optimizer_says_what_to_pass():
-    with pytest.raises(TypeError, match="needs an optimizer factory"):
+    with pytest.raises(SettingError, match="needs an optimizer factory"):
         st.Trainer(loss=F.cross_entropy).fit(
             Graph.somatize(Net()), [(torch.randn(2, 3), torch.tensor([0, 1]))]
         )
