@@ -98,19 +98,18 @@ def train(
     Args:
         seed: the split, the initial weights and the batch order.
         epochs: passes over the training set.
-        out: the run's directory. A fresh run (``resume=False``) clears its
-            checkpoints and logs first.
+        out: the run's directory. A fresh run (``resume=False``) moves a run found
+            there (its checkpoints and logs) to ``out/previous`` first, replacing the one
+            kept there before, and says so.
         resume: continue from ``out/ckpt/last`` (a fresh start when there is none).
         progress: show a progress line (default: when standard error is a terminal).
     """
     out = Path(out)
+    train_batches, val_batches = load_data(seed)  # (first: a failure here touches no run)
     if not resume:
-        shutil.rmtree(out / "ckpt", ignore_errors=True)
-        for old in out.glob("events.out.tfevents.*"):
-            old.unlink()
+        _set_aside(out)
     torch.manual_seed(seed)
     g = make_graph()
-    train_batches, val_batches = load_data(seed)
     steps = epochs * len(train_batches)
     trainer = st.Trainer(
         loss=F.cross_entropy,
@@ -126,6 +125,20 @@ def train(
         options=st.Options(monitor="val_acc", mode="max", progress=progress),
     )
     return trainer.fit(g, train_batches, val=val_batches, resume="last" if resume else None)
+
+
+def _set_aside(out: Path) -> None:
+    """Move the run in ``out`` (checkpoints, TensorBoard logs) to ``out/previous``, so a
+    fresh run starts clean and the last one is not lost to a forgotten ``--resume``."""
+    found = [p for p in [out / "ckpt", *out.glob("events.out.tfevents.*")] if p.exists()]
+    if not found:
+        return
+    previous = out / "previous"
+    shutil.rmtree(previous, ignore_errors=True)
+    previous.mkdir(parents=True)
+    for p in found:
+        p.rename(previous / p.name)
+    print(f"{out} held a run: moved to {previous} (--resume continues a run instead)")
 
 
 def main(argv: list[str] | None = None) -> int:

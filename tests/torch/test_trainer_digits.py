@@ -39,13 +39,19 @@ def test_the_recipe_reaches_its_target_accuracy(digits, tmp_path, capsys):
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "train/lr", "val/acc", "val/loss", "node/classify/confidence"} <= tags
 
-    # running again starts afresh in the same directory; --resume finds the run finished
-    # (stopped early by its pruner, which the Trainer says)
+    # running again starts afresh in the same directory, the first run set aside, not lost;
+    # --resume finds the run finished (stopped early by its pruner, which the Trainer says)
     assert digits.main(["--out", str(tmp_path), "--seed", "0"]) == 0
     assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
+    previous = tmp_path / "previous"
+    assert st.Checkpointing(previous / "ckpt").last().name == last.name
+    assert len(list(previous.glob("events.out.tfevents.*"))) == 1
+    again = capsys.readouterr().out
+    assert f"moved to {previous}" in again
     with pytest.warns(UserWarning, match="stopped early by its pruner"):
         assert digits.main(["--out", str(tmp_path), "--seed", "0", "--resume"]) == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("digits:")]
+    both = again + capsys.readouterr().out
+    lines = [ln for ln in both.splitlines() if ln.startswith("digits:")]
 
     def steps(line):  # "digits: validation accuracy ... after N steps" without the seconds
         return line.split(" steps")[0]
