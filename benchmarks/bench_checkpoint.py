@@ -1,8 +1,10 @@
 """Checkpoint save and load against bare ``torch.save``/``torch.load`` of the same state.
 
 Both sides fsync: the bare baseline writes with ``torch.save`` to an open file and
-fsyncs it; somatize writes a temp file while hashing it (blake3 trailer), fsyncs,
-renames, fsyncs the directory and updates ``last``. Loading: ``load_checkpoint``
+fsyncs it; somatize writes a temp file while hashing it (blake3 trailer), starting the
+disk's writeback after each large tensor (Linux ``sync_file_range``: bare ``torch.save``
+leaves all 30 MiB to its fsync), fsyncs, renames, fsyncs the directory and updates
+``last``. Loading: ``load_checkpoint``
 (checksum verified, then a memory-mapped ``weights_only`` load and the payload check)
 against ``torch.load(weights_only=True)``. Each trial times both sides in turn; the
 ratio is taken per trial, its median is the figure, and the worst trial is reported

@@ -1,18 +1,21 @@
 """``somatize/keepers/atomic.py`` and what its writers leave: both atomic writers create
 files as ``open(p, "w")`` would, mode 0o666 less the umask (mkstemp's 0600 and a fixed
-0644 broke shared stores); ``gc`` removes the temp files a killed writer left anywhere."""
+0644 broke shared stores); ``gc`` removes the temp files a killed writer left anywhere;
+``start_writeback`` is a hint that never fails."""
 
 from __future__ import annotations
 
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from somatize import DiskKeeper
-from somatize.keepers.atomic import atomic_write, replace_with
+from somatize.keepers import atomic
+from somatize.keepers.atomic import atomic_write, replace_with, start_writeback
 
 
 @pytest.fixture(params=[0o022, 0o002, 0o077])
@@ -68,3 +71,19 @@ def test_gc_removes_old_temp_files_in_names_pins_and_notes_but_not_fresh_ones(
     assert [p.exists() for p in old] == [False] * 4
     assert [p.exists() for p in fresh] == [True] * 4  # perhaps a live writer's
     assert keeper.get("a" * 64) == b"data"
+
+
+def test_start_writeback_is_bound_on_linux_changes_nothing_and_never_raises(
+    tmp_path: Path,
+) -> None:
+    assert (atomic._sync_file_range() is not None) == sys.platform.startswith("linux")
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"x" * 10_000)
+        start_writeback(fd, 0, 10_000)
+        start_writeback(fd, 4096, 0)  # 0: to the end of the file
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x" * 10_000
+    start_writeback(fd, 0, 10)  # a closed descriptor: EBADF, left to an fsync to report

@@ -13,13 +13,15 @@ under 002), whichever helper writes them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_file", "atomic_write", "fsync_dir", "replace_with"]
+__all__ = ["atomic_file", "atomic_write", "fsync_dir", "replace_with", "start_writeback"]
 
 _tmp_serial = itertools.count()
 _SMALL = 1 << 20  # below this, chunks are joined and written with one call
@@ -70,6 +72,37 @@ def fsync_dir(directory: Path | str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+_WRITE = 2  # SYNC_FILE_RANGE_WRITE: start writing the range's dirty pages, do not wait
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing ``length`` bytes of ``fd`` from ``offset`` to the disk, without waiting.
+
+    Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``: the disk takes a large file while
+    its writer goes on, so the ``fsync`` that ends the write has little left to wait for.
+    Only a hint: it makes nothing durable (the ``fsync`` does), is a no-op where there is
+    no such call, and its errors are left to the ``fsync`` to report.
+    """
+    call = _sync_file_range()
+    if call is not None:
+        call(fd, offset, length, _WRITE)
+
+
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call  # type: ignore[no-any-return]
 
 
 def _create_temp(directory: str, name: str) -> tuple[int, str]:

@@ -5,7 +5,8 @@ A checkpoint file is the ``torch.save`` archive followed by a 48-byte trailer::
     <zip archive written by torch.save>  b"somatize-blake3\\n"  <32-byte blake3 of the archive>
 
 The digest is computed while ``torch.save`` writes (each chunk is hashed as it goes to
-the file), so saving reads nothing back. torch's own per-record CRC32 — which
+the file), so saving reads nothing back; the disk writes each large chunk while it is
+hashed, so the closing ``fsync`` waits for little. torch's own per-record CRC32 — which
 ``torch.load`` never checks — is switched off for these files: blake3 replaces it, and
 costs less. ``torch.load`` reads the archive with the trailer in place (zip readers
 find the archive's end record by searching backwards), so a checkpoint stays a plain
@@ -34,7 +35,7 @@ from blake3 import blake3
 
 from ..errors import CheckpointError
 from ..keepers import atomic_file, fsync_dir
-from ..keepers.atomic import replace_with
+from ..keepers.atomic import replace_with, start_writeback
 from ..stack import outside
 
 __all__ = [
@@ -49,24 +50,37 @@ MAGIC = b"somatize-blake3\n"
 TRAILER = len(MAGIC) + 32
 _EOCD = b"PK\x05\x06"  # a zip archive's end-of-central-directory record (22 bytes, no comment)
 _CHUNK = 1 << 22
+_WRITEBACK = 1 << 20  # after a chunk this large, the file so far is sent to the disk
 _crc_lock = threading.Lock()
 _NONBLOCK = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class _Hashing:
-    """A write-only file for ``torch.save`` that hashes every chunk on its way to ``f``."""
+    """A write-only file for ``torch.save`` that hashes every chunk on its way to ``f``.
+
+    A large chunk (a tensor's storage) is written first, its writeback to the disk
+    started (``start_writeback``), and hashed while the disk takes it: the ``fsync``
+    that ends the save then has little left to wait for.
+    """
 
     def __init__(self, f: BinaryIO) -> None:
         self.f, self.hash = f, blake3()
         self.error: OSError | None = None
+        self.fd = f.fileno()
+        self.written = self.started = 0  # bytes given to the OS; bytes sent to the disk
 
     def write(self, chunk: bytes | memoryview) -> int:
-        self.hash.update(chunk)
         try:
-            return self.f.write(chunk)
+            n = self.f.write(chunk)
         except OSError as e:  # torch wraps it in a RuntimeError; keep the cause
             self.error = e
             raise
+        self.written += len(chunk)
+        if len(chunk) >= _WRITEBACK:  # ``f`` wrote it through, with whatever it buffered
+            start_writeback(self.fd, self.started, self.written - self.started)
+            self.started = self.written
+        self.hash.update(chunk)
+        return n
 
     def flush(self) -> None:
         self.f.flush()

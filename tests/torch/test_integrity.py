@@ -262,3 +262,29 @@ def test_an_empty_last_pointer_means_the_newest_intact_checkpoint(run, tmp_path)
     for f in ckpt.glob("step-*"):
         f.unlink()
     assert st.Checkpointing(ckpt).last() is None
+
+
+def test_a_save_sets_the_disk_writing_each_large_tensor_before_its_one_fsync(
+    run, tmp_path, monkeypatch
+):
+    # the bytes go to the disk while the rest is serialized and hashed (sync_file_range),
+    # not all of them inside the fsync: every byte of the archive up to the last large
+    # tensor, in order, each range once, all before the file's fsync
+    import os
+
+    payload = st.load_checkpoint(run[0] / "step-000000006.ckpt")
+    payload.pop("format")
+    payload["model"] = {f"w{i}": torch.randn(300_000) for i in range(3)}  # 1.2 MB each
+    events: list[tuple] = []
+    monkeypatch.setattr(integrity, "start_writeback", lambda *a: events.append(("wb", *a)))
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", fd)), real_fsync(fd)))
+    path = st.Checkpointing(tmp_path / "ckpt").save(payload, 1)
+    # a fresh directory's empty 'last' (its directory fsync), the three tensors' writeback,
+    # the data fsync, the one directory fsync after the renames
+    assert [e[0] for e in events] == ["fsync", "wb", "wb", "wb", "fsync", "fsync"]
+    wb = events[1:4]
+    assert [e[2] for e in wb] == [0, wb[0][3], wb[0][3] + wb[1][3]]  # contiguous from 0
+    end = wb[-1][2] + wb[-1][3]
+    assert 3 * 1_200_000 < end <= path.stat().st_size - integrity.TRAILER
+    torch.testing.assert_close(st.load_checkpoint(path)["model"], payload["model"])
