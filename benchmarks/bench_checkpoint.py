@@ -24,6 +24,7 @@ directories, the same call for both).
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -125,4 +126,5 @@ def run(quick: bool) -> list[Row]:
                 ),
             )
         )
+    shutil.rmtree(root, ignore_errors=True)  # (run alone, outside run.py's own TMPDIR)
     return rows
