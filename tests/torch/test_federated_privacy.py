@@ -100,6 +100,18 @@ def test_arguments_are_checked():
         fl.DPFedAvg(clip=1, noise=1.0, clients=5, per_round=1).epsilon(0)
 
 
+def test_a_nan_update_says_to_drop_the_client_not_an_option_dpfedavg_lacks():
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2, seed=0)
+    results = round_of(GLOBAL, scale=0.1, clients=2)
+    results[1]["b"][3] = float("nan")
+    with pytest.raises(AggregationError) as e:
+        dp.step(GLOBAL, results)
+    message = str(e.value)
+    assert message.startswith("client 1, key 'b': the update holds NaN or inf; ")
+    assert "DPFedAvg takes no nonfinite=: drop that client's result" in message
+    assert "pass nonfinite='skip'" not in message and dp.rounds == 0
+
+
 def test_without_opacus_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "opacus.accountants", None)
     with pytest.raises(MissingExtraError, match=r"somatize\[dp\]"):

@@ -100,3 +100,20 @@ def test_trimmed_mean_that_trims_nothing_warns_naming_the_beta_that_would():
         warnings.simplefilter("error")
         assert float(fl.trimmed_mean(states, 0.2)["w"]) == 3.0  # trims one at each end
         assert float(fl.trimmed_mean(states, 0.0)["w"]) == 22.0  # asked for no trimming
+
+
+def test_a_nan_update_under_a_distance_rule_says_to_drop_the_client_not_nonfinite_skip():
+    """krum, multi_krum and bulyan take no nonfinite=: their error suggested it."""
+    states, _ = crowd(honest=9, bad=2)
+    states[2] = {"w": torch.full((20,), float("nan"))}
+    for rule, call in (
+        ("krum", lambda: fl.krum(states, attackers=1)),
+        ("multi_krum", lambda: fl.multi_krum(states, attackers=1, keep=3)),
+        ("bulyan", lambda: fl.bulyan(states, attackers=2)),
+    ):
+        with pytest.raises(AggregationError) as e:
+            call()
+        message = str(e.value)
+        assert message.startswith("client 2, key 'w': the update holds NaN or inf; ")
+        assert f"{rule} takes no nonfinite=" in message and "drop that client" in message
+        assert "pass nonfinite='skip'" not in message

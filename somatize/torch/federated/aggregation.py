@@ -135,8 +135,12 @@ def _validate(states: list[State]) -> None:
                 )
 
 
-def _finite(states: list[State], nonfinite: str) -> list[int]:
-    """Indices of clients whose floating tensors are all finite (raise on the first bad one)."""
+SKIP = "drop that client, or pass nonfinite='skip' to leave such clients out and report them"
+
+
+def _finite(states: list[State], nonfinite: str, fix: str = SKIP) -> list[int]:
+    """Indices of clients whose floating tensors are all finite (raise on the first bad one,
+    saying ``fix``: a rule without ``nonfinite=`` must not suggest it)."""
     keep = []
     for i, s in enumerate(states):
         bad = next(
@@ -150,10 +154,7 @@ def _finite(states: list[State], nonfinite: str) -> list[int]:
         if bad is None:
             keep.append(i)
         elif nonfinite == "raise":
-            raise AggregationError(
-                f"client {i}, key {bad!r}: the update holds NaN or inf; drop that client, or pass "
-                "nonfinite='skip' to leave such clients out and report them"
-            )
+            raise AggregationError(f"client {i}, key {bad!r}: the update holds NaN or inf; {fix}")
     if not keep:
         raise AggregationError("every client's update holds NaN or inf; nothing left to aggregate")
     if len(keep) < len(states):
@@ -279,12 +280,16 @@ def _shared(results: Sequence[Any], exclude: Exclude) -> tuple[list[State], froz
 
 
 def _prepare(
-    results: Sequence[Any], nonfinite: str, int_buffers: str | None, exclude: Exclude = None
+    results: Sequence[Any],
+    nonfinite: str,
+    int_buffers: str | None,
+    exclude: Exclude = None,
+    fix: str = SKIP,
 ) -> tuple[list[State], list[int], frozenset[str]]:
     _check_policies(int_buffers, nonfinite)
     states, local = _shared(results, exclude)
     _validate(states)
-    return states, _finite(states, nonfinite), local
+    return states, _finite(states, nonfinite, fix), local
 
 
 def fedavg(

@@ -98,6 +98,13 @@ def _rate(weights: Sequence[float], clients: int, per_round: int) -> float:
         raise ValueError(f"DPFedAvg(weights=): {e}; pass those given to fl.sample") from None
 
 
+_DROP = (
+    "an update with NaN or inf cannot be clipped, and DPFedAvg takes no nonfinite=: drop "
+    "that client's result before dp.step (the sum is still divided by per_round, so a "
+    "dropped client does not weaken the guarantee)"
+)
+
+
 def _refusal(keys: list[str]) -> AggregationError:
     more = f" (and {len(keys) - 3} more)" if len(keys) > 3 else ""
     return AggregationError(
@@ -296,7 +303,7 @@ class DPFedAvg:
     ) -> None:
         """The clients' states match each other and the global state, and are finite."""
         _validate(states)
-        _finite(states, "raise")
+        _finite(states, "raise", _DROP)
         if global_state.keys() - local != states[0].keys():
             diff = sorted((set(global_state) - local) ^ set(states[0]))
             raise AggregationError(f"the clients' states and the global state differ in {diff[:5]}")

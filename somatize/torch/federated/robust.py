@@ -132,6 +132,15 @@ def _flat(states: list[State]) -> torch.Tensor:
     )
 
 
+def _drop(rule: str) -> str:
+    """What to do about a NaN/inf update under a rule that takes no ``nonfinite=``."""
+    return (
+        f"{rule} takes no nonfinite= (one NaN makes every distance meaningless): drop that "
+        "client's result before calling it — or use fl.fedmedian or fl.trimmed_mean, whose "
+        "nonfinite='skip' leaves such clients out and reports them"
+    )
+
+
 def _check_attackers(name: str, n: int, attackers: int, times: int) -> int:
     """``attackers`` as an int (numpy's too), and enough clients for it: n ≥ times·f + 3."""
     attackers = _int("attackers", attackers, 0, "a non-negative int")
@@ -187,8 +196,20 @@ def multi_krum(
         >>> multi_krum(s, attackers=1, keep=2).selected
         (0, 1)
     """
+    return _multi_krum(results, attackers, keep, weights, int_buffers, exclude, "multi_krum")
+
+
+def _multi_krum(
+    results: Sequence[Any],
+    attackers: int,
+    keep: int,
+    weights: str | Sequence[float],
+    int_buffers: IntPolicy,
+    exclude: Exclude,
+    rule: str,
+) -> Aggregate:
     # NaN/inf: every distance meaningless
-    states, _, local = _prepare(results, "raise", int_buffers, exclude)
+    states, _, local = _prepare(results, "raise", int_buffers, exclude, _drop(rule))
     n = len(states)
     attackers = _check_attackers("Krum", n, attackers, 2)
     keep = _int("keep", keep, 1, f"an int in [1, {n}] (the number of clients)")
@@ -224,7 +245,7 @@ def krum(
         >>> krum(s, attackers=1)["w"]
         tensor([1.])
     """
-    return multi_krum(results, attackers, 1, int_buffers=int_buffers, exclude=exclude)
+    return _multi_krum(results, attackers, 1, "uniform", int_buffers, exclude, "krum")
 
 
 def bulyan(
@@ -246,7 +267,7 @@ def bulyan(
         >>> round(bulyan(s, attackers=1)["w"].item(), 4)
         1.15
     """
-    states, _, local = _prepare(results, "raise", int_buffers, exclude)
+    states, _, local = _prepare(results, "raise", int_buffers, exclude, _drop("bulyan"))
     n = len(states)
     attackers = _check_attackers("Bulyan", n, attackers, 4)
     theta, beta = n - 2 * attackers, n - 4 * attackers
