@@ -21,7 +21,7 @@ from ...errors import AggregationError
 from ...stack import outside
 from .accumulate import _Scratch, _weighted_mean
 from .clients import ClientFailure
-from .keys import Exclude, _local, _without
+from .keys import Exclude, _local, _wide, _without
 
 __all__ = ["Aggregate", "fedavg"]
 
@@ -147,7 +147,7 @@ def _finite(states: list[State], nonfinite: str, fix: str = SKIP) -> list[int]:
             (
                 k
                 for k, t in s.items()
-                if t.is_floating_point() and not bool(torch.isfinite(t).all())
+                if t.is_floating_point() and not bool(torch.isfinite(_wide(t)).all())
             ),
             None,
         )

@@ -13,6 +13,7 @@ ulp per coordinate: a bf16 update of one ulp per weight came back 1.56 × C).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -147,6 +148,29 @@ def _toward(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """``x + u`` in ``x``'s dtype, rounded to nearest unless that lands past ``x + u``: then
     the neighbour toward ``x`` (``u`` float64; the result's move is at most ``|u|``)."""
     x64 = x.detach().to(torch.float64)
+    if x.dtype.itemsize == 1:  # float8: torch has no nextafter for them
+        return _toward_on_grid(x64, u, x.dtype)
     y = (x64 + u).to(x.dtype)
     past = (y.to(torch.float64) - x64).abs() > u.abs()
     return torch.where(past, torch.nextafter(y, x.detach().to(y.device)), y)
+
+
+@functools.cache
+def _grid(dtype: torch.dtype) -> torch.Tensor:
+    """Every finite value of a 1-byte float dtype, sorted, in float64 (all 256 bit patterns)."""
+    values = torch.arange(256, dtype=torch.uint8).view(dtype).to(torch.float64)
+    grid: torch.Tensor = values[torch.isfinite(values)].unique()  # (sorted; -0 and +0: one)
+    return grid
+
+
+def _toward_on_grid(x64: torch.Tensor, u: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What ``_toward`` gives, for a float8 ``dtype``: ``x + u`` rounded toward ``x`` on the
+    dtype's grid of values — the nearest value unless that is past ``x + u``, whose
+    neighbour toward ``x`` is the value on the near side. (``x`` is on the grid, so the
+    result lies between ``x`` and ``x + u``.)"""
+    grid = _grid(dtype).to(u.device)
+    v = x64 + u
+    last = len(grid) - 1
+    below = grid[(torch.searchsorted(grid, v, right=True) - 1).clamp(0, last)]  # largest ≤ v
+    above = grid[torch.searchsorted(grid, v).clamp(0, last)]  # smallest ≥ v
+    return torch.where(u > 0, below, torch.where(u < 0, above, x64)).to(dtype)

@@ -138,6 +138,13 @@ def batchnorm_keys(g: Graph | nn.Module) -> list[str]:
     ]
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or an exact float32 copy of a 1-byte float (``float8_e4m3fn`` and the other
+    float8 types), for which torch implements neither ``equal`` nor (for most of them)
+    ``isfinite``."""
+    return t.to(torch.float32) if t.dtype.itemsize == 1 and t.is_floating_point() else t
+
+
 def _unchanged(
     global_state: Mapping[str, torch.Tensor], states: list[Any], keys: Iterable[str]
 ) -> list[str]:
@@ -145,7 +152,9 @@ def _unchanged(
     frozen backbone's, which no client can move (the server then noises them for nothing).
     A round in which nothing moved at all says nothing of the kind: none."""
     keys = list(keys)
-    same = [k for k in keys if all(torch.equal(s[k], global_state[k]) for s in states)]
+    same = [
+        k for k in keys if all(torch.equal(_wide(s[k]), _wide(global_state[k])) for s in states)
+    ]
     return same if states and len(same) < len(keys) else []
 
 
