@@ -117,3 +117,24 @@ def test_a_nan_update_under_a_distance_rule_says_to_drop_the_client_not_nonfinit
         assert message.startswith("client 2, key 'w': the update holds NaN or inf; ")
         assert f"{rule} takes no nonfinite=" in message and "drop that client" in message
         assert "pass nonfinite='skip'" not in message
+
+
+def test_multi_krum_checks_every_clients_weight_as_fedavg_does_and_names_its_index():
+    """Only the picked clients' weights were checked, a set was taken in its own order, and
+    an error named the client's place among the picked ones (client 2 was 'client 1')."""
+    states = [{"w": torch.tensor([v])} for v in (50.0, 1.0, 1.1, 0.9, 1.2)]  # 0: the attacker
+    assert fl.multi_krum(states, attackers=1, keep=3).selected == (1, 2, 3)
+    for bad in (-5.0, float("nan")):  # on the attacker, whom Krum leaves out
+        with pytest.raises(AggregationError, match=f"client 0 has weight {bad}; .*non-negative"):
+            fl.multi_krum(states, attackers=1, keep=3, weights=[bad, 1, 1, 1, 1])
+    with pytest.raises(AggregationError, match="client 2 has weight -1.0"):  # picked first
+        fl.multi_krum(states, attackers=1, keep=3, weights=[1, 1, -1, 1, 1])
+    with pytest.raises(AggregationError, match="weights is a set.*list"):
+        fl.multi_krum(states, attackers=1, keep=3, weights={1, 2, 3, 4, 5})
+    with pytest.raises(AggregationError, match="4 weights for 5 clients"):
+        fl.multi_krum(states, attackers=1, keep=3, weights=[1, 1, 1, 1])
+    with pytest.raises(AggregationError, match=r"multi_krum kept, \[1, 2, 3\], .* sum.* to 0"):
+        fl.multi_krum(states, attackers=1, keep=3, weights=[1, 0, 0, 0, 1])
+    out = fl.multi_krum(states, attackers=1, keep=3, weights=[0, 1, 3, 4, 0])
+    assert out.weights == pytest.approx((1 / 8, 3 / 8, 4 / 8)) and out.selected == (1, 2, 3)
+    assert float(out["w"]) == pytest.approx((1.0 + 3 * 1.1 + 4 * 0.9) / 8)

@@ -187,6 +187,24 @@ def _weight(i: int, w: Any) -> float:
 
 
 def _weights(results: Sequence[Any], weights: Any, keep: list[int]) -> list[float]:
+    """The ``keep`` clients' weights, normalised to sum to 1."""
+    raw = _raw_weights(results, weights)
+    used = [raw[i] for i in keep]
+    total = sum(used)
+    if math.isinf(total):  # every weight is finite: their sum overflowed
+        raise AggregationError(
+            f"the clients' weights sum to {total} (float overflow); scale them down, "
+            "e.g. weights=[w / max(weights) for w in weights]"
+        )
+    if total <= 0:
+        raise AggregationError(
+            f"the clients' weights sum to {total}; at least one client must have examples"
+        )
+    return [w / total for w in used]
+
+
+def _raw_weights(results: Sequence[Any], weights: Any) -> list[float]:
+    """One weight per client, each checked finite and non-negative (errors name its index)."""
     if isinstance(weights, str):
         if weights == "uniform":
             raw = [1.0] * len(results)
@@ -220,18 +238,7 @@ def _weights(results: Sequence[Any], weights: Any, keep: list[int]) -> list[floa
             raise AggregationError(
                 f"client {i} has weight {w}; weights must be finite and non-negative"
             )
-    used = [raw[i] for i in keep]
-    total = sum(used)
-    if math.isinf(total):  # every weight is finite: their sum overflowed
-        raise AggregationError(
-            f"the clients' weights sum to {total} (float overflow); scale them down, "
-            "e.g. weights=[w / max(weights) for w in weights]"
-        )
-    if total <= 0:
-        raise AggregationError(
-            f"the clients' weights sum to {total}; at least one client must have examples"
-        )
-    return [w / total for w in used]
+    return raw
 
 
 def _integer(k: str, tensors: list[torch.Tensor], policy: str | None) -> torch.Tensor:

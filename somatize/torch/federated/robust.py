@@ -20,7 +20,15 @@ import torch
 
 from ...errors import AggregationError
 from ...stack import outside
-from .aggregation import Aggregate, IntPolicy, State, _integer, _prepare, fedavg
+from .aggregation import (
+    Aggregate,
+    IntPolicy,
+    State,
+    _integer,
+    _prepare,
+    _raw_weights,
+    fedavg,
+)
 from .keys import Exclude
 from .sampling import _int
 
@@ -185,7 +193,9 @@ def multi_krum(
         attackers: the number f of Byzantine clients assumed; needs n ≥ 2f + 3.
         keep: how many of the best-scoring clients to average (1 is Krum).
         weights: passed to ``fedavg`` over the kept clients (``"uniform"`` by default:
-            a Byzantine client can claim any ``num_examples``).
+            a Byzantine client can claim any ``num_examples``); every client's is checked
+            as ``fedavg`` checks them (a set is refused, a negative or NaN one named by
+            the client's index), picked or not.
         exclude: keys kept local, as in ``fedavg``: left out of the distances too.
 
     Returns:
@@ -215,14 +225,16 @@ def _multi_krum(
     keep = _int("keep", keep, 1, f"an int in [1, {n}] (the number of clients)")
     if keep > n:
         raise ValueError(f"keep must be an int in [1, {n}] (the number of clients), not {keep!r}")
+    raw = _raw_weights(results, weights)  # every client's, checked as fedavg checks them
     with torch.no_grad():
         chosen = _krum_order(states, attackers)[:keep]
     picked = [results[i] for i in chosen]
-    w: str | list[float] = weights if isinstance(weights, str) else list(weights)
-    if not isinstance(w, str):
-        if len(w) != n:
-            raise AggregationError(f"{len(w)} weights for {n} clients; give one per client")
-        w = [float(w[i]) for i in chosen]
+    w = [raw[i] for i in chosen]
+    if not sum(w) > 0:
+        raise AggregationError(
+            f"the clients {rule} kept, {chosen}, have weights summing to {sum(w)} (none has "
+            "examples); give them positive weights, or pass weights='uniform' (the default)"
+        )
     # the keys resolved against every client, not the picked ones (who may lack them)
     out = fedavg(picked, weights=w, int_buffers=int_buffers, exclude=local.__contains__)
     out.selected, out.excluded = tuple(chosen), tuple(sorted(local))
