@@ -33,6 +33,26 @@ def test_integer_buffers_follow_an_explicit_policy():
         st.fedavg(states, weights="uniform", int_buffers="error")
 
 
+def test_int_buffers_error_refuses_only_values_that_differ_and_names_the_clients():
+    """ "error" refused every integer key, even one every client held alike (where the
+    default does not even warn): it now refuses to choose between values, as it says."""
+    same = [client(i, count=7) for i in range(3)]
+    for rule in (lambda s, **k: st.fedavg(s, weights="uniform", **k), st.fedmedian):
+        out = rule(same, int_buffers="error")
+        assert out["head.bn.num_batches_tracked"].item() == 7
+    states = [client(i, count=7) for i in range(4)]
+    states[1]["enc.lin.bias"][0] = float("nan")  # skipped: the names are the clients' own
+    states[3]["head.bn.num_batches_tracked"] = torch.tensor(9)
+    with pytest.warns(RuntimeWarning, match="skipped"), pytest.raises(AggregationError) as e:
+        st.fedmedian(states, int_buffers="error", nonfinite="skip")
+    assert str(e.value) == (
+        "key 'head.bn.num_batches_tracked': the clients' integer tensors (torch.int64) differ "
+        "— client 0 holds 7, client 3 9 — and int_buffers='error' refuses to choose "
+        "(averaging counters as floats is wrong); pass int_buffers='max' (the most-trained "
+        "client's count) or 'first' (client 0's)"
+    )
+
+
 def test_bool_buffers_are_combined_by_or_and_called_bool_tensors():
     states = [
         {"mask": torch.tensor([True, False, False])},
@@ -50,7 +70,9 @@ def test_bool_buffers_are_combined_by_or_and_called_bool_tensors():
         True,
     ]
     with pytest.raises(
-        AggregationError, match=r"'mask' is a bool tensor; averaging flags .*torch\.bool"
+        AggregationError,
+        match=r"'mask': the clients' bool tensors \(torch\.bool\) differ at \(0,\) — client 0 "
+        r"holds True, client 1 False .*flags.*'max' \(their logical OR\)",
     ):
         st.fedavg(states, weights="uniform", int_buffers="error")
 

@@ -241,7 +241,12 @@ def _raw_weights(results: Sequence[Any], weights: Any) -> list[float]:
     return raw
 
 
-def _integer(k: str, tensors: list[torch.Tensor], policy: str | None) -> torch.Tensor:
+def _integer(
+    k: str, tensors: list[torch.Tensor], policy: str | None, clients: Sequence[int]
+) -> torch.Tensor:
+    """The one tensor ``policy`` makes of the clients' integer or bool ``tensors`` (those of
+    ``clients``, by index): their maximum (for bools, OR), client 0's, or — for "error" —
+    the value they all hold, refusing to choose when they differ."""
     flags = tensors[0].dtype == torch.bool  # "max" of bools is their logical OR
     if policy is None:
         if any(not torch.equal(t, tensors[0]) for t in tensors[1:]):
@@ -262,10 +267,22 @@ def _integer(k: str, tensors: list[torch.Tensor], policy: str | None) -> torch.T
         return torch.stack(tensors).any(0) if flags else torch.stack(tensors).amax(dim=0)
     if policy == "first":
         return tensors[0].clone()
-    kind = "a bool tensor; averaging flags" if flags else "an integer tensor; averaging counters"
+    j = next((j for j, t in enumerate(tensors) if not torch.equal(t, tensors[0])), None)
+    if j is None:  # "error", and every client holds the same value: nothing to choose
+        return tensors[0].clone()
+    a, b = tensors[0], tensors[j]
+    at = tuple((a != b).nonzero()[0].tolist()) if a.dim() else ()
+    where = f" at {at}" if at else ""
+    kind, what, most = (
+        ("bool", "flags", "their logical OR")
+        if flags
+        else ("integer", "counters", "the most-trained client's count")
+    )
     raise AggregationError(
-        f"key {k!r} is {kind} ({tensors[0].dtype}) as floats is wrong — pass int_buffers='max' "
-        "(the most-trained client's count; for bools, their logical OR) or 'first'"
+        f"key {k!r}: the clients' {kind} tensors ({a.dtype}) differ{where} — client "
+        f"{clients[0]} holds {a[at].item()}, client {clients[j]} {b[at].item()} — and "
+        f"int_buffers='error' refuses to choose (averaging {what} as floats is wrong); pass "
+        f"int_buffers='max' ({most}) or 'first' (client {clients[0]}'s)"
     )
 
 
@@ -314,8 +331,10 @@ def fedavg(
         weights: ``"num_examples"`` (each result's training-set size), ``"uniform"``, or
             one non-negative number per client.
         int_buffers: for integer/bool tensors (counters such as ``num_batches_tracked``):
-            ``"max"``, ``"first"`` (client 0's), or ``"error"``. By default (None) the
-            maximum, with a ``RuntimeWarning`` naming the key when the clients' values differ.
+            ``"max"``, ``"first"`` (client 0's), or ``"error"`` (their value when every
+            client holds the same, an ``AggregationError`` naming the key, two clients and
+            their values when they differ). By default (None) the maximum, with a
+            ``RuntimeWarning`` naming the key when the clients' values differ.
         nonfinite: ``"raise"`` on NaN/inf in a client's update, or ``"skip"`` that client
             (a ``RuntimeWarning`` and ``Aggregate.skipped`` report it).
         exclude: keys each client keeps local, not averaged (FedBN: ``fl.batchnorm_keys(g)``):
@@ -365,7 +384,7 @@ def _average(
     for k, ref in states[0].items():
         tensors = [states[i][k] for i in keep]
         if not ref.is_floating_point():
-            out[k] = _integer(k, tensors, int_buffers)
+            out[k] = _integer(k, tensors, int_buffers, keep)
             continue
         mean = _weighted_mean(tensors, share, ref.dtype, scratch)
         if mean is None:

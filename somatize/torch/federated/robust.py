@@ -50,7 +50,7 @@ def _coordinatewise(
         for k, ref in states[0].items():
             tensors = [states[i][k] for i in keep]
             if not ref.is_floating_point():
-                out[k] = _integer(k, tensors, int_buffers)
+                out[k] = _integer(k, tensors, int_buffers, keep)
                 continue
             stacked = torch.stack([t.to(torch.float64) for t in tensors])  # (clients, *shape)
             out[k] = reduce(stacked.sort(dim=0).values).to(ref.dtype)
@@ -295,7 +295,7 @@ def bulyan(
         for k, ref in states[0].items():
             tensors = [states[i][k] for i in chosen]
             if not ref.is_floating_point():
-                out[k] = _integer(k, tensors, int_buffers)
+                out[k] = _integer(k, tensors, int_buffers, chosen)
                 continue
             stacked = torch.stack([t.to(torch.float64) for t in tensors])  # (θ, *shape)
             median = stacked.median(dim=0, keepdim=True).values
