@@ -266,3 +266,25 @@ def test_a_refused_server_step_changes_nothing(make):
     for table in ("m", "v"):
         assert after[table].keys() == before[table].keys()
         assert all(torch.equal(after[table][k], before[table][k]) for k in before[table])
+
+
+@pytest.mark.parametrize("make", [fl.FedAdam, fl.FedYogi, fl.FedAdagrad, fl.FedAvgM])
+def test_a_nan_or_inf_aggregate_is_refused_before_it_reaches_the_moments(make):
+    """It was stepped: NaN in the state and in the moments m/v of every later round."""
+    server = make(lr=0.1, buffers=["stat"])
+    x = {"a": torch.zeros(3), "b": torch.zeros(2), "stat": torch.ones(2)}
+    x = server.step(x, {"a": torch.ones(3), "b": torch.ones(2), "stat": torch.ones(2)})
+    before = copy.deepcopy(server.state_dict())
+    for key, bad in (("b", float("nan")), ("a", float("inf")), ("stat", float("nan"))):
+        aggregate = {"a": torch.ones(3) * 2, "b": torch.ones(2) * 2, "stat": torch.ones(2)}
+        aggregate[key][1] = bad
+        with pytest.raises(AggregationError) as e:
+            server.step(x, aggregate)
+        assert str(e.value).startswith(f"key '{key}': the aggregate holds NaN or inf")
+        assert "nothing was stepped" in str(e.value) and "nonfinite='skip'" in str(e.value)
+    with pytest.raises(AggregationError, match="key 'a': the global state holds NaN"):
+        server.step({**x, "a": torch.full((3,), float("nan"))}, {**x})
+    after = server.state_dict()
+    assert after["steps"] == 1 and after["m"].keys() == before["m"].keys()
+    for table in ("m", "v"):
+        assert all(torch.equal(after[table][k], before[table][k]) for k in before[table])

@@ -32,7 +32,7 @@ import torch
 from ...errors import AggregationError
 from ...stack import outside
 from ..result import TrainResult
-from .keys import NAME_BUFFERS, Exclude, _local, _names, _rule, _statistics, _unknown
+from .keys import NAME_BUFFERS, Exclude, _local, _names, _rule, _statistics, _unknown, _wide
 
 __all__ = ["FedAdagrad", "FedAdam", "FedAvgM", "FedYogi", "ServerOptimizer"]
 
@@ -133,7 +133,8 @@ class ServerOptimizer:
             TypeError: either argument is not a state dict of tensors (a list of results,
                 a ``TrainResult``): pass the global state and ``st.fedavg(results)``.
             AggregationError: their keys, or a key's shape or dtype, differ (the keys
-                ``exclude`` names may be missing from the aggregate).
+                ``exclude`` names may be missing from the aggregate); a float key holds NaN
+                or inf (nothing is stepped: the moments would keep it for every round).
         """
         _check_state("global_state", global_state)
         _check_state("aggregate", aggregate)
@@ -163,6 +164,8 @@ class ServerOptimizer:
                         f"key {k!r}: the aggregate is {a.dtype} {tuple(a.shape)}, the global "
                         f"state {x.dtype} {tuple(x.shape)}; they must match"
                     )
+                if x.is_floating_point():
+                    self._check_finite(k, x, a)
                 if not x.is_floating_point() or k in self.buffers:
                     out[k] = a.detach().clone()
                     continue
@@ -200,6 +203,18 @@ class ServerOptimizer:
         self.v.update(moved_v)
         self.steps += 1
         return out
+
+    def _check_finite(self, k: str, x: torch.Tensor, a: torch.Tensor) -> None:
+        """An ``AggregationError`` if the aggregate's (or the global state's) ``k`` holds NaN
+        or inf: stepped, it would stay in the moments, and the state, for every later round."""
+        for name, t in (("the aggregate", a), ("the global state", x)):
+            if not bool(torch.isfinite(_wide(t)).all()):
+                raise AggregationError(
+                    f"key {k!r}: {name} holds NaN or inf, which {_MAKER[self.rule]}'s step "
+                    "would carry into the global state and its moments for every later round; "
+                    "nothing was stepped — aggregate only finite client updates (st.fedavg "
+                    "refuses NaN by default; nonfinite='skip' leaves such clients out)"
+                )
 
     def _warn_statistics(self, state: Mapping[str, torch.Tensor], local: frozenset[str]) -> None:
         """Once: float keys named as BatchNorm's statistics, which the rule would move."""
