@@ -67,6 +67,25 @@ def test_dirichlet_min_size_and_its_error():
         fl.dirichlet(LABELS, clients=2, alpha=0)
 
 
+def test_alpha_must_be_a_finite_positive_number_and_its_errors_say_what_to_use():
+    """alpha=inf said 'no Dirichlet split in 1000 draws ... raise alpha', alpha='0.5' was a
+    bare TypeError ('>' not supported), and an alpha past numpy's range redrew 1000 times."""
+    for split, data in ((fl.dirichlet, LABELS), (fl.quantity_skew, len(LABELS))):
+        name = split.__name__
+        with pytest.raises(ValueError, match=rf"{name}\(alpha=inf\).*finite.*fl\.iid"):
+            split(data, clients=3, alpha=float("inf"))
+        for bad in ("0.5", None, True, [0.5]):
+            with pytest.raises(ValueError, match=rf"{name}\(alpha=...\) is the Dirichlet conc"):
+                split(data, clients=3, alpha=bad)
+        for bad in (0, -1.0, float("nan"), float("-inf")):
+            with pytest.raises(ValueError, match="alpha must be positive"):
+                split(data, clients=3, alpha=bad)
+        with pytest.raises(ValueError, match=rf"{name}\(alpha=1e\+308\) over 3 .*overflows"):
+            split(data, clients=3, alpha=1e308)
+        same = split(data, clients=3, alpha=np.float32(0.5), seed=1)
+        assert same == split(data, clients=3, alpha=0.5, seed=1)  # numpy's reals, as floats
+
+
 def test_shards_give_each_client_few_classes():
     parts = fl.shards(LABELS, clients=20, per_client=2, seed=0)
     assert max(len(set(LABELS[p].tolist())) for p in parts) <= 4  # two shards, each ≤ 2 labels

@@ -11,6 +11,8 @@ data that crosses process boundaries, hashes and indexes any tensor or array
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 import warnings
 from collections.abc import Sequence
@@ -142,6 +144,43 @@ def _check_shards(n: int, clients: int, per_client: int) -> None:
         )
 
 
+def _alpha(fn: str, alpha: Any) -> float:
+    """``alpha`` as a Dirichlet concentration: a positive finite real (numpy's too).
+
+    Raises:
+        ValueError: anything else, saying what ``alpha`` does and (for inf) what to use.
+    """
+    large = "IID" if fn == "dirichlet" else "equal"
+    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
+        raise ValueError(
+            f"{fn}(alpha=...) is the Dirichlet concentration, a positive number (small: "
+            f"skewed, large: {large}), not {alpha!r} (a {type(alpha).__qualname__}); e.g. "
+            "alpha=0.5"
+        )
+    value = float(alpha)
+    if math.isinf(value) and value > 0:
+        raise ValueError(
+            f"{fn}(alpha=inf): the Dirichlet concentration must be finite; alpha → ∞ is the "
+            f"{large} split, which fl.iid(...) draws — or pass a large finite alpha (1e6)"
+        )
+    if not value > 0:
+        raise ValueError(f"alpha must be positive, not {alpha!r} (small: skewed, large: {large})")
+    return value
+
+
+def _draw(rng: np.random.Generator, clients: int, alpha: float, fn: str) -> Any:
+    """One Dirichlet(alpha) draw of ``clients`` proportions; an alpha so large that numpy's
+    gamma variates overflow (their sum: inf, every share 0) is refused, not redrawn."""
+    share = rng.dirichlet(np.full(clients, alpha))
+    if not share.sum() > 0.5:
+        raise ValueError(
+            f"{fn}(alpha={alpha!r}) over {clients} clients overflows numpy's Dirichlet draw "
+            "(its gamma variates sum past float64's range); a concentration this large is "
+            "an even split: use fl.iid(...), or an alpha such as 1e6"
+        )
+    return share
+
+
 def _rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(np.random.PCG64(seed))
 
@@ -236,8 +275,7 @@ def dirichlet(
     """
     y = _labels(labels)
     _check(len(y), clients, min_size)
-    if not alpha > 0:
-        raise ValueError(f"alpha must be positive, not {alpha!r} (small: skewed, large: IID)")
+    alpha = _alpha("dirichlet", alpha)
     rng = _rng(seed)
     classes = [np.flatnonzero(y == k) for k in np.unique(y)]
     cap = len(y) / clients
@@ -245,7 +283,7 @@ def dirichlet(
         owner = np.empty(len(y), dtype=np.int64)
         held = np.zeros(clients, dtype=np.int64)
         for idx in classes:
-            share = rng.dirichlet(np.full(clients, float(alpha)))
+            share = _draw(rng, clients, alpha, "dirichlet")
             share = share * (held < cap)  # a full client takes no more (as NIID-Bench does)
             if not share.sum() > 0:  # only full clients drew a share (tiny alpha): draw again
                 break
@@ -288,11 +326,10 @@ def quantity_skew(
     """
     n = _size(data, "quantity_skew")
     _check(n, clients, min_size)
-    if not alpha > 0:
-        raise ValueError(f"alpha must be positive, not {alpha!r} (small: skewed, large: equal)")
+    alpha = _alpha("quantity_skew", alpha)
     rng = _rng(seed)
     rest = n - clients * min_size
-    share = rng.dirichlet(np.full(clients, float(alpha)))
+    share = _draw(rng, clients, alpha, "quantity_skew")
     extra = np.diff(np.round(np.cumsum(share) * rest).astype(np.int64), prepend=0)
     _warn_empty("quantity_skew", extra + min_size)
     return _split(rng.permutation(n), extra + min_size)
