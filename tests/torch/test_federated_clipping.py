@@ -109,3 +109,29 @@ def test_the_float64_update_is_within_the_norm_as_float64_computes_it():
         assert update["b"].dtype == torch.float64 and norm > max_norm
         after = math.sqrt(sum(float(d.pow(2).sum()) for d in update.values()))
         assert after <= max_norm and after == pytest.approx(max_norm, rel=1e-14)
+
+
+def test_an_update_whose_sum_of_squares_overflows_is_clipped_along_itself_not_to_zeros():
+    """A float64 update of 1e200 a coordinate: its squares summed to inf, the scale
+    max_norm / inf was 0, and the update was clipped to all zeros (its norm reported inf)."""
+    glob = {"w": torch.zeros(3, dtype=torch.float64)}
+    huge = {"w": torch.tensor([1e200, -1e200, 0.0], dtype=torch.float64)}
+    half = math.sqrt(0.5)
+    assert fl.clip([huge], glob, 1.0)[0]["w"].tolist() == pytest.approx([half, -half, 0.0])
+    update, norm = clip_update(huge, glob, 2.0)
+    assert norm == pytest.approx(math.sqrt(2) * 1e200, rel=1e-15)
+    assert update["w"].tolist() == pytest.approx([2 * half, -2 * half, 0.0])
+    tiny = {"w": torch.tensor([3e-170, 4e-170, 0.0], dtype=torch.float64)}  # squares underflow
+    update, norm = clip_update(tiny, glob, 1e-170)
+    assert norm == pytest.approx(5e-170, rel=1e-15)
+    assert update["w"].tolist() == pytest.approx([0.6e-170, 0.8e-170, 0.0], rel=1e-12)
+    assert clip_update({"w": glob["w"].clone()}, glob, 1.0)[1] == 0.0
+
+
+def test_dp_fedavg_clips_an_overflowing_update_and_reports_its_norm():
+    pytest.importorskip("opacus")
+    glob = {"w": torch.zeros(2, dtype=torch.float64)}
+    dp = fl.DPFedAvg(clip=1.0, noise=0.0, clients=10, per_round=1, seed=0)
+    out = dp.step(glob, [{"w": torch.tensor([3e200, 4e200], dtype=torch.float64)}])
+    assert out["w"].tolist() == pytest.approx([0.6, 0.8])
+    assert dp.norms == pytest.approx((5e200,))

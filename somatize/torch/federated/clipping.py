@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import warnings
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -141,7 +142,16 @@ def clip_state(
 
 
 def _norm(update: Mapping[str, torch.Tensor]) -> float:
-    return math.sqrt(sum(float(d.pow(2).sum()) for d in update.values()))
+    """The L2 norm of every tensor together, in float64. When the sum of squares overflows
+    (an update of 1e154 or more) or underflows, it is taken again on the update divided by
+    its largest magnitude: an overflowed norm of inf would scale the update to zeros."""
+    squares = sum(float(d.pow(2).sum()) for d in update.values())
+    if not (math.isinf(squares) or squares < sys.float_info.min):
+        return math.sqrt(squares)  # (a NaN too: left to the caller)
+    big = max((float(d.abs().max()) for d in update.values() if d.numel()), default=0.0)
+    if not 0 < big < math.inf:  # all zeros, or an infinite update
+        return math.sqrt(squares)
+    return big * math.sqrt(sum(float((d / big).pow(2).sum()) for d in update.values()))
 
 
 def _toward(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
