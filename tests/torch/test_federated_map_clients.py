@@ -199,3 +199,34 @@ def test_a_worker_killed_in_a_round_of_tensor_tasks_costs_one_rerun(tmp_path):
         assert pool.restarts == 1
     assert [float(o["w"][0]) for o in out] == [4.0 * i for i in range(8)]
     assert os.path.exists(marker)
+
+
+def test_a_client_with_no_examples_fails_the_round_unless_errors_return_drops_it():
+    """docs/federated.md: an empty client (min_size=0) never reaches fedavg — Trainer.fit
+    refuses it, and under errors='raise' one drawn fails the whole round."""
+    from somatize import Graph
+    from tests.torch.federated_helpers import Linear
+
+    x, y = torch.randn(12, 4), torch.randint(0, 3, (12,))
+    parts = [list(range(6)), [], list(range(6, 12))]  # client 1 holds nothing
+
+    def train(global_state, part):
+        torch.manual_seed(0)
+        g = Graph.somatize(Linear(4, 3))
+        st.load_state(g, global_state)
+        data = [(x[part], y[part])] if part else []
+        trainer = st.Trainer(
+            loss=torch.nn.functional.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            options=st.Options(progress=False),
+        )
+        return trainer.fit(g, data)
+
+    torch.manual_seed(0)
+    shared = st.state(Graph.somatize(Linear(4, 3)))
+    with pytest.raises(ValueError, match="yielded no batches"):
+        fl.map_clients(None, train, parts, shared=shared)
+    results = fl.map_clients(None, train, parts, shared=shared, errors="return")
+    assert isinstance(results[1], fl.ClientFailure) and results[1].index == 1
+    done = [r for r in results if not isinstance(r, fl.ClientFailure)]
+    assert st.fedavg(done).weights == (0.5, 0.5)

@@ -214,6 +214,8 @@ def test_min_size_0_may_leave_clients_empty_and_says_which(split):
         parts = split(0)
     empty = [c for c, p in enumerate(parts) if not p]
     assert empty and str(empty[:10])[1:-1] in str(w[0].message)  # the very clients, named
+    # such a client never reaches fedavg (it "weighed 0 in fedavg", the warning said)
+    assert "Trainer.fit refuses" in str(w[0].message) and "fedavg" not in str(w[0].message)
     covers_once(parts, 30 if len(parts) == 20 else 20)
     assert min(len(p) for p in split(1)) >= 1  # the default: none empty, no warning
     with pytest.raises(ValueError, match="min_size must be a non-negative int.*not -1"):

@@ -195,9 +195,11 @@ def _warn_empty(name: str, sizes: np.ndarray[Any, Any]) -> None:
     if empty:
         warnings.warn(
             f"{name}(min_size=0): client(s) {empty[:10]}{' ...' if len(empty) > 10 else ''} "
-            f"({len(empty)} of {len(sizes)}) hold no examples: such a client cannot train and "
-            "weighs 0 in fedavg — pass min_size=1 (the default) for at least one example each, "
-            "or leave the empty clients out of sampling (weights=[len(p) for p in parts])",
+            f"({len(empty)} of {len(sizes)}) hold no examples: such a client cannot train "
+            "(Trainer.fit refuses data without examples, so one drawn into a round fails "
+            "fl.map_clients, unless errors='return' drops it) — pass min_size=1 (the default) "
+            "for at least one example each, or leave the empty clients out of sampling "
+            "(weights=[len(p) for p in parts])",
             RuntimeWarning,
             stacklevel=outside(),
         )
