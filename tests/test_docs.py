@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import importlib.util
 import os
 import pkgutil
 import re
@@ -165,6 +166,32 @@ def test_the_api_reference_is_current() -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_api_reference_lists_the_methods_of_classes() -> None:
+    """Under each class, docs/api.md lists its public methods and properties with their
+    signature and docstring (before: none, not even Trainer.fit); an override hides the
+    base's, and nn.Module methods a Graph refuses are left out."""
+    spec = importlib.util.spec_from_file_location("gen_api", ROOT / "tools" / "gen_api.py")
+    assert spec is not None and spec.loader is not None
+    gen_api = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_api)
+    text = gen_api.render()
+    trainer = text[text.index("### `somatize.torch.Trainer`") :]
+    trainer = trainer[: trainer.index("\n### ")]
+    assert "#### `Trainer.fit`\n\n*method* `Trainer.fit(model: " in trainer
+    assert ", *, resume: 'str | os.PathLike[str] | None' = None) -> 'TrainResult'`" in trainer
+    assert "Train ``model`` on ``train``" in trainer  # its docstring
+    for name in ("evaluate", "predict", "planned_steps"):
+        assert f"*method* `Trainer.{name}(" in trainer
+    assert "Trainer.validate" not in trainer  # a Lightning name the Trainer refuses
+    assert "*classmethod* `Graph.somatize(expr: " in text
+    assert "*method* `Graph.cache(" in text
+    assert "Graph.to(" not in text and "Graph.parameters(" not in text
+    assert "*method* `TrainResult.metric(name: 'str') -> 'float'`" in text
+    assert "*property* `Topology.roots: tuple[str, ...]`" in text
+    assert "*staticmethod* `JsonLines.read(path: " in text
+    assert "Methods and properties: as [`somatize.Transport`](#somatizetransport)." in text
 
 
 def test_relative_links_in_the_docs_resolve() -> None:
