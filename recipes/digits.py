@@ -26,6 +26,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
+from somatize.errors import require
 
 TARGET = 0.95
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -65,6 +66,7 @@ def load_data(
     seed: int = 0, batch_size: int = 64, val_fraction: float = 0.2
 ) -> tuple[Batches, Batches]:
     """Train and validation batches of ``(x, y)``: x (batch, 64) in [0, 1], y (batch,) digits."""
+    require("sklearn", "recipes")  # else an error naming the extra to install
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

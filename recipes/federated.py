@@ -26,6 +26,7 @@ from torch import nn
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
+from somatize.errors import require
 from somatize.torch import federated as fl
 
 
@@ -48,6 +49,7 @@ def make_graph(seed: int = 0) -> Graph:
 
 def load_digits(seed: int = 0) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
     """(train x, train y), (test x, test y): digits, a stratified 75/25 split."""
+    require("sklearn", "recipes")  # else an error naming the extra to install
     from sklearn.datasets import load_digits as load
     from sklearn.model_selection import train_test_split
 

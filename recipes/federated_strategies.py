@@ -29,6 +29,7 @@ from torch import nn
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
+from somatize.errors import require
 from somatize.torch import federated as fl
 
 LR, EPOCHS, BATCH = 0.2, 2, 10
@@ -51,6 +52,7 @@ def make_graph() -> Graph:
 def load(
     seed: int = 0,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    require("sklearn", "recipes")  # else an error naming the extra to install
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

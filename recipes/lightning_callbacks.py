@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import somatize.torch as st
 from somatize import Done, Graph, JsonLines, Node, Opaque
+from somatize.errors import require
 from somatize.torch.lightning import LightningGraph, Watch, result
 
 
@@ -63,6 +64,7 @@ def make_graph(seed: int = 0) -> Graph:
 
 def load_digits(seed: int = 0, batch_size: int = 64) -> tuple[DataLoader, DataLoader]:
     """Train and validation loaders over scikit-learn's digits (pixels scaled to [0, 1])."""
+    require("sklearn", "recipes")  # else an error naming the extra to install
     from sklearn.datasets import load_digits as sk_digits
     from sklearn.model_selection import train_test_split
 
