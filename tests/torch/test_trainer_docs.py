@@ -49,6 +49,16 @@ def test_the_trainer_docs_examples_run(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "runs" / "example" / "log.csv").read_text().startswith("kind,step,epoch")
 
 
+def test_the_ddp_script_is_a_whole_file(tmp_path, monkeypatch, capsys):
+    """The `# train_ddp.py` example runs on its own, as torchrun would run it (before: a
+    NameError, it used the page's earlier names)."""
+    monkeypatch.chdir(tmp_path)
+    (script,) = [b for b in blocks() if b.startswith("# train_ddp.py")]
+    exec(compile(script, "train_ddp.py", "exec"), {"__name__": "__main__"})
+    assert (tmp_path / "runs" / "ddp" / "ckpt" / "last").exists()
+    assert 0.0 <= float(capsys.readouterr().out) <= 1.0  # the val_acc it prints
+
+
 def test_the_list_of_options_names_every_field():
     import dataclasses
 
