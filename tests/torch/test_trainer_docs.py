@@ -47,6 +47,11 @@ def test_the_trainer_docs_examples_run(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "runs" / "example" / "run.jsonl").exists()
     assert any((tmp_path / "runs" / "example" / "tb").iterdir())
     assert (tmp_path / "runs" / "example" / "log.csv").read_text().startswith("kind,step,epoch")
+    assert "{'val_loss': " in out.out  # evaluate's names, prefixed as fit's records
+    # the training set's metrics: as a validation set, and a node's per step
+    assert "'val_train_acc', 'val_train_loss', 'val_valid_acc', 'val_valid_loss']" in out.out
+    assert "seconds,scored/acc,val_loss,val_scored/acc\n" in out.out
+    assert "['epoch', 'step', 'val_loss', 'val_scored/acc']" in out.out
 
 
 def test_the_ddp_script_is_a_whole_file(tmp_path, monkeypatch, capsys):
