@@ -207,6 +207,19 @@ def test_relative_links_in_the_docs_resolve() -> None:
     assert not broken, broken
 
 
+def test_the_readme_lists_every_page_the_docs_index_lists() -> None:
+    """README.md's Documentation list links each page docs/index.md links (before: it
+    left out the quick start and deploy.md)."""
+    link = re.compile(r"\]\(([\w\-]+\.md)(?:#[^)]*)?\)")
+    index = set(link.findall((ROOT / "docs" / "index.md").read_text()))
+    readme = {
+        t.removeprefix("docs/")
+        for t in re.findall(r"\]\((docs/[\w\-]+\.md)", (ROOT / "README.md").read_text())
+    }
+    assert index, "docs/index.md links no page"
+    assert not index - readme, sorted(index - readme)
+
+
 def test_every_public_name_is_in_the_user_docs() -> None:
     """Each name of somatize.__all__ and somatize.torch.__all__ is mentioned in README.md
     or a page of docs/ other than the generated api.md."""
