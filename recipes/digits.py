@@ -1,6 +1,6 @@
 """Handwritten digits: a small MLP graph, trained with checkpoints and TensorBoard logs.
 
-    python recipes/digits.py                      # seconds on a 2-core CPU (longer when busy)
+    python recipes/digits.py                      # under a minute on a 2-core CPU (longer when busy)
     python recipes/digits.py --epochs 30 --seed 1 --out runs/digits
     python recipes/digits.py --resume             # continue an interrupted run
     tensorboard --logdir runs/digits
