@@ -5,7 +5,7 @@ Two paths share one contract:
 * the **hot path** — every value Opaque or unremembered data, nothing cached, no
   watcher: a plain loop that calls each node, unwraps ``Opaque`` and validates data.
   No hashing, no timing, no allocation beyond the call and its ``Ctx``; it traces
-  under ``torch.compile(..., fullgraph=True)`` as one graph.
+  under ``torch.compile(..., fullgraph=True)`` as one graph (``hot_path.py``).
 * the **keyed path** — when a node is cached or named, a watcher listens, or a
   subgraph needs it: keys, keeper reads and writes, events with durations.
 
@@ -21,12 +21,13 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .catalog import Catalog
-from .errors import CacheError, ValueConversionError
-from .keyed import Env, Forward, Walk, _where, keyed_impl, name_node, recipe_key, walk
+from .errors import CacheError
+from .hot_path import HotPath, Slots, _slots
+from .keyed import Env, Forward, Walk, keyed_impl, recipe_key, walk
 from .memory import Memory, NodeKeys
-from .node import Ctx, Done, Run, not_done
+from .node import Ctx, Done, Run
 from .plan import compile
-from .values import Opaque, check, digest
+from .values import Opaque, digest
 
 if TYPE_CHECKING:
     from .codecs import Codec
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
     from .watchers import Watcher
 
 __all__ = ["Outcome", "Program"]
-
-_new_ctx = tuple.__new__
 
 
 def _none(node: str) -> None:  # the device of every node, when the graph places none
@@ -60,7 +59,7 @@ class Outcome:
     metrics: Mapping[str, Mapping[str, Any]]
 
 
-class Program:
+class Program(HotPath):
     """A plan bound to its catalog, memory and codecs, ready to run many times.
 
     Built by ``Graph`` and rebuilt whenever the graph changes.
@@ -137,8 +136,9 @@ class Program:
         subs = self.subprograms
         # The hot path's steps, built once: (id, forward, one, many, device). A run keeps
         # values in a list, the graph input at 0 and step i's output at i + 1: a step reads
-        # slot ``one``, or, with several inputs, the slots ``many`` (a tuple; else None).
-        self.fast: list[tuple[str, Forward, int, tuple[int, ...] | None, str | None]] = []
+        # slot ``one``, or, with several inputs, the slots ``many`` (else None): a slice when
+        # they follow one another in order (a fork's branches joined), else a tuple.
+        self.fast: list[tuple[str, Forward, int, Slots | None, str | None]] = []
         fast = self.fast.append
         device = devices.get if devices else _none
         slot: dict[str, int] = {}
@@ -156,7 +156,7 @@ class Program:
             if len(inputs) == 1:
                 fast((node, forward, slot[inputs[0]], None, device(node)))
             elif inputs:
-                fast((node, forward, 0, tuple([slot[i] for i in inputs]), device(node)))
+                fast((node, forward, 0, _slots([slot[i] for i in inputs]), device(node)))
             else:
                 fast((node, forward, 0, None, device(node)))
             slot[node] = len(slot) + 1
@@ -192,7 +192,7 @@ class Program:
         return [
             (node, (names[one],) if one else ())
             if many is None
-            else (node, tuple(names[i] for i in many))
+            else (node, tuple(names[many] if type(many) is slice else [names[i] for i in many]))
             for node, _, one, many, *_ in self.fast
         ]
 
@@ -243,48 +243,6 @@ class Program:
     def as_forward(self) -> Callable[[Any, Ctx], Done]:
         """This program as a node's forward (for a subgraph on the hot path)."""
         return _SubgraphForward(self)
-
-    # -- the hot path -----------------------------------------------------------------
-
-    def run_fast(self, x: Any, run: Run) -> tuple[Any, dict[str, Any]]:
-        """Run every node in order; returns the (unwrapped) output and node metrics."""
-        values = [x]  # by slot: the input, then each step's output in order
-        put = values.append
-        metrics: dict[str, Any] = {}
-        codecs = self.codecs
-        ctx = _new_ctx  # Ctx(...) without NamedTuple's Python-level __new__ (half the cost)
-        for node, forward, one, many, device in self.fast:
-            try:  # (free in Python >= 3.11 while nothing raises)
-                done = forward(
-                    values[one] if many is None else tuple([values[i] for i in many]),
-                    ctx(Ctx, (node, device, run)),
-                )
-            except Exception as e:
-                name_node(e, node, self.catalog[node])
-                raise
-            if type(done) is not Done:
-                raise not_done(node, self.catalog[node], done)
-            value, reported = done
-            if type(value) is Opaque:
-                put(value.value)
-            else:
-                try:
-                    check(value, codecs)
-                    bad = False
-                except ValueConversionError:
-                    bad = True
-                if bad:  # checked again, naming the node: the name is made only when needed
-                    check(value, codecs, _where(node))
-                put(value)
-            if reported:
-                if node in self.subprograms:  # by inner node: named as on the keyed path
-                    metrics.update({f"{node}/{k}": v for k, v in reported.items()})
-                else:
-                    metrics[node] = reported
-        out = self._out
-        if len(out) == 1:
-            return values[out[0]], metrics
-        return tuple([values[o] for o in out]), metrics
 
     # -- the keyed path ---------------------------------------------------------------
 

@@ -110,3 +110,52 @@ def test_a_node_output_that_is_not_data_is_named_by_the_node_on_the_hot_path() -
     message = str(caught.value)
     assert message.startswith("the output of node 'leak' at ['kept']"), message
     assert not isinstance(caught.value.__context__, ValueConversionError)  # raised once
+
+
+class Seen(Node):
+    """Returns its input, its Ctx kept in ``seen`` (Opaque: passed as it is)."""
+
+    def __init__(self, seen: list[Any]) -> None:
+        self.seen = seen
+
+    def forward(self, x: Any, ctx: Any) -> Done:
+        self.seen.append(ctx)
+        return Done(Opaque(x))
+
+
+def test_steps_bound_to_a_run_serve_the_runs_alike_with_the_same_ctx() -> None:
+    """``bound(run)``: None on a first run, the steps with their ``Ctx`` made once from the
+    second equal run on (what ``module(g)`` runs at one step and mode), again None when the
+    run moves; a run on them computes what one without them does."""
+    seen: list[Any] = []
+    g = Graph()
+    g.node("a", Seen(seen)).node("b", Add(1)).node("c", Seen(seen)).edge("a", "b").edge("b", "c")
+    program = g.program()
+    run = Run("r", 3, True)
+    assert program.bound(run) is None  # (the first: nothing made ahead)
+    steps = program.bound(Run("r", 3, True))  # an equal run: bound
+    assert steps is not None and program.bound(run) is steps
+    for _ in range(2):
+        assert program.run_fast(1, run, steps) == (2, {})
+    assert [c.node for c in seen] == ["a", "c"] * 2
+    assert seen[0] is seen[2] and seen[1] is seen[3]  # the same Ctx: made once
+    assert seen[0] == ("a", None, run)
+    assert program.bound(Run("r", 4, True)) is None  # another step: made as the run goes
+    assert program.run_fast(1, Run("r", 4, True)) == (2, {})
+    assert [c.step for c in seen[4:]] == [4, 4]
+    assert program.bound(Run("r", 3, True, {"k": 1})) is None  # other values: not the same
+
+
+def test_a_join_reads_its_inputs_in_order_whether_their_slots_follow_or_not() -> None:
+    """A fork's branches joined sit in slots that follow one another (read as one slice);
+    the diamond's ``mix`` reads slots out of order: each gets its inputs in edge order."""
+    fork = Graph.somatize(Add(0) >> (Add(1) | Add(2) | Add(3)) >> Pair().with_id("join"))
+    many = {node: many for node, _, _, many, _ in fork.program().fast}
+    assert type(many["join"]) is slice
+    assert fork.forward(10) == ("pair", "join", (11, 12, 13))
+    assert type({n: m for n, _, _, m, _ in diamond().program().fast}["mix"]) is tuple
+    for program in (fork.program(), diamond().program()):
+        run = Run()
+        program.bound(run)
+        steps = program.bound(run)
+        assert program.run_fast(10, run, steps) == program.run_fast(10, run)

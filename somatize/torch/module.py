@@ -57,7 +57,7 @@ _RESERVED: list[frozenset[str]] = []
 _OWN = frozenset({"graph", "step", "metrics"})
 # Set in the instance dict directly too: the module's bookkeeping, written by every sync
 # (nn.Module.__setattr__'s type checks, a µs each, a dozen times a fit) and no child's slot.
-_PLAIN = _OWN | {"_program", "_frozen", "_holds", "_swaps", "_in_sync", "_synced"}
+_PLAIN = _OWN | {"_program", "_frozen", "_holds", "_swaps", "_in_sync", "_synced", "_run"}
 
 
 HELD.kinds = (nn.Module, nn.Parameter)  # assigned on a node: what a module registers changes
@@ -94,6 +94,7 @@ class GraphModule(nn.Module):
     graph: Graph
     step: int
     metrics: Mapping[str, Any]
+    _run: Run = Run()  # the last forward's, on the hot path (its step and mode, the graph's id)
 
     def __init__(self, g: Graph) -> None:
         super().__init__()
@@ -241,6 +242,7 @@ class GraphModule(nn.Module):
         # parameter's attributes, and a fresh process has marked none), so unfreezing works.
         marked = [p for p in self.parameters() if getattr(p, "_somatize_frozen", False)]
         state = without_own_code(super().__getstate__(), "forward")  # type: ignore[no-untyped-call]
+        state.pop("_run", None)  # (the last forward's Run: its values, a mapping proxy)
         return {**state, "_somatize_marked": marked}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -298,7 +300,7 @@ class GraphModule(nn.Module):
 
     def forward(self, *args: Any) -> Any:
         g = self.graph
-        if _is_compiling():  # (a constant to dynamo, guarding nothing)
+        if compiling := _is_compiling():  # (a constant to dynamo, guarding nothing)
             _prepare(self)  # called as it is: dynamo traces no compiler, and no recompile
         program = g.program()
         if program is not self._program:
@@ -308,7 +310,14 @@ class GraphModule(nn.Module):
             and isinstance(args[0], torch.Tensor)
             and not (program.keyed or g.watchers or g.placement.hosts)
         ):  # the training hot path: one tensor, Opaque, straight to the plan's loop
-            value, metrics = program.run_fast(args[0], Run(g.run_id, self.step, self.training))
+            if compiling:  # (a trace reads or writes nothing kept between calls)
+                run, steps = Run(g.run_id, self.step, self.training), None
+            else:  # the last call's Run, and each node's Ctx, while the step and mode stay
+                run, step, training = self._run, self.step, self.training
+                if run[1] != step or run[2] is not training or run[0] != g.run_id:
+                    run = self._run = Run(g.run_id, step, training)
+                steps = program.bound(run)
+            value, metrics = program.run_fast(args[0], run, steps)
             if metrics or self.metrics:  # (none before, none now: no write for dynamo to see)
                 self.metrics = metrics
             return value
