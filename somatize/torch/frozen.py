@@ -119,7 +119,7 @@ def _keep_eval(node_id: str, impl: Any) -> None:
         return
     for name, value in vars(impl).items():
         if isinstance(value, nn.Module):  # (the common case: no container to make)
-            if any(m.training for m in value.modules()):
+            if _training(value):
                 value.eval()
         elif not (
             type(value) in _PLAIN
@@ -131,6 +131,23 @@ def _keep_eval(node_id: str, impl: Any) -> None:
                 m.training for m in held.modules() if type(m) not in (Holdings, nn.Module)
             ):
                 held.eval()
+
+
+def _training(module: nn.Module) -> bool:
+    """Whether ``module`` or a module under it is in training mode: ``any(m.training for m
+    in module.modules())`` by a loop over the children tables, without the nested
+    generators of ``named_modules`` (a frozen node's modules are read at every batch)."""
+    todo, seen = [module], set()
+    pop, push = todo.pop, todo.extend
+    while todo:
+        m = pop()
+        if m.training:
+            return True
+        children = m._modules
+        if children and id(m) not in seen:  # (a module reached twice: read once)
+            seen.add(id(m))
+            push([c for c in children.values() if c is not None])
+    return False
 
 
 def equip(g: Graph) -> Graph:
