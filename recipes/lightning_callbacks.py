@@ -22,17 +22,18 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import somatize.torch as st
 from somatize import Done, Graph, JsonLines, Node, Opaque
 from somatize.errors import require
-from somatize.torch.lightning import LightningGraph, Watch, result
+from somatize.torch.lightning import (  # without lightning: an error naming the extra
+    LightningGraph,
+    Watch,
+    result,
+)
 
 
 class Hidden(Node):
@@ -85,6 +86,11 @@ def load_digits(seed: int = 0, batch_size: int = 64) -> tuple[DataLoader, DataLo
 
 
 def main(argv: list[str] | None = None) -> st.TrainResult:
+    # (here, not at the top: the import of somatize.torch.lightning above names the extra)
+    import lightning as L
+    from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+    from lightning.pytorch.loggers import TensorBoardLogger
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--out", default="runs/lightning_digits", help="checkpoints and logs")

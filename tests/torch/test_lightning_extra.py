@@ -62,6 +62,23 @@ def test_missing_lightning_raises_an_error_naming_the_extra():
 
 
 @pytest.mark.slow
+def test_the_recipe_without_lightning_names_the_extra():
+    done = _python(
+        """
+        import sys
+        sys.modules["lightning"] = None  # as if the package were not installed
+        from somatize.errors import MissingExtraError
+        try:
+            import recipes.lightning_callbacks
+        except MissingExtraError as e:
+            print(e)
+        """
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "pip install 'somatize[lightning]'" in done.stdout
+
+
+@pytest.mark.slow
 def test_the_recipe_runs(tmp_path):
     pytest.importorskip("sklearn")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
