@@ -368,7 +368,9 @@ class DiskKeeper:
         unpinned pack is removed, or — when some of its entries carry a pin marker —
         rewritten as a pinned pack of just those; a pinned pack stays. Temp files over
         an hour old (left by killed writers) and packs whose index is damaged go too.
-        One listing and one stat per file: no entry is opened.
+        One listing and one stat per file (a second listing, under the lock, where it
+        removes: gcs run at once by several processes shrink the store to ``max_bytes``
+        together): no entry is opened.
 
         Raises:
             ValueError: ``max_bytes`` is not an int of 0 or more (``-5`` would empty it).

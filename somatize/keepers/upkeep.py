@@ -284,7 +284,28 @@ def _stale_temp(e: os.DirEntry[str], stale: float) -> int:
 
 
 def gc(root: str, index: PackIndex, max_bytes: int) -> int:
-    """``DiskKeeper.gc``: one listing and one stat per file; no entry is opened."""
+    """``DiskKeeper.gc``: one listing and one stat per file; no entry is opened.
+
+    Where the store is over ``max_bytes``, what to remove is chosen under the exclusive
+    lock from a second listing taken there: several processes' gcs at once (a sweep's
+    bounded handles, ``somatize cache gc`` during a run) each see what the one before
+    them left, so together they shrink the store to ``max_bytes``, not each by the
+    excess the first listing showed. (The first listing, outside the lock, says whether
+    there is anything to do: a pin never waits for a gc that removes nothing.)"""
+    freed, ranked = _ranked(root, index)
+    if sum(size for _, size, _ in ranked) <= max_bytes:
+        return freed
+    with pins_locked(root, exclusive=True):  # no pin lands between reading and removing
+        more, ranked = _ranked(root, index)  # as another process's gc, just done, left it
+        over = sum(size for _, size, _ in ranked) - max_bytes
+        return freed + more + (_shrink(root, index, ranked, over) if over > 0 else 0)
+
+
+def _ranked(root: str, index: PackIndex) -> tuple[int, list[tuple[float, int, str]]]:
+    """One listing of the store: the bytes of stale temp files removed (a killed writer's,
+    over an hour old), and (mtime, size, path) of every loose entry and pack. A folder or
+    FIFO where an entry should be is moved aside, as a read would; packs whose index is
+    damaged are removed."""
     stale = time.time() - _STALE
     freed = 0
     ranked: list[tuple[float, int, str]] = []  # (mtime, size, path of a loose entry or pack)
@@ -309,11 +330,7 @@ def gc(root: str, index: PackIndex, max_bytes: int) -> int:
     index.refresh(force=True)
     remove_bad(index, root)
     ranked += [(st.st_mtime, st.st_size, index.path(p.name)) for p, st in index.sizes()]
-    total = sum(size for _, size, _ in ranked)
-    if total <= max_bytes:
-        return freed
-    with pins_locked(root, exclusive=True):  # no pin lands between reading and removing
-        return freed + _shrink(root, index, ranked, total - max_bytes)
+    return freed, ranked
 
 
 def _shrink(root: str, index: PackIndex, ranked: list[tuple[float, int, str]], over: int) -> int:
