@@ -58,3 +58,16 @@ def test_a_graph_names_and_explains_through_a_tiered_keeper(tmp_path: Path) -> N
     assert str(g.explain("hi")) == "up: hit"
     tiered.discard(g.run("hi").key)
     assert str(g.explain("hi")).startswith("up: miss")
+
+
+def test_unpin_many_reaches_the_disk_keeper_at_once(tmp_path: Path) -> None:
+    """g.pin(node, False) on a TieredKeeper: each pinned pack is rewritten once, as the
+    DiskKeeper's own unpin_many does (before: once per key, leaving a pack per key)."""
+    tiered = TieredKeeper(MemoryKeeper(), DiskKeeper(tmp_path / "cache", read_cache=0))
+    rows = [(k(i), b"row %d" % i) for i in range(64)]
+    for b in range(0, 64, 16):
+        tiered.put_many(rows[b : b + 16], pinned=True)  # 4 pinned packs
+    tiered.unpin_many(key for key, _ in rows)
+    stats = DiskKeeper(tmp_path / "cache").stats()
+    assert (stats.pinned, stats.packs, stats.entries) == (0, 4, 64)  # (before: 64 packs)
+    assert tiered.get_many([key for key, _ in rows]) == [data for _, data in rows]

@@ -21,7 +21,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .protocol import Keeper, KeeperStats
@@ -97,7 +97,13 @@ class TieredKeeper:
         if unpin is not None:
             unpin(key)
 
-    def unpin_many(self, keys: Sequence[str]) -> None:
+    def unpin_many(self, keys: Iterable[str]) -> None:
+        """The slow keeper's ``unpin_many`` with every key at once (a DiskKeeper rewrites
+        each pinned pack once), or its ``unpin`` one key at a time where it has none."""
+        many = getattr(self.slow, "unpin_many", None)
+        if many is not None:
+            many(list(keys))
+            return
         for key in keys:
             self.unpin(key)
 
