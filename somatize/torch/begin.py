@@ -16,6 +16,7 @@ from ..graph import Graph
 from ..watchers import Watcher
 from .carry import check_carried, check_last_batch, named_carries
 from .checkpoint import load_checkpoint, restore, restore_rank_rng, restore_scaler
+from .ckptdir import left_behind
 from .ema import averaged, restore_average
 from .factories import check_no_closure, check_optimizer, check_scheduler
 from .horizon import check_horizon, horizon
@@ -88,6 +89,10 @@ def begin(
             restore(payload, run.state, net, opt, run.sched, trainer.pruner, trainer.seed)
         except CheckpointError as e:  # say which file: resume="last" picked it
             raise CheckpointError(f"resuming from {path}: {e}") from e
+        if trainer.checkpoint is not None and run.state.checkpoints is not None:
+            # rotation deletes what the killed save of `path` was to delete (ckptdir.py)
+            gone = left_behind(path, payload, trainer.checkpoint.path)
+            run.state.checkpoints = gone + run.state.checkpoints
         check_extension(trainer, run, path, fresh, train)
         restore_scaler(payload, run.scaler)
         restore_average(payload, run.average, path)

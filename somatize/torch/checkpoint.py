@@ -182,7 +182,9 @@ class Checkpointing:
     ) -> list[str]:
         """``save``, rotating only ``known``: the names of the run's earlier checkpoints
         (None: every checkpoint in the directory). Returns the run's checkpoints kept,
-        oldest first, this one last (``payload["checkpoints"]`` in the file)."""
+        oldest first, this one last (``payload["checkpoints"]`` in the file); those it
+        deletes once the file is written are ``payload["rotating"]``, which a run resumed
+        from it deletes if a kill left them (``ckptdir.left_behind``)."""
         file = self.file(step)
         pointer = self.path / "last"
         if not pointer.exists():  # a fresh run's: its checkpoints never lie without one
@@ -191,7 +193,9 @@ class Checkpointing:
         kept, doomed = rotation(
             self.path, self.keep, file.name, {self.file(p).name for p in protect}, known, names
         )
-        integrity.write_checkpoint(file, {"format": FORMAT, **payload, "checkpoints": kept})
+        integrity.write_checkpoint(
+            file, {"format": FORMAT, **payload, "checkpoints": kept, "rotating": doomed}
+        )
         integrity.write_pointer(pointer, file.name)
         if best is not None and self.file(best).exists():
             integrity.write_pointer(self.path / "best", self.file(best).name)

@@ -5,7 +5,9 @@ line naming a file), and ``lock``, held (``flock``) by the one fit that writes t
 fresh run writes an empty ``last`` before its first checkpoint, so checkpoints without
 a ``last`` beside them are never a killed run's: they were copied or left there, and
 no run writes over them. Rotation deletes only checkpoints of the run's own chain (the
-names each checkpoint lists in ``payload["checkpoints"]``), never a file it did not write.
+names each checkpoint lists in ``payload["checkpoints"]``), never a file it did not write;
+those a save deletes after writing its file are listed too (``payload["rotating"]``), so
+that a run resumed after a kill in between deletes them (``left_behind``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import os
 import re
 import stat
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..errors import CheckpointError
 from ..stack import outside
@@ -25,6 +27,7 @@ from . import integrity
 
 __all__ = [
     "checkpoint_files",
+    "left_behind",
     "listing",
     "newest_intact",
     "read_pointer",
@@ -233,6 +236,48 @@ def rotation(
     older = sorted(chain - {newest})
     doomed = [f for f in older[: max(len(older) - (keep - 1), 0)] if f not in protect]
     return [*sorted(set(older) - set(doomed)), newest], doomed
+
+
+def left_behind(path: Path, payload: Mapping[str, Any], directory: Path) -> list[str]:
+    """The checkpoints that the save of ``path`` deleted after writing it
+    (``payload["rotating"]``) and that are still in ``directory``: a process killed
+    between the two left them, and rotation would never delete them (no later
+    checkpoint lists them). Only a checkpoint file (one that ends in a checksum trailer)
+    no newer than ``path`` counts: a file put there since is not the run's. [] where
+    ``path`` lies in another directory."""
+    doomed = payload.get("rotating")
+    if not isinstance(doomed, list):  # (a checkpoint from before it was recorded)
+        return []
+    try:
+        if not os.path.samefile(path.parent, directory):
+            return []
+        written = os.stat(path).st_mtime_ns
+    except OSError:
+        return []
+    return [
+        n
+        for n in doomed
+        if isinstance(n, str) and FILE.match(n) and _checkpoint_since(directory / n, written)
+    ]
+
+
+def _checkpoint_since(path: Path, written: int) -> bool:
+    """Whether ``path`` is a checkpoint file (a trailer's magic at its end, unverified)
+    last written no later than ``written`` (ns)."""
+    try:
+        fd = os.open(path, _NONBLOCK)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < integrity.TRAILER:
+            return False
+        tail = os.pread(fd, len(integrity.MAGIC), st.st_size - integrity.TRAILER)
+        return tail == integrity.MAGIC and st.st_mtime_ns <= written
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def rotate(directory: Path, keep: int, newest: str, protect: set[str]) -> None:

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 import somatize.torch as st
 from somatize import Graph
 from somatize.errors import CheckpointError, SettingError
-from somatize.torch import integrity
+from somatize.torch import checkpoint, integrity
 from somatize.torch.verify import verify_checkpoints
 from tests.torch.test_integrity import Linear, data
 
@@ -76,6 +76,27 @@ def test_a_kill_between_the_first_checkpoint_and_its_pointer_still_resumes(tmp_p
     assert (ckpt / "last").read_bytes() == b""  # written empty before the first checkpoint
     resumed = fit(ckpt, resume="last")
     assert resumed.losses == fit(tmp_path / "whole").losses
+
+
+def test_a_kill_between_a_checkpoint_and_its_rotation_leaves_no_file_for_good(
+    tmp_path, monkeypatch
+):
+    ckpt = tmp_path / "ckpt"
+    real = checkpoint.remove
+
+    def dies(directory, doomed, names=None):
+        if doomed:  # the new file and 'last' are written; the oldest is not yet deleted
+            raise KeyboardInterrupt
+        real(directory, doomed, names)
+
+    monkeypatch.setattr(checkpoint, "remove", dies)
+    with pytest.raises(KeyboardInterrupt):
+        fit(ckpt, epochs=3, keep=2)
+    monkeypatch.setattr(checkpoint, "remove", real)
+    assert names(ckpt) == [f"step-00000000{i}.ckpt" for i in (1, 2, 3)]
+    fit(ckpt, epochs=3, resume="last", keep=2)
+    # (before: step-000000001.ckpt stayed, listed by no checkpoint, so never rotated)
+    assert names(ckpt) == ["step-000000008.ckpt", "step-000000009.ckpt"]
 
 
 # -- damaged or odd pointers and files (audit #4) ----------------------------------------
