@@ -14,8 +14,8 @@ change a remembered value. Two stock keepers:
 
 The files: ``protocol`` (the ``Keeper`` shape, ``KeeperStats``), ``atomic`` (atomic
 writes, also used by checkpoints), ``memory_keeper``, ``disk_keeper`` with its
-``loose`` entries and ``packs`` (``pack_upkeep``: rewriting, verifying), ``pins``,
-``tiered``.
+``loose`` entries and ``packs`` (``upkeep``: rewriting, verifying, gc), ``locks`` (the
+lock files users of a store share), ``pins``, ``tiered``.
 """
 
 from __future__ import annotations

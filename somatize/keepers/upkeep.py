@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Iterator
 from ..errors import KeeperError
 from . import loose
 from .atomic import replace_with
+from .locks import open_lock
 from .packs import (
     FLAG_PINNED,
     CorruptPack,
@@ -238,22 +239,18 @@ def pins_locked(root: str, *, exclusive: bool) -> Iterator[None]:
     """``flock`` on ``pins/.lock``: shared while ``pin`` writes its marker, exclusive while
     ``gc`` reads ``pins/`` and removes. So a pin that returned is seen by every later gc,
     and a gc under way finishes before a pin returns (its entry may be gone: gc came
-    first). The kernel drops the lock with its process. Where no lock can be taken (no
-    ``fcntl``, a read-only disk), pins and gc go on without it, as they did before.
+    first). The kernel drops the lock with its process. Every user of a shared store
+    takes it, also one who may not write the file (``locks.open_lock``). Where no lock
+    can be taken (no ``fcntl``; the file can be neither made nor opened: a warning, none
+    on a read-only disk), pins and gc go on without it.
     """
     try:
         import fcntl
     except ImportError:  # (Windows)
         yield
         return
-    path = f"{root}/pins/.lock"
-    try:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:
-            os.makedirs(f"{root}/pins", exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:  # (a read-only disk: nothing there to remove, no pin to write)
+    fd = open_lock(f"{root}/pins/.lock", "pins and gc's removals")
+    if fd is None:
         yield
         return
     try:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import CheckpointError
+from ..keepers.locks import open_lock
 from ..stack import outside
 from . import integrity
 
@@ -306,8 +307,10 @@ def writer(directory: Path) -> Iterator[None]:
     """Hold ``directory``'s lock for a fit: one run writes a checkpoint directory at a time.
 
     The lock (``flock`` on ``directory/lock``) goes with the process, also when it is
-    killed. Where no lock can be taken (a read-only disk, no ``fcntl``), the fit goes on
-    without one, as ``st.remember``'s lock does.
+    killed; another user of the directory takes it too (``keepers.locks.open_lock``).
+    Where no lock can be taken (no ``fcntl``, a directory that cannot be made: its first
+    checkpoint says why; a read-only disk; a lock file that cannot be opened: with a
+    warning), the fit goes on without one.
 
     Raises:
         CheckpointError: another process holds it (another fit is writing there), or
@@ -315,13 +318,16 @@ def writer(directory: Path) -> Iterator[None]:
     """
     if directory.exists() and not directory.is_dir():
         raise not_a_directory(directory)
-    fd = None
-    with contextlib.suppress(ImportError, OSError):
+    try:
         import fcntl
-
+    except ImportError:  # (Windows)
+        fcntl = None  # type: ignore[assignment]
+    with contextlib.suppress(OSError):
         directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    if fd is None:  # (outside the except: the fit's own errors chain to nothing of ours)
+    fd = None
+    if fcntl is not None and directory.is_dir():
+        fd = open_lock(str(directory / "lock"), f"fits writing checkpoints into {directory}")
+    if fd is None:  # (outside any except: the fit's own errors chain to nothing of ours)
         yield
         return
     try:

@@ -161,7 +161,7 @@ class CSVLog:
             self._rewrite()
             return
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         os.write(self._fd, self._lines([row]).encode())
 
     def _rewrite(self) -> None:

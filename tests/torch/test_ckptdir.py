@@ -219,6 +219,18 @@ def test_a_second_fit_into_a_directory_another_fit_writes_is_refused(tmp_path):
     assert fit(ckpt, epochs=3, resume="last").steps == 9  # and by each fit
 
 
+def test_the_directory_lock_is_made_group_writable_in_a_group_shared_directory(tmp_path):
+    from somatize.torch import ckptdir
+
+    old = os.umask(0o002)
+    try:
+        with ckptdir.writer(tmp_path / "ckpt"):
+            pass
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "ckpt" / "lock").st_mode & 0o777 == 0o664  # (before: 0o644)
+
+
 def test_a_directory_in_place_of_a_checkpoint_is_named_as_such_not_a_full_disk(tmp_path):
     ckpt = tmp_path / "ckpt"
     fit(ckpt, epochs=1)

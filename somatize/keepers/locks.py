@@ -1,0 +1,55 @@
+"""Lock files (``flock``) that several users of one store share.
+
+A lock file is created as every other file of a store is, mode ``0o666`` less the
+creator's umask: under umask 002 a group-shared store's lock is group-writable. It is
+opened for reading and writing where it can be, and for reading only where not (a
+lock created by another user under umask 022): ``flock`` needs no write access, so
+every user of the store takes the same lock. Where neither open succeeds, the caller
+goes on without the lock, with a warning saying what is no longer guarded (silently
+only on a read-only or full disk, where no other process can write either).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import warnings
+
+from ..stack import outside
+
+__all__ = ["open_lock"]
+
+# a disk that takes no writes: no pin can be written nor entry removed there, nothing
+# for a lock to keep apart (the operation's own error says why)
+_NO_WRITES = {errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+_RW = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+_RO = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_lock(path: str, guards: str) -> int | None:
+    """A file descriptor of the lock file ``path`` (its folder created if missing), to
+    ``flock``; None where it can be neither created nor opened, with a warning that
+    ``guards`` (what the lock keeps apart, "pins and gc") goes on unguarded."""
+    try:
+        try:
+            return os.open(path, _RW, 0o666)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return os.open(path, _RW, 0o666)
+    except OSError as e:
+        error = e
+    try:
+        return os.open(path, _RO)  # (another user's lock, not writable by this one)
+    except OSError:
+        pass
+    if error.errno not in _NO_WRITES:
+        folder = os.path.dirname(path)
+        warnings.warn(
+            f"could not open the lock file {path} ({error.strerror or error}): {guards} go "
+            f"on without it, unguarded against other processes. Give this user write "
+            f"access to {folder} (a store shared by a group: a group-writable, setgid "
+            "directory, and umask 002 for every user)",
+            UserWarning,
+            stacklevel=outside(),
+        )
+    return None
