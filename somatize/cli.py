@@ -88,11 +88,10 @@ def _explain(args: argparse.Namespace) -> int:
     if g is _FAILED or x is _FAILED:
         return 2
     if g.keeper is None:  # a graph without its own keeper is explained against --dir
-        try:
-            g.keeper = DiskKeeper(args.dir, create=False)
-        except KeeperError as e:
-            print(f"somatize: {e}", file=sys.stderr)  # (it names the directory)
+        keeper = _open(args.dir)
+        if keeper is None:
             return 2
+        g.keeper = keeper
     if "torch" in sys.modules:  # the graph's module uses torch: give it the torch runtime
         from .torch import module
 
@@ -120,17 +119,32 @@ def _cache(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    try:
-        # Nothing is created: a directory that is not a cache is an error, not a new cache.
-        keeper = DiskKeeper(args.dir, create=False)
-    except KeeperError as e:
-        print(f"somatize: {e}", file=sys.stderr)
+    keeper = _open(args.dir)
+    if keeper is None:
         return 2
     try:
         return _tend(keeper, args)
     except KeeperError as e:
         print(f"somatize: {e}", file=sys.stderr)
         return 1
+
+
+def _open(path: str) -> DiskKeeper | None:
+    """The cache at ``path``; None after saying why there is none (exit status 2). No
+    cache is created: a directory that is not one is an error, not a new cache."""
+    if not path:
+        print(
+            "somatize: the cache directory is an empty path ($SOMATIZE_CACHE is set but "
+            "empty, or --dir ''); give the directory a DiskKeeper wrote with --dir DIR, or "
+            "unset SOMATIZE_CACHE for the default .somatize-cache",
+            file=sys.stderr,
+        )
+        return None
+    try:
+        return DiskKeeper(path, create=False)
+    except KeeperError as e:
+        print(f"somatize: {e}", file=sys.stderr)  # (it names the directory)
+        return None
 
 
 def _tend(keeper: DiskKeeper, args: argparse.Namespace) -> int:
@@ -271,7 +285,10 @@ def _main(argv: Sequence[str] | None) -> int:
     )
     cache.add_argument("--dir", default=os.environ.get("SOMATIZE_CACHE", ".somatize-cache"))
     cache.add_argument(
-        "--max-bytes", type=runs_cli.byte_count, default=None, help="for gc: the size to shrink to"
+        "--max-bytes",
+        type=runs_cli.cache_byte_count,
+        default=None,
+        help="for gc: the size to shrink to",
     )
     graph = sub.add_parser("graph", help="draw a graph defined in a module")
     graph.add_argument("target", help="MODULE:ATTR naming a Graph, or a function returning one")

@@ -27,11 +27,12 @@ from . import runs
 from .errors import KeeperError
 from .keepers.protocol import is_key
 
-__all__ = ["add_parser", "byte_count", "command", "locate"]
+__all__ = ["add_parser", "byte_count", "cache_byte_count", "command", "locate"]
 
 
-def byte_count(text: str) -> int:
-    """An argparse type: a size in bytes, 0 or more (``--max-bytes -5`` would empty the store)."""
+def byte_count(text: str, spared: str = "not pinned or running") -> int:
+    """An argparse type: a size in bytes, 0 or more (``--max-bytes -5`` would empty the
+    store); ``spared``: what a gc to 0 leaves (for the message)."""
     try:
         n = int(text)
     except ValueError:
@@ -41,9 +42,14 @@ def byte_count(text: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(
             f"{text} is below 0: write the size to shrink to, 0 or more (0 removes everything "
-            "not pinned or running)"
+            f"{spared})"
         )
     return n
+
+
+def cache_byte_count(text: str) -> int:
+    """``byte_count`` for ``somatize cache gc``, where nothing runs: 0 leaves the pinned."""
+    return byte_count(text, "not pinned")
 
 
 def add_parser(sub: Any) -> None:

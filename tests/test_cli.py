@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from somatize import DiskKeeper
+from somatize import DiskKeeper, Graph
 from somatize.cli import main
 from somatize.values import encode
 
@@ -84,6 +84,19 @@ def test_cache_dir_from_environment_and_missing_dir(
     assert rc == 0 and out.startswith("3 entries")
     rc, _, err = run(["cache", "stats", "--dir", str(tmp_path / "nope")], capsys)
     assert rc == 2 and "no cache at" in err and "--dir" in err
+
+
+@pytest.mark.parametrize("action", ["stats", "gc", "explain"])
+def test_an_empty_cache_directory_is_a_one_line_error_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    monkeypatch.setenv("SOMATIZE_CACHE", "")  # set, but empty
+    if action == "explain":
+        monkeypatch.setattr("somatize.cli._load", lambda target, graph=True: Graph())
+    argv = ["cache", action, *(["g:g", "x:x"] if action == "explain" else ["--max-bytes=0"])]
+    rc, out, err = run(argv, capsys)  # (before: a ValueError's traceback, exit status 1)
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1
+    assert "empty path ($SOMATIZE_CACHE is set but empty" in err and "--dir" in err
 
 
 @pytest.mark.parametrize("action", ["stats", "ls", "verify", "gc"])
@@ -281,7 +294,9 @@ def test_gc_refuses_a_negative_max_bytes_and_removes_nothing(
     with pytest.raises(SystemExit) as exit_:
         main([command, "gc", "--max-bytes", "-5", "--dir", str(store.path)])
     assert exit_.value.code == 2
-    assert "-5 is below 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "-5 is below 0" in err
+    assert ("running" in err) == (command == "runs")  # (cache gc: nothing runs there)
     assert sorted(store.keys()) == before
 
 
