@@ -74,7 +74,8 @@ class Checkpointing:
 
     Args:
         dir: the checkpoint directory (created if missing).
-        every_steps: also checkpoint every N optimizer steps (always at each epoch end).
+        every_steps: also checkpoint every N optimizer steps (always at each epoch end,
+            which writes that of a step ending the epoch).
         keep: how many of the most recent checkpoints to keep.
         best: how many of the best checkpoints to keep, ranked by ``Options.monitor``
             (``Options.mode`` says which way is better); an evaluation that ranks among

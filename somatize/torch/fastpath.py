@@ -169,7 +169,9 @@ def fast_epoch(
                 s.step, s.examples_seen, s.position = step, examples, i + 1
                 if every and step % every == 0:
                     evaluate_into(trainer, run)
-                if run.due or (ckpt_every and step % ckpt_every == 0):
+                if (run.due or (ckpt_every and step % ckpt_every == 0)) and (
+                    i + 1 != run.epoch_batches  # (the last batch: the epoch's end saves)
+                ):
                     save(trainer, run)
             if deadline is not None and monotonic() >= deadline:  # (one process: world 1)
                 run.timed_out = True

@@ -18,7 +18,7 @@ from .batches import epoch_batches
 from .carry import start_epoch
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
-from .limits import limited
+from .limits import limited, share
 from .metrics import node_scalars
 from .module import GraphModule
 from .module_reads import node_metrics
@@ -69,6 +69,11 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             stacklevel=outside(),
         )
     run.replay = trainer.checkpoint is not None and type(data) not in (list, tuple)
+    run.epoch_batches = (
+        run.train_batches
+        if run.train_batches is not None
+        else share(data, run.rank, run.world, even=True)
+    )
     net.train()
     run.clock.start()
     budget = seconds_of(trainer.options.max_time)
@@ -230,8 +235,8 @@ def _epoch(
             _report_step(run, loss, lr, n, tick, lrs)
         if val is not None and every and s.step % every == 0:
             evaluate_into(trainer, run)
-        if run.due or (ckpt_every and s.step % ckpt_every == 0):
-            save(trainer, run)
+        if (run.due or (ckpt_every and s.step % ckpt_every == 0)) and i + 1 != run.epoch_batches:
+            save(trainer, run)  # (at the epoch's last batch: its end saves, at this step)
         if run.deadline is not None:
             run.timed_out = time_up(run)
         if run.replay and (s.pruned or s.step >= max_steps or run.timed_out):

@@ -48,6 +48,9 @@ class ActiveRun:
     # Options(limit_train_batches=) resolved against the data (limits.py): batches an
     # epoch takes; None: all of them
     train_batches: int | None = None
+    # batches an epoch takes on this rank, where the data's length says: a checkpoint due
+    # at its last step is left to the epoch's end, at the same step (loop.train)
+    epoch_batches: int | None = None
     val_sets: list[Any] | None = None  # the ValSets of val= (valsets.py), limits resolved
     clock: Clock = field(default_factory=Clock)  # seconds trained, across resumes
     deadline: float | None = None  # Options(max_time=): when it is spent (time.monotonic)

@@ -59,6 +59,53 @@ def test_checkpoints_hold_everything_and_keep_the_newest(tmp_path):
         assert torch.equal(payload["model"][name], value)
 
 
+class Steps:
+    """A watcher (it sends the fit down the general loop, not the fast one)."""
+
+    def on_event(self, event):
+        pass
+
+
+class Unsized:
+    """Batches without a length: where an epoch ends is learnt only when it has."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+@pytest.mark.parametrize("loop", ["fast", "general", "unsized"])
+def test_the_checkpoint_of_an_epochs_last_step_is_written_once(tmp_path, monkeypatch, loop):
+    from somatize.torch import integrity
+
+    written = []
+    real = integrity.write_checkpoint
+    monkeypatch.setattr(
+        integrity,
+        "write_checkpoint",
+        lambda path, *a, **kw: written.append(path.name) or real(path, *a, **kw),
+    )
+    torch.manual_seed(0)
+    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(3)]
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-2),
+        epochs=2,
+        checkpoint=st.Checkpointing(tmp_path / "ckpt", every_steps=1, keep=10),
+        watchers=[Steps()] if loop == "general" else [],
+        options=st.Options(progress=False),
+    )
+    trainer.fit(Graph.somatize(Linear()), Unsized(data) if loop == "unsized" else data)
+    twice = ["step-000000003.ckpt", "step-000000006.ckpt"] if loop == "unsized" else []
+    # (before: steps 3 and 6 written twice, at the step and at the epoch's end, whatever
+    # the data; without a length the loop cannot know the step ends the epoch)
+    assert sorted(written) == sorted([f"step-00000000{i}.ckpt" for i in range(1, 7)] + twice)
+    payload = st.load_checkpoint(tmp_path / "ckpt" / "step-000000003.ckpt")
+    assert (payload["epoch"], payload["position"]) == (1, 0)  # the epoch end's
+
+
 def test_saving_never_deletes_the_checkpoint_last_names(tmp_path):
     directory = tmp_path / "ckpt"
     train(tmp_path, keep=2)

@@ -332,14 +332,15 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_run(tmp_p
 
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
     # where to kill: the n-th such line of a run, n drawn from a range that lets a run
-    # first complete a checkpoint or two (each checkpoint: 4 fsyncs, 2 replaces)
+    # first complete a checkpoint or two (each checkpoint: 4 fsyncs, 2 replaces; one
+    # every 2 steps, the epoch's end's included), so that 5 kills come before the end
     kinds = [
-        ("hook fsync", 3, 8),  # mid-write: a temp file written, not synced or renamed
+        ("hook fsync", 3, 6),  # mid-write: a temp file written, not synced or renamed
         ("hook replace step-", 2, 3),  # a checkpoint complete, its rename not done
         ("hook replace last", 2, 3),  # the checkpoint in place, last naming the previous one
-        ("step", 3, 6),  # anywhere: mid-step, mid-evaluation, mid-torch.save
-        ("step", 3, 6),
-        ("hook fsync", 3, 8),
+        ("step", 3, 5),  # anywhere: mid-step, mid-evaluation, mid-torch.save
+        ("step", 3, 5),
+        ("hook fsync", 3, 6),
     ]
     rng.shuffle(kinds)
     codes, lasts, torn = [], [], []
