@@ -154,13 +154,20 @@ def _tend(keeper: DiskKeeper, args: argparse.Namespace) -> int:
         foreign = [0]
         bad = keeper.verify(decode=_decoder(foreign))
         for key in bad:
-            print(f"removed corrupt entry {key}")
+            if key not in bad.packs:
+                print(f"removed corrupt entry {key}")
+                continue
+            held = bad.packs[key]
+            what = f"its {_entries(held)}" if held else "its entries (they could not be counted)"
+            print(f"removed {key}, a pack whose index is damaged, with {what}")
         if foreign[0]:
             print(
-                f"{foreign[0]} intact entries are not somatize values (bytes stored through "
-                "the keeper, or a codec not importable here): kept"
+                f"{_entries(foreign[0], 'intact ')} "
+                + ("is not a somatize value" if foreign[0] == 1 else "are not somatize values")
+                + " (bytes stored through the keeper, or a codec not importable here): kept"
             )
-        print(f"{len(bad)} corrupt entries removed; {keeper.stats()}")
+        lost = _entries(bad.entries, "corrupt ")
+        print(f"{'at least ' if bad.uncounted else ''}{lost} removed; {keeper.stats()}")
         return 1 if bad else 0
     elif args.action == "gc":
         freed = keeper.gc(args.max_bytes)
@@ -170,6 +177,11 @@ def _tend(keeper: DiskKeeper, args: argparse.Namespace) -> int:
         for key, size in keeper.sizes():
             print(f"{key}  {size:>10}  {names.get(key, '')}".rstrip())
     return 0
+
+
+def _entries(n: int, what: str = "") -> str:
+    """``"1 corrupt entry"``, ``"10 corrupt entries"``."""
+    return f"{n} {what}{'entry' if n == 1 else 'entries'}"
 
 
 _FAILED = object()  # what _load gives after an error (None is an input like another)

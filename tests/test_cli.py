@@ -60,7 +60,7 @@ def test_cache_verify_reports_and_removes_corrupt_entries(
     file.write_bytes(file.read_bytes()[:-5])
     rc, out, _ = run(["cache", "verify", "--dir", str(store.path)], capsys)
     assert rc == 1
-    assert f"removed corrupt entry {k(3)}" in out and "1 corrupt entries removed" in out
+    assert f"removed corrupt entry {k(3)}" in out and "1 corrupt entry removed" in out
     rc, out, _ = run(["cache", "verify", "--dir", str(store.path)], capsys)
     assert rc == 0 and out.startswith("0 corrupt entries removed; 2 entries")
 
@@ -139,7 +139,7 @@ def test_cache_verify_decodes_tensors_and_removes_what_a_codec_cannot_read(
     assert rc == 1
     removed = sorted(line.split()[-1] for line in out.splitlines() if line.startswith("removed"))
     assert removed == [k(6)]
-    assert "1 intact entries are not somatize values" in out
+    assert "1 intact entry is not a somatize value" in out
     assert store.get(k(4)) == good and store.get_many([k(5), k(6)]) == [good, None]
     assert store.get(k(7)) == b"\xff not an encoded value"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KeeperError
-from . import listing, loose, upkeep
+from . import listing, loose, upkeep, verifying
 from .atomic import replace_with
 from .packread import read_packed
 from .packs import (
@@ -39,6 +39,7 @@ from .packs import (
 )
 from .protocol import KeeperStats, as_bytes, check_key, check_name, fail, is_key, not_bytes
 from .readcache import DEFAULT_READ_CACHE, PackCache
+from .verifying import Removed
 
 __all__ = ["DiskKeeper"]
 
@@ -348,16 +349,17 @@ class DiskKeeper:
 
     # -- verify and gc ----------------------------------------------------------------
 
-    def verify(self, decode: Callable[[bytes], object] | None = None) -> list[str]:
+    def verify(self, decode: Callable[[bytes], object] | None = None) -> Removed:
         """Check every entry; remove the bad ones and return their keys.
 
         Bad: a checksum that fails (torn, truncated, altered), something other than a
         regular file where an entry should be (moved to ``quarantine/``), or, given
         ``decode``, a payload it raises on. A pack is checked entry by entry and
         rewritten without its bad entries; a pack whose index is damaged is removed
-        and reported as ``packs/<name>``.
+        with all its entries and reported as ``packs/<name>``. The list's ``entries``
+        counts the entries lost (such a pack's as its header says).
         """
-        return upkeep.verify(self._root, self._index, decode)
+        return verifying.verify(self._root, self._index, decode)
 
     def gc(self, max_bytes: int) -> int:
         """Remove the least recently used unpinned entries until at most ``max_bytes``

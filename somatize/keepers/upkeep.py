@@ -1,4 +1,5 @@
-"""Upkeep of a DiskKeeper: verify, gc, unpin, discard, and the rewriting of packs.
+"""Upkeep of a DiskKeeper: gc, unpin, discard, and the rewriting of packs (``verify`` is
+in ``verifying``).
 
 A pack never changes once written. To drop an entry (corrupt, undecodable, discarded)
 or to change whose entries are pinned, the pack is *rewritten*: the entries that stay
@@ -30,7 +31,7 @@ from .packs import (
     open_regular,
     read_index,
 )
-from .protocol import check_key, is_key
+from .protocol import check_key
 
 _STALE = 3600.0  # seconds: a temp file this old belongs to no live writer
 
@@ -43,7 +44,6 @@ __all__ = [
     "remove_bad",
     "rewrite",
     "unpin",
-    "verify",
 ]
 
 
@@ -172,30 +172,6 @@ def remove_bad(index: PackIndex, root: str) -> list[str]:
             del index.bad[name]
         out.append(f"packs/{name}")
     return out
-
-
-def verify(root: str, index: PackIndex, decode: Callable[[bytes], object] | None) -> list[str]:
-    """``DiskKeeper.verify``: every loose entry, then every pack; the bad removed."""
-    bad = []
-    for e in list(loose.scan(root)):
-        if not is_key(e.name):
-            continue
-        try:
-            payload, inode = loose.read(e.path)
-        except loose.Hostile as h:
-            loose.quarantine(root, e.path, h.inode)
-            bad.append(e.name)
-            continue
-        if (payload is None and inode) or (
-            payload is not None and decode is not None and not decodes(decode, payload)
-        ):
-            bad.append(e.name)
-            loose.remove_if_same(e.path, inode)
-    index.refresh(force=True)
-    bad += remove_bad(index, root)
-    for name in list(index.packs):
-        bad += rewrite(index, root, name, decode=decode)[0]
-    return bad
 
 
 def unpin(root: str, index: PackIndex, keys: list[str]) -> None:

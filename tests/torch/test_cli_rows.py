@@ -58,6 +58,6 @@ def test_cache_verify_keeps_sound_rows_and_removes_a_row_its_layout_does_not_fit
     keeper.put(bad, entry[:-4])  # checksummed as written (over the packed copy), but short
     assert main(["cache", "verify", "--dir", str(path)]) == 1
     out = capsys.readouterr().out
-    assert f"removed corrupt entry {bad}" in out and "1 corrupt entries removed" in out
+    assert f"removed corrupt entry {bad}" in out and "1 corrupt entry removed" in out
     assert DiskKeeper(path).get(bad) == entry  # the packed copy, sound, is what is left
     assert fit(path) == {"enc": {"hits": 32, "misses": 0}}
