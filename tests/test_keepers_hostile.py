@@ -126,6 +126,7 @@ def test_a_full_disk_is_a_keeper_error_naming_the_entry_and_nothing_is_damaged(
             call()
         message = str(err.value)
         assert where in message and "No space left on device" in message, what
+        assert "; free space on that disk" in message and "$SOMATIZE_CACHE" in message, what
         assert ".tmp" not in message, what  # the intended path, not the temp file's
         assert isinstance(err.value.__cause__, OSError)
         assert err.value.__cause__.errno == errno.ENOSPC
@@ -146,8 +147,9 @@ def test_gc_on_a_read_only_disk_is_a_keeper_error_naming_the_file(
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
     monkeypatch.setattr("somatize.keepers.upkeep.os.unlink", read_only)
-    with pytest.raises(KeeperError, match=f"could not remove cache file .*{k(1)}: Read-only"):
+    with pytest.raises(KeeperError, match=f"could not remove cache file .*{k(1)}: Read-only") as e:
         keeper.gc(0)
+    assert "give this user write access to it (a read-only disk: remount it" in str(e.value)
     monkeypatch.undo()
     assert keeper.get(k(1)) == b"x" * 10
 

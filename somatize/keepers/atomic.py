@@ -1,8 +1,9 @@
 """Atomic writes: a file appears whole under its name, or not at all.
 
-Every write goes to a temp file in the target's directory, is fsynced, and is
-renamed over the target (``os.replace``, atomic on POSIX). A reader therefore sees
-the old file or the new one, never a torn one, whatever instant a writer is killed.
+Every write goes to a temp file in the target's directory, is fsynced (except where
+the caller asks not: cache entries and packs, verified on every read), and is renamed
+over the target (``os.replace``, atomic on POSIX). A reader therefore sees the old
+file or the new one, never a torn one, whatever instant a writer is killed.
 On an error the temp file is removed and what existed is untouched.
 
 Files are created as a plain ``open(path, "w")`` creates them: mode ``0o666`` less the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -12,9 +13,26 @@ from ..errors import KeeperError
 __all__ = ["Keeper", "KeeperStats", "check_key", "check_name"]
 
 
+_ELSEWHERE = "DiskKeeper(path) (for the somatize command: --dir or $SOMATIZE_CACHE)"
+
+
 def fail(what: str, path: str, e: OSError) -> KeeperError:
-    """The KeeperError for an OS error while a keeper did ``what`` to ``path``."""
-    return KeeperError(f"could not {what} {path}: {e.strerror or e}")
+    """The KeeperError for an OS error while a keeper did ``what`` to ``path``: the path,
+    the OS's words and the fix."""
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        fix = (
+            "free space on that disk (`somatize cache gc --max-bytes N` shrinks the cache), "
+            f"or keep the cache on another disk: {_ELSEWHERE}"
+        )
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        access = "read" if what.startswith("read") else "write"
+        fix = (
+            f"give this user {access} access to it (a read-only disk: remount it writable), "
+            f"or keep the cache in a directory this user can {access}: {_ELSEWHERE}"
+        )
+    else:
+        fix = f"check the disk, or keep the cache in another directory: {_ELSEWHERE}"
+    return KeeperError(f"could not {what} {path}: {e.strerror or e}; {fix}")
 
 
 _KEY = re.compile(r"^[0-9a-f]{64}$")

@@ -17,7 +17,6 @@ import stat
 import time
 from collections.abc import Callable, Collection, Iterator
 
-from ..errors import KeeperError
 from . import loose
 from .atomic import replace_with
 from .locks import open_lock
@@ -31,7 +30,7 @@ from .packs import (
     open_regular,
     read_index,
 )
-from .protocol import check_key
+from .protocol import check_key, fail
 
 _STALE = 3600.0  # seconds: a temp file this old belongs to no live writer
 
@@ -90,7 +89,7 @@ def _write(index: PackIndex, items: list[tuple[str, bytes]], flags: int) -> int:
     try:
         replace_with(path, chunks, durable=False)
     except OSError as e:
-        raise KeeperError(f"could not write cache pack {path}: {e.strerror or e}") from e
+        raise fail("write cache pack", path, e) from e
     index.add(pack)
     return 0 if there else sum(len(c) for c in chunks)
 
@@ -126,7 +125,7 @@ def rewrite(
     except CorruptPack:
         pack, got = None, []
     except OSError as e:
-        raise KeeperError(f"could not read cache pack {path}: {e.strerror or e}") from e
+        raise fail("read cache pack", path, e) from e
     finally:
         os.close(fd)
     if pack is None:
@@ -184,7 +183,7 @@ def unpin(root: str, index: PackIndex, keys: list[str]) -> None:
         except FileNotFoundError:
             pass
         except OSError as e:
-            raise KeeperError(f"could not unpin cache entry {path}: {e.strerror or e}") from e
+            raise fail("unpin cache entry", path, e) from e
     index.refresh(force=True)  # every pack holding a key, another process's too (rare: exact)
     by_pack: dict[str, set[str]] = {}
     for key in keys:
@@ -204,7 +203,7 @@ def discard(root: str, index: PackIndex, path: str, key: str) -> None:
     except IsADirectoryError:
         loose.quarantine(root, path, os.stat(path).st_ino)
     except OSError as e:
-        raise KeeperError(f"could not remove cache entry {path}: {e.strerror or e}") from e
+        raise fail("remove cache entry", path, e) from e
     index.refresh(force=True)  # every pack holding the key, another process's too (rare)
     for pack in index.holding(key):
         rewrite(index, root, pack.name, drop={key})
@@ -243,7 +242,7 @@ def _remove(path: str) -> bool:
     except FileNotFoundError:  # removed meanwhile by another process
         return False
     except OSError as e:
-        raise KeeperError(f"could not remove cache file {path}: {e.strerror or e}") from e
+        raise fail("remove cache file", path, e) from e
     return True
 
 
