@@ -9,6 +9,7 @@ import errno
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,7 +99,9 @@ def test_another_user_of_the_store_takes_the_same_lock() -> None:
         os.chmod(base, 0o755)
         with umask(0o022):
             DiskKeeper(base).pin("ab" * 32)  # pins/.lock: 0o644, root's
-        pid = os.fork()
+        with warnings.catch_warnings():  # (3.12 warns of forking a process with threads)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the other user: locks, and the lock is held while it does
             code = 2
             try:
