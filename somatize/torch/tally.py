@@ -8,8 +8,11 @@ found: rows for a node cached per example (``CacheRows``), items for a cached
 Evaluations are not counted. A checkpoint keeps the counts (``CacheTally.state``, one per
 rank), so the counts of a resumed fit are those of the whole run. After each epoch the Trainer takes that epoch's counts
 (``EpochEnd.cache``), and warns once per node when an epoch after the first found fewer than
-one in ten of its lookups although an earlier epoch stored them: the cache then costs its
-keys and writes and saves little or nothing.
+one in ten of its lookups although an earlier epoch counted since the fit started (or
+resumed) stored them: the cache then costs its keys and writes and saves little or nothing.
+(A resumed fit's first epoch is not compared with the epochs before the resume: a new
+process's ``MemoryKeeper`` starts empty, so that epoch stores what it looks up, as a run's
+first epoch does.)
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class CacheTally:
         self._warned: set[str] = set(since.get("warned") or ())
         self._whole: set[str] = set(since.get("whole") or ())  # nodes cached whole (a call)
         self._paused = False
+        self._missed: set[str] = set()  # nodes whose lookups missed (stored) this epoch
+        self._stored: set[str] = set()  # ... in an earlier epoch since the tally was made
         # the MemoryKeepers of the graphs, and what each had evicted when the fit began
         self.keepers: list[tuple[Any, int]] = []
 
@@ -75,6 +80,8 @@ class CacheTally:
             self._add(node, int(kind is CacheHit), int(kind is CacheMiss))
 
     def _add(self, node: str, hits: int, misses: int) -> None:
+        if misses:
+            self._missed.add(node)
         for counts in (self._epoch, self.total):
             c = counts.get(node)
             if c is None:
@@ -102,7 +109,9 @@ class CacheTally:
         counts, self._epoch = self._epoch, {}  # (its own dicts: ``total`` holds others)
         for node, c in counts.items():
             hits, lookups = c["hits"], c["hits"] + c["misses"]
-            stored = self.total[node]["misses"] > c["misses"]  # an earlier epoch missed: wrote
+            # an earlier epoch counted here missed, so wrote: not ``total``, which holds a
+            # resumed checkpoint's counts too (their entries may be in no keeper of this process)
+            stored = node in self._stored
             if warn and stored and hits < _COLD * lookups and node not in self._warned:
                 self._warned.add(node)
                 message = _evicted(self.keepers) + _cold(
@@ -110,6 +119,8 @@ class CacheTally:
                 )
                 # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
                 warnings.warn(message, RuntimeWarning, stacklevel=outside())
+        self._stored |= self._missed
+        self._missed = set()
         return counts
 
 

@@ -321,3 +321,32 @@ def test_counts_from_a_run_of_another_size_go_to_rank_0_summed():
     assert resumed([part, part], 0, 1) == {"total": {"enc": {"hits": 6, "misses": 2}}}
     assert resumed([part, part], 1, 3) is None
     assert resumed(None, 0, 1) is None
+
+
+def test_a_fit_resumed_into_a_fresh_memory_keeper_does_not_call_its_first_epoch_cold(tmp_path):
+    def run(epochs, resume=None):  # a new graph, so a new, empty MemoryKeeper: a new process
+        trainer = st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            epochs=epochs,
+            checkpoint=st.Checkpointing(tmp_path / "ckpt"),
+            watchers=[rec := Recorder()],
+            options=st.Options(progress=False),
+        )
+        return trainer.fit(graph(), loader(), resume=resume), rec
+
+    run(2)
+    # (before: the checkpoint's misses counted as stored in this process, so the resumed
+    # epoch, which finds an empty keeper and stores what it looks up, warned it went cold)
+    result, rec = run(4, resume="last")  # warnings are errors here
+    assert [e.cache for e in rec.of(EpochEnd)] == [
+        {"enc": {"hits": 0, "misses": N}},  # stored again, as a first epoch does
+        {"enc": {"hits": N, "misses": 0}},
+    ]
+    assert result.cache == {"enc": {"hits": 2 * N, "misses": 2 * N}}  # the whole run's
+    cold = CacheTally({"total": {"enc": {"hits": 0, "misses": N}}})  # and after a resume,
+    cold.on_event(CacheRows("r", "enc", 2, 0, N))  # an epoch it stored in, then a cold one,
+    cold.end_epoch(2)
+    cold.on_event(CacheRows("r", "enc", 3, 0, N))
+    with pytest.warns(RuntimeWarning, match="none of its 192 lookups of epoch 4"):
+        cold.end_epoch(3)  # still warns
