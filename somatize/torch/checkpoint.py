@@ -41,7 +41,7 @@ from .ckptdir import (
 )
 from .ported import ported
 from .resumed_monitor import check_monitor
-from .resumed_optimizer import check_optimizer, optimizer_class
+from .resumed_optimizer import check_frozen, check_optimizer, frozen_nodes, optimizer_class
 from .rng import as_state, restore_rank_rng, rng_state, set_rng_state
 from .run_state import RunState
 
@@ -293,6 +293,7 @@ def capture(
         "model": net.state_dict(),
         "optimizer": opt.state_dict(),
         "optimizer_class": optimizer_class(opt),
+        "frozen": frozen_nodes(net),  # (the nodes the optimizer's state leaves out)
         "scheduler": sched.state_dict() if sched is not None else None,
         "step": s.step,
         "epoch": s.epoch,
@@ -329,8 +330,8 @@ def restore(
     ``s.mode`` are this run's ``Options(monitor=, mode=)``, compared with the checkpoint's.
 
     Raises:
-        CheckpointError: it was written with another seed, model or optimizer class, or
-            its best (or its pruner's) is of another monitored metric or mode.
+        CheckpointError: it was written with another seed, model or optimizer class, other
+            frozen nodes, or its best (or its pruner's) is of another monitored metric or mode.
 
     Warns:
         UserWarning: an optimizer hyper-parameter differs (the checkpoint's is kept).
@@ -340,6 +341,8 @@ def restore(
             f"the checkpoint was written by a run with seed={payload['seed']}, this Trainer has "
             f"seed={seed}; resume with the same seed (it fixes the batch order)"
         )
+    fresh = "st.load_state(g, st.load_checkpoint(path)['model']), in another checkpoint directory"
+    check_frozen(payload.get("frozen"), frozen_nodes(net), fresh)
     check_optimizer(payload, opt)
     check_monitor(payload, s.monitor, s.mode, pruner)
     try:

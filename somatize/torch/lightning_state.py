@@ -15,6 +15,7 @@ import torch
 
 from ..errors import CheckpointError, SettingError
 from . import tally
+from .resumed_optimizer import check_frozen
 
 if TYPE_CHECKING:
     from .lightning import LightningGraph
@@ -47,7 +48,8 @@ def restore(lg: LightningGraph, checkpoint: dict[str, Any]) -> None:
     """``on_load_checkpoint``: refuse a checkpoint of another graph; take back the run.
 
     Raises:
-        CheckpointError: the checkpoint was written for a graph of another topology.
+        CheckpointError: the checkpoint was written for a graph of another topology, or
+            (resuming a fit) with other nodes frozen.
     """
     written = checkpoint.get("hyper_parameters", {}).get("topology")
     own = lg.graph.topology.to_json()
@@ -56,10 +58,20 @@ def restore(lg: LightningGraph, checkpoint: dict[str, Any]) -> None:
             f"the checkpoint was written for a graph with topology {written}, "
             f"not this one ({own}); load it into the graph it was trained with"
         )
-    state = checkpoint.get("somatize")
     trainer = lg._trainer
-    if state is None or (trainer is not None and trainer.state.fn != "fit"):  # (TrainerFn)
+    if trainer is not None and trainer.state.fn != "fit":  # (TrainerFn)
         return  # (test, validate, predict with ckpt_path=: the weights only, not the run)
+    if trainer is not None:  # a fit resumed: checked before its optimizer's state is loaded
+        frozen = checkpoint.get("hyper_parameters", {}).get("frozen")
+        check_frozen(
+            {"": frozen} if isinstance(frozen, list) else None,
+            {"": sorted(lg.graph.memory.frozen)},
+            "LightningGraph.load_from_checkpoint(path, g=g, loss=..., optimizer=...), "
+            "fitted without ckpt_path=",
+        )
+    state = checkpoint.get("somatize")
+    if state is None:
+        return
     lg._restored = trainer is not None  # (a fit resumed: on_fit_start keeps what it took)
     lg._pending.clear()
     lg._group.clear()

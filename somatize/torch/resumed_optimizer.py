@@ -1,8 +1,13 @@
-"""The optimizer a run resumes with: the checkpoint's class, and its hyper-parameters.
+"""The optimizer a run resumes with: the checkpoint's class, its hyper-parameters, and the
+frozen nodes whose parameters it leaves out.
 
 A checkpoint names its optimizer's class (``payload["optimizer_class"]``); resuming with
 another is refused, and a hyper-parameter changed since (say ``lr``) warns while the
-checkpoint's value is kept, so the run resumes exactly.
+checkpoint's value is kept, so the run resumes exactly. It names the nodes that were
+frozen (``payload["frozen"]``; a Lightning checkpoint's ``hyper_parameters["frozen"]``):
+resuming into a graph that freezes other nodes is refused before the optimizer's state —
+of other parameters — is loaded, naming the nodes and the ``g.freeze`` call that rebuilds
+the graph as it was trained.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import torch
 from ..errors import CheckpointError
 from ..stack import outside
 
-__all__ = ["check_optimizer", "optimizer_class"]
+__all__ = ["check_frozen", "check_optimizer", "frozen_nodes", "optimizer_class"]
 
 # keys a scheduler writes into param groups as it runs: they change without the user
 _SCHEDULED = {"lr", "initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"}
@@ -78,6 +83,56 @@ def check_optimizer(payload: Mapping[str, Any], opt: torch.optim.Optimizer) -> N
                     UserWarning,
                     stacklevel=outside(),
                 )
+
+
+def frozen_nodes(net: Any) -> dict[str, list[str]]:
+    """The frozen nodes of each graph in ``net``, by the graph module's path in it (``""``:
+    ``net`` itself, a ``module(g)``), for ``payload["frozen"]``."""
+    from .module import GraphModule
+
+    return {
+        path: sorted(m.graph.memory.frozen)
+        for path, m in net.named_modules()
+        if isinstance(m, GraphModule)
+    }
+
+
+def check_frozen(written: Any, own: Mapping[str, Any], fresh: str) -> None:
+    """The checkpoint's frozen nodes (``written``, as ``frozen_nodes`` gives them) are the
+    graph's (``own``): the optimizer's state is of the trainable nodes' parameters.
+
+    Raises:
+        CheckpointError: a node frozen in one and trainable in the other, named with the
+            ``g.freeze`` call that rebuilds the graph as it was trained, and ``fresh``: how
+            to start a new run from the checkpoint's weights instead.
+    """
+    if not isinstance(written, Mapping):  # (a checkpoint from before it was kept)
+        return
+    thawed: list[tuple[str, str]] = []  # frozen in the checkpoint, trained here
+    frozen: list[tuple[str, str]] = []  # the other way round
+    for path in sorted(set(written) | set(own)):
+        was, now = set(written.get(path) or ()), set(own.get(path) or ())
+        thawed += [(path, n) for n in sorted(was - now)]
+        frozen += [(path, n) for n in sorted(now - was)]
+    if not thawed and not frozen:
+        return
+    said = [f"{_nodes(thawed)} frozen, which this graph trains"] if thawed else []
+    said += [f"{_nodes(frozen)} trainable, which this graph freezes"] if frozen else []
+    calls = [_freeze(p, n, "") for p, n in thawed] + [_freeze(p, n, ", False") for p, n in frozen]
+    raise CheckpointError(
+        f"the checkpoint was written with {' and '.join(said)}, so its optimizer state is of "
+        f"other parameters than this run's; build the graph as it was trained "
+        f"({'; '.join(calls)}) before resuming, or start a fresh run from its weights: {fresh}"
+    )
+
+
+def _nodes(nodes: list[tuple[str, str]]) -> str:
+    named = ", ".join(f"{n!r}" + (f" (of the graph module {p!r})" if p else "") for p, n in nodes)
+    return f"node{'s' if len(nodes) > 1 else ''} {named}"
+
+
+def _freeze(path: str, node: str, off: str) -> str:
+    return f"g.freeze({node!r}{off})" + (f" on the graph of module {path!r}" if path else "")
 
 
 def _plain(v: Any) -> Any:

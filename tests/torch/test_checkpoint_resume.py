@@ -173,6 +173,20 @@ def test_resuming_another_model_is_refused(tmp_path):
         trainer(tmp_path).fit(other, data(), val=data(2), resume="last")
 
 
+def test_resuming_into_a_graph_frozen_otherwise_names_the_node_and_the_freeze_call(tmp_path):
+    first = trainer(tmp_path)
+    first.fit(graph(0).freeze("body"), data(), val=data(2))
+    assert first.checkpoint is not None
+    assert st.load_checkpoint(first.checkpoint.last())["frozen"] == {"": ["body"]}
+    # (before: "does not fit this model or optimizer (loaded state dict contains a parameter
+    # group that doesn't match the size of optimizer's group)", naming no node)
+    with pytest.raises(CheckpointError, match=r"node 'body' frozen, which this graph trains") as e:
+        trainer(tmp_path).fit(graph(0), data(), val=data(2), resume="last")
+    assert "(g.freeze('body')) before resuming" in str(e.value)
+    with pytest.raises(CheckpointError, match="and node 'head' trainable, which this graph fr"):
+        trainer(tmp_path).fit(graph(0).freeze("head"), data(), val=data(2), resume="last")
+
+
 @pytest.mark.parametrize("kept", ["world", "rngs"])  # a checkpoint from before "world" was kept
 def test_resuming_in_mid_epoch_a_checkpoint_of_another_world_size_is_refused(tmp_path, kept):
     from somatize.torch import integrity

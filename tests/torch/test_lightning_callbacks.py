@@ -96,6 +96,25 @@ def test_resume_from_last_continues_step_count_and_weights(tmp_path):
     assert result(trainer, resumed).num_examples == 64
 
 
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+@pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
+def test_resuming_into_a_graph_frozen_otherwise_names_the_node_and_the_freeze_call(tmp_path):
+    def run(g, epochs, **kw):
+        save = ModelCheckpoint(tmp_path / "ckpt", save_last=True)
+        _trainer(tmp_path, max_epochs=epochs, callbacks=[save]).fit(_lg(g), _loader(), **kw)
+
+    run(_graph(0).freeze("hidden"), 1)
+    # (before: Lightning's bare ValueError from the optimizer, "loaded state dict contains a
+    # parameter group that doesn't match the size of optimizer's group")
+    with pytest.raises(
+        CheckpointError, match=r"node 'hidden' frozen, which this graph trains"
+    ) as e:
+        run(_graph(0), 2, ckpt_path="last")
+    assert "(g.freeze('hidden')) before resuming" in str(e.value)
+    assert "LightningGraph.load_from_checkpoint(path, g=g" in str(e.value)
+    run(_graph(0).freeze("hidden"), 2, ckpt_path="last")  # rebuilt as it was trained: resumes
+
+
 def test_load_from_checkpoint_restores_weights_and_refuses_another_graph(tmp_path):
     lg = _lg(_graph(0))
     ck = ModelCheckpoint(tmp_path / "ck")
