@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from ..errors import SettingError
 from . import tally
 from .result import TrainResult
 
@@ -39,6 +40,35 @@ def _pruned_reason(trainer: L.Trainer) -> str | None:
     return "a callback set trainer.should_stop"
 
 
+def _check_process(trainer: L.Trainer) -> None:
+    """Refuse a trainer that fit in processes it started, asked from the one that started
+    them: Lightning's launcher brings back the weights (and ``callback_metrics``), not the
+    run, so a result here would be empty — weighted zero by ``fedavg``."""
+    import torch.distributed as dist
+
+    try:
+        from lightning.pytorch.strategies.launchers.multiprocessing import (
+            _MultiProcessingLauncher,
+        )
+    except ImportError:  # (another Lightning: nothing to tell)
+        return
+    launcher = getattr(trainer.strategy, "launcher", None)
+    if not isinstance(launcher, _MultiProcessingLauncher):
+        return
+    if dist.is_available() and dist.is_initialized():  # (asked inside the run: a worker's)
+        return
+    how = getattr(launcher, "_start_method", "spawn")
+    raise SettingError(
+        f"result() reads the run from the LightningGraph, and this trainer fit it in "
+        f'processes it started ({how!r}: strategy="ddp_spawn" or "ddp_notebook"), of '
+        "which only the weights come back to this one: lg.losses, lg.history, the step, "
+        "epoch and example counts are not here, and a result would say steps=0, "
+        'num_examples=0 (weighted zero by fedavg). Train with strategy="ddp" launched by '
+        "torchrun (torchrun --nproc_per_node=2 train.py, each process calling "
+        "result(trainer, lg)), or devices=1"
+    )
+
+
 def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
     """The ``TrainResult`` of a graph trained by ``trainer.fit(lg, ...)``.
 
@@ -54,6 +84,12 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
     A ``trainer.validate(lg, ...)`` is not part of the run: it is in ``lg.validated``, not
     in ``metrics``, ``best`` or ``val_examples``.
 
+    Raises:
+        SettingError: the trainer ran the fit in processes it started
+            (``strategy="ddp_spawn"``, ``"ddp_notebook"``): only the weights came back to
+            this one, not the losses, history, step and example counts a result is made
+            of — train with ``strategy="ddp"`` under ``torchrun``.
+
     Example:
         >>> trainer.fit(lg, train_loader, val_loader)  # doctest: +SKIP
         >>> r = result(trainer, lg); r.steps == trainer.global_step  # doctest: +SKIP
@@ -65,6 +101,7 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
         raise TypeError(
             f"result() takes the LightningGraph the trainer fit, got {type(lg).__qualname__}"
         )
+    _check_process(trainer)
     ckpt = trainer.checkpoint_callback
     monitor = getattr(ckpt, "monitor", None)
     best: float | None = None

@@ -123,3 +123,23 @@ def test_under_accumulation_losses_are_one_per_step_as_the_somatize_trainers(tmp
     assert len(lg.losses) == 4  # one per optimizer step, not one per batch
     assert r.losses == pytest.approx(ref_result.losses, rel=1e-6)
     _assert_same_state(r.state, ref_result.state)
+
+
+@pytest.mark.slow  # (two processes spawned, each importing torch and lightning)
+@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
+@pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
+def test_result_of_a_fit_in_spawned_processes_is_refused_naming_ddp_under_torchrun(tmp_path):
+    import functools
+
+    from somatize.errors import SettingError
+
+    lg = _lg(_graph(), optimizer=functools.partial(torch.optim.SGD, lr=0.1))  # (picklable)
+    before = st.state(lg.graph)
+    trainer = _trainer(tmp_path, max_epochs=1, devices=2, strategy="ddp_spawn")
+    trainer.fit(lg, _loader())
+    moved = st.state(lg.graph)  # the weights came back to this process; the run did not
+    assert any(not torch.equal(before[k], moved[k]) for k in before)
+    assert lg.losses == [] and trainer.global_step == 0
+    # (before: a TrainResult with steps=0, num_examples=0, losses=[] — fedavg weighs it zero)
+    with pytest.raises(SettingError, match=r"strategy=\"ddp\" launched by torchrun"):
+        result(trainer, lg)
