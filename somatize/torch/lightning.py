@@ -31,21 +31,20 @@ from torch import nn
 
 from ..errors import SettingError, add_note, require
 from ..graph import Graph
-from . import lightning_carry, lightning_history, lightning_state, tally
 from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
 from .first_step import batch_note
-from .lightning_history import Evaluation, Sums, scalar
+from .lightning_history import Evaluation
 from .lightning_settings import check, configured, hyperparameters
-from .metrics import _check_clash
 from .module import GraphModule, module
 
 try:
     import lightning as L
-    from lightning.pytorch.trainer.states import TrainerFn
 except ImportError:
     require("lightning", "lightning")  # raises MissingExtraError naming the extra
     raise
+
+from . import lightning_carry, lightning_evaluate, lightning_state, tally
 
 __all__ = ["LightningGraph", "Watch", "result"]
 
@@ -140,6 +139,7 @@ class LightningGraph(L.LightningModule):
         self.validated: list[dict[str, float]] = []  # trainer.validate()'s, not the run's
         self._evaluations: dict[str, Evaluation] = {}  # prefix → its sets' sums (…history.py)
         self._split_ok: set[str] = set()  # stages a batch went through: its form is not at fault
+        self._carried: list[tuple[Any, Any]] = []  # training's st.Carry values, during a validation
         self._started = 0.0
         self._tally: tally.CacheTally | None = None  # on the graph during fit (tally.py)
         self._restored = False  # a checkpoint was restored into the fit starting now
@@ -162,17 +162,6 @@ class LightningGraph(L.LightningModule):
             return batch, None
         return self.split(batch) if self.split is not None else split(batch)
 
-    def _log_nodes(self, prefix: str, sums: Sums | None = None, **how: Any) -> None:
-        if sums is not None:  # (as st.Trainer: a metric named as a node's metric is refused)
-            names = lightning_history.node_keys(self.net.metrics)
-            _check_clash(self._metrics, names, "LightningGraph")
-        for node, values in self.net.metrics.items():
-            for name, value in values.items():
-                v = scalar(value, f"node {node!r} metric {name!r}")
-                self.log(f"{prefix}{node}/{name}", v, **how)
-                if sums is not None:  # evaluated: in the history too, as under st.Trainer
-                    sums.add(f"{node}/{name}", v, how["batch_size"], node=True)
-
     def _explain(self, e: BaseException, batch: Any, stage: str) -> None:
         """The Trainer's note on a batch it does not split (first_step.batch_note), on a
         failure before any batch of ``stage`` went through (after one, its form is fine)."""
@@ -194,40 +183,12 @@ class LightningGraph(L.LightningModule):
         self.log(
             "train_loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=n
         )
-        self._log_nodes("", on_step=True, on_epoch=False, batch_size=n)
+        lightning_evaluate.log_nodes(self, "", on_step=True, on_epoch=False, batch_size=n)
         self._group.append((loss.detach(), n))  # (one loss per step: on_before_optimizer_step)
         self._last_batch = (loss.detach(), n)  # (read by Watch: Lightning's outputs hold loss / k)
         epoch = self.current_epoch
         self._examples[epoch] = self._examples.get(epoch, 0) + n
         return loss
-
-    def _evaluate_step(self, batch: Any, prefix: str, idx: int | None) -> None:
-        sums, objects = self._evaluations[prefix].of(idx)  # loader idx's own (idx: several)
-        try:
-            x, y = self._split(batch)
-            n = num_examples(x)
-            out = self.net(x)
-            values: dict[str, Any] = {"loss": self._loss_of(out, y)}  # the output, without loss
-            values.update({k: fn(out, y) for k, fn in self._metrics.items() if k not in objects})
-        except (TypeError, ValueError) as e:
-            self._explain(e, batch, prefix)
-            raise
-        self._split_ok.add(prefix)
-        m: Any
-        for m in objects.values():
-            m.update(out, y)
-        how: dict[str, Any] = {
-            "on_step": False,
-            "on_epoch": True,
-            "batch_size": n,
-            "sync_dist": True,
-        }
-        for name, value in values.items():
-            v = scalar(value, f"metric {name!r}", lightning_history.metric_fix(name))
-            self.log(f"{prefix}{name}", v, prog_bar=name == "loss", **how)
-            sums.add(name, v, n)
-        sums.examples += n
-        self._log_nodes(prefix, sums, **how)
 
     # Lightning passes dataloader_idx only with several loaders, when it also names what
     # is logged after it (val_loss/dataloader_idx_1): None is the single loader.
@@ -235,11 +196,11 @@ class LightningGraph(L.LightningModule):
         self, batch: Any, batch_idx: int, dataloader_idx: int | None = None
     ) -> None:
         lightning_carry.start_set(self, batch_idx)
-        self._evaluate_step(batch, "val_", dataloader_idx)
+        lightning_evaluate.step(self, batch, "val_", dataloader_idx)
 
     def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
         lightning_carry.start_set(self, batch_idx)
-        self._evaluate_step(batch, "test_", dataloader_idx)
+        lightning_evaluate.step(self, batch, "test_", dataloader_idx)
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         lightning_carry.start_set(self, batch_idx)
@@ -338,11 +299,6 @@ class LightningGraph(L.LightningModule):
                 rate = c["hits"] / total
                 self.log(f"cache/{node}/hit_rate", rate, on_epoch=True, rank_zero_only=True)
 
-    def _sets(self, prefix: str) -> list[int | None]:
-        """The loaders the evaluation read, in order: ``[None]`` for one (its names bare)."""
-        n = len(self.trainer.num_val_batches if prefix == "val_" else self.trainer.num_test_batches)
-        return list(range(n)) if n > 1 else [None]
-
     def on_train_start(self) -> None:
         lightning_carry.check(self)  # st.Carry with a shuffled DataLoader or DDP: warn
 
@@ -350,38 +306,16 @@ class LightningGraph(L.LightningModule):
         reset(carries(self.net))  # carried state (st.Carry) starts afresh each epoch
 
     def on_validation_epoch_start(self) -> None:
-        if self._tally is not None:  # evaluations are not counted
-            self._tally.pause(True)
-        self._evaluations["val_"] = Evaluation(self._metrics, self.device)
-        self._carried = lightning_carry.keep(self)  # given back after; each loader afresh
+        lightning_evaluate.start(self, "val_")
 
     def on_validation_epoch_end(self) -> None:
-        if self._tally is not None:
-            self._tally.pause(False)
-        lightning_carry.give_back(getattr(self, "_carried", []))
-        self._carried = []
-        evaluation, sets = self._evaluations.pop("val_"), self._sets("val_")
-        computed = lightning_history.log_objects(self, "val_", evaluation, sets)
-        if self.trainer.sanity_checking:
-            return
-        reduce = self.trainer.strategy.reduce if self.trainer.world_size > 1 else None
-        values, examples = evaluation.record("val_", sets, self.device, reduce, computed)
-        if not values:
-            return
-        record: dict[str, float] = {"step": self.global_step, "epoch": self.current_epoch}
-        record.update(values)
-        if self.trainer.state.fn != TrainerFn.FITTING:  # trainer.validate(): not the run's
-            self.validated.append(record)
-            return
-        self._val_examples = examples  # (TrainResult.val_examples)
-        self.history.append(record)
+        lightning_evaluate.end(self, "val_")
 
     def on_test_epoch_start(self) -> None:
-        self._evaluations["test_"] = Evaluation(self._metrics, self.device)
+        lightning_evaluate.start(self, "test_")
 
     def on_test_epoch_end(self) -> None:
-        evaluation = self._evaluations.pop("test_")
-        lightning_history.log_objects(self, "test_", evaluation, self._sets("test_"))
+        lightning_evaluate.end(self, "test_")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["somatize"] = lightning_state.saved(self)
