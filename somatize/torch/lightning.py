@@ -183,7 +183,7 @@ class LightningGraph(L.LightningModule):
         self.log(
             "train_loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=n
         )
-        lightning_evaluate.log_nodes(self, "", on_step=True, on_epoch=False, batch_size=n)
+        lightning_evaluate.log_nodes(self, on_step=True, on_epoch=False, batch_size=n)
         self._group.append((loss.detach(), n))  # (one loss per step: on_before_optimizer_step)
         self._last_batch = (loss.detach(), n)  # (read by Watch: Lightning's outputs hold loss / k)
         epoch = self.current_epoch

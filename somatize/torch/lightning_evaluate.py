@@ -1,6 +1,17 @@
 """A ``LightningGraph``'s validations and tests: each batch's loss, metrics and node metrics
-logged and summed (``lightning_history.Evaluation``), and each validation's record, which
+summed (``lightning_history.Evaluation``), and each validation's record, which
 ``lg.history`` (or ``lg.validated``, for a ``trainer.validate``) keeps.
+
+Nothing is logged per batch: the loss, the ``metrics=`` functions and the metrics nodes
+report are summed, and logged once, at the evaluation's end, from its record — their
+names agreed over the ranks and their sums reduced (``Evaluation.record``), so every rank
+logs the same names with the same values, the history's. Under DDP a node may report a
+metric on some ranks' batches only (``Done(x, metrics={"outliers": n} if n else {})``):
+logged per batch with ``sync_dist=True``, each rank would wait at the epoch's end in
+another all-reduce, for ever. A node metric is averaged over all the examples, as under
+``st.Trainer`` (a batch that did not report it counts as 0). And the ranks may evaluate
+different numbers of examples (``UnrepeatedDistributedSampler``): Lightning's own reduction
+of a per-batch mean divides by the ranks' mean batch size made an integer under gloo.
 
 Used by ``somatize.torch.lightning``; needs the ``lightning`` extra there.
 """
@@ -13,7 +24,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from . import lightning_carry, lightning_history
 from .batches import num_examples
-from .lightning_history import Evaluation, Sums, scalar
+from .lightning_history import Evaluation, Sums, scalar, suffix
 from .metrics import _check_clash
 
 if TYPE_CHECKING:
@@ -33,17 +44,21 @@ def start(lg: LightningGraph, prefix: str) -> None:
     lg._evaluations[prefix] = Evaluation(lg._metrics, lg.device)
 
 
-def log_nodes(lg: LightningGraph, prefix: str, sums: Sums | None = None, **how: Any) -> None:
-    """Log the metrics the nodes reported in the batch just run (``lg.net.metrics``)."""
-    if sums is not None:  # (as st.Trainer: a metric named as a node's metric is refused)
-        names = lightning_history.node_keys(lg.net.metrics)
-        _check_clash(lg._metrics, names, "LightningGraph")
+def log_nodes(lg: LightningGraph, **how: Any) -> None:
+    """Log the metrics the nodes reported in the training batch just run (``lg.net.metrics``)."""
+    for node, values in lg.net.metrics.items():
+        for name, value in values.items():
+            lg.log(f"{node}/{name}", scalar(value, f"node {node!r} metric {name!r}"), **how)
+
+
+def _sum_nodes(lg: LightningGraph, sums: Sums, n: int) -> None:
+    """Add the metrics the nodes reported in the evaluated batch just run to ``sums``."""
+    names = lightning_history.node_keys(lg.net.metrics)  # (as st.Trainer: a metric named
+    _check_clash(lg._metrics, names, "LightningGraph")  # as a node's metric is refused)
     for node, values in lg.net.metrics.items():
         for name, value in values.items():
             v = scalar(value, f"node {node!r} metric {name!r}")
-            lg.log(f"{prefix}{node}/{name}", v, **how)
-            if sums is not None:  # evaluated: in the history too, as under st.Trainer
-                sums.add(f"{node}/{name}", v, how["batch_size"], node=True)
+            sums.add(f"{node}/{name}", v, n, node=True)
 
 
 def step(lg: LightningGraph, batch: Any, prefix: str, idx: int | None) -> None:
@@ -62,18 +77,10 @@ def step(lg: LightningGraph, batch: Any, prefix: str, idx: int | None) -> None:
     m: Any
     for m in objects.values():
         m.update(out, y)
-    how: dict[str, Any] = {
-        "on_step": False,
-        "on_epoch": True,
-        "batch_size": n,
-        "sync_dist": True,
-    }
     for name, value in values.items():
-        v = scalar(value, f"metric {name!r}", lightning_history.metric_fix(name))
-        lg.log(f"{prefix}{name}", v, prog_bar=name == "loss", **how)
-        sums.add(name, v, n)
+        sums.add(name, scalar(value, f"metric {name!r}", lightning_history.metric_fix(name)), n)
     sums.examples += n
-    log_nodes(lg, prefix, sums, **how)
+    _sum_nodes(lg, sums, n)
 
 
 def _sets(lg: LightningGraph, prefix: str) -> list[int | None]:
@@ -85,7 +92,8 @@ def _sets(lg: LightningGraph, prefix: str) -> list[int | None]:
 
 def end(lg: LightningGraph, prefix: str) -> None:
     """``on_validation_epoch_end``, ``on_test_epoch_end``: the metric objects computed and
-    logged; a validation's record (not the sanity check's) kept."""
+    logged; the rest of the evaluation's record logged; a validation's record kept. (The
+    sanity check's is neither: Lightning drops what it logs.)"""
     if prefix == "val_":
         if lg._tally is not None:
             lg._tally.pause(False)
@@ -93,11 +101,27 @@ def end(lg: LightningGraph, prefix: str) -> None:
         lg._carried = []
     evaluation, sets = lg._evaluations.pop(prefix), _sets(lg, prefix)
     computed = lightning_history.log_objects(lg, prefix, evaluation, sets)
-    if prefix != "val_" or lg.trainer.sanity_checking:
+    if lg.trainer.sanity_checking:
         return
     reduce = lg.trainer.strategy.reduce if lg.trainer.world_size > 1 else None
     values, examples = evaluation.record(prefix, sets, lg.device, reduce, computed)
-    if not values:
+    objects = {f"{prefix}{k}{suffix(idx)}" for idx, done in computed.items() for k in done}
+    for name, value in values.items():  # the same names, in one order, on every rank
+        if name in objects:
+            continue  # (logged by log_objects)
+        # the same value on every rank: synced by "max", it stays as it is (and Lightning
+        # does not advise sync_dist=True for an epoch-level value, as it does without it)
+        bar = name == f"{prefix}loss" or name.startswith(f"{prefix}loss/")
+        lg.log(
+            name,
+            value,
+            prog_bar=bar,
+            on_epoch=True,
+            sync_dist=True,
+            reduce_fx="max",
+            add_dataloader_idx=False,
+        )
+    if prefix != "val_" or not values:
         return
     record: dict[str, float] = {"step": lg.global_step, "epoch": lg.current_epoch}
     record.update(values)

@@ -1,0 +1,51 @@
+"""LightningGraph under Lightning's ``strategy="ddp"``, two ranks launched by torchrun on CPU
+(gloo): a node metric only some ranks report, and validation with and without Lightning's
+padding (tests/torch/scripts/lightning_ddp.py runs the fits)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+
+from .scripts import lightning_ddp  # the script the ranks run, imported for its data
+from .test_ddp import torchrun
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lightning-ddp")
+    assert torchrun(out, script="lightning_ddp.py") == 0, (out / "torchrun.log").read_text()
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+
+
+@pytest.mark.slow
+def test_a_node_metric_only_one_ranks_batches_report_is_logged_and_recorded_as_st_trainer(ranks):
+    # (before: every rank waited for ever at the first validation's end, each in another
+    # all-reduce, as rank 1 logged val_flag/outliers and rank 0 did not)
+    x = lightning_ddp.X[lightning_ddp.VAL]
+    shares = [x[r::2, 0] > lightning_ddp.OUTLIER for r in (0, 1)]  # one batch a rank
+    assert [int(s.sum()) for s in shares] == [0, 1]
+    expected = sum(float(s.sum()) * len(s) for s in shares) / len(x)  # as st.Trainer weighs
+    for got in ranks:
+        history = got["rare"]["history"]
+        assert [r["val_flag/outliers"] for r in history] == [expected] * 3
+        assert [r["val_flag/outliers"] for r in got["st"]["history"]] == [expected] * 3
+        logged = got["rare"]["logged"]  # logged from the record: the history's values
+        assert logged["val_flag/outliers"] == expected
+        assert logged["val_loss"] == pytest.approx(history[-1]["val_loss"], rel=1e-6)
+    assert ranks[0]["rare"]["history"] == ranks[1]["rare"]["history"]
+
+
+@pytest.mark.slow
+def test_lightnings_sampler_pads_validation_and_an_unrepeated_one_evaluates_each_row_once(ranks):
+    for got in ranks:
+        assert got["padded"]["val_examples"] == {"val_": 30}  # 29 rows, one read twice
+        unrepeated = got["unrepeated"]
+        assert unrepeated["val_examples"] == {"val_": 29}
+        loss = unrepeated["history"][-1]["val_loss"]
+        assert loss == pytest.approx(unrepeated["single"], rel=1e-6)
+        # logged from the record (Lightning's own mean over ranks of 15 and 14 examples
+        # divides by 14, the mean batch size made an integer: 1.052 for 1.016)
+        assert unrepeated["logged"]["val_loss"] == pytest.approx(loss, rel=1e-6)
