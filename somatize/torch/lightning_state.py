@@ -1,7 +1,8 @@
 """What a ``LightningGraph`` keeps in a Lightning checkpoint besides the weights, under
 ``checkpoint["somatize"]``: its losses, validation history, example counts and cache
-counts, as plain lists, dicts and numbers (a checkpoint loads with ``weights_only=True``);
-and the check that a checkpoint is loaded into the graph it was written for.
+counts (every rank's under DDP, each rank resuming its own), as plain lists, dicts and
+numbers (a checkpoint loads with ``weights_only=True``); and the checks that a checkpoint
+is loaded into the graph it was written for, frozen as it was.
 
 Used by ``somatize.torch.lightning``; needs the ``lightning`` extra there.
 """
@@ -24,23 +25,28 @@ __all__ = ["check_loading", "restore", "saved"]
 
 
 def saved(lg: LightningGraph) -> dict[str, Any]:
-    """What ``on_save_checkpoint`` writes: the run so far (the cache counts of every rank)."""
+    """What ``on_save_checkpoint`` writes: the run so far. Under DDP every rank's losses,
+    example counts and cache counts (``ranks``, ``cache``: one each, in rank order — each
+    rank trains and counts its own share); ``losses`` and ``examples`` are the writing
+    rank's, as a checkpoint from before ``ranks`` was kept holds them."""
+    mine = {"losses": list(lg.losses), "examples": dict(lg._examples)}
+    ranks = _every_rank(lg, {**mine, "cache": tally.state(lg._tally)})
     return {
-        "losses": list(lg.losses),
+        **mine,
         "history": [dict(r) for r in lg.history],
-        "examples": dict(lg._examples),
         "val_examples": dict(lg._val_examples),
-        "cache": _cache_counts(lg),
+        "cache": [r.pop("cache") for r in ranks],
+        "ranks": ranks,
     }
 
 
-def _cache_counts(lg: LightningGraph) -> list[dict[str, Any]]:
-    """The cache counts so far of every rank, in rank order (``tally.resumed``)."""
-    mine = tally.state(lg._tally)
+def _every_rank(lg: LightningGraph, mine: dict[str, Any]) -> list[dict[str, Any]]:
+    """``mine`` of every rank, in rank order (collective: Lightning asks every rank for
+    the checkpoint, then rank 0 writes it)."""
     if lg.trainer.world_size > 1:
         from . import ddp
 
-        return [dict(s) for s in ddp.gather(mine)]
+        return [dict(r) for r in ddp.gather(mine)]
     return [mine]
 
 
@@ -75,11 +81,13 @@ def restore(lg: LightningGraph, checkpoint: dict[str, Any]) -> None:
     lg._restored = trainer is not None  # (a fit resumed: on_fit_start keeps what it took)
     lg._pending.clear()
     lg._group.clear()
-    lg._losses = list(state["losses"])
-    lg.history = [dict(r) for r in state["history"]]
-    lg._examples = dict(state["examples"])
-    lg._val_examples = dict(state.get("val_examples") or {})
     world = lg._trainer.world_size if lg._trainer is not None else 1
+    ranks = state.get("ranks")  # (None in a checkpoint from before it was kept)
+    mine = ranks[lg.global_rank] if isinstance(ranks, list) and len(ranks) == world else state
+    lg._losses = list(mine["losses"])  # (another number of ranks: the writing rank's)
+    lg.history = [dict(r) for r in state["history"]]
+    lg._examples = dict(mine["examples"])
+    lg._val_examples = dict(state.get("val_examples") or {})
     since = tally.resumed(state.get("cache"), lg.global_rank, world)  # (None: an old one)
     if lg._tally is None:  # (restored before on_fit_start, as Lightning does)
         lg._cache_since = since

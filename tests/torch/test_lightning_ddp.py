@@ -1,6 +1,6 @@
 """LightningGraph under Lightning's ``strategy="ddp"``, two ranks launched by torchrun on CPU
-(gloo): a node metric only some ranks report, and validation with and without Lightning's
-padding (tests/torch/scripts/lightning_ddp.py runs the fits)."""
+(gloo): a node metric only some ranks report, each rank's own losses after a resume, and
+validation with and without Lightning's padding (tests/torch/scripts/lightning_ddp.py runs the fits)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,17 @@ def test_a_node_metric_only_one_ranks_batches_report_is_logged_and_recorded_as_s
         assert logged["val_flag/outliers"] == expected
         assert logged["val_loss"] == pytest.approx(history[-1]["val_loss"], rel=1e-6)
     assert ranks[0]["rare"]["history"] == ranks[1]["rare"]["history"]
+
+
+@pytest.mark.slow
+def test_after_a_resume_each_rank_goes_on_from_its_own_losses(ranks):
+    for got in ranks:  # (before: rank 1's first two epochs of losses were rank 0's)
+        assert (
+            len(got["part"]["losses"]) == 2 and len(got["resume"]["losses"]) == 4
+        )  # a step an epoch
+        assert got["resume"]["losses"] == got["full"]["losses"]
+        assert got["resume"]["losses"][:2] == got["part"]["losses"]
+    assert ranks[0]["full"]["losses"] != ranks[1]["full"]["losses"]
 
 
 @pytest.mark.slow
