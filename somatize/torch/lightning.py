@@ -69,9 +69,9 @@ class LightningGraph(L.LightningModule):
       (averaged over examples); the same with ``test_`` under ``trainer.test``. With
       several loaders each is its own set, named as Lightning names it
       (``val_loss/dataloader_idx_1``), in ``history`` too;
-    * ``cache/<node>/hit_rate`` per training epoch for each node the graph remembers
-      (``result(trainer, lg).cache`` has the run's counts; a cold epoch warns, as under
-      the somatize Trainer).
+    * ``cache/<node>/hit_rate`` per training epoch for each node the graph remembers,
+      over every rank's lookups (``result(trainer, lg).cache`` has the run's counts,
+      every rank's summed; a cold epoch warns, as under the somatize Trainer).
 
     Args:
         g: the graph.
@@ -145,6 +145,7 @@ class LightningGraph(L.LightningModule):
         self._restored = False  # a checkpoint was restored into the fit starting now
         self._epoch_counts: tuple[int, dict[str, dict[str, int]]] = (-1, {})
         self._cache_since: Any = None  # a checkpoint's counts, for the fit resuming it
+        self._cache_run: Any = None  # the fit's counts over every rank, once it ends
         self.save_hyperparameters(hyperparameters(g, loss, optimizer, scheduler, self._metrics))
         self._factory_lr = self.hparams.get("lr")  # (what hparams["lr"] set later changes)
 
@@ -276,6 +277,7 @@ class LightningGraph(L.LightningModule):
                 since = tally.state(self._tally)
         tally.detach(self.net, self._tally)  # (one a failed fit left behind)
         self._tally, self._epoch_counts = tally.attach(self.net, since), (-1, {})
+        self._cache_run = None
 
     def on_fit_end(self) -> None:
         self.seconds = time.perf_counter() - self._started
@@ -294,10 +296,20 @@ class LightningGraph(L.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         counts = self.epoch_cache()  # (taken on every rank: each counts its own share)
-        for node, c in counts.items() if self.global_rank == 0 else ():
+        if self._tally is None:
+            return
+        run = tally.over_ranks(counts, self.trainer.world_size)  # all ranks' lookups
+        for node, c in sorted(run.items()):  # (the same names and values on every rank)
             if total := c["hits"] + c["misses"]:
-                rate = c["hits"] / total
-                self.log(f"cache/{node}/hit_rate", rate, on_epoch=True, rank_zero_only=True)
+                # synced by "max", the rate stays as it is (and Lightning does not advise
+                # sync_dist=True for an epoch-level value, as it does without it)
+                name = f"cache/{node}/hit_rate"
+                self.log(name, c["hits"] / total, on_epoch=True, sync_dist=True, reduce_fx="max")
+
+    def on_train_end(self) -> None:
+        if self._tally is not None:  # the run's counts, every rank's summed: result().cache
+            totals = tally.totals(self._tally)
+            self._cache_run = tally.over_ranks(totals, self.trainer.world_size)
 
     def on_train_start(self) -> None:
         lightning_carry.check(self)  # st.Carry with a shuffled DataLoader or DDP: warn

@@ -133,6 +133,6 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
         checkpoint=path or None,
         seconds=lg.seconds,
         seed=int(seed) if seed is not None else None,
-        cache=tally.totals(lg._tally),
+        cache=lg._cache_run if lg._cache_run is not None else tally.totals(lg._tally),
         val_examples=dict(lg._val_examples),
     )

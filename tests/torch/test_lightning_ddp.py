@@ -1,6 +1,7 @@
 """LightningGraph under Lightning's ``strategy="ddp"``, two ranks launched by torchrun on CPU
-(gloo): a node metric only some ranks report, each rank's own losses after a resume, and
-validation with and without Lightning's padding (tests/torch/scripts/lightning_ddp.py runs the fits)."""
+(gloo): a node metric only some ranks report, the cache counts and hit rates over every
+rank, each rank's own losses after a resume, and validation with and without Lightning's
+padding (tests/torch/scripts/lightning_ddp.py runs the fits)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,22 @@ def test_a_node_metric_only_one_ranks_batches_report_is_logged_and_recorded_as_s
         assert logged["val_flag/outliers"] == expected
         assert logged["val_loss"] == pytest.approx(history[-1]["val_loss"], rel=1e-6)
     assert ranks[0]["rare"]["history"] == ranks[1]["rare"]["history"]
+
+
+@pytest.mark.slow
+def test_cache_counts_and_hit_rates_are_every_ranks_and_lightning_advises_nothing(ranks):
+    per_rank = [got["cache"]["epochs"] for got in ranks]  # EpochEnd.cache: each rank's own
+    assert [sum(e["enc"]["hits"] + e["enc"]["misses"] for e in p) for p in per_rank] == [48, 48]
+    summed = {
+        k: sum(e["enc"][k] for p in per_rank for e in p) for k in ("hits", "misses")
+    }  # (before: result().cache was the rank's own counts)
+    assert ranks[0]["cache"]["cache"] == ranks[1]["cache"]["cache"] == {"enc": summed}
+    last = [p[-1]["enc"] for p in per_rank]  # the last epoch's, every rank's lookups
+    rate = sum(c["hits"] for c in last) / sum(c["hits"] + c["misses"] for c in last)
+    for got in ranks:  # (before: rank 0's own rate, logged by rank 0 only)
+        assert got["cache"]["logged"]["cache/enc/hit_rate"] == pytest.approx(rate, rel=1e-6)
+    # (before: "It is recommended to use `self.log('cache/enc/hit_rate', ..., sync_dist=True)`")
+    assert ranks[0]["advised"] == ranks[1]["advised"] == []
 
 
 @pytest.mark.slow
