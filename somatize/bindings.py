@@ -17,6 +17,11 @@ pickle (written only, never read back). One holding other objects, or
 more values, is read once, when the class is first keyed: rebind it to change it. One
 the code itself changes in place (a call counter: ``identity.is_record``) is its record,
 not compared.
+
+The code is watched too: the functions the class and each user helper and base class
+hold, and their code objects, by identity (``own_code.stamp``) — a method patched on the
+class (``Enc.forward = f2``), or code replaced in place by IPython's ``%autoreload 2``, is
+read again at the next key (a few calls in C per class: ``own_code.unchanged``).
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .changes import _reached, _user_code
-from .identity import _attributes, _has_attributes, _is_user_module, is_record
+from .identity import is_record
+from .own_code import MEMBER, stamp, unchanged
 from .source_code import functions
+from .user_modules import _attributes, _has_attributes, _is_user_module
 
 if TYPE_CHECKING:
     from .codecs import Codec
@@ -37,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["CONTENT_LIMIT", "EXACT_LIMIT", "Watched", "still", "watch"]
 
 _MISSING = object()
+_CODE = object()  # where a watched code stamp is (own_code.stamp), in place of a scope
 CONTENT_LIMIT = 10_000  # plain values a watched container may hold to be compared by content
 EXACT_LIMIT = 1_000  # and to be compared type for type too (1 -> 1.0 seen): by its pickle
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
@@ -46,6 +54,7 @@ _LIBRARY = (types.ModuleType, types.BuiltinFunctionType, types.FunctionType, typ
 # (where the name lives — a module's globals or a closure cell —, its first name, the
 # attributes after it, the object it was bound to, the codec and fingerprint then or None,
 # a copy of its content then — a container of plain values — and its pickle (or None), or
+# _MISSING); or, for a class's or function's code, (_CODE, "", (), its Stamp, None, None,
 # _MISSING)
 Watched = list[tuple[Any, str, tuple[str, ...], Any, Any, str | None, Any]]
 
@@ -133,29 +142,48 @@ def _scope(obj: Any, name: str) -> Any:
 
 def watch(obj: Any, codecs: Sequence[Codec]) -> Watched:
     """The names ``obj``'s code (a class or a function, and the user helpers it reaches)
-    reads that could change its output."""
+    reads that could change its output; and the code itself, of ``obj``, of each helper and
+    of the user's own classes ``obj`` inherits from (``own_code.stamp``)."""
     out: Watched = []
     reached = list(_reached(obj))
     records = {d for _, user, refs in reached for d, t in refs if is_record(user, d, t)}
+    stamped: set[int] = set()
     for _, user, references in reached:
+        _stamp(out, user, stamped)
         for dotted, target in references:
             if isinstance(target, _LIBRARY) and not _user_code(target):
                 continue  # (library code enters by name and version; torch stays torch)
+            if dotted.startswith(MEMBER):
+                continue  # (a function the class holds: its class's stamp has it)
             first, *rest = dotted.split(".")
             fp = next(((c, f) for c in codecs if (f := c.fingerprint(target)) is not None), None)
             codec, seen = fp if fp is not None else (None, None)
             keeps = codec is None and dotted not in records  # (a record: the code's own)
             content = _content(target) if keeps else _MISSING
             out.append((_scope(user, first), first, tuple(rest), target, codec, seen, content))
+    for base in obj.__mro__[1:] if isinstance(obj, type) else ():
+        if _user_code(base):
+            _stamp(out, base, stamped)
     return out
+
+
+def _stamp(out: Watched, obj: Any, stamped: set[int]) -> None:
+    if id(obj) not in stamped and isinstance(obj, (type, types.FunctionType)):
+        stamped.add(id(obj))
+        out.append((_CODE, "", (), stamp(obj), None, None, _MISSING))
 
 
 def still(watched: Watched) -> bool:
     """Whether every watched name is bound as it was, to what fingerprints as it did, and
-    holds what it held (a container of plain values)."""
+    holds what it held (a container of plain values); and every watched class or function
+    holds the same code (``own_code.unchanged``)."""
     for where, first, rest, target, codec, seen, content in watched:
         if type(where) is dict:
             now = where.get(first, _MISSING)
+        elif where is _CODE:
+            if not unchanged(target):
+                return False
+            continue
         else:
             try:
                 now = where.cell_contents

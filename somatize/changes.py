@@ -14,15 +14,9 @@ import types
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .identity import (
-    _describe,
-    _is_user_module,
-    _own,
-    _references,
-    _versions,
-    is_record,
-    record,
-)
+from .identity import _describe, _references, is_record, record
+from .own_code import _own
+from .user_modules import _is_user_module, _versions
 
 if TYPE_CHECKING:
     from .codecs import Codec

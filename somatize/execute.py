@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from types import MethodType
 from typing import TYPE_CHECKING, Any
 
 from .catalog import Catalog
@@ -142,6 +143,7 @@ class Program(HotPath):
         fast = self.fast.append
         device = devices.get if devices else _none
         slot: dict[str, int] = {}
+        self._bound: dict[str, Any] = {}  # node -> its impl.forward when bound (forward_of)
         for node, inputs in steps:
             sub = subs.get(node) if subs else None
             if sub is not None:  # a subgraph is a node to the runtime too (frozen: eval mode)
@@ -149,10 +151,11 @@ class Program(HotPath):
                 if wrap is not None:
                     forward = wrap(node, impls[node], forward)
             elif wrap is None:
-                forward = impls[node].forward
+                forward = self._bound[node] = impls[node].forward
             else:
                 impl = impls[node]
-                forward = wrap(node, impl, impl.forward)
+                self._bound[node] = own = impl.forward
+                forward = wrap(node, impl, own)
             if len(inputs) == 1:
                 fast((node, forward, slot[inputs[0]], None, device(node)))
             elif inputs:
@@ -247,8 +250,18 @@ class Program(HotPath):
     # -- the keyed path ---------------------------------------------------------------
 
     def forward_of(self, node: str, impl: Any) -> Forward:
-        """The forward of ``impl`` at ``node``: the hot path's own when ``impl`` is the node's."""
-        return self._forwards[node] if impl is self.catalog[node] else self._forward(node, impl)
+        """The forward of ``impl`` at ``node``: the hot path's own when ``impl`` is the node's
+        and its ``forward`` is the one bound when the program was built. One replaced since
+        — on the instance (``node.forward = f``), on its class (``Enc.forward = f``), or by
+        ``node.__class__ = Other`` — is bound anew, here and for the keyed runs after: the
+        keyed path runs the forward that the node's key describes."""
+        if impl is not self.catalog[node]:
+            return self._forward(node, impl)
+        bound = self._bound.get(node)
+        if bound is not None and not _same_forward(bound, now := impl.forward):
+            self._bound[node] = now
+            self._forwards[node] = self._forward(node, impl)
+        return self._forwards[node]
 
     def run_keyed(
         self,
@@ -321,6 +334,17 @@ class Program(HotPath):
         return Outcome(
             tuple(values[o] for o in out), any(o in opaque for o in out), out_key, done.metrics
         )
+
+
+def _same_forward(a: Any, b: Any) -> bool:
+    """Whether two reads of a node's ``forward`` are the same: the same object, or methods
+    of the same function bound to the same node (each read makes a new bound method)."""
+    return a is b or (
+        type(a) is MethodType
+        and type(b) is MethodType
+        and a.__func__ is b.__func__
+        and a.__self__ is b.__self__
+    )
 
 
 class _SubgraphForward:

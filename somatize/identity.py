@@ -12,89 +12,43 @@ and what it *holds* (state, ``node_state.py``): three of the four parts of a nod
   applied, canonicalised the first time a key is needed.
 * state — what the node holds that changes its output: plain-data attributes, and
   objects a codec fingerprints (module weights, tensors).
+
+Each object's own code is read in ``own_code.py`` (and read again when it changes in
+place); which modules are the user's own, in ``user_modules.py``. Here: how the names that
+code reads enter a fingerprint (``_describe``), and the fingerprint itself.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import enum
 import functools
-import importlib.metadata
 import logging
-import os
 import random
 import re
 import sys
-import sysconfig
 import types
 import warnings
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
-from .source_code import (
-    code_digest,
-    code_names,
-    functions,
-    referenced,
-    source_tree,
-    strip_docstrings,
-    written,
-)
+from .own_code import MEMBER, members
+from .own_code import _own as _own
+from .source_code import functions
 from .stack import outside
+from .user_modules import _attributes as _attributes
+from .user_modules import _has_attributes as _has_attributes
+from .user_modules import _is_user_module as _is_user_module
+from .user_modules import _library_function as _library_function
+from .user_modules import _versions as _versions
 from .values import digest, is_data
 
 if TYPE_CHECKING:
     from .codecs import Codec
 
 __all__ = ["fingerprint", "identity"]
-
-# The code of each class or function, read once: (digest of it, dotted names it reads,
-# names it changes in place).
-# Only an object's own code is kept here: what its names resolve to is looked up on
-# every fingerprint, since a helper module may be reloaded under an unchanged class.
-_sources: weakref.WeakKeyDictionary[Any, tuple[bytes, list[list[str]], frozenset[str]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-@functools.cache
-def _versions() -> str:
-    parts = []
-    for dist in ("somatize", "torch"):
-        try:
-            parts.append(f"{dist}={importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            parts.append(f"{dist}=none")
-    return " ".join(parts)
-
-
-@functools.cache
-def _library_roots() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    roots.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
-    roots.add(os.path.dirname(os.path.abspath(__file__)))  # somatize itself: enters by version
-    return tuple(os.path.realpath(r) + os.sep for r in roots)
-
-
-def _is_user_module(module: types.ModuleType | None) -> bool:
-    if module is None:
-        return False
-    file = getattr(module, "__file__", None)
-    if file is None:
-        return module.__name__ == "__main__"
-    return not _in_library(file)
-
-
-@functools.lru_cache(maxsize=8192)
-def _in_library(file: str) -> bool:
-    """Whether a module's file lies under the standard library, site-packages or somatize
-    (kept per path: ``realpath`` costs six ``lstat`` calls, and keys ask at every miss)."""
-    return os.path.realpath(file).startswith(_library_roots())
 
 
 def _describe(
@@ -200,83 +154,6 @@ def _describe_object(
     return f"{t.__qualname__}:" + blake3("\0".join(parts).encode()).hexdigest()
 
 
-_DESCRIPTORS = (
-    types.MethodDescriptorType,
-    types.WrapperDescriptorType,
-    types.ClassMethodDescriptorType,
-)
-
-
-def _library_function(obj: Any) -> str | None:
-    """``module.name`` of a library function that is not a Python one — a numpy ufunc or
-    array-function dispatcher (``np.add``, ``np.dot``), a Cython function
-    (``np.random.default_rng``), a builtin type's method (``str.lower``) — found under
-    that name in its library module, as a library's Python function is known by its name;
-    None for anything else (a library object's instance, even a callable one, has state).
-    """
-    if isinstance(obj, _DESCRIPTORS):
-        owner = obj.__objclass__
-        if _is_user_module(sys.modules.get(owner.__module__)):
-            return None
-        return f"{owner.__module__}.{obj.__qualname__}"
-    if not callable(obj):
-        return None
-    module_name = getattr(obj, "__module__", None)
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    if not isinstance(module_name, str) or not isinstance(name, str):
-        return None
-    module = sys.modules.get(module_name)
-    if module is None or _is_user_module(module):
-        return None
-    found: Any = module
-    for part in name.split("."):
-        found = getattr(found, part, None)
-    return f"{module_name}.{name}" if found is obj else None
-
-
-def _has_attributes(obj: Any) -> bool:
-    return hasattr(obj, "__dict__") or any("__slots__" in vars(c) for c in type(obj).__mro__)
-
-
-def _attributes(obj: Any) -> dict[str, Any]:
-    """An instance's data attributes: its ``__dict__`` and its slots that are set."""
-    found = dict(getattr(obj, "__dict__", {}))
-    for cls in type(obj).__mro__:
-        slots = vars(cls).get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
-                found.setdefault(name, getattr(obj, name))
-    return found
-
-
-def _own(obj: Any) -> tuple[bytes, list[list[str]], frozenset[str]]:
-    """The digest of ``obj``'s own code, the dotted names it reads, and the names it
-    changes in place (read once per object)."""
-    cached = _sources.get(obj)
-    if cached is not None:
-        return cached
-    h = blake3()
-    h.update(f"{obj.__module__}.{obj.__qualname__}\0".encode())
-    # The source of a lambda is the whole statement around it, shared by every lambda in
-    # it (`Apply(lambda x: x + 1) | Apply(lambda x: x * 2)`): a lambda is known by its code.
-    is_lambda = getattr(obj, "__name__", None) == "<lambda>"
-    tree = None if is_lambda else source_tree(obj)
-    wrote: frozenset[str] = frozenset()
-    if tree is None:
-        names: list[list[str]] = []
-        for f in functions(obj):
-            code_digest(f.__code__, h)
-            names += code_names(f.__code__)
-    else:
-        strip_docstrings(tree)
-        h.update(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
-        names, wrote = referenced(tree), frozenset(written(tree))
-    result = (h.digest(), names, wrote)
-    with contextlib.suppress(TypeError):  # objects that take no weak reference
-        _sources[obj] = result
-    return result
-
-
 def _fingerprint(
     obj: Any, memo: dict[int, str], codecs: Sequence[Codec] = (), blind: list[str] | None = None
 ) -> str:
@@ -292,7 +169,7 @@ def _fingerprint(
         return done_or_running
     memo[id(obj)] = "cycle:" + str(obj.__qualname__)  # recursion between helpers
     h = blake3(_own(obj)[0])
-    for dotted, target in _references(obj):
+    for dotted, target in _references(obj):  # (a class's members among them: own_code.py)
         inner: list[str] = []
         described = (
             record(target)
@@ -372,6 +249,8 @@ def _references(obj: Any) -> list[tuple[str, Any]]:
             continue
         done.add(dotted)
         found.append((dotted, target))
+    # a function the class holds that its body did not define (patched in): its own code
+    found += [(f"{MEMBER}{name}", f) for name, f in members(obj)]
     return found
 
 

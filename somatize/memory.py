@@ -137,7 +137,7 @@ class NodeKeys:
 
     def __init__(self, codecs: Sequence[Codec] = ()) -> None:
         self.codecs = tuple(codecs)
-        self._fixed: dict[int, tuple[Any, str, str, Watched]] = {}
+        self._fixed: dict[int, tuple[Any, type, str, str, Watched]] = {}
         self._codes = Codes(self.codecs)  # the code held nodes hold, read once (node_state)
         # what codecs say outputs depend on besides state and inputs (torch: autocast)
         self._contexts = [f for c in self.codecs if (f := getattr(c, "context", None))]
@@ -164,12 +164,20 @@ class NodeKeys:
             parts: tuple[str, str, str] = own(self)
             return parts
         fixed = self._fixed.get(id(impl))
-        if fixed is None or fixed[0] is not impl or (fixed[3] and not still(fixed[3])):
-            # (the class's code read once; what it reads checked at every key: bindings.py)
-            watched = watch(type(impl), self.codecs)
-            fixed = (impl, identity(impl, self.codecs), declaration(impl, self.codecs), watched)
+        if (
+            fixed is None
+            or fixed[0] is not impl
+            or fixed[1] is not type(impl)  # (node.__class__ = Other)
+            or not still(fixed[4])
+        ):
+            # (the class's code read once; what it reads, and the code itself, checked at
+            # every key: bindings.py)
+            cls = type(impl)
+            watched = watch(cls, self.codecs)
+            ident, decl = identity(impl, self.codecs), declaration(impl, self.codecs)
+            fixed = (impl, cls, ident, decl, watched)
             self._fixed[id(impl)] = fixed
-        return fixed[1], fixed[2], state(impl, self.codecs, self.context(), self._codes)
+        return fixed[2], fixed[3], state(impl, self.codecs, self.context(), self._codes)
 
     def of(self, impl: Any, predecessors: Sequence[str]) -> str:
         return key(*self.parts(impl), predecessors)

@@ -1,13 +1,18 @@
 """Reading a class's or function's own code: its source tree without docstrings (or, with
-no source, its bytecode), and the dotted global names it reads. ``somatize/identity.py``
-builds fingerprints out of these."""
+no source, its bytecode), the dotted global names it reads, and whether the source as it
+is now compiles to the code that was loaded (``same_as_loaded``). ``somatize/own_code.py``
+and ``somatize/identity.py`` build fingerprints out of these."""
 
 from __future__ import annotations
+import __future__
 
 import ast
 import dis
+import functools
 import inspect
 import linecache
+import operator
+import os
 import symtable
 import textwrap
 import types
@@ -18,6 +23,7 @@ __all__ = [
     "code_names",
     "functions",
     "referenced",
+    "same_as_loaded",
     "source_tree",
     "strip_docstrings",
 ]
@@ -36,7 +42,10 @@ def strip_docstrings(tree: ast.AST) -> None:
                 node.body = body[1:] or [ast.Pass()]
 
 
-def source_tree(obj: Any) -> ast.AST | None:
+def source_tree(obj: Any) -> tuple[ast.AST, str, int, int] | None:
+    """The source of ``obj`` as the file is now, parsed, with the file and the lines it
+    spans (first, end); None where there is none. Whether those lines are the code that
+    runs is ``same_as_loaded``'s to say."""
     try:
         file = inspect.getsourcefile(obj)
         entry = linecache.cache.get(file or "")
@@ -45,21 +54,11 @@ def source_tree(obj: Any) -> ast.AST | None:
             # since an edit of the same size within one mtime tick escapes checkcache().
             del linecache.cache[file]
         lines, start = inspect.getsourcelines(obj)
-        if isinstance(obj, type) and not _spans(obj, file, start, start + len(lines)):
-            return None  # another class of the same name (3.11 finds the first): by bytecode
-        return ast.parse(textwrap.dedent("".join(lines)))
+        if file is None:
+            return None
+        return ast.parse(textwrap.dedent("".join(lines))), file, start, start + len(lines)
     except (OSError, TypeError, SyntaxError):
         return None
-
-
-def _spans(cls: type, file: str | None, first: int, end: int) -> bool:
-    """Whether the source lines ``first``..``end`` hold the methods of ``cls`` defined in
-    ``file``: the source found is that class's, not an earlier one's of the same name."""
-    for f in functions(cls):
-        code = f.__code__
-        if code.co_filename == file and not first <= code.co_firstlineno < end:
-            return False
-    return True
 
 
 def code_digest(code: types.CodeType, h: Any) -> None:
@@ -76,15 +75,20 @@ def code_digest(code: types.CodeType, h: Any) -> None:
 
 
 _LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF"})
+_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 
 
-def code_names(code: types.CodeType) -> list[list[str]]:
+def code_names(code: types.CodeType, free: frozenset[str] | None = None) -> list[list[str]]:
     """Dotted chains of the global and closure names a code object (and code nested in it)
-    reads: ``helper``, ``mod.helper``. Locals, parameters and attribute names are not."""
+    reads: ``helper``, ``mod.helper``. Locals, parameters and attribute names are not, nor
+    a local that nested code shares (``x`` in ``[x * i for i in r]``: a cell, not a
+    closure from outside: only ``free``, the outermost code's free names, are)."""
+    if free is None:
+        free = frozenset(code.co_freevars)
     names: list[list[str]] = []
     chain: list[str] | None = None
     for ins in dis.get_instructions(code):
-        if ins.opname in _LOADS:
+        if ins.opname in _LOADS and (ins.opname in _GLOBAL or ins.argval in free):
             chain = [str(ins.argval)]
             names.append(chain)
         elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and chain is not None:
@@ -93,7 +97,7 @@ def code_names(code: types.CodeType) -> list[list[str]]:
             chain = None
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names += code_names(const)
+            names += code_names(const, free)
     return names
 
 
@@ -103,10 +107,133 @@ def functions(obj: Any) -> list[types.FunctionType]:
         return [obj]
     found = []
     for member in vars(obj).values():
-        for f in (getattr(member, "__func__", member), getattr(member, "fget", None)):
-            if isinstance(f, types.FunctionType):
-                found.append(f)
+        found += held(member)
     return found
+
+
+def held(member: Any) -> list[types.FunctionType]:
+    """The functions a class attribute holds: itself, a classmethod's or staticmethod's
+    function, a property's getter."""
+    return [
+        f
+        for f in (getattr(member, "__func__", member), getattr(member, "fget", None))
+        if isinstance(f, types.FunctionType)
+    ]
+
+
+def unwrapped(f: types.FunctionType) -> list[types.FunctionType]:
+    """``f`` and the functions it wraps (``functools.wraps``' ``__wrapped__``, as
+    ``torch.no_grad()`` and most decorators set it), outermost first."""
+    chain = [f]
+    inner = getattr(f, "__wrapped__", None)
+    while isinstance(inner, types.FunctionType) and inner not in chain and len(chain) < 8:
+        chain.append(inner)
+        inner = getattr(inner, "__wrapped__", None)
+    return chain
+
+
+# (file, __future__ flags) -> (the text compiled, its code objects by qualified name)
+_COMPILED: dict[tuple[str, int], tuple[str, dict[str, list[types.CodeType]] | None]] = {}
+
+
+def same_as_loaded(obj: Any, file: str, first: int = 0, end: int = 0) -> bool:
+    """Whether every function of ``obj`` (itself, or those of a class's body, and what
+    they wrap) compiled from ``file`` is what the text linecache now holds for ``file``
+    compiles to, under its qualified name, and (with ``end``) from lines ``first`` to
+    ``end``, the source read: that source is the code that runs. False where the file was
+    edited since it was imported (or no longer compiles), or where the lines read are
+    another definition's (a class defined twice under one name: 3.11's ``inspect`` finds
+    the first). Bytecode, names and constants are compared (nested code too), not line
+    numbers: an edit of comments, or elsewhere in the file, leaves the code the same."""
+    where, name = _real(file), obj.__qualname__
+    for outer in functions(obj):
+        for f in unwrapped(outer):
+            code = f.__code__
+            if _real(code.co_filename) != where:
+                continue  # (a library's decorator, generated code: not this file's)
+            codes = _compiled(file, code.co_flags & _FUTURE)
+            if codes is None:
+                return False
+            qualname = getattr(code, "co_qualname", f.__qualname__)  # (3.11+: the code's own)
+            # What ``obj`` defines is in the lines read: a function named as defined in it
+            # (its code replaced in place keeps the name), or whose code is. A function put
+            # in a class, or a decorator's wrapper (named as what it wraps), is anywhere.
+            named = qualname if hasattr(f, "__wrapped__") else f.__qualname__
+            ours = end and any(q == name or q.startswith(name + ".") for q in (qualname, named))
+            if not any(
+                same_code(code, c) and (not ours or first <= c.co_firstlineno < end)
+                for c in codes.get(qualname, ())
+            ):
+                return False
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _real(file: str) -> str:
+    return os.path.realpath(file)
+
+
+# the compiler flags of ``from __future__`` imports: a code object's own, which its source
+# compiles to under the same (an ``exec`` or ``compile`` may pass its caller's)
+_FUTURE = functools.reduce(
+    operator.or_, (getattr(__future__, n).compiler_flag for n in __future__.all_feature_names)
+)
+
+
+def _compiled(file: str, flags: int) -> dict[str, list[types.CodeType]] | None:
+    """The code objects of ``file``'s text as linecache holds it now, compiled with the
+    ``__future__`` ``flags``, by qualified name (None where it does not compile); compiled
+    once per text and flags."""
+    text = "".join(linecache.getlines(file))
+    kept = _COMPILED.get((file, flags))
+    if kept is not None and kept[0] == text:
+        return kept[1]
+    codes: dict[str, list[types.CodeType]] | None
+    try:
+        top = compile(text, file, "exec", flags=flags, dont_inherit=True)
+    except (SyntaxError, ValueError):
+        codes = None
+    else:
+        codes = {}
+        _collect(top, "", codes)  # (qualified name -> code objects)
+    if len(_COMPILED) > 256:
+        _COMPILED.clear()
+    _COMPILED[file, flags] = (text, codes)
+    return codes
+
+
+def _collect(code: types.CodeType, prefix: str, out: dict[str, list[types.CodeType]]) -> None:
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            name = getattr(c, "co_qualname", prefix + c.co_name)
+            out.setdefault(name, []).append(c)
+            # (3.10: a function's inner names are `f.<locals>.g`, a class body's `C.g`)
+            _collect(c, name + (".<locals>." if c.co_flags & inspect.CO_NEWLOCALS else "."), out)
+
+
+def same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    """Whether two code objects do the same: bytecode, signature, names and constants
+    (code among them compared so too); line numbers and file names aside."""
+    if (
+        a.co_code != b.co_code
+        or a.co_names != b.co_names
+        or a.co_varnames != b.co_varnames
+        or a.co_freevars != b.co_freevars
+        or a.co_cellvars != b.co_cellvars
+        or a.co_flags != b.co_flags
+        or a.co_argcount != b.co_argcount
+        or a.co_posonlyargcount != b.co_posonlyargcount
+        or a.co_kwonlyargcount != b.co_kwonlyargcount
+        or len(a.co_consts) != len(b.co_consts)
+    ):
+        return False
+    for x, y in zip(a.co_consts, b.co_consts):
+        if isinstance(x, types.CodeType):
+            if not isinstance(y, types.CodeType) or not same_code(x, y):
+                return False
+        elif type(x) is not type(y) or (x != y if type(x) is frozenset else repr(x) != repr(y)):
+            return False  # (repr: tells -0.0 from 0.0, and a NaN equals itself)
+    return True
 
 
 def _outside_names(tree: ast.AST) -> set[str] | None:
