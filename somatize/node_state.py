@@ -33,12 +33,12 @@ from blake3 import blake3
 
 from .bindings import Watched, still, watch
 from .changes import _user_code
+from .class_data import class_data
 from .identity import (
     _attributes,
     _describe,
     _has_attributes,
     _is_user_module,
-    _own,
     _warn_blind,
 )
 from .node import Node
@@ -301,7 +301,7 @@ def state(
         codes = Codes(codecs)
     codes.owner = type(impl)
     parts = _state_parts(impl, codes, frozenset({id(impl)}))
-    held = _class_data(type(impl))
+    held = class_data(type(impl), codes.codecs)
     if held is not None:
         parts["_somatize_class"] = held
     if context is not None:
@@ -316,50 +316,6 @@ def state(
             codes._states.clear()
         codes._states[id(impl)] = (weakref.ref(impl), kept, result)
     return result
-
-
-_CLASS_PLAIN = frozenset({int, float, str, bool, bytes, type(None)})
-_CLASS_DATA = frozenset({tuple, list, dict, set, frozenset})
-_USER_CLASSES: dict[type, tuple[tuple[type, ...], frozenset[str]]] = {}
-
-
-def _class_data(cls: type) -> str | None:
-    """The plain data a node's own classes hold (``SCALE = 2``, a value read from a file or
-    the environment at import), as a string, or None: the class's code gives only the
-    expression, and ``Enc.SCALE = 5`` changes no code. Read at every key: numbers, strings
-    and flags by ``repr`` (which tells ``1``, ``1.0``, ``True`` and ``-0.0`` apart),
-    containers of data by their digest."""
-    known = _USER_CLASSES.get(cls)
-    if known is None:
-        known = _USER_CLASSES[cls] = _user_classes(cls)
-    mine, records = known
-    found = []
-    for c in mine:
-        for k, v in vars(c).items():
-            t = type(v)
-            if t in _CLASS_PLAIN:
-                if k[:2] != "__" and k not in records:
-                    found.append((c.__qualname__, k, v))
-            elif t in _CLASS_DATA and k[:2] != "__" and k not in records and is_data(v):
-                found.append((c.__qualname__, k, digest(v)))
-    return repr(found) if found else None
-
-
-def _user_classes(cls: type) -> tuple[tuple[type, ...], frozenset[str]]:
-    """The user's own classes among ``cls``'s bases (itself first), and the class
-    attributes their code sets or changes in place (``Enc.rows += n``, ``type(self).seen
-    .append(x)``): a class's records (a counter), not its data."""
-    mine = tuple(
-        c for c in cls.__mro__ if c is not Node and _is_user_module(sys.modules.get(c.__module__))
-    )
-    owners = {f"{c.__name__}." for c in mine} | {"type(self).", "self.__class__.", "cls."}
-    records = set()
-    for c in mine:
-        for w in _own(c)[2]:
-            for owner in owners:
-                if w.startswith(owner):
-                    records.add(w[len(owner) :].split(".")[0])
-    return mine, frozenset(records)
 
 
 _EXACT = frozenset({str, int, bool, type(None)})  # (== is exact within each of these types)

@@ -34,6 +34,7 @@ from blake3 import blake3
 from torch import nn
 
 from ..bindings import Watched, still, watch
+from ..class_data import class_data
 from ..identity import _is_user_module
 from ..identity import fingerprint as fingerprint_code
 from ..node_state import Codes, _state_part
@@ -74,6 +75,7 @@ def module_fingerprint(codec: TensorCodec, obj: nn.Module) -> str:
     ]
     extra = False
     digest, known = codec.digest, codec._memo.get
+    classes: dict[type, str] = {}  # (a user class's id, checked once per walk)
     modules = _named_modules(obj)
     for name, mod in modules:
         held: list[tuple[str, str]] = []
@@ -89,7 +91,9 @@ def module_fingerprint(codec: TensorCodec, obj: nn.Module) -> str:
             if mod._forward_pre_hooks or mod._forward_hooks
             else ()
         )
-        cls_id = _CLASS_IDS.get(cls) or _class_id(cls)  # (a user class: rechecked)
+        cls_id = _CLASS_IDS.get(cls) or classes.get(cls)
+        if cls_id is None:  # (a user class: rechecked, once per walk)
+            cls_id = classes[cls] = _class_id(cls, codec)
         parts.append((name, cls_id, mod.training, held, _settings(mod, codec), hooks))
         if cls.get_extra_state is not _NO_EXTRA:
             extra = True
@@ -167,22 +171,25 @@ def _digests(
         held.append((name, digest(t, fresh=fresh)))
 
 
-def _class_id(cls: type) -> str:
+def _class_id(cls: type, codec: TensorCodec | None = None) -> str:
     """How a module's class enters a fingerprint: its name; and, when it is the user's own
     class (not a library's, which enters by version), the fingerprint of its code, read
-    again when a name its code reads is bound anew (a helper redefined in a notebook)."""
+    again when a name its code reads is bound anew (a helper redefined in a notebook) or its
+    code changes in place (a method patched, ``%autoreload 2``: ``bindings.still``), and
+    the data its classes hold (``K = 2.0``, ``T = torch.tensor(...)``: by value, a tensor by
+    ``codec``'s digest), read at every key as a node class's is (``class_data.py``)."""
     known = _USER_IDS.get(cls)
-    if known is not None and (not known[1] or still(known[1])):
-        return known[0]
-    name = cls.__qualname__
-    if not _is_user_module(sys.modules.get(cls.__module__)):
-        if len(_CLASS_IDS) < 4096:
-            _CLASS_IDS[cls] = name
-        return name
-    name = f"{cls.__module__}.{name}:{fingerprint_code(cls)}"
-    if len(_USER_IDS) < 4096:
-        _USER_IDS[cls] = name, watch(cls, ())
-    return name
+    if known is None or not still(known[1]):
+        name = cls.__qualname__
+        if not _is_user_module(sys.modules.get(cls.__module__)):
+            if len(_CLASS_IDS) < 4096:
+                _CLASS_IDS[cls] = name
+            return name
+        known = f"{cls.__module__}.{name}:{fingerprint_code(cls)}", watch(cls, ())
+        if len(_USER_IDS) < 4096:
+            _USER_IDS[cls] = known
+    data = class_data(cls, (codec,) if codec is not None else ())
+    return known[0] if data is None else f"{known[0]}:{data}"
 
 
 def _settings(mod: nn.Module, codec: TensorCodec) -> _Settings:
