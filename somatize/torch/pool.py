@@ -14,7 +14,9 @@ process has exited when the pool reports the break. What a worker runs — its s
 call, the exception a call raises made fit to travel back, its exit when this process
 dies — is in ``pool_worker.py``.
 
-Leaving ``with TorchPool(...)`` by an exception (Ctrl-C) cancels the calls not started.
+Leaving ``with TorchPool(...)`` by an exception (Ctrl-C) cancels the calls not started; so
+does Ctrl-C reaching a worker, which aborts its pool at once (a call sent after that starts
+a fresh pool).
 
 ``run_all`` (``run_all.py``) runs a campaign over this pool or any other executor.
 """
@@ -96,11 +98,13 @@ class _Task:
 class _CallFuture(Future[Any]):
     """The future ``TorchPool.submit`` returns: running, and no longer cancellable, once
     its call is handed to a worker — as ``ProcessPoolExecutor``'s (before, it said it was
-    pending, and ``cancel()`` said yes while the worker ran the call on)."""
+    pending, and ``cancel()`` said yes while the worker ran the call on). Cancelled, it wakes
+    ``wait()`` and ``as_completed()`` at once."""
 
     def __init__(self, task: _Task) -> None:
         super().__init__()
         self._task = task
+        self._cancelling = threading.Lock()
 
     def running(self) -> bool:
         inner = self._task.inner
@@ -110,7 +114,15 @@ class _CallFuture(Future[Any]):
         inner = self._task.inner  # (done: a lost worker's, the call about to be sent again)
         if inner is not None and not inner.done() and not inner.cancel():
             return False
-        return super().cancel()
+        with self._cancelling:
+            if self.cancelled():
+                return True
+            if not super().cancel():
+                return False
+            # what an executor does as it would start a cancelled call: without it, wait()
+            # and as_completed() on this future never returned (an aborted pool's calls)
+            self.set_running_or_notify_cancel()
+        return True
 
 
 class TorchPool(Executor):
@@ -184,6 +196,10 @@ class TorchPool(Executor):
 
     def _send(self, task: _Task) -> None:
         with self._lock:
+            gen = self._gen
+            if gen is not None and gen.aborted.value and not self._closed:
+                self._gen = None  # Ctrl-C reached its workers, which start nothing more:
+                gen.pool.shutdown(wait=False, cancel_futures=True)  # the next call, a fresh pool
             for _ in range(3):
                 if self._gen is None:
                     self._gen = _Generation(self._workers, self._context(), *self._init)

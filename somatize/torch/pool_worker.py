@@ -24,6 +24,10 @@ raises, made fit to travel back.
   hundred tensors each reached the usual limit of 1024 open files.
 * A call the pool aborted before it started (``shutdown(cancel_futures=True)``, an exception
   leaving the ``with`` block) is not run, even one already handed to the workers' queue.
+  A call interrupted by Ctrl-C (a ``KeyboardInterrupt`` out of the run) aborts the pool
+  itself, at once: the workers, interrupted too, would otherwise start the next queued
+  calls before the parent reaches its shutdown. Between calls a worker ignores Ctrl-C: an
+  idle worker it killed broke the pool, whose running calls were then sent again.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import gc
 import os
 import pickle
 import select
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -107,6 +112,12 @@ def _start(
         _worker["slots"], _worker["index"] = slots, index
     if initializer is not None:
         initializer(*args)
+    if threading.current_thread() is threading.main_thread():
+        # Between calls a worker ignores Ctrl-C: the standard-library loop, interrupted as it
+        # waits for a call, lets the worker die, the pool breaks, and the calls running on
+        # the others were sent again to a fresh pool — runs started by Ctrl-C. A call runs
+        # with the handler the worker started with (Python's: KeyboardInterrupt).
+        _worker["sigint"] = signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class Packed(bytes):
@@ -124,8 +135,11 @@ def _call(payload: bytes, task: int) -> Any:
     slots, index = _worker.get("slots"), _worker.get("index", 0)
     if slots is not None:
         slots[2 * index + 1] = task
+    sigint = _worker.get("sigint")
     fn: Any = None
     try:
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
         fn, args, kwargs = cloudpickle.loads(payload)  # code the user sent to their own pool
         result = fn(*args, **kwargs)
         try:
@@ -141,12 +155,21 @@ def _call(payload: bytes, task: int) -> Any:
                 "strings, lists and dicts of them (a TrainResult is)",
             )
             raise
+    except KeyboardInterrupt:  # Ctrl-C: a terminal sends it to every worker too. The
+        # standard-library loop would take the next queued call at once and run it to the end
+        # (the parent aborts the pool only when it reaches shutdown): start none. A run that
+        # catches the interrupt itself and returns does not get here.
+        if aborted is not None:
+            aborted.value = 1
+        raise
     except Exception as e:
         what = called(fn, args, kwargs) if fn is not None else "fn(...)"
         error = portable(e, f"call {task}, {what},")
         if error is e:
             raise
     finally:
+        if sigint is not None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if slots is not None:
             slots[2 * index + 1] = -1
     raise_alone(error)
