@@ -24,6 +24,7 @@ import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 from ..errors import SettingError
@@ -228,6 +229,16 @@ def _fork_unsafe(threads_per_worker: int = 1) -> str | None:
     return None
 
 
+def _off_the_main_thread() -> str | None:
+    """Why forking now is unsafe even with ``start_method="fork"`` said: a replacement pool
+    is made by the broken pool's own thread, while this process's main thread runs on."""
+    if threading.current_thread() is threading.main_thread():
+        return None
+    return (
+        f"started from the thread {threading.current_thread().name} (a lost worker's replacement)"
+    )
+
+
 def _fallback() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
@@ -275,9 +286,10 @@ def executor(
       workers on two cores thrash, and runs get many times slower;
     * torch's and numpy's global generators seeded afresh in each worker (forked ones
       would all draw the same numbers); a run that seeds itself is unaffected;
-    * a worker that dies (killed, out of memory) costs one re-run of the call it was
-      running, on a fresh worker, not the pool (``TorchPool``); a fresh worker is started
-      by ``forkserver`` instead of ``fork`` if forking has become unsafe since;
+    * a worker that dies (killed, out of memory) costs a re-run of the call it was running
+      and of the calls running beside it (the standard-library pool stops them all), on a
+      fresh pool, not the campaign (``TorchPool``); the fresh pool's workers are started by
+      ``forkserver``, never forked from the broken pool's thread;
     * a call's exception arrives as itself (a class of ``__main__`` too), or, where it would
       not unpickle here, as a ``RuntimeError`` that names it and the call (not as a broken
       pool); a worker exits when this process dies;
@@ -312,8 +324,14 @@ def executor(
     if chosen == "fork":
         for name in PRELOAD:  # imported once here, so that every forked worker has them
             importlib.import_module(name)
-        if start_method is None:  # picked by us: if forking turns unsafe, start the next way
-            fallback = multiprocessing.get_context(_fallback())
+        # picked by us: if forking turns unsafe, start the next way. Said explicitly: still
+        # never forked from a thread (a replacement pool is made by the broken pool's thread)
+        fallback = multiprocessing.get_context(_fallback())
+    unsafe = (
+        _off_the_main_thread
+        if start_method == "fork"
+        else partial(_fork_unsafe, threads_per_worker)
+    )
     for c in (ctx, fallback):
         if c is not None and c.get_start_method() == "forkserver":
             c.set_forkserver_preload(list(PRELOAD))
@@ -323,5 +341,5 @@ def executor(
         initializer=_init_worker,
         initargs=(threads_per_worker,),
         retries=retries,
-        fallback=(fallback, lambda: _fork_unsafe(threads_per_worker)) if fallback else None,
+        fallback=(fallback, unsafe) if fallback else None,
     )

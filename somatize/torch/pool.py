@@ -1,12 +1,17 @@
-"""A process pool that outlives its workers: a killed worker costs one re-run, not the pool.
+"""A process pool that outlives its workers: a killed worker costs re-runs, not the pool.
 
 A plain ``ProcessPoolExecutor`` whose worker dies (SIGKILL, the OOM killer, a
 segfault) is broken for good: every queued and running call fails with
-``BrokenProcessPool``. ``TorchPool`` keeps going, as Dask does: it starts a fresh pool
-and resubmits every call that had not finished. A call that was *running on the worker
-that died* is charged one attempt; after ``retries`` re-runs (default 1) it fails with
+``BrokenProcessPool``. ``TorchPool`` keeps going: it starts a fresh pool and resubmits
+every call that had not finished. A call that was *running on the worker that died* is
+charged one attempt; after ``retries`` re-runs (default 1) it fails with
 ``WorkerLostError`` naming it. Calls that were queued, or running on workers the broken
-pool took down with it, are resubmitted without charge (at most a few times).
+pool took down with it, are resubmitted without charge (at most a few times) — the
+latter start over: a kill costs up to one run's progress per worker. Keeping them would
+mean replacing the standard-library pool, which terminates its surviving workers and
+reads no result after the break (a result sent before it is kept). The fresh pool is
+made by the broken pool's thread, in the callback of its failed futures: ``st.executor``
+has it started by forkserver, never forked from that thread.
 
 Which call ran where: each worker claims a slot in a small shared array when it starts
 and writes the id of the call it is running into it; the dead worker is the one whose

@@ -36,6 +36,20 @@ def test_a_worker_killed_once_costs_one_rerun_and_every_run_finishes(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_fresh_pool_is_never_forked_from_the_broken_pools_thread(tmp_path):
+    # the replacement is made by the broken pool's thread, the main thread running on: with
+    # start_method="fork" said, it was forked from there (a lock held there, held for good)
+    marker = str(tmp_path / "died")
+    with st.executor(workers=1, start_method="fork") as pool:
+        assert pool.start_method == "fork"
+        runs = st.run_all(
+            pool, square_or_die, [(i, marker if i == 1 else None, False) for i in range(3)]
+        )
+        assert runs.lost == {} and pool.restarts == 1
+        assert pool.start_method == "forkserver"
+
+
+@pytest.mark.slow
 def test_a_run_that_always_kills_its_worker_is_reported_lost_and_the_others_finish(tmp_path):
     marker = str(tmp_path / "died")
     jobs = [(i, marker if i == 2 else None, True) for i in range(6)]
