@@ -3,14 +3,17 @@ returned, the lost ones (and, with ``errors="return"``, the failed ones) reporte
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import reprlib
+import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import add_note
+from ..stack import outside
 
 __all__ = ["Runs", "note_unpicklable", "run_all"]
 
@@ -63,7 +66,8 @@ def run_all(
 
     Args:
         pool: any ``concurrent.futures.Executor`` (``st.executor()``, a
-            ``ProcessPoolExecutor``, ``client.get_executor()``).
+            ``ProcessPoolExecutor``, ``client.get_executor(pure=False)``: Dask's is pure
+            by default, running equal calls once, and run_all warns when items repeat).
         fn: ``fn(item) -> result``, one run.
         items: one per run (a seed, a config).
         errors: ``"raise"``: an exception ``fn`` raises is raised (the first, by index)
@@ -88,6 +92,7 @@ def run_all(
             f"is kept in Runs.failed), not {errors!r}"
         )
     items = list(items)
+    _warn_if_dask_runs_repeats_once(pool, items)
     futures: list[Future[Any]] = []
     try:
         futures.extend(pool.submit(fn, item) for item in items)
@@ -124,6 +129,41 @@ def run_all(
             raise e
         failed[i] = e
     return Runs(results, lost, failed)
+
+
+def _warn_if_dask_runs_repeats_once(pool: Executor, items: list[Any]) -> None:
+    """Dask's ``client.get_executor()`` is pure by default: calls with equal arguments are
+    one task, run once, whose result each gets — repeats of an unseeded run are one run,
+    repeated (``summarize``: std 0). Warn, with the fix, where ``items`` repeat on it.
+
+    Without importing dask here: the executor is known by its type's name; the options it
+    was made with are its ``_kwargs`` (distributed's ``ClientExecutor`` has kept them there
+    since it was written; gone, no warning); equal calls are those dask's own ``tokenize``
+    (imported already, with the executor) gives one key, as ``Client.submit`` does."""
+    kind = type(pool)
+    if kind.__name__ != "ClientExecutor" or not kind.__module__.startswith("distributed."):
+        return
+    options = getattr(pool, "_kwargs", None)
+    if not isinstance(options, dict) or not options.get("pure", True):
+        return
+    try:
+        tokenize = importlib.import_module("dask.base").tokenize
+        keys = [tokenize(item) for item in items]
+    except Exception:  # (an item dask cannot tokenize: its own error comes at submit)
+        return
+    first: dict[str, int] = {}
+    repeats = [(first[k], i) for i, k in enumerate(keys) if first.setdefault(k, i) != i]
+    if repeats:
+        j, i = repeats[0]
+        warnings.warn(
+            f"run_all: items[{j}] and items[{i}] are the same call ({len(repeats)} repeat(s) in "
+            "all), and Dask's client.get_executor() is pure by default: it runs equal calls "
+            "once, and each gets that one result — repeats of an unseeded run would be one "
+            "run, repeated (summarize: std 0). For repeats meant to differ, use "
+            "client.get_executor(pure=False); for seeded runs, give each item its own seed",
+            UserWarning,
+            stacklevel=outside(),
+        )
 
 
 def note_unpicklable(e: BaseException, fn: Callable[..., Any], pool: Executor, caller: str) -> None:
