@@ -24,8 +24,9 @@ from .cache_warnings import warn_changed_itself, warn_ctx_reads
 from .decoding import in_decoded_order
 from .errors import CacheError, DeclarationError, NodeError
 from .explain import note
-from .memory import Memory, NodeKeys, key
-from .node import Ctx, Done, Mapped, Run, item_metrics, not_done
+from .items import mapped
+from .memory import Memory, NodeKeys
+from .node import Ctx, Done, Mapped, Run, not_done
 from .values import Opaque, check, decode, digest, encode, is_data
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
 
@@ -227,7 +228,7 @@ def walk(
                 value, is_opaque = o.value, o.opaque
                 metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
             elif per_item:
-                value, node_metrics = _mapped(env, node, label, impl, inp, ctx)
+                value, node_metrics = mapped(env, node, label, impl, inp, ctx)
                 is_opaque = False
             else:
                 result = env.forward(node, impl)(inp, ctx)
@@ -323,60 +324,3 @@ def _recall(env: Env, node_key: str, inp: Any, device: str | None) -> tuple[Any]
         rows.discard(keeper, node_key)
         return None
     return (rows.place(value, device or rows.device_of(inp, env.codecs), env.codecs),)
-
-
-def _mapped(
-    env: Env, node: str, label: str, impl: Mapped, items: Any, ctx: Ctx
-) -> tuple[list[Any], dict[str, Any] | None]:
-    """A cached mapped node: each item keyed by its own content; only misses computed.
-    Returns the values and the merged metrics of the items computed (a hit reports none,
-    as a whole node's hit does)."""
-    if type(items) is not list and type(items) is not tuple:
-        raise NodeError(
-            f"mapped node {label!r} received a {type(items).__name__}; it takes a list — for a "
-            f"tensor batch, cache the node itself per example: g.cache({label!r}, per='example')"
-        )
-    codecs, keeper, watchers, run = env.codecs, env.keeper, env.watchers, ctx.run
-    pinned = node in env.memory.pinned
-    inner = env.forward(node, impl.inner)
-    # The recipe of one item: the inner node on that item's content (not the mapped
-    # node's own key, which a list whose item is a whole earlier input would share).
-    # The inner node's parts are read once per batch, not once per item.
-    parts = env.parts(node)
-    out = []
-    reported = []
-    hits = 0
-    for i, item in enumerate(items):
-        item_key = key(*parts, [digest(item, codecs, f"item {i} of the input of {label!r}")])
-        hit = keeper.get(item_key) if keeper is not None else None
-        if hit is not None:
-            notify(watchers, CacheHit(run.id, f"{label}[{i}]", item_key))
-            if pinned:
-                rows.pin_found(keeper, [item_key])
-            out.append(decode(hit, codecs))
-            hits += 1
-            continue
-        notify(watchers, CacheMiss(run.id, f"{label}[{i}]", item_key))
-        done = inner(item, ctx)
-        if type(done) is not Done:
-            raise not_done(label, impl.inner, done)
-        value = done.value
-        reported.append(done.metrics)
-        if type(value) is Opaque:  # as for a whole node: an Opaque holding data is stored
-            value = value.value
-            if not is_data(value, codecs):
-                raise CacheError(
-                    f"cached mapped node {label!r} returned Opaque holding a "
-                    f"{type(value).__qualname__} for item {i}, which is not data; cached items "
-                    "must be data — return data or stop caching it"
-                )
-        if keeper is not None:
-            data = encode(value, codecs, f"item {i} of {_where(label)}")
-            keeper.put(item_key, data, pinned=pinned)
-        out.append(in_decoded_order(value))
-    misses = len(out) - hits
-    if misses and keeper is not None:  # what g.explain compares a later miss with
-        note(keeper, label, impl, parts, None, env.node_keys.context())
-    if env.explained is not None:
-        env.explained.append((label, impl, parts, f"{len(out)} items", (hits, misses)))
-    return out, item_metrics(reported)
