@@ -5,7 +5,7 @@ its ``forward`` (``torch.randn``, dropout in training mode, a random transform) 
 once and served ever after, where plain PyTorch draws anew at every call. The graph's
 runtime (``frozen.py``) wraps a cached node's forward — which runs only on a miss — in
 ``Drawing``: the global generators are read before and after it (torch's CPU one's state,
-the offset of each CUDA one started, Python's ``random`` and numpy's: about 12 µs), and a
+the offset of each CUDA one started, Python's ``random`` and numpy's: about 4 µs of CPU), and a
 change says the node drew. (A generator the node holds enters its key instead: each call
 draws anew, as in plain PyTorch.)
 """
@@ -34,13 +34,53 @@ _warned: set[tuple[str, str]] = set()
 def _marks() -> tuple[Any, ...]:
     """Where the global generators stand: torch's CPU one's state, each started CUDA one's
     offset, Python's ``random`` and numpy's global one (augmentation libraries draw there)."""
-    marks: list[Any] = [_cpu.get_state().numpy().tobytes(), random.getstate()]
+    marks: list[Any] = [_cpu.get_state().numpy().tobytes(), _python()]
     np = sys.modules.get("numpy")
     if np is not None:
         marks.append(_numpy(np))
     if torch.cuda.is_initialized():
         marks += [_offset(g) for g in torch.cuda.default_generators]
     return tuple(marks)
+
+
+_RANDOM_AT: list[int | None] = []  # where the global random.Random's words lie, once checked
+
+
+def _python() -> Any:
+    """Where Python's global ``random`` stands: its Mersenne Twister's position and first
+    and last state words, read where they lie, and ``gauss_next`` (1 µs; ``getstate()``
+    makes 625 ints: 8). A position back where it was after 624 words drawn comes with
+    a regenerated state, so its first word moved."""
+    inst = random._inst  # type: ignore[attr-defined]  # (what random.random etc. are bound to)
+    if not _RANDOM_AT:
+        _RANDOM_AT.append(_random_layout(inst))
+    at = _RANDOM_AT[0]
+    if at is None or type(inst) is not random.Random:
+        return random.getstate()
+    at += id(inst)  # struct { PyObject_HEAD; int index; uint32_t state[624]; }
+    return (
+        id(inst),
+        _INT.from_address(at).value,
+        _U32.from_address(at + 4).value,
+        _U32.from_address(at + 4 + 623 * 4).value,
+        inst.gauss_next,  # type: ignore[attr-defined]  # (random.gauss: a draw held for later)
+    )
+
+
+def _random_layout(inst: random.Random) -> int | None:
+    """The offset of a CPython ``random.Random``'s ``index`` (its state words follow),
+    checked against ``getstate()``; None where it does not hold (another Python)."""
+    if sys.implementation.name != "cpython" or type(inst) is not random.Random:
+        return None
+    at = object.__basicsize__  # (PyObject_HEAD)
+    try:
+        words = inst.getstate()[1]
+        base = id(inst) + at
+        index = _INT.from_address(base).value
+        first, last = _U32.from_address(base + 4).value, _U32.from_address(base + 4 * 624).value
+    except Exception:
+        return None
+    return at if (first, last, index) == (words[0], words[623], words[624]) else None
 
 
 _numpy_states: dict[int, tuple[Any, int]] = {}  # id of a numpy MT19937 -> it, its state's address

@@ -170,3 +170,18 @@ class Holds(Node):
 def test_a_module_drawing_from_a_generator_it_holds_draws_anew_at_each_call(per):
     g = graph(Holds(), per)
     assert not torch.equal(g.forward(torch.ones(4, 3)), g.forward(torch.ones(4, 3)))
+
+
+def test_pythons_global_generator_is_read_where_it_lies_and_every_draw_is_seen():
+    import random
+
+    assert draws._random_layout(random._inst) is not None  # CPython: no getstate() per read
+    before = draws._python()
+    for _ in range(624):  # one full turn: the position is back, the state regenerated
+        random.getrandbits(32)
+    assert draws._python()[1] == before[1]
+    assert draws._python() != before
+    random.gauss(0, 1)
+    held = draws._python()
+    random.gauss(0, 1)  # the second gauss draws no word: it returns the one held
+    assert draws._python() != held
