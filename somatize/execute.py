@@ -168,6 +168,7 @@ class Program(HotPath):
             p.keyed for p in self.subprograms.values()
         )
         self._needs_key = self._keyed_ancestry()
+        self.watched = self._keying()
         #: whether a run needs the content key of the graph input: a root whose key is
         #: needed, but not one cached per example only (it keys its rows by their content)
         self.input_keyed = bool(self._needs_key) and (
@@ -242,6 +243,18 @@ class Program(HotPath):
                 if n not in memory.per_example or n in memory.named:
                     todo.extend(self.topology.predecessors(n))
         return frozenset(need)
+
+    def _keying(self) -> frozenset[str]:
+        """Nodes whose key feeds a remembered node's key, or is a named node's own, and that
+        are not cached themselves: the keyed walk runs them through the runtime's ``draws``,
+        and keys one that drew by its output (``drawn.py``). Not a node before one cached
+        per example only (its rows are keyed by their content), nor any without caching."""
+        memory, need = self.memory, self._needs_key
+        keying = {n for n in memory.named if n in need}
+        for n in need:
+            if n not in memory.per_example or n in memory.named:  # keyed by its inputs' keys
+                keying.update(self.topology.predecessors(n))
+        return frozenset(keying - memory.cached)
 
     def as_forward(self) -> Callable[[Any, Ctx], Done]:
         """This program as a node's forward (for a subgraph on the hot path)."""
@@ -319,6 +332,8 @@ class Program(HotPath):
             prefix=prefix,
             explained=explained,
             wrap=self.wrap,
+            draws=getattr(self.wrap, "draws", None),
+            watched=self.watched,
         )
         done = Walk()
         walk(env, self.steps, x, x_opaque, x_key, done, keyless_from)

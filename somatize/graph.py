@@ -182,7 +182,8 @@ class Graph(Settings, Composable):
         to run frozen nodes under ``torch.no_grad()``. The wrap gets every node's forward,
         a subgraph node's included (its nodes run on the ``ctx`` the wrap passes on). A
         wrapped forward may have a ``prepare()`` method (a class with ``__slots__`` holding
-        ``forward`` may wrap one that has): it is called before the node's key is read.
+        ``forward`` may wrap one that has): it is called before the node's key is read. A
+        wrap's ``draws(forward, x, ctx) -> (result, drew)`` says if a forward drew (drawn.py).
         """
         if codecs is not None:
             self.codecs = check_codecs(codecs, "Graph.use(codecs=...)")

@@ -102,14 +102,22 @@ def _prepare(program: Program) -> _Prepared:
     return prep
 
 
-def _keys(program: Program, node_keys: NodeKeys, x_key: str | None) -> dict[str, str | None]:
-    """The key of every node that needs one, computed here so it is the same on every host."""
+def _keys(
+    program: Program,
+    node_keys: NodeKeys,
+    x_key: str | None,
+    ran: Mapping[str, str | None] | None = None,
+) -> dict[str, str | None]:
+    """The key of every node that needs one, computed here so it is the same on every host
+    (those of the nodes that ``ran`` already: theirs)."""
     keys: dict[str, str | None] = {}
     if not program.keyed:
         return keys
     need = program._needs_key
     for s in program.plan.steps:
-        if s.node in need:
+        if ran is not None and s.node in ran:
+            keys[s.node] = ran[s.node]
+        elif s.node in need:
             # no key downstream of an Opaque graph input (a remembered node then refuses)
             preds = [keys.get(i) for i in s.inputs] if s.inputs else [x_key]
             keys[s.node] = recipe_key(node_keys, program.catalog[s.node], s.node, preds)
@@ -198,18 +206,29 @@ def run_across(
         keeper = graph.keeper = MemoryKeeper()
     codecs = program.codecs
     x_key = None if x_opaque or not program.keyed else digest(x, codecs, "the graph input")
-    keys = _keys(program, graph.keys, x_key)
+    keys = planned = _keys(program, graph.keys, x_key)
+    need, preds = program._needs_key, program.topology.predecessors
     watchers = graph.watchers
     notify(watchers, RunStart(run.id, len(program.plan)))
     start = time.perf_counter()
     wire: dict[str, bytes] = {}
     done = Walk(Values(wire, codecs), dict(keys))
     values, opaque, metrics = done.values, done.opaque, done.metrics
+    ran: set[str] = set()  # the nodes of the slices run so far
+
+    def key(node: str, impl: Any, in_keys: Sequence[str | None]) -> str | None:
+        """The key computed before the run; made anew below a node on this host that drew
+        random numbers, keyed by its output (``drawn.py``; another host's are not watched)."""
+        moved = done.drawn and node in need
+        if moved and list(in_keys) != ([planned.get(i) for i in preds(node)] or [x_key]):
+            return recipe_key(graph.keys, impl, node, in_keys)
+        return planned.get(node)
+
     env = Env(
         impls=program.catalog,
         forward=program.forward_of,  # the runtime's wrap applies here
         subprogram=program.subprograms.get,
-        key=lambda node, impl, in_keys: keys.get(node),
+        key=key,
         parts=lambda node: graph.keys.parts(keyed_impl(program.catalog[node])),
         memory=program.memory,
         codecs=codecs,
@@ -220,11 +239,14 @@ def run_across(
         run=run,
         host=LOCAL,
         wrap=program.wrap,
+        draws=getattr(program.wrap, "draws", None),
+        watched=program.watched,
     )
     x_data: bytes | None = None  # the graph input, encoded once if a remote slice reads it
     for index, sl in enumerate(prep.dplan.slices):
         if sl.host == LOCAL:
             walk(env, prep.steps[index], x, x_opaque, x_key, done)
+            ran.update(sl.nodes)
             continue
         inputs = {}
         for slot in sl.inputs:
@@ -242,6 +264,10 @@ def run_across(
                 wire[slot] = encode(values[slot], codecs, f"the output of node {slot!r}")
             inputs[slot] = wire[slot]
         x_in = x_data if None in sl.inputs else None
+        if done.drawn:  # below a node that drew, keys anew: a worker computes none
+            keys = _keys(program, graph.keys, x_key, {n: done.keys.get(n) for n in ran})
+            done.keys.update((n, keys.get(n)) for n in sl.nodes)
+        ran.update(sl.nodes)
         job = _job(prep, index, program, graph, inputs, x_in, x_key, keys, run)
         job["code"], code = _code(prep, index, program, job["name"])
         transport = transports[sl.host]

@@ -9,19 +9,22 @@ walk goes, or looked up among the keys the caller sent with a slice.
 Keys are recipe keys, ``key(node) = H(identity, declaration, state, keys of its
 predecessors)``; they run through Opaque values too, and start from the content of the
 input: below an input without a key no node has one, and a cached or named node there
-raises ``CacheError`` (a cached mapped node still keys each item by its content).
+raises ``CacheError`` (a cached mapped node still keys each item by its content). A node
+whose key feeds a remembered node's key and that drew random numbers is keyed by the
+content of its output instead (``drawn.py``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import rows
 from .cache_warnings import warn_changed_itself, warn_ctx_reads
 from .decoding import in_decoded_order
+from .drawn import drawn_key
 from .errors import CacheError, DeclarationError, NodeError
 from .explain import note
 from .items import mapped
@@ -100,6 +103,10 @@ class Env:
     # the runtime's hook (``Graph.use(wrap=...)``), wrapped around a subgraph node's run
     # as around any node's forward: a frozen subgraph runs as a frozen node does
     wrap: Callable[[str, Any, Forward], Forward] | None = None
+    # the runtime's ``draws(forward, x, ctx) -> (result, drew)`` (``drawn.py``), through
+    # which the nodes in ``watched`` run: those whose key feeds a remembered node's key
+    draws: Callable[[Forward, Any, Ctx], tuple[Any, bool]] | None = None
+    watched: Collection[str] = frozenset()
 
 
 @dataclass
@@ -110,6 +117,7 @@ class Walk:
     keys: dict[str, str | None] = field(default_factory=dict)  # they run through Opaque too
     opaque: set[str] = field(default_factory=set)  # nodes whose output is Opaque
     metrics: dict[str, Any] = field(default_factory=dict)
+    drawn: set[str] = field(default_factory=set)  # keyed by their output: they drew
 
 
 def walk(
@@ -139,6 +147,7 @@ def walk(
     if x_key is None and (x_opaque or keyless_from is not None):
         keyless = keyless_from or the_input
     on_host = f" on host {env.host!r}" if env.host is not None else ""
+    draws, watched = env.draws, env.watched
     for node, inputs in steps:
         label = prefix + node
         if not inputs:
@@ -208,6 +217,10 @@ def walk(
         stored = remembered and not per_item and node_key is not None and keeper is not None
         before = env.node_keys.parts(impl) if stored else None
         node_metrics = None
+        # a node keying a remembered one runs through the runtime's ``draws``: if it drew,
+        # its recipe key would repeat for another output (``drawn.py``)
+        watch = draws if node_key is not None and node in watched else None
+        drew = False
         if watchers:
             notify(watchers, NodeStart(run.id, label, run.step))
         start = time.perf_counter()
@@ -224,14 +237,19 @@ def walk(
                     for k, v in inner.items():
                         notify(watchers, Metrics(run.id, f"{label}/{k}", run.step, v))
             elif sub is not None:
-                o = _run_sub(env, sub, node, impl, inp, ctx, source, in_keys, node_key, keyless)
+                o, drew = _run_sub(
+                    env, sub, node, impl, inp, ctx, source, in_keys, node_key, keyless, watch
+                )
                 value, is_opaque = o.value, o.opaque
                 metrics.update({f"{node}/{k}": v for k, v in o.metrics.items()})
             elif per_item:
                 value, node_metrics = mapped(env, node, label, impl, inp, ctx)
                 is_opaque = False
             else:
-                result = env.forward(node, impl)(inp, ctx)
+                if watch is None:
+                    result = env.forward(node, impl)(inp, ctx)
+                else:
+                    result, drew = watch(env.forward(node, impl), inp, ctx)
                 if type(result) is not Done:
                     raise not_done(label, impl, result)
                 value, node_metrics = result
@@ -250,6 +268,9 @@ def walk(
             if not is_data(value, codecs):
                 raise rows.not_data(label, value, codecs, node in memory.frozen, "cached or named")
             is_opaque = False
+        if drew:  # keyed by what it gave, as a graph input is
+            node_key = drawn_key(label, value, is_opaque, codecs)
+            done.drawn.add(node)
         if is_opaque:
             opaque.add(node)
         elif remembered and node_key is not None and keeper is not None:
@@ -284,8 +305,10 @@ def _run_sub(
     in_keys: Sequence[str | None],
     node_key: str | None,
     keyless: str | None,
-) -> Any:
-    """A subgraph node's keyed run (an ``Outcome``), through the runtime's wrap."""
+    watch: Callable[[Forward, Any, Ctx], tuple[Any, bool]] | None,
+) -> tuple[Any, bool]:
+    """A subgraph node's keyed run (an ``Outcome``), through the runtime's wrap, and whether
+    it drew random numbers (through ``watch``, the runtime's ``draws``; else False)."""
     sub_key = None
     if node_key is not None:
         sub_key = in_keys[0] if len(in_keys) == 1 else digest(tuple(in_keys))
@@ -307,7 +330,10 @@ def _run_sub(
         return Done(o)
 
     call = env.wrap(node, impl, forward) if env.wrap is not None else forward
-    return call(inp, ctx).value
+    if watch is None:
+        return call(inp, ctx).value, False
+    done, drew = watch(call, inp, ctx)
+    return done.value, drew
 
 
 def _recall(env: Env, node_key: str, inp: Any, device: str | None) -> tuple[Any] | None:

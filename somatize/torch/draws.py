@@ -1,13 +1,22 @@
-"""A cached node whose forward draws random numbers: warned once, naming it.
+"""Random draws in a node's forward: a cached node warned once, a node keying one keyed by content.
 
-A cached node's output is remembered from the call that computed it, so noise drawn in
-its ``forward`` (``torch.randn``, dropout in training mode, a random transform) is drawn
-once and served ever after, where plain PyTorch draws anew at every call. The graph's
-runtime (``frozen.py``) wraps a cached node's forward — which runs only on a miss — in
-``Drawing``: the global generators are read before and after it (torch's CPU one's state,
-the offset of each CUDA one started, Python's ``random`` and numpy's: about 4 µs of CPU), and a
-change says the node drew. (A generator the node holds enters its key instead: each call
-draws anew, as in plain PyTorch.)
+Whether a forward drew is read off the global generators before and after it: torch's CPU
+one's state, the offset of each CUDA one started, Python's ``random`` and numpy's (about
+4 µs of CPU); a change says the node drew.
+
+* A cached node's output is remembered from the call that computed it, so noise drawn in
+  its ``forward`` (``torch.randn``, dropout in training mode, a random transform) is drawn
+  once and served ever after, where plain PyTorch draws anew at every call. The graph's
+  runtime (``frozen.py``) wraps a cached node's forward — which runs only on a miss — in
+  ``Drawing``, which warns once, naming it.
+* An uncached node whose key feeds a cached or named node's key (a random augmentation
+  before a cached encoder) would give a recipe key that repeats for different outputs.
+  The keyed walk runs its forward through the runtime's ``draws`` (``drawn`` here), and
+  when it drew, keys it by the content of its output (``somatize/drawn.py``).
+
+A generator the node holds (``self.gen = torch.Generator()``) is part of its state, so it
+enters its key instead: read before the forward, the key moves with each draw, and
+repeats only where the generator's state does (seeded alike), where the draw repeats too.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import torch
 from ..node import Ctx, Done
 from ..stack import outside
 
-__all__ = ["Drawing"]
+__all__ = ["Drawing", "drawn"]
 
 _cpu = torch.default_generator
 _U32, _INT = ctypes.c_uint32, ctypes.c_int
@@ -127,6 +136,15 @@ class Drawing:
         if _marks() != before:
             _warn(self.node_id, cls)
         return done
+
+
+def drawn(forward: Callable[[Any, Ctx], Any], x: Any, ctx: Ctx) -> tuple[Any, bool]:
+    """``forward(x, ctx)``, and whether it drew from a global generator: the runtime's
+    ``draws`` hook, through which the keyed walk runs a node whose key feeds a cached or
+    named node's key (``somatize/drawn.py``)."""
+    before = _marks()
+    result = forward(x, ctx)
+    return result, _marks() != before
 
 
 def _warn(node_id: str, cls: str) -> None:

@@ -21,7 +21,7 @@ from ..graph import Graph
 from ..node import Ctx, Done
 from ..values import Opaque
 from .codecs import NdarrayCodec, TensorCodec
-from .draws import Drawing
+from .draws import Drawing, drawn
 from .holdings import _PLAIN, Holdings, held_by
 
 __all__ = ["equip", "needs_grad"]
@@ -33,7 +33,8 @@ _set_grad_enabled = torch._C._set_grad_enabled
 class _FrozenWrap:
     """The graph's runtime wrap: a frozen node's forward runs in eval mode, and without grad
     unless its input requires grad (then gradients pass through it, as in PyTorch); a
-    cached node's is watched for random draws (``draws.py``).
+    cached node's is watched for random draws (``draws.py``); ``draws`` tells the keyed walk
+    whether a node whose key feeds a cached node's drew (it is then keyed by its output).
 
     Classes, not closures, so that a graph and its module stay picklable
     (``torch.save(model)``, ``copy``, a worker's task)."""
@@ -50,6 +51,8 @@ class _FrozenWrap:
         if node_id in memory.cached:  # (it runs on a miss only: its draws would be kept)
             forward = Drawing(node_id, impl, forward)
         return forward
+
+    draws = staticmethod(drawn)
 
 
 class _Frozen:
