@@ -189,8 +189,9 @@ class Node(Composable):
     _somatize_args: tuple[tuple[Any, ...], dict[str, Any]]
     #: Whether each row of a batch is computed from that row alone (no batch norm in train
     #: mode, no attention across the batch). A frozen node is taken to qualify (eval mode
-    #: removes batch statistics, not a forward that mixes rows itself, which must not be
-    #: cached per example); a trainable node must say so (``g.cache(id, per="example")``).
+    #: removes the batch statistics of a batch norm that keeps running ones — one without
+    #: is refused — not a forward that mixes rows itself, which must not be cached per
+    #: example); a trainable node must say so (``g.cache(id, per="example")``).
     rowwise: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:

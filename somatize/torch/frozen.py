@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..errors import ValueConversionError
+from ..errors import CacheError, ValueConversionError
 from ..graph import Graph
 from ..node import Ctx, Done
 from ..values import Opaque
@@ -46,6 +47,8 @@ class _FrozenWrap:
         self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]
     ) -> Callable[[Any, Ctx], Done]:
         memory = self._somatize_graph.memory
+        if node_id in memory.per_example:
+            _rows_alone(node_id, impl)
         if node_id in memory.frozen:
             forward = _Frozen(node_id, impl, forward)
         if node_id in memory.cached:  # (it runs on a miss only: its draws would be kept)
@@ -53,6 +56,35 @@ class _FrozenWrap:
         return forward
 
     draws = staticmethod(drawn)
+
+
+def _rows_alone(node_id: str, impl: Any) -> None:
+    """Refuse a node cached per example that holds a batch norm without running statistics
+    (``track_running_stats=False``): it normalises with its batch's statistics in eval mode
+    too, so a row's output depends on the rows beside it."""
+    if isinstance(impl, Graph):
+        for inner in impl._impls.values():
+            _rows_alone(node_id, inner)
+        return
+    for name, value in vars(impl).items():
+        if isinstance(value, nn.Module):
+            held: nn.Module | None = value
+        elif type(value) in _PLAIN or isinstance(value, torch.Tensor) or name[:9] == "_somatize":
+            continue
+        else:
+            held = held_by(value, node_id)
+            name = ""
+        for inner_name, m in held.named_modules() if held is not None else ():
+            if isinstance(m, _BatchNorm) and m.running_mean is None and m.running_var is None:
+                at = ".".join(p for p in (name, inner_name) if p)
+                raise CacheError(
+                    f"node {node_id!r} is cached per example but holds {type(m).__qualname__} "
+                    f"{at!r} with track_running_stats=False, which normalises with its batch's "
+                    "statistics in eval mode too: a row's output depends on the rows beside it, "
+                    f"so a row cached in one batch would be served in another — cache "
+                    f"{node_id!r} per batch (g.cache({node_id!r})), or give the batch norm "
+                    "running statistics"
+                )
 
 
 class _Frozen:
@@ -113,7 +145,8 @@ def _keep_eval(node_id: str, impl: Any) -> None:
     """A frozen node runs its modules in eval mode, at every call: also those put back in
     training mode since ``module(g)`` applied the freeze — by ``.train()`` on the node's
     own module, a submodule swapped in, a module made before the freeze — so a dropout
-    mask or batch statistics are never computed, nor remembered by a cached node. (One
+    mask or batch statistics are never computed, nor remembered by a cached node (but a
+    batch norm without running statistics uses the batch's: see ``_rows_alone``). (One
     walk of its modules: little beside the forward it precedes.) A frozen subgraph: every
     node inside it."""
     if isinstance(impl, Graph):

@@ -32,6 +32,28 @@ def test_a_trainable_node_needs_to_be_frozen_or_rowwise():
     assert_close(g.forward(torch.ones(3, 2)), torch.full((3, 2), 2.0))
 
 
+class BatchStats(Node):
+    """A backbone whose batch norm keeps no running statistics (MAML-style): eval mode
+    still normalises each batch with its own statistics."""
+
+    def __init__(self, track: bool) -> None:
+        self.net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4, track_running_stats=track))
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.net(x)))
+
+
+def test_a_batch_norm_without_running_statistics_is_refused_per_example_only():
+    g = Graph().node("enc", BatchStats(track=False)).freeze("enc").cache("enc", per="example")
+    x = torch.randn(8, 4)
+    with pytest.raises(CacheError, match=r"'enc' .* holds BatchNorm1d 'net.1' with track_running"):
+        st.module(g)(x)
+    g.cache("enc")  # per batch: the batch is the key
+    assert torch.equal(st.module(g)(x), g.forward(x))
+    g = Graph().node("enc", BatchStats(track=True)).freeze("enc").cache("enc", per="example")
+    st.module(g)(x)  # running statistics: each row alone in eval mode
+
+
 def test_bad_inputs_name_the_node_and_the_fix():
     class Texts(Node):
         rowwise = True
