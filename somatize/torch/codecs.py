@@ -93,8 +93,10 @@ class TensorCodec:
         """What a node's output depends on besides its state and inputs: the autocast
         dtype of each device type where autocast is on, the default dtype where it is not
         float32 (what ``torch.arange(3.0)`` in a node makes), and the float32 matmul
-        precision where it is not "highest" (TF32 or bfloat16 passes). None where all are
-        as torch starts, so keys made under the defaults do not change."""
+        precision where it is not full float32 (TF32 or bfloat16 passes, set by
+        ``torch.set_float32_matmul_precision`` or per backend, ``torch.backends.cuda.matmul
+        .fp32_precision``). None where all are as torch starts, so keys made under the
+        defaults do not change."""
         numerics = _numerics()
         if _any_autocast is not None and not _any_autocast():  # (the common case)
             return numerics
@@ -200,11 +202,35 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 def _numerics() -> tuple[tuple[str, str], ...] | None:
     """The default dtype and float32 matmul precision where they are not torch's defaults."""
-    dtype, matmul = torch.get_default_dtype(), torch.get_float32_matmul_precision()
-    if dtype is torch.float32 and matmul == "highest":
+    dtype, matmul = torch.get_default_dtype(), _matmul()
+    if dtype is torch.float32 and matmul is None:
         return None
     out = () if dtype is torch.float32 else (("default dtype", str(dtype)),)
-    return out + (() if matmul == "highest" else (("float32 matmul", matmul),))
+    return out + (() if matmul is None else (("float32 matmul", matmul),))
+
+
+# torch >= 2.9 keeps the precision per backend and op (``torch.backends.cuda.matmul
+# .fp32_precision = "tf32"``, ``torch.backends.fp32_precision``); its legacy getter
+# (``torch.get_float32_matmul_precision``) raises once that API was used.
+_fp32 = getattr(torch._C, "_get_fp32_precision_getter", None)
+_FULL = ("none", "ieee")  # (unset: full float32, as "ieee")
+# (CUDA, CPU) precisions as the legacy names set them: their keys are as they were
+_LEGACY = {("tf32", "tf32"): "high", ("tf32", "bf16"): "medium"}
+
+
+def _matmul() -> str | None:
+    """The float32 matmul precision where it is not full float32 (None), read from the
+    per-backend settings where torch has them (the CUDA and the CPU (oneDNN) matmul)."""
+    if _fp32 is None:
+        legacy = torch.get_float32_matmul_precision()
+        return None if legacy == "highest" else legacy
+    cuda, cpu = _fp32("cuda", "matmul"), _fp32("mkldnn", "matmul")
+    if cuda in _FULL and cpu in _FULL:
+        return None
+    named = _LEGACY.get((cuda, cpu))
+    if named is not None:
+        return named
+    return f"cuda {'ieee' if cuda in _FULL else cuda}, cpu {'ieee' if cpu in _FULL else cpu}"
 
 
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)  # (private: may go away)

@@ -77,3 +77,76 @@ def test_keys_under_torchs_defaults_carry_no_context():
         assert codec.context() == (("float32 matmul", "medium"),)
     with torch.autocast("cpu", dtype=torch.bfloat16), default_dtype(torch.float64):
         assert codec.context() == (("cpu", "torch.bfloat16"), ("default dtype", "torch.float64"))
+
+
+# torch >= 2.9's per-backend precision (torch.backends.cuda.matmul.fp32_precision), which
+# PyTorch now recommends; once it is used, torch.get_float32_matmul_precision() raises
+_fp32 = getattr(torch._C, "_get_fp32_precision_getter", None)
+_BACKENDS = [("generic", "all"), ("cuda", "all"), ("mkldnn", "all")] + [
+    (b, op) for b in ("cuda", "mkldnn") for op in ("matmul", "conv", "rnn")
+]
+new_api = pytest.mark.skipif(_fp32 is None, reason="torch < 2.9 has no fp32_precision")
+
+
+@contextlib.contextmanager
+def fp32_precision(set_it):
+    """``set_it()`` (new-API settings) for the block, then every backend as it was."""
+    before = [(b, op, _fp32(b, op)) for b, op in _BACKENDS]
+    legacy = torch.get_float32_matmul_precision()
+    set_it()
+    try:
+        yield
+    finally:
+        for b, op, value in before:  # (generic first: a backend's setting goes down to its ops)
+            torch._C._set_fp32_precision_setter(b, op, value)
+        assert [(b, op, _fp32(b, op)) for b, op in _BACKENDS] == before
+        assert torch.get_float32_matmul_precision() == legacy  # (not left mixed)
+
+
+def _cuda_tf32():
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+
+
+def _all_tf32():
+    torch.backends.cuda.matmul.fp32_precision = "none"  # (set by an op's own: it would win)
+    torch.backends.mkldnn.matmul.fp32_precision = "none"
+    torch.backends.fp32_precision = "tf32"
+
+
+def _cpu_bf16():
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+
+
+@new_api
+@pytest.mark.parametrize(
+    ("set_it", "said"),
+    [
+        (_cuda_tf32, "cuda tf32, cpu ieee"),
+        (_all_tf32, "high"),  # (CUDA and CPU TF32: what set_float32_matmul_precision names so)
+        (_cpu_bf16, "cuda ieee, cpu bf16"),
+    ],
+    ids=["cuda.matmul", "backends", "mkldnn.matmul"],
+)
+@pytest.mark.parametrize("per", ["example", "batch"])
+def test_the_per_backend_precision_enters_the_key_and_keys_still(per, set_it, said):
+    # every cached forward raised torch's RuntimeError about mixing the legacy and new APIs
+    g = cached(per)
+    g.forward(X)
+    with fp32_precision(set_it):
+        assert st.TensorCodec().context() == (("float32 matmul", said),)
+        assert g.explain(X)["r"].changed == (f"context (float32 matmul {said}, was off)",)
+        g.forward(X)
+        assert g.explain(X)["r"].changed == ()  # stored under this context
+    assert g.explain(X)["r"].changed == ()  # the first entry again, under the defaults
+
+
+@new_api
+def test_the_per_backend_precision_set_back_to_full_float32_is_torchs_default():
+    codec = st.TensorCodec()
+
+    def ieee():
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.mkldnn.matmul.fp32_precision = "ieee"
+
+    with fp32_precision(ieee):
+        assert codec.context() is None
