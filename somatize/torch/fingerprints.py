@@ -56,8 +56,10 @@ _CLASS_IDS: dict[type, str] = {}  # a library class's name; a user class's below
 _USER_IDS: dict[type, tuple[str, Watched]] = {}
 # (class, size of __dict__) -> (the names of its settings, the other attributes left out)
 _PUBLIC: dict[tuple[type, int], tuple[tuple[str, ...], tuple[str, ...]]] = {}
-# What nn.Module.__init__ (and .compile()) sets: tables and hooks, entered on their own.
-_MODULE_OWN = frozenset(nn.Module().__dict__) | {"_compiled_call_impl"}
+# What nn.Module.__init__ sets, in every instance: tables and hooks, entered on their own;
+# and what .compile() adds to an instance, not a setting either
+_ALWAYS = frozenset(nn.Module().__dict__)
+_MODULE_OWN = _ALWAYS | {"_compiled_call_impl"}
 _PLAIN_TUPLES: set[tuple[Any, ...]] = set()  # tuples of plain values seen: (3, 3), (1, 1)
 # (names, values, their types): a module's settings, as ``_settings`` gives them
 _Settings = tuple[tuple[str, ...], list[Any], tuple[Any, ...]]
@@ -199,11 +201,12 @@ def _settings(mod: nn.Module, codec: TensorCodec) -> _Settings:
     by digest.
 
     The names are found once per class and size of the instance's ``__dict__``, with the
-    attributes left out beside ``nn.Module``'s own (a library module's private ones): an
-    instance of that size holding all of both has the same attributes (``nn.Module``'s own
-    are in every instance); one missing any is a ``KeyError``, and the names are found
-    again. (An instance with a private attribute and another, of the same size, with a
-    public one in its place are told apart.)
+    attributes left out beside those ``nn.Module.__init__`` sets (a library module's
+    private ones, and ``.compile()``'s ``_compiled_call_impl``, which only a compiled
+    instance has): an instance of that size holding all of both has the same attributes
+    (``nn.Module.__init__``'s are in every instance); one missing any is a ``KeyError``, and
+    the names are found again. (An instance with a private attribute, or compiled, and
+    another, of the same size, with a public one in its place are told apart.)
 
     The third item is the values' types (inside tuples too): a fingerprint's memo compares
     parts with ``==``, which holds ``1 == 1.0 == True`` and ``0.0 == -0.0``; their types
@@ -228,7 +231,7 @@ def _settings(mod: nn.Module, codec: TensorCodec) -> _Settings:
         values = [d[k] for k in names]
     except KeyError:
         names = _names(type(mod), d)
-        left = tuple(k for k in d if k not in _MODULE_OWN and k not in names)
+        left = tuple(k for k in d if k not in _ALWAYS and k not in names)
         if len(_PUBLIC) < 4096:
             _PUBLIC[shape] = names, left
         values = [d[k] for k in names]

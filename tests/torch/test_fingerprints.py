@@ -71,6 +71,31 @@ def test_two_instances_of_one_size_with_other_attributes_are_told_apart():
     assert codec.fingerprint(two) != first
 
 
+class Boosted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.k = 2.0
+
+    def forward(self, x):
+        return self.lin(x) * self.k * getattr(self, "boost", 1.0)
+
+
+def test_a_compiled_instance_does_not_hide_a_siblings_setting():
+    """``.compile()`` adds ``_compiled_call_impl`` to one instance: another of the same
+    ``__dict__`` size holding a setting in its place was fingerprinted without it."""
+    codec = st.TensorCodec()
+    compiled = Boosted()
+    compiled.compile(backend="eager")  # (compiles nothing until called)
+    codec.fingerprint(compiled)
+    other = Boosted()
+    other.boost = 1.0
+    first = codec.fingerprint(other)
+    other.boost = 10.0
+    assert codec.fingerprint(other) != first
+    assert codec.fingerprint(compiled) == codec.fingerprint(compiled)
+
+
 def offset(x):
     return x + 1
 
