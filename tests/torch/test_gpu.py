@@ -99,3 +99,24 @@ def test_deterministic_training_on_cuda_repeats_bitwise_and_puts_the_settings_ba
     assert first.losses == second.losses
     assert all(torch.equal(first.state[k], second.state[k]) for k in first.state)
     assert torch.are_deterministic_algorithms_enabled() == before
+
+
+def test_noise_drawn_on_cuda_before_a_cached_node_is_seen_and_keyed_by_its_output():
+    from somatize import Done, Graph, MemoryKeeper, Node, Opaque
+
+    class Jitter(Node):
+        def forward(self, x, ctx):
+            return Done(x + torch.randn_like(x))  # the cuda generator's offset moves
+
+    class Enc(Node):
+        def __init__(self) -> None:
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.lin(x)))
+
+    g = Graph.somatize(Jitter() >> Enc().with_id("enc"), keeper=MemoryKeeper())
+    g.freeze("enc").cache("enc")
+    model = st.module(g).to("cuda")
+    x = torch.ones(3, 4, device="cuda")
+    assert not torch.equal(model(x), model(x))
