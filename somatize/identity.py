@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
+from .held_values import value_kind
 from .own_code import MEMBER, members
 from .own_code import _own as _own
 from .source_code import functions
@@ -148,6 +149,8 @@ def _describe_object(
         # a module-level instance of the user's own class (a tokenizer, a config)
         parts = [_describe(t, memo, codecs, blind)]
         parts += [f"{k}={part(v, f'.{k}')}" for k, v in sorted(_attributes(obj).items())]
+    elif (how := value_kind(t)) is not None:  # an immutable value (a Fraction): by value
+        return f"value:{t.__qualname__}:" + digest(how(obj))
     else:
         blind.append(f" (a {t.__qualname__})")
         return "obj:" + t.__qualname__
@@ -280,14 +283,17 @@ def identity(impl: Any, codecs: Sequence[Codec] = ()) -> str:
 _warned: set[tuple[str, str]] = set()
 
 
-def _warn_blind(cls: type, where: str, reads: str = "reads the global") -> None:
-    """Say once per process that a node's key cannot see an object its code reads."""
+def _warn_blind(
+    cls: type, where: str, reads: str = "reads the global", what: str = "node class"
+) -> None:
+    """Say once per process that a node's key cannot see an object its code reads (or
+    that it, or a module it holds, holds)."""
     name = f"{cls.__module__}.{cls.__qualname__}"
     if (name, where) in _warned:
         return
     _warned.add((name, where))
     warnings.warn(
-        f"node class {name!r} {reads} {where}, which enters its key by type "
+        f"{what} {name!r} {reads} {where}, which enters its key by type "
         "alone: a change to that object will not be seen, and a cached output computed "
         "before the change will be served after it. Make it plain data, a function, a "
         "functools.partial or an instance of your own class holding data, or pass it as "

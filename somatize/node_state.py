@@ -13,16 +13,18 @@ a node whose weights or settings changed is never served a stale entry:
   class's code and its attributes, each as above;
 * a random generator (``random.Random``, numpy's ``Generator`` and ``RandomState``) by
   where it stands, so a node drawing from its own draws anew at every call;
-* any other object (a library's) by the modules and tensors it holds directly; the rest
-  of it is left to the declaration (the constructor arguments that made it).
+* an immutable value that is no plain data (a ``Fraction``, ``Decimal``, ``complex``,
+  ``Path``, date, compiled regex, numpy scalar or dtype) by its value (``held_values``);
+* any other object (a library's) by the modules and tensors it holds directly and its
+  plain settings; the rest of it is left to the declaration (the constructor arguments
+  that made it). One of which nothing can be read (a lock, a ``deque``) enters by its
+  type, and warns once that a change to it is not seen.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import random
 import sys
 import types
 import weakref
@@ -34,11 +36,13 @@ from blake3 import blake3
 from .bindings import Watched, still, watch
 from .changes import _user_code
 from .class_data import class_data
+from .held_values import array_value, generator_state, scalars, value_kind
 from .identity import (
     _attributes,
     _describe,
     _has_attributes,
     _is_user_module,
+    _library_function,
     _warn_blind,
 )
 from .node import Node
@@ -98,7 +102,7 @@ def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
     if (
         isinstance(value, types.BuiltinFunctionType)
         and not isinstance(value.__self__, (types.ModuleType, type, type(None)))
-        and _generator_state(value.__self__) is None  # (random.random: a draw, by name)
+        and generator_state(value.__self__) is None  # (random.random: a draw, by name)
     ):  # a builtin method bound to its object ("{}-x".format, d.get, t.mul): the object too
         return {"builtin": value.__qualname__, "of": _state_part(value.__self__, codes, path)}
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
@@ -115,7 +119,13 @@ def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
             "type": kind,
             "fields": {k: _state_part(v, codes, path) for k, v in fields.items()},
         }
-    drawn = _generator_state(value)
+    how = value_kind(type(value))
+    if how is not None:  # an immutable value (a Fraction, a Decimal, a complex, a Path)
+        return {"type": kind, "value": how(value)}
+    array = array_value(value)
+    if array is not None:  # (a numpy array, where no codec of the graph's reads it)
+        return {"type": kind, "array": array}
+    drawn = generator_state(value)
     if drawn is not None:  # a generator of its own: where it stands, as a torch.Generator's
         return {"type": kind, "draws": drawn}
     if _has_attributes(value) and _is_user_module(sys.modules.get(type(value).__module__)):
@@ -136,51 +146,15 @@ def _other_part(value: Any, codes: Codes, path: frozenset[int]) -> Any:
     plain = scalars(value)  # and its plain settings (a config's flags and sizes)
     if plain:
         return {"type": kind, "holds": held, "plain": [list(p) for p in plain]}
-    return {"type": kind, "holds": held} if held else None
-
-
-def _generator_state(value: Any) -> str | None:
-    """The digest of where a random generator stands — Python's ``random.Random``, numpy's
-    ``Generator``, ``RandomState`` or bit generator —, None for anything else. A node
-    augmenting with a generator of its own then draws anew at every call (its key moves
-    with each draw), and a node seeded alike elsewhere finds the same entries."""
-    if isinstance(value, random.Random):
-        with contextlib.suppress(NotImplementedError):  # (SystemRandom keeps no state)
-            return digest(value.getstate())
-        return None
-    if not type(value).__module__.startswith("numpy.random"):
-        return None
-    with contextlib.suppress(Exception):  # (a numpy object of another kind: not a generator)
-        held = getattr(value, "bit_generator", value)  # a Generator, or a bit generator
-        state = held.get_state(legacy=False) if hasattr(held, "get_state") else held.state
-        return digest(_plain_state(state))
-    return None
-
-
-def _plain_state(value: Any) -> Any:
-    """A generator's state as data: its arrays (a RandomState's key) as their bytes."""
-    if isinstance(value, dict):
-        return {str(k): _plain_state(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain_state(v) for v in value]
-    tobytes = getattr(value, "tobytes", None)
-    if tobytes is not None and not isinstance(value, (int, float, str, bytes)):
-        return [str(getattr(value, "dtype", "")), tobytes()]
-    return value if is_data(value) else repr(value)
-
-
-_SCALARS = frozenset({int, float, bool, str, type(None)})
-
-
-def scalars(obj: Any) -> list[tuple[str, Any]]:
-    """The attributes of a library's object that are numbers, strings, flags or None — a
-    HuggingFace config's ``output_hidden_states``, ``hidden_size`` —, by name: what of it
-    is read cheaply at every key (its containers and other objects are left to what
-    built it)."""
-    found = getattr(obj, "__dict__", None)
-    if not found:
-        return []
-    return sorted((k, v) for k, v in found.items() if type(v) in _SCALARS)
+    if held:
+        return {"type": kind, "holds": held}
+    named = _library_function(value)
+    if named is not None:  # numpy's ufuncs, Cython functions, str.lower: by name
+        return {"lib": named}
+    # nothing of it can be read (a lock, a deque, a library's C object): by its type, and
+    # said once, as for an object a node's code reads
+    _warn_blind(codes.owner, f"a {kind}", "holds", codes.what)
+    return "obj:" + kind
 
 
 class Codes:
@@ -202,6 +176,7 @@ class Codes:
         self.codecs = tuple(codecs)
         self.warn = warn  # (False: no node to name, as for what a module holds)
         self.owner: type = object  # the class of the node whose state is being read
+        self.what = "node class"  # what the owner is, as a warning names it
         # obj -> (description, [(what it reads, its codec, fingerprint then)], the names
         # its code reads, bound as then)
         self._known: weakref.WeakKeyDictionary[Any, tuple[str, list[Any], Watched]] = (

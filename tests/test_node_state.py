@@ -105,3 +105,58 @@ def test_a_dict_of_the_nodes_own_changed_in_place_is_a_new_state() -> None:
     first = state(node, (), None, codes)
     node.value["fp"] = "y"
     assert state(node, (), None, codes) != first == state(Holder({"fp": "x"}))
+
+
+def test_an_immutable_value_that_is_no_plain_data_enters_by_value() -> None:
+    """A Fraction, Decimal, complex, Path, date or compiled regex entered as None (no
+    ``__dict__``, nothing held): two values shared the node's entries."""
+    import datetime
+    import decimal
+    import fractions
+    import pathlib
+    import re
+
+    pairs = [
+        (fractions.Fraction(1, 2), fractions.Fraction(1, 3)),
+        (decimal.Decimal("0.5"), decimal.Decimal("0.25")),
+        (1 + 0j, 2 + 0j),
+        (pathlib.Path("a.txt"), pathlib.Path("b.txt")),
+        (datetime.date(2024, 1, 1), datetime.date(2024, 1, 2)),
+        (re.compile("a+"), re.compile("a+", re.IGNORECASE)),
+        (range(3), range(4)),
+    ]
+    for one, other in pairs:
+        assert state(Holder(one)) == state(Holder(one))  # (by value, not identity)
+        assert state(Holder(one)) != state(Holder(other)), one
+    # a type kept apart: the same number as another type is not the same setting
+    assert state(Holder(fractions.Fraction(1, 2))) != state(Holder(0.5))
+    assert state(Holder(decimal.Decimal("0.5"))) != state(Holder(decimal.Decimal("0.50")))
+
+
+def test_an_object_nothing_of_which_can_be_read_warns_and_enters_by_type() -> None:
+    """A deque (no ``__dict__``, nothing held) entered as None, silently."""
+    import collections
+
+    import pytest
+
+    class Queued(Holder):  # (a class of its own: the warning is said once per class)
+        pass
+
+    with pytest.warns(UserWarning, match=r"Queued' holds a collections.deque, which enters"):
+        first = state(Queued(collections.deque([1])))
+    assert state(Queued(collections.deque([2]))) == first  # (its content is not read)
+    assert first != state(Queued(None))
+
+
+def test_a_numpy_array_enters_by_content_without_a_numpy_codec() -> None:
+    """A graph without ``somatize.torch``'s codecs: an array a node holds entered as
+    None, so a write to it was not seen."""
+    import pytest
+
+    np = pytest.importorskip("numpy")
+    node = Holder(np.zeros(3))
+    first = state(node)
+    node.value[0] = 1.0
+    assert state(node) != first
+    assert state(Holder(np.zeros(3, np.float32))) != state(Holder(np.zeros(3)))
+    assert state(Holder(np.float64(0.5))) != state(Holder(np.float32(0.5)))

@@ -265,6 +265,7 @@ def test_a_worker_that_does_not_answer_times_out_and_is_retried():
     assert ex.calls == 2
 
 
+@pytest.mark.filterwarnings("ignore:node class .*Holds' holds a _thread.lock")  # (nothing to read)
 def test_a_node_that_cannot_be_pickled_is_named():
     class Holds(Node):
         def __init__(self):

@@ -23,7 +23,7 @@ import struct
 import sys
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from blake3 import blake3
 from torch import nn
 
 from ..errors import ValueConversionError
+from ..node_state import Codes
 from ..stack import outside
 from ..values import decode as decode_data
 from ..values import encode as encode_data
@@ -73,12 +74,32 @@ class TensorCodec:
         self._limit = 4096
         # id(module) -> (weak ref, what its fingerprint was made of, the fingerprint)
         self._modules: dict[int, tuple[weakref.ref[nn.Module], list[Any], str]] = {}
+        self._others: tuple[Any, ...] | None = None  # the graph's other codecs (``join``)
+        self._held: Codes | None = None  # how what modules hold is read (``_held_codes``)
 
     def __getstate__(self) -> dict[str, Any]:  # the memos hold weak references: not data
-        return {**self.__dict__, "_memo": {}, "_modules": {}}
+        return {**self.__dict__, "_memo": {}, "_modules": {}, "_held": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({"_modules": {}, **state})
+        self.__dict__.update({"_modules": {}, "_others": None, "_held": None, **state})
+
+    def join(self, codecs: Sequence[Any]) -> None:
+        """Read what modules hold (an attribute that is neither a number nor a tensor: a
+        numpy array or float) with ``codecs`` — the graph's, this one among them — as a
+        node's own attributes are read. ``module(g)`` and the Trainer join a graph's tensor
+        codecs to its codecs; a codec never joined reads them with an ``NdarrayCodec`` of
+        its own."""
+        others = tuple(c for c in codecs if c is not self)
+        if others != self._others:
+            self._others, self._held = others, None
+
+    def _held_codes(self) -> Codes:
+        """How a module's attributes other than numbers and tensors are read
+        (``module_held``): through this codec and those it was joined to."""
+        if self._held is None:
+            others = self._others if self._others is not None else (NdarrayCodec(),)
+            self._held = Codes((self, *others), warn=False)
+        return self._held
 
     def forget(self) -> None:
         """Drop the digest memos, so every tensor is hashed afresh when next asked for.
@@ -348,4 +369,6 @@ def _read_only(arr: Any) -> bool:
 
 def default_codecs() -> tuple[TensorCodec, NdarrayCodec]:
     """The codecs ``module(g)`` and the Trainer give a graph: tensors and ndarrays."""
-    return (TensorCodec(), NdarrayCodec())
+    made = (TensorCodec(), NdarrayCodec())
+    made[0].join(made)
+    return made

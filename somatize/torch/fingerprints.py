@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import math
 import sys
-import threading
-import types
 import weakref
 from collections.abc import Callable
 from operator import is_, itemgetter
@@ -35,10 +33,11 @@ from torch import nn
 
 from ..bindings import Watched, still, watch
 from ..class_data import class_data
+from ..held_values import value_kind
 from ..identity import _is_user_module
 from ..identity import fingerprint as fingerprint_code
-from ..node_state import Codes, _state_part
 from ..values import digest as digest_data
+from .module_held import hooks_of, other_setting
 
 if TYPE_CHECKING:
     from .codecs import TensorCodec
@@ -73,7 +72,7 @@ def module_fingerprint(codec: TensorCodec, obj: nn.Module) -> str:
     # hooks every module runs, then per module: name, class, mode, parameter and buffer
     # digests, plain attributes, forward hooks
     parts: list[tuple[Any, ...]] = [
-        _hooks(codec, *_global_hooks) if _global_hooks[0] or _global_hooks[1] else ()
+        hooks_of(codec, None, *_global_hooks) if _global_hooks[0] or _global_hooks[1] else ()
     ]
     extra = False
     digest, known = codec.digest, codec._memo.get
@@ -89,7 +88,7 @@ def module_fingerprint(codec: TensorCodec, obj: nn.Module) -> str:
             _digests(mod._buffers, held, known, digest, mod.training)
         cls = type(mod)
         hooks = (
-            _hooks(codec, mod._forward_pre_hooks, mod._forward_hooks)
+            hooks_of(codec, mod, mod._forward_pre_hooks, mod._forward_hooks)
             if mod._forward_pre_hooks or mod._forward_hooks
             else ()
         )
@@ -241,11 +240,16 @@ def _settings(mod: nn.Module, codec: TensorCodec) -> _Settings:
     for i, v in enumerate(values):
         t = type(v)
         if t not in _SETTING and not (t is tuple and _seen_plain(v)):
-            values[i] = codec.digest(v) if isinstance(v, torch.Tensor) else _other_setting(v, codec)
+            values[i] = (
+                codec.digest(v)
+                if isinstance(v, torch.Tensor)
+                else other_setting(v, codec, mod, names[i])
+            )
             plain = t is tuple and all(type(x) in _SETTING for x in v)
             if plain and len(_PLAIN_TUPLES) < 4096:
                 _PLAIN_TUPLES.add(v)
-            plain_only = plain_only and plain
+            # (an immutable value, a numpy float: by value, and as immutable as a number)
+            plain_only = plain_only and (plain or value_kind(t) is not None)
     kinds = tuple([_typed(v) for v in values])
     return _keep(mod, names, left, (names, values, kinds)) if plain_only else (names, values, kinds)
 
@@ -293,49 +297,3 @@ def _names(cls: type, d: dict[str, Any]) -> tuple[str, ...]:
     return tuple(
         k for k in d if k != "training" and k not in _MODULE_OWN and not k.startswith("_somatize")
     )
-
-
-def _other_setting(v: Any, codec: TensorCodec) -> Any:
-    if isinstance(v, tuple):  # kernel_size, stride (a torch.Size too): item by item
-        return tuple(x if type(x) in _SETTING else _other_setting(x, codec) for x in v)
-    if isinstance(v, torch.Tensor):  # (inside a tuple)
-        from .tensor_keys import tensor_bytes as _tensor_bytes
-
-        return f"tensor:{tuple(v.shape)}:{v.dtype}:{blake3(_tensor_bytes(v)).hexdigest()}"
-    if isinstance(v, torch.Generator):  # a module drawing from its own: where it stands
-        return f"generator:{blake3(v.get_state().numpy().tobytes()).hexdigest()}"
-    return _held(v, codec)
-
-
-def _held(v: Any, codec: TensorCodec) -> Any:
-    """A module's attribute or hook that is neither a number nor a tensor, as a node's own
-    attribute enters its state (``node_state``): code by its code and what it reads (a
-    global rebound, a closure, a tensor it reads changed in place), a list or dict of
-    tensors or modules item by item, a ``partial`` by its function and arguments, a
-    bound method by its function and its object, a config by its attributes — read at
-    every key, not once per process."""
-    codes = vars(codec).get("_held_codes")
-    if codes is None:
-        codes = codec._held_codes = Codes((codec,), warn=False)  # type: ignore[attr-defined]
-    if isinstance(v, (types.FunctionType, type)) or (
-        isinstance(v, types.BuiltinFunctionType)
-        and (v.__self__ is None or isinstance(v.__self__, (types.ModuleType, type)))
-    ):
-        return codes(v)  # (TransformerEncoderLayer.activation: its code, memoised)
-    depth = getattr(_DEPTH, "n", 0)
-    if depth > 8:  # (a module holding itself in a list: its own fingerprint again, and so on)
-        return f"deep:{type(v).__qualname__}"
-    _DEPTH.n = depth + 1
-    try:
-        return "held:" + digest_data(_state_part(v, codes), (), "a module attribute")
-    finally:
-        _DEPTH.n = depth
-
-
-_DEPTH = threading.local()
-
-
-def _hooks(codec: TensorCodec, *tables: Any) -> tuple[Any, ...]:
-    """The forward hooks registered in ``tables`` (each hook changes outputs), each by its
-    code and what it reads, at every key (``_held``)."""
-    return tuple(_held(h, codec) for table in tables for h in table.values())

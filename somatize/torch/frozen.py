@@ -195,6 +195,9 @@ def equip(g: Graph) -> Graph:
         # A deep copy of an equipped graph: its runtime (and the program built with it)
         # still call the original's nodes. Remaking the runtime rebuilds the program.
         g.use(wrap=_FrozenWrap(g))
+    for c in g.codecs:  # (what modules hold is read with the graph's codecs, numpy's too)
+        if isinstance(c, TensorCodec):
+            c.join(g.codecs)
     for sub in g._subgraphs().values():
         equip(sub)
     return g
