@@ -36,6 +36,7 @@ from ..stack import outside
 from ..values import decode as decode_data
 from ..values import encode as encode_data
 from .fingerprints import module_fingerprint
+from .module_code import script_function
 from .tensor_keys import _PLAIN, check_tensor, subclass_error, tensor_bytes, tensor_key
 
 __all__ = ["NdarrayCodec", "TensorCodec", "default_codecs"]
@@ -189,8 +190,8 @@ class TensorCodec:
     def fingerprint(self, obj: Any) -> str | None:
         """The digest of a tensor, of a module's structure, modes and state
         (``somatize.torch.fingerprints``), of a generator's state (a node drawing from its
-        own: each call a new key, as each draws anew), or the name of a dtype, device,
-        layout or memory format.
+        own: each call a new key, as each draws anew), of a ``torch.jit.ScriptFunction``'s
+        code, or the name of a dtype, device, layout or memory format.
 
         A module's fingerprint is made of each submodule's name, class (and, for the
         user's own classes, the fingerprint of their code), mode, plain attributes
@@ -205,7 +206,9 @@ class TensorCodec:
         if isinstance(obj, torch.Generator):  # a node's own randomness: where it stands
             return f"generator:{blake3(obj.get_state().numpy().tobytes()).hexdigest()}"
         if not isinstance(obj, nn.Module):
-            return f"{type(obj).__name__}:{obj}" if isinstance(obj, _NAMED) else None
+            if isinstance(obj, _NAMED):
+                return f"{type(obj).__name__}:{obj}"
+            return script_function(obj) if isinstance(obj, _SCRIPTED) else None
         return module_fingerprint(self, obj)
 
     def _remember_module(self, obj: nn.Module, parts: list[Any], result: str) -> None:
@@ -216,6 +219,7 @@ class TensorCodec:
 
 
 _NAMED = (torch.dtype, torch.device, torch.layout, torch.memory_format)  # enter a state by name
+_SCRIPTED = torch.jit.ScriptFunction  # (by its code: ``module_code``)
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")

@@ -3,7 +3,8 @@
 ``TensorCodec.fingerprint(module)`` is asked for on every key of a node holding modules —
 a frozen backbone's, every batch — so that a changed weight, mode or setting is never
 served a stale entry. It is made of each submodule's name, class (for the user's own
-classes, also the fingerprint of their code), mode, plain attributes (``negative_slope``,
+classes, also the fingerprint of their code; for TorchScript and torch.fx modules, the code
+they run, ``module_code``), mode, plain attributes (``negative_slope``,
 ``eps``) and forward hooks, the digest of each parameter and buffer (memoised by version
 counter), and torch's global forward hooks. When all of those equal what the module's
 last fingerprint was made of, type for type (``1`` and ``1.0`` are equal, not the same
@@ -37,6 +38,7 @@ from ..held_values import value_kind
 from ..identity import _is_user_module
 from ..identity import fingerprint as fingerprint_code
 from ..values import digest as digest_data
+from .module_code import fx_names, is_script, script_part
 from .module_held import hooks_of, other_setting
 
 if TYPE_CHECKING:
@@ -93,8 +95,11 @@ def module_fingerprint(codec: TensorCodec, obj: nn.Module) -> str:
             else ()
         )
         cls_id = _CLASS_IDS.get(cls) or classes.get(cls)
-        if cls_id is None:  # (a user class: rechecked, once per walk)
-            cls_id = classes[cls] = _class_id(cls, codec)
+        if cls_id is None:  # (a user class: rechecked, once per walk; a TorchScript one:
+            # read per instance, its code is the instance's)
+            cls_id = _class_id(cls, mod, codec)
+            if not is_script(cls):
+                classes[cls] = cls_id
         parts.append((name, cls_id, mod.training, held, _settings(mod, codec), hooks))
         if cls.get_extra_state is not _NO_EXTRA:
             extra = True
@@ -172,13 +177,16 @@ def _digests(
         held.append((name, digest(t, fresh=fresh)))
 
 
-def _class_id(cls: type, codec: TensorCodec | None = None) -> str:
+def _class_id(cls: type, mod: nn.Module, codec: TensorCodec | None = None) -> str:
     """How a module's class enters a fingerprint: its name; and, when it is the user's own
     class (not a library's, which enters by version), the fingerprint of its code, read
     again when a name its code reads is bound anew (a helper redefined in a notebook) or its
     code changes in place (a method patched, ``%autoreload 2``: ``bindings.still``), and
     the data its classes hold (``K = 2.0``, ``T = torch.tensor(...)``: by value, a tensor by
-    ``codec``'s digest), read at every key as a node class's is (``class_data.py``)."""
+    ``codec``'s digest), read at every key as a node class's is (``class_data.py``); for
+    a TorchScript module, the code it runs and its attributes (``module_code``)."""
+    if is_script(cls) and codec is not None:  # (never kept: asked of each instance per key)
+        return f"{cls.__qualname__}:{script_part(mod, codec)}"
     known = _USER_IDS.get(cls)
     if known is None or not still(known[1]):
         name = cls.__qualname__
@@ -292,6 +300,11 @@ def _names(cls: type, d: dict[str, Any]) -> tuple[str, ...]:
     user's own classes, the private ones too (``self._scale`` read in ``forward``), but
     not the tables ``nn.Module`` keeps. (A library module's private attributes are what
     its constructor made of its public ones.)"""
+    if is_script(cls):  # (its attributes are TorchScript's: read with its code)
+        return ()
+    generated = fx_names(cls, d)  # a torch.fx GraphModule: its code and its own attributes
+    if generated is not None:
+        return generated
     if not _is_user_module(sys.modules.get(cls.__module__)):
         return tuple(k for k in d if k[0] != "_" and k != "training")
     return tuple(
