@@ -10,6 +10,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .held_values import value_kind
 from .node import Node
 from .own_code import _own
 from .user_modules import _is_user_module
@@ -38,7 +39,8 @@ def class_data(cls: type, codecs: Sequence[Codec] = ()) -> str | None:
     changes no code. Read at every key: numbers, strings and flags by ``repr`` (which tells
     ``1``, ``1.0``, ``True`` and ``-0.0`` apart), containers of data by their digest, and
     with ``codecs`` what they fingerprint (a tensor, an array, a module: memoised by
-    version counter, so an in-place write is seen as a rebinding is)."""
+    version counter, so an in-place write is seen as a rebinding is), and an immutable
+    value no codec reads (a ``Fraction``, an ``np.float64``) by its value (``held_values``)."""
     known = _USER_CLASSES.get(cls)
     if known is None:
         known = _USER_CLASSES[cls] = user_classes(cls)
@@ -64,6 +66,10 @@ def class_data(cls: type, codecs: Sequence[Codec] = ()) -> str | None:
                     if fp is not None:
                         found.append((c.__qualname__, k, f"{codec.tag}:{fp}"))
                         break
+                else:  # (an immutable value no codec reads: a Fraction, an np.float64)
+                    how = value_kind(t)
+                    if how is not None:
+                        found.append((c.__qualname__, k, f"{t.__qualname__}:{digest(how(v))}"))
     return repr(found) if found else None
 
 

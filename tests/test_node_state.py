@@ -160,3 +160,30 @@ def test_a_numpy_array_enters_by_content_without_a_numpy_codec() -> None:
     assert state(node) != first
     assert state(Holder(np.zeros(3, np.float32))) != state(Holder(np.zeros(3)))
     assert state(Holder(np.float64(0.5))) != state(Holder(np.float32(0.5)))
+
+
+class Ratioed(Node):
+    """A node class holding an immutable value that is no plain data (as read at import)."""
+
+    RATIO: Any = None
+
+    def forward(self, x: Any, ctx: Any) -> Done:
+        return Done(x * float(self.RATIO))
+
+
+def test_an_immutable_value_a_node_class_holds_enters_by_value() -> None:
+    """A class's Fraction or numpy scalar was read by no codec and left out of the state:
+    ``Ratioed.RATIO = Fraction(1, 3)`` shared the entries of ``Fraction(1, 2)``."""
+    import fractions
+
+    import numpy as np
+
+    seen = []
+    try:
+        for value in (fractions.Fraction(1, 2), fractions.Fraction(1, 3), np.float64(0.5)):
+            Ratioed.RATIO = value
+            seen.append(state(Ratioed()))
+            assert state(Ratioed()) == seen[-1]
+    finally:
+        Ratioed.RATIO = None
+    assert len(set(seen)) == 3

@@ -183,7 +183,8 @@ def _class_id(cls: type, mod: nn.Module, codec: TensorCodec | None = None) -> st
     again when a name its code reads is bound anew (a helper redefined in a notebook) or its
     code changes in place (a method patched, ``%autoreload 2``: ``bindings.still``), and
     the data its classes hold (``K = 2.0``, ``T = torch.tensor(...)``: by value, a tensor by
-    ``codec``'s digest), read at every key as a node class's is (``class_data.py``); for
+    ``codec``'s digest, an array by the numpy codec joined to it), read at every key as a
+    node class's is (``class_data.py``); for
     a TorchScript module, the code it runs and its attributes (``module_code``)."""
     if is_script(cls) and codec is not None:  # (never kept: asked of each instance per key)
         return f"{cls.__qualname__}:{script_part(mod, codec)}"
@@ -197,7 +198,8 @@ def _class_id(cls: type, mod: nn.Module, codec: TensorCodec | None = None) -> st
         known = f"{cls.__module__}.{name}:{fingerprint_code(cls)}", watch(cls, ())
         if len(_USER_IDS) < 4096:
             _USER_IDS[cls] = known
-    data = class_data(cls, (codec,) if codec is not None else ())
+    # (with the codecs the graph joined to ``codec``: a class's numpy array too)
+    data = class_data(cls, codec._held_codes().codecs if codec is not None else ())
     return known[0] if data is None else f"{known[0]}:{data}"
 
 

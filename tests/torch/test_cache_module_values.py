@@ -150,3 +150,39 @@ def test_a_codec_that_read_what_modules_hold_still_pickles():
     codec.fingerprint(Scaled([np.ones(4, np.float32)]))
     again = pickle.loads(pickle.dumps(codec))
     assert again.fingerprint(Scaled(np.float64(1.0))) is not None
+
+
+class Shifted(nn.Module):
+    """A user module class holding an array and numpy and Fraction scalars."""
+
+    SHIFT = np.zeros(4, dtype=np.float32)
+    GAIN = np.float64(2.0)
+    PART = fractions.Fraction(1, 2)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x - torch.from_numpy(self.SHIFT)) * float(self.GAIN)
+        return out * float(self.PART)
+
+
+def test_an_array_or_value_a_user_module_class_holds_is_a_new_key() -> None:
+    # a module class's data is read with the graph's codecs (numpy's among them), and an
+    # immutable value no codec reads by its value
+    for per in ("example", "batch"):
+        torch.manual_seed(0)
+        node = Enc(Shifted())
+        g = cached(node, per)
+        assert torch.equal(g.forward(X), fresh(node))
+        try:
+            Shifted.SHIFT += 1  # written in place
+            assert torch.equal(g.forward(X), fresh(node))
+            Shifted.GAIN = np.float64(3.0)
+            assert torch.equal(g.forward(X), fresh(node))
+            Shifted.PART = fractions.Fraction(1, 3)
+            assert torch.equal(g.forward(X), fresh(node))
+        finally:
+            Shifted.SHIFT = np.zeros(4, dtype=np.float32)
+            Shifted.GAIN, Shifted.PART = np.float64(2.0), fractions.Fraction(1, 2)
