@@ -112,6 +112,7 @@ def test_an_idle_worker_ignores_ctrl_c_so_the_running_runs_are_not_sent_again(tm
     with st.executor(workers=3) as pool, _released(tmp_path):
         futures = [pool.submit(_mark_then_hold, (i, str(started))) for i in range(3)]
         assert futures[2].result(timeout=300) == 2  # run 2: on the third worker, now idle
+        _started(started, 3)  # (runs 0 and 1 were taken before run 2, not always begun yet)
         running = {_pid(started, name) for name in ("0", "1")}
         idle = _pid(started, "2")
         assert idle not in running and _ignores_sigint(idle)

@@ -22,7 +22,12 @@ def test_run_all_warns_that_a_pure_dask_executor_runs_repeated_items_once():
     distributed = pytest.importorskip("dask.distributed")
     with (
         distributed.LocalCluster(
-            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None
+            n_workers=1,
+            threads_per_worker=2,
+            processes=False,
+            dashboard_address="127.0.0.1:0",  # a free port: 8787 may be taken
+            # the scheduler's HTTP server would take port 8787, and warn if it is taken
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
