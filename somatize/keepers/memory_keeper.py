@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -72,16 +72,14 @@ class MemoryKeeper:
             return self._held.get(key)
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        out: list[bytes | None] = []
+        # (no Python loop per key where all are found: a warm batch of per-example rows)
         with self._lock:
-            lru, held = self._lru, self._held
-            for key in keys:
-                data = lru.get(key)
-                if data is not None:
-                    lru.move_to_end(key)
-                else:
-                    data = held.get(key)
-                out.append(data)
+            lru = self._lru
+            out: list[bytes | None] = list(map(lru.get, keys))
+            deque(map(lru.move_to_end, filter(lru.__contains__, keys)), maxlen=0)
+            if None in out:  # pinned entries, and misses
+                held = self._held
+                out = [held.get(k) if d is None else d for k, d in zip(keys, out)]
         return out
 
     def lookup(self, name: str) -> bytes | None:
