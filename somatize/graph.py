@@ -7,7 +7,6 @@ construction, ``forward``, introspection, rendering, memory settings.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,10 +16,10 @@ from .bulk import paused_gc
 from .catalog import Catalog
 from .codecs import Codec, check_codecs
 from .compose import Composable
-from .errors import DuplicateNodeError, EmptyGraphError, GraphError, MissingNodeError
+from .errors import DuplicateNodeError, GraphError, MissingNodeError
 from .execute import Outcome, Program
+from .graph_run import build_program, run_keyed
 from .graph_settings import Settings
-from .keepers import MemoryKeeper
 from .keepers.pins import PinLog
 from .keepers.protocol import check_keeper
 from .memory import Memory, NodeKeys
@@ -29,7 +28,7 @@ from .placement import Placement
 from .plan import Plan, compile
 from .topology import Builder, Topology
 from .values import digest
-from .watchers import RunEnd, RunStart, check_watchers, notify
+from .watchers import check_watchers
 
 if TYPE_CHECKING:
     from .dsl import Expr
@@ -246,32 +245,9 @@ class Graph(Settings, Composable):
         """The executable form of the graph, built once per change."""
         stamp = self._stamp()
         if self._program is None or stamp != self._built_from:
-            subs = {}
-            for n, sub in self._subgraphs().items():
-                if not len(sub):
-                    raise EmptyGraphError(
-                        f"node {n!r} is a subgraph with no nodes; add one to it "
-                        "(sub.node(id, impl)) or leave it out of this graph"
-                    )
-                if sub.placement.multi_host:  # (run here, it would run them all here)
-                    raise GraphError(
-                        f"node {n!r} is a subgraph with inner nodes placed on other hosts; a "
-                        f"subgraph moves as one unit — place the subgraph node itself "
-                        f"(g.place({n!r}, host=...)) and clear its inner hosts"
-                    )
-                subs[n] = sub.program()
+            program = build_program(self)
             self._built_from = stamp
-            placements = {n: sub.placement for n, sub in self._subgraphs().items()}
-            self._program = Program.compiled(
-                self.topology,
-                self.placement,
-                placements,
-                self.catalog,
-                self.memory,
-                self.codecs,
-                subs,
-                self.wrap,
-            )
+            self._program = program
         return self._program
 
     def forward(
@@ -320,22 +296,7 @@ class Graph(Settings, Composable):
         if not (program.keyed or self.watchers):
             value, metrics = program.run_fast(x, run)
             return Outcome(value, False, None, metrics)
-        keeper = self.keeper
-        if keeper is None and program.keyed:
-            keeper = self.keeper = MemoryKeeper()
-        x_key = (
-            None if opaque or not program.input_keyed else digest(x, self.codecs, "the graph input")
-        )
-        if self.watchers:
-            notify(self.watchers, RunStart(run.id, len(program.plan)))
-        start = time.perf_counter()
-        watchers = self.watchers
-        if self.memory.pinned:  # the keys of pinned nodes' entries, for pin(node, False)
-            watchers = [*watchers, self._pins.watching(self.memory.pinned)]
-        outcome = program.run_keyed(x, opaque, x_key, run, self.keys, keeper, watchers)
-        if self.watchers:
-            notify(self.watchers, RunEnd(run.id, time.perf_counter() - start))
-        return outcome
+        return run_keyed(self, program, x, opaque, run)
 
     def explain(
         self, *inputs: Any, step: int = 0, values: Mapping[str, Any] | None = None

@@ -35,12 +35,12 @@ class _Forbidden:
 def no_hashing_or_timing(monkeypatch: pytest.MonkeyPatch) -> None:
     for module in ("values", "identity", "keepers.loose", "keepers.packs"):
         monkeypatch.setattr(f"somatize.{module}.blake3", _Forbidden(f"{module}.blake3"))
-    for module in ("execute", "keyed", "graph", "topology", "memory", "identity"):
+    for module in ("execute", "keyed", "graph", "graph_run", "topology", "memory", "identity"):
         monkeypatch.setattr(f"somatize.{module}.digest", _Forbidden(f"{module}.digest"))
     monkeypatch.setattr("somatize.memory.key", _Forbidden("memory.key"))
     monkeypatch.setattr("somatize.memory.NodeKeys.of", _Forbidden("NodeKeys.of"))
     monkeypatch.setattr("somatize.keyed.time", _Forbidden("keyed.time"))
-    monkeypatch.setattr("somatize.graph.time", _Forbidden("graph.time"))
+    monkeypatch.setattr("somatize.graph_run.time", _Forbidden("graph_run.time"))
     monkeypatch.setattr("somatize.keyed.notify", _Forbidden("keyed.notify"))
 
 
@@ -58,7 +58,7 @@ def test_the_hot_path_does_no_hashing_timing_or_notifying() -> None:
 
 def test_the_forbidding_fixture_really_bites(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("somatize.execute.digest", _Forbidden("execute.digest"))
-    monkeypatch.setattr("somatize.graph.digest", _Forbidden("graph.digest"))
-    with pytest.raises(AssertionError, match=r"the hot path called graph\.digest"):
+    monkeypatch.setattr("somatize.graph_run.digest", _Forbidden("graph_run.digest"))
+    with pytest.raises(AssertionError, match=r"the hot path called graph_run\.digest"):
         Graph().node("a", Add(1)).cache("a").forward(1)
     assert somatize.values.digest(1)  # the real function was left alone
