@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from torch import nn
 
 from .. import runkey, runs
@@ -45,6 +43,7 @@ from ..stack import outside
 from . import ddp
 from .checkpoint import Checkpointing
 from .codecs import default_codecs
+from .remember_ranks import RUN, RUN_UNKEYED, call_ranks
 from .result import TrainResult
 from .result_store import FIELDS, RememberedResult, decode_result, encode_result
 
@@ -190,7 +189,7 @@ class Remembered:
         ck = self.call_key(*args, **kwargs)
         rank, world, _ = ddp.setup()  # (the group fit would make; it stays for the fit)
         if world > 1:
-            return self._call_ranks(ck, args, kwargs, rank)
+            return call_ranks(self, ck, args, kwargs, rank)
         found = self._recall(ck.key)
         if found is not None:
             return found
@@ -199,51 +198,6 @@ class Remembered:
             if found is not None:
                 return found
             return self._compute(ck, args, kwargs)
-
-    def _call_ranks(
-        self, ck: runkey.CallKey, args: Sequence[Any], kwargs: Mapping[str, Any], rank: int
-    ) -> RememberedResult:
-        """Under torchrun every rank makes the call: rank 0 holds the key's lock (against
-        other jobs), decides between recalling and running and tells the others, which
-        run the function with it (the fit inside is one DDP run) or recall, never write.
-        While rank 0 waits for another job's lock it tells them so every second, so that
-        no collective waits on a file lock past the process group's timeout."""
-        if rank != 0:
-            code = _broadcast(0)
-            while code == _WAIT:
-                code = _broadcast(0)
-            if code == _FAILED:
-                raise RuntimeError(
-                    f"rank 0 failed before it decided whether to run or recall {ck.function} "
-                    f"(key {ck.key[:16]}…); its error says why"
-                )
-            if code != _RECALL:  # the checkpoints where rank 0 keeps them (or none)
-                return self._follow(ck, args, kwargs, keyed=code == _RUN)
-            found = self._recall(ck.key)
-            if found is None:
-                raise KeeperError(
-                    f"rank {rank} cannot read the run {ck.key[:16]}… that rank 0 recalled from "
-                    f"{self.keeper!r}: under torchrun every rank reads the result, so the "
-                    "keeper must be one they all see (a DiskKeeper on a shared directory)"
-                )
-            return found
-        decided = [False]
-
-        def tell(code: int) -> None:
-            decided[0] = code != _WAIT
-            _broadcast(code)
-
-        try:
-            with self.store.lock(ck.key, waiting=lambda: tell(_WAIT)):
-                found = self._recall(ck.key)
-                if found is not None:
-                    tell(_RECALL)
-                    return found
-                return self._compute(ck, args, kwargs, tell)
-        except BaseException:
-            if not decided[0]:  # the others wait for a decision: tell them there is none
-                tell(_FAILED)
-            raise
 
     def _follow(
         self, ck: runkey.CallKey, args: Sequence[Any], kwargs: Mapping[str, Any], keyed: bool
@@ -283,7 +237,7 @@ class Remembered:
             problems.append(str(e))
             checkpoints = None  # checkpoints go to a temporary directory instead
         if tell is not None:  # under torchrun: the other ranks run it too, checkpointed alike
-            tell(_RUN if checkpoints is not None else _RUN_UNKEYED)
+            tell(RUN if checkpoints is not None else RUN_UNKEYED)
         token = _current.set(_Current(ck.key, checkpoints))
         try:
             result = self.fn(*args, **kwargs)
@@ -352,19 +306,6 @@ class Remembered:
     def _returned(result: TrainResult, key: str) -> RememberedResult:
         fields = {f.name: getattr(result, f.name) for f in FIELDS}
         return RememberedResult(**fields, recalled=False, key=key)
-
-
-# What rank 0 tells the other ranks of a remembered call (``_call_ranks``).
-_WAIT, _RECALL, _RUN, _RUN_UNKEYED, _FAILED = range(5)
-
-
-def _broadcast(code: int) -> int:
-    """Rank 0's ``code``, on every rank (a broadcast over the process group)."""
-    flag = torch.tensor([code])
-    if dist.get_backend() == "nccl":
-        flag = flag.to("cuda")
-    dist.broadcast(flag, src=0)
-    return int(flag.item())
 
 
 def remember(
