@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import runs_cli
+from .counted import counted
 from .errors import KeeperError, SomatizeError
 from .graph import Graph
 from .keepers import DiskKeeper
@@ -171,7 +172,7 @@ def _tend(keeper: DiskKeeper, args: argparse.Namespace) -> int:
         return 1 if bad else 0
     elif args.action == "gc":
         freed = keeper.gc(args.max_bytes)
-        print(f"freed {freed} bytes; {keeper.stats()}")
+        print(f"freed {counted(freed, 'byte')}; {keeper.stats()}")
     else:
         names = {key: name for name, key in keeper.names().items()}
         for key, size in keeper.sizes():
@@ -181,7 +182,7 @@ def _tend(keeper: DiskKeeper, args: argparse.Namespace) -> int:
 
 def _entries(n: int, what: str = "") -> str:
     """``"1 corrupt entry"``, ``"10 corrupt entries"``."""
-    return f"{n} {what}{'entry' if n == 1 else 'entries'}"
+    return counted(n, f"{what}entry")
 
 
 _FAILED = object()  # what _load gives after an error (None is an input like another)

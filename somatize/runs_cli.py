@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import runs
+from .counted import counted
 from .errors import KeeperError
 from .keepers.protocol import is_key
 
@@ -184,10 +185,10 @@ def command(args: argparse.Namespace) -> int:
         if damaged := sum(r.get("status") == "damaged" for r in records):
             gone += f", {damaged} with a damaged record"
         total = _size(sum(r["size"] for r in records))
-        print(f"{len(records)} runs ({done} finished{gone}), {total}")
+        print(f"{counted(len(records), 'run')} ({done} finished{gone}), {total}")
         if damaged:
             print(
-                f"somatize: {damaged} damaged run record(s), shown above with their paths; "
+                f"somatize: {counted(damaged, 'damaged run record')}, shown above with their paths; "
                 "gc keeps them: mend each run.json, or remove its run's directory by hand",
                 file=sys.stderr,
             )
@@ -233,7 +234,8 @@ def command(args: argparse.Namespace) -> int:
                 f"kept {key}: this user cannot read its record {store.dir(r['key']) / 'run.json'}"
             )
     left = store.records()
-    print(f"removed {len(removed)} runs; {len(left)} left, {_size(sum(r['size'] for r in left))}")
+    left_size = _size(sum(r["size"] for r in left))
+    print(f"removed {counted(len(removed), 'run')}; {len(left)} left, {left_size}")
     if removed and keeper_dir is None:
         print(
             "their results stay in the keeper st.remember stored them in (pass --keeper DIR "

@@ -41,7 +41,7 @@ def test_cache_stats(store: DiskKeeper, capsys: pytest.CaptureFixture[str]) -> N
     rc, out, _ = run(["cache", "stats", "--dir", str(store.path)], capsys)
     assert rc == 0
     assert out.strip() == str(store.stats())
-    assert out.startswith("3 entries,") and "1 pinned, 1 names" in out
+    assert out.startswith("3 entries,") and "1 pinned, 1 name" in out and "1 names" not in out
 
 
 def test_cache_ls(store: DiskKeeper, capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,6 +71,7 @@ def test_cache_gc_keeps_pinned(store: DiskKeeper, capsys: pytest.CaptureFixture[
     rc, out, _ = run(["cache", "gc", "--max-bytes", "0", "--dir", str(store.path)], capsys)
     assert rc == 0 and out.startswith("freed ")
     assert list(store.keys()) == [k(2)]
+    assert "bytes; 1 entry, " in out and "1 pinned, 1 name" in out  # counted in the right number
 
 
 def test_cache_dir_from_environment_and_missing_dir(

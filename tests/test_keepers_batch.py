@@ -129,8 +129,15 @@ def test_memory_keeper_unpin_lets_an_entry_go() -> None:
 def test_keeper_stats_reads_as_before_when_nothing_was_evicted() -> None:
     assert str(KeeperStats(2, 20, 1, 0)) == "2 entries, 20 bytes, 1 pinned, 0 names"
     assert (
-        str(KeeperStats(2, 20, 1, 0, packs=1)) == "2 entries, 20 bytes, 1 pinned, 0 names, 1 packs"
+        str(KeeperStats(2, 20, 1, 0, packs=1)) == "2 entries, 20 bytes, 1 pinned, 0 names, 1 pack"
     )
+
+
+def test_keeper_stats_count_one_in_the_singular() -> None:
+    one = KeeperStats(1, 1, 1, 1, evicted=1, evicted_bytes=1, packs=1)
+    assert str(one) == "1 entry, 1 byte, 1 pinned, 1 name, 1 pack, 1 evicted (1 byte)"
+    many = KeeperStats(0, 2, 0, 2, evicted=2, evicted_bytes=0, packs=2)
+    assert str(many) == "0 entries, 2 bytes, 0 pinned, 2 names, 2 packs, 2 evicted (0 bytes)"
 
 
 def test_a_buffer_is_stored_as_its_bytes_and_never_as_the_callers_object(

@@ -65,7 +65,7 @@ def test_runs_stored_with_a_dir_of_their_own_are_listed_shown_and_gcd(
     rc, out, _ = run(
         ["gc", "--older-than", "30d", "--dir", str(mine), "--keeper", str(keeper.path)], capsys
     )
-    assert rc == 0 and "removed 1 runs; 0 left" in out and "--keeper" not in out
+    assert rc == 0 and "removed 1 run; 0 left" in out and "--keeper" not in out
     assert sorted(keeper.keys()) == [B]  # A's result went with its run
 
 

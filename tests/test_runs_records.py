@@ -89,6 +89,7 @@ def test_runs_ls_show_and_gc_report_a_damaged_record_and_gc_keeps_its_run(
     assert f"damaged record {damaged / 'run.json'}: {why}" in line
     assert out.splitlines()[-1].startswith("2 runs (1 finished, 1 with a damaged record), ")
     assert "gc keeps them" in err and "mend each run.json" in err
+    assert "somatize: 1 damaged run record, shown above" in err
 
     rc, out, err = cli(["show", A[:8], *where], capsys)
     assert rc == 1 and json.loads(out)["status"] == "damaged"
@@ -96,7 +97,7 @@ def test_runs_ls_show_and_gc_report_a_damaged_record_and_gc_keeps_its_run(
     assert str(damaged / "run.json") in err and f"remove {damaged}" in err
 
     rc, out, err = cli(["gc", "--older-than", "1d", "--max-bytes", "0", *where], capsys)
-    assert rc == 0 and f"removed {B[:12]}" in out and "removed 1 runs; 1 left" in out
+    assert rc == 0 and f"removed {B[:12]}" in out and "removed 1 run; 1 left" in out
     assert f"kept {A[:12]}: its record is damaged ({why}" in out
     assert f"mend {damaged / 'run.json'}" in out and f"remove {damaged} by hand" in out
     assert damaged.is_dir() and not intact.exists()

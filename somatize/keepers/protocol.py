@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from ..counted import counted
 from ..errors import KeeperError
 
 __all__ = ["Keeper", "KeeperStats", "check_key", "check_name"]
@@ -97,12 +98,13 @@ class KeeperStats:
 
     def __str__(self) -> str:
         out = (
-            f"{self.entries} entries, {self.bytes} bytes, {self.pinned} pinned, {self.names} names"
+            f"{counted(self.entries, 'entry')}, {counted(self.bytes, 'byte')}, "
+            f"{self.pinned} pinned, {counted(self.names, 'name')}"
         )
         if self.packs:
-            out += f", {self.packs} packs"
+            out += f", {counted(self.packs, 'pack')}"
         if self.evicted:
-            out += f", {self.evicted} evicted ({self.evicted_bytes} bytes)"
+            out += f", {self.evicted} evicted ({counted(self.evicted_bytes, 'byte')})"
         return out
 
 

@@ -374,7 +374,7 @@ def test_runs_ls_show_gc_from_the_command_line(keeper, capsys, tmp_path):
     assert train(0, data()).recalled
     assert main(["runs", "gc", "--max-bytes", str(size - 1), "--dir", str(keeper.path)]) == 0
     out = capsys.readouterr().out
-    assert out.count("removed ") == 2 and "removed 1 runs; 2 left" in out  # the least recently used
+    assert out.count("removed ") == 2 and "removed 1 run; 2 left" in out  # the least recently used
     assert main(["runs", "gc", "--older-than", "0s", "--dir", str(keeper.path)]) == 0
     assert "removed 2 runs; 0 left" in capsys.readouterr().out
     assert not list(keeper.keys())  # their results left the keeper too
@@ -388,10 +388,10 @@ def test_runs_remembered_in_a_dir_of_their_own_are_seen_by_the_command_line(tmp_
     first = train(0, data())
     assert main(["runs", "ls", "--dir", str(mine)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(first.key[:12]) and out[-1].startswith("1 runs (1 finished)")
+    assert out[0].startswith(first.key[:12]) and out[-1].startswith("1 run (1 finished)")
     assert (
         main(["runs", "gc", "--older-than", "0s", "--dir", str(mine), "--keeper", str(keeper.path)])
         == 0
     )
-    assert "removed 1 runs; 0 left" in capsys.readouterr().out
+    assert "removed 1 run; 0 left" in capsys.readouterr().out
     assert not list(keeper.keys()) and not train(0, data()).recalled
