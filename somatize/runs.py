@@ -24,6 +24,7 @@ from typing import Any
 
 from .errors import KeeperError
 from .keepers import atomic_write
+from .keepers.locks import open_lock
 from .keepers.protocol import is_key
 from .runs_explain import explain  # (runs.explain, as before)
 
@@ -140,7 +141,9 @@ class RunStore:
     @contextlib.contextmanager
     def lock(self, key: str, waiting: Callable[[], None] | None = None) -> Iterator[bool]:
         """Hold run ``key``'s lock (waiting for another process that holds it); yields whether
-        a lock could be taken (not on a read-only disk, nor where ``fcntl`` is missing).
+        a lock could be taken (not on a read-only disk, nor where ``fcntl`` is missing). A
+        lock file of another user's that this one may not write is taken read-only; one
+        that cannot be opened at all is a warning naming it (``keepers.locks.open_lock``).
         With ``waiting``, the lock is tried every second and ``waiting()`` called between
         tries (a DDP rank 0 telling its peers it still waits)."""
         try:
@@ -148,13 +151,11 @@ class RunStore:
         except ImportError:
             yield False
             return
+        lock = str(self.dir(key) / "lock")
         while True:
-            try:
-                self.dir(key).mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.dir(key) / "lock", os.O_RDWR | os.O_CREAT, 0o666)
-            except FileNotFoundError:  # `runs gc` moved the directory between the two
-                continue
-            except OSError:
+            # (open_lock makes the directory again if `runs gc` moved it meanwhile)
+            fd = open_lock(lock, f"calls of the remembered run {key[:12]}")
+            if fd is None:  # a read-only disk, or a warning said why
                 yield False
                 return
             try:
@@ -325,9 +326,17 @@ def _unless_busy(store: RunStore, key: str) -> Iterator[bool]:
     """Hold run ``key``'s lock if no process holds it; yields whether the run may go."""
     try:
         import fcntl
-
-        fd = os.open(store.dir(key) / "lock", os.O_RDWR | os.O_CREAT, 0o666)
-    except (ImportError, OSError):  # no lock to take (read-only, or gone): the removal says
+    except ImportError:
+        yield True
+        return
+    # a lock file another user made is taken read-only; none at all is a warning, and the
+    # removal goes on (on a read-only disk it says why itself). A run gone meanwhile is
+    # not made again by its lock: its removal finds nothing
+    if not store.dir(key).is_dir():
+        yield True
+        return
+    fd = open_lock(str(store.dir(key) / "lock"), f"runs gc's removal of run {key[:12]}")
+    if fd is None:
         yield True
         return
     try:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import shutil
+import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -140,3 +145,108 @@ def test_a_run_whose_directory_gc_moves_while_it_locks_still_gets_a_lock(
     monkeypatch.setattr(os, "open", racing)
     with store.lock("9" * 64) as locked:
         assert moved and locked  # tried again in the new directory, not run unlocked
+
+
+def _refusing(monkeypatch: pytest.MonkeyPatch, code: int, *, reading: bool) -> None:
+    """``os.open`` of a run's lock file fails with ``code`` for writing (and reading too
+    unless ``reading``), as for a user whom its mode shuts out (as root, chmod is moot)."""
+    real = os.open
+
+    def opener(path, flags, *args):  # type: ignore[no-untyped-def]
+        if str(path).endswith("/lock") and (flags & (os.O_RDWR | os.O_WRONLY) or not reading):
+            raise OSError(code, os.strerror(code), str(path))
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", opener)
+
+
+def _held(lock: Path) -> bool:
+    """Whether some open file holds an flock on ``lock`` (tried from a file of our own)."""
+    fcntl = pytest.importorskip("fcntl")
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_run_lock_this_user_may_only_read_is_still_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("fcntl")
+    store, key, idle = runs.RunStore(tmp_path / runs.FOLDER), "4" * 64, "5" * 64
+    for k in (key, idle):
+        _run(tmp_path, k)
+        with store.lock(k):  # the lock files made, by "another user"
+            pass
+    _refusing(monkeypatch, errno.EACCES, reading=True)
+    with store.lock(key) as locked:
+        assert locked and _held(store.dir(key) / "lock")  # (before: ran unlocked, silently)
+        removed = runs.gc(tmp_path, older_than=0)  # gc too takes the locks read-only
+    assert [r["key"] for r in removed] == [idle]
+    assert store.dir(key).is_dir()  # (before: removed while it computed)
+
+
+def test_a_run_lock_that_cannot_be_opened_is_a_warning_naming_it_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("fcntl")
+    store, key = runs.RunStore(tmp_path / runs.FOLDER), "6" * 64
+    _refusing(monkeypatch, errno.EACCES, reading=False)
+    lock = re.escape(str(store.dir(key) / "lock"))
+    said = rf"could not open the lock file {lock} .*remembered run 666666666666.*write access"
+    with pytest.warns(UserWarning, match=said), store.lock(key) as locked:
+        assert not locked
+    _run(tmp_path, key)
+    with pytest.warns(UserWarning, match=rf"{lock} .*runs gc's removal of run 666666666666"):
+        assert [r["key"] for r in runs.gc(tmp_path, older_than=0)] == [key]
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.ENOSPC])
+def test_on_a_read_only_or_full_disk_no_run_lock_goes_unsaid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    pytest.importorskip("fcntl")
+    _refusing(monkeypatch, code, reading=False)  # (no record can be written there either)
+    with runs.RunStore(tmp_path / runs.FOLDER).lock("7" * 64) as locked:  # (no warning)
+        assert not locked
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "fork") or not hasattr(os, "geteuid") or os.geteuid() != 0,
+    reason="switching users needs root",
+)
+def test_another_user_of_the_store_takes_the_same_run_lock() -> None:
+    """A real second user (uid 65534), who may read but not write the run's lock file."""
+    base = tempfile.mkdtemp()
+    key = "8" * 64
+    try:
+        os.chmod(base, 0o755)
+        store = runs.RunStore(Path(base) / runs.FOLDER)
+        old = os.umask(0o022)
+        try:
+            with store.lock(key):  # the lock file: 0o644, root's
+                pass
+        finally:
+            os.umask(old)
+        assert os.stat(store.dir(key) / "lock").st_mode & 0o777 == 0o644
+        with warnings.catch_warnings():  # (3.12 warns of forking a process with threads)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the other user: locks, and the lock is held while it does
+            code = 2
+            try:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                with store.lock(key) as locked:
+                    code = 0 if locked and _held(store.dir(key) / "lock") else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0  # (before: 1, it ran unlocked)
+    finally:
+        shutil.rmtree(base)

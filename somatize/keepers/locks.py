@@ -1,4 +1,5 @@
-"""Lock files (``flock``) that several users of one store share.
+"""Lock files (``flock``) that several users of one store share: the keepers' pin lock,
+a checkpoint directory's, a remembered run's (``somatize.runs``).
 
 A lock file is created as every other file of a store is, mode ``0o666`` less the
 creator's umask: under umask 002 a group-shared store's lock is group-writable. It is
