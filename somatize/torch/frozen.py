@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..errors import CacheError, ValueConversionError
+from ..errors import CacheError, NodeError, ValueConversionError
 from ..graph import Graph
 from ..node import Ctx, Done
 from ..values import Opaque
@@ -156,17 +156,53 @@ def _keep_eval(node_id: str, impl: Any) -> None:
     for name, value in vars(impl).items():
         if isinstance(value, nn.Module):  # (the common case: no container to make)
             if _training(value):
-                value.eval()
+                _eval(node_id, name, value)
         elif not (
             type(value) in _PLAIN
             or isinstance(value, torch.Tensor)
             or name.startswith("_somatize")  # (what node_holdings skips)
         ):
-            held = held_by(value, node_id)  # (containers, held nodes: fresh boxes around them)
+            held = held_by(value, f"{node_id}.{name}")  # (containers, held nodes: new boxes)
             if held is not None and any(
                 m.training for m in held.modules() if type(m) not in (Holdings, nn.Module)
             ):
-                held.eval()
+                _eval(node_id, name, held)
+
+
+def _eval(node_id: str, name: str, module: nn.Module) -> None:
+    """``module.eval()`` for frozen node ``node_id`` (``name``: what holds it), a module
+    whose mode cannot change (torch.export's) refused naming the node and the fix.
+
+    Raises:
+        NodeError: a module under it refused ``train``/``eval`` with NotImplementedError.
+    """
+    try:
+        module.eval()
+    except NotImplementedError as e:
+        raise _fixed_mode(node_id, name, module, e) from e
+
+
+def _fixed_mode(node_id: str, name: str, module: nn.Module, e: NotImplementedError) -> NodeError:
+    # torch.export's module (ExportedProgram.module()) replaces train and eval on the
+    # instance with methods that raise: its dropout and batch norm run as when exported
+    path, refusing = name, module
+    for inner, m in module.named_modules():
+        if "train" in vars(m) or "eval" in vars(m):
+            path, refusing = ".".join(p for p in (name, inner) if p), m
+            break
+    if isinstance(refusing, torch.fx.GraphModule):
+        what = (
+            "a module made by torch.export (ExportedProgram.module()): its mode was fixed "
+            "when it was exported, and its eval() raises"
+        )
+    else:
+        what = f"a {type(refusing).__qualname__} whose eval() raises"
+    return NodeError(
+        f"node {node_id!r} is frozen, so its modules run in eval mode, but {path!r} is "
+        f"{what} ({type(e).__name__}: {e}). Freeze the nn.Module it was made from instead; "
+        "or export that model in eval mode (torch.export.export(model.eval(), args)) and "
+        "hold the result in an nn.Module whose train(mode) sets only its own self.training"
+    )
 
 
 def _training(module: nn.Module) -> bool:
@@ -187,7 +223,12 @@ def _training(module: nn.Module) -> bool:
 
 
 def equip(g: Graph) -> Graph:
-    """Give a graph (and its subgraphs) the torch codecs and the frozen-node runtime."""
+    """Give a graph (and its subgraphs) the torch codecs and the frozen-node runtime, and
+    put its frozen nodes' modules in eval mode.
+
+    Raises:
+        NodeError: a frozen node holds a module whose mode cannot change (torch.export's).
+    """
     made_for = getattr(g.wrap, "_somatize_graph", None)
     if not any(isinstance(c, TensorCodec) for c in g.codecs):
         g.use(codecs=(*g.codecs, TensorCodec(), NdarrayCodec()), wrap=_FrozenWrap(g))
@@ -198,6 +239,8 @@ def equip(g: Graph) -> Graph:
     for c in g.codecs:  # (what modules hold is read with the graph's codecs, numpy's too)
         if isinstance(c, TensorCodec):
             c.join(g.codecs)
+    for node_id in g.memory.frozen:  # now, not at its first call: what cannot be put in
+        _keep_eval(node_id, g[node_id])  # eval mode is refused when module(g) is made
     for sub in g._subgraphs().values():
         equip(sub)
     return g
