@@ -24,7 +24,7 @@ from typing import Any
 
 from .errors import KeeperError
 from .keepers import atomic_write
-from .keepers.locks import open_lock
+from .keepers.locks import close_lock, open_lock
 from .keepers.protocol import is_key
 from .runs_explain import explain  # (runs.explain, as before)
 
@@ -172,13 +172,13 @@ class RunStore:
                 if _still_there(fd, self.dir(key) / "lock"):
                     break
             except BaseException:
-                os.close(fd)
+                close_lock(fd)
                 raise
-            os.close(fd)  # `runs gc` removed the run meanwhile: lock the new directory
+            close_lock(fd)  # `runs gc` removed the run meanwhile: lock the new directory
         try:
             yield True
         finally:
-            os.close(fd)
+            close_lock(fd)
 
     def records(self) -> list[dict[str, Any]]:
         """Every run's record, with its ``size`` (checkpoints and result) and ``used`` time; a
@@ -347,7 +347,7 @@ def _unless_busy(store: RunStore, key: str) -> Iterator[bool]:
             return
         yield True
     finally:
-        os.close(fd)
+        close_lock(fd)
 
 
 def _clean_leftovers(root: Path) -> None:

@@ -116,3 +116,33 @@ def test_another_user_of_the_store_takes_the_same_lock() -> None:
         assert os.waitstatus_to_exitcode(status) == 0  # (before: 1, it pinned unlocked)
     finally:
         shutil.rmtree(base)
+
+
+def test_a_forked_child_does_not_keep_a_lock_after_its_parent_lets_go(tmp_path: Path) -> None:
+    # A DataLoader worker forked while a fit holds its checkpoint directory's lock shared
+    # the lock's open file, and held the lock on after the fit (the next fit was refused).
+    from somatize.keepers.locks import close_lock, open_lock
+
+    lock = tmp_path / "lock"
+    fd = open_lock(str(lock), "this test")
+    assert fd is not None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    reader, writer = os.pipe()
+    ready, started = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child (fork's hooks have run): waits, holding what it kept, till told
+        os.close(writer)
+        os.write(started, b"!")
+        os.read(reader, 1)
+        os._exit(0)
+    os.close(reader)
+    os.close(started)
+    try:
+        assert os.read(ready, 1) == b"!"
+        assert held(lock)  # the parent's lock stands in the child's lifetime
+        close_lock(fd)
+        assert not held(lock)  # the child kept no copy of it
+    finally:
+        os.close(writer)
+        os.close(ready)
+        os.waitpid(pid, 0)

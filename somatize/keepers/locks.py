@@ -8,17 +8,25 @@ lock created by another user under umask 022): ``flock`` needs no write access, 
 every user of the store takes the same lock. Where neither open succeeds, the caller
 goes on without the lock, with a warning saying what is no longer guarded (silently
 only on a read-only or full disk, where no other process can write either).
+
+A ``flock`` belongs to the open file, which a forked child shares: a DataLoader worker
+forked while a fit holds its checkpoint directory's lock would hold it on after the fit
+(``persistent_workers=True``; or an interrupted fit's workers not yet reaped), and the
+next fit there would be refused. So a forked child closes its copies of the lock files
+held open here (``os.register_at_fork``); the parent's locks are unchanged. Callers
+close a lock with ``close_lock``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import warnings
 
 from ..stack import outside
 
-__all__ = ["open_lock"]
+__all__ = ["close_lock", "open_lock"]
 
 # a disk that takes no writes: no pin can be written nor entry removed there, nothing
 # for a lock to keep apart (the operation's own error says why)
@@ -27,20 +35,46 @@ _RW = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 _RO = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
+# lock files open in this process, closed in a forked child (_forget_in_child)
+_HELD: set[int] = set()
+_AT_FORK: list[bool] = []  # (the hook registered, once: on the first lock, not at import)
+
+
+def _forget_in_child() -> None:
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+def _held(fd: int) -> int:
+    if not _AT_FORK and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forget_in_child)
+        _AT_FORK.append(True)
+    _HELD.add(fd)
+    return fd
+
+
+def close_lock(fd: int) -> None:
+    """Close a lock file ``open_lock`` gave (releasing its ``flock``)."""
+    _HELD.discard(fd)
+    os.close(fd)
+
+
 def open_lock(path: str, guards: str) -> int | None:
     """A file descriptor of the lock file ``path`` (its folder created if missing), to
     ``flock``; None where it can be neither created nor opened, with a warning that
     ``guards`` (what the lock keeps apart, "pins and gc") goes on unguarded."""
     try:
         try:
-            return os.open(path, _RW, 0o666)
+            return _held(os.open(path, _RW, 0o666))
         except FileNotFoundError:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            return os.open(path, _RW, 0o666)
+            return _held(os.open(path, _RW, 0o666))
     except OSError as e:
         error = e
     try:
-        return os.open(path, _RO)  # (another user's lock, not writable by this one)
+        return _held(os.open(path, _RO))  # (another user's lock, not writable by this one)
     except OSError:
         pass
     if error.errno not in _NO_WRITES:

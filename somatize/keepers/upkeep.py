@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterator
 
 from . import loose
 from .atomic import replace_with
-from .locks import open_lock
+from .locks import close_lock, open_lock
 from .packs import (
     FLAG_PINNED,
     CorruptPack,
@@ -232,7 +232,7 @@ def pins_locked(root: str, *, exclusive: bool) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
     finally:
-        os.close(fd)  # (releases the lock)
+        close_lock(fd)  # (releases the lock)
 
 
 def _remove(path: str) -> bool:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import CheckpointError
-from ..keepers.locks import open_lock
+from ..keepers.locks import close_lock, open_lock
 from ..stack import outside
 from . import integrity
 
@@ -342,4 +342,4 @@ def writer(directory: Path) -> Iterator[None]:
             ) from None
         yield
     finally:
-        os.close(fd)
+        close_lock(fd)

@@ -219,6 +219,29 @@ def test_a_second_fit_into_a_directory_another_fit_writes_is_refused(tmp_path):
     assert fit(ckpt, epochs=3, resume="last").steps == 9  # and by each fit
 
 
+def test_dataloader_workers_forked_during_a_fit_do_not_keep_its_directory_locked(tmp_path):
+    # Persistent workers outlive the fit; they were forked while it held the lock, and
+    # held it on: extending the run (resume="last", more epochs) was refused as in use.
+    from torch.utils.data import DataLoader, TensorDataset
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 3, generator=gen), torch.randint(0, 2, (16,), generator=gen)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4, num_workers=2, persistent_workers=True)
+
+    def run(epochs, resume=None):
+        return st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            epochs=epochs,
+            checkpoint=st.Checkpointing(tmp_path / "ckpt"),
+            options=st.Options(progress=False),
+        ).fit(Graph.somatize(Linear()), loader, resume=resume)
+
+    assert run(1).steps == 4
+    with pytest.warns(UserWarning, match="persistent_workers"):  # (not bitwise: said)
+        assert run(2, resume="last").steps == 8  # the workers are still alive here
+
+
 def test_the_directory_lock_is_made_group_writable_in_a_group_shared_directory(tmp_path):
     from somatize.torch import ckptdir
 
