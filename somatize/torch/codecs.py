@@ -10,10 +10,12 @@ autograd graph, or detach it"); it is never detached silently.
 The same codec fingerprints what nodes hold — modules, parameters, buffers — so
 a node's weights enter its key. Each tensor's digest is remembered with its
 version counter: re-keying an unchanged module costs a lookup per tensor, and
-any in-place change (an optimizer step, ``load_state``) is seen. Two writes move
-no version counter, so the memo cannot see them: batch norm's running statistics
-(hence the buffers of a module in training mode are hashed every time), and
-writes through ``.data`` (change weights under ``torch.no_grad()`` instead).
+any in-place change (an optimizer step, ``load_state``) is seen. The memo holds the
+tensors, never a weak reference to one, which ``torch.utils.swap_tensors`` refuses
+(``tensor_memo.py``). Two writes move no version counter, so the memo cannot see them:
+batch norm's running statistics (hence the buffers of a module in training mode are
+hashed every time), and writes through ``.data`` (change weights under
+``torch.no_grad()`` instead).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from .fingerprints import module_fingerprint
 from .module_code import script_function
 from .ndarray_codec import NdarrayCodec
 from .tensor_keys import _PLAIN, check_tensor, subclass_error, tensor_bytes, tensor_key
+from .tensor_memo import TensorMemo
 
 __all__ = ["NdarrayCodec", "TensorCodec", "default_codecs"]
 
@@ -65,21 +68,23 @@ class TensorCodec:
     tag = "torch.tensor"
 
     def __init__(self) -> None:
-        # id(tensor) -> (weak ref, (version, data_ptr, dtype, shape, stride), digest). Keyed by
-        # id, checked by identity: tensors compare elementwise, so they cannot be dict keys.
-        self._memo: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], str]] = {}
+        # id(tensor) -> (the tensor, (version, data_ptr, dtype, shape, stride), digest). Keyed
+        # by id, checked by identity: tensors compare elementwise, so they cannot be dict keys.
+        self._memo = TensorMemo()
         self.hashed = 0
-        self._limit = 4096
         # id(module) -> (weak ref, what its fingerprint was made of, the fingerprint)
         self._modules: dict[int, tuple[weakref.ref[nn.Module], list[Any], str]] = {}
         self._others: tuple[Any, ...] | None = None  # the graph's other codecs (``join``)
         self._held: Codes | None = None  # how what modules hold is read (``_held_codes``)
 
-    def __getstate__(self) -> dict[str, Any]:  # the memos hold weak references: not data
-        return {**self.__dict__, "_memo": {}, "_modules": {}, "_held": None}
+    def __getstate__(self) -> dict[str, Any]:  # the memos: what this process saw, not data
+        return {**self.__dict__, "_memo": TensorMemo(), "_modules": {}, "_held": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({"_modules": {}, "_others": None, "_held": None, **state})
+        if not isinstance(self._memo, TensorMemo):  # (pickled before the memo was its own)
+            self._memo = TensorMemo()
+        self.__dict__.pop("_limit", None)
 
     def join(self, codecs: Sequence[Any]) -> None:
         """Read what modules hold (an attribute that is neither a number nor a tensor: a
@@ -169,19 +174,15 @@ class TensorCodec:
         except RuntimeError:  # made under torch.inference_mode(): no version counter to trust
             seen, fresh = (), True
         memo = self._memo.get(id(t))
-        if not fresh and memo is not None and memo[0]() is t and memo[1] == seen:
+        if not fresh and memo is not None and memo[0] is t and memo[1] == seen:
             return memo[2]
         h = blake3()
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
         h.update(tensor_bytes(t))
         result = h.hexdigest()
         self.hashed += 1
-        if not seen:
-            return result
-        if len(self._memo) > self._limit:  # forget tensors that no longer exist
-            self._memo = {k: v for k, v in self._memo.items() if v[0]() is not None}
-            self._limit = max(4096, 2 * len(self._memo))
-        self._memo[id(t)] = (weakref.ref(t), seen, result)
+        if seen:
+            self._memo.keep(t, seen, result)
         return result
 
     def fingerprint(self, obj: Any) -> str | None:

@@ -171,7 +171,7 @@ def _digests(
                 pass
             else:
                 m = known(id(t))
-                if m is not None and m[1] == seen and m[0]() is t:
+                if m is not None and m[1] == seen and m[0] is t:
                     held.append((name, m[2]))
                     continue
         held.append((name, digest(t, fresh=fresh)))
