@@ -28,21 +28,15 @@ from ..graph import Graph
 from ..node import HELD, Run
 from .carry import refuse_remembered
 from .codecs import TensorCodec
+from .conversion import convert
+from .freezers import _freezes, _settle_frozen, freeze, frozen_any, marked
 from .frozen import equip
 from .holdings import MODULE_NAMES
 from .module_inputs import as_input, recording
 from .own_code import give_own_code, without_own_code
-from .registration import (
-    _check_shared,
-    _freezes,
-    _frozen_by_another,
-    _frozen_holdings,
-    _Nodes,
-    _settle_frozen,
-    _signature,
-)
+from .registration import _check_shared, _frozen_holdings, _Nodes, _signature
 
-__all__ = ["GraphModule", "frozen_any", "module"]
+__all__ = ["GraphModule", "module"]
 
 # id(graph) -> its module. Weak on the module, which holds its graph: a registry keyed on
 # the graph would keep every graph (and its weights) alive for ever.
@@ -50,7 +44,6 @@ _by_graph: weakref.WeakValueDictionary[int, GraphModule] = weakref.WeakValueDict
 # the mode each graph's module was last put in: a module made again (the first dropped)
 # starts in it, as the nodes' modules are, not in training mode while they are in eval
 _modes: weakref.WeakKeyDictionary[Graph, bool] = weakref.WeakKeyDictionary()
-_marked_any = False  # whether any parameter was ever marked frozen (in this process)
 _RESERVED: list[frozenset[str]] = []
 # GraphModule's plain attributes. They live in the instance dict, beside children of the
 # same name (a subgraph written into ``>>`` gets the id "graph"), reached by named_children.
@@ -118,7 +111,6 @@ class GraphModule(nn.Module):
             self._in_sync = False
 
     def _register(self) -> None:
-        global _marked_any
         g = equip(self.graph)  # again: a subgraph may have been added since
         self._swaps = HELD.swaps
         for name in list(self._modules):
@@ -127,7 +119,6 @@ class GraphModule(nn.Module):
         self._modules.update(nodes._modules)
         self._holds = nodes.signature
         frozen = dict(_frozen_holdings(self, g))
-        still = {id(p) for held in frozen.values() for p in held.parameters()}
         if frozen:
             _check_shared(self, frozen)
         unfrozen = self._frozen - frozen.keys()
@@ -136,22 +127,7 @@ class GraphModule(nn.Module):
             for path in unfrozen:
                 if path in now:
                     now[path].train(self.training)
-        if _marked_any:  # (a walk over every parameter, only once something was frozen)
-            for p in self.parameters():
-                if getattr(p, "_somatize_frozen", False) and id(p) not in still:
-                    if _frozen_by_another(p, self):  # (a node this graph shares with another)
-                        continue
-                    p.requires_grad_(True)
-                    vars(p).pop("_somatize_frozen", None)  # (unless the other's sync just did)
-        for held in frozen.values():
-            for p in held.parameters():
-                if p.requires_grad:  # marked, so unfreezing gives back only what freezing took
-                    setattr(p, "_somatize_frozen", True)  # noqa: B010 -- not a declared attribute
-                    _marked_any = True
-                    p.requires_grad_(False)
-                if getattr(p, "_somatize_frozen", False):
-                    _freezes(p, self)
-            held.eval()
+        freeze(self, frozen)
         self._frozen = frozenset(frozen)
         # The program is compiled by the first forward (_current), not here: a module made
         # for its parameters or its state alone (a federated server, a checkpoint) never
@@ -233,27 +209,26 @@ class GraphModule(nn.Module):
 
     def _apply(self, fn: Any, recurse: bool = True) -> GraphModule:
         self._refresh()  # (.to() moves a module swapped into a node too)
-        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        apply = super()._apply  # (the freeze's marks and claims follow what it converts)
+        convert(self, lambda: apply(fn, recurse))  # type: ignore[no-untyped-call]
         self._holds = _signature(self.graph)  # the nodes now hold the moved tensors
         return self
 
     def __getstate__(self) -> dict[str, Any]:
         # The parameters freezing marked: a copy's are marked again (copy.deepcopy drops a
         # parameter's attributes, and a fresh process has marked none), so unfreezing works.
-        marked = [p for p in self.parameters() if getattr(p, "_somatize_frozen", False)]
+        frozen = [p for p in self.parameters() if marked(p)]
         state = without_own_code(super().__getstate__(), "forward")  # type: ignore[no-untyped-call]
         state.pop("_run", None)  # (the last forward's Run: its values, a mapping proxy)
-        return {**state, "_somatize_marked": marked}
+        state.pop("_claims", None)  # (this module's: a copy claims its own, below)
+        return {**state, "_somatize_marked": frozen}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        global _marked_any
-        marked = state.pop("_somatize_marked", ())
+        frozen = state.pop("_somatize_marked", ())
         super().__setstate__(state)  # type: ignore[no-untyped-call]
         give_own_code(self, "forward")
-        for p in marked:
-            setattr(p, "_somatize_frozen", True)  # noqa: B010 -- not a declared attribute
+        for p in frozen:
             _freezes(p, self)
-            _marked_any = True
         equip(self.graph)  # a copy (copy.deepcopy(model)) runs its own nodes, not the original's
         if _by_graph.get(id(self.graph)) is None:  # module(copy.graph) is this copy
             _by_graph[id(self.graph)] = self
@@ -286,7 +261,7 @@ class GraphModule(nn.Module):
 
     def requires_grad_(self, requires_grad: bool = True) -> GraphModule:
         super().requires_grad_(requires_grad)
-        if requires_grad and _marked_any:  # a frozen node's parameters stay frozen
+        if requires_grad and frozen_any():  # a frozen node's parameters stay frozen
             _settle_frozen(self)
         return self
 
@@ -388,12 +363,6 @@ def module(g: Graph) -> GraphModule:
         else:
             m._refresh()
     return m
-
-
-def frozen_any() -> bool:
-    """Whether any parameter was ever marked frozen in this process: until one was, none
-    needs ``_settle_frozen``'s walk."""
-    return _marked_any
 
 
 def _forget_digests(g: Graph) -> None:

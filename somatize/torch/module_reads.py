@@ -9,8 +9,8 @@ from typing import Any
 from torch import nn
 
 from ..graph import Graph
-from .module import GraphModule, frozen_any, module
-from .registration import _settle_frozen
+from .freezers import _settle_frozen, frozen_any
+from .module import GraphModule, module
 
 __all__ = ["node_metrics", "parameters"]
 

@@ -1,16 +1,14 @@
 """What a graph's nodes register as ``module(g)``'s children: ``_Nodes``, the table of
 every node's holdings by node id (subgraphs nested); ``_signature``, what they hold, to
 see a change; and the frozen nodes' holdings, checked for a module shared with a
-trainable node."""
+trainable node. (Which modules freeze which parameters: ``freezers.py``.)"""
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..errors import StateError
 from ..graph import Graph
@@ -115,72 +113,3 @@ def _signature(g: Graph) -> list[Any]:
         else:
             put(_signature(impl) if isinstance(impl, Graph) else holdings_signature(impl))
     return out
-
-
-# parameter -> the modules (alive) whose graphs froze it. A node two graphs hold is one set
-# of parameters, and requires_grad is the tensor's: it stays frozen while the module of any
-# graph freezing it is alive, and the others' modules leave it so (each unfreezes only what
-# no other module freezes). A module's claim goes with it: dropped, nothing enforces it.
-_freezers: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
-def _freezes(p: nn.Parameter, m: nn.Module) -> None:
-    """Record that ``m``'s graph froze ``p``."""
-    modules = _freezers.get(p)
-    if modules is None:
-        modules = _freezers[p] = weakref.WeakSet()
-    modules.add(m)
-
-
-def _others_freezing(p: nn.Parameter, m: nn.Module) -> list[Any]:
-    """The modules other than ``m`` whose graphs freeze ``p``, each brought up to date first
-    (a graph unfrozen since its module last registered it lets go of ``p`` then)."""
-    modules = _freezers.get(p)
-    for other in list(modules or ()):
-        if other is not m:
-            other._fresh()
-    return [o for o in modules or () if o is not m]
-
-
-def _frozen_by_another(p: nn.Parameter, m: nn.Module) -> bool:
-    """Forget that ``m``'s graph froze ``p``; whether another module's graph still does."""
-    modules = _freezers.get(p)
-    if modules is not None:
-        modules.discard(m)
-    return bool(_others_freezing(p, m))
-
-
-def _settle_frozen(m: nn.Module) -> None:
-    """Before ``m``'s trainable parameters are read: a parameter this graph freezes is frozen
-    again if something turned it on since (``model.requires_grad_(True)``, a GAN's toggle
-    of a whole module); a parameter of a node trainable in its
-    graph that freezing marked is unfrozen when no other module's graph freezes it any more
-    (that module dropped or its node unfrozen), and an error while one does — it would
-    silently not train here.
-
-    Raises:
-        StateError: naming the node, the parameter and the fixes.
-    """
-    for name, p in m.named_parameters():
-        if not getattr(p, "_somatize_frozen", False):
-            continue
-        mine = _freezers.get(p)
-        if mine is not None and m in mine:  # (frozen by this graph)
-            if p.requires_grad:  # turned on since, by a module-wide requires_grad_(True)
-                p.requires_grad_(False)
-            continue
-        if p.requires_grad:
-            continue
-        others = _others_freezing(p, m)
-        if not others:
-            p.requires_grad_(True)
-            vars(p).pop("_somatize_frozen", None)  # (unless the other's sync just did)
-            continue
-        node = name.split(".", 1)[0]
-        raise StateError(
-            f"node {node!r} is trainable in this graph, but another graph holding the same "
-            f"module ({others[0].graph!r}) froze it (its parameter {name!r}), and a parameter "
-            f"frozen is frozen in every graph holding it: it would not train here. Freeze it "
-            f"here too (g.freeze({node!r})), unfreeze it in the other graph (other.freeze(id, "
-            f"False)), or give each graph its own copy of the node (copy.deepcopy(node))"
-        )

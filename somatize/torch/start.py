@@ -18,8 +18,8 @@ from ..node import Node
 from ..watchers import Watcher
 from . import ddp
 from .batches import num_examples
-from .module import GraphModule, frozen_any, module
-from .registration import _settle_frozen
+from .freezers import _settle_frozen, frozen_any
+from .module import GraphModule, module
 
 __all__ = [
     "as_module",
