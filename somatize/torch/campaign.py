@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
+from ..counted import counted
 from ..errors import SettingError
 from ..stack import outside
 from .options import improves
@@ -63,7 +64,7 @@ class Summary:
         for i, v in enumerate(self.values):
             rows.append(f"{i:>{width}}  {v:.4f}{'  <- best' if i == self.best else ''}")
         rows.append(
-            f"{self.metric}: {self.mean:.4f} ± {self.std:.4f} over {self.n} runs "
+            f"{self.metric}: {self.mean:.4f} ± {self.std:.4f} over {counted(self.n, 'run')} "
             f"(min {self.min:.4f}, max {self.max:.4f})"
         )
         return "\n".join(rows)

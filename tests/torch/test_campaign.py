@@ -48,7 +48,10 @@ def test_summarize_reads_which_way_a_metric_improves_from_its_name():
 
 
 def test_summarize_one_run_has_zero_std():
-    assert st.summarize([0.5], "val_acc").std == 0.0
+    one = st.summarize([0.5], "val_acc")
+    assert one.std == 0.0
+    assert "over 1 run (" in str(one)  # (not "1 runs")
+    assert "over 2 runs (" in str(st.summarize([0.5, 0.7], "val_acc"))
 
 
 def _worker_report(_):
