@@ -3,9 +3,10 @@
 A checkpoint is a plain ``torch.save`` file of tensors, numbers, strings, lists and
 dicts (what it holds: ``capture.py``), so ``torch.load(..., weights_only=True)`` reads
 it and never executes code from it. Each file is written to a temp file in the same
-directory, fsynced, renamed into place, and the directory fsynced; then the
-``last`` pointer is replaced the same way. A process killed at any instant leaves
-``last`` naming a complete checkpoint. Every file ends in a blake3 checksum of its
+directory (inside a fit, over the file rotation dropped: ``ckptspare.py``), fsynced and
+renamed into place; then the ``last`` pointer is renamed over, and the directory
+fsynced once for both. A process killed at any instant leaves ``last`` naming a
+complete checkpoint. Every file ends in a blake3 checksum of its
 bytes (``integrity.py``), verified before anything is unpickled; ``last()`` falls
 back to the newest intact checkpoint when the one ``last`` names is damaged.
 """
@@ -23,7 +24,8 @@ from typing import Any, BinaryIO
 import torch
 
 from ..errors import CheckpointError
-from . import ckptdir, integrity
+from ..keepers import fsync_dir
+from . import ckptdir, ckptspare, integrity
 from .capture import capture, finite, restore, restore_scaler, scaler_state
 from .ckptdir import (
     FILE,
@@ -179,23 +181,35 @@ class Checkpointing:
         """``save``, rotating only ``known``: the names of the run's earlier checkpoints
         (None: every checkpoint in the directory). Returns the run's checkpoints kept,
         oldest first, this one last (``payload["checkpoints"]`` in the file); those it
-        deletes once the file is written are ``payload["rotating"]``, which a run resumed
-        from it deletes if a kill left them (``ckptdir.left_behind``)."""
+        drops once the file is written are ``payload["rotating"]``, which a run resumed
+        from it deletes if a kill left them (``ckptdir.left_behind``). Inside a fit, one
+        of them is kept as the spare the next save writes over (``ckptspare``)."""
         file = self.file(step)
         pointer = self.path / "last"
         if not pointer.exists():  # a fresh run's: its checkpoints never lie without one
             integrity.write_pointer(pointer, "")
+        recycle, pointed = ckptspare.on(self.path), None
+        if recycle:
+            try:
+                pointed = read_pointer(pointer)  # never made the spare (a power cut keeps it)
+            except CheckpointError:
+                recycle = False
         names = ckptdir.listing(self.path)  # once: for rotation and the sweep of temp files
         kept, doomed = rotation(
             self.path, self.keep, file.name, {self.file(p).name for p in protect}, known, names
         )
+        spare = ckptspare.pick(names) if recycle else None
         integrity.write_checkpoint(
-            file, {"format": FORMAT, **payload, "checkpoints": kept, "rotating": doomed}
+            file,
+            {"format": FORMAT, **payload, "checkpoints": kept, "rotating": doomed},
+            spare=None if spare is None else self.path / spare,
         )
-        integrity.write_pointer(pointer, file.name)
+        integrity.write_pointer(pointer, file.name, sync_dir=False)
         if best is not None and self.file(best).exists():
-            integrity.write_pointer(self.path / "best", self.file(best).name)
-        remove(self.path, doomed, names)
+            integrity.write_pointer(self.path / "best", self.file(best).name, sync_dir=False)
+        deleted = ckptspare.keep(self.path, doomed, pointed) if recycle else doomed
+        fsync_dir(self.path)  # once: the file's, the pointers' and the spare's renames
+        remove(self.path, deleted, names)
         return kept
 
 

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 from ..errors import CheckpointError
 from ..keepers.locks import close_lock, open_lock
 from ..stack import outside
-from . import integrity
+from . import ckptspare, integrity
 
 __all__ = [
     "checkpoint_files",
@@ -306,8 +306,10 @@ def remove(directory: Path, doomed: list[str], names: list[str] | None = None) -
 def writer(directory: Path) -> Iterator[None]:
     """Hold ``directory``'s lock for a fit: one run writes a checkpoint directory at a time.
 
-    The lock (``flock`` on ``directory/lock``) goes with the process, also when it is
-    killed; another user of the directory takes it too (``keepers.locks.open_lock``).
+    Its saves write over the file rotation dropped, and its end deletes that spare
+    (``ckptspare``). The lock (``flock`` on ``directory/lock``) goes with the process,
+    also when it is killed; another user of the directory takes it too
+    (``keepers.locks.open_lock``).
     Where no lock can be taken (no ``fcntl``, a directory that cannot be made: its first
     checkpoint says why; a read-only disk; a lock file that cannot be opened: with a
     warning), the fit goes on without one.
@@ -328,7 +330,8 @@ def writer(directory: Path) -> Iterator[None]:
     if fcntl is not None and directory.is_dir():
         fd = open_lock(str(directory / "lock"), f"fits writing checkpoints into {directory}")
     if fd is None:  # (outside any except: the fit's own errors chain to nothing of ours)
-        yield
+        with ckptspare.recycling(directory):
+            yield
         return
     try:
         try:
@@ -340,6 +343,7 @@ def writer(directory: Path) -> Iterator[None]:
                 "there, and two runs in one directory would overwrite each other's. Give "
                 "this run a Checkpointing directory of its own, or wait for that fit to end"
             ) from None
-        yield
+        with ckptspare.recycling(directory):
+            yield
     finally:
         close_lock(fd)

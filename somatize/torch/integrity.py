@@ -37,6 +37,7 @@ from ..errors import CheckpointError
 from ..keepers import atomic_file, fsync_dir
 from ..keepers.atomic import replace_with, start_writeback
 from ..stack import outside
+from . import ckptspare
 
 __all__ = [
     "MAGIC",
@@ -128,23 +129,34 @@ def _write_error(path: Path, cause: OSError, what: str = "checkpoint") -> Checkp
     )
 
 
-def write_checkpoint(path: Path, payload: Mapping[str, Any], *, sync_dir: bool = False) -> None:
+def write_checkpoint(
+    path: Path, payload: Mapping[str, Any], *, sync_dir: bool = False, spare: Path | None = None
+) -> None:
     """``torch.save`` ``payload`` to ``path`` atomically, with the blake3 trailer.
 
     The data is fsynced before the rename; the directory is not (``write_pointer``
-    syncs it after ``last`` is renamed too) unless ``sync_dir``.
+    syncs it after ``last`` is renamed too) unless ``sync_dir``. ``spare``: a dropped
+    checkpoint's file to write over instead of a new temp file, where ``ckptspare``
+    allows it.
 
     Raises:
         CheckpointError: the disk is full, read-only, or refuses the write; names
             ``path`` and chains the OS error. Nothing existing is changed.
     """
     writer: _Hashing | None = None
+    fd = ckptspare.open_spare(spare) if spare is not None else None
     try:
-        with atomic_file(path, sync_dir=sync_dir) as f:  # straight to the temp file: no copy
+        with (
+            ckptspare.written_over(fd, spare, path)
+            if fd is not None and spare is not None
+            else atomic_file(path, sync_dir=False)
+        ) as f:  # straight to the file: no copy
             writer = _Hashing(f)
             with _without_crc32():
                 torch.save(dict(payload), writer)  # type: ignore[arg-type]
             f.write(MAGIC + writer.hash.digest())
+        if sync_dir:
+            fsync_dir(path.parent)
     except (OSError, RuntimeError) as e:
         cause = (writer.error if writer is not None else None) or _os_error(e)
         if cause is None:
@@ -152,19 +164,21 @@ def write_checkpoint(path: Path, payload: Mapping[str, Any], *, sync_dir: bool =
         raise _write_error(path, cause) from cause
 
 
-def write_pointer(path: Path, name: str) -> None:
-    """Point ``path`` (``last``) at ``name`` by a rename, then fsync the directory once.
+def write_pointer(path: Path, name: str, *, sync_dir: bool = True) -> None:
+    """Point ``path`` (``last``, ``best``) at ``name`` by a rename, then fsync the directory.
 
-    The one directory fsync makes this rename and the checkpoint's durable together.
-    The pointer's few bytes are not fsynced themselves: a power loss can leave it
-    empty, and an empty pointer means "the newest intact checkpoint" (``last()``).
+    The one directory fsync makes this rename and the checkpoint's durable together
+    (``sync_dir=False``: the caller fsyncs it after its last rename). The pointer's
+    few bytes are not fsynced themselves: a power loss can leave it empty, and an empty
+    pointer means "the newest intact checkpoint" (``last()``).
 
     Raises:
         CheckpointError: an OS error (full or read-only disk), naming ``path``.
     """
     try:
         replace_with(str(path), [name.encode()], durable=False)  # temp file, rename: atomic
-        fsync_dir(path.parent)
+        if sync_dir:
+            fsync_dir(path.parent)
     except OSError as e:
         raise _write_error(path, e, "checkpoint pointer") from e
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import os
@@ -18,6 +19,7 @@ import torch
 
 import somatize.torch as st
 from somatize.errors import CheckpointError
+from somatize.torch import ckptdir, ckptspare
 from somatize.torch.checkpoint import rng_state
 
 from .conftest import TRIALS
@@ -58,13 +60,15 @@ def assert_right(path: Path) -> int:
     return step
 
 
-def _save_forever(directory: str, start: int, ack: int) -> None:
+def _save_forever(directory: str, start: int, ack: int, fit: bool) -> None:
     ckpt = st.Checkpointing(directory, keep=3)
     step = start
-    while True:
-        ckpt.save(payload(step), step)
-        os.write(ack, f"{step}\n".encode())
-        step += 1
+    # in a fit (its writer held) each save writes over the file rotation dropped
+    with ckptdir.writer(ckpt.path) if fit else contextlib.nullcontext():
+        while True:
+            ckpt.save(payload(step), step)
+            os.write(ack, f"{step}\n".encode())
+            step += 1
 
 
 def _acks(fd: int, timeout: float) -> list[int]:
@@ -81,13 +85,16 @@ def _acks(fd: int, timeout: float) -> list[int]:
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_instants_of_checkpoint_saves_loses_nothing_acknowledged(tmp_path, rng):
+@pytest.mark.parametrize("fit", [False, True], ids=["save", "in-a-fit"])
+def test_sigkill_at_random_instants_of_checkpoint_saves_loses_nothing_acknowledged(
+    tmp_path, rng, fit
+):
     directory = tmp_path / "ckpt"
     ctx = multiprocessing.get_context("fork")  # torch is imported already: a fast child
     acked = 0
     for _trial in range(TRIALS):
         r, w = os.pipe()
-        child = ctx.Process(target=_save_forever, args=(str(directory), acked + 1, w))
+        child = ctx.Process(target=_save_forever, args=(str(directory), acked + 1, w, fit))
         child.start()
         os.close(w)
         try:
@@ -167,3 +174,22 @@ def test_a_full_then_read_only_disk_is_a_checkpoint_error_and_damages_nothing(tm
             assert assert_right(ckpt.last()) == saved
     finally:
         _mount("-o", "remount,rw", str(tmpfs))
+
+
+def test_a_full_disk_while_writing_over_a_dropped_file_damages_nothing(tmpfs):
+    # inside a fit a save writes over the file rotation dropped: one that outgrows it on
+    # a full disk is a CheckpointError, the spare is deleted, the checkpoints are intact
+    ckpt = st.Checkpointing(tmpfs / "ckpt", keep=2)
+    numel = 60_000  # 240 kB a file: three fit in 1 MiB, with room for a little more
+    with ckptdir.writer(ckpt.path):
+        for step in range(1, 5):
+            ckpt.save(payload(step, numel), step)
+        (spare,) = [n for n in os.listdir(ckpt.path) if ckptspare.SPARE.match(n)]
+        with pytest.raises(CheckpointError, match=r"step-000000005\.ckpt: No space left") as e:
+            ckpt.save(payload(5, 3 * numel), 5)
+        assert isinstance(e.value.__cause__, OSError) and e.value.__cause__.errno == errno.ENOSPC
+        assert not (ckpt.path / spare).exists() and not ckpt.file(5).exists()
+        assert [assert_right(f) for f in sorted(ckpt.path.glob("step-*.ckpt"))] == [3, 4]
+        assert assert_right(ckpt.last()) == 4
+        ckpt.save(payload(5, numel), 5)  # the room the spare held serves the next save
+        assert assert_right(ckpt.last()) == 5

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 import somatize.torch as st
 from somatize import Graph
 from somatize.errors import CheckpointError, SettingError
-from somatize.torch import checkpoint, integrity
+from somatize.torch import checkpoint, ckptspare, integrity
 from somatize.torch.verify import verify_checkpoints
 from tests.torch.test_integrity import Linear, data
 
@@ -63,10 +63,10 @@ def test_a_kill_between_the_first_checkpoint_and_its_pointer_still_resumes(tmp_p
     ckpt = tmp_path / "ckpt"
     real = integrity.write_pointer
 
-    def dies(path, name):
+    def dies(path, name, **kw):
         if name:  # the first checkpoint is on disk; 'last' is not yet renamed onto it
             raise KeyboardInterrupt
-        real(path, name)
+        real(path, name, **kw)
 
     monkeypatch.setattr(integrity, "write_pointer", dies)
     with pytest.raises(KeyboardInterrupt):
@@ -82,17 +82,21 @@ def test_a_kill_between_a_checkpoint_and_its_rotation_leaves_no_file_for_good(
     tmp_path, monkeypatch
 ):
     ckpt = tmp_path / "ckpt"
-    real = checkpoint.remove
 
-    def dies(directory, doomed, names=None):
-        if doomed:  # the new file and 'last' are written; the oldest is not yet deleted
-            raise KeyboardInterrupt
-        real(directory, doomed, names)
+    def dying(real):
+        def dies(directory, doomed, *rest):
+            if doomed:  # the new file and 'last' are written; the oldest is not yet dropped
+                raise KeyboardInterrupt
+            return real(directory, doomed, *rest)
 
-    monkeypatch.setattr(checkpoint, "remove", dies)
+        return dies
+
+    # (inside a fit, rotation makes one dropped file the spare, then deletes the rest)
+    monkeypatch.setattr(ckptspare, "keep", dying(ckptspare.keep))
+    monkeypatch.setattr(checkpoint, "remove", dying(checkpoint.remove))
     with pytest.raises(KeyboardInterrupt):
         fit(ckpt, epochs=3, keep=2)
-    monkeypatch.setattr(checkpoint, "remove", real)
+    monkeypatch.undo()
     assert names(ckpt) == [f"step-00000000{i}.ckpt" for i in (1, 2, 3)]
     fit(ckpt, epochs=3, resume="last", keep=2)
     # (before: step-000000001.ckpt stayed, listed by no checkpoint, so never rotated)
