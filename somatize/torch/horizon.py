@@ -18,6 +18,10 @@ restarts on purpose, and a ``LinearLR`` warm-up ends on purpose: neither is warn
 Composed schedulers are looked into: in a ``SequentialLR`` the last scheduler runs from the
 last milestone to the end of the run (the earlier ones end at their milestones, on
 purpose), and in a ``ChainedScheduler`` every scheduler runs the whole run.
+
+A scheduler with no such length (a ``StepLR``, ``ExponentialLR``...), or one whose lengths
+fit, is then replayed for a decay that is over early, as one sized in epochs but stepped
+every optimizer step decays (``decay.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 
 from ..errors import SettingError
 from ..stack import outside
+from .decay import check_decay
 from .limits import batches_per_epoch, steps_per_epoch
 
 if TYPE_CHECKING:
@@ -138,6 +143,7 @@ def check_horizon(trainer: Trainer, run: ActiveRun, train: Iterable[Any]) -> Non
     planned = scheduler_steps(trainer, train, run.rank, run.world)
     if planned is None:
         return
+    warned = False
     for p in parts(sched):
         if p.start + p.built >= planned:
             continue
@@ -155,6 +161,9 @@ def check_horizon(trainer: Trainer, run: ActiveRun, train: Iterable[Any]) -> Non
         wrong = _goes_wrong(p.sched, p.start + p.built, planned)
         if wrong is not None:
             warnings.warn(f"{said}: {wrong}. {fix}", UserWarning, stacklevel=outside())
+            warned = True
+    if not warned and trainer.options.scheduler_every == "step":  # sized in epochs? (decay.py)
+        check_decay(sched, run.opt, planned, _per_epoch(trainer, train, run.rank, run.world))
 
 
 def check_restored(

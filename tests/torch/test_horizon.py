@@ -70,7 +70,7 @@ def test_a_cosine_ported_from_lightning_warns_that_it_would_cycle():
         (lambda opt: lr.CosineAnnealingLR(opt, T_max=30), "step"),  # sized in steps
         (lambda opt: lr.CosineAnnealingWarmRestarts(opt, T_0=5), "step"),  # restarts on purpose
         (lambda opt: lr.LinearLR(opt, total_iters=5), "step"),  # a warm-up, then the lr
-        (lambda opt: lr.StepLR(opt, step_size=2), "step"),  # no horizon
+        (lambda opt: lr.StepLR(opt, step_size=10, gamma=0.5), "step"),  # no horizon
     ],
     ids=["cosine-epochs", "cosine-steps", "warm-restarts", "warm-up", "step-lr"],
 )
