@@ -21,6 +21,7 @@ from .ema import averaged, restore_average
 from .factories import check_no_closure, check_optimizer, check_scheduler
 from .horizon import check_horizon, horizon
 from .policy import check_extension, check_fresh, resume_path
+from .reduction import check_loss_reduction
 from .run import ActiveRun
 from .start import as_module, autocast_for, compiled, place, seed_everything, trainable, wrap
 from .timelimit import restored
@@ -47,6 +48,7 @@ def begin(
     net, user_compiled = as_module(model), compiled(model)
     carried = named_carries(net)
     check_carried(carried, trainer.micro_batches, train, o.shuffle, world)
+    check_loss_reduction(trainer.loss, trainer.micro_batches)  # a sum under micro-batches
     check_last_batch(carried, train, "fit()'s train")
     device = place(net, o.device, world)
     params = trainable(net, fresh=isinstance(model, Graph))  # (module(g) refreshed it)

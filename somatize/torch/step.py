@@ -15,6 +15,7 @@ from torch import nn
 from ..errors import NonFiniteError, SettingError
 from . import ddp
 from .batches import chunk, epoch_batches, num_examples, to_device
+from .reduction import check_summed_value
 from .settings import check_batch
 
 if TYPE_CHECKING:
@@ -92,7 +93,11 @@ def step(
             sync = run.world == 1 or last  # all-reduce gradients once, at the end
             with contextlib.nullcontext() if sync else wrapped.no_sync():  # type: ignore[operator]
                 with autocast():
-                    loss = trainer._loss(wrapped(xc), yc)
+                    out = wrapped(xc)
+                    loss = trainer._loss(out, yc)
+                    if i == 0 and k > 1 and run.state.step == 0:  # a sum? (reduction.py)
+                        check_summed_value(trainer.loss, out, yc, loss, k)
+                    del out  # (held no longer than before: a chunk's logits may be large)
                 weighted = loss * share
                 total += loss.detach().float() * share
                 if checked and last:  # the ranks' examples, before the all-reducing backward
