@@ -36,6 +36,7 @@ from .carry import carries, reset
 from .first_step import batch_note
 from .lightning_history import Evaluation
 from .lightning_settings import check, configured, hyperparameters
+from .metrics import members
 from .module import GraphModule, module
 
 try:
@@ -87,7 +88,8 @@ class LightningGraph(L.LightningModule):
             ``monitor="val_loss"``); or returning Lightning's ``lr_scheduler`` dict
             (``{"scheduler": s, "interval": "step", ...}``) to choose. Called in
             ``configure_optimizers``, so it may read ``trainer.estimated_stepping_batches``.
-        metrics: name → ``fn(output, target)`` evaluated on validation and test data.
+        metrics: name → ``fn(output, target)`` evaluated on validation and test data. A
+            torchmetrics ``MetricCollection`` gives each member, as in ``st.Trainer``.
         split: how a batch becomes ``(inputs, target)``, for batches of another form than
             ``(x, y)`` or ``{"x": ..., "y": ...}``: ``split=lambda b: (b["input_ids"],
             b["labels"])``, as ``st.Trainer(split=)``. Used in training, validation, test
@@ -118,10 +120,11 @@ class LightningGraph(L.LightningModule):
         loss: Loss | None,
         optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
         scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
-        metrics: Mapping[str, Callable[[Any, Any], Any]] | None = None,
+        metrics: Mapping[str, Callable[[Any, Any], Any]] | Any | None = None,
         split: Callable[[Any], tuple[Any, Any]] | None = None,
     ) -> None:
         super().__init__()
+        metrics = members(metrics)  # a MetricCollection's members, each a metric (metrics.py)
         check(g, loss, optimizer, scheduler, metrics)
         self.split = checked_split(split, loss, "LightningGraph")
         self.graph = g

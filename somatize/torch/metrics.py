@@ -12,6 +12,11 @@ A metric is either
 Metrics nodes return in ``Done(..., metrics=...)`` during evaluation are averaged
 over examples too, as ``<node>/<name>``.
 
+A torchmetrics ``MetricCollection`` is taken apart into its members when the Trainer (or
+``LightningGraph``) is made (``members``): given as ``metrics=`` whole, each member is
+evaluated under its own name, as Lightning's ``self.log_dict(collection)`` logs it; given
+under a name, ``metrics={"cls": collection}``, as ``cls_<member>``.
+
 Under DDP every value is over all ranks' batches, the same on every rank: sums are
 all-reduced (the node metrics' names agreed on first, so a rank that saw none adds
 zeros); a torchmetrics metric reduces itself in ``compute``; any other metric object
@@ -38,7 +43,7 @@ from .batches import epoch_batches, num_examples, to_device
 from .limits import limited
 from .module_reads import node_metrics
 
-__all__ = ["Metric", "accuracy", "check_ranks", "evaluate", "is_metric"]
+__all__ = ["Metric", "accuracy", "check_ranks", "evaluate", "is_metric", "members"]
 
 
 @runtime_checkable
@@ -61,6 +66,34 @@ class Metric(Protocol):
 def is_metric(value: Any) -> bool:
     """Whether ``value`` is a metric object (not a plain function)."""
     return all(callable(getattr(value, m, None)) for m in ("reset", "update", "compute"))
+
+
+def members(metrics: Any) -> Any:
+    """``metrics`` with each torchmetrics ``MetricCollection`` replaced by its members (see
+    the module's docstring); anything else as it is, to be checked as it is.
+
+    Example:
+        >>> from torchmetrics import MetricCollection
+        >>> from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+        >>> both = MetricCollection({"acc": MulticlassAccuracy(3), "f1": MulticlassF1Score(3)})
+        >>> sorted(members(both)), sorted(members({"cls": both}))
+        (['acc', 'f1'], ['cls_acc', 'cls_f1'])
+    """
+    if _collection(metrics):
+        return dict(metrics.items(keep_base=False, copy_state=False))
+    if not isinstance(metrics, Mapping) or not any(map(_collection, metrics.values())):
+        return metrics
+    out: dict[Any, Any] = {}
+    for name, m in metrics.items():
+        inner = m.items(keep_base=False, copy_state=False) if _collection(m) else [("", m)]
+        for member, metric in inner:
+            out[f"{name}_{member}" if member else name] = metric
+    return out
+
+
+def _collection(m: Any) -> bool:
+    tm = sys.modules.get("torchmetrics")  # imported already if ``m`` is one
+    return tm is not None and isinstance(m, tm.MetricCollection)
 
 
 def check_ranks(fns: Mapping[str, Any], world: int) -> None:
@@ -346,8 +379,15 @@ def _exact(value: Any, dtype: torch.dtype) -> Any:
 def _number(value: Any, what: str) -> float:
     """``value`` as a float; anything but a real number is a TypeError naming ``what``."""
     if not isinstance(value, numbers.Real):
+        several = (
+            "; for several numbers give each its own entry, metrics={"
+            + ", ".join(f"{k!r}: ..." for k in list(value)[:3])
+            + "}, or a torchmetrics MetricCollection (each member is evaluated as one)"
+            if isinstance(value, Mapping)
+            else ""
+        )
         raise TypeError(
             f"{what} {value!r} ({type(value).__qualname__}), not a number; a metric gives one "
-            "number per batch — a float, an int or a one-element tensor (e.g. x.mean())"
+            f"number per batch — a float, an int or a one-element tensor (e.g. x.mean()){several}"
         )
     return float(value)

@@ -42,7 +42,7 @@ from .first_step import evaluate_note, first_step
 from .horizon import optimizer_steps, total_steps
 from .limits import batches_per_epoch, epoch_examples, one_epoch
 from .loop import train as train_loop
-from .metrics import Metric, check_ranks, evaluate
+from .metrics import Metric, check_ranks, evaluate, members
 from .options import Options
 from .policy import best_step, save, writing
 from .ported import lightning_methods, ported
@@ -81,7 +81,9 @@ class Trainer:
         metrics: name → ``fn(output, target)`` (a batch mean, averaged over examples) or a
             metric object with ``reset``/``update``/``compute`` (a ``torchmetrics.Metric``;
             one of your own also needs ``merge`` under DDP), evaluated on ``val`` and
-            logged as ``val_<name>``.
+            logged as ``val_<name>``. A torchmetrics ``MetricCollection`` gives each member:
+            ``metrics=collection`` as ``val_<member>``, ``{"cls": collection}`` as
+            ``val_cls_<member>``.
         checkpoint: a ``Checkpointing`` (directory, frequency, how many to keep).
         watchers: told of every step, epoch and node metric (``TensorBoard``, ``Progress``...).
         pruner: asked after each evaluation (``Patience``, ``Threshold``, an Optuna ``Trial``).
@@ -104,7 +106,7 @@ class Trainer:
         epochs: int | None = None,
         max_steps: int | None = None,
         micro_batches: int = 1,
-        metrics: Mapping[str, Callable[[Any, Any], Any] | Metric] | None = None,
+        metrics: Mapping[str, Callable[[Any, Any], Any] | Metric] | Metric | None = None,
         checkpoint: Checkpointing | None = None,
         watchers: Iterable[Watcher] | None = (),
         pruner: Any = None,
@@ -113,16 +115,15 @@ class Trainer:
         split: Callable[[Any], tuple[Any, Any]] | None = None,
     ) -> None:
         watchers = () if watchers is None else watchers  # (as metrics=None: none)
-        check_arguments(
-            optimizer, scheduler, epochs, max_steps, micro_batches, metrics, pruner, seed
-        )
+        named = members(metrics)  # a MetricCollection's members, each a metric (metrics.py)
+        check_arguments(optimizer, scheduler, epochs, max_steps, micro_batches, named, pruner, seed)
         check_parts(loss, checkpoint, watchers, options)
-        check_measured(metrics, loss)
+        check_measured(named, loss)
         self.split = checked_split(split, loss)
         self.loss, self.optimizer, self.scheduler = loss, optimizer, scheduler
         self.epochs = epochs if epochs is not None else (None if max_steps else 1)
         self.max_steps, self.micro_batches = max_steps, micro_batches
-        self.metrics = dict(metrics or {})
+        self.metrics = dict(named or {})
         self.checkpoint, self.pruner, self.seed, self.options = checkpoint, pruner, seed, options
         self.watchers = list(watchers)
         # a fresh fit starts the pruner from this state, so one Trainer can run many fits

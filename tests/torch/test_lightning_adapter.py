@@ -135,6 +135,33 @@ def test_a_metric_object_is_computed_over_the_whole_validation_set(tmp_path):
     assert float(trainer.callback_metrics["val_f1"]) == pytest.approx(float(ref.compute()))
 
 
+def test_a_metric_collection_is_logged_member_by_member(tmp_path):
+    """As self.log_dict(collection) in a LightningModule: each member under its name."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+    both = torchmetrics.MetricCollection(
+        {"acc": MulticlassAccuracy(num_classes=3), "f1": MulticlassF1Score(num_classes=3)}
+    )
+    g = _graph()
+    lg = LightningGraph(
+        g,
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        metrics=both,
+    )
+    val = _loader(seed=1)
+    trainer = _trainer(tmp_path, max_epochs=1)
+    trainer.fit(lg, _loader(), val)
+    ref = MulticlassF1Score(num_classes=3)
+    with torch.no_grad():
+        for x, y in val:
+            ref.update(st.module(g)(x), y)
+    assert {"val_acc", "val_f1"} <= set(lg.history[-1])
+    assert lg.history[-1]["val_f1"] == pytest.approx(float(ref.compute()))
+    assert float(trainer.callback_metrics["val_f1"]) == pytest.approx(float(ref.compute()))
+
+
 def test_carried_state_is_reset_at_each_epoch_and_validation_start(tmp_path):
     from somatize import Done, Node, Opaque
 

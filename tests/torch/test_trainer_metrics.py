@@ -214,3 +214,52 @@ def test_a_metric_named_as_a_node_metric_is_refused_not_overwritten():
 def test_a_blank_metric_name_is_refused(name):
     with pytest.raises(SettingError, match=r"metric name .* blank"):
         st.Trainer(loss=F.cross_entropy, metrics={name: st.accuracy})
+
+
+def test_a_metric_collection_is_evaluated_member_by_member():
+    """Lightning's self.log_dict(collection): given whole, each member under its own name
+    (with the collection's prefix); given under a name, as <name>_<member>."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+    def collection(**kw):
+        return torchmetrics.MetricCollection(
+            {"acc": MulticlassAccuracy(num_classes=2), "f1": MulticlassF1Score(num_classes=2)},
+            **kw,
+        )
+
+    torch.manual_seed(0)
+    g = Graph.somatize(Linear())
+    val = data()
+    whole = st.Trainer(loss=F.cross_entropy, metrics=collection()).evaluate(g, val)
+    named = st.Trainer(loss=F.cross_entropy, metrics={"cls": collection(), "a": st.accuracy})
+    got = named.evaluate(g, val)
+    prefixed = st.Trainer(loss=F.cross_entropy, metrics=collection(prefix="m_")).evaluate(g, val)
+    net = g["linear"].lin
+    with torch.no_grad():
+        pred = torch.cat([net(x).argmax(-1) for x, _ in val])
+    ys = torch.cat([y for _, y in val])
+    macro_acc = sum(float((pred[ys == c] == c).float().mean()) for c in (0, 1)) / 2
+    assert list(whole) == ["loss", "acc", "f1", "linear/mean"]
+    assert whole["f1"] == pytest.approx(f1_by_hand(pred, ys))
+    assert whole["acc"] == pytest.approx(macro_acc)
+    assert list(got) == ["loss", "cls_acc", "cls_f1", "a", "linear/mean"]
+    assert (got["cls_acc"], got["cls_f1"]) == (whole["acc"], whole["f1"])
+    assert list(prefixed)[1:3] == ["m_acc", "m_f1"]
+    result = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        metrics={"cls": collection()},
+        options=st.Options(progress=False, monitor="val_cls_f1", mode="max"),
+    ).fit(Graph.somatize(Linear()), data(), val=data())
+    assert {"val_cls_acc", "val_cls_f1"} <= set(result.metrics[-1])
+
+
+def test_a_metric_giving_several_numbers_names_one_entry_per_number():
+    with pytest.raises(TypeError) as caught:
+        st.Trainer(loss=F.cross_entropy, metrics={"d": lambda o, y: {"a": 1.0, "b": 2.0}}).evaluate(
+            Graph.somatize(Linear()), data()
+        )
+    message = str(caught.value)
+    assert "metric 'd' gave {'a': 1.0, 'b': 2.0} (dict), not a number" in message
+    assert "give each its own entry, metrics={'a': ..., 'b': ...}" in message
