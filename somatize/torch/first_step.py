@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .run import ActiveRun
     from .trainer import Trainer
 
-__all__ = ["batch_note", "describe", "evaluate_note", "first_step"]
+__all__ = ["batch_note", "describe", "evaluate_note", "first_step", "loss_note"]
 
 
 @contextlib.contextmanager
@@ -105,21 +105,9 @@ def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
             "(e.g. loss=F.cross_entropy); a metric belongs in Trainer(metrics=...)",
         )
         return
-    called = _loss_call(e) if trainer.loss is not None else None
-    if called is not None:
-        output, target = called
-        name = getattr(trainer.loss, "__qualname__", type(trainer.loss).__qualname__)
-        args = "output" if target is None else "output, target"
-        given = f"output {_typed(output)}" + (
-            "" if target is None else f", target {_typed(target)}"
-        )
-        add_note(
-            e,
-            f"raised in the loss function {name}, called as loss({args}) with {given}: "
-            "the Trainer calls it with the model's output and the batch's target (the "
-            "output alone for batches without a target); F.cross_entropy, for one, wants "
-            "float logits (batch, classes) and int64 class indices (batch,)",
-        )
+    said = loss_note(e, trainer.loss)
+    if said is not None:
+        add_note(e, said)
     if isinstance(e, RuntimeError):
         return
     batch = _failing_batch(e)
@@ -130,6 +118,24 @@ def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
     note = batch_note(batch, trainer.loss is not None) + _train_hint(train)
     if note:
         add_note(e, note)
+
+
+def loss_note(e: BaseException, loss: Any, who: str = "the Trainer") -> str | None:
+    """The note on ``e`` when it was raised in calling ``loss``: how it was called, with
+    the output's and target's structure (a tuple output, a float target...); else None."""
+    called = _loss_call(e) if loss is not None else None
+    if called is None:
+        return None
+    output, target = called
+    name = getattr(loss, "__qualname__", type(loss).__qualname__)
+    args = "output" if target is None else "output, target"
+    given = f"output {_typed(output)}" + ("" if target is None else f", target {_typed(target)}")
+    return (
+        f"raised in the loss function {name}, called as loss({args}) with {given}: "
+        f"{who} calls it with the model's output and the batch's target (the "
+        "output alone for batches without a target); F.cross_entropy, for one, wants "
+        "float logits (batch, classes) and int64 class indices (batch,)"
+    )
 
 
 def evaluate_note(e: BaseException, trainer: Trainer, data: Any = None) -> None:

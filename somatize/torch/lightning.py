@@ -33,7 +33,7 @@ from ..errors import SettingError, add_note, require
 from ..graph import Graph
 from .batches import checked_split, loss_of, num_examples, split
 from .carry import carries, reset
-from .first_step import batch_note
+from .first_step import batch_note, loss_note
 from .lightning_history import Evaluation
 from .lightning_settings import check, configured, hyperparameters
 from .metrics import members
@@ -167,8 +167,12 @@ class LightningGraph(L.LightningModule):
         return self.split(batch) if self.split is not None else split(batch)
 
     def _explain(self, e: BaseException, batch: Any, stage: str) -> None:
-        """The Trainer's note on a batch it does not split (first_step.batch_note), on a
+        """The Trainer's notes: on a failure in the loss function, how it was called
+        (first_step.loss_note); on a batch it does not split (first_step.batch_note), on a
         failure before any batch of ``stage`` went through (after one, its form is fine)."""
+        said = loss_note(e, self._loss, "LightningGraph")
+        if said is not None:
+            add_note(e, said)
         if self.split is None and stage not in self._split_ok:
             note = batch_note(batch, self._loss is not None, "LightningGraph")
             if note:

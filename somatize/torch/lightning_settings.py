@@ -23,7 +23,7 @@ __all__ = ["check", "configured", "hyperparameters"]
 def check(g: Any, loss: Any, optimizer: Any, scheduler: Any, metrics: Any) -> None:
     """Refuse a bad argument when a ``LightningGraph`` is made, naming it and the fix."""
     if not isinstance(g, Graph):
-        raise TypeError(f"LightningGraph takes a somatize Graph, got {type(g).__qualname__}")
+        raise TypeError(_not_a_graph(g))
     if optimizer is not None and not callable(optimizer):
         raise TypeError(
             "optimizer must be a factory over parameters (or None, to predict and evaluate "
@@ -38,6 +38,31 @@ def check(g: Any, loss: Any, optimizer: Any, scheduler: Any, metrics: Any) -> No
     check_loss(loss)
     check_metrics(metrics)
     check_measured(metrics, loss, "LightningGraph")
+
+
+def _not_a_graph(g: Any) -> str:
+    """What to do with a model that is not a graph: a GraphModule's graph, a module's node."""
+    kind = type(g).__qualname__
+    if isinstance(getattr(g, "graph", None), Graph) and isinstance(g, torch.nn.Module):
+        return (
+            f"LightningGraph takes a somatize Graph, got a {kind} (st.module(g)): pass the "
+            "graph itself, LightningGraph(g, ...)"
+        )
+    if isinstance(g, torch.nn.Module):
+        return (
+            f"LightningGraph takes a somatize Graph, got {kind}, an nn.Module. st.Trainer "
+            "trains a module as it is (st.Trainer(loss=..., optimizer=...).fit(model, "
+            "train)); to train it under lightning.Trainer, make it the one node of a graph:\n"
+            "    class Model(Node):\n"
+            "        def __init__(self, net): self.net = net\n"
+            "        def forward(self, x, ctx): return Done(Opaque(self.net(x)))\n"
+            "    LightningGraph(Graph.somatize(Model(model)), loss=..., optimizer=...)\n"
+            "(from somatize import Done, Graph, Node, Opaque)"
+        )
+    return (
+        f"LightningGraph takes a somatize Graph, got {kind}; build one from nodes, "
+        "Graph.somatize(Encode() >> Classify())"
+    )
 
 
 def _name(obj: Any) -> str | None:

@@ -56,6 +56,33 @@ def test_lightning_graph_is_a_lightning_module_holding_the_graph_weights():
         )
 
 
+def test_a_module_instead_of_a_graph_is_told_how_to_make_it_one(tmp_path):
+    """An nn.Module: st.Trainer takes it as it is, or it becomes a graph's one node — and
+    the node the message shows trains it under lightning.Trainer."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    with pytest.raises(TypeError) as caught:
+        LightningGraph(model, loss=nn.functional.cross_entropy)
+    message = str(caught.value)
+    assert message.startswith("LightningGraph takes a somatize Graph, got Sequential, an nn.Module")
+    assert ".fit(model, train)" in message
+    assert "LightningGraph(Graph.somatize(Model(model)), loss=..., optimizer=...)" in message
+    shown = "\n".join(line[4:] for line in message.splitlines() if line.startswith("    "))
+    from somatize import Done, Graph, Node, Opaque
+
+    scope = {"Done": Done, "Graph": Graph, "Node": Node, "Opaque": Opaque, "model": model}
+    exec(shown.split("\nLightningGraph(")[0], scope)  # the class as the message writes it
+    before = model[0].weight.detach().clone()
+    lg = LightningGraph(
+        Graph.somatize(scope["Model"](model)),
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+    )
+    _trainer(tmp_path, max_epochs=1).fit(lg, _loader())
+    assert not torch.equal(model[0].weight, before)  # the module's own weights trained
+    with pytest.raises(TypeError, match=r"got a GraphModule \(st.module\(g\)\): pass the graph"):
+        LightningGraph(st.module(_graph()), loss=nn.functional.cross_entropy)
+
+
 def test_training_reduces_the_loss(tmp_path):
     lg = _lg(_graph())
     trainer = _trainer(tmp_path, max_epochs=4)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 L = pytest.importorskip("lightning")
 
@@ -15,7 +15,7 @@ import somatize.torch as st  # noqa: E402
 from somatize import Done, Graph, Node, Opaque  # noqa: E402
 from somatize.errors import SettingError  # noqa: E402
 from somatize.torch.lightning import LightningGraph  # noqa: E402
-from tests.torch.lightning_quiet import QUIET  # noqa: E402
+from tests.torch.lightning_quiet import NO_VAL, QUIET  # noqa: E402
 
 pytestmark = QUIET
 
@@ -184,3 +184,36 @@ def test_dict_batches_without_split_get_the_trainers_note_naming_the_layout_and_
         assert "a dict of the other keys ('input', 'extra')" in note, how
         # the Trainer's words for the same batch, the class named aside
         assert note == _note(own).replace("Trainer", "LightningGraph"), how
+
+
+class Twice(Node):
+    """A model whose output is a tuple, which F.cross_entropy does not take."""
+
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, ctx):
+        out = self.lin(x)
+        return Done(Opaque((out, out)))
+
+
+@NO_VAL
+def test_a_loss_that_fails_on_the_output_gets_the_trainers_note_naming_its_structure():
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+    x, y = torch.randn(4, 4), torch.randint(0, 3, (4,))
+    quiet = st.Options(progress=False)
+    with pytest.raises(TypeError, match="must be Tensor, not tuple") as own:
+        st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=quiet).fit(graph(Twice), [(x, y)])
+    (trainers,) = [n for n in own.value.__notes__ if "raised in the loss function" in n]
+    assert "output (tensor (4, 3), tensor (4, 3)), target int64 (4,)" in trainers
+    rows = DataLoader(TensorDataset(x, y), batch_size=4)
+    runs = {
+        "fit": lambda lg: lightning(max_epochs=1).fit(lg, rows),
+        "validate": lambda lg: lightning().validate(lg, rows, verbose=False),
+    }
+    for how, run in runs.items():
+        lg = LightningGraph(graph(Twice), loss=F.cross_entropy, optimizer=sgd)
+        with pytest.raises(TypeError, match="must be Tensor, not tuple") as e:
+            run(lg)
+        notes = [n for n in e.value.__notes__ if "raised in the loss function" in n]
+        assert notes == [trainers.replace("the Trainer", "LightningGraph")], how
