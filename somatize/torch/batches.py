@@ -27,6 +27,7 @@ from .samplers import epoch_generator, rank_share
 
 __all__ = [
     "check_data",
+    "check_rereadable",
     "chunk",
     "epoch_batches",
     "loss_of",
@@ -92,6 +93,8 @@ def loss_of(loss: Callable[..., Any] | None, output: Any, target: Any) -> torch.
         value = loss(output)
     else:
         value = loss(output, target)
+    if loss is None and isinstance(value, Mapping) and "loss" in value:
+        raise SettingError(_holds_loss(value))
     if not isinstance(value, torch.Tensor) or value.dim() != 0:
         shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
         raise TypeError(
@@ -99,6 +102,18 @@ def loss_of(loss: Callable[..., Any] | None, output: Any, target: Any) -> torch.
             "pass loss=fn(output, target) returning a mean, or make the graph output the loss"
         )
     return value
+
+
+def _holds_loss(output: Mapping[Any, Any]) -> str:
+    """Without ``loss=``, an output that holds its loss (a Hugging Face model's)."""
+    keys = ", ".join(map(repr, list(output)[:4])) + (", ..." if len(output) > 4 else "")
+    return (
+        f"the model returned a {type(output).__qualname__} ({keys}), not its loss: without "
+        "loss= the model's output is the loss, a scalar tensor. Return out['loss'] from the "
+        "model, or pick it out with loss=lambda out: out['loss'], split=lambda batch: "
+        "(batch, None) — the model still gets the whole batch, and the loss is called "
+        "with its output alone"
+    )
 
 
 def _map(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
@@ -195,6 +210,24 @@ def check_data(
         f"DataLoader: DataLoader(dataset, batch_size=32{shuffle}) (a dataset whose items are "
         "batches already: DataLoader(dataset, batch_size=None))"
     )
+
+
+def check_rereadable(train: Any, epochs: int | None, max_steps: int | None) -> None:
+    """A one-shot iterator (a generator) as ``train`` is used up by the first epoch: refused
+    before any step when the run plans more than one epoch, as ``val=`` is
+    (``valsets.check_reusable``); with ``max_steps`` the run may end within the first epoch
+    (a stream), so it is left to the loop's check at the second epoch's start.
+
+    Raises:
+        SettingError: naming the iterator, the epochs and the fixes.
+    """
+    if isinstance(train, Iterator) and epochs is not None and epochs > 1 and max_steps is None:
+        raise SettingError(
+            f"fit()'s train is a {type(train).__qualname__}, an iterator the first epoch "
+            f"uses up, and this run has epochs={epochs}; pass a list of batches (list(...) "
+            "of it) or a DataLoader, which can be read again — or, for a stream, "
+            "epochs=None with max_steps=N"
+        )
 
 
 def _refuse_tensor(data: torch.Tensor, what: str) -> None:

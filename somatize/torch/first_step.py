@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..errors import add_note
+from ..errors import SettingError, add_note
 from ..stack import outside
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
     said = loss_note(e, trainer.loss)
     if said is not None:
         add_note(e, said)
-    if isinstance(e, RuntimeError):
+    if isinstance(e, (RuntimeError, SettingError)):  # (a SettingError names its own fix)
         return
     batch = _failing_batch(e)
     if batch is None:

@@ -33,7 +33,7 @@ from ..errors import SettingError
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp, inference, tally
-from .batches import check_data, checked_split, loss_of, num_examples, split
+from .batches import check_data, check_rereadable, checked_split, loss_of, num_examples, split
 from .begin import begin
 from .carry import check_last_batch, named_carries
 from .checkpoint import Checkpointing
@@ -170,6 +170,7 @@ class Trainer:
         with deterministic(self.options.deterministic), own_generators():  # (rng.py)
             if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
                 return smoke_fit(self, model, train, val, resume)
+            check_rereadable(train, self.epochs, self.max_steps)  # not a generator, for 2 epochs
             check_fit(self, val)
             run_id = uuid.uuid4().hex[:12]
             rank, world, own_group = ddp.setup()

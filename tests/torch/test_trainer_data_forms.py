@@ -215,3 +215,55 @@ def test_one_tensor_as_data_is_refused_before_it_is_read_row_by_row():
         trainer().evaluate(make_graph(), x)
     outputs = trainer().predict(make_graph(), [x])  # the fix: one batch
     assert [tuple(o.shape) for o in outputs] == [(30, 3)]
+
+
+def test_a_generator_as_train_for_two_epochs_is_refused_before_any_step():
+    """Used up by the first epoch: said before it is read (as val= is), not after an epoch
+    of training; a stream bounded by max_steps, or one epoch, trains."""
+    gen = (b for b in batches(3))
+    with pytest.raises(SettingError) as caught:
+        st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            epochs=2,
+            options=quiet(),
+        ).fit(make_graph(), gen)
+    message = str(caught.value)
+    assert "fit()'s train is a generator, an iterator the first epoch uses up" in message
+    assert "epochs=2" in message and "list(...)" in message and "max_steps=N" in message
+    assert len(list(gen)) == 3  # not a batch read
+    streamed = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=2,
+        max_steps=2,
+        options=quiet(),
+    ).fit(make_graph(), (b for b in batches(3)))
+    assert streamed.steps == 2
+
+
+def test_a_model_returning_a_dict_with_its_loss_is_told_to_pick_it_out():
+    """A Hugging Face-style model with loss=None: the message names out['loss'], not the
+    batch's split, and the fix it gives trains."""
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 3)
+
+        def forward(self, batch):
+            x, y = batch
+            logits = self.lin(x)
+            return {"loss": F.cross_entropy(logits, y), "logits": logits}
+
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+    with pytest.raises(SettingError) as caught:
+        st.Trainer(optimizer=sgd, options=quiet()).fit(WithLoss(), batches(3))
+    message = str(caught.value)
+    assert message.startswith("the model returned a dict ('loss', 'logits'), not its loss")
+    assert "loss=lambda out: out['loss'], split=lambda batch: (batch, None)" in message
+    assert not getattr(caught.value, "__notes__", [])  # the batch's split is not at fault
+    picked = st.Trainer(
+        loss=lambda out: out["loss"], split=lambda batch: (batch, None), optimizer=sgd
+    )
+    assert picked.fit(WithLoss(), batches(3), val=batches(2)).metrics[-1]["val_loss"] > 0
