@@ -140,6 +140,27 @@ def test_server_optimizers_keep_the_servers_local_keys_and_step_the_rest_as_with
         server.step(glob, {k: agg[k] for k in ("enc.weight", "head.weight")})
 
 
+def test_a_server_optimizer_built_without_exclude_says_to_build_it_with_fedavgs():
+    """Found by an outside audit: the error said the global state and the aggregate differ in
+    keys, and blamed the global state, where the fix is the server optimizer's exclude=."""
+    glob = client(10)
+    agg = st.fedavg(results(), exclude=["bn.*"])
+    fix = (r"leaves out keys \['bn.bias', 'bn.num_batches_tracked', 'bn.running_mean', "
+           r"'bn.running_var', 'bn.weight'\].*exclude= kept on the clients.*fl.FedAdam was built "
+           r"without them.*same exclude= as the aggregator")  # fmt: skip
+    with pytest.raises(AggregationError, match=fix):
+        fl.FedAdam(lr=0.1).step(glob, agg)
+    partly = fl.FedAvgM(exclude=["bn.running_*"])  # some of them: the others still named
+    with pytest.raises(AggregationError, match=r"leaves out keys \['bn.bias', 'bn.num.*fl.FedAvgM"):
+        partly.step(glob, agg)
+    bare = {k: agg[k] for k in SHARED}  # a hand-made aggregate: no .excluded, still a hint
+    with pytest.raises(
+        AggregationError,
+        match=r"differ in keys \['bn.bias'.*keep those keys local.*aggregator's exclude=",
+    ):
+        fl.FedAdam(lr=0.1).step(glob, bare)
+
+
 def test_dp_fedavg_needs_no_buffer_policy_for_local_batchnorm():
     pytest.importorskip("opacus")
     glob = {k: torch.zeros_like(v) for k, v in client(0).items()}

@@ -1,6 +1,7 @@
 """Server optimizers against float64 references written from Reddi et al.'s rules; an exact resume."""
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -288,3 +289,24 @@ def test_a_nan_or_inf_aggregate_is_refused_before_it_reaches_the_moments(make):
     assert after["steps"] == 1 and after["m"].keys() == before["m"].keys()
     for table in ("m", "v"):
         assert all(torch.equal(after[table][k], before[table][k]) for k in before[table])
+
+
+@pytest.mark.parametrize("make", [fl.FedAdam, fl.FedAvgM], ids=["adam", "avgm"])
+def test_swapped_arguments_are_refused_with_the_order_and_the_fix(make):
+    """Found by an outside audit: step(st.fedavg(results), global_state) was accepted and
+    stepped backwards (FedAvgM lr=1 momentum=0 gave back the old global state)."""
+    x = {"w": torch.zeros(4)}
+    agg = st.fedavg([{"w": torch.ones(4)}, {"w": torch.ones(4)}], weights="uniform")
+    server = make(lr=0.1)
+    order = r"the order is step\(global_state, aggregate\).*server\.step\(global_state, st\.fedavg"
+    with pytest.raises(TypeError, match=order):
+        server.step(agg, x)
+    crossed = pickle.loads(pickle.dumps(agg))  # (an OrderedDict with .weights, as torch.load gives)
+    with pytest.raises(TypeError, match=order):
+        server.step(crossed, x)
+    assert server.steps == 0 and not server.m  # refused before any update
+    assert float(server.step(x, agg)["w"][0]) > 0  # the right order moves toward the clients
+    # a global state that is itself an earlier round's aggregate steps as before
+    again = make(lr=0.1)
+    assert torch.equal(again.step(agg, agg)["w"], agg["w"])
+    assert float(make(lr=0.1).step(dict(agg), x)["w"][0]) < 1  # the message's way out

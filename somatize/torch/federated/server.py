@@ -71,6 +71,11 @@ def _check_state(name: str, value: Any) -> None:
             )
 
 
+def _is_aggregate(value: Any) -> bool:
+    """An ``Aggregate``, or one that crossed a pickle (an ``OrderedDict`` with its attributes)."""
+    return isinstance(value, Mapping) and hasattr(value, "weights") and hasattr(value, "excluded")
+
+
 def _real(value: Any) -> bool:
     """A real number — numpy's scalars too (``np.float32(0.1)``) — and not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
@@ -131,22 +136,22 @@ class ServerOptimizer:
 
         Raises:
             TypeError: either argument is not a state dict of tensors (a list of results,
-                a ``TrainResult``): pass the global state and ``st.fedavg(results)``.
+                a ``TrainResult``): pass the global state and ``st.fedavg(results)``; or
+                they are swapped (an ``Aggregate`` first, a plain state dict second).
             AggregationError: their keys, or a key's shape or dtype, differ (the keys
-                ``exclude`` names may be missing from the aggregate); a float key holds NaN
+                ``exclude`` names may be missing from the aggregate: one that leaves out the
+                keys its aggregator's ``exclude=`` kept local needs the same ``exclude=``
+                here); a float key holds NaN
                 or inf (nothing is stepped: the moments would keep it for every round).
         """
+        self._check_order(global_state, aggregate)
         _check_state("global_state", global_state)
         _check_state("aggregate", aggregate)
         local = _local(self.exclude, global_state.keys(), "the global state")
         if global_state.keys() - local != aggregate.keys() - local or not (
             aggregate.keys() <= global_state.keys()
         ):
-            diff = sorted((set(global_state) ^ set(aggregate)) - local)
-            raise AggregationError(
-                f"the aggregate and the global state differ in keys {diff[:5]}; step the global "
-                "state the clients started from with the aggregate of their results"
-            )
+            raise self._differ(global_state, aggregate, local)
         _unknown("buffers", self.buffers, global_state)
         self._warn_statistics(global_state, local)
         out: dict[str, torch.Tensor] = {}
@@ -203,6 +208,49 @@ class ServerOptimizer:
         self.v.update(moved_v)
         self.steps += 1
         return out
+
+    def _check_order(self, global_state: Any, aggregate: Any) -> None:
+        """A ``TypeError`` for ``step(aggregate, global_state)``: swapped, the step would
+        silently move the state backwards (FedAvgM at lr=1 gives back the old global state)."""
+        if _is_aggregate(global_state) and not _is_aggregate(aggregate):
+            raise TypeError(
+                f"{_MAKER[self.rule]}.step got an Aggregate (st.fedavg's result) as its first "
+                "argument and a plain state dict as its second: the order is "
+                "step(global_state, aggregate), and swapped the step goes backwards — write "
+                "global_state = server.step(global_state, st.fedavg(results)). (If the global "
+                "state really is an earlier round's aggregate, pass dict(global_state).)"
+            )
+
+    def _differ(
+        self,
+        global_state: Mapping[str, torch.Tensor],
+        aggregate: Mapping[str, torch.Tensor],
+        local: frozenset[str],
+    ) -> AggregationError:
+        """The error for key sets that differ: where the aggregate left out the keys
+        ``exclude=`` kept on the clients (FedBN), the fix is this optimizer's ``exclude=``."""
+        diff = sorted((set(global_state) ^ set(aggregate)) - local)
+        missing = set(global_state) - set(aggregate) - local
+        excluded = set(getattr(aggregate, "excluded", ()) or ())
+        if missing and missing <= excluded and aggregate.keys() <= global_state.keys():
+            more = f" ({len(missing)} in all)" if len(missing) > 5 else ""
+            return AggregationError(
+                f"the aggregate leaves out keys {sorted(missing)[:5]}{more}, which the "
+                "aggregator's exclude= kept on the clients (Aggregate.excluded lists them), but "
+                f"this {_MAKER[self.rule]} was built without them in its own exclude=: build the server optimizer with the same exclude= as the aggregator "
+                f"— {_MAKER[self.rule]}(..., exclude=bn) for st.fedavg(results, exclude=bn) "
+                "— and it keeps the global state's values of those keys"
+            )
+        hint = ""
+        if missing and aggregate.keys() <= global_state.keys():
+            hint = (
+                " (if the clients keep those keys local, as FedBN does: build the server "
+                f"optimizer with the aggregator's exclude=, {_MAKER[self.rule]}(..., exclude=...))"
+            )
+        return AggregationError(
+            f"the aggregate and the global state differ in keys {diff[:5]}; step the global "
+            f"state the clients started from with the aggregate of their results{hint}"
+        )
 
     def _check_finite(self, k: str, x: torch.Tensor, a: torch.Tensor) -> None:
         """An ``AggregationError`` if the aggregate's (or the global state's) ``k`` holds NaN
