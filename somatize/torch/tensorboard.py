@@ -13,6 +13,7 @@ all ranks as ``StepEnd`` says. Needs the ``tensorboard`` package (in the ``somat
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import warnings
@@ -22,6 +23,7 @@ from typing import Any
 from ..errors import require
 from ..stack import outside
 from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
+from .claims import Claim, claim
 from .settings import count
 
 __all__ = ["TensorBoard"]
@@ -31,7 +33,9 @@ class TensorBoard:
     """Writes a run's scalars under ``log_dir`` (readable by ``tensorboard --logdir``).
 
     Args:
-        log_dir: the directory of the event files.
+        log_dir: the directory of the event files, one run's own: a fresh run into one that
+            holds earlier event files warns, and so does a run that starts while another
+            writes there (clients run in parallel: give each a sub-folder).
         every_steps: write step scalars every N steps (evaluations are always written).
         hparams: the run's hyper-parameters (numbers, strings, bools; anything else is
             written as its ``str``), shown with the final metrics in the HParams view.
@@ -65,6 +69,7 @@ class TensorBoard:
         self.every_steps = every_steps
         self.hparams = dict(hparams or {})
         self._writer: Any = None
+        self._claim: Claim | None = None  # log_dir, while this run writes there (claims.py)
         self._start = 0
         self._final: dict[str, float] = {}  # tag -> the last value, for the HParams view
 
@@ -82,14 +87,26 @@ class TensorBoard:
         if isinstance(event, FitStart):
             self._start = event.start_step
             self._final = {}  # (a watcher reused for another fit: that fit's values only)
-            if not self._start and self._writer is None and _has_events(self.log_dir):
+            if self._claim_folder():
+                warnings.warn(
+                    f"TensorBoard: another run is writing into {self.log_dir} at this moment "
+                    "(clients or trials run in parallel with one log_dir): tensorboard draws "
+                    "both runs' event files as one run, their curves over each other. Give "
+                    "each run a folder of its own — a sub-folder per client, e.g. "
+                    f"st.TensorBoard(f'{_posix(self.log_dir)}/client{{i}}')",
+                    RuntimeWarning,
+                    stacklevel=outside(),  # (the user's fit call, not the watcher's caller)
+                )
+            elif not self._start and self._writer is None and _has_events(self.log_dir):
                 warnings.warn(
                     f"TensorBoard: {self.log_dir} already holds the event files of an earlier "
                     "run, and this one starts afresh: tensorboard draws both runs' curves as "
                     "one, over each other. Give each run a log_dir of its own (e.g. "
-                    "st.TensorBoard(f'runs/digits/lr={lr}')), or remove the old files",
+                    "st.TensorBoard(f'runs/digits/lr={lr}'), a sub-folder per federated "
+                    f"client: st.TensorBoard(f'{_posix(self.log_dir)}/client{{i}}')), or "
+                    "remove the old files",
                     RuntimeWarning,
-                    stacklevel=outside(),  # (the user's fit call, not the watcher's caller)
+                    stacklevel=outside(),
                 )
         elif isinstance(event, StepEnd):
             self._final["train/loss"] = event.loss
@@ -147,18 +164,38 @@ class TensorBoard:
         if self._writer is not None:
             self._writer.flush()
 
+    def _claim_folder(self) -> bool:
+        """Claim ``log_dir`` for this run's writer until ``close()``; True when another run
+        holds it now (one writing into it in parallel, which no file shows yet)."""
+        if self._claim is not None:  # (this watcher's own, from an earlier event)
+            return False
+        with contextlib.suppress(OSError):  # (else the writer says why it cannot write there)
+            os.makedirs(self.log_dir, exist_ok=True)
+        self._claim, busy = claim(self.log_dir)
+        return busy
+
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        try:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+        finally:
+            if self._claim is not None:
+                self._claim.release()
+                self._claim = None
 
     def __getstate__(self) -> dict[str, Any]:  # a copy in another process opens its own writer
-        return {**self.__dict__, "_writer": None}
+        return {**self.__dict__, "_writer": None, "_claim": None}
 
 
 def _tag(name: str) -> str:
     """The tag of the Trainer's evaluated metric ``name``: ``val_acc`` -> ``val/acc``."""
     return f"val/{name[4:]}" if name.startswith("val_") else name
+
+
+def _posix(log_dir: str) -> str:
+    """``log_dir`` as a path in an example: forward slashes, no trailing one."""
+    return log_dir.replace(os.sep, "/").rstrip("/") or "/"
 
 
 def _has_events(log_dir: str) -> bool:

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Done, Graph, JsonLines, Node, Opaque
-from somatize.watchers import StepEnd
+from somatize.watchers import FitStart, StepEnd
 
 
 class Body(Node):
@@ -287,3 +287,45 @@ def test_one_parameter_group_reports_no_lrs():
 
     fit([Seen()])
     assert lrs == [()] * 6
+
+
+def test_tensorboard_warns_when_another_run_writes_into_its_directory_at_the_same_time(tmp_path):
+    """Found by an outside audit: clients of a round on st.executor with one log_dir all start
+    before any event file exists, so looking for earlier files never warned."""
+    tb = tmp_path / "tb"
+
+    def run(watchers):
+        torch.manual_seed(0)
+        st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            epochs=1,
+            watchers=watchers,
+            options=st.Options(progress=False),
+        ).fit(Graph.somatize(Body() >> Head()), data())
+
+    class Parallel:  # a second client starting while the first trains, before it wrote a file
+        def on_event(self, event):
+            if isinstance(event, StepEnd) and event.step == 1:
+                assert not list(tb.glob("events.*"))  # (nothing on disk to see yet)
+                with pytest.warns(RuntimeWarning) as w:
+                    run([st.TensorBoard(tb)])
+                said.extend(str(x.message) for x in w)
+
+    said: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the first run: nothing to say
+        run([Parallel(), st.TensorBoard(tb)])
+    assert len(said) == 1
+    assert said[0].startswith(f"TensorBoard: another run is writing into {tb} at this moment")
+    assert (
+        f"a sub-folder per client, e.g. st.TensorBoard(f'{tb.as_posix()}/client{{i}}')" in said[0]
+    )
+    assert len(list(tb.iterdir())) == 2  # both event files, and no marker file beside them
+    with pytest.warns(RuntimeWarning, match="already holds the event files of an earlier run"):
+        run([st.TensorBoard(tb)])  # closed: the folder is free, the earlier files are named
+    held = st.TensorBoard(tb)  # mid-run, a copy for another process drops the claim
+    held.on_event(FitStart("r", epochs=1, max_steps=0, start_step=1))
+    assert held._claim is not None and pickle.loads(pickle.dumps(held))._claim is None
+    held.close()
+    assert held._claim is None
