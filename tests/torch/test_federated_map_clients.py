@@ -230,3 +230,23 @@ def test_a_client_with_no_examples_fails_the_round_unless_errors_return_drops_it
     assert isinstance(results[1], fl.ClientFailure) and results[1].index == 1
     done = [r for r in results if not isinstance(r, fl.ClientFailure)]
     assert st.fedavg(done).weights == (0.5, 0.5)
+
+
+def _die_at_2(shared, c):
+    if c == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return shared + c
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("errors", ["raise", "return"])
+def test_a_worker_that_dies_past_its_retries_fails_the_call_naming_the_tasks(errors):
+    """docs/federated.md: a dead worker is not a client's error (no ClientFailure), and the
+    WorkerLostError, which names the executor's call, says which tasks that call ran."""
+    from somatize.errors import WorkerLostError
+
+    with st.executor(workers=2) as pool, pytest.raises(WorkerLostError) as e:
+        fl.map_clients(pool, _die_at_2, [0, 1, 2, 3], shared=10, batches=4, errors=errors)
+    assert "map_clients: that call was the batch of tasks [2]; run them with pool=None" in (
+        "\n".join(getattr(e.value, "__notes__", []))
+    )

@@ -47,7 +47,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from blake3 import blake3
 
-from ...errors import add_note
+from ...errors import WorkerLostError, add_note
 from ...remote_errors import Shipped, portable, raise_alone, restored
 from ..run_all import note_unpicklable
 from .spool import discard, dumps, open_spool, remove, ship, unship
@@ -255,7 +255,9 @@ def map_clients(
             batches not started are cancelled). ``"return"``: its slot holds a
             ``ClientFailure`` (index, exception, traceback) and the others run on, so a
             round can drop failed clients; ``fedavg`` and the other rules refuse one
-            handed to them, naming it. A worker that dies still fails the call.
+            handed to them, naming it. A worker that dies is not a client's error: on
+            ``st.executor`` its batch runs again (once; a client may so run twice), on a
+            plain ``ProcessPoolExecutor`` the call fails (``BrokenProcessPool``).
 
     Returns:
         The results, in the order of ``tasks``.
@@ -301,6 +303,13 @@ def map_clients(
             try:
                 shipped_back = f.result()
             except Exception as e:
+                if isinstance(e, WorkerLostError):  # (its message names _run_batch, not tasks)
+                    add_note(
+                        e,
+                        f"map_clients: that call was the batch of tasks {futures[f]}; run "
+                        "them with pool=None to see whether one kills its process (out of "
+                        "memory?)",
+                    )
                 error = restored(e)  # (a class of __main__ comes as a Shipped)
                 note_unpicklable(error, fn, pool, "map_clients")
                 if error is e:
