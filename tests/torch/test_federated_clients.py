@@ -179,3 +179,40 @@ def test_scaffold_adds_c_minus_c_client_and_option_two_variates():
     torch.testing.assert_close(server[k], c[k] + (new[k] - ci[k]) / 4)
     with pytest.raises(AggregationError, match=r"no entry for \['linear.lin.bias'\]"):
         fl.scaffold(lambda ps: torch.optim.SGD(ps, lr=lr), g, {k: c[k]}, ci)
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "in-order"])
+def test_a_fedavg_round_through_the_trainer_is_a_hand_written_one_in_the_documented_order(shuffle):
+    """docs/federated.md: a list of batches is read in the permutation drawn from
+    (seed, epoch) under the default Options(shuffle=True), in its own order with False."""
+    clients = [BATCHES[:3], BATCHES[2:]]
+    global_state = st.state(make_graph())
+    results, plain, orders = [], [], []
+    for c, batches in enumerate(clients):
+        g = make_graph()
+        st.load_state(g, global_state)
+        trainer = st.Trainer(
+            loss=nn.functional.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            epochs=2,
+            seed=1000 + c,
+            options=st.Options(progress=False, shuffle=shuffle),
+        )
+        results.append(trainer.fit(g, batches))
+        ref = nn.Linear(4, 3)  # the same client, by hand
+        ref.load_state_dict({k.split("lin.")[1]: v for k, v in global_state.items()})
+        opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for e in range(2):
+            gen = torch.Generator().manual_seed((1000 + c) * 1_000_003 + e)
+            order = torch.randperm(len(batches), generator=gen) if shuffle else range(len(batches))
+            orders.append([int(i) for i in order])
+            for i in order:
+                x, y = batches[i]
+                opt.zero_grad()
+                nn.functional.cross_entropy(ref(x), y).backward()
+                opt.step()
+        plain.append({f"linear.lin.{k}": v for k, v in ref.state_dict().items()})
+    ours = st.fedavg(results)
+    theirs = st.fedavg(plain, weights=[r.num_examples for r in results])
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert any(o != sorted(o) for o in orders) == shuffle  # (the order did matter)
