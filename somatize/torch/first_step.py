@@ -28,6 +28,7 @@ from torch import nn
 
 from ..errors import SettingError, add_note
 from ..stack import outside
+from .batch_of_one import note_batch_of_one
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -56,6 +57,7 @@ def first_step(trainer: Trainer, run: ActiveRun, train: Any) -> Iterator[None]:
     except (TypeError, ValueError, RuntimeError) as e:
         if not stepped:
             explain(e, trainer, train)
+        note_batch_of_one(e, trainer, run)  # (any step: a short last batch, batch_of_one.py)
         raise
     finally:
         handle.remove()
