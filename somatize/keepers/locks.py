@@ -26,7 +26,7 @@ import warnings
 
 from ..stack import outside
 
-__all__ = ["close_lock", "open_lock"]
+__all__ = ["close_lock", "hold", "open_lock"]
 
 # a disk that takes no writes: no pin can be written nor entry removed there, nothing
 # for a lock to keep apart (the operation's own error says why)
@@ -35,7 +35,8 @@ _RW = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 _RO = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-# lock files open in this process, closed in a forked child (_forget_in_child)
+# lock descriptors open in this process (open_lock's, and others held with ``hold``):
+# closed in a forked child, and by ``close_lock`` only while held here
 _HELD: set[int] = set()
 _AT_FORK: list[bool] = []  # (the hook registered, once: on the first lock, not at import)
 
@@ -47,7 +48,9 @@ def _forget_in_child() -> None:
     _HELD.clear()
 
 
-def _held(fd: int) -> int:
+def hold(fd: int) -> int:
+    """Record ``fd``, a descriptor that carries a ``flock``, so that a forked child closes
+    its copy (the lock then ends when this process lets it go); returns ``fd``."""
     if not _AT_FORK and hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_forget_in_child)
         _AT_FORK.append(True)
@@ -56,9 +59,12 @@ def _held(fd: int) -> int:
 
 
 def close_lock(fd: int) -> None:
-    """Close a lock file ``open_lock`` gave (releasing its ``flock``)."""
-    _HELD.discard(fd)
-    os.close(fd)
+    """Close a lock descriptor ``open_lock`` gave or ``hold`` recorded (releasing its
+    ``flock``). In a forked child, which closed it already, nothing is closed: the number
+    may be another file's there."""
+    if fd in _HELD:
+        _HELD.discard(fd)
+        os.close(fd)
 
 
 def open_lock(path: str, guards: str) -> int | None:
@@ -67,14 +73,14 @@ def open_lock(path: str, guards: str) -> int | None:
     ``guards`` (what the lock keeps apart, "pins and gc") goes on unguarded."""
     try:
         try:
-            return _held(os.open(path, _RW, 0o666))
+            return hold(os.open(path, _RW, 0o666))
         except FileNotFoundError:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            return _held(os.open(path, _RW, 0o666))
+            return hold(os.open(path, _RW, 0o666))
     except OSError as e:
         error = e
     try:
-        return _held(os.open(path, _RO))  # (another user's lock, not writable by this one)
+        return hold(os.open(path, _RO))  # (another user's lock, not writable by this one)
     except OSError:
         pass
     if error.errno not in _NO_WRITES:

@@ -14,10 +14,11 @@ nothing is said.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import weakref
+
+from ..keepers.locks import close_lock, hold
 
 try:
     import fcntl
@@ -29,33 +30,12 @@ __all__ = ["Claim", "claim"]
 _OPEN = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _BUSY = {errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES}
 
-# descriptors of the claims held in this process, each with its claim's token: closed in
-# a forked child, and closed only by the claim that opened them (a child may reuse the number)
-_HELD: dict[int, object] = {}
-_AT_FORK: list[bool] = []  # (the hook registered once, on the first claim: not at import)
-
-
-def _forget_in_child() -> None:
-    for fd in _HELD:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
-
-
-def _release(fd: int, token: object) -> None:
-    if _HELD.get(fd) is token:  # (not in a forked child, which closed it already)
-        del _HELD[fd]
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
 
 class Claim:
     """A folder claimed by this process; ``release()`` lets it go (also when collected)."""
 
     def __init__(self, fd: int) -> None:
-        token = object()
-        _HELD[fd] = token
-        self._release = weakref.finalize(self, _release, fd, token)
+        self._release = weakref.finalize(self, close_lock, hold(fd))
 
     def release(self) -> None:
         """Let the folder go (once; later calls do nothing)."""
@@ -77,7 +57,4 @@ def claim(folder: str) -> tuple[Claim | None, bool]:
     except OSError as e:
         os.close(fd)
         return None, e.errno in _BUSY
-    if not _AT_FORK and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_forget_in_child)
-        _AT_FORK.append(True)
     return Claim(fd), False
