@@ -17,8 +17,9 @@ from torch import nn
 from ..graph import Graph
 from ..stack import outside
 from . import ddp
-from .batches import check_data, split, to_device
+from .batches import split, to_device
 from .carry import carries, check_last_batch, named_carries, reset
+from .data_checks import check_data
 from .limits import limited
 from .smoke import smoke_batches
 from .start import as_module, autocast_for, place

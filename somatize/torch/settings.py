@@ -270,7 +270,7 @@ def check_fit(trainer: Any, val: Any) -> None:
     if monitor != o.monitor and (best or _watches_monitor(trainer.pruner)):
         monitor = o.monitor  # something acts on it: the set is named, not defaulted (refused)
     if val is not None:
-        from .batches import check_data
+        from .data_checks import check_data
         from .valsets import check_reusable, check_val, evaluated_names
 
         for name, data in val.items() if isinstance(val, Mapping) else [("", val)]:

@@ -33,10 +33,11 @@ from ..errors import SettingError
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
 from . import ddp, inference, tally
-from .batches import check_data, check_rereadable, checked_split, loss_of, num_examples, split
+from .batches import checked_split, loss_of, num_examples, split
 from .begin import begin
 from .carry import check_last_batch, named_carries
 from .checkpoint import Checkpointing
+from .data_checks import check_data, check_rereadable
 from .determinism import deterministic
 from .first_step import evaluate_note, first_step
 from .horizon import optimizer_steps, total_steps

@@ -1,6 +1,6 @@
 """What fit/evaluate/predict take as data: a torch Dataset of examples and a list of
 DataLoaders are refused before any step, naming the data and the fix; the forms that
-train keep training (batches.check_data)."""
+train keep training (data_checks.check_data)."""
 
 from __future__ import annotations
 
