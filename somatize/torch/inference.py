@@ -21,6 +21,7 @@ from .batches import split, to_device
 from .carry import carries, check_last_batch, named_carries, reset
 from .data_checks import check_data
 from .limits import limited
+from .rank_lengths import agree
 from .smoke import smoke_batches
 from .start import as_module, autocast_for, place
 from .valsets import refuse_sets
@@ -39,6 +40,7 @@ def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) ->
     held = named_carries(net)
     reset(list(held.values()))
     rank, world = ddp.rank_world()
+    agree(None, data, world, val_label="evaluate()'s data")  # one length on every rank
     check_last_batch(held, data, "evaluate()'s data")
     if held and world > 1:  # (fit() warns of its own, training and evaluating)
         warnings.warn(

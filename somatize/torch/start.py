@@ -199,7 +199,24 @@ def count_examples(
     drawn = len(sampler)
     if getattr(train, "drop_last", False):
         drawn -= drawn % size
-    return drawn * world if world > 1 and reads_share(sampler) else drawn
+    if world > 1 and reads_share(sampler):
+        return drawn * world - _padded(
+            sampler, len(dataset), size, getattr(train, "drop_last", False)
+        )
+    return drawn
+
+
+def _padded(sampler: Any, rows: int, size: int, drop_last: bool) -> int:
+    """The rows a ``DistributedSampler`` repeats to give every rank as many (it pads the
+    end of its draw, one to a rank, each rank's last row): counted as examples once only.
+    Under the loader's ``drop_last`` a rank's last partial batch, pad included, is dropped."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
+        return 0
+    if drop_last and sampler.num_samples % size:
+        return 0
+    return max(0, sampler.total_size - rows)
 
 
 def close(watchers: list[Watcher], failing: BaseException | None = None) -> None:

@@ -48,6 +48,7 @@ from .options import Options
 from .policy import best_step, save, writing
 from .ported import lightning_methods, ported
 from .pruning import pruned_reason
+from .rank_lengths import agree, warn_dropped
 from .result import TrainResult
 from .rng import own_generators
 from .sanity import sanity_check
@@ -200,6 +201,9 @@ class Trainer:
         started: float,
     ) -> TrainResult:
         train = ddp.shard(train, rank, world, self.seed)  # each rank reads only its share
+        agree(train, val, world)  # every rank given data of one length (rank_lengths.py)
+        if rank == 0:
+            warn_dropped(train, world, self.seed, self.options.shuffle, self._examples)
         o = self.options  # limits resolved against the data before any step (limits.py)
         train_n = batches_per_epoch(
             "limit_train_batches", o.limit_train_batches, train, rank, world, even=True

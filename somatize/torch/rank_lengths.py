@@ -1,0 +1,134 @@
+"""Under DDP, every rank must have been given the same data: the Trainer shards it itself.
+
+A rank given data of another length would train another number of steps, and DDP's
+gradient all-reduce would wait on the rank that stopped until the process group's
+timeout (30 minutes, silently); a validation set of another length gives each rank's
+share of another set, and a metric over neither. So ``fit`` compares, once, the length
+of every rank's training data and validation sets (one ``all_gather`` of a few integers),
+and ``evaluate()`` that of its data; where they differ, every rank raises the same
+``SettingError``, naming each rank's length and the fix.
+
+Data without a length (an iterable, a loader over an ``IterableDataset``) is not
+compared: the ranks agree on it each round (``batches.epoch_batches``). Nor is a
+validation loader whose sampler reads only this rank's share (its shares may differ).
+
+What the sharding drops of a sequence of batches each epoch — the last round that is
+not full — is warned of once a fit (``warn_dropped``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import SettingError
+from ..stack import outside
+from .limits import length
+from .samplers import epoch_generator, rank_share
+
+__all__ = ["agree", "warn_dropped"]
+
+_NONE = -1  # no length: not compared (the ranks agree per round)
+_OWN = -2  # a validation loader reading this rank's share: not compared
+
+
+def agree(
+    train: Iterable[Any] | None, val: Any, world: int, *, val_label: str = "fit()'s val data"
+) -> None:
+    """Raise on every rank where the ranks' ``train`` (after ``ddp.shard``) or validation
+    sets (``val``: one, or a dict of them) differ in length. One collective; nothing in
+    one process."""
+    if world <= 1:
+        return
+    named: list[tuple[str, Any, bool]] = []
+    if train is not None:
+        named.append(("fit()'s training data", train, True))
+    if val is not None:
+        sets = val.items() if isinstance(val, Mapping) else [("", val)]
+        for name, data in sets:
+            named.append((f"val set {name!r}" if name else val_label, data, False))
+    if not named:
+        return
+    mine = [n for _, data, training in named for n in _measure(data, training)]
+    t = torch.tensor(mine, dtype=torch.int64)
+    if dist.get_backend() == "nccl":  # nccl's tensors are on the GPU
+        t = t.to("cuda")
+    every = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(every, t)
+    ranks = [r.tolist() for r in every]
+    for j, (label, data, training) in enumerate(named):
+        counts = [r[2 * j] for r in ranks]
+        if len(set(counts)) == 1 or _OWN in counts or (_NONE in counts and not training):
+            continue
+        rows = [r[2 * j + 1] for r in ranks]
+        raise SettingError(_differ(label, data, training, counts, rows, world))
+
+
+def _measure(data: Any, training: bool) -> tuple[int, int]:
+    """(batches — of a sequence, all it holds; of a loader, what this rank reads an epoch —
+    and the rows of a loader's dataset, -1 where unknown)."""
+    dataset = getattr(data, "dataset", None)
+    rows = length(dataset) if dataset is not None else None
+    if not training and not isinstance(data, Sequence) and rank_share(data) is not None:
+        return _OWN, -1
+    n = length(data)
+    return (_NONE if n is None else n), (-1 if rows is None else rows)
+
+
+def _differ(
+    label: str, data: Any, training: bool, counts: list[int], rows: list[int], world: int
+) -> str:
+    def one(r: int) -> str:
+        n = "no length" if counts[r] == _NONE else f"{counts[r]} batch{'es' * (counts[r] != 1)}"
+        return f"rank {r}: {n}" + (f" (of {rows[r]} rows)" if rows[r] >= 0 else "")
+
+    each = ", ".join(one(r) for r in range(world))
+    share = (
+        f"a sequence of batches is dealt out, each rank taking one batch in {world}; a "
+        "DataLoader's default sampler becomes a DistributedSampler"
+    )
+    if training:
+        why = (
+            "the ranks would train different numbers of steps, and DDP would wait on the "
+            "rank that stopped until the process group's timeout"
+        )
+        stream = (
+            "; or pass an IterableDataset (or an iterable without a length), on which the "
+            "ranks agree each round and stop together"
+        )
+    else:
+        why = "each rank would evaluate its share of another set: a metric of neither"
+        stream = ""
+    return (
+        f"under DDP every rank must be given the same {label}, but its length differs: "
+        f"{each}; {why}. Give every rank the same data — the Trainer shards it itself ({share}"
+        f"; docs/trainer.md, 'Data-parallel training (DDP)'){stream}"
+    )
+
+
+def warn_dropped(
+    train: Iterable[Any], world: int, seed: int, shuffle: bool, count: Callable[[Any], int]
+) -> None:
+    """Warn (call on rank 0) that a sequence of batches whose length is not a multiple of
+    ``world`` loses its last round each epoch: ``len % world`` batches, and how many examples
+    they held in the first epoch."""
+    if world <= 1 or not isinstance(train, Sequence) or not len(train) % world:
+        return
+    n = len(train)
+    dropped = n % world
+    order = torch.randperm(n, generator=epoch_generator(seed, 0)).tolist() if shuffle else range(n)
+    lost = sum(count(train[i]) for i in list(order)[n - dropped :])
+    which = "another each epoch, as shuffled" if shuffle else "the last of the list"
+    warnings.warn(
+        f"under DDP the {world} ranks take turns at the {n} training batches and must step "
+        f"together, so each epoch drops {dropped} batch{'es' if dropped > 1 else ''} ({which}; "
+        f"{lost} examples in epoch 0). To train on every example, give a number of batches "
+        f"that is a multiple of {world} (a batch size that divides the rows among the "
+        "ranks), or a DataLoader, whose DistributedSampler pads the last rows instead",
+        UserWarning,
+        stacklevel=outside(),
+    )
