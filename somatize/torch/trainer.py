@@ -38,6 +38,7 @@ from .begin import begin
 from .carry import check_last_batch, named_carries
 from .checkpoint import Checkpointing
 from .data_checks import check_data, check_rereadable
+from .ddp_cache import warn_private_rows
 from .determinism import deterministic
 from .first_step import evaluate_note, first_step
 from .horizon import optimizer_steps, total_steps
@@ -204,6 +205,7 @@ class Trainer:
         agree(train, val, world)  # every rank given data of one length (rank_lengths.py)
         if rank == 0:
             warn_dropped(train, world, self.seed, self.options.shuffle, self._examples)
+            warn_private_rows(model, world)  # per-example memory needs a shared keeper
         o = self.options  # limits resolved against the data before any step (limits.py)
         train_n = batches_per_epoch(
             "limit_train_batches", o.limit_train_batches, train, rank, world, even=True
