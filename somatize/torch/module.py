@@ -24,6 +24,7 @@ from torch import nn
 from torch.compiler import is_compiling as _is_compiling
 
 from ..bulk import paused_gc
+from ..errors import add_note
 from ..graph import Graph
 from ..node import HELD, Run
 from .carry import refuse_remembered
@@ -35,6 +36,7 @@ from .holdings import MODULE_NAMES
 from .module_inputs import as_input, recording
 from .own_code import give_own_code, without_own_code
 from .registration import _check_shared, _frozen_holdings, _Nodes, _signature
+from .state_hints import misfit_hint
 
 __all__ = ["GraphModule", "module"]
 
@@ -181,6 +183,20 @@ class GraphModule(nn.Module):
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         self._fresh(holdings=True)  # (what load_state_dict calls, on this module or one holding it)
         super()._load_from_state_dict(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """``nn.Module.load_state_dict``. Keys that do not fit raise torch's ``RuntimeError``;
+        when they are the graph's under other names (a plain model's, a wrapper's prefix, a
+        whole checkpoint, a weight average alone) it carries a note naming the fix."""
+        try:
+            return super().load_state_dict(state_dict, strict, assign)
+        except RuntimeError as e:  # torch's names the keys; add the fix when they say it
+            hint = misfit_hint(self, state_dict, "model.load_state_dict({})", "model.state_dict()")
+            if hint:
+                add_note(e, hint)
+            raise
 
     def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
         self._fresh()

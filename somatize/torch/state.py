@@ -13,6 +13,7 @@ import torch
 from ..errors import StateError
 from ..graph import Graph
 from .module import module
+from .state_hints import renamed, weight_average
 
 __all__ = ["load_state", "state"]
 
@@ -72,64 +73,11 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
             + " | ".join(problems)
             + " ("
             + (
-                _renamed(missing, unexpected, snapshot)
-                or _average(m, snapshot, missing)
+                renamed(missing, unexpected, snapshot)
+                or weight_average(m, snapshot, missing)
                 or "was it saved from a different graph? compare sorted(state(g)) with the "
                 "saved keys"
             )
             + ")"
         )
     m.load_state_dict(dict(snapshot), strict=True)
-
-
-def _renamed(missing: list[str], unexpected: list[str], snapshot: Mapping[str, object]) -> str:
-    """The fix, when the keys that do not fit are the graph's under other names: a whole
-    checkpoint payload instead of its ``["model"]``, a plain model's names (without the
-    node ids), or names with a wrapper's prefix (``module.`` of DDP, ``_orig_mod.`` of
-    ``torch.compile``). "" when they are not."""
-    if isinstance(snapshot.get("state"), Mapping) and "decay" in snapshot:
-        return (
-            "this is a checkpoint's weight average, its ['ema']: load its ['state'] over the "
-            "model's, load_state(g, {**payload['model'], **payload['ema']['state']})"
-        )
-    if isinstance(snapshot.get("model"), Mapping):  # (a state dict's values are tensors)
-        return (
-            "this is a whole checkpoint (model, optimizer, RNG states...): pass its "
-            "['model'], load_state(g, st.load_checkpoint(path)['model'])"
-        )
-    if not missing or not unexpected:
-        return ""
-    for prefix in ("module.", "_orig_mod."):
-        if all(k.startswith(prefix) and k[len(prefix) :] in missing for k in unexpected):
-            return (
-                f"the state's names carry the prefix {prefix!r} of a wrapper it was saved "
-                f"through: strip it, {{k.removeprefix({prefix!r}): v for k, v in "
-                "state.items()}"
-            )
-    short = {name.split(".", 1)[1]: name for name in missing if "." in name}
-    if len(short) == len(missing) and sorted(short) == sorted(unexpected):
-        example = next(iter(sorted(unexpected)))
-        return (
-            "the state's names lack the graph's node ids (a plain model's state_dict?): "
-            f"name each as the graph does ({example!r} is {short[example]!r} here), e.g. "
-            "{graph_name: state[graph_name.split('.', 1)[1]] for graph_name in st.state(g)}"
-        )
-    return ""
-
-
-def _average(m: torch.nn.Module, snapshot: Mapping[str, object], missing: list[str]) -> str:
-    """The fix when ``snapshot`` is exactly what ``Options(ema=)`` averages (trainable
-    parameters and floating-point buffers): a checkpoint's ``["ema"]["state"]`` alone,
-    which holds no integer buffer nor frozen parameter. "" when it is not."""
-    held = m.state_dict(keep_vars=True)
-    averaged = {
-        k
-        for k, t in held.items()
-        if t.is_floating_point() and (t.requires_grad or not isinstance(t, torch.nn.Parameter))
-    }
-    if not missing or set(snapshot) != averaged:
-        return ""
-    return (
-        "it is what a weight average holds, a checkpoint's ['ema']['state']: load it over the "
-        "model's weights, load_state(g, {**payload['model'], **payload['ema']['state']})"
-    )

@@ -130,3 +130,48 @@ def test_a_tensor_a_forward_sets_is_not_state_so_a_snapshot_loads_into_a_fresh_c
     m(torch.randn(7, 4))
     st.module(g).load_state_dict(snap)  # into itself after a batch of another size
     assert g["remembers"].last.shape == (7, 3)
+
+
+def _misfit(g: Graph, snapshot: dict[str, Any]) -> RuntimeError:
+    with pytest.raises(RuntimeError, match="Error.s. in loading state_dict for GraphModule") as e:
+        st.module(g).load_state_dict(snapshot)
+    return e.value
+
+
+def test_module_load_state_dict_keeps_torchs_error_and_adds_the_fix_as_a_note() -> None:
+    g = Graph.somatize(Linear(3, 2).with_id("enc") >> Linear(2, 2).with_id("head"))
+    state = st.state(g)
+
+    # a plain model's state_dict: the graph's names without the node ids
+    g1 = Graph.somatize(Linear(3, 2).with_id("enc"))
+    short = {k.split(".", 1)[1]: v for k, v in st.state(g1).items()}
+    (note,) = _misfit(g1, short).__notes__
+    assert "lack the graph's node ids" in note and "'lin.bias' is 'enc.lin.bias'" in note
+    assert note.endswith("for graph_name in model.state_dict()}")
+
+    (note,) = _misfit(g, {"model": state, "step": torch.tensor(3)}).__notes__
+    assert note.endswith("model.load_state_dict(st.load_checkpoint(path)['model'])")
+
+    (note,) = _misfit(g, {f"module.{k}": v for k, v in state.items()}).__notes__
+    assert "prefix 'module.'" in note
+
+    swapped = {k.replace("enc.", "x.", 1): v for k, v in state.items()}
+    assert not getattr(_misfit(g, swapped), "__notes__", None)  # no fix to name: torch's alone
+
+    with pytest.raises(RuntimeError, match="size mismatch") as e:
+        st.module(g).load_state_dict({**state, "head.lin.weight": torch.zeros(5, 2)})
+    assert not getattr(e.value, "__notes__", None)
+
+    assert st.module(g).load_state_dict(state).missing_keys == []  # a fit loads as before
+    assert st.module(g1).load_state_dict(short, strict=False).unexpected_keys == list(short)
+
+
+def test_module_load_state_dict_of_a_weight_average_alone_names_the_payload() -> None:
+    g = Graph.somatize(Linear(3, 2).with_id("enc") >> Linear(2, 2).with_id("head"))
+    g.freeze("enc")  # a frozen parameter is not averaged: the average lacks it
+    average = {k: v for k, v in st.state(g).items() if k.startswith("head.")}
+    (note,) = _misfit(g, average).__notes__
+    assert "['ema']['state']" in note
+    assert "model.load_state_dict({**payload['model'], **payload['ema']['state']})" in note
+    (note,) = _misfit(g, {"decay": 0.9, "state": average, "updates": 3}).__notes__
+    assert "its ['ema']" in note and note.startswith("this is a checkpoint's weight average")
