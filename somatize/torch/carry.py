@@ -101,6 +101,9 @@ def named_carries(net: nn.Module) -> dict[str, Carry]:
         _visit(graph, "", found, set())
     for name, m in net.named_modules():
         for attr, value in vars(m).items():
+            # (most of a module's attributes hold none: asked first, without a call)
+            if type(value) not in _CONTAINERS and not isinstance(value, Carry):
+                continue
             for at, c in _held(value, attr):
                 where = f"module {name!r} ({at})" if name else f"the model ({at})"
                 found.setdefault(id(c), (where, c))
@@ -122,8 +125,13 @@ def _visit(obj: Any, where: str, found: dict[int, tuple[str, Carry]], seen: set[
     for attr, value in vars(obj).items() if hasattr(obj, "__dict__") else ():
         if isinstance(value, (Node, Graph)):
             _visit(value, where, found, seen)
+        if type(value) not in _CONTAINERS and not isinstance(value, Carry):
+            continue
         for at, c in _held(value, attr):
             found.setdefault(id(c), (f"node {where!r} ({at})", c))
+
+
+_CONTAINERS = (list, tuple, dict)  # what _held looks into (exactly these types)
 
 
 def _held(value: Any, attr: str) -> list[tuple[str, Carry]]:

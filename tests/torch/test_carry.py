@@ -1,0 +1,64 @@
+"""``carry.named_carries``: every ``Carry`` a model holds, wherever it is held — on a node
+or on a module, itself, as an instance of a subclass, or in a list, tuple or dict — named by
+where, each once."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.torch.carry import named_carries
+
+
+class Kept(st.Carry):
+    """A Carry of the user's own class."""
+
+    __slots__ = ()
+
+
+class Cell(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.state = Kept()
+        self.layers = (st.Carry(), 3)
+        self.scale = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+class Holder(Node):
+    def __init__(self) -> None:
+        self.cell = Cell()
+        self.hidden = st.Carry()
+        self.by_name = {"a": st.Carry(), "b": None}
+        self.shared = [self.hidden]  # the same Carry twice: named once, where first found
+        self.note = "not a carry"
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.cell(x)))
+
+
+def test_every_carry_is_found_where_it_is_held_and_only_once():
+    net = st.module(Graph.somatize(Holder().with_id("h")))
+    found = named_carries(net)
+    assert sorted(found) == [
+        "module 'h.cell' (.layers[0])",
+        "module 'h.cell' (.state)",
+        "node 'h' (.by_name['a'])",
+        "node 'h' (.hidden)",
+    ]
+    node = net.graph["h"]
+    assert found["node 'h' (.hidden)"] is node.hidden
+    assert found["module 'h.cell' (.state)"] is node.cell.state
+    assert len({id(c) for c in found.values()}) == 4
+
+
+def test_a_plain_module_s_carries_are_named_by_their_module():
+    model = nn.Sequential(Cell(), nn.ReLU())
+    assert sorted(named_carries(model)) == ["module '0' (.layers[0])", "module '0' (.state)"]
+    cell = Cell()
+    assert sorted(named_carries(cell)) == ["the model (.layers[0])", "the model (.state)"]
