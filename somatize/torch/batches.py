@@ -188,16 +188,19 @@ def epoch_batches(
             ``IterableDataset``) the ranks agree on that each round (one all-reduce), so
             they stop at the same step even if their streams differ in length.
     """
-    gen = epoch_generator(seed, epoch)
-    if isinstance(data, Sequence):
+    if isinstance(data, Sequence):  # (its generator is made only to shuffle)
         n = len(data)
-        order: list[int] = torch.randperm(n, generator=gen).tolist() if shuffle else list(range(n))
+        order: list[int] = (
+            torch.randperm(n, generator=epoch_generator(seed, epoch)).tolist()
+            if shuffle
+            else list(range(n))
+        )
         if world > 1:
             order = order[: n - n % world if even else n][rank::world]
         return (data[i] for i in order)
     sampler = getattr(data, "sampler", None)
     if isinstance(sampler, torch.utils.data.RandomSampler):
-        sampler.generator = gen
+        sampler.generator = epoch_generator(seed, epoch)
     share = rank_share(data)
     if share is not None and hasattr(share, "set_epoch"):
         share.set_epoch(epoch)  # a new permutation each epoch

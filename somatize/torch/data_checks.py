@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..errors import SettingError
 from .batches import _leaves
@@ -37,8 +38,6 @@ def check_data(
         SettingError: naming the dataset and the fix, ``DataLoader(ds, batch_size=...)``;
             or ``data`` is None, a string or nothing that yields batches.
     """
-    from torch.utils.data import DataLoader, Dataset, IterableDataset
-
     readable = isinstance(data, Iterable) or hasattr(type(data), "__getitem__")
     if data is None or isinstance(data, (str, bytes)) or not readable:
         raise SettingError(

@@ -194,6 +194,8 @@ def shard(data: Any, rank: int, world: int, seed: int) -> Any:
     Anything else is returned as it is: a sequence of batches, an iterable, a loader over
     an ``IterableDataset`` or of a ``DataLoader`` subclass (``batches.epoch_batches``
     gives each rank every ``world``-th batch of those)."""
+    if world <= 1:  # (one process: nothing to shard, nothing to import)
+        return data
     from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
     from torch.utils.data.distributed import DistributedSampler
 

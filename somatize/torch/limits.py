@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any
 
 from ..errors import SettingError
+from .samplers import rank_share
 
 __all__ = [
     "batches_per_epoch",
@@ -79,8 +80,6 @@ def share(data: Any, rank: int, world: int, *, even: bool) -> int | None:
     that share; anything else is read every ``world``-th batch — dropping the last
     ``len % world`` for training (``even``), none for an evaluation (see
     ``batches.epoch_batches``)."""
-    from .samplers import rank_share
-
     size = length(data)
     if size is None or world == 1 or rank_share(data) is not None:
         return size
@@ -153,14 +152,18 @@ def epoch_examples(
     for a DataLoader with a ``batch_size``, ``n`` full batches a rank, at most what its
     sampler draws an epoch.
     """
-    from .batches import epoch_batches, num_examples
     from .start import count_examples
 
-    count = count or num_examples
+    if count is None:
+        from .batches import num_examples
+
+        count = num_examples
     if n is None:
         return count_examples(data, world, count)
 
     if isinstance(data, Sequence):
+        from .batches import epoch_batches
+
         return sum(
             count(b)
             for rank in range(world)

@@ -110,7 +110,8 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             if epoch_sched is not None:  # after the epoch's evaluation, as torch documents
                 epoch_sched.step()
             s.flush(run.world)
-            notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}, cache))
+            if watchers:
+                notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}, cache))
             s.epoch, s.position = s.epoch + 1, 0
             if trainer.checkpoint is not None:
                 save(trainer, run)

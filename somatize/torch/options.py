@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 import warnings
 from collections.abc import Mapping
@@ -232,6 +233,11 @@ def improves(metric: Any) -> Literal["min", "max"] | None:
     ``"max"`` for an accuracy, F1, AUC...; None when the name does not say."""
     if not isinstance(metric, str):
         return None
+    return _improves(metric)
+
+
+@functools.lru_cache(maxsize=256)  # (every Options() asks it of its monitor)
+def _improves(metric: str) -> Literal["min", "max"] | None:
     name = metric.rsplit("/", 1)[-1].lower()
     if any(w in name for w in _FALLING) or _FALLING_WORDS.intersection(re.split(r"[\W_]+", name)):
         return "min"

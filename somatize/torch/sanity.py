@@ -28,6 +28,7 @@ from torch import nn
 
 from .carry import reset
 from .rng import put_back, snapshot
+from .settings import count
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -38,8 +39,6 @@ __all__ = ["check_sanity", "sanity_check"]
 
 def check_sanity(value: Any) -> None:
     """``Options(sanity_val_batches=...)``: a whole number >= 0 (0 turns the check off)."""
-    from .settings import count
-
     count(
         "Options sanity_val_batches",
         value,

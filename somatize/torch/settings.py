@@ -247,7 +247,6 @@ def check_metrics(metrics: Any) -> None:
 
 def check_fit(trainer: Any, val: Any) -> None:
     """What ``fit`` needs of the settings together, checked before any step is trained."""
-    from .pruning import check_study_direction
     from .schedule import check_floor, check_schedule_fits
 
     o = trainer.options
@@ -264,6 +263,9 @@ def check_fit(trainer: Any, val: Any) -> None:
             f"Options(monitor={trainer.options.monitor!r}) at evaluations, but fit() got no "
             "val= data to evaluate on; pass val=batches (or Checkpointing(best=0))"
         )
+    if val is None and trainer.pruner is None:
+        return  # (what follows checks val= and a pruner against what is monitored)
+    from .pruning import check_study_direction
     from .valsets import monitored
 
     monitor = monitored(o.monitor, val)  # (several sets: the first's loss, for result.best)

@@ -20,6 +20,7 @@ from . import ddp
 from .batches import num_examples
 from .freezers import _settle_frozen, frozen_any
 from .module import GraphModule, module
+from .options import check_device
 
 __all__ = [
     "as_module",
@@ -123,8 +124,6 @@ def as_placed(device: torch.device) -> torch.device:
     Raises:
         SettingError: the device asks for CUDA on a machine without it.
     """
-    from .options import check_device
-
     check_device(device)
     if device.type == "cpu":
         return torch.device("cpu")
@@ -184,10 +183,10 @@ def count_examples(
     batch under ``drop_last``; a sampler reading one rank's share counts once per rank.
     Without a sampler that says (a batch sampler of its own), the dataset's length. A
     loader that does not batch (``batch_size=None``: each item a batch) cannot say."""
-    from .samplers import reads_share
-
     if isinstance(train, Sequence):
         return sum(count(train[i]) for i in range(len(train) - len(train) % world))
+    from .samplers import reads_share
+
     dataset = getattr(train, "dataset", None)
     if dataset is None or not hasattr(dataset, "__len__"):
         return None

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..stack import outside
 from ..watchers import CacheHit, CacheMiss, CacheRows, Event
+from .module import GraphModule
 
 __all__ = ["CacheTally", "Counts", "over_ranks", "resumed", "state"]
 
@@ -177,8 +178,6 @@ def _cold(node: str, epoch: int, hits: int, lookups: int, whole: bool) -> str:
 def _graphs(net: Any) -> list[Any]:
     """The graphs in ``net`` that remember a node: its own, or those of the graph modules
     inside a module of the user's."""
-    from .module import GraphModule
-
     found = [m.graph for m in net.modules() if isinstance(m, GraphModule)]
     return [g for g in found if g.program().keyed]
 
@@ -203,8 +202,6 @@ def detach(net: Any, tally: CacheTally | None) -> None:
     """Take ``tally`` off the graphs in ``net`` again (by identity: other watchers stay)."""
     if tally is None:
         return
-    from .module import GraphModule
-
     for m in net.modules():
         if isinstance(m, GraphModule):
             watchers = m.graph.watchers

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -175,7 +174,7 @@ class Trainer:
                 return smoke_fit(self, model, train, val, resume)
             check_rereadable(train, self.epochs, self.max_steps)  # not a generator, for 2 epochs
             check_fit(self, val)
-            run_id = uuid.uuid4().hex[:12]
+            run_id = os.urandom(6).hex()  # (uuid4().hex[:12]: the same 48 random bits)
             rank, world, own_group = ddp.setup()
             try:
                 with writing(self, rank, resume):  # one fit writes a checkpoint dir at a time
@@ -235,11 +234,10 @@ class Trainer:
         failing: BaseException | None = None
         try:
             sanity_check(self, run)  # a few val batches first; changes nothing (sanity.py)
-            evaluated = bool(s.metrics) and s.metrics[-1]["step"] == s.step
-            start = FitStart(
-                run.id, self.epochs or 0, self.max_steps or 0, s.step, total, s.position, evaluated
-            )
-            notify(run.watchers, start)
+            if run.watchers:  # (no event is made for no one)
+                evaluated = bool(s.metrics) and s.metrics[-1]["step"] == s.step
+                steps = (self.epochs or 0, self.max_steps or 0, s.step, total, s.position)
+                notify(run.watchers, FitStart(run.id, *steps, evaluated))
             compiling = dynamic_step() if run.compiled else contextlib.nullcontext()
             with compiling, first_step(self, run, train):  # checks made once (first_step.py)
                 train_loop(self, run, train, val)
@@ -255,11 +253,12 @@ class Trainer:
             if world > 1:  # every rank returns rank 0's model: the one checkpointed
                 ddp.broadcast_buffers(run.net)
             seconds = time.perf_counter() - started
-            last = s.metrics[-1] if s.metrics else {}
-            final = {k: v for k, v in last.items() if k not in ("step", "epoch")}
-            if s.losses:
-                final["loss"] = s.losses[-1]
-            notify(run.watchers, FitEnd(run.id, s.step, s.epoch, seconds, s.pruned, final))
+            if run.watchers:
+                last = s.metrics[-1] if s.metrics else {}
+                final = {k: v for k, v in last.items() if k not in ("step", "epoch")}
+                if s.losses:
+                    final["loss"] = s.losses[-1]
+                notify(run.watchers, FitEnd(run.id, s.step, s.epoch, seconds, s.pruned, final))
         except BaseException as e:
             failing = e
             raise
@@ -269,7 +268,7 @@ class Trainer:
             tally.detach(run.net, run.tally)
             close(run.watchers, failing)  # also when training fails: event files are flushed
         return TrainResult(
-            state={k: v.detach().to("cpu", copy=True) for k, v in run.net.state_dict().items()},
+            state={k: _copied(v) for k, v in run.net.state_dict().items()},
             num_examples=one_epoch(n_train, s),
             steps=s.step,
             epochs=s.epoch,
@@ -379,6 +378,12 @@ class Trainer:
         except (TypeError, ValueError) as e:
             evaluate_note(e, self, data)  # the batch rule, as fit() explains it (first_step.py)
             raise
+
+
+def _copied(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of a state dict's tensor, cut from autograd (``state_dict()`` gave it
+    detached, unless a hook gave it otherwise: no detached view made for nothing)."""
+    return (t.detach() if t.requires_grad else t).to("cpu", copy=True)
 
 
 def _counting(split_: Callable[[Any], tuple[Any, Any]], counted: list[int]) -> Callable[..., Any]:
