@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -380,10 +381,14 @@ class Trainer:
             raise
 
 
-def _copied(t: torch.Tensor) -> torch.Tensor:
+def _copied(t: Any) -> Any:
     """A CPU copy of a state dict's tensor, cut from autograd (``state_dict()`` gave it
     detached, unless a hook gave it otherwise: no detached view made for nothing); what
-    ``.to("cpu", copy=True)`` makes, a CPU tensor's by ``clone``, a little cheaper."""
+    ``.to("cpu", copy=True)`` makes, a CPU tensor's by ``clone``, a little cheaper. A
+    module's extra state that is no tensor (``get_extra_state``: a dict, a number) is
+    deep-copied, so the result holds no live object of the model."""
+    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
+        return copy.deepcopy(t)
     if t.requires_grad:
         t = t.detach()
     return t.clone() if t.is_cpu else t.to("cpu", copy=True)

@@ -243,3 +243,32 @@ def test_the_fast_path_honours_module_hooks_and_a_custom_zero_grad():
     finally:
         handle.remove()
     assert calls == ["zero", "hook"] * 3
+
+
+def test_a_modules_extra_state_that_is_no_tensor_is_copied_into_the_result():
+    # before: fit() crashed building TrainResult.state ('dict' has no 'requires_grad')
+    class Noted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.note = nn.Linear(3, 2), {"vocab": ["a", "b"]}
+
+        def forward(self, x):
+            return self.lin(x)
+
+        def get_extra_state(self):
+            return self.note
+
+        def set_extra_state(self, state):
+            self.note = state
+
+    model = Noted()
+    batches = [(torch.randn(4, 3), torch.randint(0, 2, (4,)))] * 2
+    result = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=1,
+        options=st.Options(progress=False),
+    ).fit(model, batches)
+    assert result.state["_extra_state"] == {"vocab": ["a", "b"]}
+    assert result.state["_extra_state"] is not model.note  # a copy: no live object
+    assert torch.equal(result.state["lin.weight"], model.lin.weight.detach())
