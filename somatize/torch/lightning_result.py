@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import SettingError
 from . import tally
-from .result import TrainResult
+from .result import TrainResult, state_copy
 
 if TYPE_CHECKING:
     import lightning as L
@@ -120,7 +120,7 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
     )
     seed = os.environ.get("PL_GLOBAL_SEED")
     return TrainResult(
-        state={k: v.detach().to("cpu", copy=True) for k, v in lg.net.state_dict().items()},
+        state=state_copy(lg.net.state_dict()),
         num_examples=lg.num_examples,
         steps=int(trainer.global_step),
         epochs=int(trainer.current_epoch),

@@ -6,13 +6,14 @@ states, ``summarize(results, "val_acc")`` their metrics.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["TrainResult"]
+__all__ = ["TrainResult", "state_copy"]
 
 
 @dataclass(frozen=True)
@@ -111,3 +112,20 @@ class TrainResult:
             "seconds": self.seconds,
             "cache": {node: dict(c) for node, c in self.cache.items()},
         }
+
+
+def state_copy(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A result's copy of ``state_dict()``: each tensor on the CPU, cut from autograd
+    (``state_dict()`` gave it detached, unless a hook gave it otherwise: no detached view
+    made for nothing), a CPU tensor's by ``clone`` (what ``.to("cpu", copy=True)`` makes, a
+    little cheaper); a module's extra state that is no tensor (``get_extra_state``: a dict,
+    a number) deep-copied, so the result holds no live object of the model."""
+    return {k: _copied(v) for k, v in state.items()}
+
+
+def _copied(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return copy.deepcopy(t)
+    if t.requires_grad:
+        t = t.detach()
+    return t.clone() if t.is_cpu else t.to("cpu", copy=True)

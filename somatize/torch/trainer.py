@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -50,7 +49,7 @@ from .policy import best_step, save, writing
 from .ported import lightning_methods, ported
 from .pruning import pruned_reason
 from .rank_lengths import agree, warn_dropped
-from .result import TrainResult
+from .result import TrainResult, state_copy
 from .rng import own_generators
 from .sanity import sanity_check
 from .schedule import check_steps_fit
@@ -269,7 +268,7 @@ class Trainer:
             tally.detach(run.net, run.tally)
             close(run.watchers, failing)  # also when training fails: event files are flushed
         return TrainResult(
-            state={k: _copied(v) for k, v in run.net.state_dict().items()},
+            state=state_copy(run.net.state_dict()),
             num_examples=one_epoch(n_train, s),
             steps=s.step,
             epochs=s.epoch,
@@ -379,19 +378,6 @@ class Trainer:
         except (TypeError, ValueError) as e:
             evaluate_note(e, self, data)  # the batch rule, as fit() explains it (first_step.py)
             raise
-
-
-def _copied(t: Any) -> Any:
-    """A CPU copy of a state dict's tensor, cut from autograd (``state_dict()`` gave it
-    detached, unless a hook gave it otherwise: no detached view made for nothing); what
-    ``.to("cpu", copy=True)`` makes, a CPU tensor's by ``clone``, a little cheaper. A
-    module's extra state that is no tensor (``get_extra_state``: a dict, a number) is
-    deep-copied, so the result holds no live object of the model."""
-    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
-        return copy.deepcopy(t)
-    if t.requires_grad:
-        t = t.detach()
-    return t.clone() if t.is_cpu else t.to("cpu", copy=True)
 
 
 def _counting(split_: Callable[[Any], tuple[Any, Any]], counted: list[int]) -> Callable[..., Any]:
