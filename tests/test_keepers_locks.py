@@ -42,13 +42,15 @@ def held(lock: Path) -> bool:
     return False
 
 
-def refusing(monkeypatch: pytest.MonkeyPatch, code: int, *, reading: bool) -> None:
-    """``os.open`` of a ``.lock`` fails with ``code`` for writing (and reading too unless
-    ``reading``), as for a user whom its mode shuts out."""
+def refusing(
+    monkeypatch: pytest.MonkeyPatch, code: int, *, reading: bool, lock: str = ".lock"
+) -> None:
+    """``os.open`` of a lock file (a path ending in ``lock``) fails with ``code`` for
+    writing (and reading too unless ``reading``), as for a user whom its mode shuts out."""
     real = os.open
 
     def opener(path, flags, *args):  # type: ignore[no-untyped-def]
-        if str(path).endswith(".lock") and (flags & (os.O_RDWR | os.O_WRONLY) or not reading):
+        if str(path).endswith(lock) and (flags & (os.O_RDWR | os.O_WRONLY) or not reading):
             raise OSError(code, os.strerror(code), str(path))
         return real(path, flags, *args)
 

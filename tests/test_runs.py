@@ -16,6 +16,7 @@ import pytest
 
 from somatize import DiskKeeper, runs
 from somatize.errors import KeeperError
+from tests.test_keepers_locks import held, refusing
 
 OLD = time.time() - 90 * 86400
 
@@ -147,32 +148,6 @@ def test_a_run_whose_directory_gc_moves_while_it_locks_still_gets_a_lock(
         assert moved and locked  # tried again in the new directory, not run unlocked
 
 
-def _refusing(monkeypatch: pytest.MonkeyPatch, code: int, *, reading: bool) -> None:
-    """``os.open`` of a run's lock file fails with ``code`` for writing (and reading too
-    unless ``reading``), as for a user whom its mode shuts out (as root, chmod is moot)."""
-    real = os.open
-
-    def opener(path, flags, *args):  # type: ignore[no-untyped-def]
-        if str(path).endswith("/lock") and (flags & (os.O_RDWR | os.O_WRONLY) or not reading):
-            raise OSError(code, os.strerror(code), str(path))
-        return real(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", opener)
-
-
-def _held(lock: Path) -> bool:
-    """Whether some open file holds an flock on ``lock`` (tried from a file of our own)."""
-    fcntl = pytest.importorskip("fcntl")
-    fd = os.open(lock, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 def test_a_run_lock_this_user_may_only_read_is_still_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,9 +157,9 @@ def test_a_run_lock_this_user_may_only_read_is_still_taken(
         _run(tmp_path, k)
         with store.lock(k):  # the lock files made, by "another user"
             pass
-    _refusing(monkeypatch, errno.EACCES, reading=True)
+    refusing(monkeypatch, errno.EACCES, reading=True, lock="/lock")
     with store.lock(key) as locked:
-        assert locked and _held(store.dir(key) / "lock")  # (before: ran unlocked, silently)
+        assert locked and held(store.dir(key) / "lock")  # (before: ran unlocked, silently)
         removed = runs.gc(tmp_path, older_than=0)  # gc too takes the locks read-only
     assert [r["key"] for r in removed] == [idle]
     assert store.dir(key).is_dir()  # (before: removed while it computed)
@@ -195,7 +170,7 @@ def test_a_run_lock_that_cannot_be_opened_is_a_warning_naming_it_and_the_fix(
 ) -> None:
     pytest.importorskip("fcntl")
     store, key = runs.RunStore(tmp_path / runs.FOLDER), "6" * 64
-    _refusing(monkeypatch, errno.EACCES, reading=False)
+    refusing(monkeypatch, errno.EACCES, reading=False, lock="/lock")
     lock = re.escape(str(store.dir(key) / "lock"))
     said = rf"could not open the lock file {lock} .*remembered run 666666666666.*write access"
     with pytest.warns(UserWarning, match=said), store.lock(key) as locked:
@@ -210,7 +185,9 @@ def test_on_a_read_only_or_full_disk_no_run_lock_goes_unsaid(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
     pytest.importorskip("fcntl")
-    _refusing(monkeypatch, code, reading=False)  # (no record can be written there either)
+    refusing(
+        monkeypatch, code, reading=False, lock="/lock"
+    )  # (no record can be written there either)
     with runs.RunStore(tmp_path / runs.FOLDER).lock("7" * 64) as locked:  # (no warning)
         assert not locked
 
@@ -243,7 +220,7 @@ def test_another_user_of_the_store_takes_the_same_run_lock() -> None:
                 os.setgid(65534)
                 os.setuid(65534)
                 with store.lock(key) as locked:
-                    code = 0 if locked and _held(store.dir(key) / "lock") else 1
+                    code = 0 if locked and held(store.dir(key) / "lock") else 1
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
