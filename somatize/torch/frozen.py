@@ -182,7 +182,8 @@ def _eval(node_id: str, name: str, module: nn.Module) -> None:
         raise _fixed_mode(node_id, name, module, e) from e
 
 
-def _fixed_mode(node_id: str, name: str, module: nn.Module, e: NotImplementedError) -> NodeError:
+def _refusing(name: str, module: nn.Module, call: str) -> tuple[str, str]:
+    """(where, what) of the module under ``module`` whose ``call`` (``"eval()"``) raises."""
     # torch.export's module (ExportedProgram.module()) replaces train and eval on the
     # instance with methods that raise: its dropout and batch norm run as when exported
     path, refusing = name, module
@@ -191,18 +192,41 @@ def _fixed_mode(node_id: str, name: str, module: nn.Module, e: NotImplementedErr
             path, refusing = ".".join(p for p in (name, inner) if p), m
             break
     if isinstance(refusing, torch.fx.GraphModule):
-        what = (
+        return path, (
             "a module made by torch.export (ExportedProgram.module()): its mode was fixed "
-            "when it was exported, and its eval() raises"
+            f"when it was exported, and its {call} raises"
         )
-    else:
-        what = f"a {type(refusing).__qualname__} whose eval() raises"
+    return path, f"a {type(refusing).__qualname__} whose {call} raises"
+
+
+def _fixed_mode(node_id: str, name: str, module: nn.Module, e: NotImplementedError) -> NodeError:
+    path, what = _refusing(name, module, "eval()")
     return NodeError(
         f"node {node_id!r} is frozen, so its modules run in eval mode, but {path!r} is "
         f"{what} ({type(e).__name__}: {e}). Freeze the nn.Module it was made from instead; "
         "or export that model in eval mode (torch.export.export(model.eval(), args)) and "
         "hold the result in an nn.Module whose train(mode) sets only its own self.training"
     )
+
+
+def mode_refused(net: nn.Module, mode: bool, e: NotImplementedError) -> Exception:
+    """The error for ``module(g).train(mode)`` refused by a module a node holds (an
+    exported one, see ``_fixed_mode``), naming the node; ``e`` itself where none is found."""
+    call = "train()" if mode else "eval()"
+    for node_id, holder in net.named_children():
+        for _, m in holder.named_modules():
+            if "train" in vars(m) or "eval" in vars(m):
+                path, what = _refusing("", holder, call)
+                return NodeError(
+                    f"module(g).{call} reaches node {node_id!r}, but {path!r} in it is "
+                    f"{what} ({type(e).__name__}: {e}); a fit puts the model in training "
+                    "mode, an evaluation in eval mode. Hold the nn.Module it was made from "
+                    "instead; or hold the exported module in an nn.Module whose "
+                    "train(mode) sets only its own self.training (its dropout and batch "
+                    "norm then run as exported: export in eval mode, "
+                    "torch.export.export(model.eval(), args), to run without them)"
+                )
+    return e
 
 
 def _training(module: nn.Module) -> bool:

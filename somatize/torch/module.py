@@ -31,7 +31,7 @@ from .carry import refuse_remembered
 from .codecs import TensorCodec
 from .conversion import convert
 from .freezers import _freezes, _settle_frozen, freeze, frozen_any, marked
-from .frozen import equip
+from .frozen import equip, mode_refused
 from .holdings import MODULE_NAMES
 from .module_inputs import as_input, recording
 from .own_code import give_own_code, without_own_code
@@ -283,7 +283,10 @@ class GraphModule(nn.Module):
 
     def train(self, mode: bool = True) -> GraphModule:
         self._fresh(holdings=True)  # a module swapped into a node since: .eval() reaches it
-        super().train(mode)
+        try:
+            super().train(mode)
+        except NotImplementedError as e:  # (a torch.export module: its mode is fixed)
+            raise mode_refused(self, mode, e) from e
         _modes[self.graph] = mode
         for _, held in _frozen_holdings(self, self.graph):
             held.eval()

@@ -12,8 +12,8 @@ Data without a length (an iterable, a loader over an ``IterableDataset``) is not
 compared: the ranks agree on it each round (``batches.epoch_batches``). Nor is a
 validation loader whose sampler reads only this rank's share (its shares may differ).
 
-What the sharding drops of a sequence of batches each epoch — the last round that is
-not full — is warned of once a fit (``warn_dropped``).
+What the sharding drops of a sequence of batches, or of a batch sampler of the user's,
+each epoch — the last round that is not full — is warned of once a fit (``warn_dropped``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ..errors import SettingError
 from ..stack import outside
 from .limits import length
-from .samplers import epoch_generator, rank_share
+from .samplers import BatchShare, epoch_generator, rank_share
 
 __all__ = ["agree", "warn_dropped"]
 
@@ -115,8 +115,24 @@ def warn_dropped(
 ) -> None:
     """Warn (call on rank 0) that a sequence of batches whose length is not a multiple of
     ``world`` loses its last round each epoch: ``len % world`` batches, and how many examples
-    they held in the first epoch."""
-    if world <= 1 or not isinstance(train, Sequence) or not len(train) % world:
+    they held in the first epoch; so does a batch sampler of the user's (``BatchShare``)."""
+    if world <= 1:
+        return
+    share = getattr(train, "batch_sampler", None)
+    if isinstance(share, BatchShare) and len(share.inner) % world:
+        n, dropped = len(share.inner), len(share.inner) % world
+        name = type(share.inner).__qualname__
+        warnings.warn(
+            f"under DDP the {world} ranks take turns at the {n} batches your {name} draws "
+            f"and must step together, so each epoch drops the last {dropped} "
+            f"batch{'es' if dropped > 1 else ''} of its draw. To train on every example, "
+            f"make it draw a number of batches that is a multiple of {world}, or give the "
+            "DataLoader a batch_size instead (its DistributedSampler pads the last rows)",
+            UserWarning,
+            stacklevel=outside(),
+        )
+        return
+    if not isinstance(train, Sequence) or not len(train) % world:
         return
     n = len(train)
     dropped = n % world

@@ -87,3 +87,37 @@ def test_the_fix_the_error_gives_freezes_an_exported_module_like_plain_torch() -
     assert head.lin.weight.grad is not None
     frozen = [p for name, p in m.named_parameters() if name.startswith("backbone.")]
     assert frozen and not any(p.requires_grad or p.grad is not None for p in frozen)
+
+
+def test_an_unfrozen_exported_module_refusing_train_names_the_node_and_the_fix() -> None:
+    g = Graph.somatize(Backbone(exported(nn.Linear(4, 3))) >> Head())
+    m = st.module(g)
+    for call, said in ((m.train, r"train\(\)"), (m.eval, r"eval\(\)")):
+        with pytest.raises(NodeError, match=rf"module\(g\)\.{said} reaches node 'backbone'") as e:
+            call()
+        assert "'net' in it is a module made by torch.export" in str(e.value)
+        assert "whose train(mode) sets only its own self.training" in str(e.value)
+        assert isinstance(e.value.__cause__, NotImplementedError)  # torch's, chained
+    fit = st.Trainer(loss=nn.functional.mse_loss, optimizer=lambda p: torch.optim.SGD(p, 0.1))
+    with pytest.raises(NodeError, match=r"reaches node 'backbone'"):
+        fit.fit(g, [(torch.ones(2, 4), torch.ones(2, 1))])
+
+
+def test_the_wrapper_the_error_gives_trains_an_exported_module_like_plain_torch() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    head = Head()
+    ours = Graph.somatize(Backbone(FixedMode(exported(model))) >> head)
+    plain_model, plain_head = nn.Linear(4, 3), nn.Linear(3, 1)
+    plain_model.load_state_dict(model.state_dict())
+    plain_head.load_state_dict(head.lin.state_dict())
+    x, y = torch.randn(2, 4), torch.randn(2, 1)  # (exported for a batch of 2)
+    st.Trainer(
+        loss=nn.functional.mse_loss, optimizer=lambda p: torch.optim.SGD(p, 0.1), epochs=1
+    ).fit(ours, [(x, y)])
+    opt = torch.optim.SGD([*plain_model.parameters(), *plain_head.parameters()], 0.1)
+    nn.functional.mse_loss(plain_head(plain_model(x)), y).backward()
+    opt.step()
+    assert_close(head.lin.weight, plain_head.weight)
+    exported_weight = dict(ours["backbone"].net.exported.named_parameters())["weight"]
+    assert_close(exported_weight, plain_model.weight)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -69,3 +70,22 @@ def test_one_process_compares_nothing_and_warns_of_nothing(recwarn):
     assert trainer.fit(nn.Linear(4, 3), loader).num_examples == 331
     assert trainer.fit(nn.Linear(4, 3), list(loader)).num_examples == 331
     assert not recwarn.list
+
+
+def test_a_batch_samplers_dropped_last_round_is_warned_of():
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    from somatize.torch.rank_lengths import warn_dropped
+    from somatize.torch.samplers import BatchShare
+
+    data = TensorDataset(torch.randn(10, 4), torch.randint(0, 3, (10,)))
+
+    def loader(batches: int) -> DataLoader:
+        inner = BatchSampler(SequentialSampler(range(2 * batches)), batch_size=2, drop_last=False)
+        return DataLoader(data, batch_sampler=BatchShare(inner, 0, 2, seed=0))
+
+    with pytest.warns(UserWarning, match=r"the 5 batches your BatchSampler draws .* drops the la"):
+        warn_dropped(loader(5), 2, 0, True, len)  # (it dropped 1 of 5 silently)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_dropped(loader(4), 2, 0, True, len)  # (a multiple of the world: nothing said)
