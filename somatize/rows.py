@@ -45,6 +45,7 @@ from .row_batches import (
     versions,
 )
 from .row_entries import ROWS_VERSION, Layout, check_entry, encode_rows, is_current, layout_of
+from .row_shapes import check_computed, check_fits
 from .values import Opaque, check, encode, is_data
 from .watchers import CacheRows, notify
 
@@ -235,36 +236,6 @@ def _distinct(miss: list[int], keys: Sequence[str]) -> tuple[list[int], list[int
     return computed, [first[keys[i]] for i in miss]
 
 
-def _described(kind: str, names: tuple[Any, ...], layouts: tuple[Any, ...]) -> str:
-    """``float32 (3, 4)``, ``a dict {'pooled': float32 (16,), ...}``: rows as a message says them."""
-    said = [" ".join(map(str, lay)) if type(lay) is tuple else repr(lay) for lay in layouts]
-    if kind == "leaf":
-        return said[0]
-    if kind == "dict":
-        return "a dict {" + ", ".join(f"{k!r}: {s}" for k, s in zip(names, said)) + "}"
-    return f"a {kind} ({', '.join(said)})"
-
-
-def _check_fits(
-    label: str, layout: Layout, kind: str, names: tuple[Any, ...], leaves: list[Leaf]
-) -> None:
-    """Raise ``CacheError`` when the rows just computed are not laid out as the rows a batch
-    hit (their structure, dtype or shape): a row's output then depends on the other rows."""
-    found = tuple(lay for _, lay, _, _ in layout.leaves)
-    now = tuple(rows.layout(v) for _, rows, v in leaves)
-    if (layout.kind, layout.names, found) == (kind, names, now):
-        return
-    raise CacheError(
-        f"node {label!r} is cached per example, but the rows it computed now are "
-        f"{_described(kind, names, now)} where the rows it remembered for this input layout "
-        f"are {_described(layout.kind, layout.names, found)}; a row's output must depend on "
-        "that row alone, its shape and structure too (an output cut or padded to the "
-        "batch's longest sequence depends on the other rows) — give each row an output of "
-        f"its own fixed shape (pad or cut to a fixed length), or cache it per batch: "
-        f"g.cache({label!r})"
-    )
-
-
 def remember(
     env: Env, node: str, label: str, impl: Any, inp: Any, ctx: Ctx, forward: Forward
 ) -> tuple[Any, str, Any]:
@@ -333,7 +304,11 @@ def remember(
             f"input rows; per-example memory needs one output row per input row — cache it "
             f"per batch instead: g.cache({label!r})"
         )
+    if hits and layout is not None:  # (checked before storing: such rows are not kept)
+        check_fits(label, layout, okind, onames, oleaves)
     if keeper is not None:
+        if m:  # (an empty batch's output may have any shape: it stores no row)
+            check_computed(label, salt, okind, onames, oleaves)
         stored = encode_rows(okind, onames, oleaves, m)
         pinned = node in env.memory.pinned
         put_many(keeper, [(keys[i], e) for i, e in zip(computed, stored)], pinned)
@@ -345,7 +320,5 @@ def remember(
         oleaves = [(tag, r, r.take(v, expand)) for tag, r, v in oleaves]
     if not hits:  # (a dict as a hit gives it: its fields in sorted order)
         return _rebuild(okind, onames, [v for _, _, v in oleaves]), node_key, metrics
-    if layout is not None:
-        _check_fits(label, layout, okind, onames, oleaves)
     merged = [rows.scatter([(miss, v), (hit, h)], n) for (_, rows, v), h in zip(oleaves, hits)]
     return _rebuild(okind, onames, merged), node_key, metrics
