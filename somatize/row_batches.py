@@ -94,15 +94,7 @@ def _split(
             kind = ""
         found = [_leaf(v, codecs) for v in items]
         if not items or any(f is None for f in found):
-            fix = (  # tensors beside other fields (ids, strings): a batch with extras
-                "give the node only its tensors: keep the other fields out of its input "
-                "(Trainer(split=...), the collate_fn, or a node before it that picks the "
-                "tensors), or make them tensors"
-                if any(f is not None for f in found)
-                else "use .mapped() for a list of items"
-                if what == "input"
-                else "return a tensor (torch.as_tensor) for a batch of numbers"
-            )
+            fix = _fix(value, items, found, what, codecs)
             raise CacheError(
                 f"node {label!r} is cached per example but its {what} is "
                 f"{_describe(value)}; per-example memory takes a tensor batch, or a tuple, "
@@ -128,6 +120,39 @@ def _split(
     return kind, names, leaves, counts.pop()
 
 
+def _nests(value: Any, codecs: Sequence[Any]) -> bool:
+    """Whether ``value`` is a tuple, list or dict holding a leaf (a batch in a batch)."""
+    inner = value.values() if type(value) is dict else value if type(value) in (tuple, list) else ()
+    return any(_leaf(v, codecs) is not None or _nests(v, codecs) for v in inner)
+
+
+def _fix(
+    value: Any, items: list[Any], found: list[Leaf | None], what: str, codecs: Sequence[Any]
+) -> str:
+    """The fix for a batch (``what``: ``"input"`` or ``"output"``) that is not one of rows."""
+    # a batch in a batch (a list of examples' dicts as an input is a list of items, below)
+    mixed = what == "output" or type(value) is dict or any(f is not None for f in found)
+    if mixed and any(_nests(v, codecs) for v in items):
+        return (
+            f"flatten it into one tuple, list or dict of tensors ({{'a': {{'b': t}}}} as "
+            f"{{'a.b': t}}{', a node before it can do that' * (what == 'input')})"
+        )
+    if not any(f is not None for f in found):
+        if what == "input":
+            return "use .mapped() for a list of items"
+        return "return a tensor (torch.as_tensor) for a batch of numbers"
+    if what == "output":  # tensors beside other items (None, a count, a string)
+        return (
+            "return only its tensors: drop the other items (a None, a count, a name) or "
+            "make them tensors with one value per row"
+        )
+    return (  # tensors beside other fields (ids, strings): a batch with extras
+        "give the node only its tensors: keep the other fields out of its input "
+        "(Trainer(split=...), the collate_fn, or a node before it that picks the "
+        "tensors), or make them tensors"
+    )
+
+
 def _describe(value: Any) -> str:
     """``a tuple whose item 1 is a int`` (the first item that is not a tensor), ``a list``,
     ``a dict whose key 0 is an int``."""
@@ -144,7 +169,8 @@ def _describe(value: Any) -> str:
     )
     odd = next(((k, v) for k, v in items if type(v).__name__ != "Tensor"), None)
     if odd is not None:
-        return f"a {t.__name__} whose item {odd[0]!r} is {_a(type(odd[1]).__name__)}"
+        what = "None" if odd[1] is None else _a(type(odd[1]).__name__)
+        return f"a {t.__name__} whose item {odd[0]!r} is {what}"
     return _a(t.__name__)
 
 

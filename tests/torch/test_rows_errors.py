@@ -174,6 +174,49 @@ def test_an_ndarray_is_named_with_an_and_the_from_numpy_fix():
         g.forward({"input_ids": ids.numpy()})
 
 
+class Pooled(Node):
+    """A text encoder returning its pooled rows beside something that is not rows."""
+
+    def __init__(self, extra):
+        self.emb = nn.Embedding(10, 4)
+        self.extra = extra
+
+    def forward(self, ids, ctx):
+        h = self.emb(ids).sum(1)
+        if self.extra == "nested":
+            return Done(Opaque({"pooled": h, "layers": {"last": h}}))
+        return Done(Opaque((h, None)))  # (pooled, hidden states not asked for)
+
+
+@pytest.mark.parametrize("extra", ["none", "nested"])
+def test_an_output_that_is_not_rows_is_told_a_fix_for_the_output_not_for_the_input(extra):
+    g = Graph.somatize(Pooled(extra).with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    with pytest.raises(CacheError) as e:
+        g.forward(torch.randint(0, 10, (4, 5)))
+    message = str(e.value)
+    assert "node 'enc'" in message and "its output is" in message
+    assert "split=" not in message and "collate_fn" not in message  # (input fixes)
+    assert "batch of numbers" not in message
+    if extra == "none":
+        assert "item 1 is None;" in message and "return only its tensors" in message
+    else:
+        assert "item 'layers' is a dict" in message and "flatten it" in message
+
+
+def test_a_nested_input_batch_is_told_to_flatten_not_to_use_mapped():
+    g = Graph.somatize(Fields().with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    ids = torch.randint(0, 10, (4, 5))
+    with pytest.raises(CacheError) as e:
+        g.forward({"text": {"input_ids": ids, "attention_mask": ids > 0}})
+    message = str(e.value)
+    assert "item 'text' is a dict" in message and "flatten it" in message
+    assert ".mapped()" not in message
+
+
 class Scales(Node):
     """Normalises its input in place: on a hit it does not run, so the input stays unscaled."""
 
