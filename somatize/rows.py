@@ -85,6 +85,11 @@ def _requires_grad(value: Any) -> bool:
     return getattr(value, "requires_grad", False) is True
 
 
+def _no_opaque(reason: str) -> str:
+    """``reason`` without its Opaque fix: a cached node's output is stored, Opaque or not."""
+    return re.sub(r",? or wrap (it|the dict) in Opaque\(\.\.\.\)[^;,—]*", "", reason)
+
+
 def not_data(label: str, value: Any, codecs: Sequence[Any], frozen: bool, how: str) -> CacheError:
     """The error for a node ``how`` cached (``"cached per example"``) that returned what is
     not data: a tensor that requires grad (freeze the node, or detach), or a value data
@@ -95,7 +100,7 @@ def not_data(label: str, value: Any, codecs: Sequence[Any], frozen: bool, how: s
             check(value, codecs, where="")
         except ValueConversionError as e:
             at, _, reason = str(e).partition(": cannot pass ")
-            reason = re.sub(r",? or wrap (it|the dict) in Opaque\(\.\.\.\)[^;,—]*", "", reason)
+            reason = _no_opaque(reason)
             where = at.strip().removeprefix("at ")
             of = f" ({where} of it)" if where else ""
             return CacheError(
@@ -309,7 +314,13 @@ def remember(
     if keeper is not None:
         if m:  # (an empty batch's output may have any shape: it stores no row)
             check_computed(label, salt, okind, onames, oleaves)
-        stored = encode_rows(okind, onames, oleaves, m)
+        try:
+            stored = encode_rows(okind, onames, oleaves, m)
+        except ValueConversionError as e:  # (a tensor subclass: its type would not be kept)
+            raise ValueConversionError(
+                f"node {label!r} is cached per example, so its output is stored as data, but "
+                f"it returned {_no_opaque(str(e))}, or stop caching it"
+            ) from None
         pinned = node in env.memory.pinned
         put_many(keeper, [(keys[i], e) for i, e in zip(computed, stored)], pinned)
         note(keeper, label, impl, parts, None, env.node_keys.context())

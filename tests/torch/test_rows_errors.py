@@ -263,3 +263,27 @@ def test_a_node_cached_per_example_that_leaves_its_input_alone_does_not_warn():
         warnings.simplefilter("error")
         g.forward(torch.randn(3, 2))
         g.forward(torch.randn(3, 2))
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass (torchvision's tv_tensors are such)."""
+
+
+class ReturnsTagged(Node):
+    def __init__(self):
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x).as_subclass(Tagged)))
+
+
+def test_a_tensor_subclass_output_names_the_node_and_no_opaque_fix():
+    g = Graph.somatize(ReturnsTagged().with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    with pytest.raises(TypeError) as e:  # (a ValueConversionError, as for an input)
+        g.forward(torch.randn(3, 2))
+    message = str(e.value)
+    assert message.startswith("node 'enc' is cached per example, so its output is stored")
+    assert "subclass Tagged" in message and "as_subclass(torch.Tensor)" in message
+    assert "Opaque" not in message and message.endswith("or stop caching it")
