@@ -25,7 +25,7 @@ from . import rows
 from .cache_warnings import warn_changed_itself, warn_ctx_reads
 from .decoding import in_decoded_order
 from .drawn import drawn_key
-from .errors import CacheError, DeclarationError, NodeError
+from .errors import CacheError, DeclarationError, NodeError, ValueConversionError
 from .explain import note
 from .items import mapped
 from .memory import Memory, NodeKeys
@@ -275,7 +275,10 @@ def walk(
             opaque.add(node)
         elif remembered and node_key is not None and keeper is not None:
             if not per_item or node in memory.named:  # a name needs the whole list stored
-                data = encode(value, codecs, _where(label))
+                try:
+                    data = encode(value, codecs, _where(label))
+                except ValueConversionError as e:  # (a tensor subclass: no Opaque way out)
+                    raise rows.not_stored(label, e, "cached or named") from None
                 keeper.put(node_key, data, pinned=node in memory.pinned)
                 value = in_decoded_order(value)  # (dicts in the order a hit gives them)
                 if before is not None:  # what explain compares a later miss with

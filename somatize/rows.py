@@ -90,6 +90,16 @@ def _no_opaque(reason: str) -> str:
     return re.sub(r",? or wrap (it|the dict) in Opaque\(\.\.\.\)[^;,—]*", "", reason)
 
 
+def not_stored(label: str, e: ValueConversionError, how: str) -> ValueConversionError:
+    """``e``, raised storing the output of a node ``how`` cached, said of the node, without
+    its Opaque fix (a cached node's output is stored, Opaque or not)."""
+    reason = str(e).partition(": cannot pass ")[2] or str(e)
+    return ValueConversionError(
+        f"node {label!r} is {how}, so its output is stored as data, but it returned "
+        f"{_no_opaque(reason)}, or stop caching it"
+    )
+
+
 def not_data(label: str, value: Any, codecs: Sequence[Any], frozen: bool, how: str) -> CacheError:
     """The error for a node ``how`` cached (``"cached per example"``) that returned what is
     not data: a tensor that requires grad (freeze the node, or detach), or a value data
@@ -317,10 +327,7 @@ def remember(
         try:
             stored = encode_rows(okind, onames, oleaves, m)
         except ValueConversionError as e:  # (a tensor subclass: its type would not be kept)
-            raise ValueConversionError(
-                f"node {label!r} is cached per example, so its output is stored as data, but "
-                f"it returned {_no_opaque(str(e))}, or stop caching it"
-            ) from None
+            raise not_stored(label, e, "cached per example") from None
         pinned = node in env.memory.pinned
         put_many(keeper, [(keys[i], e) for i, e in zip(computed, stored)], pinned)
         note(keeper, label, impl, parts, None, env.node_keys.context())

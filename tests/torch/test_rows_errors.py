@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import somatize.torch as st
-from somatize import CacheError, Done, Graph, Node, Opaque
+from somatize import CacheError, Done, Graph, Node, Opaque, ValueConversionError
 
 Features = namedtuple("Features", "pooled tokens")
 
@@ -287,3 +287,15 @@ def test_a_tensor_subclass_output_names_the_node_and_no_opaque_fix():
     assert message.startswith("node 'enc' is cached per example, so its output is stored")
     assert "subclass Tagged" in message and "as_subclass(torch.Tensor)" in message
     assert "Opaque" not in message and message.endswith("or stop caching it")
+
+
+def test_a_tensor_subclass_output_of_a_node_cached_whole_names_the_node_and_no_opaque_fix():
+    g = Graph.somatize(ReturnsTagged().with_id("enc"))
+    g.freeze("enc").cache("enc")
+    model = st.module(g)
+    with pytest.raises(ValueConversionError) as caught:
+        model(torch.randn(3, 2))
+    said = str(caught.value)
+    assert said.startswith("node 'enc' is cached or named, so its output is stored as data, but ")
+    assert "the torch.Tensor subclass Tagged" in said and said.endswith("or stop caching it")
+    assert "Opaque" not in said
