@@ -133,7 +133,10 @@ class FitStart(Event):
     Resumed (``start_step`` > 0): ``start_position``, the batches of its epoch the
     checkpoint had taken (0: it was written at an epoch's end), and ``start_evaluated``,
     whether it holds an evaluation at ``start_step`` — else one logged there before the
-    interruption is made again (a log keeps one of each)."""
+    interruption is made again (a log keeps one of each). ``resuming``: ``fit`` was asked to
+    resume (``resume="last"`` or a path); with ``start_step`` 0 no checkpoint was there yet,
+    so what an earlier attempt of this run logged (killed before its first checkpoint) is
+    replaced, as a resumed run replaces what was logged after its checkpoint."""
 
     epochs: int
     max_steps: int
@@ -141,6 +144,7 @@ class FitStart(Event):
     total_steps: int = 0
     start_position: int = 0
     start_evaluated: bool = False
+    resuming: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,7 @@ class TensorBoard:
         self.hparams = dict(hparams or {})
         self._writer: Any = None
         self._claim: Claim | None = None  # log_dir, while this run writes there (claims.py)
-        self._start = 0
+        self._start, self._resuming = 0, False
         self._final: dict[str, float] = {}  # tag -> the last value, for the HParams view
 
     def _w(self) -> Any:
@@ -78,14 +78,15 @@ class TensorBoard:
             require("tensorboard", "torch")
             from torch.utils.tensorboard import SummaryWriter
 
-            # a resumed run hides what the interrupted one logged after its checkpoint
-            purge = self._start + 1 if self._start else None
+            # a resumed run hides what the interrupted one logged after its checkpoint (one
+            # resumed before any checkpoint: all an earlier attempt logged)
+            purge = self._start + 1 if self._start or self._resuming else None
             self._writer = SummaryWriter(self.log_dir, purge_step=purge)
         return self._writer
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, FitStart):
-            self._start = event.start_step
+            self._start, self._resuming = event.start_step, event.resuming
             self._final = {}  # (a watcher reused for another fit: that fit's values only)
             if self._claim_folder():
                 warnings.warn(
@@ -97,7 +98,12 @@ class TensorBoard:
                     RuntimeWarning,
                     stacklevel=outside(),  # (the user's fit call, not the watcher's caller)
                 )
-            elif not self._start and self._writer is None and _has_events(self.log_dir):
+            elif (
+                not self._start
+                and not self._resuming
+                and self._writer is None
+                and _has_events(self.log_dir)
+            ):
                 warnings.warn(
                     f"TensorBoard: {self.log_dir} already holds the event files of an earlier "
                     "run, and this one starts afresh: tensorboard draws both runs' curves as "

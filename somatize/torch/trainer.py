@@ -237,7 +237,7 @@ class Trainer:
             if run.watchers:  # (no event is made for no one)
                 evaluated = bool(s.metrics) and s.metrics[-1]["step"] == s.step
                 steps = (self.epochs or 0, self.max_steps or 0, s.step, total, s.position)
-                notify(run.watchers, FitStart(run.id, *steps, evaluated))
+                notify(run.watchers, FitStart(run.id, *steps, evaluated, resume is not None))
             compiling = dynamic_step() if run.compiled else contextlib.nullcontext()
             with compiling, first_step(self, run, train):  # checks made once (first_step.py)
                 train_loop(self, run, train, val)
