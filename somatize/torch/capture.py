@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import CheckpointError
 from .resumed_monitor import check_monitor
 from .resumed_optimizer import check_frozen, check_optimizer, frozen_nodes, optimizer_class
+from .resumed_scheduler import check_scheduler, scheduler_class
 from .rng import as_state, rng_state, set_rng_state
 from .run_state import RunState
 
@@ -40,6 +41,7 @@ def capture(
         "optimizer_class": optimizer_class(opt),
         "frozen": frozen_nodes(net),  # (the nodes the optimizer's state leaves out)
         "scheduler": sched.state_dict() if sched is not None else None,
+        "scheduler_class": scheduler_class(sched),
         "step": s.step,
         "epoch": s.epoch,
         "position": s.position,
@@ -76,7 +78,9 @@ def restore(
 
     Raises:
         CheckpointError: it was written with another seed, model or optimizer class, other
-            frozen nodes, or its best (or its pruner's) is of another monitored metric or mode.
+            frozen nodes, with a scheduler where this run has none (or the other way round,
+            or of another class), or its best (or its pruner's) is of another monitored
+            metric or mode.
 
     Warns:
         UserWarning: an optimizer hyper-parameter differs (the checkpoint's is kept).
@@ -89,6 +93,7 @@ def restore(
     fresh = "st.load_state(g, st.load_checkpoint(path)['model']), in another checkpoint directory"
     check_frozen(payload.get("frozen"), frozen_nodes(net), fresh)
     check_optimizer(payload, opt)
+    check_scheduler(payload, sched)
     check_monitor(payload, s.monitor, s.mode, pruner)
     try:
         net.load_state_dict(payload["model"])
