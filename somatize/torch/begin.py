@@ -22,6 +22,7 @@ from .factories import check_no_closure, check_optimizer, check_scheduler
 from .horizon import check_horizon, horizon
 from .policy import check_extension, check_fresh, resume_path
 from .reduction import check_loss_reduction
+from .resumed_scheduler import check_every
 from .run import ActiveRun
 from .start import as_module, autocast_for, compiled, place, seed_everything, trainable, wrap
 from .timelimit import restored
@@ -88,6 +89,7 @@ def begin(
         payload = load_checkpoint(path)
         fresh = horizon(run.sched)
         try:
+            check_every(payload, run.sched, o.scheduler_every)
             restore(payload, run.state, net, opt, run.sched, trainer.pruner, trainer.seed)
         except CheckpointError as e:  # say which file: resume="last" picked it
             raise CheckpointError(f"resuming from {path}: {e}") from e

@@ -5,7 +5,9 @@ one). Resuming with a scheduler where the checkpoint has none would start its sc
 afresh in the middle of the run; resuming without one where it has one would hold the
 rate where the checkpoint left it; and a scheduler of another class would take the
 other's state (torch's ``load_state_dict`` copies whatever keys it is given). Each is
-refused, naming both, before any state is loaded. How long the restored schedule runs
+refused, naming both, before any state is loaded; so is a scheduler stepped per epoch
+where it was stepped per step, or the other way round (``payload["scheduler_every"]``):
+its state counts the other unit, and the rate would jump. How long the restored schedule runs
 is ``horizon.check_restored``'s.
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 
 from ..errors import CheckpointError
 
-__all__ = ["check_scheduler", "scheduler_class"]
+__all__ = ["check_every", "check_scheduler", "scheduler_class"]
 
 
 def scheduler_class(sched: Any) -> str | None:
@@ -58,3 +60,22 @@ def check_scheduler(payload: Mapping[str, Any], sched: Any) -> None:
             "resume with the scheduler it was written with, or start a fresh run from its "
             f"weights: {fresh}"
         )
+
+
+def check_every(payload: Mapping[str, Any], sched: Any, every: str) -> None:
+    """The checkpoint's scheduler was stepped as this run steps it (``scheduler_every``).
+
+    Raises:
+        CheckpointError: the checkpoint's scheduler was stepped per step and this run's is
+            per epoch, or the other way round.
+    """
+    then = payload.get("scheduler_every")  # (None: a checkpoint from before it was kept)
+    if sched is None or payload.get("scheduler") is None or then in (None, every):
+        return
+    raise CheckpointError(
+        f"the checkpoint's LR scheduler was stepped every {then} "
+        f"(Options(scheduler_every={then!r})), and this run steps it every {every}: its "
+        f"state counts {then}s, so the rate would jump to where {every}s that many would "
+        f"put it. Resume with Options(scheduler_every={then!r}), or start a fresh run from "
+        "its weights: st.load_state(g, st.load_checkpoint(path)['model'])"
+    )

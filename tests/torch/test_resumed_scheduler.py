@@ -76,3 +76,23 @@ def test_a_checkpoint_from_before_the_class_was_kept_resumes_unchecked(tmp_path)
     path.unlink()
     st.Checkpointing(tmp_path).save(payload, payload["step"])
     assert fit(tmp_path, STEP, epochs=2, resume="last").steps == 8
+
+
+def test_resuming_with_the_scheduler_stepped_in_another_unit_is_refused(tmp_path):
+    def run(every, epochs, resume=None):
+        gen = torch.Generator().manual_seed(0)
+        data = [(torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen))] * 4
+        return st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda n: 1 / (1 + n)),
+            epochs=epochs,
+            checkpoint=st.Checkpointing(tmp_path),
+            options=st.Options(progress=False, scheduler_every=every),
+        ).fit(nn.Linear(4, 3), data, resume=resume)
+
+    run("step", 1)  # (its scheduler stepped 4 times: it would read as 4 epochs)
+    said = r"stepped every step \(Options\(scheduler_every='step'\)\), and this run steps it ev"
+    with pytest.raises(CheckpointError, match=said):
+        run("epoch", 2, resume="last")
+    assert run("step", 2, resume="last").losses  # (as it was written: resumes)
