@@ -95,6 +95,23 @@ def check_fresh(trainer: Trainer) -> None:
         )
 
 
+def check_writable(trainer: Trainer, step: int, total: int | None) -> None:
+    """Refuse, before its first step, a run with steps left whose checkpoint directory
+    cannot be written (a read-only disk, no write permission): it would train until its
+    first checkpoint and fail there. A finished run resumed read-only writes nothing."""
+    ckpt = trainer.checkpoint
+    if ckpt is None or (total is not None and step >= total) or not ckpt.path.is_dir():
+        return
+    if not os.access(ckpt.path, os.W_OK):
+        raise CheckpointError(
+            f"the checkpoint directory {ckpt.path} cannot be written (a read-only disk, or "
+            f"no write permission), and this run has steps left to train (at step {step}"
+            f"{f' of {total}' if total is not None else ''}): it would train until its "
+            "first checkpoint and fail there. Give it a Checkpointing directory it can "
+            "write; a finished run's result is read from a read-only one"
+        )
+
+
 def save(trainer: Trainer, run: ActiveRun) -> None:
     """Checkpoint: rank 0 writes, every rank waits for it and records its path."""
     ckpt = trainer.checkpoint

@@ -45,7 +45,7 @@ from .limits import batches_per_epoch, epoch_examples, one_epoch
 from .loop import train as train_loop
 from .metrics import Metric, check_ranks, evaluate, members
 from .options import Options
-from .policy import best_step, save, writing
+from .policy import best_step, check_writable, save, writing
 from .ported import lightning_methods, ported
 from .pruning import pruned_reason
 from .rank_lengths import agree, warn_dropped
@@ -215,6 +215,8 @@ class Trainer:
         total = total_steps(self, train, world)
         check_steps_fit(o.eval_every_steps if sets and not resume else None, total)
         run = begin(self, model, resume, run_id, rank, world, train, monitored(o.monitor, val))
+        if rank == 0:  # (a run with steps left: it will write checkpoints)
+            check_writable(self, run.state.step, total)
         run.train, run.train_batches, run.val_sets = train, train_n, sets
         if run.carries and val is not None:  # (a short last batch breaks the carried state)
             for name, data in val.items() if isinstance(val, Mapping) else [("", val)]:

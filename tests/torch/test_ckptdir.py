@@ -295,3 +295,19 @@ def test_a_save_lists_its_directory_once_and_sweeps_a_killed_writers_temp_files(
     ]
     assert (ckpt.path / "last").read_text() == "step-000000003.ckpt"
     assert integrity.verify_file(ckpt.path / "step-000000003.ckpt")
+
+
+def test_a_read_only_directory_is_refused_before_a_step_unless_the_run_is_finished(
+    tmp_path, monkeypatch
+):
+    finished = fit(tmp_path, epochs=1)
+    # (root writes anywhere, and a test cannot mount a read-only disk: access() says so)
+    real = os.access
+    read_only = lambda p, mode: mode != os.W_OK and real(p, mode)  # noqa: E731
+    monkeypatch.setattr("somatize.torch.policy.os.access", read_only)
+    before = names(tmp_path)
+    with pytest.raises(CheckpointError, match=r"cannot be written .* has steps left to train"):
+        fit(tmp_path, epochs=2, resume="last")  # (it trained until its first save, then failed)
+    assert names(tmp_path) == before
+    again = fit(tmp_path, epochs=1, resume="last")  # finished: read, nothing to write
+    assert again.losses == finished.losses
