@@ -10,6 +10,7 @@ PyTorch layer whose parameters have ``requires_grad=False``. ``module(g)`` insta
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -38,15 +39,30 @@ class _FrozenWrap:
     whether a node whose key feeds a cached node's drew (it is then keyed by its output).
 
     Classes, not closures, so that a graph and its module stay picklable
-    (``torch.save(model)``, ``copy``, a worker's task)."""
+    (``torch.save(model)``, ``copy``, a worker's task). It holds its graph weakly: the graph
+    holds it, and a strong reference back would make a cycle only the cyclic collector
+    frees — and with it the graph's weights, a sweep's fresh graph per run."""
 
     def __init__(self, g: Graph) -> None:
-        self._somatize_graph = g  # which graph it was made for
+        self._graph = weakref.ref(g)
+
+    @property
+    def _somatize_graph(self) -> Graph | None:
+        """Which graph it was made for (None once that graph is gone)."""
+        return self._graph()
+
+    def __getstate__(self) -> dict[str, Any]:  # (a weak reference does not pickle)
+        return {"graph": self._graph()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._graph = weakref.ref(state["graph"])
 
     def __call__(
         self, node_id: str, impl: Any, forward: Callable[[Any, Ctx], Done]
     ) -> Callable[[Any, Ctx], Done]:
-        memory = self._somatize_graph.memory
+        g = self._graph()
+        assert g is not None  # (called as its graph builds its program)
+        memory = g.memory
         if node_id in memory.per_example:
             _rows_alone(node_id, impl)
         if node_id in memory.frozen:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import gc
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -199,3 +203,31 @@ def test_a_frozen_node_sees_ctx_training_false_as_its_modules_run_in_eval_mode()
     st.module(g).train()
     g.forward(x, training=True)  # (the graph's own run, in training mode)
     assert enc.seen[-1] is False and head.seen[-1] is True
+
+
+def test_a_fitted_graph_dropped_is_freed_without_the_cyclic_collector():
+    # before: graph -> its frozen-node runtime -> graph, and module -> forward -> module:
+    # each fit's fresh graph (a sweep's) and its weights waited for a collection
+    data = [(torch.randint(0, 20, (4, 3)), torch.randint(0, 3, (4,)))] * 2
+    trainer = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        options=st.Options(progress=False),
+    )
+    gc.collect()
+    gc.disable()
+    try:
+        g = frozen_graph()
+        trainer.fit(g, data)
+        graph, weight = weakref.ref(g), weakref.ref(g["head"].lin.weight)
+        del g
+        assert graph() is None and weight() is None
+    finally:
+        gc.enable()
+
+
+def test_the_frozen_runtime_follows_its_graph_through_a_copy():
+    g = frozen_graph()
+    st.module(g)
+    copied, wrap = copy.deepcopy((g, g.wrap))
+    assert wrap._somatize_graph is copied and g.wrap._somatize_graph is g
