@@ -213,51 +213,53 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
 
     edges: list[tuple[str, str]] = []
     have: set[tuple[str, str]] = set()
-
-    def walk(e: Expr) -> tuple[list[str], list[str]]:
-        if isinstance(e, Ref):
-            nid = ids[id(e.impl)]
-            return [nid], [nid]
-        if isinstance(e, Par):
-            srcs: list[str] = []
-            sinks: list[str] = []
-            branches: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
-            for p in e.parts:
-                s, k = walk(p)
-                if (tuple(s), tuple(k)) in branches:  # ((a >> c) | (a >> c)): one branch
-                    ids_ = list(dict.fromkeys([*s, *k]))
-                    what = (
-                        f"node {ids_[0]!r}" if len(ids_) == 1 else f"the branch {' >> '.join(ids_)}"
-                    )
-                    raise GraphError(
-                        f"{what} is written twice side by side (x | x), and one instance "
-                        f"written twice is one node: the fork would give its output twice; {FIX}"
-                    )
-                branches.add((tuple(s), tuple(k)))
-                srcs += s
-                sinks += k
-            side_by_side(srcs, sinks)
-            # a node beginning two branches is one node the fork's input reaches once:
-            # (enc >> a) | (enc >> b) after pre is pre -> enc -> {a, b}
-            return list(dict.fromkeys(srcs)), sinks
-        assert isinstance(e, Seq)
-        first_src, prev_sinks = walk(e.parts[0])
-        for p in e.parts[1:]:
-            s, k = walk(p)
-            ends_twice(prev_sinks, s)
-            # an edge a shared chain gives again is that edge ((t >> a) | (t >> b), t = x >> y:
-            # x -> y once); one step giving it twice (a >> (b | b)) is refused below
-            step = [(a, b) for b in s for a in prev_sinks]
-            edges.extend(edge for edge in step if edge not in have)
-            have.update(step)
-            prev_sinks = k
-        return first_src, prev_sinks
-
-    starts, ends = walk(root)
+    starts, ends = _walk(root, ids, edges, have)
     check_repeats(refs, ids, edges)
     check_starts(starts, edges)
     check_ends(ends, edges)
     return nodes, edges
+
+
+def _walk(
+    e: Expr, ids: dict[int, str], edges: list[tuple[str, str]], have: set[tuple[str, str]]
+) -> tuple[list[str], list[str]]:
+    """The sources and sinks of ``e``, its edges added to ``edges`` (each once: ``have``).
+    (A function of its own, not a closure calling itself: that would be a cycle per build.)"""
+    if isinstance(e, Ref):
+        nid = ids[id(e.impl)]
+        return [nid], [nid]
+    if isinstance(e, Par):
+        srcs: list[str] = []
+        sinks: list[str] = []
+        branches: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
+        for p in e.parts:
+            s, k = _walk(p, ids, edges, have)
+            if (tuple(s), tuple(k)) in branches:  # ((a >> c) | (a >> c)): one branch
+                ids_ = list(dict.fromkeys([*s, *k]))
+                what = f"node {ids_[0]!r}" if len(ids_) == 1 else f"the branch {' >> '.join(ids_)}"
+                raise GraphError(
+                    f"{what} is written twice side by side (x | x), and one instance "
+                    f"written twice is one node: the fork would give its output twice; {FIX}"
+                )
+            branches.add((tuple(s), tuple(k)))
+            srcs += s
+            sinks += k
+        side_by_side(srcs, sinks)
+        # a node beginning two branches is one node the fork's input reaches once:
+        # (enc >> a) | (enc >> b) after pre is pre -> enc -> {a, b}
+        return list(dict.fromkeys(srcs)), sinks
+    assert isinstance(e, Seq)
+    first_src, prev_sinks = _walk(e.parts[0], ids, edges, have)
+    for p in e.parts[1:]:
+        s, k = _walk(p, ids, edges, have)
+        ends_twice(prev_sinks, s)
+        # an edge a shared chain gives again is that edge ((t >> a) | (t >> b), t = x >> y:
+        # x -> y once); one step giving it twice (a >> (b | b)) is refused below
+        step = [(a, b) for b in s for a in prev_sinks]
+        edges.extend(edge for edge in step if edge not in have)
+        have.update(step)
+        prev_sinks = k
+    return first_src, prev_sinks
 
 
 def _refs(e: Expr) -> list[Ref]:

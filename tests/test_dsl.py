@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -28,6 +29,18 @@ def test_default_ids_are_snake_case_class_names_made_unique() -> None:
     assert [n for n, _ in nodes] == ["encode", "classify", "classify_2", "classify_head"]
     assert edges == [("encode", "classify"), ("encode", "classify_2"), ("encode", "classify_head")]
     assert default_id(Classify().mapped()) == "classify"
+
+
+def test_building_a_graph_leaves_nothing_for_the_cyclic_collector() -> None:
+    # before: the walk over the expression was a closure calling itself, a cycle per build
+    expr = Encode() >> (Classify() | ClassifyHead()) >> Classify()
+    gc.collect()
+    gc.disable()
+    try:
+        build(expr)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 def test_explicit_ids_win_and_defaults_step_around_them() -> None:
