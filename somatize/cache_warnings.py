@@ -8,6 +8,7 @@ from __future__ import annotations
 import dis
 import types
 import warnings
+import weakref
 from typing import Any
 
 from .node import Mapped
@@ -18,7 +19,8 @@ __all__ = ["ctx_reads", "warn_changed_itself", "warn_ctx_reads", "wrote_input"]
 # What a node may read of ctx that does not enter any key (``ctx.node``, ``ctx.device`` do
 # not change its output's content).
 _UNKEYED = frozenset({"get", "values", "run", "run_id", "step", "training"})
-_ctx_reads: dict[type, frozenset[str]] = {}
+# weakly: a class made per run (a factory's `class Enc(Node)` in a sweep) goes when it is dropped
+_ctx_reads: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
 _said: set[tuple[Any, ...]] = set()  # (what, node id, class) warned about
 
 

@@ -30,6 +30,10 @@ _CLASS_CODE = frozenset(
 _USER_CLASSES: dict[type, tuple[tuple[type, ...], frozenset[str]]] = {}
 # (a node's or module's class, one of its user classes) -> (size of its dict, _data_names)
 _NAMES: dict[tuple[type, type], tuple[int, tuple[str, ...]]] = {}
+# Classes kept before both are cleared: they hold the classes (whose own classes are among
+# the values, so weak keys would never go), and a sweep making its node classes per run (a
+# factory's `class Enc(Node)`) would otherwise keep every one, with what each holds.
+_MAX_CLASSES = 1024
 
 
 def class_data(cls: type, codecs: Sequence[Codec] = ()) -> str | None:
@@ -43,6 +47,9 @@ def class_data(cls: type, codecs: Sequence[Codec] = ()) -> str | None:
     value no codec reads (a ``Fraction``, an ``np.float64``) by its value (``held_values``)."""
     known = _USER_CLASSES.get(cls)
     if known is None:
+        if len(_USER_CLASSES) >= _MAX_CLASSES:
+            _USER_CLASSES.clear()
+            _NAMES.clear()
         known = _USER_CLASSES[cls] = user_classes(cls)
     mine, records = known
     found = []

@@ -54,8 +54,11 @@ _written: weakref.WeakKeyDictionary[Any, dict[str, tuple[str | None, ...]]] = (
 )
 # A node class's code and globals as a record names them, by class and identity part: read
 # again only when the identity changes (every miss writes a record; walking the code and
-# its helpers each time cost a miss more than the rest of its bookkeeping)
-_described: dict[tuple[type, str], tuple[dict[str, str], dict[str, str]]] = {}
+# its helpers each time cost a miss more than the rest of its bookkeeping). Weak on the
+# class: a sweep making its node classes per run (a factory's `class Enc(Node)`) keeps none.
+_described: weakref.WeakKeyDictionary[type, dict[str, tuple[dict[str, str], dict[str, str]]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _slot(label: str) -> str:
@@ -121,11 +124,14 @@ def note(
     if seen.get(label) == stamp:
         return
     cls = type(impl.inner if isinstance(impl, Mapped) else impl)
-    described = _described.get((cls, parts[0]))
+    by_identity = _described.get(cls)
+    if by_identity is None:
+        by_identity = _described[cls] = {}
+    described = by_identity.get(parts[0])
     if described is None:
-        if len(_described) > 4096:
-            _described.clear()
-        described = _described[cls, parts[0]] = (_code(impl), _code(impl, global_parts))
+        if len(by_identity) > 64:  # (its code changed in place that often)
+            by_identity.clear()
+        described = by_identity[parts[0]] = (_code(impl), _code(impl, global_parts))
     record: dict[str, Any] = {
         "identity": parts[0],
         "declaration": parts[1],

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import types
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -123,7 +124,9 @@ class Ctx(NamedTuple):
         return self.run.values.get(name, default)
 
 
-_CHECKED: set[type] = set()  # node classes whose forward takes (x, ctx): checked once each
+# node classes whose forward takes (x, ctx): checked once each; weakly, so a class made per
+# run (a factory's `class Enc(Node)` in a sweep) is not kept for ever with what it holds
+_CHECKED: weakref.WeakSet[type] = weakref.WeakSet()
 
 
 def check_forward(node_id: str, impl: Any) -> None:
