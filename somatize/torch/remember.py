@@ -22,12 +22,14 @@ import contextlib
 import contextvars
 import inspect
 import os
+import shutil
 import tempfile
 import time
 import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing import util as mp_util
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +68,9 @@ def run_checkpointing(*, every_steps: int | None = None, keep: int = 3) -> Check
 
     Give it to the Trainer and fit with ``resume="last"``: a call after a kill resumes
     from the last checkpoint, bitwise. Outside a remembered run (a plain call of the
-    function), a fresh temporary directory — there is nothing to resume.
+    function), a fresh temporary directory — there is nothing to resume — removed when
+    this process exits (a worker process of a pool too), so a sweep of plain calls leaves
+    no checkpoints behind in the temporary folder.
 
     Example:
         >>> def train_one(seed):  # doctest: +SKIP
@@ -76,8 +80,19 @@ def run_checkpointing(*, every_steps: int | None = None, keep: int = 3) -> Check
     current = _current.get()
     path = current.checkpoints if current is not None else None
     if path is None:
-        path = Path(tempfile.mkdtemp(prefix="somatize-run-"))
+        path = _scratch()
     return Checkpointing(path, every_steps=every_steps, keep=keep)
+
+
+def _scratch() -> Path:
+    """A temporary directory removed when this process exits: by multiprocessing's exit
+    hook, which runs in the main process at exit and in a pool's worker as it ends (where
+    ``atexit`` does not), and only in the process that made it (not in a forked child)."""
+    path = Path(tempfile.mkdtemp(prefix="somatize-run-"))
+    mp_util.Finalize(
+        None, shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, exitpriority=0
+    )
+    return path
 
 
 def _adapt(value: Any, where: str) -> Any:
