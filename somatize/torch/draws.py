@@ -92,7 +92,9 @@ def _random_layout(inst: random.Random) -> int | None:
     return at if (first, last, index) == (words[0], words[623], words[624]) else None
 
 
-_numpy_states: dict[int, tuple[Any, int]] = {}  # id of a numpy MT19937 -> it, its state's address
+# id of numpy's global MT19937 -> it, its state's address: the one in use alone (a generator
+# swapped in by np.random.set_bit_generator replaces the last, which is not kept alive)
+_numpy_states: dict[int, tuple[Any, int]] = {}
 
 
 def _numpy(np: Any) -> Any:
@@ -104,6 +106,7 @@ def _numpy(np: Any) -> Any:
         if known is None or known[0] is not bg:
             if type(bg).__name__ != "MT19937":
                 raise TypeError  # (another bit generator: its state as numpy gives it)
+            _numpy_states.clear()
             known = _numpy_states[id(bg)] = (bg, bg.ctypes.state_address)
         at = known[1]  # struct { uint32 key[624]; int pos; ... }
         return (id(bg), _U32.from_address(at).value, _INT.from_address(at + 2496).value)

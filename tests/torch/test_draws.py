@@ -3,6 +3,7 @@ its remembered output freezes one draw, where plain PyTorch draws anew at every 
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import pytest
@@ -185,3 +186,18 @@ def test_pythons_global_generator_is_read_where_it_lies_and_every_draw_is_seen()
     held = draws._python()
     random.gauss(0, 1)  # the second gauss draws no word: it returns the one held
     assert draws._python() != held
+
+
+def test_numpys_generators_swapped_in_are_not_kept():
+    np = pytest.importorskip("numpy")
+    before = np.random.get_bit_generator()
+    try:
+        seen = []
+        for seed in range(5):
+            np.random.set_bit_generator(np.random.MT19937(seed))
+            seen.append(draws._numpy(np))
+        # before: one entry, holding its generator, for every generator ever swapped in
+        assert len(draws._numpy_states) == 1
+        assert all(a != b for a, b in itertools.pairwise(seen))  # a swap reads as a change
+    finally:
+        np.random.set_bit_generator(before)
