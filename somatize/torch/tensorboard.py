@@ -78,10 +78,11 @@ class TensorBoard:
             require("tensorboard", "torch")
             from torch.utils.tensorboard import SummaryWriter
 
-            # a resumed run hides what the interrupted one logged after its checkpoint (one
-            # resumed before any checkpoint: all an earlier attempt logged)
-            purge = self._start + 1 if self._start or self._resuming else None
-            self._writer = SummaryWriter(self.log_dir, purge_step=purge)
+            # Every writer begins with a START at its first step: tensorboard hides what the
+            # folder's earlier files hold from there on (an interrupted run's steps after its
+            # checkpoint, a run restarted without one). Its Python loader honours a START only
+            # after an earlier one, so a fresh run writes one too.
+            self._writer = SummaryWriter(self.log_dir, purge_step=self._start + 1)
         return self._writer
 
     def on_event(self, event: Event) -> None:
@@ -106,11 +107,11 @@ class TensorBoard:
             ):
                 warnings.warn(
                     f"TensorBoard: {self.log_dir} already holds the event files of an earlier "
-                    "run, and this one starts afresh: tensorboard draws both runs' curves as "
-                    "one, over each other. Give each run a log_dir of its own (e.g. "
-                    "st.TensorBoard(f'runs/digits/lr={lr}'), a sub-folder per federated "
-                    f"client: st.TensorBoard(f'{_posix(self.log_dir)}/client{{i}}')), or "
-                    "remove the old files",
+                    "run, and this one starts afresh from step 1: tensorboard shows this run's "
+                    "steps and hides the earlier run's (its files stay). Give each run a "
+                    "log_dir of its own (e.g. st.TensorBoard(f'runs/digits/lr={lr}'), a "
+                    f"sub-folder per federated client: st.TensorBoard(f'{_posix(self.log_dir)}"
+                    "/client{i}')), or remove the old files",
                     RuntimeWarning,
                     stacklevel=outside(),
                 )
