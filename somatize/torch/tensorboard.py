@@ -6,7 +6,8 @@ after the first), ``train/examples_per_second`` per step;
 for each remembered node, ``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cache``) at
 each epoch end; ``node/<node>/<metric>`` for metrics nodes return in ``Done`` during
 training, ``val/<node>/<metric>`` during evaluation. With ``hparams=``, the run's
-hyper-parameters and its final metrics go to TensorBoard's HParams view at the end.
+hyper-parameters go to TensorBoard's HParams view as it starts (its end is marked when it
+ends), where tensorboard shows beside them each run's last value of every scalar.
 Under DDP rank 0 writes, and ``train/loss`` and ``train/examples_per_second`` are over
 all ranks as ``StepEnd`` says. Needs the ``tensorboard`` package (in the ``somatize[torch]`` extra).
 """
@@ -18,6 +19,7 @@ import errno
 import os
 import warnings
 from collections.abc import Mapping
+from time import time
 from typing import Any
 
 from ..errors import require
@@ -38,7 +40,8 @@ class TensorBoard:
             writes there (clients run in parallel: give each a sub-folder).
         every_steps: write step scalars every N steps (evaluations are always written).
         hparams: the run's hyper-parameters (numbers, strings, bools; anything else is
-            written as its ``str``), shown with the final metrics in the HParams view.
+            written as its ``str``), shown with the final metrics in the HParams view, from
+            the run's start on.
 
     Example:
         >>> st.Trainer(..., watchers=[st.TensorBoard("runs/digits", hparams={"lr": 3e-3})])  # doctest: +SKIP
@@ -71,7 +74,6 @@ class TensorBoard:
         self._writer: Any = None
         self._claim: Claim | None = None  # log_dir, while this run writes there (claims.py)
         self._start, self._resuming = 0, False
-        self._final: dict[str, float] = {}  # tag -> the last value, for the HParams view
 
     def _w(self) -> Any:
         if self._writer is None:
@@ -88,7 +90,6 @@ class TensorBoard:
     def on_event(self, event: Event) -> None:
         if isinstance(event, FitStart):
             self._start, self._resuming = event.start_step, event.resuming
-            self._final = {}  # (a watcher reused for another fit: that fit's values only)
             if self._claim_folder():
                 warnings.warn(
                     f"TensorBoard: another run is writing into {self.log_dir} at this moment "
@@ -115,8 +116,9 @@ class TensorBoard:
                     RuntimeWarning,
                     stacklevel=outside(),
                 )
+            if self.hparams:  # from the start: a run still training, or one that failed, shows
+                self._w().file_writer.add_summary(_session(self.hparams))
         elif isinstance(event, StepEnd):
-            self._final["train/loss"] = event.loss
             if event.step % self.every_steps:
                 return
             w = self._w()
@@ -137,34 +139,17 @@ class TensorBoard:
         elif isinstance(event, Metrics):
             if not event.node:  # the Trainer's evaluation: always written
                 for name, value in event.values.items():
-                    tag = _tag(name)
-                    self._w().add_scalar(tag, float(value), event.step)
-                    self._final[tag] = float(value)
+                    self._w().add_scalar(_tag(name), float(value), event.step)
                 return
             if event.step % self.every_steps:
                 return
             for name, value in event.values.items():
                 self._w().add_scalar(f"node/{event.node}/{name}", float(value), event.step)
         elif isinstance(event, FitEnd):
-            for name, value in event.final.items():  # the whole run's: a resumed one's too
-                tag = "train/loss" if name == "loss" else _tag(name)
-                self._final[tag] = float(value)
             if self.hparams:
-                self._write_hparams()
+                self._w().file_writer.add_summary(_session(None))
             if self._writer is not None:
                 self._writer.flush()
-
-    def _write_hparams(self) -> None:
-        """The hyper-parameters and final metrics, in this run's own event file."""
-        from torch.utils.tensorboard.summary import hparams
-
-        plain = {
-            k: v if isinstance(v, (bool, int, float, str)) else str(v)
-            for k, v in self.hparams.items()
-        }
-        w = self._w()
-        for summary in hparams(plain, dict(self._final)):
-            w.file_writer.add_summary(summary)
 
     def flush(self) -> None:
         """Write out what the writer holds: a checkpoint is about to cover its steps."""
@@ -198,6 +183,43 @@ class TensorBoard:
 def _tag(name: str) -> str:
     """The tag of the Trainer's evaluated metric ``name``: ``val_acc`` -> ``val/acc``."""
     return f"val/{name[4:]}" if name.startswith("val_") else name
+
+
+def _session(hparams: Mapping[str, Any] | None) -> Any:
+    """The HParams plugin's summary of a run's start with its ``hparams``, or (None) of its
+    successful end. No experiment summary: tensorboard takes the one it finds first as the
+    columns of every run, so a sweep whose runs differ in their keys lost columns, and each
+    column read "differs: false"; without one it gathers them from all runs' starts."""
+    from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]
+    from tensorboard.plugins.hparams import (  # type: ignore[import-untyped]
+        api_pb2,
+        metadata,
+        plugin_data_pb2,
+    )
+
+    if hparams is None:
+        end = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time())
+        tag, data = (
+            metadata.SESSION_END_INFO_TAG,
+            plugin_data_pb2.HParamsPluginData(session_end_info=end),
+        )
+    else:
+        start = plugin_data_pb2.SessionStartInfo(start_time_secs=time())
+        for name, value in hparams.items():
+            if isinstance(value, bool):  # (before int: True is an int)
+                start.hparams[name].bool_value = value
+            elif isinstance(value, (int, float)):
+                start.hparams[name].number_value = value
+            else:
+                start.hparams[name].string_value = value if isinstance(value, str) else str(value)
+        tag, data = (
+            metadata.SESSION_START_INFO_TAG,
+            plugin_data_pb2.HParamsPluginData(session_start_info=start),
+        )
+    value = Summary.Value(
+        tag=tag, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR
+    )
+    return Summary(value=[value])
 
 
 def _posix(log_dir: str) -> str:

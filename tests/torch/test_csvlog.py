@@ -1,4 +1,4 @@
-"""The CSV watcher (one row per step and evaluation, read by pandas) and TensorBoard's HParams."""
+"""The CSV watcher: one row per step and evaluation, read by pandas."""
 
 from __future__ import annotations
 
@@ -107,62 +107,6 @@ def test_an_evaluation_after_the_checkpoint_of_its_step_is_logged_once_after_a_r
     assert kinds == [(r["kind"], r["step"]) for r in rows(tmp_path / "ref" / "log.csv")]
     assert kinds.count(("eval", "4")) == 1
     assert kinds.count(("epoch", "4")) == cached
-
-
-def test_tensorboard_hparams_hold_the_hyperparameters_and_final_metrics(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import plugin_data_pb2
-
-    result = fit(
-        [st.TensorBoard(tmp_path / "tb", hparams={"lr": 0.1, "opt": "sgd", "layers": [4, 8]})]
-    )
-    acc = EventAccumulator(str(tmp_path / "tb"))
-    acc.Reload()
-    content = acc.PluginTagToContent("hparams")
-    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
-    hp = start.session_start_info.hparams
-    assert hp["lr"].number_value == 0.1 and hp["opt"].string_value == "sgd"
-    assert hp["layers"].string_value == "[4, 8]"
-    exp = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"])
-    tags = {m.name.tag for m in exp.experiment.metric_infos}
-    assert {"val/loss", "val/acc", "train/loss"} <= tags
-    del result
-
-
-def _metric_tags(log_dir):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import plugin_data_pb2
-
-    acc = EventAccumulator(str(log_dir))
-    acc.Reload()
-    content = acc.PluginTagToContent("hparams")
-    exp = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"])
-    return {m.name.tag for m in exp.experiment.metric_infos}
-
-
-def test_hparams_of_a_resumed_run_name_the_metrics_of_the_whole_run(tmp_path):
-    """A run resumed from its last checkpoint with nothing left to train (killed after it,
-    before its result was kept) logs no evaluation of its own: its HParams still list the
-    run's metrics, from the checkpointed history."""
-    from tests.torch.test_checkpoint_resume import trainer
-
-    trainer(tmp_path, pruner=None).fit(graph(0), data(), val=data(2))
-    tb = st.TensorBoard(tmp_path / "tb", hparams={"lr": 0.02})
-    trainer(tmp_path, watchers=[tb], pruner=None).fit(graph(0), data(), val=data(2), resume="last")
-    assert {"val/loss", "val/acc", "train/loss"} <= _metric_tags(tmp_path / "tb")
-
-
-def test_a_tensorboard_watcher_reused_for_another_fit_keeps_no_earlier_metric(tmp_path):
-    tb = st.TensorBoard(tmp_path / "a", hparams={"lr": 0.1})
-    fit([tb])  # evaluates: val/acc and val/loss
-    tb.log_dir = str(tmp_path / "b")
-    st.Trainer(
-        loss=F.cross_entropy,
-        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
-        watchers=[tb],
-        options=st.Options(progress=False),
-    ).fit(__import__("somatize").Graph.somatize(Body() >> Head()), wdata())  # no val=
-    assert _metric_tags(tmp_path / "b") == {"train/loss"}
 
 
 def test_the_csv_log_pickles_without_its_file(tmp_path):

@@ -98,3 +98,119 @@ def test_a_run_restarted_before_its_first_checkpoint_replaces_the_earlier_curves
     got = served(tmp_path / "tb")
     assert [s for s, _ in got] == list(range(1, 10))
     assert [v for _, v in got] == pytest.approx(result.losses)
+
+
+def hparams_view(root):
+    """What TensorBoard's HParams plugin makes of the runs under ``root``: its columns
+    (hyper-parameter -> whether it differs between runs; metric tags) and its rows (run ->
+    hyper-parameters, metric -> value)."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider
+    from tensorboard.backend.event_processing import plugin_event_multiplexer as pem
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import backend_context, metadata
+
+    mux = pem.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(root))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(root))
+    plugin = backend_context.Context(
+        base_plugin.TBContext(data_provider=provider, logdir=str(root))
+    )
+    ctx = context.RequestContext()
+    meta = plugin.hparams_metadata(ctx, "")
+    exp = plugin.experiment_from_metadata(ctx, "", True, meta, [])
+    columns = {h.name: h.differs for h in exp.hparam_infos}, {m.name.tag for m in exp.metric_infos}
+    rows = {}
+    for run, tags in meta.items():
+        start = metadata.parse_session_start_info_plugin_data(tags[metadata.SESSION_START_INFO_TAG])
+        hps = {
+            k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
+            for k, v in start.hparams.items()
+        }
+        rows[run] = hps, metadata.SESSION_END_INFO_TAG in tags
+    return columns, rows
+
+
+def sweep_fit(log_dir, hparams, val=True, watchers=()):
+    torch.manual_seed(0)
+    return st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=hparams.get("lr", 0.1)),
+        epochs=1,
+        metrics={"acc": st.accuracy} if val else None,
+        watchers=[st.TensorBoard(log_dir, hparams=hparams), *watchers],
+        options=st.Options(progress=False),
+    ).fit(Graph.somatize(Body() >> Head()), data(), val=data(2) if val else None)
+
+
+def test_the_hparams_view_of_a_sweep_has_every_runs_hyperparameters_and_metrics(tmp_path):
+    """Found by an outside audit: each run wrote an experiment summary, and tensorboard takes
+    the first it finds as every run's columns: a sweep whose configurations differ in their
+    keys lost the others' columns (momentum, batch), and lr read as not differing."""
+    sweep_fit(tmp_path / "a", {"lr": 0.1}, val=False)
+    sweep_fit(tmp_path / "b", {"lr": 0.03, "momentum": 0.9})
+    sweep_fit(tmp_path / "c", {"lr": 0.01, "batch": 8, "nesterov": True, "layers": [4, 8]})
+    (hparams, metrics), rows = hparams_view(tmp_path)
+    assert hparams == {"lr": True, "momentum": False, "batch": False, "nesterov": False,
+                       "layers": False}  # fmt: skip
+    assert {"train/loss", "val/loss", "val/acc"} <= metrics
+    assert rows["c"] == ({"lr": 0.01, "batch": 8.0, "nesterov": True, "layers": "[4, 8]"}, True)
+    assert rows["a"] == ({"lr": 0.1}, True)
+
+
+def test_the_hparams_of_a_run_are_written_as_it_starts(tmp_path):
+    """A run that fails (or is still training) is in the HParams view with its
+    hyper-parameters, no end marked, as Lightning logs them at the start; before, only a
+    run that ended was."""
+    with pytest.raises(Crash):
+        sweep_fit(tmp_path / "failed", {"lr": 0.05, "tag": None}, watchers=[CrashAt(2)])
+    _, rows = hparams_view(tmp_path)
+    assert rows["failed"] == ({"lr": 0.05, "tag": "None"}, False)
+
+
+def test_the_hparams_view_of_a_run_resumed_with_nothing_left_to_train(tmp_path):
+    """Killed after its last checkpoint, before it ended, then resumed: the resumed run
+    trains and evaluates nothing, yet the view has its metrics (the interrupted run's
+    scalars, in the same folder) and marks its end."""
+    from somatize.watchers import FitEnd
+
+    class DieAtTheEnd:
+        def on_event(self, event):
+            if isinstance(event, FitEnd):
+                raise Crash
+
+    def fit(*watchers, resume=None):
+        torch.manual_seed(0)
+        st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            metrics={"acc": st.accuracy},
+            checkpoint=st.Checkpointing(tmp_path / "ckpt"),
+            watchers=[*watchers, st.TensorBoard(tmp_path / "tb", hparams={"lr": 0.1})],
+            options=st.Options(progress=False),
+        ).fit(Graph.somatize(Body() >> Head()), data(), val=data(2), resume=resume)
+
+    with pytest.raises(Crash):
+        fit(DieAtTheEnd())
+    assert hparams_view(tmp_path)[1]["tb"] == ({"lr": 0.1}, False)
+    backdate(tmp_path / "tb")
+    fit(resume="last")
+    (_, metrics), rows = hparams_view(tmp_path)
+    assert {"train/loss", "val/loss", "val/acc"} <= metrics
+    assert rows["tb"] == ({"lr": 0.1}, True)
+
+
+def test_a_watcher_reused_for_another_fit_writes_each_runs_own_start_and_end(tmp_path):
+    tb = st.TensorBoard(tmp_path / "a", hparams={"lr": 0.1})
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        watchers=[tb],
+        options=st.Options(progress=False),
+    )
+    trainer.fit(graph(), data())
+    tb.log_dir, tb.hparams = str(tmp_path / "b"), {"lr": 0.1, "stage": 2}
+    trainer.fit(graph(), data())
+    _, rows = hparams_view(tmp_path)
+    assert rows == {"a": ({"lr": 0.1}, True), "b": ({"lr": 0.1, "stage": 2.0}, True)}
