@@ -19,7 +19,8 @@ import errno
 import os
 import warnings
 from collections.abc import Mapping
-from time import time
+from functools import cache
+from time import monotonic, time
 from typing import Any
 
 from ..errors import require
@@ -29,6 +30,8 @@ from .claims import Claim, claim
 from .settings import count
 
 __all__ = ["TensorBoard"]
+
+_HOLD_SECONDS = 1.0  # how far behind the training the event file may be
 
 
 class TensorBoard:
@@ -74,6 +77,8 @@ class TensorBoard:
         self._writer: Any = None
         self._claim: Claim | None = None  # log_dir, while this run writes there (claims.py)
         self._start, self._resuming = 0, False
+        self._held: list[tuple[Any, int]] = []  # (summary, step) not handed to the writer yet
+        self._handed = 0.0  # when they last were (monotonic seconds)
 
     def _w(self) -> Any:
         if self._writer is None:
@@ -121,38 +126,56 @@ class TensorBoard:
         elif isinstance(event, StepEnd):
             if event.step % self.every_steps:
                 return
-            w = self._w()
-            w.add_scalar("train/loss", event.loss, event.step)
-            w.add_scalar("train/lr", event.lr, event.step)
+            step = {"train/loss": event.loss, "train/lr": event.lr}
             for i, lr in enumerate(event.lrs[1:], 1):  # parameter groups after the first
-                w.add_scalar(f"train/lr/group{i}", lr, event.step)
+                step[f"train/lr/group{i}"] = lr
             if event.seconds > 0:
-                w.add_scalar(
-                    "train/examples_per_second", event.examples / event.seconds, event.step
-                )
+                step["train/examples_per_second"] = event.examples / event.seconds
+            self._scalars(step, event.step)
         elif isinstance(event, EpochEnd):
-            w = self._w()
-            w.add_scalar("train/epoch", event.epoch + 1, event.step)
+            epoch: dict[str, float] = {"train/epoch": event.epoch + 1}
             for node, c in event.cache.items():
                 if total := c["hits"] + c["misses"]:
-                    w.add_scalar(f"cache/{node}/hit_rate", c["hits"] / total, event.step)
+                    epoch[f"cache/{node}/hit_rate"] = c["hits"] / total
+            self._scalars(epoch, event.step)
         elif isinstance(event, Metrics):
             if not event.node:  # the Trainer's evaluation: always written
-                for name, value in event.values.items():
-                    self._w().add_scalar(_tag(name), float(value), event.step)
-                return
-            if event.step % self.every_steps:
-                return
-            for name, value in event.values.items():
-                self._w().add_scalar(f"node/{event.node}/{name}", float(value), event.step)
+                self._scalars({_tag(k): v for k, v in event.values.items()}, event.step)
+            elif not event.step % self.every_steps:
+                values = event.values.items()
+                self._scalars({f"node/{event.node}/{k}": v for k, v in values}, event.step)
         elif isinstance(event, FitEnd):
+            self._hand_over()
             if self.hparams:
                 self._w().file_writer.add_summary(_session(None))
             if self._writer is not None:
                 self._writer.flush()
 
+    def _scalars(self, values: Mapping[str, Any], step: int) -> None:
+        """``values`` (tag -> number) at ``step``, as one event (``add_scalar`` made one per
+        value), handed to the writer with the others of the last second: its thread woke for
+        each event, which cost more CPU than writing it (see docs/trainer.md, watchers)."""
+        if not values:
+            return
+        summary = _summary_type()
+        value = summary.Value
+        made = [value(tag=tag, simple_value=float(v)) for tag, v in values.items()]
+        self._held.append((summary(value=made), step))
+        if monotonic() - self._handed >= _HOLD_SECONDS:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Give the writer the events held back."""
+        if self._held:
+            add = self._w().file_writer.add_summary
+            for summary, step in self._held:
+                add(summary, step)
+            self._held.clear()
+        self._handed = monotonic()
+
     def flush(self) -> None:
         """Write out what the writer holds: a checkpoint is about to cover its steps."""
+        self._hand_over()
         if self._writer is not None:
             self._writer.flush()
 
@@ -168,6 +191,7 @@ class TensorBoard:
 
     def close(self) -> None:
         try:
+            self._hand_over()  # (a failed run's last steps too)
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
@@ -177,7 +201,7 @@ class TensorBoard:
                 self._claim = None
 
     def __getstate__(self) -> dict[str, Any]:  # a copy in another process opens its own writer
-        return {**self.__dict__, "_writer": None, "_claim": None}
+        return {**self.__dict__, "_writer": None, "_claim": None, "_held": []}
 
 
 def _tag(name: str) -> str:
@@ -185,12 +209,19 @@ def _tag(name: str) -> str:
     return f"val/{name[4:]}" if name.startswith("val_") else name
 
 
+@cache
+def _summary_type() -> Any:
+    """tensorboard's ``Summary`` message (imported once, not at each step)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]
+
+    return Summary
+
+
 def _session(hparams: Mapping[str, Any] | None) -> Any:
     """The HParams plugin's summary of a run's start with its ``hparams``, or (None) of its
     successful end. No experiment summary: tensorboard takes the one it finds first as the
     columns of every run, so a sweep whose runs differ in their keys lost columns, and each
     column read "differs: false"; without one it gathers them from all runs' starts."""
-    from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]
     from tensorboard.plugins.hparams import (  # type: ignore[import-untyped]
         api_pb2,
         metadata,
@@ -216,10 +247,10 @@ def _session(hparams: Mapping[str, Any] | None) -> Any:
             metadata.SESSION_START_INFO_TAG,
             plugin_data_pb2.HParamsPluginData(session_start_info=start),
         )
-    value = Summary.Value(
+    value = _summary_type().Value(
         tag=tag, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR
     )
-    return Summary(value=[value])
+    return _summary_type()(value=[value])
 
 
 def _posix(log_dir: str) -> str:

@@ -214,3 +214,50 @@ def test_a_watcher_reused_for_another_fit_writes_each_runs_own_start_and_end(tmp
     trainer.fit(graph(), data())
     _, rows = hparams_view(tmp_path)
     assert rows == {"a": ({"lr": 0.1}, True), "b": ({"lr": 0.1, "stage": 2.0}, True)}
+
+
+def test_a_steps_scalars_are_one_event(tmp_path):
+    """Found by an outside audit: add_scalar wrote an event per value, and the writer thread
+    woke for each (102 Python calls a step, 36 now); a step's scalars go in one event, the
+    values as before, read back by tag."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    torch.manual_seed(0)
+    result = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=2,
+        metrics={"acc": st.accuracy},
+        watchers=[st.TensorBoard(tmp_path / "tb")],
+        options=st.Options(progress=False),
+    ).fit(Graph.somatize(Body() >> Head()), data(), val=data(2))
+    (path,) = (tmp_path / "tb").iterdir()
+    tags: dict[int, list[list[str]]] = {}
+    for event in EventFileLoader(str(path)).Load():
+        if event.summary.value:
+            tags.setdefault(event.step, []).append([v.tag for v in event.summary.value])
+    step = ["train/loss", "train/lr", "train/examples_per_second"]
+    node = ["node/head/logit_mean"]
+    assert tags[1] == tags[2] == [step, node]
+    val = ["val/loss", "val/acc", "val/head/logit_mean"]
+    assert tags[3] == [step, node, val, ["train/epoch"]]
+    assert [v for _, v in served(tmp_path / "tb")] == pytest.approx(result.losses)
+    assert [s for s, _ in served(tmp_path / "tb", "val/acc")] == [3, 6]
+
+
+def test_flush_writes_out_the_steps_held_back(tmp_path):
+    """Events go to the writer about once a second; a checkpoint (``flush()``) or the end
+    must not wait for that."""
+    from somatize.watchers import FitStart
+
+    tb = st.TensorBoard(tmp_path / "tb")
+    tb.on_event(FitStart("r", epochs=1, max_steps=0, start_step=0))
+    for step in range(1, 6):
+        tb.on_event(StepEnd("r", step, 0, 1.0 / step, 0.1, 8, 0.01))
+    tb.flush()
+    got = served(tmp_path / "tb")
+    assert [s for s, _ in got] == [1, 2, 3, 4, 5]
+    assert [v for _, v in got] == pytest.approx([1.0 / s for s in range(1, 6)])
+    tb.on_event(StepEnd("r", 6, 0, 0.5, 0.1, 8, 0.01))
+    tb.close()
+    assert [s for s, _ in served(tmp_path / "tb")] == list(range(1, 7))
