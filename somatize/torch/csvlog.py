@@ -11,7 +11,8 @@ its cache found: ``cache/<node>/hits`` and ``cache/<node>/misses`` (``EpochEnd.c
 
 Each row is one ``write`` to a file opened for appending, so a process killed at any
 instant leaves whole rows; when a new column appears (the first evaluation) the file
-is rewritten atomically under the wider header. A step's row waits for its node metrics,
+is read back and rewritten atomically under the wider header (no row is held in memory,
+however long the run). A step's row waits for its node metrics,
 and goes to disk before a checkpoint is written (the Trainer calls ``flush()``), so a
 resumed run drops the rows the interrupted one wrote after its checkpoint, and only
 those. A damaged row (a step that is not a number) is dropped with a warning; a log
@@ -63,7 +64,6 @@ class CSVLog:
                 f"file in it, e.g. st.CSVLog({str(self.path / 'metrics.csv')!r})",
             )
         self._columns: list[str] = list(_FIRST)
-        self._rows: list[dict[str, Any]] = []
         self._pending: dict[str, Any] | None = None
         self._epoch = 0
 
@@ -102,14 +102,15 @@ class CSVLog:
             self._finish()
 
     def _start(self, event: FitStart) -> None:
-        self._rows, self._columns, self._pending = [], list(_FIRST), None
-        start_step = event.start_step
+        self._columns, self._pending = list(_FIRST), None
+        start_step, rows = event.start_step, []
         if start_step and self.path.exists():  # resumed: keep what led up to the checkpoint
-            self._rows = [row for row in self._read(start_step) if not _redone(row, event)]
-        self._rewrite()
+            rows = [row for row in self._read(start_step) if not _redone(row, event)]
+        self._rewrite(rows)
 
-    def _read(self, start_step: int) -> list[dict[str, Any]]:
-        """The rows of the log up to ``start_step``, damaged ones dropped with a warning."""
+    def _read(self, start_step: int | None) -> list[dict[str, Any]]:
+        """The rows of the log up to ``start_step`` (None: all), damaged ones dropped with
+        a warning; its columns become this log's."""
         text = self.path.read_bytes().decode("utf-8", errors="replace").replace("\0", "")
         reader = csv.DictReader(io.StringIO(text, newline=""))
         columns = list(reader.fieldnames or [])
@@ -118,8 +119,9 @@ class CSVLog:
             os.replace(self.path, aside)
             warnings.warn(
                 f"CSVLog: the header of {self.path} is damaged ({columns[:3]}, not {_FIRST[:3]}); "
-                f"it was moved to {aside} and the log starts anew from step {start_step}. Its "
-                "rows are readable there by hand",
+                f"it was moved to {aside} and the log starts anew"
+                f"{f' from step {start_step}' if start_step is not None else ''}. Its rows are "
+                "readable there by hand",
                 UserWarning,
                 stacklevel=outside(),
             )
@@ -132,7 +134,8 @@ class CSVLog:
             except ValueError:
                 damaged.append(reader.line_num)
                 continue
-            if step <= start_step:
+            if start_step is None or step <= start_step:
+                row.pop(None, None)  # (fields past the header's: DictWriter refuses them)
                 rows.append(row)
         if damaged:
             warnings.warn(
@@ -154,22 +157,22 @@ class CSVLog:
             self._write(row)
 
     def _write(self, row: dict[str, Any]) -> None:
-        self._rows.append(row)
         new = [k for k in row if k not in self._columns]
-        if new:
-            self._columns.extend(new)
-            self._rewrite()
+        if new:  # the rows are read back from the file: a long run's are not held in memory
+            rows = self._read(None) if self.path.exists() else []
+            self._columns.extend(k for k in new if k not in self._columns)
+            self._rewrite([*rows, row])
             return
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         os.write(self._fd, self._lines([row]).encode())
 
-    def _rewrite(self) -> None:
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, self._lines(self._rows, header=True).encode())
+        atomic_write(self.path, self._lines(rows, header=True).encode())
 
     def _lines(self, rows: list[dict[str, Any]], header: bool = False) -> str:
         out = io.StringIO()

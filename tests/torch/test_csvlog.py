@@ -199,3 +199,32 @@ def test_a_log_with_a_damaged_header_is_set_aside_and_started_anew(tmp_path):
         )
     assert (tmp_path / "log.csv.damaged").exists()
     assert [int(r["step"]) for r in rows(log) if r["kind"] == "step"] == list(range(7, 21))
+
+
+def test_a_long_run_holds_no_rows_in_memory(tmp_path):
+    """Found by an outside audit: every row was kept for the rewrite a new column needs
+    (384 bytes a step, 0.4 GB over a million steps); that rewrite now reads the file back."""
+    import tracemalloc
+
+    from somatize.watchers import FitStart, Metrics, StepEnd
+
+    log = st.CSVLog(tmp_path / "log.csv")
+    log.on_event(FitStart("r", epochs=1, max_steps=0, start_step=0))
+
+    def steps(first, end):
+        for s in range(first, end):
+            log.on_event(StepEnd("r", s, 0, 1.0 / s, 0.1, 8, 0.001))
+
+    steps(1, 200)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    steps(200, 2200)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 100_000  # (770 kB before)
+    log.on_event(Metrics("r", "", 2199, {"val_loss": 0.5}))  # a new column: the file rewritten
+    log.close()
+    got = rows(tmp_path / "log.csv")
+    assert [r["step"] for r in got] == [str(s) for s in range(1, 2200)] + ["2199"]
+    assert got[-1]["kind"] == "eval" and got[-1]["val_loss"] == "0.5" and got[0]["val_loss"] == ""
+    assert float(got[5]["loss"]) == 1.0 / 6  # (the text read back is written back as it was)
