@@ -117,7 +117,8 @@ def run(name: str, rounds: int, log_dir: Path | None, seed: int = 0) -> list[flo
     if log_dir is not None:
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(str(log_dir / name))
+        # (purge_step=1: a rerun draws its rounds over the earlier run's, not beside them)
+        writer = SummaryWriter(str(log_dir / name), purge_step=1)
     curve = []
     for r in range(rounds):
         chosen = fl.sample(len(parts), fraction=0.1, round=r, seed=seed)
