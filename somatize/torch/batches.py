@@ -16,6 +16,7 @@ what makes resuming mid-epoch exact.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -117,12 +118,26 @@ def _holds_loss(output: Mapping[Any, Any]) -> str:
 
 
 def _map(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
+    """``fn`` on every tensor of a (nested) batch, rebuilding its containers as their own
+    types: tuples, namedtuples, lists, dicts and other mappings (a tokenizer's
+    ``BatchEncoding``), dataclass instances (by their ``init`` fields)."""
     if isinstance(value, torch.Tensor):
         return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple: by position
+        return type(value)(*(_map(fn, v) for v in value))
     if isinstance(value, (tuple, list)):
         return type(value)(_map(fn, v) for v in value)
-    if isinstance(value, dict):
-        return {k: _map(fn, v) for k, v in value.items()}
+    if isinstance(value, Mapping):
+        out = {k: _map(fn, v) for k, v in value.items()}
+        if type(value) is dict:
+            return out
+        try:  # (OrderedDict, BatchEncoding...; a defaultdict cannot be made from a dict)
+            return type(value)(out)  # type: ignore[call-arg]
+        except Exception:
+            return out
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = [f.name for f in dataclasses.fields(value) if f.init]
+        return dataclasses.replace(value, **{f: _map(fn, getattr(value, f)) for f in fields})
     return value
 
 

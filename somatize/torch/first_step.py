@@ -18,6 +18,7 @@ it returns at once (one Python call a step, a fraction of a µs, against the pla
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import types
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -225,12 +226,21 @@ def batch_note(batch: Any, with_loss: bool, owner: str = "Trainer") -> str:
         )
     if pair or (isinstance(batch, Mapping) and "x" in batch):
         return ""  # it was split: the failure is the model's or the loss's own
-    fix = (
-        _dict_fix(batch, owner)
-        if isinstance(batch, Mapping)
-        else "e.g. TensorDataset(X, Y), ((x1, x2), y) for two inputs, or say how to split "
-        f"it: {owner}(split=lambda b: ((b[0], b[1]), b[2]))"
-    )
+    fields = _field_names(batch)
+    if isinstance(batch, Mapping):
+        fix = _dict_fix(batch, owner)
+    elif fields:  # a dataclass or namedtuple: split it by its fields' names
+        target = next((f for f in _TARGETS if f in fields), fields[-1])
+        first = next(f for f in fields if f != target)
+        fix = (
+            f"or say how to split it by its fields ({', '.join(fields)}): "
+            f"{owner}(split=lambda b: (b.{first}, b.{target}))"
+        )
+    else:
+        fix = (
+            "e.g. TensorDataset(X, Y), ((x1, x2), y) for two inputs, or say how to split "
+            f"it: {owner}(split=lambda b: ((b[0], b[1]), b[2]))"
+        )
     return (
         f"the batch is {shape}, which the {owner} does not split: with a loss function a "
         "batch is (x, y) or a dict with 'x' (and 'y'); anything else is the model's input "
@@ -262,6 +272,15 @@ def _dict_fix(batch: Mapping[Any, Any], owner: str) -> str:
     )
 
 
+def _field_names(value: Any) -> list[str]:
+    """The fields of a dataclass instance or a namedtuple (at least two), else []."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = [f.name for f in dataclasses.fields(value)]
+    else:
+        names = list(getattr(value, "_fields", ())) if isinstance(value, tuple) else []
+    return names if len(names) > 1 else []
+
+
 def _tensor_pair(data: Any) -> bool:
     return (
         isinstance(data, (tuple, list))
@@ -290,6 +309,10 @@ def describe(value: Any, depth: int = 0) -> str:
     if isinstance(value, Mapping):
         inner = ", ".join(f"{k!r}: {describe(v, depth + 1)}" for k, v in list(value.items())[:6])
         return f"a dict {{{inner}}}" if depth == 0 else f"{{{inner}}}"
+    if fields := _field_names(value):
+        inner = ", ".join(f"{f}={describe(getattr(value, f), depth + 1)}" for f in fields[:6])
+        more = ", ..." if len(fields) > 6 else ""
+        return f"{'a ' if depth == 0 else ''}{type(value).__qualname__}({inner}{more})"
     if isinstance(value, (tuple, list)):
         inner = ", ".join(describe(v, depth + 1) for v in value[:6])
         more = ", ..." if len(value) > 6 else ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import re
 import warnings
 
@@ -152,6 +154,34 @@ def test_a_tokenizer_style_dict_is_told_the_split_that_takes_its_labels_out_and_
     split = eval(told.removeprefix("split="))  # the fix as the note gives it
     result = st.Trainer(loss=F.cross_entropy, optimizer=sgd, split=split, options=Q).fit(
         Graph.somatize(Tokens()), [batch, batch]
+    )
+    assert result.steps == 2
+
+
+@dataclasses.dataclass
+class Example:
+    image: torch.Tensor
+    label: torch.Tensor
+    key: str
+
+
+Triple = collections.namedtuple("Triple", "image mask label")
+
+
+@pytest.mark.parametrize("make", [lambda x, y: Example(x, y, "k"), lambda x, y: Triple(x, x, y)])
+def test_a_dataclass_or_namedtuple_batch_is_told_the_split_by_its_field_names(make):
+    """Not b[0] (a dataclass has no indices): the fields by name, the target's picked out."""
+    batch = make(torch.randn(4, 3), torch.randint(0, 2, (4,)))
+    trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=Q)
+    with pytest.raises(TypeError) as info:
+        trainer.fit(Graph.somatize(Weighted()), [batch, batch])
+    notes = "".join(info.value.__notes__)
+    assert f"a {type(batch).__name__}(image=tensor (4, 3)" in notes, notes
+    told = "split=lambda b: (b.image, b.label)"
+    assert told in notes, notes
+    split = eval(told.removeprefix("split="))  # the fix as the note gives it
+    result = st.Trainer(loss=F.cross_entropy, optimizer=sgd, split=split, options=Q).fit(
+        Graph.somatize(Weighted()), [batch, batch]
     )
     assert result.steps == 2
 
