@@ -41,6 +41,7 @@ from ..errors import SettingError, add_note
 from . import ddp
 from .batches import epoch_batches, num_examples, to_device
 from .limits import limited
+from .metric_notes import call_note
 from .module_reads import node_metrics
 
 __all__ = ["Metric", "accuracy", "check_ranks", "evaluate", "is_metric", "members"]
@@ -232,12 +233,16 @@ def evaluate(
                         try:
                             got = fns[name](out, y)  # type: ignore[operator]
                         except Exception as e:
-                            add_note(e, _call_note(name, out, y))
+                            add_note(e, call_note(name, out, y))
                             raise
                         value = _scalar(got, name)
                         sums[j] += _exact(value, dtype) * n
-                    for m in objects.values():
-                        m.update(out, y)
+                    for name, m in objects.items():
+                        try:
+                            m.update(out, y)
+                        except Exception as e:
+                            add_note(e, call_note(name, out, y, update=True))
+                            raise
                 sums[-1] += n
                 for node, values in (node_metrics(net) or {}).items():
                     for k, v in node_scalars(node, values).items():
@@ -328,24 +333,6 @@ def _computed(value: Any, name: str) -> float:
             )
         return float(value)
     return _number(value, f"metric {name!r} computed")
-
-
-def _call_note(name: str, out: Any, y: Any) -> str:
-    """Where an evaluation's call of the loss or of metric ``name`` failed, and how it is
-    called (a metric of the output alone fails only with Python's "takes 1 positional")."""
-    from .first_step import _typed
-
-    what = "the loss function" if name == "loss" else f"metric {name!r}"
-    if name == "loss" and y is None:  # (loss_of calls loss(output) for a batch with no target)
-        called = f"loss(output) with output {_typed(out)}, the batch having no target"
-    else:
-        called = f"fn(output, target) with output {_typed(out)}, target {_typed(y)}"
-    return (
-        f"raised in {what}, called as {called}: evaluation calls the loss and each function of Trainer(metrics=...) "
-        "with the model's output and the batch's target, as st.accuracy(output, target) "
-        "(an object with reset/update/compute, a torchmetrics Metric, is given "
-        "update(output, target))"
-    )
 
 
 def node_scalars(node: str, values: Any) -> dict[str, Any]:

@@ -187,6 +187,51 @@ def test_a_metric_function_of_the_wrong_shape_is_named_with_how_it_is_called():
     )
 
 
+class Heads(nn.Module):
+    """A model whose output is a dict, as a multi-head (or Hugging Face) model's is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return {"logits": self.lin(x), "score": x.sum(-1)}
+
+
+def test_a_metric_object_failing_on_a_dict_output_is_named_with_the_pick_that_fixes_it():
+    from torchmetrics.classification import MulticlassAccuracy
+
+    def loss(out, y):
+        return F.cross_entropy(out["logits"], y)
+
+    trainer = st.Trainer(loss=loss, metrics={"tm": MulticlassAccuracy(num_classes=2)})
+    with pytest.raises(AttributeError) as e:  # torchmetrics: 'dict' object has no attribute
+        trainer.evaluate(Heads(), data())
+    notes = _notes(e)
+    assert "raised in metric 'tm', called as tm.update(output, target) with output" in notes
+    assert "a dict ('logits', 'score'), and a metric is given it whole" in notes
+    assert "super().update(out['logits'], y)" in notes
+
+    class Picked(MulticlassAccuracy):  # the fix the note gives
+        def update(self, out, y):
+            super().update(out["logits"], y)
+
+    got = st.Trainer(
+        loss=loss,
+        metrics={
+            "tm": Picked(num_classes=2, average="micro"),
+            "acc": lambda out, y: st.accuracy(out["logits"], y),
+        },
+    ).evaluate(Heads(), data())
+    x, y = (torch.cat(t) for t in zip(*data()))
+    with torch.no_grad():  # batches of 8, 8, 3: the values over the 19 examples
+        logits = Heads()(x)["logits"]
+    whole = st.accuracy(logits, y).item()
+    assert got["tm"] == pytest.approx(whole) and got["acc"] == pytest.approx(whole)
+    assert got["loss"] == pytest.approx(F.cross_entropy(logits, y).item())
+
+
 def test_a_validation_pair_of_tensors_is_named_as_two_batches():
     # val=(X, Y) is a sequence of two batches, X and Y — as fit((X, Y)) is
     x, y = data()[0]
