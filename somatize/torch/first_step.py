@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import types
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from .run import ActiveRun
     from .trainer import Trainer
 
-__all__ = ["batch_note", "describe", "evaluate_note", "first_step", "loss_note"]
+__all__ = ["batch_note", "describe", "evaluate_note", "first_step", "keywords_note", "loss_note"]
 
 
 @contextlib.contextmanager
@@ -58,6 +59,7 @@ def first_step(trainer: Trainer, run: ActiveRun, train: Any) -> Iterator[None]:
     except (TypeError, ValueError, RuntimeError) as e:
         if not stepped:
             explain(e, trainer, train)
+            keywords_note(e, trainer, run.net)
         note_batch_of_one(e, trainer, run)  # (any step: a short last batch, batch_of_one.py)
         raise
     finally:
@@ -121,6 +123,34 @@ def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
     note = batch_note(batch, trainer.loss is not None) + _train_hint(train)
     if note:
         add_note(e, note)
+
+
+def keywords_note(e: BaseException, trainer: Trainer, net: nn.Module) -> None:
+    """A note on a failure where the model's input is a dict whose keys its ``forward``
+    names as parameters (a Hugging Face model's ``forward(input_ids, attention_mask)``): the
+    Trainer calls ``model(inputs)``, one argument, never ``model(**inputs)``."""
+    if not isinstance(e, (TypeError, ValueError, AttributeError)):
+        return
+    batch = _failing_batch(e)
+    try:
+        x = trainer._split(batch)[0] if batch is not None else None
+        params = inspect.signature(net.forward).parameters
+    except Exception:  # (the split's own failure is told by explain; no signature: no note)
+        return
+    if not isinstance(x, Mapping):
+        return
+    named = [k for k in x if k in params]
+    if not named:
+        return
+    add_note(
+        e,
+        f"the model's input is a dict ({', '.join(map(repr, x))}) and its forward takes "
+        f"{', '.join(named)} as parameters, but the Trainer calls model(inputs) with one "
+        "argument, not model(**inputs): the whole dict went to its first parameter. Wrap "
+        "the model: class Wrapped(nn.Module): def __init__(self, m): super().__init__(); "
+        "self.m = m; def forward(self, inputs): return self.m(**inputs).logits (or the "
+        "output the loss wants)",
+    )
 
 
 def loss_note(e: BaseException, loss: Any, who: str = "the Trainer") -> str | None:

@@ -247,3 +247,56 @@ def test_a_model_that_fails_is_not_said_to_be_the_loss():
             Graph.somatize(Broken() >> Head()), data()
         )
     assert "raised in the loss" not in "".join(getattr(info.value, "__notes__", []))
+
+
+class KeywordModel(nn.Module):
+    """A model whose forward takes a tokenizer's keys as parameters, as a Hugging Face one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = nn.Embedding(10, 4), nn.Linear(4, 2)
+
+    def forward(self, input_ids, attention_mask):
+        return self.out((self.emb(input_ids) * attention_mask[..., None]).mean(1))
+
+
+class Unpacked(nn.Module):  # the wrapper the note gives
+    def __init__(self, m: nn.Module) -> None:
+        super().__init__()
+        self.m = m
+
+    def forward(self, inputs):
+        return self.m(**inputs)
+
+
+def test_a_dict_input_to_a_model_of_keyword_parameters_is_told_it_is_one_argument():
+    gen = torch.Generator().manual_seed(0)
+    batches = [
+        {
+            "input_ids": torch.randint(0, 10, (4, 6), generator=gen),
+            "attention_mask": torch.ones(4, 6),
+            "labels": torch.randint(0, 2, (4,), generator=gen),
+        }
+        for _ in range(3)
+    ]
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=sgd,
+        split=lambda b: ({k: v for k, v in b.items() if k != "labels"}, b["labels"]),
+        options=st.Options(progress=False, shuffle=False),
+    )
+    with pytest.raises(TypeError) as info:
+        trainer.fit(KeywordModel(), batches)
+    notes = "".join(getattr(info.value, "__notes__", []))
+    assert "its forward takes input_ids, attention_mask as parameters" in notes, notes
+    assert "not model(**inputs)" in notes
+    wrapped = Unpacked(KeywordModel())
+    trainer.fit(wrapped, batches)
+    plain = KeywordModel()  # the same steps by hand
+    opt = sgd(plain.parameters())
+    for b in batches:
+        opt.zero_grad()
+        F.cross_entropy(plain(b["input_ids"], b["attention_mask"]), b["labels"]).backward()
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(wrapped.m.parameters(), plain.parameters()))
