@@ -60,6 +60,7 @@ def first_step(trainer: Trainer, run: ActiveRun, train: Any) -> Iterator[None]:
         if not stepped:
             explain(e, trainer, train)
             keywords_note(e, trainer, run.net)
+            dtype_note(e, trainer, run.net)
         note_batch_of_one(e, trainer, run)  # (any step: a short last batch, batch_of_one.py)
         raise
     finally:
@@ -150,6 +151,38 @@ def keywords_note(e: BaseException, trainer: Trainer, net: nn.Module) -> None:
         "the model: class Wrapped(nn.Module): def __init__(self, m): super().__init__(); "
         "self.m = m; def forward(self, inputs): return self.m(**inputs).logits (or the "
         "output the loss wants)",
+    )
+
+
+# what torch says of mixed float dtypes (matmul, conv, an elementwise op with out=)
+_MIXED = ("must have the same dtype", "expected scalar type", "and weight type", "same dtype")
+
+
+def dtype_note(e: BaseException, trainer: Trainer, net: nn.Module) -> None:
+    """A note on a first step failing on mixed float dtypes, where the model's parameters
+    are of one and the batch's input tensors of another (a float64 model, float32 data):
+    the Trainer moves a batch to the device but never casts it."""
+    if not isinstance(e, RuntimeError) or not any(m in str(e) for m in _MIXED):
+        return
+    model = next((p.dtype for p in net.parameters() if p.is_floating_point()), None)
+    batch = _failing_batch(e)
+    try:
+        x = trainer._split(batch)[0] if batch is not None else None
+    except Exception:  # (the split's own failure is told by explain)
+        return
+    leaves = x.values() if isinstance(x, Mapping) else x if isinstance(x, (list, tuple)) else [x]
+    data = {t.dtype for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    if model is None or not data or data == {model}:
+        return
+    said = ", ".join(sorted(str(d).removeprefix("torch.") for d in data))
+    name = str(model).removeprefix("torch.")
+    add_note(
+        e,
+        f"the model's parameters are {name} and the batch's inputs {said}: the Trainer moves "
+        "a batch to the device but never casts it. Make them one dtype — the data "
+        f"(x.to(torch.{name}) in the Dataset or a collate_fn), or the model "
+        f"(model.to(torch.{said.split(', ')[0]})); for mixed precision use "
+        "Options(precision='bf16'), which autocasts",
     )
 
 

@@ -300,3 +300,19 @@ def test_a_dict_input_to_a_model_of_keyword_parameters_is_told_it_is_one_argumen
         F.cross_entropy(plain(b["input_ids"], b["attention_mask"]), b["labels"]).backward()
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(wrapped.m.parameters(), plain.parameters()))
+
+
+def test_a_float64_model_on_float32_data_gets_a_note_naming_both_dtypes():
+    data = [(torch.randn(8, 4), torch.randint(0, 3, (8,)))]
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        options=st.Options(progress=False),
+    )
+    with pytest.raises(RuntimeError) as e:
+        trainer.fit(nn.Linear(4, 3).double(), data)  # (torch's bare 'mat1 and mat2 ...')
+    said = " ".join(getattr(e.value, "__notes__", []))
+    assert "the model's parameters are float64 and the batch's inputs float32" in said
+    assert "x.to(torch.float64)" in said and "model.to(torch.float32)" in said
+    doubled = [(x.double(), y) for x, y in data]  # the fix it gives trains
+    assert trainer.fit(nn.Linear(4, 3).double(), doubled).losses
