@@ -126,13 +126,14 @@ def explain(e: BaseException, trainer: Trainer, train: Any) -> None:
         add_note(e, note)
 
 
-def keywords_note(e: BaseException, trainer: Trainer, net: nn.Module) -> None:
+def keywords_note(e: BaseException, trainer: Trainer, net: nn.Module, batch: Any = None) -> None:
     """A note on a failure where the model's input is a dict whose keys its ``forward``
     names as parameters (a Hugging Face model's ``forward(input_ids, attention_mask)``): the
-    Trainer calls ``model(inputs)``, one argument, never ``model(**inputs)``."""
+    Trainer calls ``model(inputs)``, one argument, never ``model(**inputs)``. ``batch``: the
+    failing batch, where the failing frames do not hold it (``predict``)."""
     if not isinstance(e, (TypeError, ValueError, AttributeError)):
         return
-    batch = _failing_batch(e)
+    batch = _failing_batch(e) if batch is None else batch
     try:
         x = trainer._split(batch)[0] if batch is not None else None
         params = inspect.signature(net.forward).parameters

@@ -20,6 +20,7 @@ from . import ddp
 from .batches import split, to_device
 from .carry import carries, check_last_batch, named_carries, reset
 from .data_checks import check_data
+from .first_step import keywords_note
 from .limits import limited
 from .rank_lengths import agree
 from .smoke import smoke_batches
@@ -67,12 +68,16 @@ def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> 
     reset(carries(net))  # carried state starts afresh, as for an evaluation
     was_training, out = net.training, []
     net.eval()
+    batch = None
     try:
         with torch.no_grad():
             for batch in limited(iter(data), smoke_batches(trainer.options)):
                 x = to_device(_inputs(trainer, batch), device)
                 with autocast():
                     out.append(net(x))
+    except (TypeError, ValueError, AttributeError) as e:
+        keywords_note(e, trainer, net, batch)  # (forward(input_ids, ...) given one dict)
+        raise
     finally:
         net.train(was_training)
     return out

@@ -39,7 +39,7 @@ from .checkpoint import Checkpointing
 from .data_checks import check_data, check_rereadable
 from .ddp_cache import warn_private_rows
 from .determinism import deterministic
-from .first_step import evaluate_note, first_step
+from .first_step import evaluate_note, first_step, keywords_note
 from .horizon import optimizer_steps, total_steps
 from .limits import batches_per_epoch, epoch_examples, one_epoch
 from .loop import train as train_loop
@@ -379,6 +379,7 @@ class Trainer:
             )
         except (TypeError, ValueError) as e:
             evaluate_note(e, self, data)  # the batch rule, as fit() explains it (first_step.py)
+            keywords_note(e, self, net)
             raise
 
 

@@ -300,6 +300,11 @@ def test_a_dict_input_to_a_model_of_keyword_parameters_is_told_it_is_one_argumen
         F.cross_entropy(plain(b["input_ids"], b["attention_mask"]), b["labels"]).backward()
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(wrapped.m.parameters(), plain.parameters()))
+    for call in (trainer.evaluate, trainer.predict):  # (fit's first step only, before)
+        with pytest.raises(TypeError) as info:
+            call(KeywordModel(), batches)
+        notes = "".join(getattr(info.value, "__notes__", []))
+        assert "its forward takes input_ids, attention_mask as parameters" in notes, call
 
 
 def test_a_float64_model_on_float32_data_gets_a_note_naming_both_dtypes():
