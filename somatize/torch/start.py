@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any
 
 import torch
@@ -87,13 +87,30 @@ def wrap(
     return wrapped
 
 
-def dynamic_step() -> Any:
+# What dynamo names ``GraphModule.step`` as forward reads it: through the weak reference its
+# own code is bound to (torch.compile(module(g)), Options(compile=...), .compile()), or as
+# DDP's ``module``. Exact names, so no other int attribute called ``step`` is touched.
+_STEP_SOURCES = ("L['ref']().step", "L['self']._modules['module'].step")
+
+
+@contextlib.contextmanager
+def dynamic_step() -> Iterator[None]:
     """Let torch.compile treat ``GraphModule.step`` (an int attribute that changes every step)
-    as dynamic: one recompile at the second step, none after — instead of one per step until
-    the recompile limit fails the run."""
+    as dynamic from the first trace: no recompile for the step, even under
+    ``compile={"dynamic": False}`` — instead of one per step until dynamo's recompile limit,
+    after which the rest of the run went eager, said only in a log line. (torch < 2.7, no
+    ``dynamic_sources``: dynamic from the second step on, and not under ``dynamic=False``.)"""
     import torch._dynamo
 
-    return torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
+    compiler = getattr(torch.compiler, "config", None)
+    named = getattr(compiler, "dynamic_sources", None)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True))
+        if isinstance(named, str):
+            extra = [s for s in _STEP_SOURCES if s not in named.split(",")]
+            joined = ",".join(([named] if named else []) + extra)
+            stack.enter_context(compiler.patch(dynamic_sources=joined))  # type: ignore[union-attr]
+        yield
 
 
 def place(net: nn.Module, requested: Any, world: int) -> torch.device:

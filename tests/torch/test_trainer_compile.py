@@ -108,3 +108,32 @@ def test_every_run_of_a_sweep_in_one_process_is_compiled(how):
             watch = fit(torch.compile(st.module(g), **EAGER))
         assert watch.graphs[0] > before, f"run {seed} was not compiled"
     assert not counters["recompile_limit"]
+
+
+class Scaled(Node):
+    """Computes with the step: a graph that reads ``ctx.step`` as a number, not a constant."""
+
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.lin(x) / (1.0 + ctx.step)), metrics={"step": ctx.step})
+
+
+@pytest.mark.parametrize("dynamic", [None, False])
+def test_the_step_compiles_once_even_with_dynamic_false(dynamic):
+    # before: dynamic=False specialised the step, one recompile a step until dynamo's limit
+    # (8); the rest of the run then went eager, said only in a log line
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    g = Graph.somatize(Scaled().with_id("linear"))
+    watch = fit(g, compile={**EAGER, "dynamic": dynamic})
+    assert watch.graphs == [1] * 12  # one trace; no step after the first compiled again
+    assert not counters["recompile_limit"]
+    compiled = st.state(g)
+    torch.manual_seed(0)
+    g = Graph.somatize(Scaled().with_id("linear"))
+    fit(g)
+    for k, v in st.state(g).items():
+        torch.testing.assert_close(compiled[k], v)
