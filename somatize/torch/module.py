@@ -319,11 +319,12 @@ class GraphModule(nn.Module):
         if as_data and recording():
             cached = sorted({*g.memory.cached, *g.memory.named})
             raise TypeError(
-                f"this graph caches {', '.join(map(repr, cached)) or 'a subgraph node'}, and a "
-                "trace, an export or a torch.func transform (grad, vmap) cannot record a cache "
-                "(it looks up each input's bytes): "
-                f"run it with caching off (g.cache({(cached or ['node'])[0]!r}, False); a "
-                "frozen node still runs frozen)"
+                f"this graph caches {', '.join(map(repr, cached)) or 'a subgraph node'}, and "
+                "torch.compile (Options(compile=...) too), a trace, an export or a torch.func "
+                "transform (grad, vmap) cannot record a cache (it looks up each input's bytes): "
+                "compile the part after it inside its node (docs/caching.md, 'torch.compile "
+                f"with a cached prefix'), or run it with caching off (g.cache("
+                f"{(cached or ['node'])[0]!r}, False); a frozen node still runs frozen)"
             )
         inputs = [as_input(a, as_data) for a in args]
         outcome = g.run(*inputs, step=self.step, training=self.training)

@@ -81,3 +81,21 @@ def test_traced_graph_gives_the_eager_result_and_gradients():
     out.sum().backward()
     for k, p in m.named_parameters():
         assert_close(p.grad, eager_grads[k], msg=k)
+
+
+class Encode(Node):
+    def __init__(self) -> None:
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, ctx):
+        return Done(self.lin(x))  # data (frozen): cacheable
+
+
+@pytest.mark.parametrize("per", ["batch", "example"])
+def test_a_cached_graph_compiled_is_refused_naming_the_node_and_the_fix(per):
+    g = Graph.somatize(Encode().with_id("enc") >> Linear(4, 2)).freeze("enc")
+    g.cache("enc", per="example") if per == "example" else g.cache("enc")
+    torch._dynamo.reset()
+    compiled = torch.compile(st.module(g), backend="eager")
+    with pytest.raises(TypeError, match=r"caches 'enc'.*torch\.compile.*inside its node"):
+        compiled(torch.randn(2, 4))
