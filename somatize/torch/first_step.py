@@ -31,6 +31,7 @@ from torch import nn
 from ..errors import SettingError, add_note
 from ..stack import outside
 from .batch_of_one import note_batch_of_one
+from .compile_errors import traced_node_note
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -62,6 +63,8 @@ def first_step(trainer: Trainer, run: ActiveRun, train: Any) -> Iterator[None]:
             keywords_note(e, trainer, run.net)
             dtype_note(e, trainer, run.net)
         note_batch_of_one(e, trainer, run)  # (any step: a short last batch, batch_of_one.py)
+        if run.compiled:  # (dynamo's errors are RuntimeErrors: any step may recompile)
+            traced_node_note(e, run.net)
         raise
     finally:
         handle.remove()
