@@ -1,5 +1,7 @@
 """A Trainer's work outside a run: ``evaluate`` and ``predict`` (no optimizer needed).
 
+Both run what the caller passed: a module compiled (``torch.compile(m)``, ``m.compile()``)
+runs compiled, its own forward in eval mode and without grad (a compile of its own, once).
 Both run where ``fit`` would: ``Options(device=...)`` (the model is moved there, as ``fit``
 moves it), else this rank's GPU under torchrun with CUDA, else where the parameters are;
 batches are moved to it. Outputs of ``predict`` stay on that device.
@@ -24,7 +26,7 @@ from .first_step import keywords_note
 from .limits import limited
 from .rank_lengths import agree
 from .smoke import smoke_batches
-from .start import as_module, autocast_for, place
+from .start import as_module, autocast_for, compiled, place
 from .valsets import refuse_sets
 
 if TYPE_CHECKING:
@@ -55,7 +57,8 @@ def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) ->
     device = place(net, trainer.options.device, world)  # where fit() would run it
     autocast = autocast_for(trainer.options.precision, device)
     limit = smoke_batches(trainer.options)
-    return trainer._evaluate(net, data, device, autocast, rank, world, limit)
+    runs = _runs(model, net)
+    return trainer._evaluate(runs, data, device, autocast, rank, world, limit)
 
 
 def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
@@ -66,6 +69,7 @@ def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> 
     device = place(net, trainer.options.device, ddp.rank_world()[1])
     autocast = autocast_for(trainer.options.precision, device)
     reset(carries(net))  # carried state starts afresh, as for an evaluation
+    runs = _runs(model, net)
     was_training, out = net.training, []
     net.eval()
     batch = None
@@ -74,7 +78,7 @@ def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> 
             for batch in limited(iter(data), smoke_batches(trainer.options)):
                 x = to_device(_inputs(trainer, batch), device)
                 with autocast():
-                    out.append(net(x))
+                    out.append(runs(x))
     except (TypeError, ValueError, AttributeError) as e:
         keywords_note(e, trainer, net, batch)  # (forward(input_ids, ...) given one dict)
         raise
@@ -89,3 +93,10 @@ def _inputs(trainer: Trainer, batch: Any) -> Any:
     if trainer.split is None and type(batch) in (list, tuple) and len(batch) == 1:
         return batch[0]
     return (trainer.split or split)(batch)[0]
+
+
+def _runs(model: Any, net: nn.Module) -> nn.Module:
+    """What ``evaluate`` and ``predict`` call: the module the caller compiled (an
+    ``OptimizedModule`` holding ``net``, or ``net`` compiled in place), else ``net``."""
+    wrapper = compiled(model)
+    return wrapper if wrapper is not None else net

@@ -82,3 +82,21 @@ def test_evaluate_and_predict_run_on_cuda_when_asked():
     assert on_gpu["acc"] == on_cpu["acc"]
     outputs = cuda.predict(g, data)
     assert all(o.device.type == "cuda" for o in outputs) and len(outputs) == 3
+
+
+@pytest.mark.parametrize("call", ["evaluate", "predict"])
+def test_a_module_the_caller_compiled_runs_compiled(call):
+    # before: the wrapper was unwrapped and its module run eagerly, said nowhere
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    m = st.module(make_graph())
+    trainer = st.Trainer(loss=F.cross_entropy, options=quiet())
+    data = batches(3)
+    eager = getattr(trainer, call)(m, data)
+    got = getattr(trainer, call)(torch.compile(m, backend="eager", fullgraph=True), data)
+    assert counters["stats"]["calls_captured"] > 0  # traced by dynamo, not run eagerly
+    torch.testing.assert_close(got, eager)
+    assert m.training  # the mode it was in
