@@ -98,7 +98,7 @@ def dynamic_step() -> Iterator[None]:
     """Let torch.compile treat ``GraphModule.step`` (an int attribute that changes every step)
     as dynamic from the first trace: no recompile for the step, even under
     ``compile={"dynamic": False}`` — instead of one per step until dynamo's recompile limit,
-    after which the rest of the run went eager, said only in a log line. (torch < 2.7, no
+    after which the rest of the run went eager, said only in a log line. (A torch without
     ``dynamic_sources``: dynamic from the second step on, and not under ``dynamic=False``.)"""
     import torch._dynamo
 
