@@ -195,7 +195,8 @@ def evaluate(
     does the same), and each batch's value is made float64 (float32 on MPS) before it
     is weighed by the batch's size. Under DDP each rank takes every ``world``-th batch,
     none dropped, and the sums are reduced (metric objects merged: see the module's
-    docstring). Values are summed on the device: no synchronisation per batch.
+    docstring). Values are summed as Python floats on the CPU (float64 arithmetic, as a
+    float64 tensor's) and on the device elsewhere: no synchronisation per batch.
 
     Raises:
         SettingError: under DDP, a metric object that cannot combine over ranks.
@@ -210,7 +211,15 @@ def evaluate(
         if isinstance(m, nn.Module):
             m.to(device)
     dtype = torch.float32 if device.type == "mps" else torch.float64
-    sums = torch.zeros(len(names) + 1, dtype=dtype, device=device)  # the last counts examples
+    # On the CPU the sums are Python floats: the float64 products and additions a float64
+    # tensor makes, in the same order, without three tensor ops a batch and metric (7% of
+    # evaluating a small MLP); elsewhere they stay on the device, with no sync per batch
+    host = device.type == "cpu"
+    sums: Any = (  # the last counts examples
+        [0.0] * (len(names) + 1)
+        if host
+        else torch.zeros(len(names) + 1, dtype=dtype, device=device)
+    )
     node_sums: dict[str, Any] = {}  # "<node>/<name>" -> example-weighted sum
     # Under DDP every rank reads the loader and takes its share of the batches: a sampler
     # drawing from the global RNG (a SubsetRandomSampler) must draw the same on every
@@ -236,7 +245,7 @@ def evaluate(
                             add_note(e, call_note(name, out, y))
                             raise
                         value = _scalar(got, name)
-                        sums[j] += _exact(value, dtype) * n
+                        sums[j] += (float(value) if host else _exact(value, dtype)) * n
                     for name, m in objects.items():
                         try:
                             m.update(out, y)
@@ -247,9 +256,12 @@ def evaluate(
                 for node, values in (node_metrics(net) or {}).items():
                     for k, v in node_scalars(node, values).items():
                         key = f"{node}/{k}"
-                        node_sums[key] = node_sums.get(key, 0.0) + _exact(v, dtype) * n
+                        v = float(v) if host else _exact(v, dtype)
+                        node_sums[key] = node_sums.get(key, 0.0) + v * n
     finally:
         net.train(was_training)
+    if host:
+        sums = torch.tensor(sums, dtype=dtype)
     node_names = sorted(node_sums)
     merging = {k: m for k, m in objects.items() if not _torchmetrics(m)}
     if world > 1 and (merging or isinstance(node_metrics(net), Mapping)):
@@ -257,7 +269,7 @@ def evaluate(
     _check_clash(fns, node_names)  # (under DDP, the names every rank agreed on)
     if node_names:  # one reduction and one read-back for all of them
         node_t = torch.stack(
-            [torch.as_tensor(node_sums.get(k, 0.0), device=device).to(dtype) for k in node_names]
+            [torch.as_tensor(node_sums.get(k, 0.0), dtype=dtype, device=device) for k in node_names]
         )
         sums = torch.cat([sums[:-1], node_t, sums[-1:]])
     if world > 1:  # with, last, the number of ranks that evaluated no batch

@@ -308,3 +308,71 @@ def test_a_metric_giving_several_numbers_names_one_entry_per_number():
     message = str(caught.value)
     assert "metric 'd' gave {'a': 1.0, 'b': 2.0} (dict), not a number" in message
     assert "give each its own entry, metrics={'a': ..., 'b': ...}" in message
+
+
+class TwoMetrics(Node):
+    """A node reporting a float32 tensor and a Python float as its metrics."""
+
+    def __init__(self) -> None:
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, ctx):
+        out = self.lin(x)
+        return Done(Opaque(out), metrics={"mean": out.detach().mean(), "third": 0.1 + len(x) / 3})
+
+
+def test_cpu_evaluation_sums_in_float64_as_a_plain_loop_does():
+    """Every value is sum(float64(batch value) * n) / sum(n) in batch order, bitwise: the
+    loss, a float32, a bfloat16 and a Python-number metric, and a node's tensor and float
+    metrics (a node's float was rounded to float32 once: 3.57619040... for 3.57619047...)."""
+    torch.manual_seed(0)
+    g = Graph.somatize(TwoMetrics())
+    gen = torch.Generator().manual_seed(1)
+    val = [
+        (torch.randn(n, 3, generator=gen), torch.randint(0, 2, (n,), generator=gen))
+        for n in [7, 13, 1, 5]
+    ]
+    fns = {
+        "acc": st.accuracy,
+        "bf": lambda out, y: out.bfloat16().std(),
+        "py": lambda out, y: 0.1 * len(y),
+    }
+    got = st.Trainer(loss=F.cross_entropy, metrics=fns).evaluate(g, val)
+    m = st.module(g)
+    sums = dict.fromkeys(got, 0.0)
+    with torch.no_grad():
+        for x, y in val:
+            out = m(x)
+            batch = {"loss": F.cross_entropy(out, y), **{k: f(out, y) for k, f in fns.items()}}
+            batch |= {f"two_metrics/{k}": v for k, v in m.metrics["two_metrics"].items()}
+            for k, v in batch.items():
+                sums[k] += float(v) * len(x)
+    assert got == {k: s / 26 for k, s in sums.items()}
+
+
+def test_cpu_evaluation_adds_no_tensor_op_per_batch_to_sum_its_values():
+    """The sums are Python floats on the CPU: the float64 tensor ops an evaluation makes (the
+    final tensor of sums) do not grow with its batches (they were three per batch and value)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Float64Ops(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.dtype == torch.float64:
+                self.count += 1
+            return out
+
+    torch.manual_seed(0)
+    g = Graph.somatize(TwoMetrics())
+    trainer = st.Trainer(loss=F.cross_entropy, metrics={"acc": st.accuracy})
+    counts = []
+    for batches in (3, 9):
+        val = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(batches)]
+        with Float64Ops() as ops:
+            trainer.evaluate(g, val)
+        counts.append(ops.count)
+    assert counts[0] == counts[1]
