@@ -207,48 +207,6 @@ def test_tensorboard_after_a_resume_shows_each_step_once(tmp_path):
     assert [v for _, v in got] == pytest.approx(result.losses)
 
 
-def test_tensorboard_of_a_run_killed_before_its_first_checkpoint_shows_each_step_once(tmp_path):
-    """A pre-empted job restarted with resume='last' finds no checkpoint and starts afresh:
-    it is the same run, so what the killed attempt logged is hidden, and nothing warned."""
-
-    class Crash(Exception):
-        pass
-
-    class CrashAt2:
-        def on_event(self, event):
-            if isinstance(event, StepEnd) and event.step == 2:
-                raise Crash
-
-    def trainer(watchers):
-        return st.Trainer(
-            loss=F.cross_entropy,
-            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
-            epochs=2,
-            checkpoint=st.Checkpointing(tmp_path / "ckpt", every_steps=3),
-            watchers=watchers,
-            options=st.Options(progress=False),
-        )
-
-    torch.manual_seed(0)
-    with pytest.raises(Crash):  # steps 1, 2 logged (2 flushed at the crash), no checkpoint
-        trainer([st.TensorBoard(tmp_path / "tb"), CrashAt2()]).fit(
-            Graph.somatize(Body() >> Head()), data(), resume="last"
-        )
-    assert st.Checkpointing(tmp_path / "ckpt").last() is None
-    (first,) = (tmp_path / "tb").iterdir()  # dated back, as a real restart is later
-    stamp = first.name.split(".")[3]
-    first.rename(first.with_name(first.name.replace(stamp, str(int(stamp) - 1), 1)))
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the same run going on: no "earlier run" warning
-        result = trainer([st.TensorBoard(tmp_path / "tb")]).fit(
-            Graph.somatize(Body() >> Head()), data(), resume="last"
-        )
-    got = scalars(tmp_path / "tb")["train/loss"]
-    assert [s for s, _ in got] == list(range(1, 7))
-    assert [v for _, v in got] == pytest.approx(result.losses)
-
-
 def test_tensorboard_warns_when_a_fresh_run_logs_into_a_directory_another_run_used(tmp_path):
     def fit():
         torch.manual_seed(0)
