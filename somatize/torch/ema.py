@@ -129,20 +129,37 @@ def swapped(average: Average | None) -> Iterator[None]:
 
 
 def restore_average(payload: dict[str, Any], average: Average | None, path: Any) -> None:
-    """Load a checkpoint's ``"ema"`` into ``average`` (a checkpoint without one starts the
-    average afresh at the resumed weights, with a warning)."""
-    if average is None:
-        return
-    saved = payload.get("ema")
-    if saved is None:
-        import warnings
+    """Load a checkpoint's ``"ema"`` into ``average``. Warns where they differ: a checkpoint
+    without one (the average starts afresh at the resumed weights), a run without one (it
+    goes on from the raw weights, and returns them), another decay (the new one goes on)."""
+    import warnings
 
+    saved = payload.get("ema")
+    if average is None:
+        if isinstance(saved, dict) and saved.get("state") is not None:
+            decay = saved.get("decay")
+            warnings.warn(
+                f"{path} holds a weight average (written with Options(ema={decay})), and this "
+                "run has no Options(ema=): it goes on from the raw weights and its result is "
+                f"those, not the average; resume with Options(ema={decay}) to keep it",
+                stacklevel=outside(),
+            )
+        return
+    if saved is None:
         warnings.warn(
             f"{path} holds no weight average (written without Options(ema=)): the average "
             "starts afresh from the resumed weights",
             stacklevel=outside(),
         )
         return
+    then = saved.get("decay") if isinstance(saved, dict) else None
+    if isinstance(then, float) and then != average.decay:
+        warnings.warn(
+            f"{path}'s weight average was kept with Options(ema={then}), and this run's is "
+            f"Options(ema={average.decay}): the average goes on from the checkpoint's with the "
+            "new decay (not as the run that wrote it would have)",
+            stacklevel=outside(),
+        )
     state = saved.get("state") if isinstance(saved, dict) else None
     if not isinstance(state, dict) or not isinstance(saved.get("updates"), int):
         raise CheckpointError(f"{path}: its 'ema' entry is not a weight average the Trainer wrote")

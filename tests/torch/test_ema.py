@@ -180,3 +180,25 @@ def test_a_checkpoint_average_for_another_model_is_refused(tmp_path):
     with pytest.warns(UserWarning, match="holds no weight average"):
         restore_average({}, avg, "x")
     assert avg.updates == 0
+
+
+@pytest.mark.parametrize(
+    ("ema", "said"),
+    [
+        (None, r"holds a weight average \(written with Options\(ema=0\.9\)\), and this run has no"),
+        (0.5, r"kept with Options\(ema=0\.9\), and this run's is Options\(ema=0\.5\)"),
+    ],
+)
+def test_resuming_with_the_average_dropped_or_its_decay_changed_warns(tmp_path, ema, said):
+    def trainer(decay, epochs):
+        return st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.5),
+            epochs=epochs,
+            checkpoint=st.Checkpointing(tmp_path),
+            options=st.Options(progress=False, ema=decay),
+        )
+
+    trainer(DECAY, 1).fit(graph(), data())  # (silent: the run's result was the average)
+    with pytest.warns(UserWarning, match=said):
+        trainer(ema, 2).fit(graph(), data(), resume="last")
