@@ -97,11 +97,21 @@ def check_fresh(trainer: Trainer) -> None:
 
 def check_writable(trainer: Trainer, step: int, total: int | None) -> None:
     """Refuse, before its first step, a run with steps left whose checkpoint directory
-    cannot be written (a read-only disk, no write permission): it would train until its
-    first checkpoint and fail there. A finished run resumed read-only writes nothing."""
+    cannot be made or written (a read-only disk, no write permission, a file in its path):
+    it would train until its first checkpoint and fail there. A finished run resumed
+    read-only writes nothing."""
     ckpt = trainer.checkpoint
-    if ckpt is None or (total is not None and step >= total) or not ckpt.path.is_dir():
+    if ckpt is None or (total is not None and step >= total):
         return
+    if not ckpt.path.is_dir():  # (the lock's mkdir failed: say why now, not at step N)
+        try:
+            ckpt.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError(
+                f"the checkpoint directory {ckpt.path} cannot be made ({e.strerror or e}), "
+                "and this run has steps left to train: it would train until its first "
+                "checkpoint and fail there. Give it a Checkpointing directory it can make"
+            ) from e
     if not os.access(ckpt.path, os.W_OK):
         raise CheckpointError(
             f"the checkpoint directory {ckpt.path} cannot be written (a read-only disk, or "

@@ -311,3 +311,33 @@ def test_a_read_only_directory_is_refused_before_a_step_unless_the_run_is_finish
     assert names(tmp_path) == before
     again = fit(tmp_path, epochs=1, resume="last")  # finished: read, nothing to write
     assert again.losses == finished.losses
+
+
+def test_a_directory_that_cannot_be_made_is_refused_before_a_step(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    real = Path.mkdir
+
+    def read_only(self, *args, **kwargs):  # (a read-only disk: root cannot be refused by mode)
+        if self.name == "ckpt":
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    steps = []
+
+    class Count:
+        def on_event(self, event):
+            steps.append(type(event).__name__)
+
+    said = r"ckpt cannot be made \(Read-only file system\), and this run has steps left"
+    with pytest.raises(CheckpointError, match=said):
+        st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-2),
+            checkpoint=st.Checkpointing(tmp_path / "ckpt"),
+            watchers=[Count()],
+            options=st.Options(progress=False),
+        ).fit(Graph.somatize(Linear()), data())
+    assert "StepEnd" not in steps  # (it trained until its first save, then failed)
