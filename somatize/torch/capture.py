@@ -9,6 +9,7 @@ Writing and reading the file is ``checkpoint.py``'s.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from ..stack import outside
 from .resumed_monitor import check_monitor
 from .resumed_optimizer import check_frozen, check_optimizer, frozen_nodes, optimizer_class
 from .resumed_scheduler import check_scheduler, scheduler_class
@@ -139,8 +141,19 @@ def restore_scaler(payload: dict[str, Any], scaler: Any) -> None:
 
     Raises:
         CheckpointError: the run uses a scaler (fp16) and the checkpoint holds none.
+
+    Warns:
+        UserWarning: the checkpoint holds one (fp16) and the run uses none: its state is
+            dropped, and the run goes on in its own precision.
     """
     if scaler is None:
+        if payload.get("scaler") is not None:
+            warnings.warn(
+                "the checkpoint was written in fp16 with a gradient scaler, and this run trains "
+                "without one (another Options(precision=)): the scaler's state is dropped and "
+                "the run goes on in its own precision, not as the run that wrote it would have",
+                stacklevel=outside(),
+            )
         return
     state = payload.get("scaler")
     if state is None:

@@ -69,6 +69,15 @@ def test_resuming_an_fp32_checkpoint_in_fp16_is_refused(tmp_path):
         trainer(tmp_path, precision="fp16").fit(graph(0), data(), val=data(2), resume="last")
 
 
+def test_resuming_an_fp16_checkpoint_in_fp32_warns_that_its_scaler_is_dropped(tmp_path):
+    with pytest.raises(Crash):
+        trainer(tmp_path, watchers=[CrashAt(4)], precision="fp16").fit(
+            graph(0), data(), val=data(2)
+        )
+    with pytest.warns(UserWarning, match=r"written in fp16 with a gradient scaler, and this run"):
+        trainer(tmp_path).fit(graph(0), data(), val=data(2), resume="last")  # (silent before)
+
+
 def _wide_graph():
     """64 inputs -> 10 logits: a loss near 2.3, where bfloat16 keeps 1/64ths only."""
     from somatize import Done, Graph, Node, Opaque
