@@ -22,6 +22,7 @@ from .factories import check_no_closure, check_optimizer, check_scheduler
 from .horizon import check_horizon, horizon
 from .policy import check_extension, check_fresh, resume_path
 from .reduction import check_loss_reduction
+from .resumed_optimizer import check_clip
 from .resumed_scheduler import check_every
 from .run import ActiveRun
 from .start import as_module, autocast_for, compiled, place, seed_everything, trainable, wrap
@@ -99,6 +100,7 @@ def begin(
             run.state.checkpoints = gone + run.state.checkpoints
         check_extension(trainer, run, path, fresh, train)
         restore_scaler(payload, run.scaler)
+        check_clip(payload, o.clip_grad_norm)
         restore_average(payload, run.average, path)
         restore_rank_rng(payload, rank, world)
         run.clock = restored(payload)  # the seconds trained before (Options.max_time)

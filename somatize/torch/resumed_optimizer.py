@@ -22,7 +22,7 @@ import torch
 from ..errors import CheckpointError
 from ..stack import outside
 
-__all__ = ["check_frozen", "check_optimizer", "frozen_nodes", "optimizer_class"]
+__all__ = ["check_clip", "check_frozen", "check_optimizer", "frozen_nodes", "optimizer_class"]
 
 # keys a scheduler writes into param groups as it runs: they change without the user
 _SCHEDULED = {"lr", "initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"}
@@ -146,3 +146,19 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     return bool(a == b)
+
+
+def check_clip(payload: Mapping[str, Any], clip: float | None) -> None:
+    """Warn when the run clips gradients otherwise than the one that wrote the checkpoint
+    (``payload["clip_grad_norm"]``; a checkpoint from before it was kept is not compared):
+    the run goes on with its own, as a changed hyper-parameter of the optimizer warns."""
+    if "clip_grad_norm" not in payload or payload["clip_grad_norm"] == clip:
+        return
+    then = payload["clip_grad_norm"]
+    warnings.warn(
+        f"the checkpoint was written by a run with Options(clip_grad_norm={then}), this run "
+        f"has clip_grad_norm={clip}: it goes on clipping as this run says, so it is not the "
+        f"run that wrote it; resume with clip_grad_norm={then} to go on as it would have",
+        UserWarning,
+        stacklevel=outside(),
+    )

@@ -127,3 +127,12 @@ def test_evaluation_under_autocast_computes_the_loss_there_as_a_plain_loop(preci
     want = {k: v / 19 for k, v in sums.items()}
     assert got == pytest.approx(want, rel=1e-12)
     assert abs(got["loss"] - outside / 19) > 1e-4  # the two ways differ here: the test can fail
+
+
+def test_resuming_with_another_clip_grad_norm_warns(tmp_path):
+    with pytest.raises(Crash):
+        trainer(tmp_path, watchers=[CrashAt(4)], clip_grad_norm=0.5).fit(
+            graph(0), data(), val=data(2)
+        )
+    with pytest.warns(UserWarning, match=r"clip_grad_norm=0\.5\), this run has clip_grad_norm=No"):
+        trainer(tmp_path).fit(graph(0), data(), val=data(2), resume="last")  # (silent before)
