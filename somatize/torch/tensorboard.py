@@ -77,6 +77,7 @@ class TensorBoard:
         self._writer: Any = None
         self._claim: Claim | None = None  # log_dir, while this run writes there (claims.py)
         self._start, self._resuming = 0, False
+        self._made: list[str] = []  # folders the claim made, deepest first (removed if empty)
         self._held: list[tuple[Any, int]] = []  # (summary, step) not handed to the writer yet
         self._handed = 0.0  # when they last were (monotonic seconds)
 
@@ -184,8 +185,13 @@ class TensorBoard:
         holds it now (one writing into it in parallel, which no file shows yet)."""
         if self._claim is not None:  # (this watcher's own, from an earlier event)
             return False
+        made, d = [], os.path.abspath(self.log_dir)
+        while not os.path.exists(d) and os.path.dirname(d) != d:  # (what makedirs will make)
+            made.append(d)
+            d = os.path.dirname(d)
         with contextlib.suppress(OSError):  # (else the writer says why it cannot write there)
             os.makedirs(self.log_dir, exist_ok=True)
+        self._made = made
         self._claim, busy = claim(self.log_dir)
         return busy
 
@@ -199,9 +205,15 @@ class TensorBoard:
             if self._claim is not None:
                 self._claim.release()
                 self._claim = None
+            for d in getattr(self, "_made", ()):  # a run failed before its first event: no folder
+                try:
+                    os.rmdir(d)  # (only while empty)
+                except OSError:
+                    break
+            self._made = []
 
     def __getstate__(self) -> dict[str, Any]:  # a copy in another process opens its own writer
-        return {**self.__dict__, "_writer": None, "_claim": None, "_held": []}
+        return {**self.__dict__, "_writer": None, "_claim": None, "_held": [], "_made": []}
 
 
 def _tag(name: str) -> str:

@@ -261,3 +261,18 @@ def test_flush_writes_out_the_steps_held_back(tmp_path):
     tb.on_event(StepEnd("r", 6, 0, 0.5, 0.1, 8, 0.01))
     tb.close()
     assert [s for s, _ in served(tmp_path / "tb")] == list(range(1, 7))
+
+
+def test_a_fit_failing_before_its_first_step_leaves_no_empty_log_dir(tmp_path):
+    existing = tmp_path / "runs"
+    existing.mkdir()
+    bad = [(torch.randn(2, 5), torch.randint(0, 3, (2,)))]  # (5 features for a 4-input model)
+    fit = st.Trainer(
+        loss=torch.nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        watchers=[st.TensorBoard(existing / "sweep" / "lr=0.1")],
+        options=st.Options(progress=False),
+    )
+    with pytest.raises(RuntimeError):
+        fit.fit(torch.nn.Linear(4, 3), bad)
+    assert list(existing.iterdir()) == []  # (the folders it made, gone; the user's kept)
