@@ -269,6 +269,7 @@ class Trainer:
                 run.average.detach()
             tally.detach(run.net, run.tally)
             close(run.watchers, failing)  # also when training fails: event files are flushed
+            failing = None  # (this frame holding its own exception was a reference cycle)
         return TrainResult(
             state=state_copy(run.net.state_dict()),
             num_examples=one_epoch(n_train, s),

@@ -3,6 +3,9 @@ scalars, nothing to train, bad arguments and options, missing data."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -84,3 +87,24 @@ def test_a_pruner_without_validation_data_is_an_error():
     trainer = st.Trainer(loss=F.cross_entropy, optimizer=sgd, pruner=st.Patience(), options=quiet())
     with pytest.raises(ValueError, match="val="):
         trainer.fit(make_graph(), batches(1))
+
+
+def test_a_fit_that_raised_leaves_its_model_to_reference_counting():
+    # fit's frame held its own exception (exception -> traceback -> frame -> exception):
+    # the failed run (its model, optimizer and, under DDP, the wrapper's hooks on the
+    # parameters) stayed until some later collection, at any point of the next fit
+    def failing(out, y):
+        raise RuntimeError("this loss fails")
+
+    trainer = st.Trainer(loss=failing, optimizer=sgd, options=quiet())
+    g = make_graph()
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(RuntimeError, match="this loss fails"):
+            trainer.fit(g, batches(2))
+        weight = weakref.ref(next(iter(st.parameters(g))))
+        del g
+        assert weight() is None
+    finally:
+        gc.enable()
