@@ -41,6 +41,7 @@ def _torchrun_once(out: Path, args: tuple[str, ...], nproc: int, script: str) ->
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "OMP_NUM_THREADS": "1",
+        "PYTHONFAULTHANDLER": "1",  # a rank that aborts prints every thread's Python stack
     }
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
@@ -60,6 +61,20 @@ def _torchrun_once(out: Path, args: tuple[str, ...], nproc: int, script: str) ->
             if proc.poll() is None:
                 stop(proc)
     return code, path.read_bytes()[start:]
+
+
+def said(out: Path) -> str:
+    """The job's log for an assertion message: torchrun's failure summary first, then the
+    ranks' own output, so that the end of a truncated CI log shows what a failed rank
+    printed last (its error, or the stacks of one that aborted), not the summary."""
+    text = (out / "torchrun.log").read_text()
+    start = text.find("=" * 20)
+    if start < 0:
+        return text
+    start = text.rfind("\n", 0, start) + 1
+    end = text.rfind("=" * 20)
+    end = text.find("\n", end) + 1 if text.find("\n", end) >= 0 else len(text)
+    return "torchrun said:\n" + text[start:end] + "\nthe ranks said:\n" + text[:start] + text[end:]
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -93,7 +108,7 @@ def _children(pid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    assert torchrun(out) == 0, (out / "torchrun.log").read_text()
+    assert torchrun(out) == 0, said(out)
     return out
 
 
@@ -139,10 +154,10 @@ def test_torchrun_two_ranks_train_as_one_process_on_twice_the_batch(uninterrupte
 @pytest.mark.slow
 def test_torchrun_resume_after_a_crash_equals_the_uninterrupted_run(uninterrupted, tmp_path):
     assert torchrun(tmp_path, "--crash-at", "7") != 0  # rank 0 fails; torchrun stops rank 1
-    assert "crashing at step 7" in (tmp_path / "torchrun.log").read_text()
+    assert "crashing at step 7" in said(tmp_path)
     payload = torch.load(tmp_path / "ckpt" / "step-000000006.ckpt", weights_only=True)
     assert (payload["epoch"], payload["position"]) == (1, 2)  # mid-epoch
-    assert torchrun(tmp_path, "--resume") == 0, (tmp_path / "torchrun.log").read_text()
+    assert torchrun(tmp_path, "--resume") == 0, said(tmp_path)
     want = torch.load(uninterrupted / "rank0.pt", weights_only=True)
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
@@ -155,7 +170,7 @@ def test_torchrun_resume_after_a_crash_equals_the_uninterrupted_run(uninterrupte
 @pytest.fixture(scope="module")
 def loader_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp-loader")
-    assert torchrun(out, "--loader") == 0, (out / "torchrun.log").read_text()
+    assert torchrun(out, "--loader") == 0, said(out)
     return out
 
 
@@ -179,7 +194,7 @@ def test_a_dataloader_is_sharded_each_rank_reads_only_its_share_and_rngs_are_per
 @pytest.mark.slow
 def test_a_sharded_dataloader_resumes_exactly_under_ddp(loader_run, tmp_path):
     assert torchrun(tmp_path, "--loader", "--crash-at", "5") != 0
-    assert torchrun(tmp_path, "--loader", "--resume") == 0, (tmp_path / "torchrun.log").read_text()
+    assert torchrun(tmp_path, "--loader", "--resume") == 0, said(tmp_path)
     want = torch.load(loader_run / "rank0.pt", weights_only=True)
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
@@ -192,7 +207,7 @@ def test_a_sharded_dataloader_resumes_exactly_under_ddp(loader_run, tmp_path):
 @pytest.mark.slow
 def test_accumulation_under_ddp_equals_one_process_on_the_groups_joined(tmp_path):
     # 2 ranks x 2 accumulated batches of 4: one step is 16 examples, all-reduced once
-    assert torchrun(tmp_path, "--accumulate") == 0, (tmp_path / "torchrun.log").read_text()
+    assert torchrun(tmp_path, "--accumulate") == 0, said(tmp_path)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     assert len(r0["losses"]) == 4  # 8 batches / 2 ranks / 2 per step, 2 epochs
     train, val = ddp_train.data()
@@ -212,9 +227,7 @@ def data_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("ddp-data")
     ddp_data.one_process_checkpoints(out / "w1")  # read by the job's last fits
-    assert torchrun(out, str(out / "w1"), script="ddp_data.py") == 0, (
-        out / "torchrun.log"
-    ).read_text()
+    assert torchrun(out, str(out / "w1"), script="ddp_data.py") == 0, said(out)
     return [torch.load(out / f"data-rank{r}.pt", weights_only=False) for r in (0, 1)]
 
 
@@ -308,9 +321,7 @@ def test_what_runs_at_exit_collects_what_a_fit_that_raised_left_in_cycles(data_r
 @pytest.mark.slow
 def test_a_time_budget_stops_every_rank_at_the_same_step(tmp_path):
     # rank 1's (fake) clock runs twice as fast: its budget is spent after step 3
-    assert torchrun(tmp_path, script="ddp_max_time.py") == 0, (
-        tmp_path / "torchrun.log"
-    ).read_text()
+    assert torchrun(tmp_path, script="ddp_max_time.py") == 0, said(tmp_path)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
     assert r0["timed_out"] and r1["timed_out"] and r0["steps"] == r1["steps"] == 3

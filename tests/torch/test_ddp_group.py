@@ -7,7 +7,7 @@ import torch
 from torch.nn import functional as F
 
 import somatize.torch as st
-from tests.torch.test_ddp import ddp_train, torchrun
+from tests.torch.test_ddp import ddp_train, said, torchrun
 
 
 @pytest.mark.slow
@@ -18,7 +18,7 @@ def test_a_sweep_of_fits_in_one_torchrun_job_uses_one_group_and_equals_the_joine
 
     # Destroying the group after each fit and making another hung gloo's rendezvous in
     # about one job in two; one group, kept, serves every fit and the evaluation after.
-    assert torchrun(tmp_path, script="ddp_sweep.py") == 0, (tmp_path / "torchrun.log").read_text()
+    assert torchrun(tmp_path, script="ddp_sweep.py") == 0, said(tmp_path)
     r0, r1 = (torch.load(tmp_path / f"sweep-rank{r}.pt", weights_only=True) for r in (0, 1))
     assert r0["one_group"] and r1["one_group"]
     train, val = ddp_train.data()
@@ -45,9 +45,7 @@ def test_a_remembered_fit_under_torchrun_runs_once_as_one_ddp_run_then_every_ran
     # every rank calls with the same key: rank 1 used to wait on the key's lock while rank
     # 0, holding it, waited for rank 1 in DDP
     for _ in range(2):
-        assert torchrun(tmp_path, script="ddp_remember.py") == 0, (
-            tmp_path / "torchrun.log"
-        ).read_text()
+        assert torchrun(tmp_path, script="ddp_remember.py") == 0, said(tmp_path)
     got = {
         (r, j): torch.load(tmp_path / f"remember-rank{r}-{j}.pt", weights_only=True)
         for r in (0, 1)
@@ -69,7 +67,7 @@ def test_a_remembered_fit_under_torchrun_waits_out_another_jobs_lock_past_the_gr
     # process-group timeout: it tells the other ranks it waits each second; before, rank 1
     # sat in one broadcast for the decision and timed out
     code = torchrun(tmp_path, "--held", "10", script="ddp_remember.py")
-    assert code == 0, (tmp_path / "torchrun.log").read_text()
+    assert code == 0, said(tmp_path)
     got = [torch.load(tmp_path / f"remember-rank{r}-0.pt", weights_only=True) for r in (0, 1)]
     assert [g["recalled"] for g in got] == [False, False]
     assert got[0]["losses"] == got[1]["losses"]

@@ -12,13 +12,13 @@ from torch.nn import functional as F
 import somatize.torch as st
 
 from .scripts import ddp_metrics  # the script the ranks run, imported for its model and data
-from .test_ddp import torchrun
+from .test_ddp import said, torchrun
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp-metrics")
-    assert torchrun(out, script="ddp_metrics.py") == 0, (out / "torchrun.log").read_text()
+    assert torchrun(out, script="ddp_metrics.py") == 0, said(out)
     r0, r1 = (torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     return out, r0, r1
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .test_ddp import torchrun
+from .test_ddp import said, torchrun
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 import ddp_models
@@ -19,7 +19,7 @@ import ddp_models
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("models")
-    assert torchrun(out, script="ddp_models.py") == 0, (out / "torchrun.log").read_text()
+    assert torchrun(out, script="ddp_models.py") == 0, said(out)
     return out, [torch.load(out / f"models-rank{r}.pt", weights_only=True) for r in (0, 1)]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .test_ddp import torchrun
+from .test_ddp import said, torchrun
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 import ddp_uneven
@@ -31,7 +31,7 @@ def joined(batches, per_step):
 
 @pytest.mark.slow
 def test_ranks_with_batches_of_different_sizes_step_as_one_process_on_them_joined(tmp_path):
-    assert torchrun(tmp_path, script="ddp_uneven.py") == 0, (tmp_path / "torchrun.log").read_text()
+    assert torchrun(tmp_path, script="ddp_uneven.py") == 0, said(tmp_path)
     ranks = [torch.load(tmp_path / f"uneven-rank{r}.pt", weights_only=True) for r in (0, 1)]
     for name, kw in ddp_uneven.WAYS.items():
         single = ddp_uneven.trainer().fit(

@@ -83,9 +83,9 @@ def test_fp16_on_cuda_resumes_bitwise(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nccl DDP needs two GPUs")
 def test_nccl_ddp_on_two_gpus(tmp_path):
-    from tests.torch.test_ddp import torchrun
+    from tests.torch.test_ddp import said, torchrun
 
-    assert torchrun(tmp_path) == 0, (tmp_path / "torchrun.log").read_text()
+    assert torchrun(tmp_path) == 0, said(tmp_path)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
     for name, value in r0["state"].items():

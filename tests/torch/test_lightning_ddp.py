@@ -11,13 +11,13 @@ import torch
 pytest.importorskip("lightning")
 
 from .scripts import lightning_ddp  # the script the ranks run, imported for its data
-from .test_ddp import torchrun
+from .test_ddp import said, torchrun
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("lightning-ddp")
-    assert torchrun(out, script="lightning_ddp.py") == 0, (out / "torchrun.log").read_text()
+    assert torchrun(out, script="lightning_ddp.py") == 0, said(out)
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
 
 

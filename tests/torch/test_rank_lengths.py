@@ -14,13 +14,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import somatize.torch as st
 
-from .test_ddp import torchrun
+from .test_ddp import said, torchrun
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp-lengths")
-    assert torchrun(out, script="ddp_lengths.py") == 0, (out / "torchrun.log").read_text()
+    assert torchrun(out, script="ddp_lengths.py") == 0, said(out)
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
 
 
