@@ -18,8 +18,16 @@ import ddp_models
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("models")
-    assert torchrun(out, script="ddp_models.py") == 0, said(out)
+    for attempt in (1, 2):
+        out = tmp_path_factory.mktemp("models")
+        code = torchrun(out, script="ddp_models.py")
+        if code == 0 or attempt == 2 or "(SIGABRT)" not in said(out):
+            break
+        # once more, in a fresh directory: a rank of this job was aborted by gloo twice in
+        # ~30 CI suites (not reproduced in 120 jobs, loaded or pinned to one core); the
+        # aborted job's log, with the rank's Python stacks, is printed for the record
+        print(said(out))
+    assert code == 0, said(out)
     return out, [torch.load(out / f"models-rank{r}.pt", weights_only=True) for r in (0, 1)]
 
 
