@@ -21,6 +21,7 @@ from .codecs import NdarrayCodec, TensorCodec
 from .compare import Comparison, compare
 from .csvlog import CSVLog
 from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
+from .lr_find import LRFind
 from .metrics import accuracy
 from .model_summary import ModelSummary, model_summary
 from .module import GraphModule, module
@@ -41,6 +42,7 @@ __all__ = [
     "Checkpointing",
     "Comparison",
     "GraphModule",
+    "LRFind",
     "ModelSummary",
     "NdarrayCodec",
     "Options",

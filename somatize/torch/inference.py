@@ -10,7 +10,7 @@ batches are moved to it. Outputs of ``predict`` stay on that device.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,11 +19,12 @@ from torch import nn
 from ..graph import Graph
 from ..stack import outside
 from . import ddp
-from .batches import split, to_device
+from .batches import num_examples, split, to_device
 from .carry import carries, check_last_batch, named_carries, reset
 from .data_checks import check_data
-from .first_step import keywords_note
+from .first_step import evaluate_note, keywords_note
 from .limits import limited
+from .metrics import evaluate as evaluate_batches
 from .rank_lengths import agree
 from .smoke import smoke_batches
 from .start import as_module, autocast_for, compiled, place
@@ -32,7 +33,7 @@ from .valsets import refuse_sets
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-__all__ = ["evaluate", "predict"]
+__all__ = ["evaluate", "evaluated", "predict"]
 
 
 def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> dict[str, float]:
@@ -100,3 +101,47 @@ def _runs(model: Any, net: nn.Module) -> nn.Module:
     ``OptimizedModule`` holding ``net``, or ``net`` compiled in place), else ``net``."""
     wrapper = compiled(model)
     return wrapper if wrapper is not None else net
+
+
+def evaluated(
+    trainer: Trainer,
+    net: nn.Module,
+    data: Iterable[Any],
+    device: torch.device,
+    autocast: Callable[[], Any],
+    rank: int,
+    world: int,
+    limit: int | None = None,
+    counted: list[int] | None = None,
+) -> dict[str, float]:
+    """One evaluation of ``net`` over ``data`` with the trainer's loss and metrics (fit's,
+    its sanity check's, ``evaluate``'s); ``counted[-1]`` adds up the examples it reads."""
+    fns = {"loss": trainer._loss, **trainer.metrics}
+    split_ = trainer._split if counted is None else _counting(trainer._split, counted)
+    try:
+        return evaluate_batches(
+            net,
+            data,
+            fns,
+            split=split_,
+            device=device,
+            autocast=autocast,
+            rank=rank,
+            world=world,
+            limit=limit,
+        )
+    except (TypeError, ValueError) as e:
+        evaluate_note(e, trainer, data)  # the batch rule, as fit() explains it (first_step.py)
+        keywords_note(e, trainer, net)
+        raise
+
+
+def _counting(split_: Callable[[Any], tuple[Any, Any]], counted: list[int]) -> Callable[..., Any]:
+    """``split_``, adding each batch's examples to ``counted[-1]`` as evaluation counts them."""
+
+    def counting(batch: Any) -> tuple[Any, Any]:
+        x, y = split_(batch)
+        counted[-1] += num_examples(x)
+        return x, y
+
+    return counting

@@ -12,9 +12,10 @@ the first N batches of their data, so a whole script runs in seconds.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, SettingError
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from .result import TrainResult
     from .trainer import Trainer
 
-__all__ = ["check_resume", "check_smoke", "smoke_batches", "smoke_fit"]
+__all__ = ["check_resume", "check_smoke", "kept_as_is", "smoke_batches", "smoke_fit"]
 
 
 def check_smoke(value: Any) -> None:
@@ -69,9 +70,6 @@ def smoke_fit(
     resume: Any = None,
 ) -> TrainResult:
     """``fit`` under ``Options(smoke=N)``: see the module's docstring."""
-    import torch
-
-    from .rng import put_back, snapshot
     from .settings import check_fit
     from .start import as_module
 
@@ -92,12 +90,23 @@ def smoke_fit(
         sanity_val_batches=0,  # the smoke run's one evaluation is the check
         progress=False,
     )
-    net = as_module(model)
+    with kept_as_is(as_module(model)):
+        return quick.fit(model, train, val)
+
+
+@contextlib.contextmanager
+def kept_as_is(net: nn.Module) -> Iterator[None]:
+    """The module's weights, buffers and mode and the global RNG states, put back as they
+    were however the block ends (a smoke run's, ``lr_find``'s)."""
+    import torch
+
+    from .rng import put_back, snapshot
+
     kept = {k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}
     mode = {m: m.training for m in net.modules()}
     rng = snapshot()
     try:
-        return quick.fit(model, train, val)
+        yield
     finally:
         with torch.no_grad():
             net.load_state_dict(kept)

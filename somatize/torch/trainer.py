@@ -23,7 +23,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -39,11 +39,12 @@ from .checkpoint import Checkpointing
 from .data_checks import check_data, check_rereadable
 from .ddp_cache import warn_private_rows
 from .determinism import deterministic
-from .first_step import evaluate_note, first_step, keywords_note
+from .first_step import first_step
 from .horizon import optimizer_steps, total_steps
 from .limits import batches_per_epoch, epoch_examples, one_epoch
 from .loop import train as train_loop
-from .metrics import Metric, check_ranks, evaluate, members
+from .lr_find import LRFind, lr_find
+from .metrics import Metric, check_ranks, members
 from .options import Options
 from .policy import best_step, check_writable, save, writing
 from .ported import lightning_methods, ported
@@ -314,6 +315,38 @@ class Trainer:
         rank, world = ddp.planned()
         return optimizer_steps(self, ddp.shard(train, rank, world, self.seed), rank, world)
 
+    def lr_find(
+        self,
+        model: Graph | nn.Module,
+        train: Iterable[Any],
+        *,
+        min_lr: float = 1e-8,
+        max_lr: float = 1.0,
+        steps: int = 100,
+        mode: Literal["exponential", "linear"] = "exponential",
+        stop_at: float | None = 4.0,
+    ) -> LRFind:
+        """A learning-rate range test (Lightning's ``Tuner(trainer).lr_find``): up to
+        ``steps`` steps of this Trainer's training, the rate growing from ``min_lr`` to
+        ``max_lr``, stopped once the smoothed loss passes ``stop_at`` times its best. The
+        model and the RNG states are then put back as they were. ``result.suggestion`` is
+        the rate of the loss's steepest descent (see ``lr_find.py``).
+
+        Example:
+            >>> found = trainer.lr_find(g, train)  # doctest: +SKIP
+            >>> trainer = st.Trainer(optimizer=lambda ps: SGD(ps, lr=found.suggestion), ...)  # doctest: +SKIP
+        """
+        return lr_find(
+            self,
+            model,
+            train,
+            min_lr=min_lr,
+            max_lr=max_lr,
+            steps=steps,
+            mode=mode,
+            stop_at=stop_at,
+        )
+
     def _examples(self, batch: Any) -> int:
         return num_examples(self._split(batch)[0])
 
@@ -353,43 +386,5 @@ class Trainer:
         """
         return inference.predict(self, model, data)
 
-    def _evaluate(
-        self,
-        net: nn.Module,
-        data: Iterable[Any],
-        device: torch.device,
-        autocast: Callable[[], Any],
-        rank: int,
-        world: int,
-        limit: int | None = None,
-        counted: list[int] | None = None,
-    ) -> dict[str, float]:
-        fns = {"loss": self._loss, **self.metrics}
-        split_ = self._split if counted is None else _counting(self._split, counted)
-        try:
-            return evaluate(
-                net,
-                data,
-                fns,
-                split=split_,
-                device=device,
-                autocast=autocast,
-                rank=rank,
-                world=world,
-                limit=limit,
-            )
-        except (TypeError, ValueError) as e:
-            evaluate_note(e, self, data)  # the batch rule, as fit() explains it (first_step.py)
-            keywords_note(e, self, net)
-            raise
-
-
-def _counting(split_: Callable[[Any], tuple[Any, Any]], counted: list[int]) -> Callable[..., Any]:
-    """``split_``, adding each batch's examples to ``counted[-1]`` as evaluation counts them."""
-
-    def counting(batch: Any) -> tuple[Any, Any]:
-        x, y = split_(batch)
-        counted[-1] += num_examples(x)
-        return x, y
-
-    return counting
+    def _evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        return inference.evaluated(self, *args, **kwargs)  # one evaluation (inference.py)
