@@ -100,3 +100,18 @@ def test_buffer_arguments_are_checked():
                      buffer_policy="global")  # fmt: skip
     with pytest.raises(AggregationError, match=r"buffers names keys the state does not hold"):
         dp.step(GLOBAL, [GLOBAL, GLOBAL])
+
+
+def test_integer_buffers_keep_the_servers_values_unless_published_in_the_clear():
+    # a model without float buffers, and "noised", published the clients' largest counter
+    # (num_batches_tracked: the busiest client's number of batches) outside epsilon
+    glob = {"w": torch.zeros(4), "steps": torch.tensor(0)}
+    states = [{"w": torch.full((4,), 0.1), "steps": torch.tensor(n)} for n in (3, 500)]
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=2, seed=0)
+    assert dp.step(glob, states)["steps"].item() == 0
+    bn, bn_states, buffers = bn_round()
+    for policy, want in (("noised", 0), ("global", 0), ("unprotected_mean", 6)):
+        dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=4, seed=0,
+                         buffers=buffers, buffer_policy=policy)  # fmt: skip
+        count = dp.step(bn, bn_states)["1.num_batches_tracked"]
+        assert count.item() == bn["1.num_batches_tracked"].item() + want, policy

@@ -25,6 +25,8 @@ Float buffers (BatchNorm's running statistics) are not weights, and ε covers on
 is clipped and noised: a state holding any is refused until ``buffer_policy=`` says what
 to do with them (keep the server's, noise them with the update, or average them in the
 clear, which ε does not cover). Opacus refuses BatchNorm under DP-SGD for the same reason.
+Integer buffers (counters) cannot be noised: the global state's are kept, unless
+``buffer_policy="unprotected_mean"`` publishes the clients' maximum in the clear.
 
 The noise comes from a ``torch.Generator`` seeded from the operating system
 (``secrets``) unless ``seed=`` fixes it. That generator (a Mersenne Twister) is not a
@@ -99,9 +101,10 @@ class DPFedAvg:
             one, a state holding any is refused, naming them. ``"global"``: the global
             state's values are kept (every integer buffer too, named or not): left out of the update,
             its norm and its noise — private, but they learn nothing from the clients.
-            ``"noised"``: clipped and noised with the update, as weights are. ``"unprotected_mean"``:
-            the clients' plain mean, neither clipped nor noised — **not covered by**
-            ``epsilon``.
+            ``"noised"``: clipped and noised with the update, as weights are.
+            ``"unprotected_mean"``: the clients' plain mean, neither clipped nor noised, and
+            the integer buffers' maximum — **not covered by** ``epsilon``. Under any other
+            policy (or none), integer tensors keep the global state's values.
         exclude: keys the clients keep local (FedBN: ``fl.batchnorm_keys(g)``), as in
             ``fedavg``: the global state's values are kept, nothing of them leaves a client
             (the clients may leave them out), and they need no ``buffer_policy``.
@@ -169,22 +172,23 @@ class DPFedAvg:
         self, global_state: Mapping[str, torch.Tensor], local: frozenset[str]
     ) -> tuple[frozenset[str], frozenset[str]]:
         """The keys left out of the private update: those whose global value is kept (the
-        local keys; the buffers under 'global', every integer one too) and those averaged
-        in the clear (the float buffers under 'unprotected_mean')."""
+        local keys, the integer ones unless 'unprotected_mean', the buffers under 'global')
+        and those averaged in the clear (the float buffers under 'unprotected_mean')."""
         _unknown("buffers", self.buffers, global_state)
         named = self.buffers - local
         floats = [k for k in named if global_state[k].is_floating_point()]
         floats += _statistics(global_state, named | local)
         if floats and self.buffer_policy is None:
             raise _refusal(sorted(floats))
-        if self.buffer_policy == "global":  # every integer key too: only buffers are integers
-            ints = [
-                k for k, t in global_state.items() if not (t.is_floating_point() or t.is_complex())
-            ]
-            return local | named | frozenset(floats) | frozenset(ints), frozenset()
-        if self.buffer_policy == "unprotected_mean":
+        # integer keys (counters) cannot be noised: the server's, unless published in the clear
+        ints = frozenset(
+            k for k, t in global_state.items() if not (t.is_floating_point() or t.is_complex())
+        )
+        if self.buffer_policy == "global":
+            return local | named | frozenset(floats) | ints, frozenset()
+        if self.buffer_policy == "unprotected_mean":  # (the integer keys: the clients' max)
             return local, frozenset(floats)
-        return local, frozenset()
+        return local | ints, frozenset()
 
     def step(
         self, global_state: Mapping[str, torch.Tensor], results: Sequence[Any]
