@@ -138,3 +138,47 @@ def test_poisson_sampling_is_what_dpfedavg_accountant_charges_and_does_not_warn(
         fl.sample(50, rate=0.1, round=0, weights=[1.0] * 50)
     with pytest.raises(ValueError, match="poisson=True .* takes no weights="):
         fl.DPFedAvg(clip=1.0, noise=1.0, clients=2, per_round=1, poisson=True, weights=[1, 2])
+
+
+def test_dp_sample_draws_poisson_from_a_seed_nobody_else_knows(monkeypatch):
+    """The docs drew with fl.sample(rate=dp.sample_rate, seed=s), s public (0 by default):
+    anyone recomputed who took part, and the amplification by sampling that epsilon counts
+    on was gone (a client in 10 of 100 rounds at sigma=1: epsilon 17.9, not 7.9)."""
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, poisson=True)
+    draws = [dp.sample(r) for r in range(200)]
+    for seed in (0, 1, 42):  # an attacker's guesses at the seed: none of them
+        assert draws[:20] != [fl.sample(100, rate=0.1, round=r, seed=seed) for r in range(20)]
+    other = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, poisson=True)
+    assert draws[:20] != [other.sample(r) for r in range(20)]  # a fresh secret each time
+    assert all(d == sorted(set(d)) and all(0 <= c < 100 for c in d) for d in draws)
+    rate = np.bincount(np.concatenate(draws).astype(int), minlength=100) / 200
+    assert abs(rate.mean() - 0.1) < 0.01 and np.abs(rate - 0.1).max() < 0.11  # (≈ 5 sd)
+    again = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, poisson=True)
+    again.load_state_dict(dp.state_dict())  # a resume draws what the crashed run would
+    assert [again.sample(r) for r in range(200)] == draws
+    # where the seed comes from: the OS, through secrets (as the noise's); seed= fixes it
+    monkeypatch.setattr("secrets.randbits", lambda bits: 777)
+    drawn = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, poisson=True)
+    assert drawn.sample(3) == fl.sample(100, rate=0.1, round=3, seed=777)
+    a, b = (fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10, poisson=True, seed=5)
+            for _ in range(2))  # fmt: skip
+    assert [a.sample(r) for r in range(5)] == [b.sample(r) for r in range(5)]
+    with pytest.raises(ValueError, match=r"varies around per_round=10: .* poisson=True"):
+        fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=10).sample(0)
+
+
+def test_a_loop_drawing_with_dp_sample_is_charged_at_its_rate_and_does_not_warn():
+    from opacus.accountants import RDPAccountant
+
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=50, per_round=5, poisson=True, seed=0)
+    x, sizes = {"w": torch.zeros(4)}, []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for r in range(40):
+            chosen = dp.sample(r)
+            sizes.append(len(chosen))
+            x = dp.step(x, [{"w": x["w"] + 0.1} for _ in chosen])
+    assert max(sizes) > 5 and dp.rounds == 40
+    ref = RDPAccountant()
+    ref.history = [(1.0, 0.1, 40)]
+    assert dp.epsilon(1e-5) == ref.get_epsilon(1e-5)
