@@ -207,3 +207,69 @@ def test_counts_take_numpy_integers_as_fl_sample_does_and_bools_are_refused():
         fl.DPFedAvg(clip=1.0, noise=True, clients=10, per_round=2)
     with pytest.raises(ValueError, match=r"per_round must be a positive int .*, not 2.0"):
         fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2.0)
+
+
+def test_a_delta_of_one_over_clients_or_more_warns():
+    # delta=0.5 with 10 clients was taken silently (epsilon 0.19): such a delta allows
+    # publishing one client's data whole
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=10, seed=0)
+    dp.step(GLOBAL, round_of(GLOBAL, 0.01))
+    for delta in (0.5, 0.1):
+        with pytest.warns(UserWarning, match=r"delta=0\.\d: a delta of 1/clients \(0\.1\)"):
+            dp.epsilon(delta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert 0 < dp.epsilon(0.099) < dp.epsilon(1e-5)  # below 1/clients: silent
+
+
+def test_each_client_counts_once_whatever_its_number_of_examples():
+    # weighting by num_examples (fedavg's default) would let a client's weight exceed
+    # 1/per_round, past the sensitivity the noise covers, and publish the counts
+    from tests.torch.federated_helpers import result
+
+    states = round_of(GLOBAL, 0.5, clients=3, seed=4)
+    plain = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=3, seed=2)
+    counted = fl.DPFedAvg(clip=1.0, noise=1.0, clients=100, per_round=3, seed=2)
+    a = plain.step(GLOBAL, states)
+    b = counted.step(GLOBAL, [result(s, n) for s, n in zip(states, (0, 1, 50000))])
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_epsilon_takes_rdp_orders_past_opacus_default_where_a_large_sigma_needs_them():
+    # sigma=20: Opacus's default orders (up to 63) gave 0.107 and warned to widen them,
+    # which dp.epsilon gave no way to do; the bound at order 200 is 0.035
+    from opacus.accountants import RDPAccountant
+
+    dp = fl.DPFedAvg(clip=1.0, noise=20.0, clients=1000, per_round=10, seed=0)
+    dp.accountant.history, dp.rounds = [(20.0, 0.01, 500)], 500  # 500 rounds, charged
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eps = dp.epsilon(1e-5)
+    ref = RDPAccountant()
+    ref.history = [(20.0, 0.01, 500)]
+    orders = [float(a) for a in range(100, 401, 4)]
+    assert eps == pytest.approx(ref.get_privacy_spent(delta=1e-5, alphas=orders)[0], rel=0.01)
+    assert eps < 0.04
+    ref.history = [(1.1, 0.1, 30)]  # where the best order is below 63: Opacus's own ε
+    dp.accountant.history, dp.noise, dp.rounds = [(1.1, 0.1, 30)], 1.1, 30
+    assert dp.epsilon(1e-5) == ref.get_epsilon(1e-5)
+
+
+def test_noise_for_finds_the_sigma_of_a_target_epsilon_and_names_one_out_of_reach():
+    # Opacus's get_noise_multiplier, called as it is, warned at its own probes ("consider
+    # expanding the range of alphas") and searched on other orders than dp.epsilon's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sigma = fl.DPFedAvg.noise_for(8.0, delta=1e-5, rounds=500, clients=1000, per_round=10)
+    dp = fl.DPFedAvg(clip=1.0, noise=sigma, clients=1000, per_round=10, poisson=True, seed=0)
+    dp.accountant.history, dp.rounds = [(sigma, 0.01, 500)], 500  # 500 rounds, charged
+    assert 7.98 < dp.epsilon(1e-5) <= 8.0
+    with pytest.raises(ValueError, match=r"no noise multiplier up to 1e6 reaches epsilon=1e-07 "):
+        fl.DPFedAvg.noise_for(1e-7, delta=1e-5, rounds=500, clients=1000, per_round=10)
+    for bad in (0, -1.0, math.inf, True):
+        with pytest.raises(ValueError, match="epsilon must be a positive finite target"):
+            fl.DPFedAvg.noise_for(bad, delta=1e-5, rounds=5, clients=10, per_round=2)
+    with pytest.raises(ValueError, match=r"per_round ≤ clients"):
+        fl.DPFedAvg.noise_for(1.0, delta=1e-5, rounds=5, clients=10, per_round=20)
+    with pytest.warns(UserWarning, match=r"delta=0\.2: a delta of 1/clients"):
+        fl.DPFedAvg.noise_for(1.0, delta=0.2, rounds=5, clients=10, per_round=2)

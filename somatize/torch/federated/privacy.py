@@ -51,9 +51,8 @@ from typing import Any, Literal
 
 import torch
 
-from ...errors import AggregationError
 from ...stack import outside
-from .aggregation import _finite, _states, _validate
+from .aggregation import _states
 from .clipping import clip_update
 from .keys import (
     Exclude,
@@ -66,7 +65,18 @@ from .keys import (
     _unknown,
     _without,
 )
-from .privacy_checks import _DROP, _accountant, _rate, _refusal, _seed
+from .privacy_checks import (
+    ORDERS,
+    _accountant,
+    _check_count,
+    _check_delta,
+    _counts,
+    _matching,
+    _noise_for,
+    _rate,
+    _refusal,
+    _seed,
+)
 from .sampling import _int, sample
 
 __all__ = ["DPFedAvg"]
@@ -142,13 +152,7 @@ class DPFedAvg:
             raise ValueError(f"clip must be a positive finite norm, not {clip!r}")
         if isinstance(noise, bool) or not (noise >= 0 and math.isfinite(noise)):
             raise ValueError(f"noise must be a non-negative multiplier, not {noise!r}")
-        clients = _int("clients", clients, 1, "a positive int (how many there are)")
-        per_round = _int("per_round", per_round, 1, "a positive int (how many a round trains)")
-        if per_round > clients:
-            raise ValueError(
-                f"need 0 < per_round ≤ clients (ints), not per_round={per_round!r}, "
-                f"clients={clients!r}"
-            )
+        clients, per_round = _counts(clients, per_round)
         if buffer_policy is not None and buffer_policy not in _POLICIES:
             raise ValueError(
                 f"buffer_policy must be 'global', 'noised' or 'unprotected_mean', not "
@@ -215,11 +219,11 @@ class DPFedAvg:
         """
         empty = isinstance(results, Sequence) and not isinstance(results, Mapping) and not results
         states = [] if empty else _states(results)
-        self._check_count(len(states))
+        _check_count(len(states), self.clients, self.per_round, self.poisson, self.sample_rate)
         local = _local(self.exclude, global_state.keys(), "the global state")
         states = _without(states, local)
         if states:
-            self._check(global_state, states, local)
+            _matching(global_state, states, local)
         kept, clear = self._kept(global_state, local)
         expected = self.per_round
         keys = [
@@ -257,24 +261,6 @@ class DPFedAvg:
         self.norms = tuple(norms)
         return out
 
-    @staticmethod
-    def _check(
-        global_state: Mapping[str, torch.Tensor], states: list[Any], local: frozenset[str]
-    ) -> None:
-        """The clients' states match each other and the global state, and are finite."""
-        _validate(states)
-        _finite(states, "raise", _DROP)
-        if global_state.keys() - local != states[0].keys():
-            diff = sorted((set(global_state) - local) ^ set(states[0]))
-            raise AggregationError(f"the clients' states and the global state differ in {diff[:5]}")
-        for k, t in states[0].items():
-            x = global_state[k]
-            if t.dtype != x.dtype or t.shape != x.shape:
-                raise AggregationError(
-                    f"key {k!r}: the clients hold {t.dtype} {tuple(t.shape)}, the global state's "
-                    f"{x.dtype} {tuple(x.shape)}; clients must return the state they were sent"
-                )
-
     def sample(self, round: int) -> list[int]:
         """The clients of round ``round``, sorted: each of the ``clients`` independently with
         probability ``sample_rate`` — the Poisson sampling ε is charged for — drawn from a
@@ -303,30 +289,34 @@ class DPFedAvg:
             )
         return sample(self.clients, rate=self.sample_rate, round=round, seed=self._draws)
 
-    def _check_count(self, n: int) -> None:
-        """ε is charged at rate per_round / clients: a round of more updates than clients
-        is a mistake, and one of more than per_round is either a Poisson draw's spread or
-        clients chosen otherwise, which the accountant cannot see (ε under-reported)."""
-        if n > self.clients:
-            raise AggregationError(
-                f"DPFedAvg(clients={self.clients}) got {n} updates in one round, more than there "
-                "are clients; pass clients= the population the round's clients are drawn from"
-            )
-        if n > self.per_round and not self.poisson:
-            warnings.warn(
-                f"DPFedAvg(per_round={self.per_round}) got {n} updates in one round: epsilon "
-                f"is charged as if each client took part with probability "
-                f"{self.sample_rate:.4g} (Poisson sampling, whose count varies). If the "
-                "round's clients were chosen otherwise (every client, or a larger fixed draw), "
-                "epsilon is under-reported: set per_round to the number each round trains; "
-                "for Poisson draws (dp.sample(round)), pass poisson=True",
-                stacklevel=outside(),
-            )
+    @staticmethod
+    def noise_for(
+        epsilon: float, *, delta: float, rounds: int, clients: int, per_round: int
+    ) -> float:
+        """The noise multiplier σ whose ε after ``rounds`` Poisson rounds of ``per_round`` of
+        ``clients`` is ``epsilon`` at most (within 0.01), at ``delta`` — Opacus's search
+        (``get_noise_multiplier``) over the accountant ``epsilon`` reports from. A
+        ``delta`` of 1/clients or more warns, as in ``epsilon``.
+
+        Raises:
+            ValueError: a target no σ up to 1e6 reaches (an ε below about 1e-5), naming it.
+
+        Example:
+            >>> sigma = DPFedAvg.noise_for(8.0, delta=1e-5, rounds=500, clients=1000, per_round=10)
+            >>> round(sigma, 3)
+            0.573
+        """
+        rounds = _int("rounds", rounds, 1, "a positive int (how many rounds will run)")
+        clients, per_round = _counts(clients, per_round)
+        _check_delta(delta, clients)
+        return _noise_for(epsilon, rounds, per_round / clients, delta)
 
     def epsilon(self, delta: float) -> float:
-        """ε spent so far at this δ (Opacus's RDP accountant); inf without noise."""
-        if not 0 < delta < 1:
-            raise ValueError(f"delta must be in (0, 1), typically below 1/clients, not {delta!r}")
+        """ε spent so far at this δ (Opacus's RDP accountant, over orders up to 1024 where
+        its default stops at 63); inf without noise.
+
+        A δ of 1/clients or more warns: it allows publishing one client's data whole."""
+        _check_delta(delta, self.clients)
         if self.rounds == 0:
             return 0.0
         # a round without noise is not in the accountant's history (it charges none), and
@@ -334,7 +324,7 @@ class DPFedAvg:
         charged = sum(int(h[2]) for h in self.accountant.history)
         if self.noise == 0 or charged < self.rounds:
             return math.inf
-        return float(self.accountant.get_epsilon(delta=delta))
+        return float(self.accountant.get_epsilon(delta=delta, alphas=ORDERS))
 
     def _settings(self) -> dict[str, Any]:
         return {

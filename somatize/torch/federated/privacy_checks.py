@@ -1,17 +1,34 @@
-"""DP-FedAvg's checks of its settings, and its messages: the noise seed, the sampling
-rate of clients drawn by weight, Opacus's accountant (the ``dp`` extra), and the
-refusals of a NaN update and of float buffers no ``buffer_policy`` covers."""
+"""DP-FedAvg's checks and messages: the noise seed, the counts and δ, the sampling rate of
+clients drawn by weight, Opacus's accountant (the ``dp`` extra) and its orders, the search
+for σ, the clients' states against the global one, and the refusals of a NaN update, of
+a round larger than planned and of float buffers no ``buffer_policy`` covers."""
 
 from __future__ import annotations
 
+import math
 import secrets
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from ...errors import AggregationError, require
-from .sampling import _largest_inclusion
+from ...stack import outside
+from .aggregation import _finite, _validate
+from .sampling import _int, _largest_inclusion
 
 __all__: list[str] = []
+
+
+# Opacus's default RDP orders stop at 63, where a large σ's ε is loosest (σ = 20, q = 0.01,
+# 500 rounds: 0.107, warning to widen them; 0.035 with these): every order gives a valid bound
+ORDERS = (
+    [1 + x / 10.0 for x in range(1, 100)]
+    + list(range(12, 64))
+    + list(range(64, 256, 8))
+    + [256, 320, 384, 512, 768, 1024]
+)
 
 
 def _accountant() -> Any:
@@ -29,6 +46,17 @@ def _seed(seed: int | None) -> int:
             f"in [-2**63, 2**64) (reproducible experiments only), not {seed!r}"
         )
     return seed
+
+
+def _counts(clients: int, per_round: int) -> tuple[int, int]:
+    """``clients`` and ``per_round`` as ints, checked: 0 < per_round ≤ clients."""
+    clients = _int("clients", clients, 1, "a positive int (how many there are)")
+    per_round = _int("per_round", per_round, 1, "a positive int (how many a round trains)")
+    if per_round > clients:
+        raise ValueError(
+            f"need 0 < per_round ≤ clients (ints), not per_round={per_round!r}, clients={clients!r}"
+        )
+    return clients, per_round
 
 
 def _rate(weights: Sequence[float], clients: int, per_round: int) -> float:
@@ -64,3 +92,82 @@ def _refusal(keys: list[str]) -> AggregationError:
         "client's feature statistics); or replace BatchNorm by GroupNorm, as Opacus's "
         "ModuleValidator.fix does"
     )
+
+
+def _matching(
+    global_state: Mapping[str, torch.Tensor], states: list[Any], local: frozenset[str]
+) -> None:
+    """The clients' states match each other and the global state, and are finite."""
+    _validate(states)
+    _finite(states, "raise", _DROP)
+    if global_state.keys() - local != states[0].keys():
+        diff = sorted((set(global_state) - local) ^ set(states[0]))
+        raise AggregationError(f"the clients' states and the global state differ in {diff[:5]}")
+    for k, t in states[0].items():
+        x = global_state[k]
+        if t.dtype != x.dtype or t.shape != x.shape:
+            raise AggregationError(
+                f"key {k!r}: the clients hold {t.dtype} {tuple(t.shape)}, the global state's "
+                f"{x.dtype} {tuple(x.shape)}; clients must return the state they were sent"
+            )
+
+
+def _check_count(n: int, clients: int, per_round: int, poisson: bool, rate: float) -> None:
+    """ε is charged at rate per_round / clients: a round of more updates than clients is a
+    mistake, and one of more than per_round is either a Poisson draw's spread or clients
+    chosen otherwise, which the accountant cannot see (ε under-reported)."""
+    if n > clients:
+        raise AggregationError(
+            f"DPFedAvg(clients={clients}) got {n} updates in one round, more than there are "
+            "clients; pass clients= the population the round's clients are drawn from"
+        )
+    if n > per_round and not poisson:
+        warnings.warn(
+            f"DPFedAvg(per_round={per_round}) got {n} updates in one round: epsilon is "
+            f"charged as if each client took part with probability {rate:.4g} (Poisson "
+            "sampling, whose count varies). If the round's clients were chosen otherwise "
+            "(every client, or a larger fixed draw), epsilon is under-reported: set "
+            "per_round to the number each round trains; for Poisson draws "
+            "(dp.sample(round)), pass poisson=True",
+            stacklevel=outside(),
+        )
+
+
+def _check_delta(delta: float, clients: int) -> None:
+    """δ in (0, 1), and below 1/clients or a warning: one client published whole, drawn at
+    random, is (0, 1/clients)-DP."""
+    if isinstance(delta, bool) or not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), typically below 1/clients, not {delta!r}")
+    if delta >= 1 / clients:
+        warnings.warn(
+            f"delta={delta!r}: a delta of 1/clients ({1 / clients:.3g}) or more allows "
+            "publishing one client's data whole (one drawn at random is (0, 1/clients)-DP); "
+            "take delta well below 1/clients (e.g. 1e-5 for 1,000 clients)",
+            stacklevel=outside(),
+        )
+
+
+def _noise_for(epsilon: float, rounds: int, rate: float, delta: float) -> float:
+    """The smallest σ (to 0.01 in ε) whose ε after ``rounds`` at ``rate`` is ``epsilon`` at
+    most, by Opacus's search over its RDP accountant, on DPFedAvg's orders."""
+    if isinstance(epsilon, bool) or not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError(f"epsilon must be a positive finite target, not {epsilon!r}")
+    utils: Any = require("opacus.accountants.utils", "dp")
+    with warnings.catch_warnings():  # (the search's probes at σ = 20, 40...: not the answer)
+        warnings.filterwarnings("ignore", "Optimal order is the largest alpha")
+        try:
+            sigma = utils.get_noise_multiplier(
+                target_epsilon=epsilon,
+                target_delta=delta,
+                sample_rate=rate,
+                steps=rounds,
+                accountant="rdp",
+                alphas=ORDERS,
+            )
+        except ValueError as e:
+            raise ValueError(
+                f"no noise multiplier up to 1e6 reaches epsilon={epsilon!r} at delta={delta!r} "
+                f"after {rounds} rounds at sampling rate {rate:.4g} (Opacus: {e}); aim for a "
+                "larger epsilon or delta, or fewer rounds or clients per round"
+            ) from e
+    return float(sigma)
