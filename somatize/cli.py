@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import runs_cli
+from .compose import Composable
 from .counted import counted
 from .errors import KeeperError, SomatizeError
 from .graph import Graph
@@ -211,7 +212,7 @@ def _load(target: str, graph: bool = True) -> Any:
     except (ImportError, AttributeError) as e:
         print(f"somatize: cannot load {target}: {e}", file=sys.stderr)
         return _FAILED
-    if callable(obj) and not isinstance(obj, Graph):
+    if callable(obj) and not isinstance(obj, Composable):  # a factory (a node is none)
         needs, name = _parameters(obj), getattr(obj, "__name__", attr)
         if needs is not None:
             print(
@@ -223,7 +224,13 @@ def _load(target: str, graph: bool = True) -> Any:
             return _FAILED
         obj = obj()
     if graph and not isinstance(obj, Graph):
-        print(f"somatize: {target} is a {type(obj).__qualname__}, not a Graph", file=sys.stderr)
+        build = (
+            "; build it there: graph = Graph.somatize(...)" if isinstance(obj, Composable) else ""
+        )
+        print(
+            f"somatize: {target} is a {type(obj).__qualname__}, not a Graph{build}",
+            file=sys.stderr,
+        )
         return _FAILED
     return obj
 

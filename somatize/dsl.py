@@ -24,17 +24,26 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from . import not_a_module
 from .compose import Composable
 from .dsl_checks import FIX, check_ends, check_repeats, check_starts, ends_twice, side_by_side
 from .errors import DuplicateNodeError, GraphError
 from .graph import Graph
 from .node import Mapped, Node
+from .not_a_node import instead
 
 __all__ = ["Expr", "Par", "Ref", "Seq", "build", "par", "seq"]
 
 
 class Expr(Composable):
     """A composition of nodes, built with ``>>`` and ``|``; ``Graph.somatize`` makes it a graph."""
+
+    # (a >> b)(x), (a >> b).forward(x): not a graph yet; errors naming Graph.somatize
+    __call__ = not_a_module.expr_called
+    forward = not_a_module.Refused(
+        "an expression of nodes (written with >> or |) has no forward: build the graph once, "
+        "g = Graph.somatize(expr), then g.forward(x), or st.module(g)(x) (somatize.torch)"
+    )
 
     def with_id(self, node_id: str) -> Expr:
         """Refused: an id names one node; this is a composition of several."""
@@ -138,14 +147,18 @@ class Par(_Parts):
     __slots__ = ()
 
 
+not_a_module.install(Expr, "expr")  # (a >> b).parameters(): an error naming Graph.somatize
+
+
 def lift(x: Any) -> Expr:
     if isinstance(x, Expr):
         return x
     if isinstance(x, (Node, Graph)):
         return Ref(x)
+    fix = instead(x)
     raise TypeError(
         f"cannot compose a {type(x).__qualname__} with >> or |; "
-        "only Nodes, Graphs and their compositions combine"
+        f"only Nodes, Graphs and their compositions combine{'; ' + fix if fix else ''}"
     )
 
 

@@ -24,6 +24,7 @@ from .keepers.pins import PinLog
 from .keepers.protocol import check_keeper
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Node, Run, check_forward, graph_input
+from .not_a_node import id_instead, not_a_node
 from .placement import Placement
 from .plan import Plan, compile
 from .topology import Builder, Topology
@@ -115,10 +116,7 @@ class Graph(Settings, Composable):
     def node(self, node_id: str, impl: Node | Graph) -> Graph:
         """Add a node (a ``Node``, or a ``Graph`` run as one step). Returns the graph."""
         if not isinstance(impl, (Node, Graph)):
-            raise TypeError(
-                f"node {node_id!r}: {type(impl).__qualname__} is not a Node or Graph; "
-                "subclass somatize.Node and implement forward(self, x, ctx) -> Done"
-            )
+            raise TypeError(f"node {node_id!r}: {not_a_node(node_id, impl)}")
         if impl is self or (isinstance(impl, Graph) and impl._contains(self)):
             raise GraphError(
                 f"node {node_id!r}: a graph cannot contain itself, directly or through a "
@@ -146,6 +144,11 @@ class Graph(Settings, Composable):
         return self
 
     def _require(self, node_id: str) -> None:
+        if not isinstance(node_id, str):  # (a node given for its id, a list of ids)
+            raise MissingNodeError(
+                f"no node {node_id!r} in the graph: {id_instead(node_id, self._impls)}; "
+                f"nodes: {', '.join(self._impls) or 'none'}"
+            )
         if node_id not in self._impls:
             raise MissingNodeError(
                 f"no node {node_id!r} in the graph; nodes: {', '.join(self._impls) or 'none'}"

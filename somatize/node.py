@@ -21,8 +21,10 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from . import not_a_module
 from .compose import Composable
 from .errors import MissingValueError, NodeError
+from .not_a_node import is_torch_module
 from .values import Opaque, check
 
 if TYPE_CHECKING:
@@ -134,11 +136,28 @@ def check_forward(node_id: str, impl: Any) -> None:
 
     Raises:
         NodeError: ``forward`` takes fewer than two positional arguments (``ctx``
-            forgotten), or requires more than two (one per input: they come as one tuple).
+            forgotten), or requires more than two (one per input: they come as one tuple);
+            the class defines no ``forward``, or is an ``nn.Module`` too (a mapped node's
+            inner node is checked alike).
     """
+    if isinstance(impl, Mapped):  # (its own forward is ours; checked is what it maps)
+        impl = impl.inner
     cls = type(impl)
     if cls in _CHECKED:
         return
+    if cls.forward is Node.forward and "forward" not in getattr(impl, "__dict__", ()):
+        raise NodeError(
+            f"node {node_id!r}: {cls.__qualname__} must implement forward(self, x, ctx) -> Done; "
+            "it defines no forward"
+        )
+    if is_torch_module(cls):
+        raise NodeError(
+            f"node {node_id!r}: {cls.__qualname__} is an nn.Module as well as a Node, but a node "
+            "holds its modules and is not one (torch would call forward(x) without ctx, and "
+            "st.module(g) registers what a node holds): subclass Node alone, "
+            f"class {cls.__name__}(Node), keeping self.lin = nn.Linear(...) in __init__ "
+            "(no super().__init__() needed)"
+        )
     import inspect
 
     try:
@@ -214,6 +233,9 @@ class Node(Composable):
     def forward(self, x: Any, ctx: Ctx) -> Done:
         raise NodeError(f"{type(self).__qualname__} must implement forward(self, x, ctx) -> Done")
 
+    # node(x), node.parameters(): a node is not an nn.Module; errors naming what to write
+    __call__ = not_a_module.node_called
+
     def mapped(self) -> Mapped:
         """This node applied item by item over a list; with caching, each item is keyed alone."""
         return Mapped(self)
@@ -229,6 +251,9 @@ class Node(Composable):
         args, kwargs = self.__dict__.get("_somatize_args", ((), {}))
         shown = [*map(_short, args), *(f"{k}={_short(v)}" for k, v in kwargs.items())]
         return f"{type(self).__name__}({', '.join(shown)})"
+
+
+not_a_module.install(Node, "node")  # node.parameters(), node.to(...): errors naming the fix
 
 
 def _short(value: Any) -> str:

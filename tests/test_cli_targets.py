@@ -36,6 +36,8 @@ class Needs:
 
 
 word = "hello"
+node = Inc()
+expr = Inc() >> Inc()
 """
 
 
@@ -130,3 +132,14 @@ def test_cache_without_an_action_does_not_call_the_targets_required(
     err = capsys.readouterr().err
     assert e.value.code == 2
     assert "required: action" in err and "targets" not in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize(("target", "kind"), [("node", "Inc"), ("expr", "Seq")])
+def test_a_node_or_an_expression_named_for_the_graph_is_told_to_build_it(
+    target: str, kind: str, user_module: Writer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not called as a factory (a node refuses a call, naming st.module): refused in a line."""
+    user_module("cli_factories", FACTORIES)
+    rc, _, err = run(["graph", f"cli_factories:{target}"], capsys)
+    assert rc == 2 and err.count("\n") == 1
+    assert f"cli_factories:{target} is a {kind}, not a Graph; build it there: graph = " in err

@@ -83,6 +83,44 @@ def test_a_node_without_forward_says_what_to_write() -> None:
         Graph.somatize(Lazy()).forward(1)
 
 
+def test_a_node_without_forward_is_refused_when_added_naming_it() -> None:
+    class Lazy(Node):
+        pass
+
+    pattern = r"^node 'lazy': .*Lazy must implement forward\(self, x, ctx\) -> Done; it defines"
+    with pytest.raises(NodeError, match=pattern):
+        Graph.somatize(Lazy())  # (before anything runs)
+    with pytest.raises(NodeError, match=r"^node 'each': .*Lazy must implement forward"):
+        Graph().node("each", Lazy().mapped())  # (a mapped node's inner node too)
+    lazy = Lazy()
+    lazy.forward = lambda x, ctx: Done(x)  # type: ignore[method-assign]  # (its own)
+    assert Graph.somatize(lazy).forward(1) == 1
+
+
+def test_a_mapped_nodes_inner_forward_is_checked_when_added() -> None:
+    class NoCtx(Node):
+        def forward(self, x: Any) -> Done:  # type: ignore[override]
+            return Done(x)
+
+    with pytest.raises(NodeError, match=r"node 'no_ctx': .*NoCtx\.forward\(self, x\) takes no ctx"):
+        Graph.somatize(Echo().mapped() >> NoCtx().mapped())
+
+
+def test_a_node_that_is_an_nn_module_too_is_refused_naming_the_fix() -> None:
+    # torch's nn.Module as somatize knows it, by its class's module and name (no torch here)
+    module = type("Module", (), {"__module__": "torch.nn.modules.module"})
+
+    class Enc(module, Node):  # type: ignore[valid-type,misc]
+        def forward(self, x: Any, ctx: Ctx) -> Done:
+            return Done(x)
+
+    with pytest.raises(
+        NodeError, match=r"^node 'enc': .*Enc is an nn\.Module as well as a Node"
+    ) as e:
+        Graph.somatize(Enc())
+    assert "subclass Node alone, class Enc(Node)" in str(e.value)
+
+
 def test_mapped_applies_item_by_item() -> None:
     class Inc(Node):
         def forward(self, x: Any, ctx: Ctx) -> Done:

@@ -12,7 +12,7 @@ from torch import nn
 
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
-from somatize.errors import StateError
+from somatize.errors import NodeError, StateError
 
 from .tensor_nodes import Linear
 
@@ -176,3 +176,20 @@ def test_module_is_one_per_graph_and_does_not_keep_the_graph_alive():
 def test_module_rejects_what_is_not_a_graph():
     with pytest.raises(TypeError, match="somatize Graph"):
         st.module(nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("first", ["Node", "Module"])
+def test_a_node_that_is_an_nn_module_too_is_refused_when_added(first):
+    """A PyTorch user's guess, ``class Enc(nn.Module, Node)``: refused when added, naming the
+    fix; ``module(g)`` said the node held something in an attribute called ``_modules``."""
+
+    class Enc(*((Node, nn.Module) if first == "Node" else (nn.Module, Node))):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.lin(x)))
+
+    with pytest.raises(NodeError, match=r"^node 'enc': .*Enc is an nn\.Module as well as a Node"):
+        st.module(Graph.somatize(Enc()))
