@@ -34,6 +34,7 @@ from .freezers import _freezes, _settle_frozen, freeze, frozen_any, marked
 from .frozen import equip, mode_refused
 from .holdings import MODULE_NAMES
 from .module_inputs import as_input, recording
+from .not_a_graph import require_graph
 from .own_code import give_own_code, without_own_code
 from .registration import _check_shared, _frozen_holdings, _Nodes, _signature
 from .state_hints import misfit_hint
@@ -371,7 +372,7 @@ def module(g: Graph) -> GraphModule:
         torch.Size([3, 2])
     """
     if not isinstance(g, Graph):
-        raise TypeError(f"module() takes a somatize Graph, got {type(g).__qualname__}")
+        require_graph(g, "st.module")
     m = _by_graph.get(id(g))
     with paused_gc():  # one nn.Module per node: many objects, no cycles (see somatize.bulk)
         if m is None or m.graph is not g:

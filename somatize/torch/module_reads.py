@@ -11,6 +11,7 @@ from torch import nn
 from ..graph import Graph
 from .freezers import _settle_frozen, frozen_any
 from .module import GraphModule, module
+from .not_a_graph import require_graph
 
 __all__ = ["node_metrics", "parameters"]
 
@@ -31,6 +32,7 @@ def parameters(g: Graph) -> list[nn.Parameter]:
     Example:
         >>> opt = torch.optim.Adam(parameters(g), lr=1e-3)  # doctest: +SKIP
     """
+    require_graph(g, "st.parameters")
     seen: set[int] = set()
     out = []
     m = module(g)

@@ -13,6 +13,7 @@ import torch
 from ..errors import StateError
 from ..graph import Graph
 from .module import module
+from .not_a_graph import require_graph
 from .state_hints import renamed, weight_average
 
 __all__ = ["load_state", "state"]
@@ -21,6 +22,7 @@ __all__ = ["load_state", "state"]
 def state(g: Graph) -> dict[str, torch.Tensor]:
     """A snapshot of every node module's state: detached CPU copies, named as in
     ``module(g).state_dict()``."""
+    require_graph(g, "st.state")
     return {k: v.detach().to("cpu", copy=True) for k, v in module(g).state_dict().items()}
 
 
@@ -32,6 +34,7 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
             mismatches — all listed, before anything is loaded; or ``snapshot`` is not
             a state dict at all (a ``TrainResult``: pass ``result.state``).
     """
+    require_graph(g, "st.load_state")
     if not isinstance(snapshot, Mapping):
         hint = (
             f"a {type(snapshot).__qualname__} holds one in .state — pass "
