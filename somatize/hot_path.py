@@ -19,6 +19,7 @@ from .values import Opaque, check
 if TYPE_CHECKING:
     from .catalog import Catalog
     from .codecs import Codec
+    from .topology import Topology
 
 __all__ = ["Bound", "HotPath", "Slots"]
 
@@ -74,6 +75,7 @@ class HotPath:
     #: (id, forward, one, many, device) per step, in order: see ``Program._bind``
     fast: list[tuple[str, Forward, int, Slots | None, str | None]]
     catalog: Catalog
+    topology: Topology
     codecs: tuple[Codec, ...]
     subprograms: Mapping[str, Any]
     _out: tuple[int, ...]
@@ -119,7 +121,7 @@ class HotPath:
                         new(Ctx, (node, device, run)),
                     )
                 except Exception as e:
-                    name_node(e, node, self.catalog[node])
+                    name_node(e, node, self.catalog[node], "", self._inputs(node), x)
                     raise
                 if (
                     is_type(done) is done_type
@@ -134,7 +136,8 @@ class HotPath:
                 try:
                     done = forward(values[at], ctx)
                 except Exception as e:
-                    name_node(e, ctx.node, self.catalog[ctx.node])
+                    node = ctx.node
+                    name_node(e, node, self.catalog[node], "", self._inputs(node), x)
                     raise
                 if (
                     is_type(done) is done_type
@@ -148,6 +151,10 @@ class HotPath:
         if len(out) == 1:
             return values[out[0]], metrics
         return tuple([values[o] for o in out]), metrics
+
+    def _inputs(self, node: str) -> tuple[str, ...]:
+        """The ids of ``node``'s inputs, in edge order (for an error's note)."""
+        return self.topology.predecessors(node)
 
     def _landed(self, node: str, done: Any, metrics: dict[str, Any]) -> Any:
         """What a step returned, on the hot path, but for an ``Opaque`` without metrics: the

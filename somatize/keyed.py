@@ -48,11 +48,44 @@ def _where(node: str) -> str:
     return f"the output of node {node!r}"
 
 
-def name_node(e: BaseException, label: str, impl: Any, on_host: str = "") -> None:
+def name_node(
+    e: BaseException,
+    label: str,
+    impl: Any,
+    on_host: str = "",
+    inputs: Sequence[str] = (),
+    x: Any = None,
+) -> None:
     """Add a note to ``e`` naming the node that raised it (both paths, and a slice on a
-    host), unless it is one of ours that names the node already."""
+    host), unless it is one of ours that names the node already. For an error a wrong
+    input makes (a ``TypeError``, an unpacking ``ValueError``...), the note also says what
+    the node received when it was a tuple somatize made: a join's ``inputs``, or a root's
+    ``x``, the graph's several inputs."""
     if hasattr(e, "add_note") and not isinstance(e, (NodeError, CacheError)):
-        e.add_note(f"raised by node {label!r} ({type(impl).__qualname__}){on_host}")
+        came = _came(inputs, x) if isinstance(e, _INPUT_ERRORS) else ""
+        e.add_note(f"raised by node {label!r} ({type(impl).__qualname__}){on_host}{came}")
+
+
+_INPUT_ERRORS = (TypeError, ValueError, AttributeError, IndexError)
+
+
+def _came(inputs: Sequence[str], x: Any) -> str:
+    """ "; its input x was ...": a tuple of a join's inputs, or of the graph's inputs at a
+    root (a node expecting one tensor, or another number of inputs, fails on it); "" else."""
+    if len(inputs) > 1:
+        names = ", ".join(map(repr, inputs))
+        parts = ", ".join("abcdefgh"[: len(inputs)]) if len(inputs) <= 8 else "..."
+        return (
+            f"; its input x was one tuple of its {len(inputs)} inputs, from {names} in the "
+            f"order their edges were added: unpack it, {parts} = x"
+        )
+    if not inputs and type(x) is tuple:
+        return (
+            f"; its input x was its graph's input, a tuple of {len(x)}: every root receives "
+            "the whole input (several inputs, model(a, b), as one tuple): take its part, "
+            "x[0] or x[1]"
+        )
+    return ""
 
 
 def keyed_impl(impl: Any) -> Any:
@@ -257,7 +290,7 @@ def walk(
                 if is_opaque:
                     value = value.value
         except Exception as e:
-            name_node(e, label, impl, on_host)
+            name_node(e, label, impl, on_host, inputs, x)
             raise
         if watchers:
             notify(watchers, NodeEnd(run.id, label, run.step, time.perf_counter() - start))

@@ -78,3 +78,55 @@ def test_a_warning_raised_inside_model_x_points_at_the_users_line_not_torchs():
     with pytest.warns(UserWarning, match=r"node 's' \(.*Stepper\) is cached") as said:
         model(torch.ones(2, 3))
     assert said[0].filename == __file__
+
+
+class Inc(Node):
+    def forward(self, x: Any, ctx: Ctx) -> Done:
+        return Done(x + 1)
+
+
+class Add3(Node):
+    def forward(self, xs: Any, ctx: Ctx) -> Done:
+        a, b, c = xs  # (written for three inputs)
+        return Done(a + b + c)
+
+
+@pytest.mark.parametrize("path", ["hot", "keyed"])
+def test_a_join_failing_on_its_inputs_is_told_what_it_received(path: str) -> None:
+    from somatize import Recorder
+
+    g = Graph.somatize(
+        (Inc() | Inc().with_id("other")) >> Add3(), watchers=[Recorder()] * (path == "keyed")
+    )
+    with pytest.raises(ValueError, match="not enough values to unpack") as info:
+        g.forward(1)
+    assert info.value.__notes__ == [
+        "raised by node 'add3' (Add3); its input x was one tuple of its 2 inputs, from 'inc', "
+        "'other' in the order their edges were added: unpack it, a, b = x"
+    ]
+
+
+@pytest.mark.parametrize("path", ["hot", "keyed"])
+def test_a_root_failing_on_the_graphs_inputs_is_told_it_gets_them_all(path: str) -> None:
+    from somatize import Recorder
+
+    g = Graph.somatize(Inc() | Inc().with_id("other"), watchers=[Recorder()] * (path == "keyed"))
+    with pytest.raises(TypeError) as info:
+        g.forward(1, 2)  # (a two-tower model: each root wants one of them)
+    (note,) = info.value.__notes__
+    assert note.startswith("raised by node 'inc' (Inc); its input x was its graph's input, a ")
+    assert "tuple of 2: every root receives the whole input" in note and "x[0]" in note
+
+
+class Fails(Node):
+    def forward(self, xs: Any, ctx: Ctx) -> Done:
+        raise RuntimeError("out of memory")
+
+
+def test_an_error_that_is_not_about_the_input_keeps_the_plain_note() -> None:
+    with pytest.raises(RuntimeError) as info:
+        Graph.somatize((Inc() | Inc().with_id("other")) >> Fails()).forward(1)
+    assert info.value.__notes__ == ["raised by node 'fails' (Fails)"]
+    with pytest.raises(TypeError) as one:
+        Graph.somatize(Inc() >> Inc().with_id("two")).forward("a")  # (one input: nothing to add)
+    assert one.value.__notes__ == ["raised by node 'inc' (Inc)"]

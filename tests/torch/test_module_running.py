@@ -14,7 +14,7 @@ import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque, Recorder
 from somatize.execute import Program
 
-from .tensor_nodes import Linear, tensor_codec
+from .tensor_nodes import Concat, Linear, tensor_codec
 
 
 def test_train_and_eval_reach_node_modules_and_ctx():
@@ -182,3 +182,27 @@ def test_a_shape_error_inside_a_node_names_the_node_on_every_path():
     with pytest.raises(RuntimeError, match="mat1 and mat2") as e:
         m(torch.ones(5, 4))
     assert e.value.__notes__ == ["raised by node 'second' (Linear)"]
+
+
+class Add3(Node):
+    def forward(self, xs, ctx):
+        a, b, c = xs  # (written for three inputs; the graph gives it two)
+        return Done(Opaque(a + b + c))
+
+
+def test_a_join_or_a_root_failing_on_what_it_received_is_told_what_that_was():
+    """A join given another number of inputs than it unpacks, and a two-tower model given
+    two inputs whose towers each expect one: the note says what the node received."""
+    join = st.module(Graph.somatize((Linear(4, 3) | Linear(4, 3).with_id("b")) >> Add3())).eval()
+    for _ in range(3):  # (calls alike after the first run on steps bound to the run)
+        with pytest.raises(ValueError, match="not enough values to unpack") as e:
+            join(torch.ones(2, 4))
+        assert e.value.__notes__ == [
+            "raised by node 'add3' (Add3); its input x was one tuple of its 2 inputs, from "
+            "'linear', 'b' in the order their edges were added: unpack it, a, b = x"
+        ]
+    towers = st.module(Graph.somatize((Linear(4, 3) | Linear(6, 3).with_id("item")) >> Concat()))
+    with pytest.raises(TypeError, match="must be Tensor, not tuple") as e:
+        towers(torch.ones(2, 4), torch.ones(2, 6))
+    (note,) = e.value.__notes__
+    assert "node 'linear' (Linear); its input x was its graph's input, a tuple of 2" in note
