@@ -334,3 +334,73 @@ def test_shared_branches_after_a_predecessor_match_hand_written_torch():
         hand_grads = torch.autograd.grad(hand, params, retain_graph=True)  # (h is shared)
         for mine, theirs in zip(mine_grads, hand_grads, strict=True):
             assert_close(mine, theirs)
+
+
+class Held(Node):
+    """Applies a module it is given (two nodes may hold one: tied weights)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        self.net = net
+
+    def forward(self, x, ctx):
+        return Done(Opaque(torch.tanh(self.net(x))))
+
+
+class HandTwoHeads(nn.Module):
+    """One encoder, a square layer applied twice (tied), two heads: two losses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.tied = nn.Linear(5, 6), nn.Linear(6, 6)
+        self.cls, self.reg = nn.Linear(6, 3), nn.Linear(6, 1)
+
+    def forward(self, x):
+        h = self.tied(torch.tanh(self.tied(torch.tanh(self.enc(x)))))
+        return self.cls(torch.tanh(h)), self.reg(torch.tanh(h))
+
+
+def test_two_heads_two_losses_and_tied_weights_train_as_hand_written_torch():
+    """A shared encoder feeding two heads whose losses are summed, and one module held by
+    two nodes (tied weights): outputs, and weights after optimizer steps, equal the plain
+    model's — every parameter counted once by st.parameters(g), as by hand.parameters()."""
+    torch.manual_seed(0)
+    hand = HandTwoHeads()
+    start = {k: v.clone() for k, v in hand.state_dict().items()}
+    tied = nn.Linear(6, 6)
+    g = (
+        Graph()
+        .node("enc", Held(nn.Linear(5, 6)))
+        .node("t1", Held(tied))
+        .node("t2", Held(tied))
+        .node("cls", Head(6, 3))
+        .node("reg", Head(6, 1))
+    )
+    for a, b in (("enc", "t1"), ("t1", "t2"), ("t2", "cls"), ("t2", "reg")):
+        g.edge(a, b)
+    names = {"enc.net": "enc", "t1.net": "tied", "cls.out": "cls", "reg.out": "reg"}
+    st.load_state(
+        g,
+        {f"{k}.{p}": start[f"{v}.{p}"] for k, v in names.items() for p in ("weight", "bias")}
+        | {f"t2.net.{p}": start[f"tied.{p}"] for p in ("weight", "bias")},
+    )
+    params = st.parameters(g)
+    assert len(params) == len(list(hand.parameters())) == 8  # (the tied layer once)
+    model = st.module(g)
+    opt_hand = torch.optim.SGD(hand.parameters(), lr=0.1, momentum=0.9)
+    opt_graph = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(4, 5, generator=gen)
+        y, z = torch.randint(0, 3, (4,), generator=gen), torch.randn(4, 1, generator=gen)
+        for net, opt in ((hand, opt_hand), (model, opt_graph)):
+            logits, value = net(x)
+            loss = nn.functional.cross_entropy(logits, y) + nn.functional.mse_loss(value, z)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert_close(model(x)[0], hand(x)[0])
+    mine = st.state(g)
+    for k, v in names.items():
+        for p in ("weight", "bias"):
+            assert_close(mine[f"{k}.{p}"], hand.state_dict()[f"{v}.{p}"])
+    assert torch.equal(mine["t1.net.weight"], mine["t2.net.weight"])  # still one tensor
