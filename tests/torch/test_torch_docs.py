@@ -22,3 +22,4 @@ def test_torch_doc_examples_run(capsys):
     out = capsys.readouterr().out
     assert "['classify.out.bias', 'classify.out.weight', 'encode.emb.weight']" in out
     assert "shape mismatches: encode.emb.weight" in out
+    assert "['bias', 'towers.item.lin.bias', 'towers.item.lin.weight', 'towers.user" in out
