@@ -75,6 +75,48 @@ def _exit() -> None:
     gc.collect()
     if _made and dist.is_initialized():
         dist.destroy_process_group()
+    settle_gloo()
+
+
+def settle_gloo(limit: float = 2.0) -> None:
+    """At exit, wait (at most ``limit`` seconds) until gloo's worker threads are idle.
+
+    A gloo worker frees a collective's work after the caller's ``wait()`` has returned; a
+    tensor the caller has dropped since (``all_gather_object``'s buffers) is then freed by
+    the worker, taking the GIL. Preempted until the interpreter is finalizing, the worker
+    is ended by Python inside a C++ destructor: "terminate called without an active
+    exception", the rank aborted after all its work (1 job in ~50 of a DDP test script on
+    a loaded 2-core machine; torch 2.13, pytorch/pytorch#190489). ``destroy_process_group``
+    would join the workers, but once a ``DistributedDataParallel`` has been made torch
+    keeps the group, and its threads, alive until the process ends. So: poll the states of
+    the threads gloo names ``pt_gloo_runloop`` (Linux's ``/proc``; elsewhere nothing is
+    done) until none has been running or runnable for three polls, sleeping between polls
+    so that a worker waiting for the GIL gets it."""
+    import time
+
+    def busy() -> bool:
+        try:
+            tasks = os.listdir("/proc/self/task")
+        except OSError:
+            return False
+        for task in tasks:
+            try:
+                with open(f"/proc/self/task/{task}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # (a thread that ended)
+            name, state = (
+                stat[stat.find("(") + 1 : stat.rfind(")")],
+                stat[stat.rfind(")") + 2 :][:1],
+            )
+            if name == "pt_gloo_runloop" and state == "R":
+                return True
+        return False
+
+    deadline, quiet = time.monotonic() + limit, 0
+    while quiet < 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+        quiet = 0 if busy() else quiet + 1
 
 
 def finish(failed: bool) -> None:

@@ -1,0 +1,54 @@
+"""At exit, a DDP process waits for gloo's worker threads to be idle (``ddp.settle_gloo``):
+a worker freeing a collective's tensors once the interpreter is finalizing aborted the
+rank after all its work ("terminate called without an active exception")."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import time
+
+import pytest
+
+from somatize.torch import ddp
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="thread states are read from /proc")
+
+
+def named_worker(seconds: float, started: threading.Event, done: list[bool]) -> threading.Thread:
+    """A thread the OS knows as gloo's worker, running (not sleeping) for ``seconds``."""
+
+    def run() -> None:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, b"pt_gloo_runloop", 0, 0, 0)  # PR_SET_NAME: this thread's name
+        started.set()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sum(range(1000))  # (busy: state R, as a preempted worker is)
+        done.append(True)
+
+    return threading.Thread(target=run, daemon=True)
+
+
+def test_exit_waits_until_a_running_gloo_worker_is_idle():
+    started, done = threading.Event(), []
+    worker = named_worker(0.3, started, done)
+    worker.start()
+    started.wait()
+    ddp.settle_gloo(limit=10.0)
+    assert done == [True]  # returned only once the worker had stopped running
+    worker.join()
+
+
+def test_exit_does_not_wait_past_its_limit_nor_without_gloo_workers():
+    started, done = threading.Event(), []
+    worker = named_worker(3.0, started, done)
+    worker.start()
+    started.wait()
+    ddp.settle_gloo(limit=0.2)
+    assert done == []  # gave up at the limit: the worker still runs
+    worker.join()
+    begin = time.monotonic()
+    ddp.settle_gloo(limit=10.0)  # no worker running: three quiet polls
+    assert time.monotonic() - begin < 5.0
