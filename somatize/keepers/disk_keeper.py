@@ -37,7 +37,16 @@ from .packs import (
     build,
     open_regular,
 )
-from .protocol import KeeperStats, as_bytes, check_key, check_name, fail, is_key, not_bytes
+from .protocol import (
+    KeeperStats,
+    as_bytes,
+    check_key,
+    check_name,
+    fail,
+    is_key,
+    is_name,
+    not_bytes,
+)
 from .readcache import DEFAULT_READ_CACHE, PackCache
 from .verifying import Removed
 
@@ -75,7 +84,8 @@ class DiskKeeper:
 
     Raises:
         KeeperError: the layout cannot be created, or (``create=False``) ``path`` is
-            not a store.
+            not a store, or one of its folders is a symbolic link (with
+            ``create=False``: ``objects/ab`` too; gc and verify never follow one).
 
     Example:
         >>> import tempfile
@@ -126,6 +136,7 @@ class DiskKeeper:
                 f"no cache at {self._root}: {what}; give the directory a DiskKeeper wrote "
                 "(for the somatize command: --dir or $SOMATIZE_CACHE)"
             )
+        listing.refuse_links(self._root, deep=not create)
         self._index = PackIndex(f"{self._root}/packs")
         self._cache = PackCache(read_cache)
         self._index.forget = self._cache.drop  # a pack the index drops leaves the cache
@@ -323,11 +334,12 @@ class DiskKeeper:
         return listing.markers(self._root, sub)
 
     def names(self) -> dict[str, str]:
-        """Every recorded name and the key it points to."""
+        """Every recorded name and the key it points to (a file in ``names/`` that is no
+        name ``name`` writes, or holds no key, is not one: ``cache ls`` prints these)."""
         out = {}
         for name in sorted(self._markers("names")):
-            key = self._read_small(f"{self._root}/names/{name}")
-            if key is not None:
+            key = self._read_small(f"{self._root}/names/{name}") if is_name(name) else None
+            if key is not None and is_key(key):
                 out[name] = key
         return out
 

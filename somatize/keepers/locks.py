@@ -31,8 +31,11 @@ __all__ = ["close_lock", "hold", "open_lock"]
 # a disk that takes no writes: no pin can be written nor entry removed there, nothing
 # for a lock to keep apart (the operation's own error says why)
 _NO_WRITES = {errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-_RW = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-_RO = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+# O_NOFOLLOW: a lock file is never a link; one planted in a store given by someone else
+# would have O_CREAT make (or open) a file wherever it points
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_RW = os.O_RDWR | os.O_CREAT | _NOFOLLOW
+_RO = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW
 
 
 # lock descriptors open in this process (open_lock's, and others held with ``hold``):
@@ -85,11 +88,15 @@ def open_lock(path: str, guards: str) -> int | None:
         pass
     if error.errno not in _NO_WRITES:
         folder = os.path.dirname(path)
+        fix = (
+            "Remove it: a lock file is never a link (somatize opens none through one)"
+            if os.path.islink(path)
+            else f"Give this user write access to {folder} (a store shared by a group: a "
+            "group-writable, setgid directory, and umask 002 for every user)"
+        )
         warnings.warn(
             f"could not open the lock file {path} ({error.strerror or error}): {guards} go "
-            f"on without it, unguarded against other processes. Give this user write "
-            f"access to {folder} (a store shared by a group: a group-writable, setgid "
-            "directory, and umask 002 for every user)",
+            f"on without it, unguarded against other processes. {fix}",
             UserWarning,
             stacklevel=outside(),
         )

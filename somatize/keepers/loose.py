@@ -68,6 +68,9 @@ def read(path: str) -> tuple[bytes | None, int]:
             head, payload = raw[: HEADER.size], raw[HEADER.size :]
         else:
             head = os.read(fd, HEADER.size)
+            magic, _, length = HEADER.unpack(head)
+            if magic != MAGIC or length != size - HEADER.size:  # not read into memory
+                return None, st.st_ino
             payload = os.read(fd, size - HEADER.size + 1)
             while len(payload) < size - HEADER.size:  # reads past 2 GiB come in pieces
                 more = os.read(fd, size - HEADER.size - len(payload) + 1)
@@ -111,14 +114,17 @@ def quarantine(root: str, path: str, inode: int) -> bool:
 
 
 def scan(root: str) -> Iterator[os.DirEntry[str]]:
-    """Every file in ``root/objects/*/`` (entries and temp files), one scandir per folder."""
+    """Every file in ``root/objects/*/`` (entries and temp files), one scandir per folder;
+    a symlink where a folder should be is not followed."""
     try:
         top = os.scandir(f"{root}/objects")
     except FileNotFoundError:
         return
     with top:
         for sub in top:
-            if len(sub.name) != 2:
+            # (never through a symlink: gc and verify remove what they find in a folder,
+            # and one planted in a cache given by someone else may point anywhere)
+            if len(sub.name) != 2 or not sub.is_dir(follow_symlinks=False):
                 continue
             try:
                 inner = os.scandir(sub.path)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 import struct
 import threading
@@ -78,6 +79,7 @@ def _max_open() -> int:
 
 
 MAX_OPEN = _max_open()  # packs kept open per keeper: an eighth of the fd limit, at most 1024
+_NAME = re.compile(r"\A[0-9a-f]{40}\.pack\Z")  # as build() names a pack
 _NONBLOCK = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -212,9 +214,12 @@ def entries(fd: int, size: int, wanted: Sequence[tuple[int, int]]) -> list[bytes
     out: list[bytes | None] = []
     whole = None
     if len(wanted) > 1:
-        lo = min(off for off, _ in wanted)
-        hi = max(off + CHECK + n for off, n in wanted)
-        if hi - lo <= 2 * sum(CHECK + n for _, n in wanted) + 65536:
+        span, hi = wanted, max(off + CHECK + n for off, n in wanted)
+        if hi > size:  # a length past the file's end (cut, or crafted) never sizes a read
+            span = [(off, n) for off, n in wanted if off + CHECK + n <= size]
+            hi = max((off + CHECK + n for off, n in span), default=0)
+        lo = min((off for off, _ in span), default=0)
+        if len(span) > 1 and hi - lo <= 2 * sum(CHECK + n for _, n in span) + 65536:
             whole = memoryview(read_exact(fd, hi - lo, lo))
     for off, n in wanted:
         if off + CHECK + n > size:
@@ -359,7 +364,7 @@ class PackIndex:
         names = set()
         with os.scandir(self.directory) as it:
             for e in it:
-                if e.name.endswith(".pack") and not e.name.startswith("."):
+                if _NAME.match(e.name):  # (another file is not a pack: never read nor removed)
                     names.add(e.name)
         gone = [n for n in self.packs if n not in names]
         self.drop(gone)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -33,6 +34,9 @@ from .packs import (
 from .protocol import check_key, fail
 
 _STALE = 3600.0  # seconds: a temp file this old belongs to no live writer
+# an entry's temp file, ".<key>.<pid>-<n>.tmp" (".<key>.<random>.tmp" before): no other
+# dotfile is a killed writer's (a ".bashrc" is not ours to remove)
+_ENTRY_TEMP = re.compile(r"\A\.[0-9a-f]{64}\..+\.tmp\Z")
 
 __all__ = [
     "SizeBound",
@@ -283,7 +287,8 @@ def _ranked(root: str, index: PackIndex) -> tuple[int, list[tuple[float, int, st
     ranked: list[tuple[float, int, str]] = []  # (mtime, size, path of a loose entry or pack)
     for e in loose.scan(root):
         if e.name[0] == ".":
-            freed += _stale_temp(e, stale)
+            if _ENTRY_TEMP.match(e.name):
+                freed += _stale_temp(e, stale)
         elif len(e.name) == 64:
             try:
                 st = e.stat(follow_symlinks=False)
