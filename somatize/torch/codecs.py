@@ -36,6 +36,7 @@ from ..values import encode as encode_data
 from .fingerprints import module_fingerprint
 from .module_code import script_function
 from .ndarray_codec import NdarrayCodec
+from .rows import empty
 from .tensor_keys import _PLAIN, check_tensor, subclass_error, tensor_bytes, tensor_key
 from .tensor_memo import TensorMemo
 
@@ -158,7 +159,7 @@ class TensorCodec:
             raise ValueError(f"a tensor payload names {dtype_name!r}, which is not a torch dtype")
         raw = payload[8 + n :]
         if not raw:
-            return torch.empty(shape, dtype=dtype)
+            return empty(shape, dtype)
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
 
     def digest(self, t: torch.Tensor, *, fresh: bool = False) -> str:

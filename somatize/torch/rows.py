@@ -16,7 +16,18 @@ from blake3 import blake3
 from .tensor_keys import _PLAIN, subclass_error
 from .tensor_keys import tensor_bytes as _tensor_bytes
 
-__all__ = ["TensorRows"]
+__all__ = ["TensorRows", "empty"]
+
+
+def empty(shape: Any, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor of ``shape`` that a payload without bytes stands for: one with no
+    elements. A shape with elements and no bytes (a damaged or crafted entry) is a
+    ``ValueError``: ``torch.empty`` would hand back that much uninitialised memory
+    (gigabytes, from a few bytes of header) as if it were the value stored."""
+    dims = tuple(shape) if isinstance(shape, (tuple, list)) else None
+    if dims is None or not all(type(d) is int and d >= 0 for d in dims) or 0 not in dims:
+        raise ValueError(f"a tensor payload of shape {shape!r} holds no bytes")
+    return torch.empty(dims, dtype=dtype)
 
 
 class TensorRows:
@@ -77,7 +88,7 @@ class TensorRows:
         if raw:
             out = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(n, *shape)
         else:
-            out = torch.empty((n, *shape), dtype=dtype)
+            out = empty((n, *shape), dtype)
         return self.move(out, device) if device is not None else out
 
     def scatter(self, parts: Sequence[tuple[Sequence[int], torch.Tensor]], n: int) -> torch.Tensor:

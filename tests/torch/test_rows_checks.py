@@ -148,3 +148,31 @@ def test_an_entry_of_the_right_size_with_another_prefix_is_a_miss_among_hits():
     assert_close(m(x), good)
     assert Encoder.rows == 1
     assert keeper.get(keys[2]) != bytes(entry)  # rewritten
+
+
+def test_an_entry_whose_layout_claims_rows_without_their_bytes_is_a_miss():
+    """Found by an outside audit: entries (a shared cache, given by someone else) whose
+    layout claims 16 floats a row but 0 bytes were served as ``torch.empty`` rows — memory
+    never written, of a size the entry names (gigabytes from a few bytes) — not recomputed."""
+    import json
+    import struct
+
+    class Recording(MemoryKeeper):
+        def put_many(self, items, *, pinned=False):
+            self.keys = [k for k, _ in items]
+            super().put_many(items, pinned=pinned)
+
+    keeper = Recording()
+    m = st.module(graph(keeper=keeper))
+    x = data().tensors[0][:4]
+    good = m(x).detach()
+    entry = keeper.get(keeper.keys[0])
+    (n,) = struct.unpack(">H", entry[4:6])
+    kind, names, infos = json.loads(entry[6 : 6 + n])
+    assert infos[0][1][1] == [16]  # (the row shape)
+    text = json.dumps([kind, names, [[tag, layout, 0] for tag, layout, _ in infos]]).encode()
+    for k in keeper.keys:
+        keeper.put(k, b"SMZ2" + struct.pack(">H", len(text)) + text)
+    Encoder.rows = 0
+    assert_close(m(x), good)
+    assert Encoder.rows == 4  # every row computed again

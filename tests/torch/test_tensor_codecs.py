@@ -124,3 +124,14 @@ def test_decode_refuses_a_payload_naming_no_dtype():
     header = encode(("load", (1,)))
     with pytest.raises(ValueError, match="not a torch dtype"):
         c.decode(struct.pack(">Q", len(header)) + header + b"\0")
+
+
+def test_a_payload_naming_a_shape_without_its_bytes_is_refused():
+    """Found by an outside audit: a tensor payload with a header and no bytes decoded to
+    ``torch.empty(shape)`` — memory never written, of a size the header names."""
+    (codec,) = [c for c in CODECS if isinstance(c, TensorCodec)]
+    header = encode(("float32", (1000, 3)))
+    with pytest.raises(ValueError, match=r"shape \(1000, 3\) holds no bytes"):
+        codec.decode(struct.pack(">Q", len(header)) + header)
+    header = encode(("float32", (0, 3)))  # no elements: no bytes, as written
+    assert codec.decode(struct.pack(">Q", len(header)) + header).shape == (0, 3)
