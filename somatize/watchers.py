@@ -321,8 +321,8 @@ class JsonLines:
 
     @staticmethod
     def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-        """The records of a run log. A torn line (cut short by a killed writer: it does not
-        end its object with ``}``) is skipped.
+        """The records of a run log. A torn line (cut short by a killed writer: its object
+        is not closed, wherever the cut fell — also right after a nested ``}``) is skipped.
 
         Raises:
             ValueError: a whole line that is not JSON, naming the file and the line.
@@ -336,13 +336,35 @@ class JsonLines:
                 try:
                     records.append(json.loads(line))
                 except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-                    if not line.endswith(b"}"):
+                    if _unclosed(line):
                         continue  # torn by a writer killed mid-line
                     raise ValueError(
                         f"{path}, line {n}: not a JSON record ({e}); the log was altered "
                         "there: delete that line to read the rest"
                     ) from e
         return records
+
+
+def _unclosed(line: bytes) -> bool:
+    """Whether ``line`` ends before the object it opens is closed: what a cut leaves of a
+    record (a string left open, or more ``{``/``[`` than closed). A line that closes what
+    it opens and still is not JSON was altered, not torn."""
+    depth, in_string, escaped = 0, False, False
+    for c in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:  # backslash
+                escaped = True
+            elif c == 0x22:  # quote
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in b"{[":
+            depth += 1
+        elif c in b"}]":
+            depth -= 1
+    return line.startswith(b"{") and (in_string or depth > 0)
 
 
 def _torn_tail(fd: int) -> bool:

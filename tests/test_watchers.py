@@ -167,6 +167,32 @@ def test_a_torn_last_line_is_skipped_and_a_resumed_writer_starts_a_new_line(
     assert [r["run_id"] for r in JsonLines.read(path)] == ["r1", "r2"]  # not joined
 
 
+def test_a_kill_at_any_byte_of_a_record_leaves_a_log_read_whole_before_and_after_a_resume(
+    tmp_path: Path,
+) -> None:
+    """Found by an outside audit: a line cut right after a nested ``}`` ({"values":
+    {"acc": 0.75}) passed for an altered line, and ``read`` raised on the log of a killed
+    run. Every cut of the last record: the records before it, and after a resumed writer's
+    line, that one too — never an error, never a record that was not written."""
+    path = tmp_path / "run.jsonl"
+    log = JsonLines(path)
+    log.on_event(Metrics(run_id="r", node="enc", step=1, values={"acc": 0.5}))
+    log.close()
+    head = path.read_bytes()
+    log = JsonLines(path)
+    log.on_event(Metrics(run_id="r", node="enc", step=2, values={"acc": 0.75, "n": [1, 2]}))
+    log.close()
+    whole = path.read_bytes()
+    first = JsonLines.read(path)[:1]
+    for cut in range(len(head) + 1, len(whole) - 1):  # the last line, less its newline
+        path.write_bytes(whole[:cut])
+        assert JsonLines.read(path) == first, whole[len(head) : cut]
+        resumed = JsonLines(path)
+        resumed.on_event(RunEnd(run_id="r2", seconds=0.0))
+        resumed.close()
+        assert [r["event"] for r in JsonLines.read(path)] == ["Metrics", "RunEnd"]
+
+
 def test_a_whole_line_that_is_not_json_is_an_error_naming_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     log = JsonLines(path)

@@ -21,6 +21,7 @@ whose header is damaged is set aside as ``<name>.damaged`` and started anew.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import io
@@ -112,6 +113,10 @@ class CSVLog:
         """The rows of the log up to ``start_step`` (None: all), damaged ones dropped with
         a warning; its columns become this log's."""
         text = self.path.read_bytes().decode("utf-8", errors="replace").replace("\0", "")
+        # Every row ends in a newline: a last one without is what a kill left of a row
+        # (cut anywhere: "step,1" of step 12's), never read as one.
+        if "\n" in text:
+            text = text[: text.rfind("\n") + 1]
         reader = csv.DictReader(io.StringIO(text, newline=""))
         columns = list(reader.fieldnames or [])
         if columns[:3] != _FIRST[:3]:
@@ -165,7 +170,16 @@ class CSVLog:
             return
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        os.write(self._fd, self._lines([row]).encode())
+        line = self._lines([row]).encode()
+        written = os.write(self._fd, line)
+        if written != len(line):  # (a full disk) the torn row goes: the next is not joined to it
+            with contextlib.suppress(OSError):
+                os.truncate(self._fd, os.fstat(self._fd).st_size - written)
+            raise OSError(
+                errno.ENOSPC,
+                f"CSVLog: wrote {written} of the {len(line)} bytes of a row to {self.path} "
+                "(is the disk full?); the torn row was cut off again",
+            )
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         if self._fd is not None:

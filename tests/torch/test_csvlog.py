@@ -184,6 +184,52 @@ def test_a_damaged_row_is_dropped_with_a_warning_and_the_resume_goes_on(tmp_path
     assert steps == [str(n) for n in range(1, 21) if n != 2]
 
 
+@pytest.mark.parametrize("cut", [len("step,1"), len("step,13,2,0.")])
+def test_a_row_torn_by_a_kill_is_never_read_as_a_row_on_resume(tmp_path, cut):
+    """Found by an outside audit: the row a kill tore (no newline at its end) was read as
+    a whole one. Cut inside its step, "step,1" of step 13's row is a row of step 1, before
+    the checkpoint (12): kept, a step logged twice, its values blank."""
+    from tests.torch.test_checkpoint_resume import trainer
+
+    log = tmp_path / "log.csv"
+    with pytest.raises(Crash):
+        trainer(tmp_path, watchers=[st.CSVLog(log), CrashAt(13)], pruner=None).fit(
+            graph(0), data(), val=data(2)
+        )
+    text = log.read_bytes()
+    last = text.rindex(b"\nstep,13,") + 1
+    log.write_bytes(text[: last + cut])  # killed while writing step 13's row
+    trainer(tmp_path, watchers=[st.CSVLog(log)], pruner=None).fit(
+        graph(0), data(), val=data(2), resume="last"
+    )
+    steps = [int(r["step"]) for r in rows(log) if r["kind"] == "step"]
+    assert steps == list(range(1, 21))
+    assert all(r["loss"] for r in rows(log) if r["kind"] == "step")
+
+
+def test_a_short_write_is_an_error_and_leaves_no_torn_row(tmp_path, monkeypatch):
+    """A row the disk took only part of (full) is cut off again: the next row is not
+    joined to it, and a reader never sees it."""
+    from somatize.watchers import FitStart, StepEnd
+
+    log = st.CSVLog(tmp_path / "log.csv")
+
+    def step(n):
+        return StepEnd("r", n, 0, 0.5, 0.1, 4, 0.01, (0.1,))
+
+    log.on_event(FitStart("r", epochs=1, max_steps=0, start_step=0))
+    log.on_event(step(1))
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real(fd, bytes(data)[:7]))
+    with pytest.raises(OSError, match=r"wrote 7 of the \d+ bytes of a row to .*log\.csv"):
+        log.on_event(step(2))  # (step 1's row goes out now; 2's is not begun)
+    monkeypatch.setattr(os, "write", real)
+    log.on_event(step(3))
+    log.close()
+    assert [r["step"] for r in rows(tmp_path / "log.csv")] == ["3"]  # (1: lost to the disk)
+    assert (tmp_path / "log.csv").read_bytes().endswith(b"\n")
+
+
 def test_a_log_with_a_damaged_header_is_set_aside_and_started_anew(tmp_path):
     from tests.torch.test_checkpoint_resume import trainer
 

@@ -86,6 +86,23 @@ def test_a_resumed_run_shows_each_step_once_as_tensorboard_serves_it(tmp_path):
     assert [v for _, v in got] == pytest.approx(result.losses)
 
 
+@pytest.mark.parametrize("torn", [1, 13, 40])
+def test_an_event_file_torn_by_a_kill_is_served_whole_up_to_the_tear(tmp_path, torn):
+    """A process killed while the writer appended leaves its last record torn (TFRecord:
+    a length, its CRC, the data, its CRC). tensorboard serves the records before it and
+    then the resumed run's, each step once, and reads the folder without an error."""
+    with pytest.raises(Crash):  # steps 1..5 logged, the checkpoint at step 3
+        trainer(tmp_path, CrashAt(5)).fit(graph(), data())
+    (events,) = (tmp_path / "tb").iterdir()
+    events.write_bytes(events.read_bytes()[:-torn])  # killed inside the last record
+    assert [s for s, _ in served(tmp_path / "tb")] == [1, 2, 3, 4]  # (5: in the torn record)
+    backdate(tmp_path / "tb")
+    result = trainer(tmp_path).fit(graph(), data(), resume="last")
+    got = served(tmp_path / "tb")
+    assert [s for s, _ in got] == list(range(1, 10))
+    assert [v for _, v in got] == pytest.approx(result.losses)
+
+
 def test_a_run_restarted_before_its_first_checkpoint_replaces_the_earlier_curves(tmp_path):
     """Found by an outside audit: killed before any checkpoint, ``resume="last"`` starts
     afresh (as documented), and tensorboard drew steps 1 and 2 twice; ``CSVLog`` replaces
