@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +35,8 @@ __all__ = ["RunStore", "explain", "gc", "parse_age"]
 FORMAT = "somatize.run/1"
 FOLDER = "remembered"  # under a DiskKeeper's directory
 _STALE = 3600.0  # seconds: a temp file or trash folder this old belongs to no live process
+_TRASH = re.compile(r"\A\.trash-[0-9a-f]{64}-\d+\Z")  # what remove() renames a run to
+RECORD_BYTES = 16 << 20  # a run.json larger than this is damaged (records are kilobytes)
 UNJUDGED = ("damaged", "unreadable")  # statuses of runs gc keeps: their records say nothing
 
 # The type of each field a record may hold: a hand-edited or damaged run.json is reported
@@ -104,7 +108,7 @@ class RunStore:
         """(run ``key``'s record or None, what is wrong with its run.json or None)."""
         file = self.dir(key) / "run.json"
         try:
-            record = json.loads(file.read_text())
+            record = json.loads(_small(file))
         except PermissionError as e:
             raise KeeperError(
                 f"cannot read the run record {file}: {e.strerror or e}; give this user read "
@@ -189,7 +193,9 @@ class RunStore:
         if not self.root.is_dir():
             return out
         for d in sorted(self.root.iterdir()):
-            if not is_key(d.name):  # a trash folder, a temp file, something not ours
+            # not a key: a trash folder, a temp file, something not ours; a link: not a run
+            # directory of this store (listing, sizing or gc would reach wherever it points)
+            if not is_key(d.name) or d.is_symlink():
                 continue
             try:
                 record, damage = self._read(d.name)
@@ -241,6 +247,25 @@ class RunStore:
                 discard(key)
             else:  # a DiskKeeper without discard: its documented layout, objects/ab/<key>
                 os.unlink(Path(keeper.path) / "objects" / key[:2] / key)
+
+
+def _small(file: Path) -> bytes:
+    """A run record's bytes, opened without blocking (a FIFO in its place would hang
+    ``runs ls``); ``ValueError`` (a damaged record) for no regular file, or one over
+    ``RECORD_BYTES`` (a huge or sparse one would fill the memory)."""
+    fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    data = b""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("it is not a regular file")
+        if st.st_size <= RECORD_BYTES:
+            data = os.read(fd, RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
+    if st.st_size > RECORD_BYTES or len(data) > RECORD_BYTES:  # (grown since the fstat)
+        raise ValueError(f"it is over {RECORD_BYTES} bytes, and a run record is kilobytes")
+    return data
 
 
 def parse_age(text: str) -> float:
@@ -356,7 +381,7 @@ def _clean_leftovers(root: Path) -> None:
     with contextlib.suppress(OSError), os.scandir(root) as it:
         for e in it:
             with contextlib.suppress(OSError):
-                if e.name.startswith(".trash-") and e.stat(follow_symlinks=False).st_mtime < stale:
+                if _TRASH.match(e.name) and e.stat(follow_symlinks=False).st_mtime < stale:
                     shutil.rmtree(e.path, ignore_errors=True)
                 elif is_key(e.name) and e.is_dir(follow_symlinks=False):
                     _clean_temps(e.path, stale)

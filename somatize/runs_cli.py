@@ -27,6 +27,7 @@ from . import runs
 from .counted import counted
 from .errors import KeeperError
 from .keepers.protocol import is_key
+from .printable import printable
 
 __all__ = ["add_parser", "byte_count", "cache_byte_count", "command", "locate"]
 
@@ -98,6 +99,11 @@ def _stopped(r: dict[str, Any]) -> str:
 
 
 def _line(r: dict[str, Any]) -> str:
+    """One run as ``ls`` shows it: its fields are a run.json's, so printed ``printable``."""
+    return printable(_fields(r))
+
+
+def _fields(r: dict[str, Any]) -> str:
     used = r.get("used")  # when it last ran or was recalled: tells runs of changed code apart
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(used)) if used else "?"
     head = f"{str(r['key'])[:12]}  {_size(float(r['size'])):>9}  {when}"

@@ -11,6 +11,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,14 +118,14 @@ def test_an_unreadable_record_is_an_error_naming_it_not_an_unfinished_run(
 ) -> None:
     key = "3" * 64
     _run(tmp_path, key)
-    real = Path.read_text
+    real = os.open
 
-    def denied(self: Path, *args: object, **kwargs: object) -> str:
-        if self.name == "run.json":  # another user's store, mode 0600 (as root, chmod is moot)
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+    def denied(path: Any, *args: Any, **kwargs: Any) -> int:
+        if os.path.basename(path) == "run.json":  # another user's store, mode 0600 (chmod: root)
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_text", denied)
+    monkeypatch.setattr(os, "open", denied)
     with pytest.raises(KeeperError, match=r"cannot read the run record .*run\.json"):
         runs.RunStore(tmp_path / runs.FOLDER).record(key)
     (listed,) = runs.RunStore(tmp_path / runs.FOLDER).records()

@@ -121,15 +121,87 @@ def test_gc_keeps_a_run_whose_record_this_user_cannot_read(
     keeper: DiskKeeper, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     d = _run(keeper.path / runs.FOLDER, A, keeper)
-    real = Path.read_text
+    real = os.open
 
-    def denied(self: Path, *args: Any, **kwargs: Any) -> str:
-        if self.name == "run.json":  # another user's store, mode 0600
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self, *args, **kwargs)
+    def denied(path: Any, *args: Any, **kwargs: Any) -> int:
+        if os.path.basename(path) == "run.json":  # another user's store, mode 0600
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_text", denied)
+    monkeypatch.setattr(os, "open", denied)
     rc, out, _ = cli(["gc", "--older-than", "0", "--dir", str(keeper.path)], capsys)
     assert rc == 0 and "removed 0 runs; 1 left" in out
     assert f"kept {A[:12]}: this user cannot read its record {d / 'run.json'}" in out
     assert d.is_dir()
+
+
+def test_a_fifo_or_a_huge_file_for_a_record_is_damaged_never_a_hang_or_a_full_memory(
+    keeper: DiskKeeper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an outside audit: run.json was read with a plain read_text: a FIFO in its
+    place hung `runs ls`, and a sparse file of gigabytes was read whole into memory."""
+    import signal
+    import tracemalloc
+
+    root = keeper.path / runs.FOLDER
+    fifo, huge = _run(root, A, keeper) / "run.json", _run(root, B, keeper) / "run.json"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    with open(huge, "r+b") as f:
+        f.truncate(runs.RECORD_BYTES + 1)
+
+    def hung(signum: int, frame: Any) -> None:
+        raise AssertionError("reading a run record blocked")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    tracemalloc.start()
+    try:
+        rc, out, _ = cli(["ls", "--dir", str(keeper.path)], capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert rc == 0 and peak < runs.RECORD_BYTES // 2
+    assert f"damaged record {fifo}: it cannot be read as JSON (it is not a regular file)" in out
+    assert f"damaged record {huge}: it cannot be read as JSON (it is over" in out
+
+
+def test_a_linked_run_directory_is_no_run_of_the_store(
+    keeper: DiskKeeper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an outside audit: a link planted under remembered/ was listed as a run,
+    sized by walking wherever it points (a link to / walks the disk), and `runs gc` made
+    its lock file there."""
+    elsewhere = keeper.path.parent / "elsewhere"
+    elsewhere.mkdir()
+    root = keeper.path / runs.FOLDER
+    _run(root, A, keeper)
+    os.symlink(elsewhere, root / B)
+    assert [r["key"] for r in runs.RunStore(root).records()] == [A]
+    rc, out, _ = cli(["gc", "--older-than", "0", "--dir", str(keeper.path)], capsys)
+    assert rc == 0 and "removed 1 run; 0 left" in out
+    assert list(elsewhere.iterdir()) == [] and (root / B).is_symlink()
+
+
+def test_gc_removes_only_trash_folders_of_its_own_naming(keeper: DiskKeeper) -> None:
+    root = keeper.path / runs.FOLDER
+    _run(root, A, keeper)
+    ours, other = root / f".trash-{B}-123", root / ".trash-notes"
+    for d in (ours, other):
+        d.mkdir()
+        os.utime(d, (OLD, OLD))
+    runs.gc(keeper.path, older_than=30 * 86400)
+    assert not ours.exists() and other.is_dir()
+
+
+def test_runs_ls_prints_a_records_control_characters_escaped(
+    keeper: DiskKeeper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an outside audit: a record's fields were printed as they are, so an escape
+    sequence in a run.json someone else wrote was obeyed by the terminal."""
+    _run(keeper.path / runs.FOLDER, A, keeper, {"function": "m.f\x1b]0;owned\x07\nforged"})
+    rc, out, _ = cli(["ls", "--dir", str(keeper.path)], capsys)
+    assert rc == 0 and "\x1b" not in out and "\x07" not in out
+    assert "f\\x1b]0;owned\\x07\\nforged(seed=1)" in out

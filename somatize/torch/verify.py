@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..printable import printable
 from .checkpoint import load_checkpoint
 from .ckptdir import FILE, read_pointer
 
@@ -103,10 +104,11 @@ def verify_command(path: str) -> int:
     try:
         verdicts = verify_checkpoints(path)
     except CheckpointError as e:
-        print(f"somatize: {e}", file=sys.stderr)
+        print(printable(f"somatize: {e}"), file=sys.stderr)
         return 2
     for v in verdicts:
-        print(f"{v.status:<10} {v.path}" + (f": {v.detail}" if v.detail else ""))
+        # (file names and pointers are the directory's: printable, whoever wrote it)
+        print(printable(f"{v.status:<10} {v.path}" + (f": {v.detail}" if v.detail else "")))
     damaged = sum(v.status == "damaged" for v in verdicts)
     missing = sum(v.status == "missing" for v in verdicts)
     print(

@@ -90,3 +90,16 @@ def test_a_checkpoint_of_another_name_needs_no_last(ckpt: Path, tmp_path: Path) 
     shutil.copy(ckpt / "step-000000006.ckpt", alone / "model.ckpt")  # not a run's chain
     assert st.Checkpointing(alone).last() is None  # resume='last' starts afresh: not refused
     assert [(v.path.name, v.status) for v in verify_checkpoints(alone)] == [("model.ckpt", "ok")]
+
+
+def test_file_names_are_printed_with_their_control_characters_escaped(
+    ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an outside audit: a checkpoint directory given by someone else could hold
+    a file whose name is an escape sequence, which the command printed for the terminal to
+    obey."""
+    (ckpt / "x\x1b]0;owned\x07.ckpt").write_bytes(b"not a checkpoint")
+    assert main(["checkpoint", "verify", str(ckpt)]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "damaged    " + str(ckpt / "x\\x1b]0;owned\\x07.ckpt") in out
