@@ -75,7 +75,6 @@ def _exit() -> None:
     gc.collect()
     if _made and dist.is_initialized():
         dist.destroy_process_group()
-    settle_gloo()
 
 
 def settle_gloo(limit: float = 2.0) -> None:
@@ -89,34 +88,44 @@ def settle_gloo(limit: float = 2.0) -> None:
     a loaded 2-core machine; torch 2.13, pytorch/pytorch#190489). ``destroy_process_group``
     would join the workers, but once a ``DistributedDataParallel`` has been made torch
     keeps the group, and its threads, alive until the process ends. So: poll the states of
-    the threads gloo names ``pt_gloo_runloop`` (Linux's ``/proc``; elsewhere nothing is
-    done) until none has been running or runnable for three polls, sleeping between polls
-    so that a worker waiting for the GIL gets it."""
+    the threads gloo names ``pt_gloo_runloop`` (Linux's ``/proc``; elsewhere, and in a
+    process without them, nothing is done) until none has been running or runnable for
+    three polls, sleeping between polls so that a worker waiting for the GIL gets it.
+    Registered at exit when this module is imported (after ``_exit``, so it runs last):
+    the Trainer's runs, and Lightning's under ``LightningGraph``, alike."""
     import time
-
-    def busy() -> bool:
-        try:
-            tasks = os.listdir("/proc/self/task")
-        except OSError:
-            return False
-        for task in tasks:
-            try:
-                with open(f"/proc/self/task/{task}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue  # (a thread that ended)
-            name, state = (
-                stat[stat.find("(") + 1 : stat.rfind(")")],
-                stat[stat.rfind(")") + 2 :][:1],
-            )
-            if name == "pt_gloo_runloop" and state == "R":
-                return True
-        return False
 
     deadline, quiet = time.monotonic() + limit, 0
     while quiet < 3 and time.monotonic() < deadline:
+        busy = _gloo_busy()
+        if busy is None:
+            return
+        quiet = 0 if busy else quiet + 1
         time.sleep(0.001)
-        quiet = 0 if busy() else quiet + 1
+
+
+def _gloo_busy() -> bool | None:
+    """Whether a gloo worker thread of this process is running or runnable; None when it
+    has none (or the OS does not say)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    found = None
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # (a thread that ended)
+        if stat[stat.find("(") + 1 : stat.rfind(")")] == "pt_gloo_runloop":
+            if stat[stat.rfind(")") + 2 :][:1] == "R":
+                return True
+            found = False
+    return found
+
+
+atexit.register(settle_gloo)  # (atexit runs last what it was given first: after _exit)
 
 
 def finish(failed: bool) -> None:

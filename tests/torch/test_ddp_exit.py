@@ -52,3 +52,31 @@ def test_exit_does_not_wait_past_its_limit_nor_without_gloo_workers():
     begin = time.monotonic()
     ddp.settle_gloo(limit=10.0)  # no worker running: three quiet polls
     assert time.monotonic() - begin < 5.0
+
+
+def test_importing_somatize_torch_registers_the_wait_at_exit(tmp_path):
+    # a process that exits while a (fake) gloo worker still runs: the wait lets it finish
+    # its work, which here writes a file, before the interpreter finalizes
+    marker = tmp_path / "worker-finished"
+    script = f"""
+import ctypes, threading, time
+import somatize.torch
+
+def run():
+    ctypes.CDLL(None).prctl(15, b"pt_gloo_runloop", 0, 0, 0)
+    started.set()
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        sum(range(1000))
+    open({str(marker)!r}, "w").close()
+    time.sleep(30)  # idle, as a worker waiting for work
+
+started = threading.Event()
+threading.Thread(target=run, daemon=True).start()
+started.wait()
+"""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert marker.exists()
