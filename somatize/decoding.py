@@ -27,9 +27,15 @@ def decode(data: bytes | memoryview, codecs: Sequence[Codec] = ()) -> Any:
         value, end = _decode(view, 0, {c.tag: c for c in codecs})
     except (struct.error, IndexError, TypeError, RecursionError) as e:
         # a cut length field, a list as a dict key, nesting past the stack
-        raise ValueError(f"not an encoded value (damaged?): {type(e).__name__}: {e}") from e
+        raise ValueError(
+            f"not an encoded value (damaged?): {type(e).__name__}: {e}; decode reads the bytes "
+            "somatize.encode returned"
+        ) from e
     if end != len(view):
-        raise ValueError(f"{len(view) - end} trailing bytes after an encoded value")
+        raise ValueError(
+            f"{len(view) - end} trailing bytes after an encoded value; decode takes exactly the "
+            "bytes encode returned (not a longer buffer)"
+        )
     return value
 
 
@@ -64,18 +70,27 @@ def _decode(view: memoryview, i: int, codecs: dict[str, Codec]) -> tuple[Any, in
         (size,) = _LEN.unpack_from(view, i)
         i += 8
         if name not in codecs:
-            raise ValueError(f"the value was written by codec {name!r}, which was not passed")
+            raise ValueError(
+                f"the value was written by codec {name!r}, which was not passed; pass the codecs "
+                "it was encoded with: decode(data, codecs=[...]) (e.g. st.TensorCodec())"
+            )
         return codecs[name].decode(view[i : i + size].tobytes()), i + size
     raw = view[i : i + n]
     if len(raw) != n:
-        raise ValueError("truncated encoded value")
+        raise ValueError(
+            f"truncated encoded value: {n} bytes announced, {len(raw)} left; decode takes all "
+            "the bytes encode returned"
+        )
     if tag == b"i":
         return int.from_bytes(raw, "big", signed=True), i + n
     if tag == b"s":
         return raw.tobytes().decode("utf-8", "surrogatepass"), i + n
     if tag == b"b":
         return raw.tobytes(), i + n
-    raise ValueError(f"unknown tag {tag!r} in an encoded value")
+    raise ValueError(
+        f"unknown tag {tag!r} in an encoded value: these bytes are not (or no longer) what "
+        "somatize.encode wrote"
+    )
 
 
 def in_decoded_order(value: Any) -> Any:

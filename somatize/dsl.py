@@ -200,7 +200,10 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
                 f"one node was given two ids, {known!r} and {r.id!r}; use two instances for two nodes"
             )
         if known is None and r.id in taken:
-            raise DuplicateNodeError(f"id {r.id!r} is given to two different nodes")
+            raise DuplicateNodeError(
+                f"id {r.id!r} is given to two different nodes; give each its own id "
+                f"(.with_id({r.id + '_2'!r})), or write the same instance twice to mean one node"
+            )
         ids[id(r.impl)] = r.id
         taken.add(r.id)
     nodes: list[tuple[str, Any]] = []

@@ -218,7 +218,12 @@ class Node(Composable):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if (args or kwargs) and cls.__init__ is object.__init__:
-            raise TypeError(f"{cls.__qualname__}() takes no arguments (it defines no __init__)")
+            given = len(args) + len(kwargs)
+            raise TypeError(
+                f"{cls.__qualname__}() takes no arguments (it defines no __init__), but was "
+                f"given {given}; define __init__(self, ...) to take them, or write "
+                f"{cls.__qualname__}()"
+            )
         self = object.__new__(cls)
         # The declaration: recorded here, canonicalised only when a key is needed.
         self.__dict__["_somatize_args"] = (args, kwargs)
@@ -270,8 +275,16 @@ class Mapped(Node):
     """
 
     def __init__(self, inner: Node) -> None:
-        if not isinstance(inner, Node) or isinstance(inner, Mapped):
-            raise TypeError("mapped() applies to a Node (and only once)")
+        if isinstance(inner, Mapped):
+            raise TypeError(
+                f"{inner!r:.60} is mapped already, and mapped() applies only once; "
+                "write node.mapped() once"
+            )
+        if not isinstance(inner, Node):
+            raise TypeError(
+                f"mapped() applies to a Node, not to {inner!r:.40} ({type(inner).__qualname__}); "
+                "write node.mapped() on a Node instance"
+            )
         self.inner = inner
 
     def forward(self, x: Any, ctx: Ctx) -> Done:

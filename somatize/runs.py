@@ -311,7 +311,10 @@ def gc(
     from .keepers import DiskKeeper
 
     if keeper_dir is None and runs_dir is None:
-        raise ValueError("gc needs the keeper's directory, the runs' directory, or both")
+        raise ValueError(
+            "gc(None, runs_dir=None) has nowhere to look: give keeper_dir (a DiskKeeper's "
+            "directory), runs_dir= (st.remember's dir=), or both"
+        )
     if older_than is not None and not older_than >= 0:
         raise ValueError(f"older_than={older_than!r}: an age in seconds is 0 or more")
     if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes < 0):

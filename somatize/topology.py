@@ -66,13 +66,22 @@ class Topology:
                         f"add it first (nodes: {', '.join(self.nodes) or 'none'})"
                     )
             if a == b:
-                raise CycleError(f"edge {a!r} -> {b!r} connects a node to itself")
+                raise CycleError(
+                    f"edge {a!r} -> {b!r} connects a node to itself; leave it out (a graph runs "
+                    "each node once: to apply one twice, add a second node)"
+                )
             if (a, b) in pairs:
-                raise GraphError(f"edge {a!r} -> {b!r} is given twice")
+                raise GraphError(
+                    f"edge {a!r} -> {b!r} is given twice; add it once (a node reads each input "
+                    "once, and may use it twice)"
+                )
             pairs.add((a, b))
         for n in self.subgraphs:
             if n not in seen:
-                raise MissingNodeError(f"subgraph {n!r} is not a node of the graph")
+                raise MissingNodeError(
+                    f"subgraph {n!r} is not a node of the graph; subgraphs maps node ids to "
+                    f"their topologies (nodes: {', '.join(self.nodes) or 'none'})"
+                )
         self.order  # noqa: B018 -- raises CycleError on a cycle
 
     def predecessors(self, node: str) -> tuple[str, ...]:
@@ -124,7 +133,10 @@ class Topology:
                 if indegree[s] == 0:
                     ready.append(s)
         if len(ready) != len(self.nodes):
-            raise CycleError(f"the graph has a cycle: {' -> '.join(self._find_cycle())}")
+            raise CycleError(
+                f"the graph has a cycle: {' -> '.join(self._find_cycle())}; remove one of its "
+                "edges (a graph runs each node once, in order)"
+            )
         groups: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
         for n in self.nodes:
             groups[depth[n]].append(n)
@@ -309,9 +321,15 @@ class Builder:
     def add_edge(self, a: str, b: str) -> None:
         """Add ``a -> b`` between known nodes; raises, changing nothing, if it is invalid."""
         if a == b:
-            raise CycleError(f"edge {a!r} -> {b!r} connects a node to itself")
+            raise CycleError(
+                f"edge {a!r} -> {b!r} connects a node to itself; leave it out (a graph runs "
+                "each node once: to apply one twice, add a second node)"
+            )
         if (a, b) in self._pairs:
-            raise GraphError(f"edge {a!r} -> {b!r} is given twice")
+            raise GraphError(
+                f"edge {a!r} -> {b!r} is given twice; add it once (a node reads each input "
+                "once, and may use it twice)"
+            )
         order = self._ord
         if order[b] < order[a]:
             self._reorder(a, b)
@@ -334,7 +352,9 @@ class Builder:
                     while (up := ahead[path[-1]]) is not None:
                         path.append(up)
                     raise CycleError(
-                        f"the graph has a cycle: {' -> '.join([a, *reversed(path), a])}"
+                        f"the graph has a cycle: {' -> '.join([a, *reversed(path), a])}; "
+                        f"edge {a!r} -> {b!r} closes it: leave it out (a graph runs each "
+                        "node once, in order)"
                     )
                 if s not in ahead and order[s] < high:
                     ahead[s] = n

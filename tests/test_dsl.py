@@ -49,7 +49,9 @@ def test_explicit_ids_win_and_defaults_step_around_them() -> None:
 
 
 def test_one_explicit_id_on_two_nodes_is_an_error() -> None:
-    with pytest.raises(DuplicateNodeError, match="id 'x' is given to two different nodes"):
+    with pytest.raises(
+        DuplicateNodeError, match=r"id 'x' is given to two different nodes; .*with_id\('x_2'\)"
+    ):
         build(Classify().with_id("x") >> Encode().with_id("x"))
     c = Classify()
     with pytest.raises(DuplicateNodeError, match="two ids, 'a' and 'b'"):

@@ -88,6 +88,11 @@ def test_gc_refuses_a_negative_age_or_size(
     assert d.is_dir()
 
 
+def test_gc_given_no_directory_says_which_to_give() -> None:
+    with pytest.raises(ValueError, match=r"nowhere to look: give keeper_dir .*runs_dir="):
+        runs.gc(None)
+
+
 @pytest.mark.parametrize("text", ["-3d", "-1", "nan", "inf"])
 def test_parse_age_refuses_what_is_not_an_age(text: str) -> None:
     with pytest.raises(ValueError, match="not an age"):

@@ -76,8 +76,10 @@ def test_a_cycle_is_named() -> None:
         CycleError, match=r"cycle: (a -> b -> c -> a|b -> c -> a -> b|c -> a -> b -> c)"
     ):
         Topology(("a", "b", "c", "d"), (("d", "a"), ("a", "b"), ("b", "c"), ("c", "a")))
-    with pytest.raises(CycleError, match="'a' -> 'a' connects a node to itself"):
+    with pytest.raises(CycleError, match="'a' -> 'a' connects a node to itself; leave it out"):
         Topology(("a",), (("a", "a"),))
+    with pytest.raises(CycleError, match="cycle: a -> b -> a; remove one of its edges"):
+        Topology(("a", "b"), (("a", "b"), ("b", "a")))
 
 
 def test_duplicate_ids_missing_nodes_bad_ids_and_empty() -> None:
@@ -85,9 +87,9 @@ def test_duplicate_ids_missing_nodes_bad_ids_and_empty() -> None:
         Topology(("a", "b", "a"))
     with pytest.raises(MissingNodeError, match=r"'a' -> 'z' names 'z', which is not a node"):
         Topology(("a",), (("a", "z"),))
-    with pytest.raises(MissingNodeError, match="subgraph 'q'"):
+    with pytest.raises(MissingNodeError, match=r"subgraph 'q' is not a node .*\(nodes: a\)"):
         Topology(("a",), (), {"q": Topology(("x",))})
-    with pytest.raises(GraphError, match="given twice"):
+    with pytest.raises(GraphError, match="given twice; add it once"):
         Topology(("a", "b"), (("a", "b"), ("a", "b")))
     with pytest.raises(GraphError, match="non-empty string"):
         Topology(("",))
@@ -108,7 +110,7 @@ def test_adding_a_back_edge_always_raises_a_cycle_naming_it(
     a, b = rnd.choice(t.edges)  # a before b; b -> ... -> a closes a cycle through a -> b
     with pytest.raises(CycleError) as info:
         Topology(t.nodes, (*t.edges, (b, a)))
-    named = str(info.value).split(": ", 1)[1].split(" -> ")
+    named = str(info.value).split(": ", 1)[1].split(";")[0].split(" -> ")  # (then the fix)
     assert named[0] == named[-1]
     for x, y in itertools.pairwise(named):
         assert (x, y) in {*t.edges, (b, a)}
@@ -139,7 +141,7 @@ def test_the_incremental_builder_accepts_exactly_what_topology_accepts(
         except GraphError as err:
             got = type(err)
             if "has a cycle" in str(err):  # the cycle named is one that the edge closes
-                named = str(err).split(": ", 1)[1].split(" -> ")
+                named = str(err).split(": ", 1)[1].split(";")[0].split(" -> ")
                 assert named[0] == named[-1] == e[0] and named[1] == e[1]
                 assert all(p in {*kept, e} for p in itertools.pairwise(named))
         assert got == expected

@@ -108,8 +108,16 @@ print(json.dumps({"order": list(d), "digests": [digest(v) for v in values]}))
 def test_decode_rejects_trailing_and_unknown_bytes() -> None:
     with pytest.raises(ValueError, match="trailing"):
         decode(encode(1) + b"N")
-    with pytest.raises(ValueError, match="unknown tag"):
+    with pytest.raises(ValueError, match="unknown tag .* not .* what somatize.encode wrote"):
         decode(b"z" + (0).to_bytes(8, "big"))
+    with pytest.raises(ValueError, match="truncated encoded value: 3 bytes announced, 2 left"):
+        decode(encode("abc")[:-1])
+
+
+def test_decode_names_the_codec_a_value_needs_and_how_to_pass_it() -> None:
+    leaf = b"c" + (4).to_bytes(8, "big") + b"mine" + (0).to_bytes(8, "big")  # codec 'mine'
+    with pytest.raises(ValueError, match=r"codec 'mine', which was not passed; .*codecs=\["):
+        decode(leaf)
 
 
 def test_in_decoded_order_gives_dicts_the_order_decode_gives_them():
