@@ -39,6 +39,17 @@ def test_both_keepers_fit_the_protocol(keeper: MemoryKeeper | DiskKeeper) -> Non
     assert keeper.stats().entries == 1 and keeper.stats().names == 1
 
 
+def test_a_bad_key_or_name_is_shown_shortened_with_its_type_and_an_example() -> None:
+    keeper = MemoryKeeper()
+    with pytest.raises(KeeperError, match=r"invalid key b'ab.*' \(a bytes\): .*somatize\.digest"):
+        keeper.put(b"ab" * 32, b"x")  # type: ignore[arg-type]
+    with pytest.raises(KeeperError) as info:
+        keeper.put("x" * 10_000, b"x")
+    assert len(str(info.value)) < 300  # the key shortened, not 10,000 characters
+    with pytest.raises(KeeperError, match=r"invalid name '\.x': .*e\.g\. 'features-v1'"):
+        keeper.name(".x", k(1))
+
+
 # -- MemoryKeeper -------------------------------------------------------------------------
 
 

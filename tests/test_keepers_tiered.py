@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from somatize import DiskKeeper, Done, Graph, MemoryKeeper, Node, TieredKeeper
 
 
@@ -71,3 +73,15 @@ def test_unpin_many_reaches_the_disk_keeper_at_once(tmp_path: Path) -> None:
     stats = DiskKeeper(tmp_path / "cache").stats()
     assert (stats.pinned, stats.packs, stats.entries) == (0, 4, 64)  # (before: 64 packs)
     assert tiered.get_many([key for key, _ in rows]) == [data for _, data in rows]
+
+
+def test_a_tier_that_is_not_a_keeper_is_refused_when_made(tmp_path: Path) -> None:
+    disk = DiskKeeper(tmp_path / "cache")
+    with pytest.raises(TypeError, match=r"TieredKeeper\(fast=\.\.\.\): 42 \(int\) is not a keeper"):
+        TieredKeeper(42, disk)  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError, match=r"TieredKeeper\(slow=None\): .*TieredKeeper\(MemoryKeeper\(\)"
+    ):
+        TieredKeeper(MemoryKeeper(), None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"MemoryKeeper is the class, not a keeper"):
+        TieredKeeper(MemoryKeeper, disk)  # type: ignore[arg-type]

@@ -135,8 +135,10 @@ def not_bytes(
 def check_key(key: str) -> None:
     """Raise ``KeeperError`` unless ``key`` is 64 lowercase hex digits."""
     if not (type(key) is str and len(key) == 64 and _KEY.match(key)):
+        kind = "" if type(key) is str else f" (a {type(key).__qualname__})"
         raise KeeperError(
-            f"invalid key {key!r}: keys are 64 lowercase hex digits (a blake3 digest)"
+            f"invalid key {key!r:.80}{kind}: keys are 64 lowercase hex digits (a blake3 "
+            "digest), e.g. somatize.digest(value)"
         )
 
 
@@ -144,8 +146,8 @@ def check_name(name: str) -> None:
     """Raise ``KeeperError`` unless ``name`` is a safe file name."""
     if not (type(name) is str and _NAME.match(name)):
         raise KeeperError(
-            f"invalid name {name!r}: use letters, digits, '.', '_' or '-' (at most 200, "
-            "not starting with '.')"
+            f"invalid name {name!r:.80}: use letters, digits, '.', '_' or '-' (at most 200, "
+            "not starting with '.'), e.g. 'features-v1'"
         )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .protocol import Keeper, KeeperStats
+from .protocol import Keeper, KeeperStats, check_keeper
 
 __all__ = ["TieredKeeper"]
 
@@ -37,9 +37,19 @@ class TieredKeeper:
             the memory used).
         slow: the lasting, shared keeper on disk: ``DiskKeeper(path, read_cache=0)``, whose
             own read cache would hold in memory again what ``fast`` holds.
+
+    Raises:
+        TypeError: ``fast`` or ``slow`` is not a keeper (None, a class, another object).
     """
 
     def __init__(self, fast: Keeper, slow: Keeper) -> None:
+        for where, keeper in (("fast", fast), ("slow", slow)):
+            if keeper is None:  # (check_keeper lets None through: a Graph may have no keeper)
+                raise TypeError(
+                    f"TieredKeeper({where}=None): both tiers are keepers; e.g. "
+                    "TieredKeeper(MemoryKeeper(), DiskKeeper(path)), or use the one keeper alone"
+                )
+            check_keeper(keeper, f"TieredKeeper({where}=...)")
         self.fast, self.slow = fast, slow
 
     @property
