@@ -106,7 +106,11 @@ def summarize(
             f"{type(results).__qualname__}; pass runs.finished (the runs that finished)"
         )
     if not results:
-        raise ValueError(f"no results to summarize for {metric!r}")
+        raise ValueError(
+            f"no results to summarize for {metric!r}: the list is empty; pass at least one "
+            "run's result (run_all's runs.finished is empty when every run failed or was "
+            "lost: see runs.failed and runs.lost)"
+        )
     values = tuple(_value(r, i, metric) for i, r in enumerate(results))
     if mode is None:
         mode = improves(metric) or "max"
@@ -128,7 +132,10 @@ def summarize(
         )
     used = [v for v in values if not math.isnan(v)]
     if not used:
-        raise ValueError(f"{metric!r} is NaN in every run; nothing to summarize")
+        raise ValueError(
+            f"{metric!r} is NaN in every run (all {len(values)}); nothing to summarize — look for "
+            "a too-high learning rate or bad data, or summarize a metric that is finite"
+        )
     pick = min if mode == "min" else max
     return Summary(
         metric=metric,
@@ -259,7 +266,10 @@ def _pick_start_method(requested: StartMethod | None = None, threads_per_worker:
     if requested is None:
         return "fork" if _fork_unsafe(threads_per_worker) is None else _fallback()
     if requested not in methods:
-        raise ValueError(f"start_method={requested!r}: this platform starts processes by {methods}")
+        raise ValueError(
+            f"st.executor(start_method={requested!r}): this platform starts processes by "
+            f"{', '.join(map(repr, methods))}; pass one of those, or None to let it pick"
+        )
     if requested == "fork" and _cuda_initialized():
         raise ValueError(
             "start_method='fork' with CUDA initialized in this process: forked workers cannot "

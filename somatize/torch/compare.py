@@ -93,7 +93,10 @@ def compare(
             f"{type(runs).__qualname__}; for one list of runs, use summarize"
         )
     if not runs:
-        raise ValueError(f"no configurations to compare for {metric!r}")
+        raise ValueError(
+            f"no configurations to compare for {metric!r}: the dict is empty; pass "
+            "{config: [result, ...]} with at least one configuration"
+        )
     if mode is None:
         mode = improves(metric) or "max"
         if improves(metric) is None and len(runs) > 1:
@@ -112,7 +115,10 @@ def compare(
                 f"{{{config!r}: [result, ...]}} (one result per seed)"
             )
         if not results:
-            raise ValueError(f"compare({metric!r}): configuration {config!r} has no runs")
+            raise ValueError(
+                f"compare({metric!r}): configuration {config!r} has no runs; give it at least "
+                "one result (one per seed), or leave it out"
+            )
         try:
             summaries[config] = summarize(results, metric, mode=mode, nan=nan)
         except (TypeError, ValueError) as e:

@@ -176,7 +176,8 @@ def restore_average(payload: dict[str, Any], average: Average | None, path: Any)
             if not isinstance(t, torch.Tensor) or t.shape != a.shape:
                 raise CheckpointError(
                     f"{path}: the weight average of {n!r} has shape "
-                    f"{getattr(t, 'shape', None)}, the model's {tuple(a.shape)}"
+                    f"{tuple(getattr(t, 'shape', ()))}, the model's {tuple(a.shape)}; "
+                    "resume with the model that wrote it"
                 )
             a.copy_(t)
     average.updates = saved["updates"]

@@ -193,7 +193,10 @@ def open_checkpoint(path: Path) -> Iterator[BinaryIO]:
     try:
         fd = os.open(path, _NONBLOCK)
     except FileNotFoundError as e:
-        raise CheckpointError(f"no checkpoint at {path}") from e
+        raise CheckpointError(
+            f"no checkpoint at {path}; give the path of a checkpoint the Trainer wrote (a "
+            "step-NNNNNNNNN.ckpt file in its Checkpointing dir)"
+        ) from e
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
     mode = os.fstat(fd).st_mode

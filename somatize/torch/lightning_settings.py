@@ -27,13 +27,13 @@ def check(g: Any, loss: Any, optimizer: Any, scheduler: Any, metrics: Any) -> No
     if optimizer is not None and not callable(optimizer):
         raise TypeError(
             "optimizer must be a factory over parameters (or None, to predict and evaluate "
-            "only), e.g. "
+            f"only), not {type(optimizer).__qualname__}; e.g. "
             "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
         )
     if scheduler is not None and not callable(scheduler):
         raise TypeError(
-            "scheduler must be a factory over the optimizer, e.g. "
-            "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
+            f"scheduler must be a factory over the optimizer, not {type(scheduler).__qualname__}; "
+            "e.g. scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10)"
         )
     check_loss(loss)
     check_metrics(metrics)

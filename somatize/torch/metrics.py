@@ -277,7 +277,10 @@ def evaluate(
     values = sums.tolist()
     empty = int(values.pop()) if world > 1 else 0
     if values[-1] == 0:
-        raise ValueError("the evaluation data yielded no batches: pass at least one batch")
+        raise ValueError(
+            "the evaluation data yielded no batches (an empty list, a DataLoader over no "
+            "examples, or an iterator used up already): pass at least one batch"
+        )
     if empty:
         _check_gatherable(objects, empty, world)
     out_values = {name: values[j] / values[-1] for j, name in enumerate(names)}

@@ -134,7 +134,8 @@ class Options:
         if not isinstance(self.compile, (bool, Mapping)):
             raise SettingError(
                 f"compile must be True, False or torch.compile's keyword arguments, not "
-                f"{self.compile!r}"
+                f"{self.compile!r:.60}; e.g. Options(compile=True) or "
+                "Options(compile={'mode': 'max-autotune'})"
             )
         if isinstance(self.compile, Mapping):
             _check_compile(self.compile)

@@ -157,9 +157,14 @@ class TorchPool(Executor):
         fallback: tuple[Any, Callable[[], str | None]] | None = None,
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries={retries!r}: give an int of 0 or more")
+            raise ValueError(
+                f"st.executor(retries={retries!r}): give an int of 0 or more (how often a call "
+                "whose worker died is run again)"
+            )
         if max_workers is not None and (isinstance(max_workers, bool) or max_workers < 1):
-            raise ValueError(f"workers={max_workers!r}: give 1 or more (None: one per CPU)")
+            raise ValueError(
+                f"st.executor(workers={max_workers!r}): give 1 or more (None: one per CPU)"
+            )
         self._workers = max_workers or os.cpu_count() or 1
         self._ctx = mp_context or multiprocessing.get_context()
         self._init = (initializer, tuple(initargs))
@@ -193,7 +198,12 @@ class TorchPool(Executor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         with self._lock:
             if self._closed:
-                raise RuntimeError("cannot schedule new futures after shutdown")
+                name = getattr(fn, "__qualname__", type(fn).__qualname__)
+                raise RuntimeError(
+                    f"cannot schedule new futures after shutdown: submit({name}, ...) came "
+                    "after this executor was shut down (its with block ended); submit inside "
+                    "the block, or make a new one with st.executor()"
+                )
             task = _Task(next(self._ids), _payload(fn, args, kwargs), called(fn, args, kwargs))
             task.future.add_done_callback(lambda f: _cancel(task) if f.cancelled() else None)
             self._send(task)

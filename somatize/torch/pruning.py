@@ -177,7 +177,10 @@ class Threshold:
         self, metric: str = "val_loss", *, upper: float | None = None, lower: float | None = None
     ) -> None:
         if upper is None and lower is None:
-            raise ValueError("Threshold needs an upper or a lower bound")
+            raise ValueError(
+                f"Threshold({metric!r}) needs an upper or a lower bound, and was given neither; "
+                f"e.g. st.Threshold({metric!r}, upper=10.0) prunes a run once it passes 10"
+            )
         self.metric, self.upper, self.lower = metric, upper, lower
         self.tripped = False
         self.reason: str | None = None

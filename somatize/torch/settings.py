@@ -219,7 +219,10 @@ def check_metrics(metrics: Any) -> None:
         )
     for name, fn in metrics.items():
         if not isinstance(name, str):
-            raise SettingError(f"metric names must be strings, not {name!r}")
+            raise SettingError(
+                f"metric names must be strings, not {name!r} ({type(name).__qualname__}); "
+                "e.g. metrics={'acc': st.accuracy} (evaluated as val_acc)"
+            )
         if not name.strip():
             raise SettingError(
                 f"metric name {name!r} is blank: it would be logged as 'val_{name}'; name "

@@ -50,7 +50,10 @@ def verify_checkpoints(path: str | os.PathLike[str]) -> list[Verdict]:
                 "to st.Checkpointing(dir), or one checkpoint file"
             )
     else:
-        raise CheckpointError(f"no checkpoint or checkpoint directory at {path}")
+        raise CheckpointError(
+            f"no checkpoint or checkpoint directory at {path}; give a checkpoint file "
+            "(step-NNNNNNNNN.ckpt) or the directory passed to st.Checkpointing(dir)"
+        )
     verdicts = [_verify(f) for f in files]
     if path.is_dir():
         passed = {v.path.name for v in verdicts if v.status != "damaged"}

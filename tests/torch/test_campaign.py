@@ -30,8 +30,10 @@ def test_summarize_numbers_and_results():
     assert "0.2000  <- best" in text
     with pytest.raises(KeyError, match="no metric 'val_acc'.*val_loss"):
         st.summarize(results, "val_acc")
-    with pytest.raises(ValueError, match="no results"):
+    with pytest.raises(ValueError, match=r"no results .*list is empty; .*runs\.failed"):
         st.summarize([], "val_acc")
+    with pytest.raises(ValueError, match=r"NaN in every run \(all 2\); .*learning rate"):
+        st.summarize([float("nan")] * 2, "val_loss", nan="omit")
 
 
 def test_summarize_reads_which_way_a_metric_improves_from_its_name():

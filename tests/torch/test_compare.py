@@ -42,12 +42,12 @@ def test_bad_input_names_the_configuration_and_the_fix():
         st.compare([0.9, 0.8], "val_acc")
     with pytest.raises(TypeError, match=r"configuration 'a' maps to a float, not a list"):
         st.compare({"a": 0.9}, "val_acc")
-    with pytest.raises(ValueError, match=r"configuration 'b' has no runs"):
+    with pytest.raises(ValueError, match=r"configuration 'b' has no runs; give it at least one"):
         st.compare({"a": [0.9], "b": []}, "val_acc")
     with pytest.raises(ValueError, match=r"configuration 'a': 'val_acc' is NaN in run\(s\) \[1\]"):
         st.compare({"a": [0.9, float("nan")]}, "val_acc")
     assert st.compare({"a": [0.9, float("nan")]}, "val_acc", nan="omit").summaries["a"].n == 1
-    with pytest.raises(ValueError, match="no configurations"):
+    with pytest.raises(ValueError, match=r"no configurations .*dict is empty; pass \{config"):
         st.compare({}, "val_acc")
     with pytest.warns(UserWarning, match="pass mode='min' if lower is better"):
         st.compare({"a": [1.0], "b": [2.0]}, "score")

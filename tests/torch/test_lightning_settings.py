@@ -123,3 +123,11 @@ def test_load_from_checkpoint_without_the_graph_names_what_to_pass(tmp_path):
     assert "g=g, loss=" in message  # the call to write
     with pytest.raises(SettingError, match="missing loss="):
         LightningGraph.load_from_checkpoint(path, g=Graph.somatize(Lin()))
+
+
+def test_an_optimizer_or_scheduler_that_is_no_factory_is_named_with_its_type():
+    g = Graph.somatize(Lin())
+    with pytest.raises(TypeError, match=r"optimizer must be a factory .*, not int; e\.g\."):
+        LightningGraph(g, loss=nn.functional.cross_entropy, optimizer=42)
+    with pytest.raises(TypeError, match=r"scheduler must be a factory .*, not str; e\.g\."):
+        LightningGraph(g, loss=nn.functional.cross_entropy, scheduler="cosine")

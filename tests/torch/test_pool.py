@@ -81,8 +81,19 @@ def test_an_exception_the_run_raises_is_raised_not_counted_as_lost():
     with st.executor(workers=1) as pool, pytest.raises(ZeroDivisionError) as raised:
         st.run_all(pool, lambda x: 1 / x, [1, 0, 2])
     assert r"fn(items[1])" in "".join(raised.value.__notes__)  # names the run that raised
-    with pytest.raises(ValueError, match="retries=-1"):
+    with pytest.raises(ValueError, match=r"st\.executor\(retries=-1\): give an int of 0 or more"):
         st.executor(retries=-1)
+    with pytest.raises(ValueError, match=r"start_method='bogus'\): .*pass one of those, or None"):
+        st.executor(start_method="bogus")
+
+
+def test_a_call_after_shutdown_names_the_function_and_the_fix():
+    pool = st.executor(workers=1)
+    pool.shutdown()
+    with pytest.raises(
+        RuntimeError, match=r"after shutdown: submit\(print, \.\.\.\).*st\.executor"
+    ):
+        pool.submit(print)
 
 
 def test_errors_return_keeps_the_runs_that_finished_beside_the_one_that_raised():

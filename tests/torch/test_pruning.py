@@ -239,6 +239,13 @@ def test_a_patience_mode_said_or_a_name_that_does_not_rise_does_not_warn():
     assert caught == []
 
 
+def test_a_threshold_without_a_bound_says_how_to_give_one():
+    with pytest.raises(
+        ValueError, match=r"Threshold\('val_acc'\) needs .*st\.Threshold\('val_acc', upper="
+    ):
+        st.Threshold("val_acc")
+
+
 def test_threshold_prunes_past_a_bound_or_on_nan():
     assert fit(st.Threshold("val_loss", upper=0.0)).pruned  # any loss is above 0
     result = fit(st.Threshold("val_acc", lower=-1.0), epochs=3)

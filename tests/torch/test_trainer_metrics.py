@@ -261,6 +261,15 @@ def test_a_blank_metric_name_is_refused(name):
         st.Trainer(loss=F.cross_entropy, metrics={name: st.accuracy})
 
 
+def test_a_metric_name_not_a_string_and_evaluation_data_without_batches_are_named():
+    with pytest.raises(
+        SettingError, match=r"names must be strings, not 3 \(int\); e\.g\. metrics="
+    ):
+        st.Trainer(loss=F.cross_entropy, metrics={3: st.accuracy})
+    with pytest.raises(ValueError, match=r"yielded no batches \(an empty list.*pass at least one"):
+        st.Trainer(loss=F.cross_entropy).evaluate(Graph.somatize(Linear()), [])
+
+
 def test_a_metric_collection_is_evaluated_member_by_member():
     """Lightning's self.log_dict(collection): given whole, each member under its own name
     (with the collection's prefix); given under a name, as <name>_<member>."""

@@ -145,6 +145,7 @@ def test_a_module_shared_by_two_trainable_nodes_stays_tied():
         ({"monitor": 5}, r"monitor must name an evaluated metric \(a string\), not 5"),
         ({"monitor": ""}, r"monitor must name an evaluated metric"),
         ({"compile": {"bogus": 1}}, r"compile=...\) has 'bogus', which torch.compile does not"),
+        ({"compile": "max"}, r"not 'max'; e\.g\. Options\(compile=True\)"),
         ({"device": "meta"}, r"device 'meta' holds no data.*pass 'cpu'"),
     ],
 )

@@ -103,3 +103,10 @@ def test_file_names_are_printed_with_their_control_characters_escaped(
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert "damaged    " + str(ckpt / "x\\x1b]0;owned\\x07.ckpt") in out
+
+
+def test_a_path_with_nothing_there_names_what_to_give(tmp_path: Path) -> None:
+    with pytest.raises(
+        CheckpointError, match=r"no checkpoint or checkpoint directory at .*; give a"
+    ):
+        verify_checkpoints(tmp_path / "nothing")
