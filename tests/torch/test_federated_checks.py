@@ -28,7 +28,8 @@ def test_mismatched_shapes_and_dtypes_name_the_client_and_the_key():
     c = client(2)
     c["enc.lin.bias"] = c["enc.lin.bias"].double()
     with pytest.raises(
-        AggregationError, match=r"client 1, key 'enc.lin.bias': dtype torch.float64"
+        AggregationError,
+        match=r"client 1, key 'enc.lin.bias': dtype torch.float64.*must train the same graph",
     ):
         st.fedavg([a, c], weights="uniform")
 
@@ -44,6 +45,10 @@ def test_nonfinite_updates_raise_or_are_skipped_and_reported(bad):
     assert out.skipped == (2,)
     ref = reference(states[:2], [1, 1])
     torch.testing.assert_close(out["enc.lin.bias"].double(), ref["enc.lin.bias"], atol=1e-6, rtol=0)
+    for s in states:
+        s["enc.lin.bias"][0] = bad
+    with pytest.raises(AggregationError, match=r"NaN or inf \(all 3\); .*learning rate"):
+        st.fedavg(states, weights="uniform", nonfinite="skip")
 
 
 def test_weights_are_validated():
@@ -127,3 +132,14 @@ def test_summarize_names_nan_runs_or_omits_them():
     assert s.mean == pytest.approx(0.45)
     with pytest.raises(ValueError, match="every run"):
         st.summarize([float("nan")], "val_acc", nan="omit")
+
+
+def test_results_that_are_not_a_list_of_clients_say_what_they_are_and_what_to_pass():
+    with pytest.raises(TypeError, match=r"aggregate a list .*not a dict \(one client's state"):
+        st.fedavg(client(0))
+    with pytest.raises(TypeError, match=r"aggregate a list .*not a int; e\.g\. fedavg"):
+        st.fedavg(42)
+    with pytest.raises(AggregationError, match="list of client results is empty; pass each"):
+        st.fedavg([])
+    with pytest.raises(TypeError, match=r"client 1 is a int \(7\), .*or its \.state"):
+        st.fedavg([client(0), 7], weights="uniform")

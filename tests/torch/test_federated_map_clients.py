@@ -73,7 +73,7 @@ def test_map_clients_pickles_the_shared_value_once_and_returns_results_in_task_o
     assert fl.map_clients(pool, plus, tasks, shared=Shared(0), batches=2, sizes=sizes) == tasks
     assert len(PICKLED) == 1 and pool.calls == 2
     assert fl.map_clients(None, plus, tasks, shared=Shared(5)) == [5 + t for t in tasks]
-    with pytest.raises(ValueError, match="sizes for 100 tasks"):
+    with pytest.raises(ValueError, match=r"map_clients\(sizes=\.\.\.\): 1 sizes for 100 tasks"):
         fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), sizes=[1])
     with pytest.raises(ValueError, match="batches must be a positive int"):
         fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), batches=0)

@@ -73,3 +73,10 @@ def test_weighted_metrics_of_results_without_evaluation_point_to_val():
     one = st.TrainResult(state={}, num_examples=1, steps=1, epochs=1, metrics=[{"val_loss": 4.0}],
                          val_examples={"val_": 3})  # fmt: skip
     assert fl.weighted_metrics([*unevaluated, one]) == {"val_loss": 4.0}
+
+
+def test_metrics_not_a_dict_and_clients_without_examples_say_what_to_give():
+    with pytest.raises(AggregationError, match=r"client 0: metrics must be a dict, not int \(4\)"):
+        fl.weighted_metrics([(3, 4)])
+    with pytest.raises(AggregationError, match=r"'val_acc' has any examples.*above 0"):
+        fl.weighted_metrics([(0, {"val_acc": 0.9})])

@@ -273,3 +273,12 @@ def test_noise_for_finds_the_sigma_of_a_target_epsilon_and_names_one_out_of_reac
         fl.DPFedAvg.noise_for(1.0, delta=1e-5, rounds=5, clients=10, per_round=20)
     with pytest.warns(UserWarning, match=r"delta=0\.2: a delta of 1/clients"):
         fl.DPFedAvg.noise_for(1.0, delta=0.2, rounds=5, clients=10, per_round=2)
+
+
+def test_clients_missing_a_key_of_the_global_state_are_named_with_the_fix():
+    dp = fl.DPFedAvg(clip=1.0, noise=0.0, clients=100, per_round=10)
+    results = round_of(GLOBAL, 1.0)
+    for r in results:
+        del r["b"]
+    with pytest.raises(AggregationError, match=r"differ in \['b'\]; clients must return the state"):
+        dp.step(GLOBAL, results)

@@ -138,3 +138,9 @@ def test_multi_krum_checks_every_clients_weight_as_fedavg_does_and_names_its_ind
     out = fl.multi_krum(states, attackers=1, keep=3, weights=[0, 1, 3, 4, 0])
     assert out.weights == pytest.approx((1 / 8, 3 / 8, 4 / 8)) and out.selected == (1, 2, 3)
     assert float(out["w"]) == pytest.approx((1.0 + 3 * 1.1 + 4 * 0.9) / 8)
+
+
+def test_krum_over_states_without_floats_names_their_dtypes_and_the_fix():
+    ints = [{"count": torch.tensor([i], dtype=torch.int64)} for i in range(5)]
+    with pytest.raises(AggregationError, match=r"hold torch\.int64; krum .*fedavg or fedmedian"):
+        fl.krum(ints, attackers=1)

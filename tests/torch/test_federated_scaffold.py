@@ -61,3 +61,17 @@ def test_scaffold_on_a_graph_with_a_frozen_layer_equals_hand_written_steps():
     assert torch.equal(result.state["two_layers.a.weight"], start["two_layers.a.weight"])
     new = fl.control_variate(start, result, c, ci, lr=lr)
     assert set(new) == set(c)
+
+
+def test_scaffold_given_another_graph_or_no_variates_says_what_to_pass():
+    import pytest
+
+    from somatize.errors import AggregationError
+
+    g, other = Graph.somatize(TwoLayers()), Graph.somatize(TwoLayers())
+    c = fl.variates(g)
+    make = fl.scaffold(lambda ps: torch.optim.SGD(ps, lr=0.1), g, c, c)
+    with pytest.raises(AggregationError, match=r"parameter \(5, 4\) that is not one of g's"):
+        make(st.parameters(other))  # the optimizer of another graph's parameters
+    with pytest.raises(AggregationError, match="deltas is empty; pass each"):
+        fl.server_variate(c, [], clients=10)

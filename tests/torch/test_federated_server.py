@@ -90,8 +90,10 @@ def test_server_state_dict_resumes_exactly_and_integer_buffers_pass_through():
     for agg in aggs[2:]:
         xa, xb = a.step(xa, agg), b.step(xb, agg)
     assert all(torch.equal(xa[k], xb[k]) for k in xa) and xa["count"].item() == 6
-    with pytest.raises(ValueError, match="'yogi' server optimizer, not 'adam'"):
+    with pytest.raises(ValueError, match=r"'yogi' server optimizer, not 'adam'; .*fl\.FedYogi"):
         fl.FedAdam().load_state_dict(a.state_dict())
+    with pytest.raises(ValueError, match=r"missing \['m', 'rule', 'steps', 'v'\]; pass what"):
+        fl.FedAdam().load_state_dict({})
 
 
 def test_server_step_errors_name_the_key():

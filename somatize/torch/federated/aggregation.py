@@ -59,9 +59,15 @@ class Aggregate(dict[str, torch.Tensor]):
 
 def _states(results: Sequence[Any]) -> list[State]:
     if isinstance(results, Mapping) or not isinstance(results, Sequence):
-        raise TypeError("aggregate a list of TrainResults or state dicts, e.g. fedavg([r1, r2])")
+        one = " (one client's state dict? wrap it: [state])" if isinstance(results, Mapping) else ""
+        raise TypeError(
+            f"aggregate a list of TrainResults or state dicts, one per client, not a "
+            f"{type(results).__qualname__}{one}; e.g. fedavg([r1, r2])"
+        )
     if not results:
-        raise AggregationError("nothing to aggregate: the list of client results is empty")
+        raise AggregationError(
+            "nothing to aggregate: the list of client results is empty; pass each client's result"
+        )
     states = []
     for i, r in enumerate(results):
         s = getattr(r, "state", r)
@@ -69,7 +75,8 @@ def _states(results: Sequence[Any]) -> list[State]:
             if isinstance(r, ClientFailure):  # (checked here: no cost on the way of a state)
                 raise _failed(i, r)
             raise TypeError(
-                f"client {i} is a {type(r).__qualname__}, not a TrainResult or state dict"
+                f"client {i} is a {type(r).__qualname__} ({r!r:.40}), not a TrainResult or "
+                "state dict; pass what each client's fit returned, or its .state"
             )
         states.append(s)
     return states
@@ -126,7 +133,8 @@ def _validate(states: list[State]) -> None:
                 if t.is_complex():
                     raise _complex(i, k, t)
                 raise AggregationError(
-                    f"client {i}, key {k!r}: dtype {t.dtype} differs from client 0's {dtype}"
+                    f"client {i}, key {k!r}: dtype {t.dtype} differs from client 0's {dtype}; "
+                    "all clients must train the same graph and return its dtypes"
                 )
             if t.shape != shape:
                 raise AggregationError(
@@ -156,7 +164,10 @@ def _finite(states: list[State], nonfinite: str, fix: str = SKIP) -> list[int]:
         elif nonfinite == "raise":
             raise AggregationError(f"client {i}, key {bad!r}: the update holds NaN or inf; {fix}")
     if not keep:
-        raise AggregationError("every client's update holds NaN or inf; nothing left to aggregate")
+        raise AggregationError(
+            f"every client's update holds NaN or inf (all {len(states)}); nothing left to "
+            "aggregate — look for a too-high client learning rate or bad client data"
+        )
     if len(keep) < len(states):
         skipped = sorted(set(range(len(states))) - set(keep))
         warnings.warn(

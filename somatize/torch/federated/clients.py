@@ -192,7 +192,10 @@ def _batches(n: int, shares: Sequence[float], sizes: Sequence[float] | None) -> 
             start = stop
         return [sorted(g) for g in out if g]
     if len(sizes) != n:
-        raise ValueError(f"{len(sizes)} sizes for {n} tasks; give one per task")
+        raise ValueError(
+            f"map_clients(sizes=...): {len(sizes)} sizes for {n} tasks; give one per task (e.g. "
+            "each client's number of examples), or leave sizes out"
+        )
     cost = [float(s) for s in sizes]
     loads = [0.0] * count
     for i in sorted(range(n), key=lambda i: (-cost[i], i)):

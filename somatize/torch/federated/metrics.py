@@ -35,7 +35,8 @@ def _pair(i: int, r: Any) -> tuple[Count, Mapping[str, Any]]:
         )
     if not isinstance(metrics, Mapping):
         raise AggregationError(
-            f"client {i}: metrics must be a dict, not {type(metrics).__qualname__}"
+            f"client {i}: metrics must be a dict, not {type(metrics).__qualname__} "
+            f"({metrics!r:.40}); give (num_examples, {{'val_acc': 0.9}}) pairs or TrainResults"
         )
     return count, metrics
 
@@ -126,6 +127,9 @@ def weighted_metrics(results: Sequence[Any]) -> dict[str, float]:
     out = {}
     for k, s in sums.items():
         if totals[k] <= 0:
-            raise AggregationError(f"no client that reports {k!r} has any examples")
+            raise AggregationError(
+                f"no client that reports {k!r} has any examples, so its weighted mean has no "
+                "weight; give each such client its number of evaluated examples (above 0)"
+            )
         out[k] = s / totals[k]
     return out

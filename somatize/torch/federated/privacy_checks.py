@@ -102,7 +102,10 @@ def _matching(
     _finite(states, "raise", _DROP)
     if global_state.keys() - local != states[0].keys():
         diff = sorted((set(global_state) - local) ^ set(states[0]))
-        raise AggregationError(f"the clients' states and the global state differ in {diff[:5]}")
+        raise AggregationError(
+            f"the clients' states and the global state differ in {diff[:5]}; clients must "
+            "return the state they were sent, with all of its keys"
+        )
     for k, t in states[0].items():
         x = global_state[k]
         if t.dtype != x.dtype or t.shape != x.shape:

@@ -155,7 +155,11 @@ def scaffold(optimizer: Factory, g: Graph, c: Variates, c_client: Variates) -> F
         held = [p for p in _params(opt) if p.requires_grad]  # a frozen one is never stepped
         for p in held:
             if id(p) not in names:
-                raise AggregationError("scaffold: the optimizer holds a parameter not in g")
+                raise AggregationError(
+                    f"scaffold: the optimizer holds a parameter {tuple(p.shape)} that is not "
+                    "one of g's; pass scaffold the graph the Trainer trains (fit(g, ...)), and "
+                    "build the optimizer over the parameters the factory is given"
+                )
         _check_variates(c, c_client, [names[id(p)] for p in held])
         for p in held:
             n = names[id(p)]
@@ -238,7 +242,10 @@ def server_variate(
         clients: N, how many clients there are in all.
     """
     if not deltas:
-        raise AggregationError("no client variates to aggregate")
+        raise AggregationError(
+            "no client variates to aggregate: deltas is empty; pass each of this round's "
+            "clients' cᵢ⁺ − cᵢ (control_variate's result minus its variate)"
+        )
     return {
         n: (c[n].to(torch.float64) + sum(d[n].to(torch.float64) for d in deltas) / clients).to(
             c[n].dtype

@@ -134,7 +134,12 @@ def _flat(states: list[State]) -> torch.Tensor:
     """Every floating tensor of each client, flattened in float64: (clients, params)."""
     keys = [k for k, t in states[0].items() if t.is_floating_point()]
     if not keys:
-        raise AggregationError("no floating-point tensors to measure distances between")
+        kinds = sorted({str(t.dtype) for t in states[0].values()}) or ["no tensors"]
+        raise AggregationError(
+            f"no floating-point tensors to measure distances between: the clients' states "
+            f"hold {', '.join(kinds)}; krum and bulyan compare weights — pass the clients' "
+            "float state dicts, or average these with fedavg or fedmedian"
+        )
     return torch.stack(
         [torch.cat([s[k].detach().reshape(-1).to(torch.float64) for k in keys]) for s in states]
     )

@@ -102,10 +102,14 @@ def _probabilities(weights: Sequence[float], clients: int, count: int) -> np.nda
     at least ``count`` of them positive."""
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != (clients,) or not np.isfinite(w).all() or (w < 0).any():
-        raise ValueError(f"weights must be {clients} finite non-negative numbers (one per client)")
+        raise ValueError(
+            f"weights must be {clients} finite non-negative numbers (one per client), not "
+            f"{w.size} value(s) ({w.reshape(-1)[:5].tolist()}{'...' if w.size > 5 else ''})"
+        )
     if np.count_nonzero(w) < count:
         raise ValueError(
-            f"only {np.count_nonzero(w)} clients have a positive weight; cannot draw {count}"
+            f"only {np.count_nonzero(w)} clients have a positive weight; cannot draw {count}: "
+            f"draw at most {np.count_nonzero(w)}, or give more clients a weight above 0"
         )
     p: np.ndarray = w / w.sum()
     return p

@@ -306,10 +306,14 @@ class ServerOptimizer:
         """
         missing = {"rule", "steps", "m", "v"} - set(state)
         if missing:
-            raise ValueError(f"not a server optimizer state: missing {sorted(missing)}")
+            raise ValueError(
+                f"not a server optimizer state: missing {sorted(missing)}; pass what a server "
+                "optimizer's state_dict() returned"
+            )
         if state["rule"] != self.rule:
             raise ValueError(
-                f"this state is of a {state['rule']!r} server optimizer, not {self.rule!r}"
+                f"this state is of a {state['rule']!r} server optimizer, not {self.rule!r}; load "
+                f"it into {_MAKER.get(str(state['rule']), 'the optimizer that wrote it')}(...)"
             )
         saved = {k: state[k] for k in ("lr", "beta1", "beta2", "tau") if k in state}
         try:  # the checkpoint's values, checked as the constructor checks them
