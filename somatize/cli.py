@@ -84,7 +84,11 @@ def _decoder(foreign: list[int]) -> Callable[[bytes], object]:
 def _explain(args: argparse.Namespace) -> int:
     """Why each cached node of GRAPH would hit or miss on INPUT (``Graph.explain``)."""
     if len(args.targets) != 2:
-        print("somatize: cache explain needs GRAPH and INPUT, each MODULE:ATTR", file=sys.stderr)
+        print(
+            f"somatize: cache explain needs GRAPH and INPUT, each MODULE:ATTR (given "
+            f"{len(args.targets)}), e.g. somatize cache explain {_EXAMPLE[True]} {_EXAMPLE[False]}",
+            file=sys.stderr,
+        )
         return 2
     g, x = _load(args.targets[0]), _load(args.targets[1], graph=False)
     if g is _FAILED or x is _FAILED:
@@ -112,7 +116,11 @@ def _cache(args: argparse.Namespace) -> int:
     if args.action == "explain":
         return _explain(args)
     if args.targets:
-        print(f"somatize: cache {args.action} takes no MODULE:ATTR arguments", file=sys.stderr)
+        print(
+            f"somatize: cache {args.action} takes no MODULE:ATTR arguments (given "
+            f"{' '.join(args.targets)}); only cache explain does",
+            file=sys.stderr,
+        )
         return 2
     if args.action == "gc" and args.max_bytes is None:
         print(

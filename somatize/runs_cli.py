@@ -201,11 +201,23 @@ def command(args: argparse.Namespace) -> int:
         return 0
     if args.action == "show":
         if not args.key:
-            print("somatize: runs show needs a KEY (a prefix works)", file=sys.stderr)
+            print(
+                "somatize: runs show needs a KEY (a prefix works), e.g. somatize runs show 3fa2; "
+                "somatize runs ls lists the keys",
+                file=sys.stderr,
+            )
             return 2
         found = [r for r in records if str(r["key"]).startswith(args.key)]
         if len(found) != 1:
-            print(f"somatize: {len(found)} runs have a key starting {args.key!r}", file=sys.stderr)
+            fix = (
+                "give more of the key (somatize runs ls lists them)"
+                if found
+                else "somatize runs ls lists the runs there are"
+            )
+            print(
+                f"somatize: {len(found)} runs have a key starting {args.key!r}; {fix}",
+                file=sys.stderr,
+            )
             return 2
         r = found[0]
         r["used"] = datetime.datetime.fromtimestamp(float(r["used"])).isoformat(timespec="seconds")
@@ -221,7 +233,11 @@ def command(args: argparse.Namespace) -> int:
             return 1
         return 0
     if args.older_than is None and args.max_bytes is None:
-        print("somatize: runs gc needs --older-than AGE and/or --max-bytes N", file=sys.stderr)
+        print(
+            "somatize: runs gc needs --older-than AGE and/or --max-bytes N, e.g. "
+            "somatize runs gc --older-than 30d",
+            file=sys.stderr,
+        )
         return 2
     try:
         age = runs.parse_age(args.older_than) if args.older_than is not None else None

@@ -237,9 +237,9 @@ def test_cache_explain_says_why_a_graph_misses_against_a_cache(
     rc, out, _ = run(["cache", "explain", "cli_explain:graph", "cli_explain:word", *args], capsys)
     assert "embed: miss" in out and "declaration (constructor arguments)" in out
     rc, _, err = run(["cache", "explain", "cli_explain:graph", *args], capsys)
-    assert rc == 2 and "needs GRAPH and INPUT" in err
+    assert rc == 2 and "needs GRAPH and INPUT, each MODULE:ATTR (given 1), e.g. " in err
     rc, _, err = run(["cache", "stats", "cli_explain:graph", *args], capsys)
-    assert rc == 2 and "takes no MODULE:ATTR" in err
+    assert rc == 2 and "takes no MODULE:ATTR arguments (given cli_explain:graph)" in err
 
 
 @pytest.mark.slow

@@ -69,6 +69,22 @@ def test_runs_stored_with_a_dir_of_their_own_are_listed_shown_and_gcd(
     assert sorted(keeper.keys()) == [B]  # A's result went with its run
 
 
+def test_show_without_one_matching_key_and_gc_without_a_limit_say_what_to_type(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "myruns"
+    _run(mine, A, None)
+    _run(mine, "a" + "c" * 63, None)  # two keys starting "a"
+    rc, _, err = run(["show", "--dir", str(mine)], capsys)
+    assert rc == 2 and "needs a KEY (a prefix works), e.g. somatize runs show" in err
+    rc, _, err = run(["show", "a", "--dir", str(mine)], capsys)
+    assert rc == 2 and "2 runs have a key starting 'a'; give more of the key" in err
+    rc, _, err = run(["show", "f", "--dir", str(mine)], capsys)
+    assert rc == 2 and "0 runs have a key starting 'f'; somatize runs ls lists" in err
+    rc, _, err = run(["gc", "--dir", str(mine)], capsys)
+    assert rc == 2 and "e.g. somatize runs gc --older-than 30d" in err
+
+
 def test_a_keeper_that_is_not_one_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
