@@ -243,9 +243,22 @@ class ExecutorTransport:
                 "client.get_executor(workers=[address])"
             )
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries={retries!r}: give 0 or more")
+            raise ValueError(
+                f"ExecutorTransport(retries={retries!r:.40}): give an int of 0 or more (how often "
+                "a call whose worker was lost is sent again)"
+            )
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, float | int)
+        ):
+            raise TypeError(
+                f"ExecutorTransport(timeout={timeout!r:.40}): give seconds as a number above 0, "
+                "or None for no limit"
+            )
         if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout={timeout!r}: give seconds above 0, or None for no limit")
+            raise ValueError(
+                f"ExecutorTransport(timeout={timeout!r}): give seconds above 0, or None for no "
+                "limit"
+            )
         self.executor = executor
         self.keeper = os.fspath(keeper) if keeper is not None else None
         self.retries = retries

@@ -114,8 +114,12 @@ def pool():
 def test_stock_transports_match_the_protocol():
     assert isinstance(InProcess(), Transport)
     assert isinstance(ExecutorTransport(cf.ThreadPoolExecutor(1)), Transport)
-    with pytest.raises(ValueError, match="retries"):
+    with pytest.raises(ValueError, match=r"ExecutorTransport\(retries=-1\): give an int of 0"):
         ExecutorTransport(cf.ThreadPoolExecutor(1), retries=-1)
+    with pytest.raises(TypeError, match=r"ExecutorTransport\(timeout='5'\): give seconds as a"):
+        ExecutorTransport(cf.ThreadPoolExecutor(1), timeout="5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"ExecutorTransport\(timeout=0\): give seconds above 0"):
+        ExecutorTransport(cf.ThreadPoolExecutor(1), timeout=0)
 
 
 # -- a process pool -------------------------------------------------------------------------
