@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import EmptyGraphError, GraphError
 from .execute import Outcome, Program
 from .keepers import MemoryKeeper
+from .placement import LOCAL
 from .values import digest
 from .watchers import RunEnd, RunStart, notify
 
@@ -37,10 +38,12 @@ def build_program(g: Graph) -> Program:
                 "(sub.node(id, impl)) or leave it out of this graph"
             )
         if sub.placement.multi_host:  # (run here, it would run them all here)
+            placed = [k for k, h in sub.placement.hosts.items() if h != LOCAL]
             raise GraphError(
                 f"node {n!r} is a subgraph with inner nodes placed on other hosts; a "
                 f"subgraph moves as one unit — place the subgraph node itself "
-                f"(g.place({n!r}, host=...)) and clear its inner hosts"
+                f"(g.place({n!r}, host=...)) and put its inner nodes back on 'local' "
+                f"(sub.place({placed[0]!r}, host='local'))"
             )
         subs[n] = sub.program()
     placements = {n: sub.placement for n, sub in g._subgraphs().items()}

@@ -79,6 +79,11 @@ class Settings:
     def place(self, node_id: str, *, host: str | None = None, device: str | None = None) -> Self:
         """Run the node on ``host`` (shapes the plan) and/or ``device`` (seen as ``ctx.device``)."""
         self._require(node_id)
+        if host is not None and (type(host) is not str or not host):
+            raise GraphError(
+                f"g.place({node_id!r}, host={host!r:.40}): a host is a non-empty str naming where "
+                "the node runs, the key of its transport: g.forward(x, transports={host: ...})"
+            )
         self.placement = self.placement.place(node_id, host=host, device=device)
         self._changed()
         return self

@@ -205,10 +205,12 @@ def distribute(plan: Plan, placement: Placement | None = None) -> DistributedPla
     placement = placement if placement is not None else plan.placement
     for s in plan.steps:
         if s.plan is not None and s.plan.placement.multi_host:
+            placed = [k for k, h in s.plan.placement.hosts.items() if h != LOCAL]
             raise GraphError(
                 f"node {s.node!r} is a subgraph with inner nodes placed on other hosts; a "
                 f"subgraph moves as one unit — place the subgraph node itself "
-                f"(g.place({s.node!r}, host=...)) and clear its inner hosts"
+                f"(g.place({s.node!r}, host=...)) and put its inner nodes back on 'local' "
+                f"(sub.place({placed[0]!r}, host='local'))"
             )
     groups: list[list[Step]] = []
     for s in plan.steps:

@@ -277,6 +277,11 @@ class JsonLines:
 
     def __init__(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
         self._fd: int | None = None  # first: __del__ runs even if the mkdir below fails
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                f"JsonLines takes the path of the log file to write, not {path!r:.60}; e.g. "
+                "JsonLines('runs/events.jsonl')"
+            )
         self.path = Path(path)
         if self.path.is_dir():
             raise IsADirectoryError(

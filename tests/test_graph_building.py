@@ -46,6 +46,9 @@ def test_builder_errors_leave_the_graph_unchanged() -> None:
         g.edge("a", "a")
     with pytest.raises(GraphError, match="non-empty string"):
         g.node("", Add(1))
+    for host in ("", 3):
+        with pytest.raises(GraphError, match=rf"g\.place\('a', host={host!r}\): a host is a non-"):
+            g.place("a", host=host)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="int is not a Node or Graph"):
         g.node("c", 3)  # type: ignore[arg-type]
     with pytest.raises(MissingNodeError, match="no node 'q'"):

@@ -142,6 +142,12 @@ def test_json_lines_appends_and_pickles_without_its_file(tmp_path: Path) -> None
     assert [r["run_id"] for r in JsonLines.read(path)] == ["a", "b"]
 
 
+def test_json_lines_given_no_path_says_what_to_give() -> None:
+    with pytest.raises(TypeError, match=r"JsonLines takes the path .*, not 42; e\.g\. JsonLines\("):
+        JsonLines(42)  # type: ignore[arg-type]
+    gc.collect()  # __del__ of the half-made object must not raise (warnings are errors)
+
+
 def test_json_lines_that_cannot_open_its_directory_fails_cleanly(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
