@@ -124,6 +124,11 @@ def summarize(
             )
     if nan not in ("raise", "omit"):
         raise ValueError(f"nan must be 'raise' or 'omit', not {nan!r}")
+    if mode not in (None, "min", "max"):
+        raise ValueError(
+            f"summarize({metric!r}, mode={mode!r}): mode is 'min' (lower is better), 'max', "
+            "or None to read it from the metric's name"
+        )
     bad = [i for i, v in enumerate(values) if math.isnan(v)]
     if bad and nan == "raise":
         raise ValueError(

@@ -91,6 +91,11 @@ def run_all(
             f"errors must be 'raise' (a run that raises fails the campaign) or 'return' (it "
             f"is kept in Runs.failed), not {errors!r}"
         )
+    if not hasattr(items, "__iter__") and not hasattr(items, "__getitem__"):
+        raise TypeError(
+            f"run_all(pool, fn, items): items holds one entry per run (range(8), a list of "
+            f"configs), not {items!r:.60} ({type(items).__qualname__}); for one run, [item]"
+        )
     items = list(items)
     _warn_if_dask_runs_repeats_once(pool, items)
     futures: list[Future[Any]] = []

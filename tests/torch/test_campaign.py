@@ -1,5 +1,6 @@
 """Many runs: summarize and the torch process pool (federated rounds: test_federated_recipes.py)."""
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -34,6 +35,13 @@ def test_summarize_numbers_and_results():
         st.summarize([], "val_acc")
     with pytest.raises(ValueError, match=r"NaN in every run \(all 2\); .*learning rate"):
         st.summarize([float("nan")] * 2, "val_loss", nan="omit")
+    with pytest.raises(ValueError, match=r"mode='up'\): mode is 'min' \(lower is better\), 'max'"):
+        st.summarize([0.5, 0.7], "val_acc", mode="up")  # type: ignore[arg-type]
+
+
+def test_run_all_given_no_list_of_items_says_what_items_are():
+    with pytest.raises(TypeError, match=r"items holds one entry per run .*not 42 \(int\)"):
+        st.run_all(concurrent.futures.ThreadPoolExecutor(1), print, 42)
 
 
 def test_summarize_reads_which_way_a_metric_improves_from_its_name():
