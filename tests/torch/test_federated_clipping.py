@@ -33,6 +33,8 @@ def test_clip_bounds_every_update_and_keeps_small_ones():
     assert all(torch.equal(clipped[0].state[k], results[0].state[k]) for k in global_state)
     with pytest.raises(ValueError, match="max_norm must be a positive"):
         fl.clip(results, global_state, max_norm=0)
+    with pytest.raises(ValueError, match=r"max_norm must be a positive .*not '1'; e\.g\. max_norm"):
+        fl.clip(results, global_state, max_norm="1")  # type: ignore[arg-type]
 
 
 def test_clip_leaves_named_buffers_out_of_the_norm_and_warns_about_unnamed_statistics():

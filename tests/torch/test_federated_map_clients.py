@@ -77,6 +77,8 @@ def test_map_clients_pickles_the_shared_value_once_and_returns_results_in_task_o
         fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), sizes=[1])
     with pytest.raises(ValueError, match="batches must be a positive int"):
         fl.map_clients(PicklingPool(), plus, tasks, shared=Shared(0), batches=0)
+    with pytest.raises(TypeError, match=r"tasks holds one entry per client .*not 42 \(int\)"):
+        fl.map_clients(None, plus, 42, shared=Shared(0))  # type: ignore[arg-type]
 
 
 def fails_on_seven(shared, task):

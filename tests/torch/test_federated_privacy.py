@@ -205,6 +205,8 @@ def test_counts_take_numpy_integers_as_fl_sample_does_and_bools_are_refused():
         fl.DPFedAvg(clip=True, noise=1.0, clients=10, per_round=2)
     with pytest.raises(ValueError, match=r"noise must be a non-negative multiplier, not True"):
         fl.DPFedAvg(clip=1.0, noise=True, clients=10, per_round=2)
+    with pytest.raises(ValueError, match=r"clip must be a positive finite norm, not '1'; e\.g\."):
+        fl.DPFedAvg(clip="1", noise=1.0, clients=10, per_round=2)  # not Python's bare '>'
     with pytest.raises(ValueError, match=r"per_round must be a positive int .*, not 2.0"):
         fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=2.0)
 

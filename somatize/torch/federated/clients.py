@@ -274,6 +274,11 @@ def map_clients(
             f"errors must be 'raise' (a failing client fails the round) or 'return' (its "
             f"slot holds a ClientFailure), not {errors!r}"
         )
+    if not hasattr(tasks, "__iter__") and not hasattr(tasks, "__getitem__"):
+        raise TypeError(
+            f"map_clients(pool, fn, tasks): tasks holds one entry per client (its partition, "
+            f"its seed), not {tasks!r:.60} ({type(tasks).__qualname__}); for one client, [task]"
+        )
     tasks = list(tasks)
     if pool is None:
         return _apply(fn, shared, tasks, range(len(tasks)), errors)

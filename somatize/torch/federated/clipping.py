@@ -64,8 +64,14 @@ def clip(
         >>> clip([{"w": torch.tensor([3.0, 4.0])}], g, max_norm=1.0)[0]["w"]
         tensor([0.6000, 0.8000])
     """
-    if isinstance(max_norm, bool) or not max_norm > 0 or math.isinf(max_norm):
-        raise ValueError(f"max_norm must be a positive finite number, not {max_norm!r}")
+    try:  # (a str compared with 0 is Python's TypeError: said as the range instead)
+        bad = isinstance(max_norm, bool) or not max_norm > 0 or math.isinf(max_norm)
+    except TypeError:
+        bad = True
+    if bad:
+        raise ValueError(
+            f"max_norm must be a positive finite number, not {max_norm!r:.40}; e.g. max_norm=1.0"
+        )
     named = _names("buffers", buffers)
     states = _states(results)
     keys = {**global_state, **states[0]}.keys()

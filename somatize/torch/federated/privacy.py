@@ -148,10 +148,19 @@ class DPFedAvg:
         buffer_policy: BufferPolicy | None = None,
         exclude: Exclude = None,
     ) -> None:
-        if isinstance(clip, bool) or not (clip > 0 and math.isfinite(clip)):
-            raise ValueError(f"clip must be a positive finite norm, not {clip!r}")
-        if isinstance(noise, bool) or not (noise >= 0 and math.isfinite(noise)):
-            raise ValueError(f"noise must be a non-negative multiplier, not {noise!r}")
+        try:  # (a str compared with 0 is Python's TypeError: said as the range instead)
+            bad_clip = isinstance(clip, bool) or not (clip > 0 and math.isfinite(clip))
+            bad_noise = isinstance(noise, bool) or not (noise >= 0 and math.isfinite(noise))
+        except TypeError:
+            bad_clip = bad_noise = True
+        if bad_clip:
+            raise ValueError(
+                f"clip must be a positive finite norm, not {clip!r:.40}; e.g. clip=1.0"
+            )
+        if bad_noise:
+            raise ValueError(
+                f"noise must be a non-negative multiplier, not {noise!r:.40}; e.g. noise=1.1"
+            )
         clients, per_round = _counts(clients, per_round)
         if buffer_policy is not None and buffer_policy not in _POLICIES:
             raise ValueError(
