@@ -83,24 +83,18 @@ _NAME = re.compile(r"\A[0-9a-f]{40}\.pack\Z")  # as build() names a pack
 _NONBLOCK = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def _nothing(name: str) -> None:
-    pass
+class _AtInode(Exception):
+    def __init__(self, inode: int) -> None:
+        super().__init__(inode)
+        self.inode = inode
 
 
-class NotRegular(Exception):
+class NotRegular(_AtInode):
     """A path that should be a regular file is a directory, FIFO, device or socket."""
 
-    def __init__(self, inode: int) -> None:
-        super().__init__(inode)
-        self.inode = inode
 
-
-class CorruptPack(Exception):
+class CorruptPack(_AtInode):
     """A pack's header or index does not verify."""
-
-    def __init__(self, inode: int) -> None:
-        super().__init__(inode)
-        self.inode = inode
 
 
 def open_regular(path: str) -> tuple[int, os.stat_result]:
@@ -243,7 +237,7 @@ class PackIndex:
         self.where: dict[str, tuple[Pack, int]] = {}  # key -> (pack, slot number)
         self.packs: dict[str, Pack] = {}
         self.bytes = 0  # of the payloads in the packs indexed
-        self.forget: Callable[[str], None] = _nothing  # told the name of each pack dropped
+        self.forget: Callable[[str], None] = lambda name: None  # told the name of each pack dropped
         self.bad: dict[str, tuple[int, bool]] = {}  # name -> (inode, regular) of unreadable
         self._seen: tuple[int, int] | None = None  # (mtime_ns, inode) of the directory
         self._listed_ns = 0

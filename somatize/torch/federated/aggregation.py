@@ -73,21 +73,13 @@ def _states(results: Sequence[Any]) -> list[State]:
         s = getattr(r, "state", r)
         if not isinstance(s, Mapping):
             if isinstance(r, ClientFailure):  # (checked here: no cost on the way of a state)
-                raise _failed(i, r)
+                raise r.refusal(i)
             raise TypeError(
                 f"client {i} is a {type(r).__qualname__} ({r!r:.40}), not a TrainResult or "
                 "state dict; pass what each client's fit returned, or its .state"
             )
         states.append(s)
     return states
-
-
-def _failed(i: int, r: ClientFailure) -> AggregationError:
-    return AggregationError(
-        f"client {i} did not train: map_clients returned its failure (tasks[{r.index}] raised "
-        f"{r.error!r:.120}); drop failed clients before aggregating — "
-        "results = [r for r in results if not isinstance(r, fl.ClientFailure)]"
-    )
 
 
 def _not_a_tensor(i: int, k: str, t: Any) -> AggregationError:

@@ -47,7 +47,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from blake3 import blake3
 
-from ...errors import WorkerLostError, add_note
+from ...errors import AggregationError, WorkerLostError, add_note
 from ...remote_errors import Shipped, portable, raise_alone, restored
 from ..run_all import note_unpicklable
 from .spool import discard, dumps, open_spool, remove, ship, unship
@@ -89,6 +89,14 @@ class ClientFailure:
 
     def __repr__(self) -> str:
         return f"ClientFailure(tasks[{self.index}]: {self.error!r})"
+
+    def refusal(self, i: int) -> AggregationError:
+        """The error of an aggregator given this failure as client ``i``'s result."""
+        return AggregationError(
+            f"client {i} did not train: map_clients returned its failure (tasks[{self.index}] "
+            f"raised {self.error!r:.120}); drop failed clients before aggregating — "
+            "results = [r for r in results if not isinstance(r, fl.ClientFailure)]"
+        )
 
 
 def _apply(

@@ -10,7 +10,6 @@ from typing import Any
 
 from ...errors import AggregationError
 from ...stack import outside
-from .aggregation import _failed
 from .clients import ClientFailure
 
 __all__ = ["weighted_metrics"]
@@ -27,7 +26,7 @@ def _pair(i: int, r: Any) -> tuple[Count, Mapping[str, Any]]:
         metrics = r.metrics[-1] if r.metrics else {}
         count = _evaluated(i, getattr(r, "val_examples", None) or {})
     elif isinstance(r, ClientFailure):
-        raise _failed(i, r)
+        raise r.refusal(i)
     else:
         raise AggregationError(
             f"client {i} is a {type(r).__qualname__}; give TrainResults or "
