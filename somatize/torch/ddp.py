@@ -84,10 +84,11 @@ def settle_gloo(limit: float = 2.0) -> None:
     tensor the caller has dropped since (``all_gather_object``'s buffers) is then freed by
     the worker, taking the GIL. Preempted until the interpreter is finalizing, the worker
     is ended by Python inside a C++ destructor: "terminate called without an active
-    exception", the rank aborted after all its work (1 job in ~50 of a DDP test script on
-    a loaded 2-core machine; torch 2.13, pytorch/pytorch#190489). ``destroy_process_group``
-    would join the workers, but once a ``DistributedDataParallel`` has been made torch
-    keeps the group, and its threads, alive until the process ends. So: poll the states of
+    exception", the rank aborted after all its work (4 of 94 jobs of a DDP test script on
+    a loaded 2-core machine, 0 of 93 with this wait; torch 2.13, pytorch/pytorch#190489).
+    ``destroy_process_group`` would join the workers, but once a ``DistributedDataParallel``
+    has been made torch keeps the group, and its threads, alive until the process ends.
+    So: poll the states of
     the threads gloo names ``pt_gloo_runloop`` (Linux's ``/proc``; elsewhere, and in a
     process without them, nothing is done) until none has been running or runnable for
     three polls, sleeping between polls so that a worker waiting for the GIL gets it.
