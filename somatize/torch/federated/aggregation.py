@@ -73,7 +73,7 @@ def _states(results: Sequence[Any]) -> list[State]:
         s = getattr(r, "state", r)
         if not isinstance(s, Mapping):
             if isinstance(r, ClientFailure):  # (checked here: no cost on the way of a state)
-                raise r.refusal(i)
+                raise r._refusal(i)
             raise TypeError(
                 f"client {i} is a {type(r).__qualname__} ({r!r:.40}), not a TrainResult or "
                 "state dict; pass what each client's fit returned, or its .state"

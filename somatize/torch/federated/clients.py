@@ -90,7 +90,7 @@ class ClientFailure:
     def __repr__(self) -> str:
         return f"ClientFailure(tasks[{self.index}]: {self.error!r})"
 
-    def refusal(self, i: int) -> AggregationError:
+    def _refusal(self, i: int) -> AggregationError:
         """The error of an aggregator given this failure as client ``i``'s result."""
         return AggregationError(
             f"client {i} did not train: map_clients returned its failure (tasks[{self.index}] "

@@ -26,7 +26,7 @@ def _pair(i: int, r: Any) -> tuple[Count, Mapping[str, Any]]:
         metrics = r.metrics[-1] if r.metrics else {}
         count = _evaluated(i, getattr(r, "val_examples", None) or {})
     elif isinstance(r, ClientFailure):
-        raise r.refusal(i)
+        raise r._refusal(i)
     else:
         raise AggregationError(
             f"client {i} is a {type(r).__qualname__}; give TrainResults or "
