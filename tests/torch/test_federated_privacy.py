@@ -284,3 +284,25 @@ def test_clients_missing_a_key_of_the_global_state_are_named_with_the_fix():
         del r["b"]
     with pytest.raises(AggregationError, match=r"differ in \['b'\]; clients must return the state"):
         dp.step(GLOBAL, results)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_server_on_a_gpu_steps_as_one_on_the_cpu():
+    # the sum was made on the CPU: CUDA states failed with a device mismatch
+    gen = torch.Generator().manual_seed(0)
+    glob = {"w": torch.randn(4, 3, generator=gen), "b": torch.randn(3, generator=gen)}
+    states = [
+        {k: v + 0.1 * torch.randn(v.shape, generator=gen) for k, v in glob.items()}
+        for _ in range(3)
+    ]
+
+    def cuda(s):
+        return {k: v.cuda() for k, v in s.items()}
+
+    on_cpu = fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=3, seed=0).step(glob, states)
+    dp = fl.DPFedAvg(clip=1.0, noise=1.0, clients=10, per_round=3, seed=0)
+    on_gpu = dp.step(cuda(glob), [cuda(s) for s in states])
+    for k, v in on_cpu.items():
+        assert on_gpu[k].is_cuda
+        torch.testing.assert_close(on_gpu[k].cpu(), v)

@@ -244,7 +244,7 @@ class DPFedAvg:
             self._warned_unchanged = True  # (the server's to see, as dp.norms: never published)
             warnings.warn(_unchanged_warning("DPFedAvg", still), stacklevel=outside())
         with torch.no_grad():
-            total = {k: torch.zeros(global_state[k].shape, dtype=torch.float64) for k in keys}
+            total = {k: torch.zeros_like(global_state[k], dtype=torch.float64) for k in keys}
             norms = []
             for s in states:  # float64 updates of norm ≤ C, summed as they are: never rounded
                 update, norm = clip_update(s, global_state, self.clip, exclude=kept | clear)
@@ -262,6 +262,7 @@ class DPFedAvg:
                     out[k] = torch.stack([s[k] for s in states]).amax(0)  # counters
                 else:
                     noise = torch.randn(x.shape, dtype=torch.float64, generator=self.generator)
+                    noise = noise.to(x.device)  # (drawn on the CPU, summed where the state is)
                     mean = (total[k] + noise * (self.noise * self.clip)) / expected
                     out[k] = (x.to(torch.float64) + mean).to(x.dtype)
         if self.noise > 0:
