@@ -106,12 +106,15 @@ def test_bad_inputs_name_the_node_and_the_fix():
         m(torch.randn(3, 2))
 
 
-def test_a_corrupt_entry_is_a_miss_and_is_recomputed():
-    class Recording(MemoryKeeper):
-        def put_many(self, items, *, pinned=False):
-            self.keys = [k for k, _ in items]
-            super().put_many(items, pinned=pinned)
+class Recording(MemoryKeeper):
+    """A keeper that remembers the keys of the last batch written."""
 
+    def put_many(self, items, *, pinned=False):
+        self.keys = [k for k, _ in items]
+        super().put_many(items, pinned=pinned)
+
+
+def test_a_corrupt_entry_is_a_miss_and_is_recomputed():
     keeper = Recording()
     g = graph(keeper=keeper)
     m = st.module(g)
@@ -130,11 +133,6 @@ def test_a_corrupt_entry_is_a_miss_and_is_recomputed():
 def test_an_entry_of_the_right_size_with_another_prefix_is_a_miss_among_hits():
     """A batch of hits is checked at C speed by each entry's size and prefix: one entry of
     the same size whose prefix differs by a byte is not served, but computed again."""
-
-    class Recording(MemoryKeeper):
-        def put_many(self, items, *, pinned=False):
-            self.keys = [k for k, _ in items]
-            super().put_many(items, pinned=pinned)
 
     keeper = Recording()
     m = st.module(graph(keeper=keeper))
@@ -156,11 +154,6 @@ def test_an_entry_whose_layout_claims_rows_without_their_bytes_is_a_miss():
     never written, of a size the entry names (gigabytes from a few bytes) — not recomputed."""
     import json
     import struct
-
-    class Recording(MemoryKeeper):
-        def put_many(self, items, *, pinned=False):
-            self.keys = [k for k, _ in items]
-            super().put_many(items, pinned=pinned)
 
     keeper = Recording()
     m = st.module(graph(keeper=keeper))
