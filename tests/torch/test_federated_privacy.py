@@ -40,13 +40,13 @@ def test_noise_has_scale_sigma_times_clip_on_the_sum():
 
 
 def test_epsilon_grows_with_rounds_and_resume_is_exact():
-    dp = fl.DPFedAvg(clip=1.0, noise=1.1, clients=100, per_round=10, seed=3)
+    dp = fl.DPFedAvg(clip=1.0, noise=1.1, clients=100, per_round=10, seed=3, poisson=True)
     x, eps = GLOBAL, []
     for r in range(3):
         x = dp.step(x, round_of(x, 0.01, seed=r))
         eps.append(dp.epsilon(delta=1e-5))
     assert 0 < eps[0] < eps[1] < eps[2]
-    again = fl.DPFedAvg(clip=1.0, noise=1.1, clients=100, per_round=10)
+    again = fl.DPFedAvg(clip=1.0, noise=1.1, clients=100, per_round=10, poisson=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same settings: a resume says nothing
         again.load_state_dict(dp.state_dict())
@@ -59,11 +59,11 @@ def test_epsilon_grows_with_rounds_and_resume_is_exact():
 def test_a_resume_with_other_settings_warns_naming_both_and_epsilon_composes_both():
     from opacus.accountants import RDPAccountant
 
-    dp = fl.DPFedAvg(clip=1.0, noise=1.1, clients=100, per_round=10, seed=3)
+    dp = fl.DPFedAvg(clip=1.0, noise=1.1, clients=100, per_round=10, seed=3, poisson=True)
     x = GLOBAL
     for r in range(3):
         x = dp.step(x, round_of(x, 0.01, seed=r))
-    other = fl.DPFedAvg(clip=0.5, noise=0.8, clients=100, per_round=20, seed=3)
+    other = fl.DPFedAvg(clip=0.5, noise=0.8, clients=100, per_round=20, seed=3, poisson=True)
     with pytest.warns(UserWarning, match=r"noise=1\.1 \(this DPFedAvg: 0\.8\)") as w:
         other.load_state_dict(dp.state_dict())
     message = str(w[0].message)
@@ -242,7 +242,7 @@ def test_epsilon_takes_rdp_orders_past_opacus_default_where_a_large_sigma_needs_
     # which dp.epsilon gave no way to do; the bound at order 200 is 0.035
     from opacus.accountants import RDPAccountant
 
-    dp = fl.DPFedAvg(clip=1.0, noise=20.0, clients=1000, per_round=10, seed=0)
+    dp = fl.DPFedAvg(clip=1.0, noise=20.0, clients=1000, per_round=10, seed=0, poisson=True)
     dp.accountant.history, dp.rounds = [(20.0, 0.01, 500)], 500  # 500 rounds, charged
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -71,8 +71,10 @@ from .privacy_checks import (
     _check_count,
     _check_delta,
     _counts,
+    _fixed_draw_warning,
     _matching,
     _noise_for,
+    _other_settings,
     _rate,
     _refusal,
     _seed,
@@ -188,6 +190,7 @@ class DPFedAvg:
         self.rounds = 0
         self.norms: tuple[float, ...] = ()
         self._warned_unchanged = False
+        self._warned_draw = False
 
     def _kept(
         self, global_state: Mapping[str, torch.Tensor], local: frozenset[str]
@@ -325,7 +328,9 @@ class DPFedAvg:
         """ε spent so far at this δ (Opacus's RDP accountant, over orders up to 1024 where
         its default stops at 63); inf without noise.
 
-        A δ of 1/clients or more warns: it allows publishing one client's data whole."""
+        A δ of 1/clients or more warns: it allows publishing one client's data whole. So
+        does the first finite ε without ``poisson=True`` (fewer than all clients a round):
+        it is not a bound for a fixed count or a draw by weight (docs/federated.md)."""
         _check_delta(delta, self.clients)
         if self.rounds == 0:
             return 0.0
@@ -334,6 +339,9 @@ class DPFedAvg:
         charged = sum(int(h[2]) for h in self.accountant.history)
         if self.noise == 0 or charged < self.rounds:
             return math.inf
+        if not (self.poisson or self._warned_draw or self.sample_rate >= 1):
+            self._warned_draw = True
+            warnings.warn(_fixed_draw_warning(self.sample_rate), stacklevel=outside())
         return float(self.accountant.get_epsilon(delta=delta, alphas=ORDERS))
 
     def _settings(self) -> dict[str, Any]:
@@ -376,23 +384,8 @@ class DPFedAvg:
         if saved is None and state["history"]:  # (a state from before it held them)
             noise, rate = state["history"][-1][:2]
             saved = {"noise": float(noise), "sample_rate": float(rate)}
-        mine = self._settings()
-        differ = [
-            f"{k}={v!r} (this DPFedAvg: {mine[k]!r})"
-            for k, v in (saved or {}).items()
-            if k in mine and v != mine[k]
-        ]
-        if differ:
-            named = ("clip", "noise", "clients", "per_round")
-            call = ", ".join(f"{k}={v!r}" for k, v in (saved or {}).items() if k in named)
-            warnings.warn(
-                f"DPFedAvg.load_state_dict: the checkpoint's rounds ran with {', '.join(differ)}. "
-                "The rounds from now on run with this object's settings; epsilon stays right "
-                "(the accountant's history holds each round's noise and rate), but if this is "
-                "a resume, build DPFedAvg with the checkpoint's settings: "
-                f"fl.DPFedAvg({call}, ...)",
-                stacklevel=outside(),
-            )
+        if said := _other_settings(saved or {}, self._settings()):
+            warnings.warn(said, stacklevel=outside())
         self.rounds = int(state["rounds"])
         self.accountant.history = [tuple(h) for h in state["history"]]
         self.generator.set_state(state["generator"])

@@ -174,3 +174,35 @@ def _noise_for(epsilon: float, rounds: int, rate: float, delta: float) -> float:
                 "larger epsilon or delta, or fewer rounds or clients per round"
             ) from e
     return float(sigma)
+
+
+def _fixed_draw_warning(rate: float) -> str:
+    """What ``epsilon`` says once when the loop did not say it draws Poisson samples."""
+    return (
+        f"DPFedAvg.epsilon: this is the ε of Poisson sampling at rate {rate:.4g}, drawn in "
+        "secret — the only draw the accountant analyses. Built without poisson=True, the "
+        "loop draws some other way (a fixed count, fl.sample(count=), or by weight), for "
+        "which it is not a bound: a fixed count can cost several times more "
+        "(docs/federated.md, Differential privacy). Draw with dp.sample(round) and build "
+        "DPFedAvg(..., poisson=True) for an ε that is a bound"
+    )
+
+
+def _other_settings(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> str | None:
+    """What ``load_state_dict`` says when the checkpoint's rounds ran with other settings."""
+    differ = [
+        f"{k}={v!r} (this DPFedAvg: {mine[k]!r})"
+        for k, v in saved.items()
+        if k in mine and v != mine[k]
+    ]
+    if not differ:
+        return None
+    named = ("clip", "noise", "clients", "per_round")
+    call = ", ".join(f"{k}={v!r}" for k, v in saved.items() if k in named)
+    return (
+        f"DPFedAvg.load_state_dict: the checkpoint's rounds ran with {', '.join(differ)}. "
+        "The rounds from now on run with this object's settings; epsilon stays right "
+        "(the accountant's history holds each round's noise and rate), but if this is "
+        "a resume, build DPFedAvg with the checkpoint's settings: "
+        f"fl.DPFedAvg({call}, ...)"
+    )
