@@ -271,6 +271,11 @@ def test_a_count_without_a_length_is_named_with_the_fix():
         ValueError, match="3 examples cannot give 4 clients one each; use at most 3"
     ):
         fl.iid(3, clients=4)  # (iid has no min_size to offer)
+    # a string has a length, which was split as a count of examples (a path: one per letter)
+    with pytest.raises(TypeError, match=r"iid\(data='data/train.csv'\): a str is not data"):
+        fl.iid("data/train.csv", clients=3)
+    with pytest.raises(TypeError, match=r"quantity_skew\(data=b'x'\): a bytes is not data"):
+        fl.quantity_skew(b"x", clients=1, alpha=1)
 
 
 def test_label_splits_given_a_data_set_say_how_to_pass_its_labels():

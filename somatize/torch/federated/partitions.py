@@ -77,6 +77,12 @@ def _size(data: Any, fn: str) -> int:
         if data < 0:
             raise ValueError(f"{fn}(data={data!r}): a count of examples cannot be negative")
         return int(data)
+    if isinstance(data, (str, bytes)):  # (a path or a name: its length is no count)
+        raise TypeError(
+            f"{fn}(data={data!r:.40}): a {type(data).__name__} is not data to split — pass the "
+            f"number of examples or the examples themselves (load a file first), e.g. "
+            f"{fn}(len(ds), ...)"
+        )
     try:
         return len(data)
     except TypeError as e:  # (a 0-d tensor or array, an iterable Dataset, a float, None)
