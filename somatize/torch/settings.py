@@ -276,10 +276,18 @@ def check_fit(trainer: Any, val: Any) -> None:
         monitor = o.monitor  # something acts on it: the set is named, not defaulted (refused)
     if val is not None:
         from .data_checks import check_data
+        from .limits import length
         from .valsets import check_reusable, check_val, evaluated_names
 
         for name, data in val.items() if isinstance(val, Mapping) else [("", val)]:
-            check_data(data, f"val set {name!r}" if name else "fit()'s val", trainer._split)
+            what = f"val set {name!r}" if name else "fit()'s val"
+            check_data(data, what, trainer._split)
+            if length(data) == 0:  # (found out only at the first evaluation, an epoch in)
+                raise SettingError(
+                    f"{what} is an empty {type(data).__qualname__}: there is nothing to "
+                    "evaluate on; pass at least one batch, or "
+                    + ("drop it from val=" if name else "train without evaluating (no val=)")
+                )
         check_val(val, trainer.metrics)
         check_reusable(val, trainer.epochs, o)
         check_monitor(monitor, evaluated_names(val, trainer.metrics), val)

@@ -169,6 +169,33 @@ def test_bad_sets_are_refused_before_any_step(val, match):
         t.fit(make_graph(), batches(1), val=val)
 
 
+@pytest.mark.parametrize(
+    ("val", "match"),
+    [
+        ([], r"fit\(\)'s val is an empty list: there is nothing to evaluate on.*\(no val=\)"),
+        (
+            torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(0, 4))),
+            r"fit\(\)'s val is an empty DataLoader",
+        ),
+        ({"a": batches(1), "b": []}, r"val set 'b' is an empty list.*drop it from val="),
+    ],
+)
+def test_an_empty_val_is_refused_before_training_not_at_its_first_evaluation(val, match):
+    # without the sanity check it was found an epoch in, as "the evaluation data yielded no
+    # batches", naming neither val= nor the set
+    stepped = []
+
+    def counted(ps):
+        opt = torch.optim.SGD(ps, lr=0.1)
+        opt.register_step_post_hook(lambda *_: stepped.append(1))
+        return opt
+
+    t = st.Trainer(loss=F.cross_entropy, optimizer=counted, options=quiet(sanity_val_batches=0))
+    with pytest.raises(SettingError, match=match):
+        t.fit(make_graph(), batches(2), val=val)
+    assert not stepped
+
+
 def test_evaluate_and_predict_take_one_set_and_say_how_to_take_several():
     t = st.Trainer(loss=F.cross_entropy)
     with pytest.raises(SettingError, match=r"evaluate\(\) takes one data set.*sets.items"):
