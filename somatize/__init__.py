@@ -34,6 +34,7 @@ from .graph import Graph
 from .keepers import DiskKeeper, Keeper, MemoryKeeper, TieredKeeper
 from .memory import Memory, key
 from .node import Ctx, Done, Mapped, Node, Run
+from .pick import Pick
 from .placement import Placement
 from .plan import Plan, Step
 from .topology import Topology
@@ -75,6 +76,7 @@ __all__ = [
     "Node",
     "NodeError",
     "Opaque",
+    "Pick",
     "Placement",
     "Plan",
     "Recorder",

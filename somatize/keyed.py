@@ -30,6 +30,7 @@ from .explain import note
 from .items import mapped
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Mapped, Run, not_done
+from .pick import Pick
 from .values import Opaque, check, decode, digest, encode, is_data
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
 
@@ -304,6 +305,8 @@ def walk(
         if drew:  # keyed by what it gave, as a graph input is
             node_key = drawn_key(label, value, is_opaque, codecs)
             done.drawn.add(node)
+        elif type(impl) is Pick and node_key is not None and not (is_opaque or remembered):
+            node_key = digest(value, codecs, f"the input {label!r} picked")  # (as an input's)
         if is_opaque:
             opaque.add(node)
         elif remembered and node_key is not None and keeper is not None:

@@ -38,6 +38,7 @@ def test_public_surface_is_sorted_and_exact():
         "Node",
         "NodeError",
         "Opaque",
+        "Pick",
         "Placement",
         "Plan",
         "Recorder",

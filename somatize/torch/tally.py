@@ -56,6 +56,7 @@ class CacheTally:
         self._stored: set[str] = set()  # ... in an earlier epoch since the tally was made
         # the MemoryKeepers of the graphs, and what each had evicted when the fit began
         self.keepers: list[tuple[Any, int]] = []
+        self.roots: set[str] = set()  # roots of graphs with several: each gets every input
 
     def state(self) -> dict[str, Any]:
         """The counts so far — the run's, the epoch's — and the nodes warned about, as
@@ -116,7 +117,7 @@ class CacheTally:
             if warn and stored and hits < _COLD * lookups and node not in self._warned:
                 self._warned.add(node)
                 message = _evicted(self.keepers) + _cold(
-                    node, epoch, hits, lookups, node in self._whole
+                    node, epoch, hits, lookups, node in self._whole, node in self.roots
                 )
                 # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
                 warnings.warn(message, RuntimeWarning, stacklevel=outside())
@@ -151,7 +152,7 @@ def _evicted(keepers: list[tuple[Any, int]]) -> str:
     return ""
 
 
-def _cold(node: str, epoch: int, hits: int, lookups: int, whole: bool) -> str:
+def _cold(node: str, epoch: int, hits: int, lookups: int, whole: bool, root: bool) -> str:
     found = f"only {hits:,} of its" if hits else "none of its"
     batches = (
         "a shuffled DataLoader never repeats a batch — cache it per example, "
@@ -159,6 +160,12 @@ def _cold(node: str, epoch: int, hits: int, lookups: int, whole: bool) -> str:
         if whole
         else ""
     )
+    if root:  # (a tower of a two-input model reading x[1], the images augmented)
+        batches += (
+            "it is a root, so it receives every input of the call (model(a, b), or a dict "
+            "batch) and is keyed by all of them, though it may read one: give it its own, "
+            "Pick(1) >> node (from somatize import Pick); "
+        )
     return (
         f"node {node!r} is cached, but {found} {lookups:,} lookups of epoch {epoch + 1} "
         "found what an earlier epoch stored: the cache costs keys and writes and saves "
@@ -193,6 +200,8 @@ def attach(net: Any, since: Mapping[str, Any] | None = None) -> CacheTally | Non
     tally = CacheTally(since)
     for g in graphs:
         g.watchers.append(tally)
+        if len(roots := g.topology.roots) > 1:  # (towers: each reading its part, perhaps)
+            tally.roots.update(roots)
         if isinstance(g.keeper, MemoryKeeper):
             tally.keepers.append((g.keeper, g.keeper.stats().evicted))
     return tally

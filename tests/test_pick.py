@@ -1,0 +1,79 @@
+"""Pick(k): one of the graph's inputs (a position, or a key of a dict batch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from somatize import Done, Graph, Node, Opaque, Pick, Recorder
+from somatize.watchers import CacheHit, CacheMiss
+
+
+class Upper(Node):
+    def forward(self, x, ctx):
+        return Done(x.upper())
+
+
+class Seen(Node):
+    """Records what it received, by identity."""
+
+    def __init__(self):
+        self.got = []
+
+    def forward(self, x, ctx):
+        self.got.append(x)
+        return Done(Opaque(x))
+
+
+def test_picks_a_position_or_a_key_and_counts_from_the_end():
+    assert Graph.somatize(Pick(0)).forward("a", "b", "c") == "a"
+    assert Graph.somatize(Pick(-1)).forward("a", "b", "c") == "c"
+    assert Graph.somatize(Pick("text")).forward({"image": 1, "text": "hi"}) == "hi"
+    assert Graph.somatize(Pick(1)).forward(("x", "y")) == "y"  # one tuple input: its parts
+
+
+def test_each_tower_gets_its_own_input():
+    g = Graph.somatize((Pick(0) >> Upper().with_id("a")) | (Pick(1) >> Upper().with_id("b")))
+    assert g.forward("left", "right") == ("LEFT", "RIGHT")
+
+
+def test_a_cached_node_after_a_pick_is_keyed_by_its_input_alone():
+    # a root reading inputs[1] itself is keyed by every input: another first input misses
+    rec = Recorder()
+    g = Graph.somatize((Pick(0) >> Upper().with_id("a")) | (Pick(1) >> Upper().with_id("b")),
+                       watchers=[rec]).cache("b")  # fmt: skip
+    g.forward("one", "text")
+    g.forward("two", "text")  # the other input changed, b's did not
+    assert [e.node for e in rec.of(CacheMiss)] == ["b"]
+    assert [e.node for e in rec.of(CacheHit)] == ["b"]
+
+
+def test_what_requires_grad_stays_opaque_and_passes_by_identity():
+    class Grad:  # (duck-typed, as the core does not import torch)
+        requires_grad = True
+
+    seen = Seen()
+    x, y = Grad(), "data"
+    g = Graph.somatize((Pick(0) >> seen) | (Pick(1) >> Upper()))
+    out = g.forward(Opaque(x), y)
+    assert seen.got == [x] and seen.got[0] is x and out[1] == "DATA"
+
+
+@pytest.mark.parametrize(
+    ("pick", "args", "error", "match"),
+    [
+        (Pick(2), ("a", "b"), IndexError, r"Pick\(2\) got 2 inputs; pick 0 to 1"),
+        (Pick("z"), ({"x": 1, "y": 2},), KeyError, r"Pick\('z'\) got a dict without.*'x', 'y'"),
+        (Pick(0), (5,), TypeError, r"Pick\(0\) got one int, nothing to index"),
+        (Pick("x"), (("a", "b"),), TypeError, r"a str key needs a dict batch"),
+    ],
+)
+def test_a_pick_that_does_not_fit_its_input_names_what_it_got(pick, args, error, match):
+    with pytest.raises(error, match=match) as e:
+        Graph.somatize(pick).forward(*args)
+    assert any("raised by node 'pick'" in n for n in e.value.__notes__)
+
+
+@pytest.mark.parametrize("key", [1.0, None, True, [0]])
+def test_pick_takes_an_int_or_a_str(key):
+    with pytest.raises(TypeError, match=r"Pick\(key\) takes an int position or a str dict key"):
+        Pick(key)
