@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import re
 import weakref
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,7 @@ from blake3 import blake3
 
 from .changes import code_parts, global_parts
 from .keepers.atomic import replace_with
+from .keepers.packs import NotRegular, open_regular
 from .node import Mapped, Run, graph_input
 from .values import decode, digest, encode
 
@@ -48,6 +50,7 @@ __all__ = ["Explanation", "Why", "explain", "explain_run", "note"]
 
 RECORD = "somatize.explain/2"  # /2: a record on disk starts with the checksum of the rest
 _SUM = 16  # bytes of blake3 checksum before a record on disk
+NOTE_BYTES = 1 << 20  # a note over this is no note (records are kilobytes): never read whole
 # What this process last wrote, by keeper and node: a record is written when it changes.
 _written: weakref.WeakKeyDictionary[Any, dict[str, tuple[str | None, ...]]] = (
     weakref.WeakKeyDictionary()
@@ -94,16 +97,34 @@ def _read(keeper: Any, label: str) -> dict[str, Any] | None:
     notes = _notes(keeper)
     try:
         if isinstance(notes, Path):
-            raw = (notes / _slot(label)).read_bytes()
-            if blake3(raw[_SUM:]).digest(_SUM) != raw[:_SUM]:
-                return None  # torn, cut or altered: it says nothing
+            raw = _small(str(notes / _slot(label)))
+            if raw is None or blake3(raw[_SUM:]).digest(_SUM) != raw[:_SUM]:
+                return None  # torn, cut, altered, no regular file or too large: it says nothing
             data: bytes | None = raw[_SUM:]
         else:
             data = notes.get(_slot(label))
         record = decode(data) if data is not None else None
-    except (OSError, ValueError):  # absent, unreadable, or does not decode: it says nothing
+    except (OSError, ValueError):  # absent, unreadable, a link, or no decoding: it says nothing
         return None
     return record if isinstance(record, dict) else None
+
+
+def _small(path: str) -> bytes | None:
+    """A note's bytes; None for a FIFO or a device (opened without blocking: none hangs
+    ``g.explain``) or a file over ``NOTE_BYTES`` (never read whole).
+
+    Raises:
+        OSError: absent, unreadable, or a symbolic link (never opened through).
+    """
+    try:  # (no link: the notes are the store's own, like its lock files)
+        fd, st = open_regular(path, follow=False)
+    except NotRegular:
+        return None
+    try:
+        data = os.read(fd, NOTE_BYTES + 1) if st.st_size <= NOTE_BYTES else b""
+    finally:
+        os.close(fd)
+    return data if 0 < len(data) <= NOTE_BYTES else None  # (b"": empty, or over the bound)
 
 
 def note(

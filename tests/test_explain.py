@@ -1,16 +1,20 @@
-"""``g.explain``'s records under a DiskKeeper's ``notes/``: damage is absence, never a crash;
-a cached mapped node is explained item by item."""
+"""``g.explain``'s records under a DiskKeeper's ``notes/``: damage is absence, never a crash
+(a FIFO, a link or an oversized file in a note's place included); a cached mapped node is
+explained item by item."""
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from blake3 import blake3
 
-from somatize import DiskKeeper, Done, Graph, MemoryKeeper, Node
+from somatize import DiskKeeper, Done, Graph, MemoryKeeper, Node, explain, values
 
 
 class Embed(Node):
@@ -122,3 +126,55 @@ def test_explain_reports_a_cached_mapped_node_item_by_item(tmp_path: Path) -> No
     )
     # another process, another constructor argument: the record says what changed
     assert "declaration (constructor arguments)" in graph(3).explain(["a"])["embed"].changed
+
+
+def _said_declaration(root: Path) -> bool:
+    """Whether the note under ``root`` (left by dim 4) is read: dim 5 then names the change."""
+    return any("declaration" in c for c in _graph(root, 5).explain("hello")["embed"].changed)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_in_place_of_a_note_is_no_note_and_no_hang(tmp_path: Path) -> None:
+    # a plain open of a FIFO waits for a writer: g.explain hung
+    _graph(tmp_path, 4).forward("hello")
+    (note,) = list((tmp_path / "notes").iterdir())
+    note.unlink()
+    os.mkfifo(note)
+    found: list[bool] = []
+    thread = threading.Thread(target=lambda: found.append(_said_declaration(tmp_path)), daemon=True)
+    thread.start()
+    thread.join(timeout=30)  # (a guard against a hang, not a timing: the read takes ms)
+    hung = thread.is_alive()
+    if hung:  # release the blocked reader (it then reads an empty note) before failing
+        os.close(os.open(note, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(timeout=30)
+    assert not hung and found == [False]
+    assert note.is_fifo()  # (explain removes nothing)
+
+
+@pytest.mark.parametrize("over", [False, True])
+def test_a_note_over_the_bound_is_no_note(
+    tmp_path: Path, over: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _graph(tmp_path, 4).forward("hello")
+    (note,) = list((tmp_path / "notes").iterdir())
+    raw = note.read_bytes()
+    record = values.decode(raw[explain._SUM :])
+    # the same record, checksummed, made larger than the bound (or just under it)
+    data = values.encode({**record, "padding": "x" * explain.NOTE_BYTES})
+    note.write_bytes(blake3(data).digest(explain._SUM) + data)
+    size = note.stat().st_size
+    monkeypatch.setattr(explain, "NOTE_BYTES", size - 1 if over else size)
+    assert _said_declaration(tmp_path) is not over
+
+
+def test_a_note_that_is_a_symlink_is_not_read_through(tmp_path: Path) -> None:
+    _graph(tmp_path / "c", 4).forward("hello")
+    assert _said_declaration(tmp_path / "c")  # the note as written is read
+    (note,) = list((tmp_path / "c" / "notes").iterdir())
+    outside = tmp_path / "outside"
+    note.rename(outside)  # a valid note, planted elsewhere and linked in
+    note.symlink_to(outside)
+    planted = outside.read_bytes()
+    assert not _said_declaration(tmp_path / "c")
+    assert note.is_symlink() and outside.read_bytes() == planted  # neither touched

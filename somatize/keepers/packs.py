@@ -97,14 +97,15 @@ class CorruptPack(_AtInode):
     """A pack's header or index does not verify."""
 
 
-def open_regular(path: str) -> tuple[int, os.stat_result]:
+def open_regular(path: str, *, follow: bool = True) -> tuple[int, os.stat_result]:
     """Open ``path`` for reading without ever blocking (a FIFO would hang a plain open).
 
     Raises:
         FileNotFoundError: absent.
         NotRegular: something other than a regular file is there (the fd is closed).
+        OSError: ``follow=False`` and ``path`` is a symbolic link (ELOOP: never opened).
     """
-    fd = os.open(path, _NONBLOCK)
+    fd = os.open(path, _NONBLOCK if follow else _NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
