@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +28,8 @@ from .keepers import atomic_write
 from .keepers.locks import close_lock, open_lock
 from .keepers.protocol import is_key
 from .runs_explain import explain  # (runs.explain, as before)
+from .runs_files import RECORD_BYTES as RECORD_BYTES  # (runs.RECORD_BYTES, as before)
+from .runs_files import own_dir, read_record
 
 __all__ = ["RunStore", "explain", "gc", "parse_age"]
 
@@ -36,7 +37,6 @@ FORMAT = "somatize.run/1"
 FOLDER = "remembered"  # under a DiskKeeper's directory
 _STALE = 3600.0  # seconds: a temp file or trash folder this old belongs to no live process
 _TRASH = re.compile(r"\A\.trash-[0-9a-f]{64}-\d+\Z")  # what remove() renames a run to
-RECORD_BYTES = 16 << 20  # a run.json larger than this is damaged (records are kilobytes)
 UNJUDGED = ("damaged", "unreadable")  # statuses of runs gc keeps: their records say nothing
 
 # The type of each field a record may hold: a hand-edited or damaged run.json is reported
@@ -107,8 +107,10 @@ class RunStore:
     def _read(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
         """(run ``key``'s record or None, what is wrong with its run.json or None)."""
         file = self.dir(key) / "run.json"
+        if self.dir(key).is_symlink():  # no run of this store: never recalled through it
+            return None, None
         try:
-            record = json.loads(_small(file))
+            record = json.loads(read_record(str(file)))
         except PermissionError as e:
             raise KeeperError(
                 f"cannot read the run record {file}: {e.strerror or e}; give this user read "
@@ -133,6 +135,7 @@ class RunStore:
         """
         file = self.dir(key) / "run.json"
         try:
+            own_dir(str(self.dir(key)))  # (a link planted at a predicted key: replaced)
             atomic_write(file, json.dumps({"format": FORMAT, "key": key, **record}).encode())
         except OSError as e:
             raise KeeperError(f"could not write the run record {file}: {e}") from e
@@ -157,7 +160,11 @@ class RunStore:
             return
         lock = str(self.dir(key) / "lock")
         while True:
-            # (open_lock makes the directory again if `runs gc` moved it meanwhile)
+            # (made again if `runs gc` moved it meanwhile; a link there is replaced, and one
+            # that cannot be is never locked through: the record's write then says why)
+            if not _owned(self.dir(key)):
+                yield False
+                return
             fd = open_lock(lock, f"calls of the remembered run {key[:12]}")
             if fd is None:  # a read-only disk, or a warning said why
                 yield False
@@ -249,25 +256,6 @@ class RunStore:
                 os.unlink(Path(keeper.path) / "objects" / key[:2] / key)
 
 
-def _small(file: Path) -> bytes:
-    """A run record's bytes, opened without blocking (a FIFO in its place would hang
-    ``runs ls``); ``ValueError`` (a damaged record) for no regular file, or one over
-    ``RECORD_BYTES`` (a huge or sparse one would fill the memory)."""
-    fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    data = b""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("it is not a regular file")
-        if st.st_size <= RECORD_BYTES:
-            data = os.read(fd, RECORD_BYTES + 1)
-    finally:
-        os.close(fd)
-    if st.st_size > RECORD_BYTES or len(data) > RECORD_BYTES:  # (grown since the fstat)
-        raise ValueError(f"it is over {RECORD_BYTES} bytes, and a run record is kilobytes")
-    return data
-
-
 def parse_age(text: str) -> float:
     """Seconds in ``"90"``, ``"30m"``, ``"12h"``, ``"7d"``.
 
@@ -339,6 +327,18 @@ def gc(
         total -= int(r["size"])
         removed.append(r)
     return removed
+
+
+def _owned(d: Path) -> bool:
+    """Remove a link at run directory ``d`` or its ``ckpt/`` (``own_dir``; ``open_lock``
+    makes the directory); False where a link stays (not removable by this user), True on
+    other errors (the lock's and the write's own say why: a read-only disk)."""
+    try:
+        own_dir(str(d), make=False)
+        own_dir(str(d / "ckpt"), make=False)
+    except OSError:
+        return not (d.is_symlink() or (d / "ckpt").is_symlink())
+    return True
 
 
 def _still_there(fd: int, path: Path) -> bool:
