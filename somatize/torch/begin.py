@@ -100,7 +100,9 @@ def begin(
             run.state.checkpoints = gone + run.state.checkpoints
         check_extension(trainer, run, path, fresh, train)
         restore_scaler(payload, run.scaler)
-        check_clip(payload, o.clip_grad_norm)
+        check_clip(
+            payload, {"clip_grad_norm": o.clip_grad_norm, "clip_grad_value": o.clip_grad_value}
+        )
         restore_average(payload, run.average, path)
         restore_rank_rng(payload, rank, world)
         run.clock = restored(payload)  # the seconds trained before (Options.max_time)

@@ -86,6 +86,7 @@ def fast_epoch(
     zero_grad, opt_step = _zero_grad(opt), opt.step
     call = _call(net)
     policy, clip = trainer.options.nonfinite, trainer.options.clip_grad_norm
+    by_value = trainer.options.clip_grad_value
     every = trainer.options.eval_every_steps if val is not None else None
     ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
     losses = s.losses
@@ -158,6 +159,8 @@ def fast_epoch(
                 s.skipped += 1
                 last = i
                 continue
+            if by_value is not None:
+                nn.utils.clip_grad_value_(run.params, by_value)
             opt_step()
             if step_sched is not None:
                 step_sched.step()

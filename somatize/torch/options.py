@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import math
 import re
 import warnings
 from collections.abc import Mapping
@@ -39,6 +40,11 @@ class Options:
         precision: ``"32"``; ``"bf16"`` for bfloat16 autocast; ``"fp16"`` for float16
             autocast with a gradient scaler (``torch.amp.GradScaler``, checkpointed).
         clip_grad_norm: clip the gradients' total norm to this value before each step.
+        clip_grad_value: clamp each gradient element to ``[-v, v]`` before each step
+            (``nn.utils.clip_grad_value_``; Lightning's ``gradient_clip_algorithm="value"``).
+            Like ``clip_grad_norm``, once per step on the gradient it uses: after every
+            micro-batch and accumulated batch, all-reduced under DDP, unscaled under fp16.
+            Not with ``clip_grad_norm``: a run clips one way, as in Lightning.
         shuffle: permute a sequence of batches every epoch (seeded by ``(seed, epoch)``).
         eval_every_steps: evaluate every N optimizer steps instead of at each epoch end.
         eval_every_epochs: evaluate at the end of every N-th epoch only (Lightning's
@@ -123,6 +129,7 @@ class Options:
     max_time: float | datetime.timedelta | str | None = None
     deterministic: bool | Literal["warn"] | None = None
     find_unused_parameters: bool = False
+    clip_grad_value: float | None = None  # (last: Options' positional order is kept)
 
     def __post_init__(self) -> None:
         choice(
@@ -175,6 +182,7 @@ class Options:
                 "it is the largest total gradient norm kept (a value <= 0 would flip or zero "
                 "the update); pass None not to clip",
             )
+        _check_clip_value(self.clip_grad_value, self.clip_grad_norm)
         check_schedule(self.eval_every_steps, self.eval_every_epochs)
         check_smoke(self.smoke)
         check_sanity(self.sanity_val_batches)
@@ -204,6 +212,30 @@ def _check_device(device: Any) -> None:
             f"device {device!r} holds no data (meta tensors have shapes only), so nothing can "
             "train on it; pass 'cpu', 'cuda' or None to train where the model is (a model "
             "built on meta needs its weights materialised first: module.to_empty(device=...))"
+        )
+
+
+def _check_clip_value(value: Any, norm: float | None) -> None:
+    """``Options(clip_grad_value=)``: a finite number above 0, and not with a norm."""
+    if value is None:
+        return
+    positive(
+        "Options clip_grad_value",
+        value,
+        "it is the largest gradient element kept, either sign (0 would zero every gradient, a "
+        "negative value set each to it); e.g. clip_grad_value=0.5, or None not to clip",
+    )
+    if not math.isfinite(value):
+        raise SettingError(
+            f"Options clip_grad_value must be a finite number above 0, not {value!r}: an "
+            "infinite bound clamps nothing; e.g. clip_grad_value=0.5, or None not to clip"
+        )
+    if norm is not None:
+        raise SettingError(
+            f"Options(clip_grad_norm={norm!r}, clip_grad_value={value!r}): a run clips one "
+            "way (Lightning's gradient_clip_algorithm is 'norm' or 'value'); pass one of "
+            "them — to clip by value and then by norm, register both in an optimizer step "
+            "pre-hook in the factory (docs/trainer.md, Gradient clipping)"
         )
 
 

@@ -147,6 +147,7 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         payload["scaler"] = scaler_state(run.scaler)
         payload["scheduler_every"] = trainer.options.scheduler_every  # (resumed_scheduler.py)
         payload["clip_grad_norm"] = trainer.options.clip_grad_norm  # (resumed_optimizer.py)
+        payload["clip_grad_value"] = trainer.options.clip_grad_value  # (resumed_optimizer.py)
         payload["world"] = run.world  # a mid-epoch position is one of this world's shares
         payload["elapsed"] = run.clock.spent()  # seconds trained: Options(max_time=) resumes
         if run.average is not None:

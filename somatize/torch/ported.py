@@ -40,8 +40,8 @@ _OPTIONS = {
     "'ddp_find_unused_parameters_true'",
     "log_every_n_steps": "watchers=[st.TensorBoard(dir, every_steps=N)] or "
     "st.Progress(every_steps=N): a watcher's own setting",
-    "gradient_clip_algorithm": "Options(clip_grad_norm=...) clips by norm; by value, an "
-    "optimizer pre-hook in the factory (docs/trainer.md, Gradient clipping)",
+    "gradient_clip_algorithm": 'Options(clip_grad_value=v) for "value" (clip_grad_norm=v '
+    'for "norm"), v being gradient_clip_val',
 }
 
 

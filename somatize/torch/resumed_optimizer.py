@@ -148,17 +148,20 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def check_clip(payload: Mapping[str, Any], clip: float | None) -> None:
+def check_clip(payload: Mapping[str, Any], clipping: Mapping[str, float | None]) -> None:
     """Warn when the run clips gradients otherwise than the one that wrote the checkpoint
-    (``payload["clip_grad_norm"]``; a checkpoint from before it was kept is not compared):
-    the run goes on with its own, as a changed hyper-parameter of the optimizer warns."""
-    if "clip_grad_norm" not in payload or payload["clip_grad_norm"] == clip:
+    (``clipping``: this run's ``clip_grad_norm`` and ``clip_grad_value``, by name, each
+    compared with the payload's; a checkpoint from before one was kept does not compare
+    it): the run goes on with its own, as a changed hyper-parameter of the optimizer warns."""
+    changed = [k for k, v in clipping.items() if k in payload and payload[k] != v]
+    if not changed:
         return
-    then = payload["clip_grad_norm"]
+    then = ", ".join(f"{k}={payload[k]}" for k in changed)
+    now = ", ".join(f"{k}={clipping[k]}" for k in changed)
     warnings.warn(
-        f"the checkpoint was written by a run with Options(clip_grad_norm={then}), this run "
-        f"has clip_grad_norm={clip}: it goes on clipping as this run says, so it is not the "
-        f"run that wrote it; resume with clip_grad_norm={then} to go on as it would have",
+        f"the checkpoint was written by a run with Options({then}), this run has {now}: it "
+        "goes on clipping as this run says, so it is not the run that wrote it; resume with "
+        f"{then} to go on as it would have",
         UserWarning,
         stacklevel=outside(),
     )

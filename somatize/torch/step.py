@@ -41,7 +41,7 @@ def step(
         the group's loss (a float when the non-finite check read it back — under DDP, the
         mean over every rank's examples — else a tensor on the device), its examples (under
         DDP with the check, every rank's together), and whether the optimizer stepped
-        (False: skipped for a non-finite loss, or gradients' norm under clipping).
+        (False: skipped for a non-finite loss, or gradients' norm under clip_grad_norm).
 
     Raises:
         NonFiniteError: the loss is NaN or infinite under ``Options(nonfinite="raise")``.
@@ -212,11 +212,12 @@ def _update(
     index: int,
     group: Sequence[Any],
 ) -> bool:
-    """Clip (unscaled, under fp16) and step the optimizer (through the scaler under fp16).
-    False: not stepped, the gradients' norm being non-finite under ``nonfinite="skip"``
-    (``"raise"`` raises; under fp16 the scaler skips such a step itself)."""
+    """Clip by norm or by value (unscaled, under fp16) and step the optimizer (through the
+    scaler under fp16). False: not stepped, the gradients' norm being non-finite under
+    ``nonfinite="skip"`` (``"raise"`` raises; under fp16 the scaler skips such a step
+    itself). Clipping by value reads nothing back: it checks no gradient."""
     scaler = run.scaler
-    clip = trainer.options.clip_grad_norm
+    clip, by_value = trainer.options.clip_grad_norm, trainer.options.clip_grad_value
     if scaler is None:
         if clip is not None:
             policy = trainer.options.nonfinite
@@ -225,11 +226,16 @@ def _update(
                 _nonfinite(trainer, run, policy, loss, index, group, norm=norm)
                 opt.zero_grad(set_to_none=True)
                 return False
+        elif by_value is not None:
+            nn.utils.clip_grad_value_(run.params, by_value)
         opt.step()
     else:
-        if clip is not None:
+        if clip is not None or by_value is not None:
             scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
-            nn.utils.clip_grad_norm_(run.params, clip)
+            if clip is not None:
+                nn.utils.clip_grad_norm_(run.params, clip)
+            elif by_value is not None:  # (unscale_ found any overflow before the clamp)
+                nn.utils.clip_grad_value_(run.params, by_value)
         scaler.step(opt)  # skipped by the scaler itself when a gradient overflowed
         scaler.update()
     return True

@@ -40,7 +40,14 @@ def notes(e: pytest.ExceptionInfo[BaseException]) -> str:
         ),
         (lambda: st.Trainer(optimizer=sgd, log_every_n_steps=5), r"st.TensorBoard\(dir, every"),
         (lambda: st.Options(log_every_n_steps=5), r"here: watchers=\[st.TensorBoard"),
-        (lambda: st.Options(gradient_clip_algorithm="value"), r"by value, an optimizer pre-hook"),
+        (
+            lambda: st.Options(gradient_clip_algorithm="value"),
+            r"here: Options\(clip_grad_value=v\) for \"value\" \(clip_grad_norm=v for \"norm",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, gradient_clip_algorithm="value"),
+            r"here: options=st.Options\(clip_grad_value=v\) .*v being gradient_clip_val$",
+        ),
         (lambda: st.Trainer(optimizer=sgd, callbacks=[]), r"pruner=st.Patience"),
         (lambda: st.Options(accumulate_grad_batches=2), r"here: Options\(accumulate=\.\.\.\)"),
         (lambda: st.Checkpointing("ck", save_top_k=2), r"here: Checkpointing\(best=K\)"),

@@ -36,6 +36,22 @@ def data():
             r"clip_grad_norm must be a number above 0, not -1.0.*ascent|flip",
         ),
         (lambda: st.Options(clip_grad_norm=0), "clip_grad_norm must be a number above 0"),
+        (
+            lambda: st.Options(clip_grad_value=-0.5),
+            r"clip_grad_value must be a number above 0, not -0.5; .*None not to clip",
+        ),
+        (lambda: st.Options(clip_grad_value=0), "clip_grad_value must be a number above 0"),
+        (lambda: st.Options(clip_grad_value="0.5"), r"clip_grad_value .* not '0.5'"),
+        (lambda: st.Options(clip_grad_value=True), "clip_grad_value must be a number above 0"),
+        (lambda: st.Options(clip_grad_value=float("nan")), "clip_grad_value must be a number"),
+        (
+            lambda: st.Options(clip_grad_value=float("inf")),
+            r"clip_grad_value must be a finite number above 0, not inf: .*clamps nothing",
+        ),
+        (  # Lightning takes one algorithm: so does a run here
+            lambda: st.Options(clip_grad_norm=1.0, clip_grad_value=0.5),
+            r"Options\(clip_grad_norm=1.0, clip_grad_value=0.5\): a run clips one way.*pre-hook",
+        ),
         (lambda: st.Options(eval_every_steps=0), "eval_every_steps must be at least 1, not 0"),
         (lambda: st.Options(eval_every_steps=-3), "eval_every_steps must be at least 1"),
         (lambda: st.Options(device="tpu-ish"), "not a torch device"),

@@ -1,6 +1,7 @@
 """docs/trainer.md's recipes for what has no option: parameter groups (a factory closing
-over module(g).named_parameters()) and clipping by value (an optimizer step pre-hook),
-each bitwise equal to the plain loop a porter had."""
+over module(g).named_parameters()) and clipping in an optimizer step pre-hook (by value
+here; the docs' clips by value and then by norm, which no Options setting does), each
+bitwise equal to the plain loop a porter had."""
 
 from __future__ import annotations
 

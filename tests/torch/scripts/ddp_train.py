@@ -85,7 +85,12 @@ class CrashAt:
 
 
 def trainer(
-    out: Path | None, rank: int, micro_batches: int, crash_at: int = 0, accumulate: int = 1
+    out: Path | None,
+    rank: int,
+    micro_batches: int,
+    crash_at: int = 0,
+    accumulate: int = 1,
+    clip_value: float | None = None,
 ) -> st.Trainer:
     where = (lambda name: out / f"{name}-rank{rank}") if out is not None else None
     watchers = (
@@ -101,7 +106,9 @@ def trainer(
         metrics={"acc": st.accuracy},
         checkpoint=st.Checkpointing(out / "ckpt", every_steps=3) if out is not None else None,
         watchers=[*watchers, CrashAt(crash_at)] if crash_at else watchers,
-        options=st.Options(progress=False, shuffle=False, accumulate=accumulate),
+        options=st.Options(
+            progress=False, shuffle=False, accumulate=accumulate, clip_grad_value=clip_value
+        ),
     )
 
 
@@ -123,12 +130,16 @@ def main() -> None:
         dataset = Augmented(rank)
         train = torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True)
     accumulate = 2 if "--accumulate" in sys.argv else 1
+    clip = (
+        float(sys.argv[sys.argv.index("--clip-value") + 1]) if "--clip-value" in sys.argv else None
+    )
     result = trainer(
         out,
         rank,
         micro_batches=1 if accumulate > 1 else 2,
         crash_at=crash_at,
         accumulate=accumulate,
+        clip_value=clip,
     ).fit(graph(), train, val=val, resume="last" if "--resume" in sys.argv else None)
     torch.save(
         {
