@@ -68,21 +68,15 @@ def _is_dataset(x: Any) -> bool:
 def _size(data: Any, fn: str) -> int:
     """The number of examples ``data`` stands for: an int, or the length of anything with
     one (a tensor or array's first dimension, a Dataset, a list) — only the count is used.
-
-    Raises:
-        TypeError: ``data`` is neither a count nor something with a length.
-        ValueError: a negative count.
-    """
+    Raises TypeError for anything else (a str too), ValueError for a negative count."""
     if isinstance(data, (int, np.integer)) and not isinstance(data, bool):
         if data < 0:
             raise ValueError(f"{fn}(data={data!r}): a count of examples cannot be negative")
         return int(data)
     if isinstance(data, (str, bytes)):  # (a path or a name: its length is no count)
-        raise TypeError(
-            f"{fn}(data={data!r:.40}): a {type(data).__name__} is not data to split — pass the "
-            f"number of examples or the examples themselves (load a file first), e.g. "
-            f"{fn}(len(ds), ...)"
-        )
+        kind = type(data).__name__
+        raise TypeError(f"{fn}(data={data!r:.40}): a {kind} is not data to split — pass the "
+                        f"number of examples or the examples (load a file first)")  # fmt: skip
     try:
         return len(data)
     except TypeError as e:  # (a 0-d tensor or array, an iterable Dataset, a float, None)
