@@ -186,7 +186,10 @@ class Program(HotPath):
                     "in training mode its rows may interact (batch norm, attention across the "
                     f"batch), so one row's output is not a function of that row — freeze it "
                     f"(g.freeze({node!r})), set `rowwise = True` on {type(impl).__qualname__} if "
-                    f"each row is computed alone, or cache it per batch (g.cache({node!r}))"
+                    f"each row is computed alone, or cache it per batch (g.cache({node!r})). "
+                    f"To train it (fine-tuning after a frozen probe), stop caching it, "
+                    f"g.cache({node!r}, False): its weights change at every step, so nothing "
+                    "it computes repeats"
                 )
 
     @cached_property
