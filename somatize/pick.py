@@ -29,11 +29,13 @@ __all__ = ["Pick"]
 
 
 class Pick(Node):
-    """A node returning ``x[key]`` of its input: a position of the graph's inputs (``Pick(1)``
-    for ``g.forward(images, texts)``), or a key of a dict batch (``Pick("text")``).
+    """A node returning part of its input: a position of the graph's inputs (``Pick(1)`` for
+    ``g.forward(images, texts)``) or a key of a dict batch (``Pick("pixel_values")``); given
+    several, a tuple of those positions or a dict of those keys (``Pick("input_ids",
+    "attention_mask")`` out of a processor's flat batch).
 
     Args:
-        key: an int position (negative counts from the end) or a dict key.
+        keys: int positions (negative counts from the end), or str dict keys.
 
     Raises:
         NodeError (when run): the input has no such position or key, naming what it has.
@@ -42,42 +44,49 @@ class Pick(Node):
         >>> from somatize import Graph, Pick
         >>> Graph.somatize(Pick(1)).forward("image", "text")
         'text'
-        >>> Graph.somatize(Pick("y")).forward({"x": 1, "y": 2})
-        2
+        >>> Graph.somatize(Pick("ids", "mask")).forward({"pixels": 0, "ids": 1, "mask": 2})
+        {'ids': 1, 'mask': 2}
     """
 
-    def __init__(self, key: int | str) -> None:
-        if isinstance(key, bool) or not isinstance(key, (int, str)):
+    def __init__(self, *keys: int | str) -> None:
+        ints = all(type(k) is int for k in keys)
+        if not keys or not (ints or all(type(k) is str for k in keys)):
+            shown = ", ".join(f"{type(k).__qualname__} {k!r:.40}" for k in keys) or "nothing"
             raise TypeError(
-                f"Pick(key) takes an int position or a str dict key, not "
-                f"{type(key).__qualname__} {key!r:.40}; e.g. Pick(1) for the second input"
+                f"Pick(*keys) takes int positions or str dict keys, one kind, not {shown}; "
+                "e.g. Pick(1) for the second input, Pick('input_ids', 'attention_mask')"
             )
-        self.key = key
+        if len(set(keys)) != len(keys):
+            raise TypeError(f"Pick{keys!r} names a key twice; name each once")
+        self.keys = keys
 
     def forward(self, x: Any, ctx: Ctx) -> Done:
-        key = self.key
+        keys = self.keys
+        shown = ", ".join(map(repr, keys))
         if isinstance(x, Mapping):
-            if key not in x:
-                keys = ", ".join(printable(repr(k)) for k in list(x)[:8])
+            missing = [k for k in keys if k not in x]
+            if missing:
+                have = ", ".join(printable(repr(k)) for k in list(x)[:8])
                 raise KeyError(
-                    f"Pick({key!r}) got a dict without that key (its keys: {keys}); pick one "
-                    "of them"
+                    f"Pick({shown}) got a dict without {', '.join(map(repr, missing))} (its "
+                    f"keys: {have}); pick among them"
                 )
-            value = x[key]
-        elif isinstance(x, Sequence) and not isinstance(x, (str, bytes)) and type(key) is int:
-            if not -len(x) <= key < len(x):
+            value: Any = x[keys[0]] if len(keys) == 1 else {k: x[k] for k in keys}
+        elif isinstance(x, Sequence) and not isinstance(x, (str, bytes)) and type(keys[0]) is int:
+            if any(not -len(x) <= k < len(x) for k in keys):
                 raise IndexError(
-                    f"Pick({key}) got {len(x)} inputs; pick 0 to {len(x) - 1} (a root receives "
-                    "every input of the call as one tuple, in order)"
+                    f"Pick({shown}) got {len(x)} inputs; pick 0 to {len(x) - 1} (a root "
+                    "receives every input of the call as one tuple, in order)"
                 )
-            value = x[key]
+            value = x[keys[0]] if len(keys) == 1 else tuple(x[k] for k in keys)
         else:
-            what = "a str key needs a dict batch" if isinstance(key, str) else "nothing to index"
+            what = "str keys need a dict batch" if type(keys[0]) is str else "nothing to index"
             raise TypeError(
-                f"Pick({key!r}) got one {type(x).__qualname__}, {what}: a graph called with "
+                f"Pick({shown}) got one {type(x).__qualname__}, {what}: a graph called with "
                 "one input gives it to its roots whole; Pick selects among several inputs "
                 "(g.forward(a, b)) or the keys of a dict batch"
             )
-        if getattr(value, "requires_grad", False) is True:
+        parts = value.values() if type(value) is dict else value if type(value) is tuple else ()
+        if any(getattr(v, "requires_grad", False) is True for v in (value, *parts)):
             return Done(Opaque(value))  # (its autograd graph, as the call's input had it)
         return Done(value)

@@ -62,9 +62,11 @@ def test_what_requires_grad_stays_opaque_and_passes_by_identity():
     ("pick", "args", "error", "match"),
     [
         (Pick(2), ("a", "b"), IndexError, r"Pick\(2\) got 2 inputs; pick 0 to 1"),
-        (Pick("z"), ({"x": 1, "y": 2},), KeyError, r"Pick\('z'\) got a dict without.*'x', 'y'"),
+        (Pick("z"), ({"x": 1, "y": 2},), KeyError, r"Pick\('z'\) got a dict without 'z'.*'x', 'y'"),
+        (Pick("x", "w"), ({"x": 1},), KeyError, r"Pick\('x', 'w'\) got a dict without 'w'"),
         (Pick(0), (5,), TypeError, r"Pick\(0\) got one int, nothing to index"),
-        (Pick("x"), (("a", "b"),), TypeError, r"a str key needs a dict batch"),
+        (Pick("x"), (("a", "b"),), TypeError, r"str keys need a dict batch"),
+        (Pick(0, 5), ("a", "b"), IndexError, r"Pick\(0, 5\) got 2 inputs"),
     ],
 )
 def test_a_pick_that_does_not_fit_its_input_names_what_it_got(pick, args, error, match):
@@ -73,7 +75,26 @@ def test_a_pick_that_does_not_fit_its_input_names_what_it_got(pick, args, error,
     assert any("raised by node 'pick'" in n for n in e.value.__notes__)
 
 
-@pytest.mark.parametrize("key", [1.0, None, True, [0]])
-def test_pick_takes_an_int_or_a_str(key):
-    with pytest.raises(TypeError, match=r"Pick\(key\) takes an int position or a str dict key"):
-        Pick(key)
+@pytest.mark.parametrize("keys", [(1.0,), (None,), (True,), ([0],), (), (0, "a")])
+def test_pick_takes_ints_or_strs(keys):
+    with pytest.raises(TypeError, match=r"Pick\(\*keys\) takes int positions or str dict keys"):
+        Pick(*keys)
+    with pytest.raises(TypeError, match="names a key twice"):
+        Pick("a", "a")
+
+
+def test_several_keys_give_a_dict_several_positions_a_tuple():
+    batch = {"pixel_values": 0, "input_ids": 1, "attention_mask": 2}
+    text = Graph.somatize(Pick("input_ids", "attention_mask")).forward(batch)
+    assert text == {"input_ids": 1, "attention_mask": 2}
+    assert Graph.somatize(Pick(2, 0)).forward("a", "b", "c") == ("c", "a")
+
+
+def test_several_keys_holding_one_that_requires_grad_stay_opaque_together():
+    class Grad:
+        requires_grad = True
+
+    seen = Seen()
+    g, grad = Graph.somatize(Pick(0, 1) >> seen), Grad()
+    g.forward(Opaque(grad), "data")
+    assert seen.got[0][0] is grad  # passed by identity, not checked as data

@@ -128,3 +128,37 @@ def test_the_hint_is_for_towers_not_for_a_lone_backbone():
         assert fit(g).cache["img"]["hits"] == 0  # its own input is augmented: no remedy
     cold = [str(w.message) for w in said if "is cached, but none of its" in str(w.message)]
     assert len(cold) == 1 and "Pick(" not in cold[0]
+
+
+def test_a_flat_processor_batch_gives_the_text_tower_its_two_keys():
+    # CLIP-style processors give one flat dict: pixel_values, input_ids, attention_mask
+    from somatize import Recorder
+    from somatize.watchers import CacheRows
+
+    class Text(Node):
+        def __init__(self):
+            self.emb = nn.Embedding(50, 4)
+
+        def forward(self, x, ctx):
+            mask = x["attention_mask"].unsqueeze(-1).float()
+            return Done(Opaque((self.emb(x["input_ids"]) * mask).sum(1) / mask.sum(1)))
+
+    class Image(Node):
+        def __init__(self):
+            self.lin = nn.Linear(6, 4)
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.lin(x)))
+
+    torch.manual_seed(0)
+    rec = Recorder()
+    pair = (Pick("pixel_values") >> Image().with_id("img")) | (
+        Pick("input_ids", "attention_mask") >> Text().with_id("txt")
+    )
+    g = Graph.somatize(pair >> Score(), watchers=[rec]).freeze("txt").cache("txt", per="example")
+    ids, mask = torch.randint(0, 50, (8, 5)), torch.ones(8, 5, dtype=torch.long)
+    model = st.module(g)
+    for _ in range(3):  # new pixels every call, the same texts
+        model({"pixel_values": torch.randn(8, 6), "input_ids": ids, "attention_mask": mask})
+    rows = rec.of(CacheRows)
+    assert [(e.hits, e.misses) for e in rows] == [(0, 8), (8, 0), (8, 0)]
