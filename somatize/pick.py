@@ -73,12 +73,13 @@ class Pick(Node):
                 )
             value: Any = x[keys[0]] if len(keys) == 1 else {k: x[k] for k in keys}
         elif isinstance(x, Sequence) and not isinstance(x, (str, bytes)) and type(keys[0]) is int:
-            if any(not -len(x) <= k < len(x) for k in keys):
+            at = [k for k in keys if type(k) is int]  # (all of them: one kind, checked)
+            if any(not -len(x) <= k < len(x) for k in at):
                 raise IndexError(
                     f"Pick({shown}) got {len(x)} inputs; pick 0 to {len(x) - 1} (a root "
                     "receives every input of the call as one tuple, in order)"
                 )
-            value = x[keys[0]] if len(keys) == 1 else tuple(x[k] for k in keys)
+            value = x[at[0]] if len(at) == 1 else tuple(x[k] for k in at)
         else:
             what = "str keys need a dict batch" if type(keys[0]) is str else "nothing to index"
             raise TypeError(
