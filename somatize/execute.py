@@ -27,6 +27,7 @@ from .hot_path import HotPath, Slots, _slots
 from .keyed import Env, Forward, Walk, keyed_impl, recipe_key, walk
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Run
+from .pick import Pick
 from .plan import compile
 from .values import Opaque, digest
 
@@ -169,11 +170,17 @@ class Program(HotPath):
         )
         self._needs_key = self._keyed_ancestry()
         self.watched = self._keying()
+        # Picks are keyed by what they pick (keyed.py): the Picks whose key is needed, all
+        self._all_picks = frozenset(n for n in topology.nodes if type(catalog[n]) is Pick)
+        self._picks = self._all_picks & self._needs_key
         #: whether a run needs the content key of the graph input: a root whose key is
-        #: needed, but not one cached per example only (it keys its rows by their content)
+        #: needed, but not one cached per example only (it keys its rows by their content),
+        #: nor a Pick (what it picks is hashed, not the images beside the texts it picks)
         self.input_keyed = bool(self._needs_key) and (
             any(
-                n in self._needs_key and (n not in memory.per_example or n in memory.named)
+                n in self._needs_key
+                and (n not in memory.per_example or n in memory.named)
+                and (n not in self._picks or memory.remembers(n))
                 for n in topology.roots
             )
             or any(p.keyed for p in self.subprograms.values())
@@ -337,6 +344,7 @@ class Program(HotPath):
             wrap=self.wrap,
             draws=getattr(self.wrap, "draws", None),
             watched=self.watched,
+            picks=self._picks if not need_key else self._all_picks,
         )
         done = Walk()
         walk(env, self.steps, x, x_opaque, x_key, done, keyless_from)

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .errors import ValueConversionError
-from .keyed import Forward, _where, name_node
+from .keyed import Forward, _where
 from .node import Ctx, Done, Run, not_done
+from .node_notes import name_node
 from .values import Opaque, check
 
 if TYPE_CHECKING:

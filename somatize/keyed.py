@@ -11,7 +11,8 @@ predecessors)``; they run through Opaque values too, and start from the content 
 input: below an input without a key no node has one, and a cached or named node there
 raises ``CacheError`` (a cached mapped node still keys each item by its content). A node
 whose key feeds a remembered node's key and that drew random numbers is keyed by the
-content of its output instead (``drawn.py``).
+content of its output instead (``drawn.py``), and so is a ``Pick`` that returns data:
+by what it picks, even out of an Opaque input (beside an image that requires grad).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from . import rows
 from .cache_warnings import warn_changed_itself, warn_ctx_reads
 from .decoding import in_decoded_order
 from .drawn import drawn_key
-from .errors import CacheError, DeclarationError, NodeError, ValueConversionError
+from .errors import CacheError, DeclarationError, ValueConversionError
 from .explain import note
 from .items import mapped
 from .memory import Memory, NodeKeys
 from .node import Ctx, Done, Mapped, Run, not_done
+from .node_notes import name_node
 from .pick import Pick
 from .values import Opaque, check, decode, digest, encode, is_data
 from .watchers import CacheHit, CacheMiss, Metrics, NodeEnd, NodeStart, Watcher, notify
@@ -47,46 +49,6 @@ _INPUT = "the graph input"
 
 def _where(node: str) -> str:
     return f"the output of node {node!r}"
-
-
-def name_node(
-    e: BaseException,
-    label: str,
-    impl: Any,
-    on_host: str = "",
-    inputs: Sequence[str] = (),
-    x: Any = None,
-) -> None:
-    """Add a note to ``e`` naming the node that raised it (both paths, and a slice on a
-    host), unless it is one of ours that names the node already. For an error a wrong
-    input makes (a ``TypeError``, an unpacking ``ValueError``...), the note also says what
-    the node received when it was a tuple somatize made: a join's ``inputs``, or a root's
-    ``x``, the graph's several inputs."""
-    if hasattr(e, "add_note") and not isinstance(e, (NodeError, CacheError)):
-        came = _came(inputs, x) if isinstance(e, _INPUT_ERRORS) else ""
-        e.add_note(f"raised by node {label!r} ({type(impl).__qualname__}){on_host}{came}")
-
-
-_INPUT_ERRORS = (TypeError, ValueError, AttributeError, IndexError)
-
-
-def _came(inputs: Sequence[str], x: Any) -> str:
-    """ "; its input x was ...": a tuple of a join's inputs, or of the graph's inputs at a
-    root (a node expecting one tensor, or another number of inputs, fails on it); "" else."""
-    if len(inputs) > 1:
-        names = ", ".join(map(repr, inputs))
-        parts = ", ".join("abcdefgh"[: len(inputs)]) if len(inputs) <= 8 else "..."
-        return (
-            f"; its input x was one tuple of its {len(inputs)} inputs, from {names} in the "
-            f"order their edges were added: unpack it, {parts} = x"
-        )
-    if not inputs and type(x) is tuple:
-        return (
-            f"; its input x was its graph's input, a tuple of {len(x)}: every root receives "
-            "the whole input (several inputs, model(a, b), as one tuple): take its part, "
-            "x[0] or x[1]"
-        )
-    return ""
 
 
 def keyed_impl(impl: Any) -> Any:
@@ -141,6 +103,8 @@ class Env:
     # which the nodes in ``watched`` run: those whose key feeds a remembered node's key
     draws: Callable[[Forward, Any, Ctx], tuple[Any, bool]] | None = None
     watched: Collection[str] = frozenset()
+    # the Picks whose key is needed: keyed by what they pick, with or without the input's
+    picks: Collection[str] = frozenset()
 
 
 @dataclass
@@ -152,6 +116,8 @@ class Walk:
     opaque: set[str] = field(default_factory=set)  # nodes whose output is Opaque
     metrics: dict[str, Any] = field(default_factory=dict)
     drawn: set[str] = field(default_factory=set)  # keyed by their output: they drew
+    # keyed by content below an Opaque input: a Pick of data, and what it alone feeds
+    anew: set[str] = field(default_factory=set)
 
 
 def walk(
@@ -174,12 +140,13 @@ def walk(
     memory, codecs, keeper, run = env.memory, env.codecs, env.keeper, env.run
     watchers, prefix = env.watchers, env.prefix
     values, vkeys, opaque, metrics = done.values, done.keys, done.opaque, done.metrics
+    anew = done.anew
     the_input = f"the input of subgraph {prefix[:-1]!r}" if prefix else _INPUT
     # Keys start from the content of the input. Every node descends from a root, and every
     # root reads the input: below an input without a key, no node has one, in any slice.
-    keyless = None
+    walk_keyless = None
     if x_key is None and (x_opaque or keyless_from is not None):
-        keyless = keyless_from or the_input
+        walk_keyless = keyless_from or the_input
     on_host = f" on host {env.host!r}" if env.host is not None else ""
     draws, watched = env.draws, env.watched
     for node, inputs in steps:
@@ -194,6 +161,10 @@ def walk(
             source = next((f"node {prefix + i!r}" for i in inputs if i in opaque), None)
         impl = env.impls[node]
         remembered = memory.remembers(node)
+        # (but where a Pick took data out of it, keyed by that content: ``anew``)
+        keyless = walk_keyless if not inputs or any(i not in anew for i in inputs) else None
+        if walk_keyless is not None and keyless is None:
+            anew.add(node)
         # a cached mapped node is cached item by item, never as a whole list; a node cached
         # per example, row by row of its batch: both key their input by its content
         per_row = node in memory.per_example
@@ -305,8 +276,14 @@ def walk(
         if drew:  # keyed by what it gave, as a graph input is
             node_key = drawn_key(label, value, is_opaque, codecs)
             done.drawn.add(node)
-        elif type(impl) is Pick and node_key is not None and not (is_opaque or remembered):
-            node_key = digest(value, codecs, f"the input {label!r} picked")  # (as an input's)
+        elif (
+            type(impl) is Pick
+            and (node_key is not None or node in env.picks)
+            and not (is_opaque or remembered)
+        ):  # keyed as an input is, by its content: the rest of the input does not count
+            node_key = digest(value, codecs, f"the input {label!r} picked")
+            if keyless is not None:
+                anew.add(node)
         if is_opaque:
             opaque.add(node)
         elif remembered and node_key is not None and keeper is not None:

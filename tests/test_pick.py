@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from somatize import Done, Graph, Node, Opaque, Pick, Recorder
+from somatize import CacheError, Done, Graph, Node, Opaque, Pick, Recorder
 from somatize.watchers import CacheHit, CacheMiss
 
 
@@ -98,3 +98,44 @@ def test_several_keys_holding_one_that_requires_grad_stay_opaque_together():
     g, grad = Graph.somatize(Pick(0, 1) >> seen), Grad()
     g.forward(Opaque(grad), "data")
     assert seen.got[0][0] is grad  # passed by identity, not checked as data
+
+
+def test_a_node_cached_whole_after_a_pick_hits_beside_an_input_that_requires_grad():
+    # an Opaque input beside it made every key vanish: "has no key: the graph input is Opaque"
+    class Grad:
+        requires_grad = True
+
+    rec = Recorder()
+    towers = (Pick(0) >> Seen()) | (Pick(1) >> Upper().with_id("b"))
+    g = Graph.somatize(towers, watchers=[rec]).cache("b")
+    for _ in range(2):
+        assert g.forward(Opaque(Grad()), "text")[1] == "TEXT"
+    g.forward(Opaque(Grad()), "other")
+    assert [e.node for e in rec.of(CacheMiss)] == ["b", "b"]
+    assert [e.node for e in rec.of(CacheHit)] == ["b"]
+
+
+def test_what_an_opaque_input_feeds_beside_a_pick_still_has_no_key():
+    class Join(Node):
+        def forward(self, x, ctx):
+            return Done(str(x))
+
+    g = Graph.somatize(((Pick(1) >> Upper()) | Seen()) >> Join().with_id("j")).cache("j")
+    with pytest.raises(CacheError, match="'j' is cached but its input from node 'seen'"):
+        g.forward(Opaque(object()), "text")
+
+
+def test_the_input_beside_a_picked_one_is_not_hashed(monkeypatch):
+    # a Pick is keyed by what it picks: hashing the whole input (the images beside the
+    # texts a cached text tower reads) was work thrown away at every call
+    import somatize.graph_run as graph_run
+
+    hashed = []
+    real = graph_run.digest
+    monkeypatch.setattr(graph_run, "digest", lambda x, *a: hashed.append(x) or real(x, *a))
+    g = Graph.somatize((Pick(0) >> Seen()) | (Pick(1) >> Upper().with_id("b"))).cache("b")
+    assert g.forward("image", "text") == ("image", "TEXT")
+    assert hashed == []
+    whole = Graph.somatize(Upper().with_id("u")).cache("u")  # (a root that is no Pick: hashed)
+    whole.forward("word")
+    assert hashed == ["word"]

@@ -162,3 +162,27 @@ def test_a_flat_processor_batch_gives_the_text_tower_its_two_keys():
         model({"pixel_values": torch.randn(8, 6), "input_ids": ids, "attention_mask": mask})
     rows = rec.of(CacheRows)
     assert [(e.hits, e.misses) for e in rows] == [(0, 8), (8, 0), (8, 0)]
+
+
+def test_a_tower_cached_whole_beside_an_input_that_requires_grad_matches_plain_torch():
+    # the image requires grad (its input gradients wanted): the text tower cached per batch
+    # after Pick(1) was refused, the whole input being Opaque; it is keyed by its texts
+    from somatize import Recorder
+    from somatize.watchers import CacheHit
+
+    torch.manual_seed(1)
+    towers = (Pick(0) >> Tower(6).with_id("img")) | (Pick(1) >> Tower(3).with_id("txt"))
+    rec = Recorder()
+    g = Graph.somatize(towers >> Score(), watchers=[rec]).freeze("txt").cache("txt")
+    model, (img_lin, txt_lin) = st.module(g), (g["img"].lin, g["txt"].lin)
+    text = torch.randn(5, 3)
+    for _ in range(2):
+        image = torch.randn(5, 6, requires_grad=True)
+        out = model(image, text)
+        a, b = img_lin(image), txt_lin(text).detach()
+        want = torch.stack([(a * b).sum(-1), -(a * b).sum(-1)], -1)
+        assert torch.allclose(out, want, atol=1e-6)
+        (g_out,) = torch.autograd.grad(out.square().sum(), image)
+        (g_want,) = torch.autograd.grad(want.square().sum(), image)
+        assert torch.allclose(g_out, g_want, atol=1e-6) and g_out.abs().sum() > 0
+    assert [e.node for e in rec.of(CacheHit)] == ["txt"]

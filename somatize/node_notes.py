@@ -1,0 +1,53 @@
+"""The note a node's error carries: which node raised it, and — for an error a wrong
+input makes — what the node received when somatize made that input a tuple (a join's
+inputs, or a root's several graph inputs). Both paths add it (``hot_path.py``,
+``keyed.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import CacheError, NodeError
+
+__all__ = ["name_node"]
+
+
+def name_node(
+    e: BaseException,
+    label: str,
+    impl: Any,
+    on_host: str = "",
+    inputs: Sequence[str] = (),
+    x: Any = None,
+) -> None:
+    """Add a note to ``e`` naming the node that raised it (both paths, and a slice on a
+    host), unless it is one of ours that names the node already. For an error a wrong
+    input makes (a ``TypeError``, an unpacking ``ValueError``...), the note also says what
+    the node received when it was a tuple somatize made: a join's ``inputs``, or a root's
+    ``x``, the graph's several inputs."""
+    if hasattr(e, "add_note") and not isinstance(e, (NodeError, CacheError)):
+        came = _came(inputs, x) if isinstance(e, _INPUT_ERRORS) else ""
+        e.add_note(f"raised by node {label!r} ({type(impl).__qualname__}){on_host}{came}")
+
+
+_INPUT_ERRORS = (TypeError, ValueError, AttributeError, IndexError)
+
+
+def _came(inputs: Sequence[str], x: Any) -> str:
+    """ "; its input x was ...": a tuple of a join's inputs, or of the graph's inputs at a
+    root (a node expecting one tensor, or another number of inputs, fails on it); "" else."""
+    if len(inputs) > 1:
+        names = ", ".join(map(repr, inputs))
+        parts = ", ".join("abcdefgh"[: len(inputs)]) if len(inputs) <= 8 else "..."
+        return (
+            f"; its input x was one tuple of its {len(inputs)} inputs, from {names} in the "
+            f"order their edges were added: unpack it, {parts} = x"
+        )
+    if not inputs and type(x) is tuple:
+        return (
+            f"; its input x was its graph's input, a tuple of {len(x)}: every root receives "
+            "the whole input (several inputs, model(a, b), as one tuple): take its part, "
+            "x[0] or x[1]"
+        )
+    return ""
