@@ -157,24 +157,65 @@ def _leaves(value: Any) -> list[torch.Tensor]:
 
 
 def num_examples(batch: Any) -> int:
-    """The batch size: the first dimension of the batch's first tensor (1 if it has none)."""
+    """The batch size: the first dimension of the batch's first tensor that has one (a
+    scalar beside the batch, a temperature, counts no rows); 1 if none has."""
     if type(batch) is torch.Tensor:
         return int(batch.shape[0]) if batch.dim() > 0 else 1
     leaves = _leaves(split(batch)[0]) or _leaves(batch)
-    return int(leaves[0].shape[0]) if leaves and leaves[0].dim() > 0 else 1
+    return next((int(t.shape[0]) for t in leaves if t.dim() > 0), 1)
 
 
 def chunk(value: Any, k: int) -> list[Any]:
-    """Split every tensor of a (nested) value into ``k`` chunks along dim 0 with ``torch.chunk``.
+    """Split every tensor of a (nested) value into ``k`` chunks along dim 0 with ``torch.chunk``
+    (``micro_batches=k``); a scalar tensor goes whole into every chunk.
 
     ``torch.chunk`` may return fewer than ``k`` chunks (for a batch smaller than ``k``,
     or sizes that do not divide); every leaf is chunked alike, so the parts line up.
+
+    Raises:
+        SettingError: the tensors disagree on their first dimension (a mask shared by the
+            batch's rows beside them, towers given batches of different sizes): chunked
+            alike, their parts would not line up — each chunk's mask a few of its rows.
     """
-    leaves = _leaves(value)
+    leaves = [t for t in _leaves(value) if t.dim() > 0]
     if not leaves:
         return [value]
+    rows = {int(t.shape[0]) for t in leaves}
+    if len(rows) > 1:
+        raise SettingError(_misfit(value, k))
     n = len(torch.chunk(leaves[0], k))
-    return [_map(lambda t, i=i: torch.chunk(t, k)[i], value) for i in range(n)]  # type: ignore[misc]
+    return [
+        _map(lambda t, i=i: torch.chunk(t, k)[i] if t.dim() else t, value)  # type: ignore[misc]
+        for i in range(n)
+    ]
+
+
+def _misfit(value: Any, k: int) -> str:
+    """Why ``value`` cannot be cut into ``k`` micro-batches: its tensors, named by where they
+    sit, disagree on their first dimension."""
+    found: list[tuple[str, torch.Tensor]] = []
+
+    def at(v: Any, path: str) -> None:
+        if isinstance(v, torch.Tensor):
+            if v.dim():
+                found.append((path, v))
+        elif isinstance(v, (tuple, list)):
+            for i, item in enumerate(v):
+                at(item, f"{path}[{i}]")
+        elif isinstance(v, Mapping):
+            for key, item in v.items():
+                at(item, f"{path}[{key!r}]")
+
+    at(value, "inputs")
+    first, other = found[0], next(f for f in found if f[1].shape[0] != found[0][1].shape[0])
+    shown = " and ".join(f"{p} of shape {tuple(t.shape)}" for p, t in (first, other))
+    return (
+        f"micro_batches={k} cuts every tensor of a batch along its first dimension, but "
+        f"{shown} disagree on it, so their parts would not line up (a mask shared by every "
+        "row would be cut into rows). Give every tensor the batch's rows first (a shared "
+        "mask expanded, mask.expand(batch, *mask.shape), or held by its node), or train "
+        "without micro-batches: smaller batches and Options(accumulate=k)"
+    )
 
 
 def epoch_batches(

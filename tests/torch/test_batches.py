@@ -9,11 +9,13 @@ import collections
 import dataclasses
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 import somatize.torch as st
+from somatize.errors import SettingError
 from somatize.torch.batches import chunk, num_examples, to_device
 from tests.torch.trainer_helpers import quiet
 
@@ -96,3 +98,59 @@ def test_predict_takes_a_namedtuple_batch_whole() -> None:
     x, y, w = rows(1)[0]
     out = st.Trainer().predict(Net(), [Weighted(x, y, w)])
     assert torch.equal(out[0], Net()(Weighted(x, y, w)).detach())
+
+
+class Tempered(nn.Module):
+    """Takes a dict batch whose first tensor is a scalar (a temperature), not a row each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        return F.cross_entropy(self.lin(b["x"]) / b["t"], b["y"])
+
+
+def test_a_scalar_beside_the_rows_goes_whole_into_every_micro_batch() -> None:
+    # it raised torch's "chunk expects at least a 1-dimensional tensor", and was counted
+    # as the batch's size (1 example where there were 6)
+    data = [{"t": torch.tensor(2.0), "x": x, "y": y} for x, y, _ in rows()]
+    assert num_examples(data[0]) == 6
+    plain = Tempered()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for b in data:
+        opt.zero_grad()
+        plain(b).backward()
+        opt.step()
+    net = Tempered()
+    trainer = st.Trainer(optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), micro_batches=2,
+                         options=quiet(shuffle=False))  # fmt: skip
+    assert trainer.fit(net, data).num_examples == 4 * 6
+    assert all(torch.allclose(a, b) for a, b in zip(net.parameters(), plain.parameters()))
+
+
+class Masked(nn.Module):
+    """(x, mask): a causal mask shared by every row, (seq, seq), beside x (batch, seq, 4)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, mask = inputs
+        return self.lin((mask @ x).mean(1))
+
+
+def test_micro_batches_refuse_a_tensor_without_the_batch_rows() -> None:
+    # each chunk got a few of the mask's rows, and trained on that without a word
+    x, mask, y = torch.randn(8, 5, 4), torch.tril(torch.ones(5, 5)), torch.randint(0, 3, (8,))
+    trainer = st.Trainer(loss=F.cross_entropy, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+                         micro_batches=2, options=quiet())  # fmt: skip
+    said = r"micro_batches=2 .* inputs\[0\] of shape \(8, 5, 4\) and inputs\[1\] of shape \(5, 5\)"
+    with pytest.raises(SettingError, match=said + r" disagree .*Options\(accumulate=k\)"):
+        trainer.fit(Masked(), [((x, mask), y)])
+    with pytest.raises(SettingError, match=r"inputs\['ids'\] of shape \(6, 2\) and inputs"):
+        chunk({"ids": torch.zeros(6, 2), "image": torch.zeros(4, 3)}, 2)
+    expanded = (x, mask.expand(8, 5, 5))  # the fix it names: every row its own mask
+    assert [p[1].shape for p in chunk(expanded, 2)] == [(4, 5, 5), (4, 5, 5)]
