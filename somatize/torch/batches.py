@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from ..errors import SettingError
+from ..errors import SettingError, add_note
+from ..printable import printable
 from . import ddp
 from .limits import length
 from .samplers import epoch_generator, rank_share
@@ -68,7 +69,11 @@ def checked_split(
         )
 
     def pair(batch: Any) -> tuple[Any, Any]:
-        out = fn(batch)
+        try:
+            out = fn(batch)
+        except Exception as e:  # (the user's function: a key the batch lacks)
+            add_note(e, _split_failed(fn, batch))
+            raise
         if type(out) is not tuple or len(out) != 2:
             raise SettingError(
                 f"split={getattr(fn, '__qualname__', fn)!r} returned "
@@ -79,6 +84,24 @@ def checked_split(
         return out
 
     return pair
+
+
+def _split_failed(fn: Callable[[Any], Any], batch: Any) -> str:
+    """The note on an error ``split=fn`` raised: what the batch it was given holds."""
+    if isinstance(batch, Mapping):
+        keys = ", ".join(printable(repr(k)) for k in list(batch)[:8])
+        held = f"a {type(batch).__qualname__} with the keys {keys}" + (
+            ", ..." if len(batch) > 8 else ""
+        )
+    elif isinstance(batch, (tuple, list)):
+        held = f"a {type(batch).__qualname__} of {len(batch)}"
+    else:
+        held = f"a {type(batch).__qualname__}"
+    return (
+        f"raised by split={getattr(fn, '__qualname__', fn)!r}, given {held}: it gets each batch "
+        "as the data yields it (after the DataLoader's collate_fn) — in training, the sanity "
+        "check, evaluate and predict alike"
+    )
 
 
 def loss_of(loss: Callable[..., Any] | None, output: Any, target: Any) -> torch.Tensor:

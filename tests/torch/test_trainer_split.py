@@ -131,3 +131,15 @@ def test_a_split_that_is_not_a_pair_or_has_no_loss_is_refused():
         st.Trainer(optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), split=by_keys)
     with pytest.raises(SettingError, match="split must be a function of a batch"):
         trainer(split="labels")
+
+
+def test_a_split_that_raises_says_what_batch_it_was_given():
+    # a dict batch without "labels" raised a bare KeyError('labels'), naming nothing
+    batches = [{"input": b["input"]} for b in dict_batches()]
+    with pytest.raises(KeyError, match="labels") as e:
+        trainer(split=by_keys).fit(graph(), batches)
+    (note,) = [n for n in e.value.__notes__ if "raised by split=" in n]
+    assert "split='by_keys', given a dict with the keys 'input'" in note
+    with pytest.raises(IndexError) as e:
+        trainer(split=lambda b: (b[0], b[2])).evaluate(graph(), [(torch.zeros(2, 4),) * 2])
+    assert any("given a tuple of 2" in n for n in e.value.__notes__)
