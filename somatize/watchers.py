@@ -154,7 +154,11 @@ class StepEnd(Event):
     Under DDP (told on rank 0 only) ``loss`` is the mean over all ranks' examples and
     ``examples`` all ranks' together, unless ``Options(nonfinite="ignore")`` (then rank 0's own);
     ``lr`` and ``seconds`` are rank 0's. ``lr`` is the first parameter group's rate;
-    ``lrs`` each group's, in order, when the optimizer has several (else empty)."""
+    ``lrs`` each group's, in order, when the optimizer has several (else empty).
+    ``grad_norm``: the total L2 norm of the gradients the step used, before any clipping
+    (after every micro-batch and accumulated batch, all-reduced under DDP, unscaled under
+    fp16: inf or NaN on a step the scaler skips) — told under ``Options(clip_grad_norm=)``
+    or ``Options(log_grad_norm=True)``, else None."""
 
     step: int
     epoch: int
@@ -163,6 +167,7 @@ class StepEnd(Event):
     examples: int
     seconds: float
     lrs: tuple[float, ...] = ()
+    grad_norm: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from ..errors import require
 from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
 from .batches import num_examples, split
 from .start import close
+from .step import grad_norm
 
 try:
     import lightning as L
@@ -61,15 +62,29 @@ class Watch(L.Callback):
     examples (not Lightning's ``loss / k`` that ``outputs["loss"]`` holds), its examples
     all its batches', its seconds from its first batch's start.
 
+    ``StepEnd.grad_norm`` is None unless ``log_grad_norm=True``: Lightning clips by norm
+    without keeping the norm, so it takes a pass of its own over the gradients, in
+    ``on_before_optimizer_step`` — where Lightning's ``grad_norm`` utility is called: after
+    the scaler's unscale (fp16), before clipping, all-reduced under DDP.
+
     Args:
         watchers: ``TensorBoard``, ``Progress``, ``JsonLines``, ``Recorder``...
+        log_grad_norm: tell each step's gradient norm (the L2 norm of every parameter's
+            gradient together), as the somatize Trainer's ``Options(log_grad_norm=True)``.
 
     Example:
         >>> L.Trainer(callbacks=[Watch([st.TensorBoard("runs/x"), st.Progress()])])  # doctest: +SKIP
     """
 
-    def __init__(self, watchers: Iterable[Watcher]) -> None:
+    def __init__(self, watchers: Iterable[Watcher], *, log_grad_norm: bool = False) -> None:
         self.watchers = list(watchers)
+        if not isinstance(log_grad_norm, bool):
+            raise TypeError(
+                f"Watch log_grad_norm must be True or False, not {log_grad_norm!r}; e.g. "
+                "Watch([st.TensorBoard(dir)], log_grad_norm=True)"
+            )
+        self.log_grad_norm = log_grad_norm
+        self._norm: Any = None  # the gradient norm of the step being taken (a tensor)
         bad = [
             type(w).__qualname__
             for w in self.watchers
@@ -110,6 +125,12 @@ class Watch(L.Callback):
         groups = opt.param_groups if opt is not None else ()
         self._lrs = tuple(float(g["lr"]) for g in groups) if len(groups) > 1 else ()
 
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
+    ) -> None:
+        if self.log_grad_norm and self._on:
+            self._norm = grad_norm(list(pl_module.parameters()))
+
     def on_train_batch_end(
         self,
         trainer: L.Trainer,
@@ -129,8 +150,10 @@ class Watch(L.Callback):
         loss = sum(value * examples for value, examples in self._window) / max(n, 1)
         self._window = []
         seconds = time.perf_counter() - self._tick
+        norm, self._norm = (None if self._norm is None else float(self._norm)), None
         notify(
-            self.watchers, StepEnd(self.run_id, step, epoch, loss, self._lr, n, seconds, self._lrs)
+            self.watchers,
+            StepEnd(self.run_id, step, epoch, loss, self._lr, n, seconds, self._lrs, norm),
         )
         if _is_graph(pl_module):
             for node, values in pl_module.net.metrics.items():

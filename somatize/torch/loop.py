@@ -268,7 +268,11 @@ def _report_step(
     run: ActiveRun, loss: torch.Tensor | float, lr: Any, n: int, tick: float, lrs: tuple[float, ...]
 ) -> None:
     s, seconds = run.state, time.perf_counter() - tick
-    notify(run.watchers, StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds, lrs))
+    norm = None if run.grad_norm is None else float(run.grad_norm)  # (step._update's)
+    notify(
+        run.watchers,
+        StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds, lrs, norm),
+    )
     reported = node_metrics(run.net)
     if reported:  # (checked as an evaluation checks them; numbers, as Metrics says)
         for node, values in reported.items():

@@ -45,6 +45,10 @@ class Options:
             Like ``clip_grad_norm``, once per step on the gradient it uses: after every
             micro-batch and accumulated batch, all-reduced under DDP, unscaled under fp16.
             Not with ``clip_grad_norm``: a run clips one way, as in Lightning.
+        log_grad_norm: tell watchers each step's gradient norm (``StepEnd.grad_norm``,
+            TensorBoard's ``train/grad_norm``) without clipping by norm, which tells it
+            anyway: one more pass over the gradients a step, and a read-back, only when
+            the run has watchers (Lightning's ``grad_norm`` in ``on_before_optimizer_step``).
         shuffle: permute a sequence of batches every epoch (seeded by ``(seed, epoch)``).
         eval_every_steps: evaluate every N optimizer steps instead of at each epoch end.
         eval_every_epochs: evaluate at the end of every N-th epoch only (Lightning's
@@ -129,7 +133,8 @@ class Options:
     max_time: float | datetime.timedelta | str | None = None
     deterministic: bool | Literal["warn"] | None = None
     find_unused_parameters: bool = False
-    clip_grad_value: float | None = None  # (last: Options' positional order is kept)
+    clip_grad_value: float | None = None
+    log_grad_norm: bool = False  # (last: Options' positional order is kept)
 
     def __post_init__(self) -> None:
         choice(
@@ -146,7 +151,7 @@ class Options:
             )
         if isinstance(self.compile, Mapping):
             _check_compile(self.compile)
-        for name in ("shuffle", "progress", "find_unused_parameters"):
+        for name in ("shuffle", "progress", "find_unused_parameters", "log_grad_norm"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "progress" and value is None):
                 raise SettingError(

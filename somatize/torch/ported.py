@@ -42,6 +42,8 @@ _OPTIONS = {
     "st.Progress(every_steps=N): a watcher's own setting",
     "gradient_clip_algorithm": 'Options(clip_grad_value=v) for "value" (clip_grad_norm=v '
     'for "norm"), v being gradient_clip_val',
+    "track_grad_norm": "Options(log_grad_norm=True): each step's L2 gradient norm to the "
+    "watchers (TensorBoard's train/grad_norm); clip_grad_norm tells it too",
 }
 
 

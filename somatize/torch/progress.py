@@ -30,7 +30,9 @@ def _terminal(stream: TextIO) -> bool:
 class Progress:
     """Draws ``epoch 2/10 · step 120/500 · loss 0.1234 · lr 1e-03 · 5.2k ex/s``; keeps a line
     per evaluation and, when the graph remembers a node, one per epoch with what its cache
-    found (``epoch 2 · cache hits: enc 100% of 10,000``).
+    found (``epoch 2 · cache hits: enc 100% of 10,000``). A step that tells its gradient
+    norm (``Options(clip_grad_norm=)`` or ``log_grad_norm=True``) shows it after the loss
+    (``loss 0.1234 · grad norm 1.52``).
 
     Args:
         stream: where to draw (default: standard error).
@@ -126,8 +128,10 @@ class Progress:
         epoch = f"epoch {e.epoch + 1}" + (f"/{self._epochs}" if self._epochs else "")
         step = f"step {e.step}" + (f"/{self._max_steps}" if self._max_steps else "")
         rate = self._examples / self._seconds if self._seconds > 0 else 0.0
+        norm = f" · grad norm {e.grad_norm:.3g}" if e.grad_norm is not None else ""
         return (
-            f"{self._clear}{epoch} · {step} · loss {e.loss:.4f} · lr {e.lr:.2e} · {rate:,.0f} ex/s"
+            f"{self._clear}{epoch} · {step} · loss {e.loss:.4f}{norm} · lr {e.lr:.2e} · "
+            f"{rate:,.0f} ex/s"
         )
 
     def _write(self, text: str) -> None:

@@ -55,4 +55,5 @@ class ActiveRun:
     clock: Clock = field(default_factory=Clock)  # seconds trained, across resumes
     deadline: float | None = None  # Options(max_time=): when it is spent (time.monotonic)
     timed_out: bool = False  # the run stopped because max_time was spent
+    grad_norm: Any = None  # the last step's gradient norm for StepEnd (step._update), or None
     resave: bool = False  # the last checkpoint's step was evaluated after it was written

@@ -215,30 +215,61 @@ def _update(
     """Clip by norm or by value (unscaled, under fp16) and step the optimizer (through the
     scaler under fp16). False: not stepped, the gradients' norm being non-finite under
     ``nonfinite="skip"`` (``"raise"`` raises; under fp16 the scaler skips such a step
-    itself). Clipping by value reads nothing back: it checks no gradient."""
-    scaler = run.scaler
-    clip, by_value = trainer.options.clip_grad_norm, trainer.options.clip_grad_value
+    itself). Clipping by value reads nothing back: it checks no gradient.
+
+    ``run.grad_norm`` becomes the gradients' norm before clipping, for ``StepEnd``: the one
+    clipping by norm computes (a float when the non-finite check read it back, else a
+    tensor, read when the watchers are told), or under ``Options(log_grad_norm=True)``, with
+    watchers, one pass of its own; else None."""
+    scaler, o = run.scaler, trainer.options
+    clip, by_value = o.clip_grad_norm, o.clip_grad_value
+    told = o.log_grad_norm and bool(run.watchers)  # (without watchers nobody reads it)
+    norm: torch.Tensor | float | None = None
     if scaler is None:
         if clip is not None:
-            policy = trainer.options.nonfinite
-            norm = clipped(run, clip, policy)
-            if norm is not None:
-                _nonfinite(trainer, run, policy, loss, index, group, norm=norm)
-                opt.zero_grad(set_to_none=True)
-                return False
-        elif by_value is not None:
-            nn.utils.clip_grad_value_(run.params, by_value)
+            norm = nn.utils.clip_grad_norm_(run.params, clip)
+            if o.nonfinite != "ignore":  # read back (the check): the watchers take the float
+                norm = float(norm)
+                if not math.isfinite(norm):
+                    _nonfinite(trainer, run, o.nonfinite, loss, index, group, norm=norm)
+                    opt.zero_grad(set_to_none=True)
+                    return False
+        else:
+            if told:
+                norm = grad_norm(run.params)
+            if by_value is not None:
+                nn.utils.clip_grad_value_(run.params, by_value)
         opt.step()
     else:
-        if clip is not None or by_value is not None:
-            scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
+        if clip is not None or by_value is not None or told:
+            scaler.unscale_(opt)  # clip (and measure) the true gradients, not the scaled ones
             if clip is not None:
-                nn.utils.clip_grad_norm_(run.params, clip)
-            elif by_value is not None:  # (unscale_ found any overflow before the clamp)
-                nn.utils.clip_grad_value_(run.params, by_value)
+                norm = nn.utils.clip_grad_norm_(run.params, clip)
+            else:
+                if told:
+                    norm = grad_norm(run.params)
+                if by_value is not None:  # (unscale_ found any overflow before the clamp)
+                    nn.utils.clip_grad_value_(run.params, by_value)
         scaler.step(opt)  # skipped by the scaler itself when a gradient overflowed
         scaler.update()
+    run.grad_norm = norm
     return True
+
+
+def grad_norm(params: Sequence[nn.Parameter]) -> torch.Tensor:
+    """The gradients' total L2 norm as ``clip_grad_norm_`` computes it, the gradients left
+    as they are (``clip_grad_norm_(params, inf)`` would multiply each by 1): torch's
+    ``get_total_norm`` (2.6 on), else the norm of the per-gradient norms."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = getattr(nn.utils, "get_total_norm", None)
+    if total is not None:
+        return total(grads)  # type: ignore[no-any-return]
+    if not grads:
+        return torch.zeros(())
+    device = grads[0].device
+    norms = [torch.linalg.vector_norm(g).to(device) for g in grads]
+    norm: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
+    return norm
 
 
 def _over_ranks(loss: torch.Tensor, n: int, world: int) -> tuple[bool, float, int]:

@@ -1,7 +1,8 @@
 """A watcher writing TensorBoard event files: loss, learning rate, throughput, metrics.
 
 Tags: ``train/loss``, ``train/lr`` (and ``train/lr/group<i>`` for each parameter group
-after the first), ``train/examples_per_second`` per step;
+after the first), ``train/examples_per_second`` per step, and ``train/grad_norm`` when
+``StepEnd`` tells it (``Options(clip_grad_norm=)`` or ``log_grad_norm=True``);
 ``val/<metric>`` per evaluation (``val/loss``, ``val/acc``...); ``train/epoch`` and,
 for each remembered node, ``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cache``) at
 each epoch end; ``node/<node>/<metric>`` for metrics nodes return in ``Done`` during
@@ -130,6 +131,8 @@ class TensorBoard:
             step = {"train/loss": event.loss, "train/lr": event.lr}
             for i, lr in enumerate(event.lrs[1:], 1):  # parameter groups after the first
                 step[f"train/lr/group{i}"] = lr
+            if event.grad_norm is not None:  # (clip_grad_norm or log_grad_norm)
+                step["train/grad_norm"] = event.grad_norm
             if event.seconds > 0:
                 step["train/examples_per_second"] = event.examples / event.seconds
             self._scalars(step, event.step)

@@ -12,7 +12,8 @@ import torch
 from torch.nn import functional as F
 
 import somatize.torch as st
-from somatize.watchers import EpochEnd
+from somatize import Recorder
+from somatize.watchers import EpochEnd, StepEnd
 from tests.torch.test_checkpoint_resume import Crash, CrashAt, data, graph
 from tests.torch.test_watchers_torch import Body, Head, fit
 from tests.torch.test_watchers_torch import data as wdata
@@ -67,6 +68,35 @@ def test_a_resumed_run_drops_the_rows_after_its_checkpoint(tmp_path):
     )
     steps = [int(r["step"]) for r in rows(log) if r["kind"] == "step"]
     assert steps == list(range(1, 21))  # 7 was dropped (the checkpoint is at 6), then written again
+
+
+def test_the_gradient_norm_is_a_column_only_when_told(tmp_path):
+    fit([st.CSVLog(tmp_path / "plain.csv")])
+    assert "grad_norm" not in rows(tmp_path / "plain.csv")[0]  # a default log is as before
+    recorder = Recorder()
+    fit([st.CSVLog(tmp_path / "log.csv"), recorder], log_grad_norm=True)
+    steps = [r for r in rows(tmp_path / "log.csv") if r["kind"] == "step"]
+    assert [float(r["grad_norm"]) for r in steps] == [e.grad_norm for e in recorder.of(StepEnd)]
+
+
+def test_a_log_without_the_norm_resumes_with_it_its_earlier_rows_blank(tmp_path):
+    from tests.torch.test_checkpoint_resume import trainer
+
+    log = tmp_path / "log.csv"
+    with pytest.raises(Crash):  # a log written before the norm was told (an older run)
+        trainer(tmp_path, watchers=[st.CSVLog(log), CrashAt(7)], pruner=None).fit(
+            graph(0), data(), val=data(2)
+        )
+    assert "grad_norm" not in rows(log)[0]
+    # (log_grad_norm changes nothing the run computes: turned on at a resume, it is silent)
+    trainer(tmp_path, watchers=[st.CSVLog(log)], pruner=None, log_grad_norm=True).fit(
+        graph(0), data(), val=data(2), resume="last"
+    )
+    steps = [r for r in rows(log) if r["kind"] == "step"]
+    assert [int(r["step"]) for r in steps] == list(range(1, 21))
+    assert [r["grad_norm"] for r in steps[:6]] == [""] * 6  # up to the checkpoint: none told
+    assert all(float(r["grad_norm"]) > 0 for r in steps[6:])
+    assert all(r["loss"] for r in steps)  # the old rows kept their values
 
 
 class DieAtEpochEnd:

@@ -18,6 +18,9 @@ SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 import ddp_train  # noqa: E402 -- the script the ranks run, imported for its model and data
 
+from somatize import JsonLines, Recorder  # noqa: E402
+from somatize.watchers import StepEnd  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -208,8 +211,11 @@ def test_a_sharded_dataloader_resumes_exactly_under_ddp(loader_run, tmp_path):
 @pytest.mark.parametrize("clip", [None, 0.02], ids=["unclipped", "clip_grad_value"])
 def test_accumulation_under_ddp_equals_one_process_on_the_groups_joined(tmp_path, clip):
     # 2 ranks x 2 accumulated batches of 4: one step is 16 examples, all-reduced once (and
-    # clipped by value once, on the all-reduced gradient, as one process clips its own)
-    flags = ("--accumulate",) if clip is None else ("--accumulate", "--clip-value", str(clip))
+    # clipped by value once, on the all-reduced gradient, as one process clips its own; the
+    # gradient norm rank 0 tells, before the clamp, is the all-reduced one)
+    flags = ("--accumulate",)
+    if clip is not None:
+        flags = (*flags, "--clip-value", str(clip), "--log-grad-norm")
     assert torchrun(tmp_path, *flags) == 0, said(tmp_path)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     assert len(r0["losses"]) == 4  # 8 batches / 2 ranks / 2 per step, 2 epochs
@@ -218,12 +224,23 @@ def test_accumulation_under_ddp_equals_one_process_on_the_groups_joined(tmp_path
         (torch.cat([b[0] for b in train[i : i + 4]]), torch.cat([b[1] for b in train[i : i + 4]]))
         for i in range(0, 8, 4)
     ]
-    single = ddp_train.trainer(None, 0, micro_batches=1, clip_value=clip).fit(
-        ddp_train.graph(), joined, val=val
-    )
+    recorder = Recorder()
+    single = ddp_train.trainer(
+        None, 0, micro_batches=1, clip_value=clip, log_grad_norm=True, extra=(recorder,)
+    ).fit(ddp_train.graph(), joined, val=val)
     torch.testing.assert_close(torch.tensor(r0["losses"]), torch.tensor(single.losses))
     for name, value in single.state.items():
         torch.testing.assert_close(r0["state"][name], value)
+    told = [
+        r["grad_norm"]
+        for r in JsonLines.read(tmp_path / "log-rank0.jsonl")
+        if r["event"] == "StepEnd"
+    ]
+    if clip is None:
+        assert told == [None] * 4  # not asked for: none told
+    else:
+        want = [e.grad_norm for e in recorder.of(StepEnd)]
+        assert told == pytest.approx(want, rel=1e-5) and len(told) == 4
     if clip is not None:  # the clamp bit: one process unclipped ends elsewhere
         plain = ddp_train.trainer(None, 0, micro_batches=1).fit(ddp_train.graph(), joined, val=val)
         assert any(not torch.allclose(plain.state[k], v) for k, v in single.state.items())

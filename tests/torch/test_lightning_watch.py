@@ -136,3 +136,30 @@ def test_any_lightning_modules_step_loss_is_its_batches_mean():
     assert [e.loss for e in rec.of(StepEnd)] == pytest.approx(
         [sum(b[:3]) / 3, sum(b[3:]) / 3], rel=1e-6
     )
+
+
+def test_log_grad_norm_tells_the_norm_before_lightnings_clipping_as_the_trainer_does():
+    data = batches(6)
+    ours = Recorder()
+    st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=sgd,
+        epochs=2,
+        watchers=[ours],
+        options=st.Options(accumulate=3, shuffle=False, progress=False, clip_grad_norm=0.1),
+    ).fit(graph(), data)
+    theirs, unasked = Recorder(), Recorder()
+    lg = LightningGraph(graph(), loss=F.cross_entropy, optimizer=sgd)
+    callbacks = [Watch([theirs], log_grad_norm=True), Watch([unasked])]
+    lightning(
+        max_epochs=2, accumulate_grad_batches=3, gradient_clip_val=0.1, callbacks=callbacks
+    ).fit(lg, loader(data))
+    want = [e.grad_norm for e in ours.of(StepEnd)]
+    assert len(want) == 4 and all(n > 0.1 for n in want)  # clipping bit: these are before it
+    assert [e.grad_norm for e in theirs.of(StepEnd)] == pytest.approx(want, rel=1e-5)
+    assert [e.grad_norm for e in unasked.of(StepEnd)] == [None] * 4  # not asked: none
+
+
+def test_log_grad_norm_is_a_bool():
+    with pytest.raises(TypeError, match="log_grad_norm must be True or False"):
+        Watch([], log_grad_norm="yes")  # type: ignore[arg-type]

@@ -118,3 +118,16 @@ def test_progress_is_on_by_default_in_a_notebook_in_plain_lines(monkeypatch, str
     text = stream.getvalue()
     assert ("done: 6 steps" in text) is shown
     assert "\r" not in text and "\x1b" not in text
+
+
+def test_a_step_that_tells_its_gradient_norm_shows_it_after_the_loss():
+    from somatize import Recorder
+    from somatize.watchers import StepEnd
+
+    stream, recorder = io.StringIO(), Recorder()
+    fit([st.Progress(stream=stream), recorder], log_grad_norm=True)
+    norm = recorder.of(StepEnd)[-1].grad_norm
+    assert re.search(rf"step 6/6 · loss [0-9.]+ · grad norm {norm:.3g} · lr ", stream.getvalue())
+    plain = io.StringIO()
+    fit([st.Progress(stream=plain)])
+    assert "grad norm" not in plain.getvalue()  # a default run's line is as before

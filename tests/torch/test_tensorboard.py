@@ -293,3 +293,27 @@ def test_a_fit_failing_before_its_first_step_leaves_no_empty_log_dir(tmp_path):
     with pytest.raises(RuntimeError):
         fit.fit(torch.nn.Linear(4, 3), bad)
     assert list(existing.iterdir()) == []  # (the folders it made, gone; the user's kept)
+
+
+@pytest.mark.parametrize("options", [{"clip_grad_norm": 0.1}, {"log_grad_norm": True}])
+def test_the_gradient_norm_is_written_beside_the_loss(tmp_path, options):
+    """``train/grad_norm`` on the loss's steps, the norm ``StepEnd`` told (a default run
+    writes none: ``test_a_steps_scalars_are_one_event`` lists a step's tags)."""
+    from somatize import Recorder
+
+    recorder = Recorder()
+    torch.manual_seed(0)
+    st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=2,
+        watchers=[st.TensorBoard(tmp_path / "tb"), recorder],
+        options=st.Options(progress=False, **options),
+    ).fit(Graph.somatize(Body() >> Head()), data())
+    norms = served(tmp_path / "tb", "train/grad_norm")
+    told = recorder.of(StepEnd)
+    assert (
+        [s for s, _ in norms] == [s for s, _ in served(tmp_path / "tb")] == [e.step for e in told]
+    )
+    assert [v for _, v in norms] == pytest.approx([e.grad_norm for e in told], rel=1e-6)
+    assert all(v > 0.1 for _, v in norms)  # (under clipping: the norm before it)

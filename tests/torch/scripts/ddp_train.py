@@ -8,6 +8,7 @@ checkpoint directory; each rank that calls ``Checkpointing.save_chain`` leaves a
 ``saved-rank<R>``, and each gives the Trainer its own run log and TensorBoard
 directory, so the test can see that only rank 0 writes. ``--crash-at`` makes rank
 0 fail at the end of that step; ``--resume`` continues from the last checkpoint.
+``--accumulate``, ``--clip-value V`` and ``--log-grad-norm`` set those options.
 """
 
 from __future__ import annotations
@@ -91,13 +92,18 @@ def trainer(
     crash_at: int = 0,
     accumulate: int = 1,
     clip_value: float | None = None,
+    log_grad_norm: bool = False,
+    extra: tuple = (),
 ) -> st.Trainer:
     where = (lambda name: out / f"{name}-rank{rank}") if out is not None else None
-    watchers = (
-        [JsonLines(where("log").with_suffix(".jsonl")), st.TensorBoard(where("tb"))]
-        if where
-        else []
-    )
+    watchers = [
+        *(
+            [JsonLines(where("log").with_suffix(".jsonl")), st.TensorBoard(where("tb"))]
+            if where
+            else []
+        ),
+        *extra,
+    ]
     return st.Trainer(
         loss=F.cross_entropy,
         optimizer=lambda ps: torch.optim.SGD(ps, lr=0.2, momentum=0.5),
@@ -107,7 +113,11 @@ def trainer(
         checkpoint=st.Checkpointing(out / "ckpt", every_steps=3) if out is not None else None,
         watchers=[*watchers, CrashAt(crash_at)] if crash_at else watchers,
         options=st.Options(
-            progress=False, shuffle=False, accumulate=accumulate, clip_grad_value=clip_value
+            progress=False,
+            shuffle=False,
+            accumulate=accumulate,
+            clip_grad_value=clip_value,
+            log_grad_norm=log_grad_norm,
         ),
     )
 
@@ -140,6 +150,7 @@ def main() -> None:
         crash_at=crash_at,
         accumulate=accumulate,
         clip_value=clip,
+        log_grad_norm="--log-grad-norm" in sys.argv,
     ).fit(graph(), train, val=val, resume="last" if "--resume" in sys.argv else None)
     torch.save(
         {
