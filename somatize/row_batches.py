@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from .errors import CacheError
 
-__all__ = ["Leaf", "RowCodec", "device_of", "place", "versions"]
+__all__ = ["Leaf", "RowCodec", "device_of", "one_per_example", "place", "versions"]
 
 
 class RowCodec(Protocol):
@@ -115,9 +115,26 @@ def _split(
         raise CacheError(
             f"node {label!r} is cached per example but the tensors of its {what} have "
             f"different numbers of rows ({sorted(counts)}); every tensor of a batch needs the "
-            f"same first dimension, or cache it per batch: g.cache({label!r})"
+            f"same first dimension{one_per_example(kind, leaves, what)}, or cache it per batch: "
+            f"g.cache({label!r})"
         )
     return kind, names, leaves, counts.pop()
+
+
+def one_per_example(kind: str, leaves: list[Leaf], what: str) -> str:
+    """The fix for a list of one example's tensors each (token ids of several lengths): a
+    tuple or list is read as the fields of one batch, so its tensors' lengths are rows."""
+    if kind not in ("tuple", "list") or len(leaves) < 2:
+        return ""
+    if len({(lay[0], len(lay[1])) for lay in (r.layout(v) for _, r, v in leaves)}) != 1:
+        return ""  # (fields of their own dtypes or ranks: ids beside a mask, not sequences)
+    make = "pad them" if what == "input" else "return them padded"
+    return (
+        f" (a {kind} of {len(leaves)} tensors, one per example? a {kind} is read as the "
+        f"fields of one batch, each holding a row per example: {make} into one tensor, "
+        "torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True) with a mask of the lengths "
+        "beside it, or torch.stack them if they have one shape)"
+    )
 
 
 def _nests(value: Any, codecs: Sequence[Any]) -> bool:
@@ -146,8 +163,12 @@ def _fix(
             "return only its tensors: drop the other items (a None, a count, a name) or "
             "make them tensors with one value per row"
         )
+    picked = ""
+    if type(value) is dict and len(items) == len(found):  # (sorted names: as _split reads)
+        keys = ", ".join(repr(k) for k, f in zip(sorted(value), found) if f is not None)
+        picked = f" (Pick({keys}) >> node: from somatize import Pick):"
     return (  # tensors beside other fields (ids, strings): a batch with extras
-        "give the node only its tensors: keep the other fields out of its input "
+        f"give the node only its tensors{picked} keep the other fields out of its input "
         "(Trainer(split=...), the collate_fn, or a node before it that picks the "
         "tensors), or make them tensors"
     )

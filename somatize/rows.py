@@ -41,6 +41,7 @@ from .row_batches import (
     _rebuild,
     _split,
     device_of,
+    one_per_example,
     place,
     versions,
 )
@@ -315,9 +316,9 @@ def remember(
     if m != len(computed):
         raise CacheError(
             f"node {label!r} is cached per example but returned {m} row{'s' * (m != 1)} for "
-            f"{len(computed)} "
-            f"input rows; per-example memory needs one output row per input row — cache it "
-            f"per batch instead: g.cache({label!r})"
+            f"{len(computed)} input rows; per-example memory needs one output row per input "
+            f"row{one_per_example(okind, oleaves, 'output') * (len(oleaves) == len(computed))}"
+            f" — cache it per batch instead: g.cache({label!r})"
         )
     if hits and layout is not None:  # (checked before storing: such rows are not kept)
         check_fits(label, layout, okind, onames, oleaves)

@@ -82,8 +82,17 @@ def check_tensor(value: torch.Tensor) -> None:
         and not value.requires_grad
         and value.layout is _STRIDED
         and not value.is_quantized
+        and not value.is_nested  # (a strided nested tensor has no sizes: .shape raises)
     ):
-        return  # the common case, in four attribute reads
+        return  # the common case, in five attribute reads
+    if value.is_nested:  # (torch.nested, either layout: to_dense() refuses both)
+        n = value.size(0)
+        raise ValueConversionError(
+            f"a nested tensor (torch.nested, {value.layout}) of {n} sequence{'s' * (n != 1)} "
+            f"on {value.device}; only dense tensors with storage are data — pad it, "
+            "nt.to_padded_tensor(0.0) (with a mask of the lengths beside it), or wrap it in "
+            "Opaque(...)"
+        )
     if value.requires_grad:
         what = f"a tensor of shape {tuple(value.shape)} that requires grad"
         e = ValueConversionError(

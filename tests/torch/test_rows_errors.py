@@ -162,6 +162,7 @@ def test_a_batch_with_fields_that_are_not_tensors_is_told_to_keep_them_out_of_th
     message = str(e.value)
     assert "node 'enc'" in message and "'text' is a list" in message
     assert "give the node only its tensors" in message and "split=" in message
+    assert "Pick('input_ids') >> node" in message  # (the fields it may keep, by name)
     assert ".mapped()" not in message  # the batch is tensors and extras, not a list of items
 
 
@@ -299,3 +300,53 @@ def test_a_tensor_subclass_output_of_a_node_cached_whole_names_the_node_and_no_o
     assert said.startswith("node 'enc' is cached or named, so its output is stored as data, but ")
     assert "the torch.Tensor subclass Tagged" in said and said.endswith("or stop caching it")
     assert "Opaque" not in said
+
+
+class Sequences(Node):
+    """A text encoder given, or returning, one tensor per example (no batch dimension)."""
+
+    def __init__(self, returns: str):
+        self.emb = nn.Embedding(10, 4)
+        self.returns = returns
+
+    def forward(self, x, ctx):
+        if self.returns == "nested":
+            return Done(Opaque(torch.nested.as_nested_tensor(list(self.emb(x)))))
+        if self.returns == "list":  # one (seq, dim) tensor per example
+            return Done(Opaque(list(self.emb(x))))
+        return Done(Opaque(torch.stack([self.emb(s).mean(0) for s in x])))
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype")
+def test_a_nested_tensor_output_names_the_node_and_the_padding_fix():
+    g = Graph.somatize(Sequences("nested").with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    with pytest.raises(CacheError, match=r"'enc'.*nested tensor.*to_padded_tensor"):
+        g.forward(torch.randint(0, 10, (3, 5)))  # (before: torch's 'Internal error')
+
+
+def test_a_list_of_sequences_is_told_to_pad_them_not_only_that_rows_differ():
+    g = Graph.somatize(Sequences("pooled").with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    ids = [torch.tensor([1, 2, 3]), torch.tensor([4, 5]), torch.tensor([6, 7, 8, 9])]
+    with pytest.raises(CacheError) as e:
+        g.forward(ids)
+    message = str(e.value)
+    assert "'enc'" in message and "[2, 3, 4]" in message
+    assert "a list of 3 tensors, one per example?" in message and "pad_sequence" in message
+    with pytest.raises(CacheError) as fields:  # ids beside a mask: fields, told as before
+        g.forward((torch.zeros(4, 5, dtype=torch.long), torch.ones(3, 5, dtype=torch.bool)))
+    assert "one per example?" not in str(fields.value)
+
+
+def test_a_list_of_one_output_per_example_is_told_to_stack_them():
+    g = Graph.somatize(Sequences("list").with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    with pytest.raises(CacheError) as e:
+        g.forward(torch.randint(0, 10, (3, 5)))  # a list of 3 (5, 4) tensors: 5 "rows"
+    message = str(e.value)
+    assert "returned 5 rows for 3 input rows" in message
+    assert "a list of 3 tensors, one per example?" in message and "torch.stack" in message

@@ -111,6 +111,18 @@ def test_a_tensor_of_another_layout_is_refused_though_its_dtype_and_shape_are_kn
             digest(other, CODECS)
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype")
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+def test_a_nested_tensor_is_refused_with_the_fix_that_pads_it(layout):
+    """A strided nested tensor has layout torch.strided but no sizes: it passed as data and
+    raised torch's 'Internal error ... Please file an issue' where a shape was read. Both
+    layouts are told to pad (``to_dense()``, the fix given before, refuses both)."""
+    nt = torch.nested.nested_tensor([torch.arange(3), torch.arange(2)], layout=layout)
+    with pytest.raises(ValueConversionError, match=r"nested tensor.*2 sequences.*to_padded_t"):
+        digest(nt, CODECS)
+    assert torch.equal(nt.to_padded_tensor(0), torch.tensor([[0, 1, 2], [0, 1, 0]]))
+
+
 def test_a_tensor_without_storage_is_left_to_the_general_path():
     digest(torch.randn(3), CODECS)
     seen = []
