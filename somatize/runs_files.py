@@ -14,6 +14,7 @@ import os
 import stat
 import warnings
 
+from .platforms import READ_NONBLOCK
 from .printable import printable
 from .stack import outside
 
@@ -67,7 +68,7 @@ def read_record(file: str) -> bytes:
     """A run record's bytes, opened without blocking (a FIFO in its place would hang
     ``runs ls``); ``ValueError`` (a damaged record) for no regular file, or one over
     ``RECORD_BYTES`` (a huge or sparse one would fill the memory)."""
-    fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(file, READ_NONBLOCK)
     data = b""
     try:
         st = os.fstat(fd)

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from .platforms import BINARY, pread
+
 __all__ = [
     "CacheHit",
     "CacheMiss",
@@ -305,7 +307,7 @@ class JsonLines:
         record.update({f.name: _plain(getattr(event, f.name)) for f in fields(event)})
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | BINARY, 0o666)
             self._fresh_line = _torn_tail(self._fd)
         if self._fresh_line:  # after a torn line: start a new one rather than join it
             line = b"\n" + line
@@ -381,6 +383,6 @@ def _torn_tail(fd: int) -> bool:
     """Whether the file open at ``fd`` ends inside a line (a writer killed mid-line)."""
     try:
         size = os.fstat(fd).st_size
-        return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        return size > 0 and pread(fd, 1, size - 1) != b"\n"
     except OSError:  # unreadable: write as before
         return False

@@ -22,10 +22,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from ..platforms import BINARY, CLOEXEC
+
 __all__ = ["atomic_file", "atomic_write", "fsync_dir", "replace_with", "start_writeback"]
 
 _tmp_serial = itertools.count()
 _SMALL = 1 << 20  # below this, chunks are joined and written with one call
+_NEW_BINARY = os.O_WRONLY | os.O_CREAT | os.O_EXCL | CLOEXEC | BINARY  # (a fresh temp file)
 
 
 @contextlib.contextmanager
@@ -109,11 +112,10 @@ def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
 def _create_temp(directory: str, name: str) -> tuple[int, str]:
     """A new temp file ``.<name>.<pid>-<n>.tmp`` in ``directory``, created exclusively (no
     two writers share one, no symlink is followed) with mode ``0o666`` less the umask."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     while True:
         tmp = f"{directory}/.{name}.{os.getpid()}-{next(_tmp_serial)}.tmp"
         try:
-            return os.open(tmp, flags, 0o666), tmp
+            return os.open(tmp, _NEW_BINARY, 0o666), tmp
         except FileExistsError:  # left by a dead process that had our pid: take the next
             continue
 

@@ -42,6 +42,8 @@ from typing import Any
 
 from blake3 import blake3
 
+from ..platforms import NOFOLLOW, READ_NONBLOCK, pread
+
 __all__ = ["FLAG_PINNED", "MAX_PACK_BYTES", "RACY_NS", "Pack", "PackIndex", "build", "open_regular"]
 
 MAGIC_V1 = b"SMZP\x01"
@@ -80,7 +82,6 @@ def _max_open() -> int:
 
 MAX_OPEN = _max_open()  # packs kept open per keeper: an eighth of the fd limit, at most 1024
 _NAME = re.compile(r"\A[0-9a-f]{40}\.pack\Z")  # as build() names a pack
-_NONBLOCK = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class _AtInode(Exception):
@@ -105,7 +106,7 @@ def open_regular(path: str, *, follow: bool = True) -> tuple[int, os.stat_result
         NotRegular: something other than a regular file is there (the fd is closed).
         OSError: ``follow=False`` and ``path`` is a symbolic link (ELOOP: never opened).
     """
-    fd = os.open(path, _NONBLOCK if follow else _NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    fd = os.open(path, READ_NONBLOCK if follow else READ_NONBLOCK | NOFOLLOW)
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
@@ -115,13 +116,13 @@ def open_regular(path: str, *, follow: bool = True) -> tuple[int, os.stat_result
 
 def read_exact(fd: int, size: int, offset: int) -> bytes:
     """``size`` bytes at ``offset`` (fewer only at the end of the file)."""
-    data = os.pread(fd, size, offset)
+    data = pread(fd, size, offset)
     if len(data) == size or not data:
         return data
     parts = [data]
     got = len(data)
     while got < size:
-        more = os.pread(fd, size - got, offset + got)
+        more = pread(fd, size - got, offset + got)
         if not more:
             break
         parts.append(more)
@@ -178,7 +179,7 @@ def build(items: Sequence[tuple[str, bytes]], flags: int) -> tuple[Pack, list[by
 
 def read_index(fd: int, name: str, st: os.stat_result) -> Pack:
     """The index of an open pack file. Raises ``CorruptPack`` if it does not verify."""
-    head = os.pread(fd, HEAD.size, 0)
+    head = pread(fd, HEAD.size, 0)
     if head[: len(MAGIC)] == MAGIC_V1 and len(head) >= HEAD_V1.size:
         magic, flags, n, check = HEAD_V1.unpack(head[: HEAD_V1.size])
         start, data_check = HEAD_V1.size, None

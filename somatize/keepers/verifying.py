@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from ..platforms import pread
 from . import loose
 from .packs import CHECK, HEAD, HEAD_V1, MAGIC, MAGIC_V1, SLOT, NotRegular, PackIndex, open_regular
 from .protocol import is_key
@@ -50,7 +51,7 @@ def held(path: str) -> int | None:
     except (OSError, NotRegular):
         return None
     try:
-        head = os.pread(fd, HEAD.size + SLOT.size, 0)
+        head = pread(fd, HEAD.size + SLOT.size, 0)
     except OSError:
         return None
     finally:

@@ -352,7 +352,7 @@ def executor(
         if c is not None and c.get_start_method() == "forkserver":
             c.set_forkserver_preload(list(PRELOAD))
     return TorchPool(
-        max_workers=workers if workers is not None else os.cpu_count() or 1,
+        max_workers=workers,  # (None: one per CPU, at most 61 on Windows)
         mp_context=ctx,
         initializer=_init_worker,
         initargs=(threads_per_worker,),

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 from ..errors import CheckpointError
 from ..keepers.locks import close_lock, open_lock
+from ..platforms import READ_NONBLOCK, pread
 from ..stack import outside
 from . import ckptspare, integrity
 
@@ -39,7 +40,6 @@ __all__ = [
 
 FILE = re.compile(r"^step-(\d{9})\.ckpt$")
 TEMP = re.compile(r"^\.(step-\d{9}\.ckpt|last|best)\..*\.tmp$")  # atomic_write's temp names
-_NONBLOCK = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def checkpoint_files(directory: Path) -> list[str]:
@@ -89,7 +89,7 @@ def read_pointer(path: Path) -> str | None:
             read, or holds something other than a file name (binary bytes).
     """
     try:
-        fd = os.open(path, _NONBLOCK)  # a FIFO would hang a plain open
+        fd = os.open(path, READ_NONBLOCK)  # a FIFO would hang a plain open
     except FileNotFoundError:
         return None
     except NotADirectoryError as e:
@@ -266,14 +266,14 @@ def _checkpoint_since(path: Path, written: int) -> bool:
     """Whether ``path`` is a checkpoint file (a trailer's magic at its end, unverified)
     last written no later than ``written`` (ns)."""
     try:
-        fd = os.open(path, _NONBLOCK)
+        fd = os.open(path, READ_NONBLOCK)
     except OSError:
         return False
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size < integrity.TRAILER:
             return False
-        tail = os.pread(fd, len(integrity.MAGIC), st.st_size - integrity.TRAILER)
+        tail = pread(fd, len(integrity.MAGIC), st.st_size - integrity.TRAILER)
         return tail == integrity.MAGIC and st.st_mtime_ns <= written
     except OSError:
         return False

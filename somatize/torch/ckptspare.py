@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..keepers import fsync_dir
+from ..platforms import BINARY, CLOEXEC, NOFOLLOW
 
 __all__ = ["SPARE", "keep", "on", "open_spare", "pick", "recycling", "sweep", "written_over"]
 
@@ -124,7 +125,7 @@ def open_spare(spare: Path) -> int | None:
     """``spare`` opened to be written over, or None where it may not be: not a regular
     file, another link to it, or another opener (anywhere on this machine)."""
     try:
-        fd = os.open(spare, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(spare, os.O_WRONLY | NOFOLLOW | CLOEXEC | BINARY)
     except OSError:
         return None
     try:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..keepers import atomic_write
+from ..platforms import BINARY
 from ..stack import outside
 from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
 
@@ -172,7 +173,7 @@ class CSVLog:
             self._rewrite([*rows, row])
             return
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | BINARY, 0o666)
         line = self._lines([row]).encode()
         written = os.write(self._fd, line)
         if written != len(line):  # (a full disk) the torn row goes: the next is not joined to it

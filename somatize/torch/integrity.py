@@ -36,6 +36,7 @@ from blake3 import blake3
 from ..errors import CheckpointError
 from ..keepers import atomic_file, fsync_dir
 from ..keepers.atomic import replace_with, start_writeback
+from ..platforms import READ_NONBLOCK, blocking
 from ..stack import outside
 from . import ckptspare
 
@@ -53,7 +54,6 @@ _EOCD = b"PK\x05\x06"  # a zip archive's end-of-central-directory record (22 byt
 _CHUNK = 1 << 22
 _WRITEBACK = 1 << 20  # after a chunk this large, the file so far is sent to the disk
 _crc_lock = threading.Lock()
-_NONBLOCK = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class _Hashing:
@@ -191,7 +191,7 @@ def open_checkpoint(path: Path) -> Iterator[BinaryIO]:
         CheckpointError: nothing is there, it is not a regular file, or it cannot be read.
     """
     try:
-        fd = os.open(path, _NONBLOCK)
+        fd = os.open(path, READ_NONBLOCK)
     except FileNotFoundError as e:
         raise CheckpointError(
             f"no checkpoint at {path}; give the path of a checkpoint the Trainer wrote (a "
@@ -213,7 +213,7 @@ def open_checkpoint(path: Path) -> Iterator[BinaryIO]:
             "step-NNNNNNNNN.ckpt file the Trainer wrote, or remove it from the checkpoint "
             "directory"
         )
-    os.set_blocking(fd, True)
+    blocking(fd)
     with os.fdopen(fd, "rb") as f:
         yield f
 

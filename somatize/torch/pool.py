@@ -51,7 +51,7 @@ import cloudpickle
 
 from ..errors import WorkerLostError, add_note
 from ..remote_errors import called, restored
-from .pool_worker import Aborted, Packed, _call, _start
+from .pool_worker import Aborted, Packed, _call, _start, start_failed, starting_worker, worker_count
 
 __all__ = ["TorchPool"]
 
@@ -65,13 +65,21 @@ class _Generation:
         self.ctx = ctx
         self.slots = ctx.RawArray("q", 8 * workers)  # room for workers started over time
         self.aborted = ctx.RawValue("b", 0)  # set: the workers start no further call
-        claimed = ctx.Value("i", 0)
+        self.claimed = claimed = ctx.Value("i", 0)  # workers that started
         self.pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=ctx,
             initializer=_start,
             initargs=(self.slots, claimed, self.aborted, os.getpid(), initializer, initargs),
         )
+
+    def never_started(self) -> bool:
+        """Whether no worker got as far as its start (none killed by a signal: a worker
+        killed while starting is no reason to give up), e.g. a script without the guard."""
+        if self.claimed.value:
+            return False
+        processes = getattr(self.pool, "_processes", None) or {}
+        return not any((p.exitcode or 0) < 0 for p in processes.values())
 
     def killed(self, task: int) -> bool:
         """Whether ``task`` was running on a worker that has exited."""
@@ -165,7 +173,9 @@ class TorchPool(Executor):
             raise ValueError(
                 f"st.executor(workers={max_workers!r}): give 1 or more (None: one per CPU)"
             )
-        self._workers = max_workers or os.cpu_count() or 1
+        if (reason := starting_worker()) is not None:
+            raise RuntimeError(f"st.executor(): {reason}")
+        self._workers = worker_count(max_workers)
         self._ctx = mp_context or multiprocessing.get_context()
         self._init = (initializer, tuple(initargs))
         self._fallback = fallback
@@ -253,6 +263,16 @@ class TorchPool(Executor):
             return
         if not isinstance(error, BrokenExecutor):
             task.future.set_exception(restored(error))  # (a class of __main__: Shipped)
+            return
+        if gen.never_started():
+            lost = WorkerLostError(
+                f"call {task.id}, {task.what}, was lost: "
+                + start_failed(gen.ctx.get_start_method())
+            )
+            lost.__cause__ = error
+            with self._lock:
+                self._retire(gen)
+            task.future.set_exception(lost)
             return
         killed = gen.killed(task.id)  # read now: the survivors are terminated right after
         if killed:

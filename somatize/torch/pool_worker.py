@@ -33,10 +33,12 @@ raises, made fit to travel back.
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import pickle
 import select
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +47,7 @@ from typing import Any
 import cloudpickle
 
 from ..errors import add_note
+from ..platforms import alive
 from ..remote_errors import called, portable, raise_alone
 
 __all__: list[str] = []
@@ -56,14 +59,62 @@ class Aborted(Exception):
     """In a worker: the call was not started, the pool having been aborted."""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists (another user's: the pid was taken again)
-        pass
-    return True  # (a zombie too, until it is reaped)
+_GUARD = 'if __name__ == "__main__":'
+
+
+def _main_file(name: str = "__main__") -> str | None:
+    """The script this program runs as ``__main__`` (None: ``python -c``, a REPL, Jupyter);
+    in a worker importing it, ``__mp_main__``."""
+    file = getattr(sys.modules.get(name), "__file__", None)
+    return file if isinstance(file, str) else None
+
+
+def starting_worker() -> str | None:
+    """In a worker of ``spawn`` or ``forkserver`` that is still importing the program's
+    main module (to find its functions): why no pool may be made here, naming the fix.
+    None elsewhere."""
+    if not getattr(multiprocessing.current_process(), "_inheriting", False):
+        return None
+    return (
+        f"a pool was made while a worker process imported this program's main module "
+        f"({_main_file('__mp_main__') or '__main__'}), as workers started by 'spawn' (Windows, macOS) or "
+        f"'forkserver' do: put the code that makes the pool or starts the runs under "
+        f"`{_GUARD}`, or every worker runs it again as it starts"
+    )
+
+
+def start_failed(method: str) -> str:
+    """Why a pool none of whose workers started (each exited while starting) is given up:
+    under ``spawn``/``forkserver``, most likely a script without the ``__main__`` guard."""
+    why = (
+        "no worker of the pool started: each exited while starting, before running "
+        "anything (the workers' own error is on stderr)"
+    )
+    file = _main_file()
+    if method not in ("spawn", "forkserver") or file is None:
+        return why
+    return (
+        f"{why}. Workers started by {method!r} (Windows' way, and macOS's) first import "
+        f"this program's main module, {file}: the code there that makes the pool or starts "
+        f"the runs must sit under `{_GUARD}`, or every worker runs it again as it starts"
+    )
+
+
+_WINDOWS_MOST = 61  # ProcessPoolExecutor's limit there (WaitForMultipleObjects' 64 handles)
+
+
+def worker_count(requested: int | None) -> int:
+    """``requested``, or one worker per CPU; on Windows at most ``_WINDOWS_MOST``."""
+    if sys.platform != "win32":
+        return requested or os.cpu_count() or 1
+    if requested is None:
+        return min(_WINDOWS_MOST, os.cpu_count() or 1)
+    if requested > _WINDOWS_MOST:
+        raise ValueError(
+            f"st.executor(workers={requested}): Windows runs at most {_WINDOWS_MOST} "
+            f"worker processes in one pool; give {_WINDOWS_MOST} or fewer"
+        )
+    return requested
 
 
 def _watch_parent(parent: int) -> None:
@@ -83,7 +134,7 @@ def _watch_parent(parent: int) -> None:
             while not waiter.poll():
                 pass
         else:
-            while _alive(parent):
+            while alive(parent):  # (not os.kill(parent, 0): on Windows it ends it)
                 time.sleep(1.0)
         os._exit(1)  # orphaned: the calls left would run for nobody
 

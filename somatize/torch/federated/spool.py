@@ -34,6 +34,7 @@ import cloudpickle
 import numpy as np
 import torch
 
+from ...platforms import alive
 from ..pool import TorchPool
 
 __all__ = ["dumps", "open_spool", "remove", "ship", "unship"]
@@ -269,10 +270,8 @@ def _sweep() -> None:
             continue
         path = os.path.join(_SHM, name)
         try:
-            if now - os.stat(path).st_mtime < _STALE:
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:  # gone: what it left is nobody's
-            shutil.rmtree(path, ignore_errors=True)
-        except OSError:  # alive (another user's), or already removed
-            pass
+            if now - os.stat(path).st_mtime < _STALE or alive(int(pid)):
+                continue  # (alive: another user's too)
+        except OSError:  # already removed
+            continue
+        shutil.rmtree(path, ignore_errors=True)  # its process is gone: it is nobody's
