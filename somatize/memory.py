@@ -76,7 +76,7 @@ class Memory:
         Raises:
             GraphError: ``name`` is not a keeper name (letters, digits, ``.``, ``_``,
                 ``-``; at most 200, not starting with ``.``), or another node of the graph
-                has it already.
+                has it already (or one differing only in case: one file on macOS, Windows).
         """
         if name is not None:
             if not is_name(name):
@@ -86,7 +86,17 @@ class Memory:
                     "name in the keeper; "
                     "e.g. g.name(node, 'features-v1')"
                 )
-            other = next((k for k, v in self.named.items() if v == name and k != node), None)
+            fold = name.lower()  # (names are ASCII)
+            other = next(
+                (k for k, v in self.named.items() if v.lower() == fold and k != node), None
+            )
+            if other is not None and self.named[other] != name:
+                raise GraphError(
+                    f"g.name({node!r}, {name!r}): node {other!r} is named "
+                    f"{self.named[other]!r}, which differs only in case: on macOS and Windows, "
+                    "whose disks ignore case, both would be one file in the keeper; give "
+                    "each node a name that differs in more than case"
+                )
             if other is not None:
                 raise GraphError(
                     f"g.name({node!r}, {name!r}): node {other!r} already has that name, and "

@@ -195,6 +195,7 @@ CASES = [
     P(lambda t: Graph(watchers=[print]), TypeError, r"Graph\(watchers=\.\.\.\): <built-in function print> is not a watcher", id="graph-watchers-print"),
     P(lambda t: Graph(watchers=print), TypeError, "watchers is a list of watchers, not a builtin_function", id="graph-watchers-not-a-list"),
     P(lambda t: chain().name("a", "same").name("b", "same"), GraphError, r"g.name\('b', 'same'\): node 'a' already has that name", id="name-twice"),
+    P(lambda t: chain().name("a", "Feats").name("b", "feats"), GraphError, r"g.name\('b', 'feats'\): node 'a' is named 'Feats', which differs only in case: on macOS and Windows", id="name-case-only"),
     P(lambda t: one().name("inc", 5), GraphError, r"g.name\('inc', 5\): a name is a str", id="name-int"),
     P(lambda t: one().name("inc", ""), GraphError, r"g.name\('inc', ''\)", id="name-empty"),
     P(lambda t: one().name("inc", "a b"), GraphError, r"g.name\('inc', 'a b'\)", id="name-space"),

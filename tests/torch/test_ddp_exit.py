@@ -80,3 +80,23 @@ started.wait()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
     assert marker.exists()
+
+
+def test_exit_waits_for_nothing_without_proc(monkeypatch):
+    """macOS and Windows have no /proc: a gloo worker busy meanwhile is not waited for."""
+    started, done = threading.Event(), []
+    worker = named_worker(2.0, started, done)
+    worker.start()
+    started.wait()
+    listdir = ddp.os.listdir
+
+    def no_proc(path="."):
+        if str(path).startswith("/proc"):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return listdir(path)
+
+    monkeypatch.setattr(ddp.os, "listdir", no_proc)
+    assert ddp._gloo_busy() is None
+    ddp.settle_gloo(limit=30.0)
+    assert not done  # returned at once, the worker still running
+    worker.join()
