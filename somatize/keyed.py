@@ -162,8 +162,9 @@ def walk(
         impl = env.impls[node]
         remembered = memory.remembers(node)
         # (but where a Pick took data out of it, keyed by that content: ``anew``)
-        keyless = walk_keyless if not inputs or any(i not in anew for i in inputs) else None
-        if walk_keyless is not None and keyless is None:
+        keyless = walk_keyless
+        if keyless is not None and inputs and all(i in anew for i in inputs):
+            keyless = None
             anew.add(node)
         # a cached mapped node is cached item by item, never as a whole list; a node cached
         # per example, row by row of its batch: both key their input by its content
