@@ -13,6 +13,9 @@ right thing where a call is missing or means something else:
   nothing was opened non-blocking anyway: ``blocking`` does nothing there.
 * ``os.kill(pid, 0)`` asks whether a process exists on POSIX, but **ends** it on Windows
   (``TerminateProcess`` with exit code 0): ``alive`` asks Windows with ``OpenProcess``.
+* ``os.replace`` over a file another process holds open (a reader, an indexer, an
+  antivirus scan) fails on Windows with ``PermissionError``, where POSIX replaces it under
+  the reader: ``replace`` retries there for up to about a second.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 __all__ = [
@@ -32,6 +36,7 @@ __all__ = [
     "alive",
     "blocking",
     "pread",
+    "replace",
 ]
 
 BINARY: int = getattr(os, "O_BINARY", 0)
@@ -101,3 +106,21 @@ def _alive_windows(pid: int, kernel32: Any, last_error: Any) -> bool:
         return code.value == _STILL_ACTIVE
     finally:
         kernel32.CloseHandle(handle)
+
+
+_REPLACE_WAITS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4)  # (about a second in all)
+
+
+def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """``os.replace``; on Windows, retried while ``dst`` is held open by another process
+    (``PermissionError``), then raised as it came."""
+    if sys.platform != "win32":
+        os.replace(src, dst)
+        return
+    for wait in _REPLACE_WAITS:
+        try:
+            os.replace(src, dst)
+            return
+        except PermissionError:
+            time.sleep(wait)
+    os.replace(src, dst)

@@ -139,3 +139,35 @@ def test_every_os_open_of_data_is_binary_on_windows() -> None:
             if "BINARY" not in flags and "READ_NONBLOCK" not in flags:
                 missing.append(f"{rel}:{call.lineno} os.open(..., {flags})")
     assert not missing, "opened in text mode on Windows: " + "; ".join(missing)
+
+
+def test_replace_retries_on_windows_while_a_reader_holds_the_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Windows refuses to replace a file another process has open (PermissionError), where
+    # POSIX replaces it under the reader: an atomic write failed for a passing reader
+    from somatize.keepers.atomic import atomic_write
+
+    real, refusals = os.replace, []
+
+    def held(src, dst):
+        if len(refusals) < 3:
+            refusals.append(dst)
+            raise PermissionError(13, "The process cannot access the file", str(dst))
+        real(src, dst)
+
+    target = tmp_path / "entry"
+    target.write_bytes(b"old")
+    monkeypatch.setattr(platforms, "_REPLACE_WAITS", (0.0,) * 7)
+    monkeypatch.setattr(os, "replace", held)
+    monkeypatch.setattr(sys, "platform", "win32")
+    atomic_write(target, AWKWARD)
+    assert target.read_bytes() == AWKWARD and len(refusals) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]  # no temp file left
+
+    refusals.clear()
+    monkeypatch.setattr(sys, "platform", "linux")  # POSIX: no retry, the error as it came
+    with pytest.raises(PermissionError):
+        atomic_write(target, b"new")
+    assert len(refusals) == 1 and target.read_bytes() == AWKWARD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]

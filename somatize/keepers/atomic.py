@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from ..platforms import BINARY, CLOEXEC
+from ..platforms import BINARY, CLOEXEC, replace
 
 __all__ = ["atomic_file", "atomic_write", "fsync_dir", "replace_with", "start_writeback"]
 
@@ -48,7 +48,7 @@ def atomic_file(path: Path, *, sync: bool = True, sync_dir: bool = True) -> Iter
             if sync:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -156,7 +156,7 @@ def replace_with(path: str, chunks: Sequence[bytes | memoryview], *, durable: bo
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
