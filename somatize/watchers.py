@@ -177,12 +177,16 @@ class EpochEnd(Event):
     """An epoch (and its evaluation, if any) finished; ``metrics`` holds the evaluation (with
     its ``step`` and ``epoch``, as ``TrainResult.metrics`` rows), ``cache`` what the graph's
     remembered nodes found in the epoch's training steps (node -> ``{"hits": ...,
-    "misses": ...}``: rows, items or calls; see ``TrainResult.cache``)."""
+    "misses": ...}``: rows, items or calls; see ``TrainResult.cache``). ``data`` and
+    ``steps``: the seconds the epoch waited for its batches and spent in its steps (as
+    ``TrainResult.timing``'s; rank 0's under DDP; 0.0 from a ``LightningGraph``)."""
 
     epoch: int
     step: int
     metrics: Mapping[str, float]
     cache: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    data: float = 0.0
+    steps: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from . import ddp
 from .carry import reset
 from .ema import swapped
 from .schedule import may_stop
+from .timing import timed
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["evaluate_into", "rank_checkpoint"]
 
 
+@timed("evaluation")  # TrainResult.timing
 def evaluate_into(
     trainer: Trainer, run: ActiveRun, *, epoch_end: bool = False, final: bool = False
 ) -> dict[str, float]:

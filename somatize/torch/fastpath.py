@@ -104,9 +104,14 @@ def fast_epoch(
     # carried state a skipped step must not pass on (a NaN state would skip every step after)
     carried = run.carries if trainer.options.nonfinite == "skip" else ()
     kept: list[Any] = []
+    # TrainResult.timing's "data": the waits for batches, between a step's end and the next
+    perf, waited = time.perf_counter, 0.0
+    tick = perf()
     try:
         for i, batch in enumerate(batches):
+            waited += perf() - tick
             if i < start:  # resuming mid-epoch: these batches were already trained on
+                tick = perf()
                 continue
             if step >= max_steps or s.pruned or run.timed_out:
                 if stopped is not None:
@@ -158,6 +163,7 @@ def fast_epoch(
                     c.value = v
                 s.skipped += 1
                 last = i
+                tick = perf()
                 continue
             if by_value is not None:
                 nn.utils.clip_grad_value_(run.params, by_value)
@@ -180,7 +186,10 @@ def fast_epoch(
                 run.timed_out = True
             if run.replay and (step >= max_steps or s.pruned or run.timed_out):
                 stopped = snapshot()  # reading one more batch must not move what is saved
+            tick = perf()
+        waited += perf() - tick  # (the epoch's end: a DataLoader's workers shut down)
     finally:
+        run.timing.data += waited
         s.step, s.examples_seen = step, examples
         if last >= 0:
             s.position = last + 1

@@ -79,18 +79,23 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     budget = seconds_of(trainer.options.max_time)
     run.deadline = run.clock.deadline(budget)
     run.timed_out = spent_before(run.clock, budget)  # (the clock is read after each step)
-    first = s.step
+    first, timing, perf = s.step, run.timing, time.perf_counter
     while s.epoch < epochs and not s.pruned and s.step < max_steps and not run.timed_out:
+        data0, steps0, tick = timing.data, timing.steps, perf()
         batches = _batches(trainer, run, data)
+        timing.data += perf() - tick  # (a resumed epoch reads its front again)
         # carried state starts afresh each epoch, or as a mid-epoch checkpoint left it
         start_epoch(run.carries, s.carried, s.position, run.device, run.rank)
         s.carried = None
+        counted, tick = timing.total(), perf()
         if fast:
             i, ended = fast_epoch(trainer, run, batches, val, step_sched, max_steps, graph_net)
         else:
             i, ended = _epoch(
                 trainer, run, batches, val, step_sched, max_steps, graph_net, accumulate
             )
+        # the steps: the epoch's loop less its waits for data, evaluations and checkpoints
+        timing.steps += perf() - tick - (timing.total() - counted)
         if ended:  # the epoch ran to its end
             if i < 0 and s.position == 0:
                 raise ValueError(
@@ -109,9 +114,12 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             )
             if epoch_sched is not None:  # after the epoch's evaluation, as torch documents
                 epoch_sched.step()
-            s.flush(run.world)
+            tick = perf()
+            s.flush(run.world)  # (the steps' losses, read back: the device's queued work)
+            timing.steps += perf() - tick
             if watchers:
-                notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}, cache))
+                spent = (timing.data - data0, timing.steps - steps0)
+                notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}, cache, *spent))
             s.epoch, s.position = s.epoch + 1, 0
             if trainer.checkpoint is not None:
                 save(trainer, run)
@@ -203,12 +211,17 @@ def _epoch(
     stopped = None  # the RNG states as the last step left them (see fast_epoch)
     # carried state a skipped step must not pass on (a NaN state would skip every step after)
     carried = run.carries if trainer.options.nonfinite == "skip" else []
+    # TrainResult.timing's "data": the waits for batches, between a step's end and the next
+    perf, waited = time.perf_counter, 0.0
+    done = perf()
     for i, group in _groups(batches, s.position, accumulate):
+        tick = perf()  # (StepEnd.seconds counts from here)
+        waited += tick - done
         if s.pruned or s.step >= max_steps or run.timed_out:
             if stopped is not None:
                 put_back(stopped)
+            run.timing.data += waited
             return i, False
-        tick = time.perf_counter() if watchers else 0.0
         if graph_net is not None:
             graph_net.step = s.step + 1  # nodes see the number of the step they compute
         # the rates this step uses: the first group's, and every group's when there are several
@@ -222,6 +235,7 @@ def _epoch(
                 c.value = v
             s.skipped += 1
             s.position = i + 1
+            done = perf()
             continue
         if step_sched is not None:
             step_sched.step()
@@ -242,6 +256,8 @@ def _epoch(
             run.timed_out = time_up(run)
         if run.replay and (s.pruned or s.step >= max_steps or run.timed_out):
             stopped = snapshot()
+        done = perf()
+    run.timing.data += waited + perf() - done  # (the epoch's end: a DataLoader's workers)
     return i, True
 
 

@@ -18,6 +18,7 @@ from .ckptdir import writer
 from .horizon import check_restored, scheduler_steps
 from .limits import batches_per_epoch, share
 from .rng import as_state
+from .timing import timed
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -122,6 +123,7 @@ def check_writable(trainer: Trainer, step: int, total: int | None) -> None:
         )
 
 
+@timed("checkpoints")  # TrainResult.timing
 def save(trainer: Trainer, run: ActiveRun) -> None:
     """Checkpoint: rank 0 writes, every rank waits for it and records its path."""
     ckpt = trainer.checkpoint

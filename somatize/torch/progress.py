@@ -18,6 +18,9 @@ from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
 
 __all__ = ["Progress"]
 
+# an epoch's wait for data is shown from this share of its training time, and this long
+_DATA_SHARE, _DATA_SECONDS = 0.2, 1.0
+
 
 def _terminal(stream: TextIO) -> bool:
     isatty = getattr(stream, "isatty", None)
@@ -30,9 +33,11 @@ def _terminal(stream: TextIO) -> bool:
 class Progress:
     """Draws ``epoch 2/10 · step 120/500 · loss 0.1234 · lr 1e-03 · 5.2k ex/s``; keeps a line
     per evaluation and, when the graph remembers a node, one per epoch with what its cache
-    found (``epoch 2 · cache hits: enc 100% of 10,000``). A step that tells its gradient
-    norm (``Options(clip_grad_norm=)`` or ``log_grad_norm=True``) shows it after the loss
-    (``loss 0.1234 · grad norm 1.52``).
+    found (``epoch 2 · cache hits: enc 100% of 10,000``), and one when the epoch's training
+    waited for its batches a fifth of its time or more, a second at least (``epoch 2 ·
+    waiting for data: 38% of training time``: the DataLoader holds the steps back). A step
+    that tells its gradient norm (``Options(clip_grad_norm=)`` or ``log_grad_norm=True``)
+    shows it after the loss (``loss 0.1234 · grad norm 1.52``).
 
     Args:
         stream: where to draw (default: standard error).
@@ -113,6 +118,13 @@ class Progress:
             )
             if shown:  # what the cache found: one line
                 self._write(f"{self._clear}epoch {event.epoch + 1} · cache hits: {shown}\n")
+            trained = event.data + event.steps
+            if event.data >= max(_DATA_SHARE * trained, _DATA_SECONDS):  # a slow DataLoader
+                share = f"{event.data / trained:.0%}"
+                self._write(
+                    f"{self._clear}epoch {event.epoch + 1} · waiting for data: {share} of "
+                    "training time\n"
+                )
         elif isinstance(event, FitEnd):
             self._flush_step()
             end = " (pruned)" if event.pruned else ""

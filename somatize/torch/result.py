@@ -45,6 +45,13 @@ class TrainResult:
             ``st.load_state(g, st.load_checkpoint(result.best_checkpoint)["model"])``.
         skipped: steps skipped for a non-finite loss (``Options(nonfinite="skip")``).
         seconds: wall-clock time of the ``fit`` call.
+        timing: where ``seconds`` went, in seconds: ``{"data": ..., "steps": ...,
+            "evaluation": ..., "checkpoints": ..., "other": ...}`` — waiting for batches
+            (the DataLoader), the training steps (forward, backward, optimizer, the move to
+            the device), validation (the sanity check's too), writing checkpoints, and the
+            rest (set-up, tear-down); they add up to ``seconds``. Like ``seconds``, this
+            ``fit`` call's own (a resumed run's earlier fits are not in it) and, under DDP,
+            this rank's. Empty from a ``LightningGraph`` (Lightning has its profiler).
         seed: the seed the run used.
         cache: what the graph's remembered nodes found during the training steps (not
             the evaluations), by node: ``{"enc": {"hits": 9000, "misses": 1000}}`` —
@@ -75,6 +82,7 @@ class TrainResult:
     pruned_reason: str | None = None
     timed_out: bool = False
     val_examples: Mapping[str, int] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
 
     def metric(self, name: str) -> float:
         """The last evaluated value of ``name`` (``"val_acc"``...)."""
@@ -98,7 +106,8 @@ class TrainResult:
     def summary(self) -> dict[str, Any]:
         """The run's figures as plain data, for logs and tables: its counts, the final loss,
         the last evaluation, the best value, whether it was pruned or timed out, its time
-        and cache counts (not the state, nor the per-step losses and every evaluation)."""
+        (and where it went) and cache counts (not the state, nor the per-step losses and
+        every evaluation)."""
         return {
             "num_examples": self.num_examples,
             "steps": self.steps,
@@ -110,6 +119,7 @@ class TrainResult:
             "pruned_reason": self.pruned_reason,
             "timed_out": self.timed_out,
             "seconds": self.seconds,
+            "timing": dict(self.timing),
             "cache": {node: dict(c) for node, c in self.cache.items()},
         }
 

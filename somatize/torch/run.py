@@ -13,6 +13,7 @@ from torch import nn
 from ..watchers import Watcher
 from .run_state import RunState
 from .timelimit import Clock
+from .timing import Timing
 
 __all__ = ["ActiveRun"]
 
@@ -57,3 +58,4 @@ class ActiveRun:
     timed_out: bool = False  # the run stopped because max_time was spent
     grad_norm: Any = None  # the last step's gradient norm for StepEnd (step._update), or None
     resave: bool = False  # the last checkpoint's step was evaluated after it was written
+    timing: Timing = field(default_factory=Timing)  # where the fit's time went (timing.py)

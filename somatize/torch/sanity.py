@@ -29,6 +29,7 @@ from torch import nn
 from .carry import reset
 from .rng import put_back, snapshot
 from .settings import count
+from .timing import timed
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -58,7 +59,12 @@ def sanity_check(trainer: Trainer, run: ActiveRun) -> bool:
     fresh = run.checkpoint is None and run.state.step == 0
     if not n or not run.val_sets or not fresh or run.tally is not None or _lazy(run.net):
         return False
-    sets = [vs for vs in run.val_sets if _reusable(vs.data)]
+    return _evaluate(trainer, run, n)
+
+
+@timed("evaluation")  # TrainResult.timing
+def _evaluate(trainer: Trainer, run: ActiveRun, n: int) -> bool:
+    sets = [vs for vs in run.val_sets or () if _reusable(vs.data)]
     kept = snapshot()
     try:
         for vs in sets:

@@ -56,10 +56,7 @@ from .sanity import sanity_check
 from .schedule import check_steps_fit
 from .settings import check_arguments, check_fit, check_measured, check_parts
 from .smoke import smoke_fit
-from .start import (
-    close,
-    dynamic_step,
-)
+from .start import close, dynamic_step
 from .valsets import monitored, val_sets
 
 __all__ = ["Options", "Trainer"]
@@ -290,6 +287,7 @@ class Trainer:
             ),
             skipped=s.skipped,
             seconds=seconds,
+            timing=run.timing.parts(seconds),
             seed=self.seed,
             cache=tally.over_ranks(tally.totals(run.tally), world),
             timed_out=run.timed_out,

@@ -131,3 +131,19 @@ def test_a_step_that_tells_its_gradient_norm_shows_it_after_the_loss():
     plain = io.StringIO()
     fit([st.Progress(stream=plain)])
     assert "grad norm" not in plain.getvalue()  # a default run's line is as before
+
+
+def test_an_epoch_that_waited_long_for_its_data_says_so():
+    from somatize.watchers import EpochEnd, FitStart
+
+    stream = io.StringIO()
+    p = st.Progress(stream=stream)
+    p.on_event(FitStart("a", epochs=4, max_steps=0, start_step=0))
+    p.on_event(EpochEnd("a", 0, 10, {}, data=3.0, steps=1.0))  # the DataLoader holds it back
+    p.on_event(EpochEnd("a", 1, 20, {}, data=0.5, steps=0.1))  # under a second: not shown
+    p.on_event(EpochEnd("a", 2, 30, {}, data=2.0, steps=30.0))  # a small share: not shown
+    p.on_event(EpochEnd("a", 3, 40, {}, data=1.0, steps=4.0))  # a fifth: shown
+    assert stream.getvalue().splitlines() == [
+        "epoch 1 · waiting for data: 75% of training time",
+        "epoch 4 · waiting for data: 20% of training time",
+    ]
