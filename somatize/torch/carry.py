@@ -154,11 +154,15 @@ def refuse_remembered(g: Graph) -> None:
     Raises:
         CacheError: naming the node, where it holds the ``Carry``, and the fix.
     """
-    for node_id in g.nodes():
-        impl = g[node_id]
+    memory = g.memory
+    if not (memory.cached or memory.named):  # (most graphs: only their subgraphs to look at)
+        for sub in g._subgraphs().values():
+            refuse_remembered(sub)
+        return
+    for node_id, impl in g._impls.items():
         if isinstance(impl, Graph):
             refuse_remembered(impl)
-        if not g.memory.remembers(node_id):
+        if not memory.remembers(node_id):
             continue
         found: dict[int, tuple[str, Carry]] = {}
         _visit(impl, node_id, found, set())

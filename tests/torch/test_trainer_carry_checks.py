@@ -142,3 +142,12 @@ def test_a_skipped_step_does_not_pass_its_non_finite_state_on(path):
     ).fit(Graph.somatize(Recurrent()), batches)
     assert result.skipped == 2 and result.steps == 10  # the NaN batch alone, each epoch
     assert all(math.isfinite(v) for v in result.losses)
+
+
+def test_a_cached_node_that_carries_state_is_refused_inside_a_subgraph():
+    # the outer graph caches nothing: module(g) still looks into its subgraphs
+    inner = Graph.somatize(Stream().with_id("enc")).freeze("enc").cache("enc")
+    g = Graph.somatize(Stream().with_id("pre") >> inner.with_id("block"))
+    assert not (g.memory.cached or g.memory.named)
+    with pytest.raises(CacheError, match=r"node 'enc' is cached, but it carries state.*\.hidden"):
+        st.module(g)
