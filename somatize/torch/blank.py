@@ -68,11 +68,12 @@ def _recipe(
         return None
     items = []
     for name, value in probe.items():
-        if keep is not None and name not in keep:
-            continue
-        kind = type(value)
-        items.append(f"{name!r}: {_EMPTY[kind]}" if kind in _EMPTY else f"{name!r}: {value!r}")
-    items += [f"{name!r}: {name}" for name in extra]
+        if name in extra:  # given (a children table filled beforehand), in its usual place
+            items.append(f"{name!r}: {name}")
+        elif keep is None or name in keep:
+            kind = type(value)
+            items.append(f"{name!r}: {_EMPTY[kind]}" if kind in _EMPTY else f"{name!r}: {value!r}")
+    items += [f"{name!r}: {name}" for name in extra if name not in probe]
     # A dict display evaluates each fresh container in C: a third of a loop's cost.
     source = (
         f"def blank({'cls' if cls is None else ', '.join(extra)}):\n"
@@ -153,7 +154,9 @@ def blank(cls: type[M]) -> M:
 def maker(cls: type[M], *extra: str) -> Callable[..., M]:
     """A function making ``blank(cls)`` instances that also hold the attributes ``extra``,
     given as its arguments: ``maker(C, "a", "b")(1, 2)`` is ``blank(C)`` with ``a=1, b=2``
-    in its instance dict, at the cost of one dict display.
+    in its instance dict, at the cost of one dict display. An ``extra`` that
+    ``nn.Module.__init__`` makes too (``"_modules"``) is given instead of made: the caller
+    passes a fresh container of the same type.
 
     Example:
         >>> @lazy

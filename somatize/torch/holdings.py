@@ -147,7 +147,26 @@ def _warn_hook(held: Holdings, kind: str) -> None:
     )
 
 
-_new_holdings = maker(Holdings, "_impl")
+_new_holdings = maker(Holdings, "_modules", "_impl")  # (children, impl) -> Holdings
+
+# Attribute names a module held under goes straight into the children table: not empty,
+# without '.', neither an attribute every module has nor Holdings' own nor somatize's. Read
+# first for each module a node holds (a set lookup, where the checks cost a few of them).
+_DIRECT: set[str] = set()
+
+
+def _direct(name: str) -> bool:
+    ok = (
+        bool(name)
+        and "." not in name
+        and name not in MODULE_NAMES
+        and name not in _OWN
+        and not name.startswith("_somatize")
+    )
+    if ok and len(_DIRECT) < 10_000:  # (bounded: names made on the fly are checked each time)
+        _DIRECT.add(name)
+    return ok
+
 
 # the attributes warned about, by node (weakly: a node that goes frees its entry)
 _told: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -180,18 +199,27 @@ def node_holdings(
     """The ``Holdings`` of the node ``impl`` (at ``where``, for error messages), or None
     when it holds no module and no tensor. Given ``sig``, what ``node_signature`` appends
     is appended to it, found in the same walk."""
+    own = vars(impl)
+    children: dict[str, Any] = {}  # the Holdings' table of modules, filled before it is made
     held: Holdings | None = None
     inside, bare = seen, False
-    own = vars(impl)
+    first: list[str] | None = None  # on its first registration, the tensors it holds
     kept: frozenset[str] | None = own.get("_somatize_kept")  # (None: its first registration)
-    first: list[str] | None = [] if kept is None else None
     for name, value in own.items():
-        if type(value) in _PLAIN or name.startswith("_somatize"):
+        if type(value) in _PLAIN:
             continue  # (most attributes: numbers, strings, flags)
+        if isinstance(value, nn.Module) and (name in _DIRECT or _direct(name)):
+            children[name] = value  # (most of the rest: a module under a name add_module takes)
+            if sig is not None:  # (flat: a tuple a node costs more than the rest of its walk)
+                sig.append(name)
+                sig.append(id(value))
+            continue
+        if name.startswith("_somatize"):
+            continue
         inner: nn.Module | torch.Tensor | None
         if isinstance(value, (nn.Module, torch.Tensor)):
             inner = value
-            if sig is not None:  # (flat: a tuple a node costs more than the rest of its walk)
+            if sig is not None:
                 sig.append(name)
                 sig.append(id(value))
         else:
@@ -209,10 +237,10 @@ def node_holdings(
                 "every nn.Module already has; rename the attribute"
             )
         if held is None:  # nn.Module.__init__'s attributes at a dict's cost (see blank.py)
-            held = _new_holdings(impl)
+            held = _new_holdings(children, impl)
         if isinstance(inner, nn.Module):
             if name and "." not in name and name not in _OWN:
-                held._modules[name] = inner  # what add_module checks, checked above
+                children[name] = inner  # (held's table) what add_module checks, checked above
             else:
                 held.add_module(name, inner)  # raises its own error
         elif isinstance(inner, nn.Parameter):
@@ -221,14 +249,16 @@ def node_holdings(
         else:
             if inner.requires_grad:
                 _warn_untrained(impl, where, name)
-            if first is not None:
-                first.append(name)
+            if kept is None:
+                first = [*first, name] if first else [name]
             # state (saved, loaded) if held when first registered, not if a forward set it
             held.register_buffer(name, inner, persistent=kept is None or name in kept)
             bare = True
-    if first is not None:
+    if kept is None:
         own["_somatize_kept"] = frozenset(first) if first else _NONE
-    if bare and held is not None:
+    if held is None:  # (holdings are made only for something registered: never empty)
+        return _new_holdings(children, impl) if children else None
+    if bare:
         _mirrored(held)  # (only a node holding a bare tensor pays for it)
     return held
 

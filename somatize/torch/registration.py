@@ -24,6 +24,9 @@ from .holdings import (
 
 __all__: list[str] = []
 
+_NOT_PLAIN = (Graph, Mapped)  # the impls whose holdings are not a node's own attributes
+_NONE_SEEN: frozenset[int] = frozenset()
+
 
 class _Nodes(nn.Module):
     """The holdings of every node of a (sub)graph, by node id; and ``signature``, what
@@ -37,11 +40,11 @@ class _Nodes(nn.Module):
         signature: list[Any] = []  # (_signature's, found in the same walk)
         put = signature.append
         for node_id, impl in g._impls.items():
-            label = prefix + node_id if prefix else node_id
+            label = prefix + node_id
             put(node_id)
-            if isinstance(impl, Node) and not isinstance(impl, Mapped):  # (most nodes)
+            if not isinstance(impl, _NOT_PLAIN):  # (most nodes: an impl is a Node or a Graph)
                 # (holdings are made only for something registered: never empty)
-                held: nn.Module | None = node_holdings(impl, label, sig=signature)
+                held: nn.Module | None = node_holdings(impl, label, _NONE_SEEN, signature)
                 if held is None:
                     continue
             else:
