@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..stack import outside
+from .rng_numpy import get_numpy, set_numpy
 
 __all__ = [
     "as_state",
@@ -44,7 +45,7 @@ def rng_state() -> dict[str, Any]:
     with contextlib.suppress(ImportError):
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+        kind, keys, pos, has_gauss, cached = get_numpy(np)
         keys = np.asarray(keys, dtype="int64")
         state["numpy"] = [kind, torch.from_numpy(keys), pos, has_gauss, cached]
     return state
@@ -61,19 +62,19 @@ def set_rng_state(state: dict[str, Any]) -> None:
         import numpy as np
 
         kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+        set_numpy(np, (kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
 
 
 def snapshot() -> tuple[Any, ...]:
-    """Every RNG state as the generators give it, not yet made tensors: a third of what
-    ``rng_state`` costs (the loop takes one each epoch; ``as_state`` converts it when a
+    """Every RNG state as the generators give it, not yet made tensors: a fraction of what
+    ``rng_state`` costs (numpy's words copied as a block, ``rng_numpy``) (the loop takes one each epoch; ``as_state`` converts it when a
     checkpoint is written)."""
     np = _numpy()
     return (
         random.getstate(),
         torch.get_rng_state(),
         torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        np.random.get_state(legacy=True) if np is not None else None,
+        get_numpy(np) if np is not None else None,
     )
 
 
@@ -89,12 +90,7 @@ def put_back(state: Any) -> None:
         torch.cuda.set_rng_state_all(cuda)
     np = _numpy()
     if numpy_state is not None and np is not None:
-        if type(numpy_state) is tuple and len(numpy_state) == 5:  # (legacy MT19937's)
-            # its 624 words as a list: numpy's setter reads them one index at a time, and a
-            # list's int costs a fraction of an array's scalar (a third of what it did)
-            kind, keys, pos, has_gauss, cached = numpy_state
-            numpy_state = (kind, keys.tolist(), pos, has_gauss, cached)
-        np.random.set_state(numpy_state)
+        set_numpy(np, numpy_state)
 
 
 def as_state(state: Any) -> dict[str, Any] | None:
