@@ -101,8 +101,12 @@ def named_carries(net: nn.Module) -> dict[str, Carry]:
         _visit(graph, "", found, set())
     for name, m in net.named_modules():
         for attr, value in vars(m).items():
-            # (most of a module's attributes hold none: asked first, without a call)
-            if type(value) not in _CONTAINERS and not isinstance(value, Carry):
+            # (most of a module's attributes hold none: asked first, without a call; torch's
+            # own dicts — parameters, buffers, submodules, hooks — hold none either)
+            if type(value) in _CONTAINERS:
+                if attr in _TORCH_OWN:
+                    continue
+            elif not isinstance(value, Carry):
                 continue
             for at, c in _held(value, attr):
                 where = f"module {name!r} ({at})" if name else f"the model ({at})"
@@ -132,6 +136,8 @@ def _visit(obj: Any, where: str, found: dict[int, tuple[str, Carry]], seen: set[
 
 
 _CONTAINERS = (list, tuple, dict)  # what _held looks into (exactly these types)
+# what nn.Module.__init__ puts in every module's __dict__: tensors, modules and hooks only
+_TORCH_OWN = frozenset(vars(nn.Module()))
 
 
 def _held(value: Any, attr: str) -> list[tuple[str, Carry]]:
