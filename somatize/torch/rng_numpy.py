@@ -3,19 +3,19 @@
 ``np.random.get_state()`` copies the Mersenne Twister's 624 words into a new array one
 index at a time, and ``set_state`` reads them back one by one (from an array, each as a
 numpy scalar): together ~70 µs of every ``fit`` (``rng.own_generators``), more than any
-other part of its set-up. Here the words and their position are copied as one block of
-memory through the bit generator's documented ctypes interface
-(``MT19937.ctypes.state_address``: the C struct ``{uint32 key[624]; int pos}``), and the
-gaussian the legacy generator may hold (``has_gauss``: the second of a pair, not in that
-struct) is learned by asking for one, which the legacy stream (frozen by NEP 19) answers
-without drawing a word when one is held; when none is, a pair is drawn — the words move —
-its held half is taken too and the words are copied back. A state holding a gaussian is
-put back by ``set_state`` (words as a list: a few µs).
+other part of its set-up. Here the words and their position are copied as one block,
+through a numpy array over the C struct ``{uint32 key[624]; int pos}`` at the bit
+generator's documented ctypes ``state_address`` (made once); the gaussian the legacy
+generator may hold (``has_gauss``: the second of a pair, not in that struct) is learned
+by asking for one, which the legacy stream (frozen by NEP 19) answers without drawing a
+word when one is held; when none is, a pair is drawn — the words move — its held half is
+taken too and the words are copied back. A state holding a gaussian is put back by
+``set_state`` (words as a list: a few µs).
 
-Checked once a process against ``get_state``/``set_state``, where anything disagrees (another
-layout, no ctypes interface) those are used instead. The one difference: the cached
-gaussian's value is reported as 0.0 when none is held (what numpy leaves there once it is
-used), whatever a ``set_state`` put there; the draws are the same either way.
+Checked once a process against ``get_state``/``set_state``; where anything disagrees
+(another layout, no ctypes interface) those are used instead. The one difference: the
+cached gaussian's value is reported as 0.0 when none is held (what numpy leaves there once
+it is used), whatever a ``set_state`` put there; the draws are the same either way.
 """
 
 from __future__ import annotations
@@ -25,18 +25,17 @@ from typing import Any
 
 __all__ = ["get_numpy", "set_numpy"]
 
-_WORDS = 624
-_KEY = _WORDS * 4  # bytes of the words; the position (a C int) follows them
-_SIZE = _KEY + ctypes.sizeof(ctypes.c_int)
+_WORDS = 624  # then the position, a C int: read as the 625th word (0 to 624, the same bits)
 
-# [the RandomState checked, the address of its words, or 0 where get_state is used]
-_checked: list[Any] = [None, 0]
+# [the RandomState checked, a uint32 array over its 624 words and position (no copy), or
+# None where get_state is used]
+_checked: list[Any] = [None, None]
 
 
 def get_numpy(np: Any) -> Any:
     """``np.random.get_state(legacy=True)``: ``("MT19937", words, pos, has_gauss, gauss)``."""
     rand, at = _where(np)
-    if not at:
+    if at is None:
         return rand.get_state(legacy=True)
     return _read(np, rand, at)
 
@@ -44,8 +43,8 @@ def get_numpy(np: Any) -> Any:
 def set_numpy(np: Any, state: Any) -> None:
     """``np.random.set_state(state)``, for what ``get_numpy`` (or ``get_state``) returned."""
     rand, at = _where(np)
-    if at and _fits(state):
-        _write(np, rand, at, state)
+    if at is not None and _fits(state):
+        _write(rand, at, state)
         return
     if type(state) is tuple and len(state) == 5:  # (legacy MT19937's)
         # its 624 words as a list: numpy's setter reads them one index at a time, and a
@@ -68,61 +67,67 @@ def _fits(state: Any) -> bool:
     )
 
 
-def _read(np: Any, rand: Any, at: int) -> tuple[Any, ...]:
-    raw = ctypes.string_at(at, _SIZE)
-    words = np.frombuffer(raw, dtype=np.uint32, count=_WORDS)
-    pos = ctypes.c_int.from_buffer_copy(raw, _KEY).value
+def _read(np: Any, rand: Any, at: Any) -> tuple[Any, ...]:
+    raw = at.tobytes()
+    words = np.frombuffer(raw, dtype=np.uint32)
+    pos = int(words[_WORDS])
+    words = words[:_WORDS]
     held = rand.standard_normal()  # the gaussian held, if one is: then no word is drawn
-    if ctypes.string_at(at, _SIZE) == raw:
+    if at.tobytes() == raw:
         rand.set_state(("MT19937", words.tolist(), pos, 1, held))  # held again, as it was
         return ("MT19937", words, pos, 1, held)
     rand.standard_normal()  # none was: a pair was drawn and its second half is held; taken
-    ctypes.memmove(at, raw, _SIZE)  # and the words as they were
+    at[:_WORDS] = words  # and the words as they were
+    at[_WORDS] = pos
     return ("MT19937", words, pos, 0, 0.0)
 
 
-def _write(np: Any, rand: Any, at: int, state: tuple[Any, ...]) -> None:
-    before = ctypes.string_at(at, _SIZE)
+def _write(rand: Any, at: Any, state: tuple[Any, ...]) -> None:
+    before = at.tobytes()
     rand.standard_normal()  # a gaussian held is taken (no word drawn) ...
-    if ctypes.string_at(at, _SIZE) != before:  # ... else a pair drawn, its half held: taken
+    if at.tobytes() != before:  # ... else a pair drawn, its half held: taken
         rand.standard_normal()
-    words = np.ascontiguousarray(state[1], dtype=np.uint32)
-    ctypes.memmove(at, words.ctypes.data, _KEY)
-    ctypes.c_int.from_address(at + _KEY).value = int(state[2])
+    at[:_WORDS] = state[1]
+    at[_WORDS] = int(state[2])
 
 
-def _where(np: Any) -> tuple[Any, int]:
+def _where(np: Any) -> tuple[Any, Any]:
     rand = np.random.mtrand._rand
     if _checked[0] is not rand:
         _checked[:] = [rand, _check(np, rand)]
     return rand, _checked[1]
 
 
-def _check(np: Any, rand: Any) -> int:
-    """The address of ``rand``'s words where reading and writing them there agrees with
-    ``get_state`` and ``set_state`` (with a gaussian held and without), else 0."""
+def _check(np: Any, rand: Any) -> Any:
+    """An array over ``rand``'s words and position where reading and writing them there
+    agrees with ``get_state`` and ``set_state`` (with a gaussian held and without), else None."""
     kept = rand.get_state(legacy=True)
     try:
-        at = int(rand._bit_generator.ctypes.state_address)
-        if type(rand._bit_generator).__name__ != "MT19937" or not at:
-            return 0
+        if type(rand._bit_generator).__name__ != "MT19937":
+            return None
+        address = int(rand._bit_generator.ctypes.state_address)
+        if not address or ctypes.sizeof(ctypes.c_int) != 4:
+            return None
+        at = np.ctypeslib.as_array((ctypes.c_uint32 * (_WORDS + 1)).from_address(address))
+        if at.dtype != np.uint32:
+            return None
         for gauss in (False, True, False):
             if gauss:
                 rand.standard_normal()  # a pair drawn: the second half held
             before = rand.get_state(legacy=True)
             got = _read(np, rand, at)
             if not (_same(got, before) and _same(rand.get_state(legacy=True), before)):
-                return 0
+                return None
             rand.random(7)  # moved on, then put back by the fast writer where it can
             if _fits(got):
-                _write(np, rand, at, got)
+                _write(rand, at, got)
             else:
                 rand.set_state((*got[:1], got[1].tolist(), *got[2:]))
             if not _same(rand.get_state(legacy=True), before):
-                return 0
+                return None
         return at
     except Exception:  # (no ctypes interface, another bit generator: get_state it is)
-        return 0
+        return None
     finally:
         rand.set_state(kept)
 
