@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -60,6 +60,14 @@ class Carry:
     """
 
     __slots__ = ("detach", "value")
+    # Whether a Carry was ever made in this process (set by __new__, which making one,
+    # copying it and unpickling it all call): until one is, no model holds one and
+    # ``named_carries`` has nothing to search for.
+    made: ClassVar[bool] = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Carry:
+        Carry.made = True
+        return super().__new__(cls)
 
     def __init__(self, *, detach: bool = True) -> None:
         self.detach = detach
@@ -95,6 +103,8 @@ def named_carries(net: nn.Module) -> dict[str, Carry]:
     """Every ``Carry`` of a model, by where it is held: ``"node 'lm' (.hidden)"`` for a
     node's attribute (``.hiddens[0]`` in a list, tuple or dict of them), ``"module rnn
     (.state)"`` for a module's; each ``Carry`` once."""
+    if not Carry.made:  # (no Carry exists: none is held; no walk of every module)
+        return {}
     found: dict[int, tuple[str, Carry]] = {}
     graph = getattr(net, "graph", None)
     if isinstance(graph, Graph):
@@ -160,6 +170,8 @@ def refuse_remembered(g: Graph) -> None:
     Raises:
         CacheError: naming the node, where it holds the ``Carry``, and the fix.
     """
+    if not Carry.made:  # (no Carry exists: no node holds one)
+        return
     memory = g.memory
     if not (memory.cached or memory.named):  # (most graphs: only their subgraphs to look at)
         for sub in g._subgraphs().values():

@@ -4,6 +4,10 @@ where, each once."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
+import pytest
 import torch
 from torch import nn
 
@@ -62,3 +66,23 @@ def test_a_plain_module_s_carries_are_named_by_their_module():
     assert sorted(named_carries(model)) == ["module '0' (.layers[0])", "module '0' (.state)"]
     cell = Cell()
     assert sorted(named_carries(cell)) == ["the model (.layers[0])", "the model (.state)"]
+
+
+def test_no_walk_before_any_carry_exists_and_every_way_of_making_one_ends_that(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # named_carries skips its walk while no Carry was ever made in the process; making one
+    # (of a subclass too), copying one and unpickling one are each seen, so no model can
+    # hold a Carry the walk is skipped for
+    kept = Cell()
+    for make in (
+        Cell,
+        lambda: copy.deepcopy(kept),
+        lambda: pickle.loads(pickle.dumps(kept)),
+    ):
+        monkeypatch.setattr(st.Carry, "made", False)
+        model = make()
+        assert st.Carry.made
+        assert sorted(named_carries(model)) == ["the model (.layers[0])", "the model (.state)"]
+    monkeypatch.setattr(st.Carry, "made", False)
+    assert named_carries(kept) == {}  # (the flag alone decides: what the walk is spared)
