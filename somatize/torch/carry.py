@@ -60,18 +60,25 @@ class Carry:
     """
 
     __slots__ = ("detach", "value")
-    # Whether a Carry was ever made in this process (set by __new__, which making one,
-    # copying it and unpickling it all call): until one is, no model holds one and
-    # ``named_carries`` has nothing to search for.
+    # Whether a Carry may exist in this process: set by making one, by copying or
+    # unpickling one (__setstate__), and by defining a subclass (whose instances may skip
+    # __init__). Until then no model holds one and ``named_carries`` has nothing to find.
     made: ClassVar[bool] = False
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Carry:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
         Carry.made = True
-        return super().__new__(cls)
 
     def __init__(self, *, detach: bool = True) -> None:
+        Carry.made = True
         self.detach = detach
         self.value: Any = None
+
+    def __setstate__(self, state: Any) -> None:  # (copied or unpickled: no __init__)
+        Carry.made = True
+        _, slots = state  # (no __dict__: its slots' values)
+        for name, value in slots.items():
+            setattr(self, name, value)
 
     def set(self, value: Any) -> None:
         self.value = _detached(value) if self.detach else value

@@ -68,21 +68,35 @@ def test_a_plain_module_s_carries_are_named_by_their_module():
     assert sorted(named_carries(cell)) == ["the model (.layers[0])", "the model (.state)"]
 
 
-def test_no_walk_before_any_carry_exists_and_every_way_of_making_one_ends_that(
+def test_no_walk_before_any_carry_may_exist_and_every_way_of_making_one_ends_that(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # named_carries skips its walk while no Carry was ever made in the process; making one
-    # (of a subclass too), copying one and unpickling one are each seen, so no model can
-    # hold a Carry the walk is skipped for
+    # named_carries skips its walk while no Carry can exist in the process; making one
+    # (of a subclass too), copying one, unpickling one and defining a subclass are each
+    # seen, so no model can hold a Carry the walk is skipped for
     kept = Cell()
+
+    def subclass() -> nn.Module:
+        class Mine(st.Carry):
+            __slots__ = ()
+
+        return kept
+
     for make in (
         Cell,
         lambda: copy.deepcopy(kept),
         lambda: pickle.loads(pickle.dumps(kept)),
+        subclass,
     ):
         monkeypatch.setattr(st.Carry, "made", False)
         model = make()
         assert st.Carry.made
         assert sorted(named_carries(model)) == ["the model (.layers[0])", "the model (.state)"]
+    one = st.Carry(detach=False)
+    for copied in (copy.copy, copy.deepcopy, lambda c: pickle.loads(pickle.dumps(c))):
+        monkeypatch.setattr(st.Carry, "made", False)
+        twin = copied(one)
+        assert st.Carry.made
+        assert twin.detach is False and twin.value is None  # (its slots, as they were)
     monkeypatch.setattr(st.Carry, "made", False)
     assert named_carries(kept) == {}  # (the flag alone decides: what the walk is spared)
