@@ -17,7 +17,13 @@ from somatize.torch.resumed_optimizer import check_clip
 from tests.torch.test_checkpoint_resume import Crash, CrashAt, assert_same, data, graph, trainer
 from tests.torch.test_trainer_lr_find import data as lr_data
 from tests.torch.test_trainer_lr_find import net as lr_net
-from tests.torch.trainer_helpers import batches, make_graph, plain_copy, plain_state, quiet
+from tests.torch.trainer_helpers import (
+    batches,
+    make_graph,
+    plain_state,
+    porter_loop,
+    quiet,
+)
 
 V = 0.02  # below many of this net's gradient elements: the clamp bites
 
@@ -30,41 +36,17 @@ class Seen:
 
 
 def _plain(data, k: int, mb: int, fp16: bool, v: float | None) -> tuple[list[float], dict, float]:
-    """The porter's loop: groups of ``k`` batches, each in ``mb`` chunks weighed by their
-    share of the group's examples, clipped by value before ``opt.step()``. Also returns
-    the largest gradient element seen before clipping."""
-    m = plain_copy(make_graph())
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler("cpu") if fp16 else None
-    losses, largest = [], 0.0
-    for _ in range(2):
-        for i in range(0, len(data), k):
-            parts = [
-                (xc, yc)
-                for x, y in data[i : i + k]
-                for xc, yc in zip(torch.chunk(x, mb), torch.chunk(y, mb), strict=True)
-            ]
-            n = sum(len(yc) for _, yc in parts)
-            opt.zero_grad(set_to_none=True)
-            total = torch.zeros(())
-            for xc, yc in parts:
-                with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
-                    loss = F.cross_entropy(m(xc), yc)
-                part = loss if len(parts) == 1 else loss * (len(yc) / n)
-                total += loss.detach().float() * (len(yc) / n)
-                (part if scaler is None else scaler.scale(part)).backward()
-            if scaler is not None:
-                scaler.unscale_(opt)
-            largest = max(largest, *(float(p.grad.abs().max()) for p in m.parameters()))
-            if v is not None:
-                nn.utils.clip_grad_value_(m.parameters(), v)
-            if scaler is None:
-                opt.step()
-            else:
-                scaler.step(opt)
-                scaler.update()
-            losses.append(float(total))
-    return losses, plain_state(m), largest
+    """The porter's loop, clipped by value before ``opt.step()``; also the largest gradient
+    element seen before clipping."""
+    largest = [0.0]
+
+    def clip(m: nn.Module) -> None:
+        largest[0] = max(largest[0], *(float(p.grad.abs().max()) for p in m.parameters()))
+        if v is not None:
+            nn.utils.clip_grad_value_(m.parameters(), v)
+
+    losses, m = porter_loop(data, k, mb, fp16, clip)
+    return losses, plain_state(m), largest[0]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,13 @@ from somatize import JsonLines, Recorder
 from somatize.errors import SettingError
 from somatize.torch import loop
 from somatize.watchers import StepEnd
-from tests.torch.trainer_helpers import batches, make_graph, plain_copy, plain_state, quiet
+from tests.torch.trainer_helpers import (
+    batches,
+    make_graph,
+    plain_state,
+    porter_loop,
+    quiet,
+)
 
 C = 0.2  # below most steps' norm: clipping by norm bites
 V = 0.02  # below many gradient elements: clipping by value bites
@@ -26,36 +32,16 @@ V = 0.02  # below many gradient elements: clipping by value bites
 def _plain(data, k, mb, fp16, clip, value) -> tuple[list[float], dict]:
     """The porter's loop, logging ``clip_grad_norm_(params, inf)`` before it clips (after
     the scaler's unscale under fp16): the norm Lightning's ``grad_norm`` shows."""
-    m = plain_copy(make_graph())
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler("cpu") if fp16 else None
     norms = []
-    for _ in range(2):
-        for i in range(0, len(data), k):
-            parts = [
-                (xc, yc)
-                for x, y in data[i : i + k]
-                for xc, yc in zip(torch.chunk(x, mb), torch.chunk(y, mb), strict=True)
-            ]
-            n = sum(len(yc) for _, yc in parts)
-            opt.zero_grad(set_to_none=True)
-            for xc, yc in parts:
-                with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
-                    loss = F.cross_entropy(m(xc), yc)
-                part = loss if len(parts) == 1 else loss * (len(yc) / n)
-                (part if scaler is None else scaler.scale(part)).backward()
-            if scaler is not None:
-                scaler.unscale_(opt)
-            norms.append(float(nn.utils.clip_grad_norm_(m.parameters(), math.inf)))
-            if clip is not None:
-                nn.utils.clip_grad_norm_(m.parameters(), clip)
-            if value is not None:
-                nn.utils.clip_grad_value_(m.parameters(), value)
-            if scaler is None:
-                opt.step()
-            else:
-                scaler.step(opt)
-                scaler.update()
+
+    def clipped(m: nn.Module) -> None:
+        norms.append(float(nn.utils.clip_grad_norm_(m.parameters(), math.inf)))
+        if clip is not None:
+            nn.utils.clip_grad_norm_(m.parameters(), clip)
+        if value is not None:
+            nn.utils.clip_grad_value_(m.parameters(), value)
+
+    _, m = porter_loop(data, k, mb, fp16, clipped)
     return norms, plain_state(m)
 
 

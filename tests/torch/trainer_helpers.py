@@ -67,3 +67,42 @@ class Capture(torch.optim.SGD):
 
     def step(self, closure=None):
         self.grads.append([p.grad.clone() for p in self.param_groups[0]["params"]])
+
+
+def porter_loop(data, k: int, mb: int, fp16: bool, before_step) -> tuple[list[float], nn.Module]:
+    """A porter's plain loop over ``make_graph()``'s network for 2 epochs: groups of ``k``
+    batches, each in ``mb`` chunks weighed by their share of the group's examples, fp16 with
+    a ``GradScaler`` if asked; ``before_step(model)`` runs on the step's gradient (unscaled)
+    just before ``opt.step()``. The losses of the steps, and the model."""
+    from torch.nn import functional as F
+
+    m = plain_copy(make_graph())
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu") if fp16 else None
+    losses = []
+    for _ in range(2):
+        for i in range(0, len(data), k):
+            parts = [
+                (xc, yc)
+                for x, y in data[i : i + k]
+                for xc, yc in zip(torch.chunk(x, mb), torch.chunk(y, mb), strict=True)
+            ]
+            n = sum(len(yc) for _, yc in parts)
+            opt.zero_grad(set_to_none=True)
+            total = torch.zeros(())
+            for xc, yc in parts:
+                with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
+                    loss = F.cross_entropy(m(xc), yc)
+                part = loss if len(parts) == 1 else loss * (len(yc) / n)
+                total += loss.detach().float() * (len(yc) / n)
+                (part if scaler is None else scaler.scale(part)).backward()
+            if scaler is not None:
+                scaler.unscale_(opt)
+            before_step(m)
+            if scaler is None:
+                opt.step()
+            else:
+                scaler.step(opt)
+                scaler.update()
+            losses.append(float(total))
+    return losses, m
