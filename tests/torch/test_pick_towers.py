@@ -94,15 +94,8 @@ def test_picked_towers_match_plain_torch_in_outputs_and_gradients():
 
 
 def test_a_dict_batch_is_picked_by_key():
-    class Named(Node):
-        def __init__(self, width):
-            self.lin = nn.Linear(width, 4)
-
-        def forward(self, x, ctx):
-            return Done(Opaque(self.lin(x)))
-
     torch.manual_seed(0)
-    towers = (Pick("image") >> Named(6).with_id("img")) | (Pick("text") >> Named(3).with_id("txt"))
+    towers = (Pick("image") >> Tower(6).with_id("img")) | (Pick("text") >> Tower(3).with_id("txt"))
     g = Graph.somatize(towers >> Score())
     batch = {"image": torch.randn(5, 6), "text": torch.randn(5, 3)}
     out = st.module(g)(batch)
@@ -143,16 +136,9 @@ def test_a_flat_processor_batch_gives_the_text_tower_its_two_keys():
             mask = x["attention_mask"].unsqueeze(-1).float()
             return Done(Opaque((self.emb(x["input_ids"]) * mask).sum(1) / mask.sum(1)))
 
-    class Image(Node):
-        def __init__(self):
-            self.lin = nn.Linear(6, 4)
-
-        def forward(self, x, ctx):
-            return Done(Opaque(self.lin(x)))
-
     torch.manual_seed(0)
     rec = Recorder()
-    pair = (Pick("pixel_values") >> Image().with_id("img")) | (
+    pair = (Pick("pixel_values") >> Tower(6).with_id("img")) | (
         Pick("input_ids", "attention_mask") >> Text().with_id("txt")
     )
     g = Graph.somatize(pair >> Score(), watchers=[rec]).freeze("txt").cache("txt", per="example")
