@@ -290,7 +290,10 @@ def remember(
         hit_set = set(hit)
         miss = [i for i in range(n) if i not in hit_set] if hit else list(range(n))
     if env.watchers:
-        event = CacheRows(ctx.run.id, label, ctx.run.step, len(hit), len(miss), tuple(keys))
+        layout_in = recipe[1:]  # (the input rows' layout: the recipe less the node's parts)
+        event = CacheRows(
+            ctx.run.id, label, ctx.run.step, len(hit), len(miss), tuple(keys), layout_in
+        )
         notify(env.watchers, event)
     if env.explained is not None:
         env.explained.append((label, impl, parts, f"{n} examples", (len(hit), len(miss))))

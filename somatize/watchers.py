@@ -109,13 +109,18 @@ class CacheMiss(Event):
 class CacheRows(Event):
     """A node cached per example met a batch: ``hits`` rows were read from the keeper,
     ``misses`` rows were computed (in one call of the node) and stored; ``keys`` are the
-    rows' keys, in batch order."""
+    rows' keys, in batch order. ``layout``: how one input row is laid out — the batch's
+    structure (``"leaf"``, ``"tuple"``, ``"list"`` or ``"dict"``), its field names, and each
+    leaf's codec tag and row layout (a tensor's: dtype and shape without the batch dim) —
+    ``("leaf", (), (("torch.tensor", ("int64", (17,))),))``; rows padded to each batch's longest
+    sequence come in a layout per length."""
 
     node: str
     step: int
     hits: int
     misses: int
     keys: tuple[str, ...] = ()
+    layout: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
