@@ -10,6 +10,10 @@ rank), so the counts of a resumed fit are those of the whole run. After each epo
 (``EpochEnd.cache``), and warns once per node when an epoch after the first found fewer than
 one in ten of its lookups although an earlier epoch counted since the fit started (or
 resumed) stored them: the cache then costs its keys and writes and saves little or nothing.
+It also warns, once, about a node cached per example whose epoch found fewer than nine
+rows in ten while its input rows came in several shapes (each ``CacheRows.layout`` of the
+epoch, one set add a batch): batches padded to their own longest sequence, whose
+examples hit only at a length they met before.
 (A resumed fit's first epoch is not compared with the epochs before the resume: a new
 process's ``MemoryKeeper`` starts empty, so that epoch stores what it looks up, as a run's
 first epoch does.)
@@ -53,6 +57,8 @@ class CacheTally:
         self._whole: set[str] = set(since.get("whole") or ())  # nodes cached whole (a call)
         self._paused = False
         self._missed: set[str] = set()  # nodes whose lookups missed (stored) this epoch
+        # node cached per example -> the layouts of its input rows this epoch (shapes)
+        self._layouts: dict[str, set[tuple[Any, ...]]] = {}
         self._stored: set[str] = set()  # ... in an earlier epoch since the tally was made
         # the MemoryKeepers of the graphs, and what each had evicted when the fit began
         self.keepers: list[tuple[Any, int]] = []
@@ -73,7 +79,13 @@ class CacheTally:
             return
         kind = type(event)
         if kind is CacheRows:
-            self._add(event.node, event.hits, event.misses)  # type: ignore[attr-defined]
+            node, layout = event.node, event.layout  # type: ignore[attr-defined]
+            self._add(node, event.hits, event.misses)  # type: ignore[attr-defined]
+            seen = self._layouts.get(node)
+            if seen is None:
+                self._layouts[node] = {layout}
+            else:
+                seen.add(layout)
         elif kind is CacheHit or kind is CacheMiss:
             label: str = event.node  # type: ignore[attr-defined]
             node = _node(label)
@@ -107,20 +119,29 @@ class CacheTally:
             self.pause(was)
 
     def end_epoch(self, epoch: int, warn: bool = True) -> Counts:
-        """The counts of the epoch just ended, warning about nodes gone cold."""
+        """The counts of the epoch just ended, warning about nodes gone cold, or missing
+        rows padded to each batch's longest sequence."""
         counts, self._epoch = self._epoch, {}  # (its own dicts: ``total`` holds others)
+        layouts, self._layouts = self._layouts, {}
         for node, c in counts.items():
             hits, lookups = c["hits"], c["hits"] + c["misses"]
             # an earlier epoch counted here missed, so wrote: not ``total``, which holds a
             # resumed checkpoint's counts too (their entries may be in no keeper of this process)
             stored = node in self._stored
-            if warn and stored and hits < _COLD * lookups and node not in self._warned:
-                self._warned.add(node)
-                message = _evicted(self.keepers) + _cold(
-                    node, epoch, hits, lookups, node in self._whole, node in self.roots
+            if not warn or not stored or hits >= _PADDED * lookups or node in self._warned:
+                continue
+            shapes = _shapes(layouts.get(node, ()))
+            if hits < _COLD * lookups:
+                message = _cold(
+                    node, epoch, hits, lookups, node in self._whole, node in self.roots, shapes
                 )
-                # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
-                warnings.warn(message, RuntimeWarning, stacklevel=outside())
+            elif shapes is not None:
+                message = _padded(node, epoch, hits, lookups, shapes)
+            else:  # (a middling rate at one row shape: no cause known to name)
+                continue
+            self._warned.add(node)
+            # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
+            warnings.warn(_evicted(self.keepers) + message, RuntimeWarning, stacklevel=outside())
         self._stored |= self._missed
         self._missed = set()
         return counts
@@ -135,6 +156,8 @@ def _counts(counts: Any) -> Counts:
 
 
 _COLD = 0.1  # an epoch after the first finding fewer of a node's lookups than this is cold
+# ... fewer than this, its input rows in several shapes: padded to each batch's longest
+_PADDED = 0.9
 
 
 def _evicted(keepers: list[tuple[Any, int]]) -> str:
@@ -152,7 +175,77 @@ def _evicted(keepers: list[tuple[Any, int]]) -> str:
     return ""
 
 
-def _cold(node: str, epoch: int, hits: int, lookups: int, whole: bool, root: bool) -> str:
+def _shapes(layouts: Any) -> tuple[int, str] | None:
+    """How many row shapes a node's input came in (``layouts``: the ``CacheRows.layout`` of
+    its batches in an epoch) and their range said — ``(17,) to (64,)``, ``'input_ids' (17,)
+    to (64,), ...`` for the fields that vary — or None: one shape, or layouts not the
+    torch codec's rows of one structure (no padding to name)."""
+    shapes: set[tuple[Any, ...]] = set()
+    structures = set()
+    for layout in layouts:
+        if type(layout) is not tuple or len(layout) != 3:
+            return None
+        kind, names, leaves = layout
+        row = tuple(lay[1] if _shaped(lay) else None for _, lay in leaves)
+        if None in row:
+            return None
+        structures.add((kind, names, len(row)))
+        shapes.add(row)
+    if len(shapes) < 2 or len(structures) != 1:
+        return None
+    kind, names, width = structures.pop()
+    said = []
+    for i in range(width):
+        mine = sorted({row[i] for row in shapes})
+        if len(mine) > 1:
+            field = f"{names[i]!r} " if kind == "dict" else "" if kind == "leaf" else f"[{i}] "
+            said.append(f"{field}{mine[0]} to {mine[-1]}")
+    return len(shapes), ", ".join(said)
+
+
+def _shaped(lay: Any) -> bool:
+    """Whether ``lay`` is a tensor's row layout: (dtype, shape without the batch dim)."""
+    return (
+        type(lay) is tuple
+        and len(lay) == 2
+        and type(lay[1]) is tuple
+        and all(type(d) is int for d in lay[1])
+    )
+
+
+_PADDING = (
+    "each batch padded to its own longest sequence (pad_sequence in a collate_fn, or Hugging "
+    "Face's DataCollatorWithPadding): a row is its bytes, padding included, so an example "
+    "is keyed anew at each length its batch pads it to, and hits only at a length it met "
+    "before"
+)
+_PAD_FIX = (
+    'pad to one fixed length (tokenizer(..., padding="max_length", max_length=...), or F.pad '
+    "after pad_sequence), or to a few bucket lengths each example always meets (batches "
+    "grouped by length, each padded to its bucket's)"
+)
+
+
+def _padded(node: str, epoch: int, hits: int, lookups: int, shapes: tuple[int, str]) -> str:
+    share = hits * 100 // lookups  # (rounded down: 89.6% is not said as 90%)
+    return (
+        f"node {node!r} is cached per example, but epoch {epoch + 1} found only {share}% of "
+        f"its {lookups:,} rows ({hits:,}) stored by an earlier epoch, and its input came in "
+        f"rows of {shapes[0]} shapes, {shapes[1]}: likely {_PADDING}. The cache costs keys "
+        f"and writes for every row and saves little — {_PAD_FIX}, so that every epoch after "
+        "the first finds every row."
+    )
+
+
+def _cold(
+    node: str,
+    epoch: int,
+    hits: int,
+    lookups: int,
+    whole: bool,
+    root: bool,
+    shapes: tuple[int, str] | None = None,
+) -> str:
     found = f"only {hits:,} of its" if hits else "none of its"
     batches = (
         "a shuffled DataLoader never repeats a batch — cache it per example, "
@@ -166,15 +259,21 @@ def _cold(node: str, epoch: int, hits: int, lookups: int, whole: bool, root: boo
             "batch) and is keyed by all of them, though it may read one: give it its own, "
             "Pick(1) >> node (from somatize import Pick); "
         )
+    # padding: said first, with the row shapes seen, when the input came in several
+    padding = f"; or {_PADDING} — {_PAD_FIX}" if shapes is None else ""
+    lengths = (
+        f"Its input came in rows of {shapes[0]} shapes this epoch, {shapes[1]}: likely "
+        f"{_PADDING} — {_PAD_FIX}. Other possible causes: "
+        if shapes is not None
+        else "Likely causes: "
+    )
     return (
         f"node {node!r} is cached, but {found} {lookups:,} lookups of epoch {epoch + 1} "
         "found what an earlier epoch stored: the cache costs keys and writes and saves "
-        f"{'nothing' if not hits else 'little'}. Likely causes: {batches}its input differs "
+        f"{'nothing' if not hits else 'little'}. {lengths}{batches}its input differs "
         "from epoch to epoch (random augmentation or noise before the node: memory pays "
-        "only for inputs that repeat — stop caching it, or augment its output instead; or "
-        "a batch padded to its own longest sequence, pad_sequence in a collate_fn: a row is "
-        "its bytes, padding included, so an example hits only at a length it met before — "
-        "pad to a fixed length or a few bucket lengths); its key changed (its weights, code or declaration — a node meant to "
+        "only for inputs that repeat — stop caching it, or augment its output instead"
+        f"{padding}); its key changed (its weights, code or declaration — a node meant to "
         "be fixed should be frozen); or the keeper dropped the entries (a MemoryKeeper "
         "or a DiskKeeper whose max_bytes is smaller than an epoch, or a gc of the DiskKeeper — "
         "keeper.gc(), somatize cache gc — in another process meanwhile: see keeper.stats()). "

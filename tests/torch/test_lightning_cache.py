@@ -134,3 +134,20 @@ def test_cache_counts_of_a_resumed_run_are_the_whole_runs(tmp_path):
     torch.save(saved, old)
     trainer, lg = run(2, ckpt_path=str(old))
     assert result(trainer, lg).cache == {"encoder": {"hits": 64, "misses": 0}}  # from the resume
+
+
+@pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
+def test_rows_padded_to_each_batchs_longest_are_named_under_lightning_too(tmp_path):
+    from tests.torch.test_rows_padding_hint import Padded, graph, hints, shuffled
+
+    lg, recorder = _lg(graph()), Recorder()
+    trainer = _trainer(tmp_path, max_epochs=3, callbacks=[Watch([recorder])])
+    with pytest.warns(RuntimeWarning) as caught:
+        trainer.fit(lg, shuffled(Padded()))
+    (hint,) = hints(caught)  # the Trainer's tally: said once, at epoch 2, at the fit call
+    assert [w.filename for w in caught if "padded to its own longest" in str(w.message)] == [
+        __file__
+    ]
+    second = recorder.of(EpochEnd)[1].cache["enc"]
+    assert hint.group(1) == "2" and int(hint.group(4)) == second["hits"]
+    assert 0 < second["hits"] < 0.9 * (second["hits"] + second["misses"])

@@ -155,6 +155,7 @@ def test_a_cold_epoch_names_padding_to_each_batchs_longest_as_a_cause():
         fit(g, data, epochs=2)
     message = next(str(w.message) for w in caught if "node 'enc' is cached" in str(w.message))
     assert "padded to its own longest" in message and "fixed length" in message
+    assert "Its input came in rows of " in message and " shapes this epoch, (" in message
 
 
 def test_a_node_cached_per_batch_under_a_shuffled_loader_is_told_to_cache_per_example():
