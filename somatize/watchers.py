@@ -165,7 +165,9 @@ class StepEnd(Event):
     ``grad_norm``: the total L2 norm of the gradients the step used, before any clipping
     (after every micro-batch and accumulated batch, all-reduced under DDP, unscaled under
     fp16: inf or NaN on a step the scaler skips) — told under ``Options(clip_grad_norm=)``
-    or ``Options(log_grad_norm=True)``, else None."""
+    or ``Options(log_grad_norm=True)``, else None. ``terms``: the other entries of a loss
+    function's dict ``{"loss": ..., "recon": ..., "kl": ...}``, weighed as ``loss`` is (over
+    micro-batches, accumulated batches and ranks; unscaled); empty for a loss alone."""
 
     step: int
     epoch: int
@@ -175,6 +177,7 @@ class StepEnd(Event):
     seconds: float
     lrs: tuple[float, ...] = ()
     grad_norm: float | None = None
+    terms: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

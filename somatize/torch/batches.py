@@ -27,6 +27,7 @@ from ..errors import SettingError, add_note
 from ..printable import printable
 from . import ddp
 from .limits import length
+from .loss_terms import loss_terms
 from .samplers import epoch_generator, rank_share
 
 __all__ = [
@@ -107,37 +108,12 @@ def _split_failed(fn: Callable[[Any], Any], batch: Any) -> str:
 def loss_of(loss: Callable[..., Any] | None, output: Any, target: Any) -> torch.Tensor:
     """The scalar loss of a batch: ``loss(output, target)``, ``loss(output)`` without a
     target, or the output itself when there is no loss function (the graph computes it).
+    A loss function's dict gives its ``"loss"`` entry (its terms: ``loss_terms.py``).
 
     Raises:
-        TypeError: the result is not a scalar tensor.
+        TypeError: the result is not a scalar tensor, nor such a dict.
     """
-    if loss is None:
-        value = output
-    elif target is None:
-        value = loss(output)
-    else:
-        value = loss(output, target)
-    if loss is None and isinstance(value, Mapping) and "loss" in value:
-        raise SettingError(_holds_loss(value))
-    if not isinstance(value, torch.Tensor) or value.dim() != 0:
-        shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
-        raise TypeError(
-            f"the loss must be a scalar tensor, got {type(value).__name__}{shape}; "
-            "pass loss=fn(output, target) returning a mean, or make the graph output the loss"
-        )
-    return value
-
-
-def _holds_loss(output: Mapping[Any, Any]) -> str:
-    """Without ``loss=``, an output that holds its loss (a Hugging Face model's)."""
-    keys = ", ".join(map(repr, list(output)[:4])) + (", ..." if len(output) > 4 else "")
-    return (
-        f"the model returned a {type(output).__qualname__} ({keys}), not its loss: without "
-        "loss= the model's output is the loss, a scalar tensor. Return out['loss'] from the "
-        "model, or pick it out with loss=lambda out: out['loss'], split=lambda batch: "
-        "(batch, None) — the model still gets the whole batch, and the loss is called "
-        "with its output alone"
-    )
+    return loss_terms(loss, output, target)[0]
 
 
 def _map(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:

@@ -3,7 +3,8 @@
 Columns: ``kind`` (``step``, ``eval`` or ``epoch``), ``step``, ``epoch``, then ``loss``,
 ``lr`` (and ``lr/group<i>`` for each parameter group after the first), ``examples``,
 ``seconds`` on step rows (and ``grad_norm``, from the first step that tells it:
-``Options(clip_grad_norm=)`` or ``log_grad_norm=True``), node metrics as ``<node>/<name>`` on the
+``Options(clip_grad_norm=)`` or ``log_grad_norm=True``; a column per term of a loss
+function's dict, ``recon``, ``kl``: ``StepEnd.terms``), node metrics as ``<node>/<name>`` on the
 step they were computed in, and the evaluation's values (``val_loss``, ``val_acc``...) on
 eval rows. When the graph remembers a node, an epoch row after each epoch holds what
 its cache found: ``cache/<node>/hits`` and ``cache/<node>/misses`` (``EpochEnd.cache``).
@@ -86,6 +87,8 @@ class CSVLog:
             }
             if event.grad_norm is not None:  # a column of its own: a log without it is as before
                 self._pending["grad_norm"] = event.grad_norm
+            if event.terms:  # a loss function's terms: a column each, as grad_norm's
+                self._pending.update(event.terms)
         elif isinstance(event, Metrics):
             values = {k: _number(v) for k, v in event.values.items()}
             if event.node:  # a node's metrics of the step just reported

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import add_note
+from ..errors import SettingError, add_note
 from ..watchers import Metrics, notify
 from . import ddp
 from .carry import reset
@@ -50,7 +50,10 @@ def evaluate_into(
                 where = f"val set {vs.name!r}" if vs.name else "the validation set"
                 add_note(e, f"(raised evaluating {where} after step {s.step})")
                 raise
-            values.update({f"{vs.prefix}{k}": v for k, v in evaluated.items()})
+            named = {f"{vs.prefix}{k}": v for k, v in evaluated.items()}
+            if values.keys() & named.keys():  # (fit() checked the loss's and metrics' names)
+                _collide(sorted(values.keys() & named.keys()), vs.name)
+            values.update(named)
     for c, value in zip(run.carries, kept):
         c.value = value
     if run.world > 1 and counted:  # every rank's share, in one reduction for all sets
@@ -88,6 +91,15 @@ def evaluate_into(
             trainer.options, s.epoch + epoch_end, s.step
         )
     return record
+
+
+def _collide(names: list[str], name: str) -> None:
+    """Two validation sets whose evaluated names collide (a loss's term ``b_recon`` of set
+    ``a`` and ``recon`` of set ``a_b``: both ``val_a_b_recon``)."""
+    raise SettingError(
+        f"val set {name!r} evaluates {', '.join(map(repr, names))}, which an earlier val set "
+        "evaluates too; rename a set (or the term or metric) so every evaluated name is its own"
+    )
 
 
 def rank_checkpoint(

@@ -3,7 +3,9 @@
 One process, full precision, one batch per step, no micro-batches, no watchers: what
 ``loop._epoch`` + ``step.step`` do, written out flat, because every function call of a
 step is measured against a plain PyTorch loop (``benchmarks/bench_training.py``). It
-must stay equal to them — ``tests/torch/test_trainer*.py`` run both paths.
+must stay equal to them — ``tests/torch/test_trainer*.py`` run both paths. A loss
+function's dict of terms (``loss_terms.py``) trains on its ``"loss"``; its terms are
+checked and dropped here: without watchers no ``StepEnd`` is made, and nothing reads them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch.nn.modules import module as _torch_module  # (its global hooks)
 
 from .batches import loss_of, num_examples, split, to_device
 from .evaluation import evaluate_into
+from .loss_terms import scalar_and_terms
 from .policy import save
 from .rng import put_back, snapshot
 from .settings import check_batch
@@ -148,8 +151,8 @@ def fast_epoch(
             out = call(x)
             if with_loss and y is not None:
                 loss = loss_fn(out, y)  # type: ignore[misc]
-                if type(loss) is not _Tensor or loss.dim():
-                    loss = loss_of(loss_fn, out, y)  # raises, naming what it got
+                if type(loss) is not _Tensor or loss.dim():  # a dict of terms, or wrong
+                    loss = scalar_and_terms(loss_fn, loss)[0]  # (no watcher reads terms)
             else:
                 loss = loss_of(loss_fn, out, y)
             loss.backward()

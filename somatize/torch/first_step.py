@@ -235,10 +235,10 @@ def _typed(value: Any) -> str:
 
 
 def _loss_call(e: BaseException) -> tuple[Any, Any] | None:
-    """(output, target) when ``e`` was raised in calling the loss function (``loss_of``'s
+    """(output, target) when ``e`` was raised in calling the loss function (``loss_terms``'s
     call of it, or the fast path's, or inside it), else None."""
-    from .batches import loss_of
     from .fastpath import fast_epoch
+    from .loss_terms import loss_terms, scalar_and_terms
 
     tb: types.TracebackType | None = e.__traceback__
     while tb is not None:
@@ -249,10 +249,11 @@ def _loss_call(e: BaseException) -> tuple[Any, Any] | None:
             # loss call failed (after a first step, explain is not asked)
             if "out" in local and "loss" not in local:
                 return local["out"], local.get("y")
-        if code is loss_of.__code__:
+        if code is loss_terms.__code__:
             local = tb.tb_frame.f_locals
-            # (loss_of's own scalar check says what it wants: no note on it)
-            if tb.tb_next is None and "value" in local:
+            # (its own check of what the loss returned says what it wants: no note on it)
+            after = tb.tb_next
+            if after is not None and after.tb_frame.f_code is scalar_and_terms.__code__:
                 return None
             return local.get("output"), local.get("target")
         tb = tb.tb_next

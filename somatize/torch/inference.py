@@ -24,6 +24,7 @@ from .carry import carries, check_last_batch, named_carries, reset
 from .data_checks import check_data
 from .first_step import evaluate_note, keywords_note
 from .limits import limited
+from .loss_terms import KeptTerms, gives_terms
 from .metrics import evaluate as evaluate_batches
 from .rank_lengths import agree
 from .smoke import smoke_batches
@@ -115,11 +116,15 @@ def evaluated(
     counted: list[int] | None = None,
 ) -> dict[str, float]:
     """One evaluation of ``net`` over ``data`` with the trainer's loss and metrics (fit's,
-    its sanity check's, ``evaluate``'s); ``counted[-1]`` adds up the examples it reads."""
-    fns = {"loss": trainer._loss, **trainer.metrics}
+    its sanity check's, ``evaluate``'s); ``counted[-1]`` adds up the examples it reads.
+    A loss function's terms (``loss_terms.py``) are averaged as the loss, named after it:
+    ``{"loss": ..., "recon": ..., "kl": ..., <metrics>...}``."""
+    loss = trainer.loss
+    kept = KeptTerms(loss, trainer.metrics, "Trainer") if gives_terms(loss) else None
+    fns = {"loss": kept or trainer._loss, **trainer.metrics}
     split_ = trainer._split if counted is None else _counting(trainer._split, counted)
     try:
-        return evaluate_batches(
+        values = evaluate_batches(
             net,
             data,
             fns,
@@ -129,11 +134,17 @@ def evaluated(
             rank=rank,
             world=world,
             limit=limit,
+            aside=kept.take if kept is not None else None,
         )
     except (TypeError, ValueError) as e:
         evaluate_note(e, trainer, data)  # the batch rule, as fit() explains it (first_step.py)
         keywords_note(e, trainer, net)
         raise
+    if kept is None:
+        return values
+    # the terms after the loss, in the order it gives them (a rank that saw no batch: sorted)
+    terms = [*kept.names, *sorted(k for k in values if k not in fns and "/" not in k)]
+    return {"loss": values["loss"], **{k: values[k] for k in terms}, **values}
 
 
 def _counting(split_: Callable[[Any], tuple[Any, Any]], counted: list[int]) -> Callable[..., Any]:

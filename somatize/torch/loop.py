@@ -285,9 +285,10 @@ def _report_step(
 ) -> None:
     s, seconds = run.state, time.perf_counter() - tick
     norm = None if run.grad_norm is None else float(run.grad_norm)  # (step._update's)
+    terms = {k: float(v) for k, v in run.terms.items()}  # (a loss function's dict: step.py)
     notify(
         run.watchers,
-        StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds, lrs, norm),
+        StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds, lrs, norm, terms),
     )
     reported = node_metrics(run.net)
     if reported:  # (checked as an evaluation checks them; numbers, as Metrics says)

@@ -185,10 +185,12 @@ def evaluate(
     rank: int = 0,
     world: int = 1,
     limit: int | None = None,
+    aside: Callable[[], Mapping[str, Any]] | None = None,
 ) -> dict[str, float]:
     """Each of ``fns`` on ``net``'s outputs over ``data`` (and ranks): functions averaged
     over examples, metric objects computed over the whole set; then node metrics.
     ``limit``: only the first batches of this rank's share (``Options(limit_val_batches=)``).
+    ``aside``: more values of each batch (the loss's terms), averaged as node metrics are.
 
     Runs in eval mode under ``torch.no_grad()`` and restores the module's mode; the
     forward *and* the functions run under ``autocast`` (Lightning's ``validation_step``
@@ -258,13 +260,16 @@ def evaluate(
                         key = f"{node}/{k}"
                         v = float(v) if host else _exact(v, dtype)
                         node_sums[key] = node_sums.get(key, 0.0) + v * n
+                for key, v in (aside() if aside is not None else {}).items():
+                    v = float(v) if host else _exact(v, dtype)
+                    node_sums[key] = node_sums.get(key, 0.0) + v * n
     finally:
         net.train(was_training)
     if host:
         sums = torch.tensor(sums, dtype=dtype)
     node_names = sorted(node_sums)
     merging = {k: m for k, m in objects.items() if not _torchmetrics(m)}
-    if world > 1 and (merging or isinstance(node_metrics(net), Mapping)):
+    if world > 1 and (merging or aside is not None or isinstance(node_metrics(net), Mapping)):
         node_names, objects = _combined(node_names, objects, merging)
     _check_clash(fns, node_names)  # (under DDP, the names every rank agreed on)
     if node_names:  # one reduction and one read-back for all of them

@@ -37,7 +37,8 @@ class Progress:
     waited for its batches a fifth of its time or more, a second at least (``epoch 2 ·
     waiting for data: 38% of training time``: the DataLoader holds the steps back). A step
     that tells its gradient norm (``Options(clip_grad_norm=)`` or ``log_grad_norm=True``)
-    shows it after the loss (``loss 0.1234 · grad norm 1.52``).
+    shows it after the loss (``loss 0.1234 · grad norm 1.52``), and a loss function's terms
+    follow the loss (``loss 0.1234 recon 0.1 kl 0.234``).
 
     Args:
         stream: where to draw (default: standard error).
@@ -141,8 +142,9 @@ class Progress:
         step = f"step {e.step}" + (f"/{self._max_steps}" if self._max_steps else "")
         rate = self._examples / self._seconds if self._seconds > 0 else 0.0
         norm = f" · grad norm {e.grad_norm:.3g}" if e.grad_norm is not None else ""
+        terms = "".join(f" {k} {v:.4g}" for k, v in e.terms.items())  # (in the loss's part)
         return (
-            f"{self._clear}{epoch} · {step} · loss {e.loss:.4f}{norm} · lr {e.lr:.2e} · "
+            f"{self._clear}{epoch} · {step} · loss {e.loss:.4f}{terms}{norm} · lr {e.lr:.2e} · "
             f"{rate:,.0f} ex/s"
         )
 

@@ -57,5 +57,6 @@ class ActiveRun:
     deadline: float | None = None  # Options(max_time=): when it is spent (time.monotonic)
     timed_out: bool = False  # the run stopped because max_time was spent
     grad_norm: Any = None  # the last step's gradient norm for StepEnd (step._update), or None
+    terms: dict[str, Any] = field(default_factory=dict)  # the last step's loss terms (step.py)
     resave: bool = False  # the last checkpoint's step was evaluated after it was written
     timing: Timing = field(default_factory=Timing)  # where the fit's time went (timing.py)

@@ -17,6 +17,9 @@ It is skipped where it could change what the run computes, or where it cannot he
 * a graph that remembers a node (cached, per example or whole): what it would store in the
   keeper could be found by the first epoch's steps, changing their counts in
   ``TrainResult.cache`` (and, through batch-dependent kernels, their bits).
+
+It also checks ``Options(monitor=)`` against what it evaluated: a loss function's terms
+(``val_recon``) are known only once it runs, so ``fit`` leaves such a name to it.
 """
 
 from __future__ import annotations
@@ -66,14 +69,16 @@ def sanity_check(trainer: Trainer, run: ActiveRun) -> bool:
 def _evaluate(trainer: Trainer, run: ActiveRun, n: int) -> bool:
     sets = [vs for vs in run.val_sets or () if _reusable(vs.data)]
     kept = snapshot()
+    names: list[str] = []
     try:
         for vs in sets:
             reset(run.carries)
             limit = n if vs.limit is None else min(n, vs.limit)
             try:
-                trainer._evaluate(
+                values = trainer._evaluate(
                     run.net, vs.data, run.device, run.autocast, run.rank, run.world, limit
                 )
+                names += [f"{vs.prefix}{k}" for k in values]
             except Exception as e:
                 if hasattr(e, "add_note"):  # Python >= 3.11
                     where = f" of val set {vs.name!r}" if vs.name else ""
@@ -86,6 +91,15 @@ def _evaluate(trainer: Trainer, run: ActiveRun, n: int) -> bool:
     finally:
         put_back(kept)
         reset(run.carries)
+    monitor = run.state.monitor
+    if len(sets) == len(run.val_sets or ()) and "/" not in monitor and monitor not in names:
+        # a monitor fit() could not check when it started: a loss function's term may be
+        # evaluated (loss_terms.py), and this evaluation would have shown it
+        raise KeyError(
+            f"Options(monitor={monitor!r}) names a metric evaluation does not produce; the "
+            f"sanity check before training evaluated {', '.join(names)} (set "
+            "Options(monitor=...) to one of them)"
+        )
     return bool(sets)
 
 

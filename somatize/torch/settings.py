@@ -277,6 +277,7 @@ def check_fit(trainer: Any, val: Any) -> None:
     if val is not None:
         from .data_checks import check_data
         from .limits import length
+        from .loss_terms import gives_terms
         from .valsets import check_reusable, check_val, evaluated_names
 
         for name, data in val.items() if isinstance(val, Mapping) else [("", val)]:
@@ -290,7 +291,8 @@ def check_fit(trainer: Any, val: Any) -> None:
                 )
         check_val(val, trainer.metrics)
         check_reusable(val, trainer.epochs, o)
-        check_monitor(monitor, evaluated_names(val, trainer.metrics), val)
+        known = evaluated_names(val, trainer.metrics)
+        check_monitor(monitor, known, val, terms=gives_terms(trainer.loss))
         check_schedule_fits(o.eval_every_epochs, trainer.epochs)
     check_pruner_mode(trainer.pruner, monitor, o.mode)
     check_study_direction(trainer.pruner, monitor, o.mode)
@@ -320,14 +322,19 @@ def check_pruner_mode(pruner: Any, monitor: str, mode: str) -> None:
         )
 
 
-def check_monitor(monitor: str, known: list[str], val: Any = None) -> None:
+def check_monitor(monitor: str, known: list[str], val: Any = None, terms: bool = False) -> None:
     """``Options.monitor`` must name a metric evaluation produces (``known``: ``val_loss``,
     ``val_<name>`` of ``Trainer(metrics=...)``, each prefixed by its set's name for a dict
     ``val=``), or a node's ``val_<node>/<name>`` (which only the evaluation knows; it
-    checks those)."""
+    checks those). ``terms``: the loss function may give terms (``loss_terms.py``), known
+    once it runs: a plain ``val_<name>`` is left to the sanity check (or the first
+    evaluation) to check."""
     if monitor in known or (monitor.startswith("val_") and "/" in monitor):
         return
     several = isinstance(val, Mapping)
+    prefixes = [f"val_{name}_" for name in val] if several else ["val_"]
+    if terms and any(monitor.startswith(p) and monitor != p for p in prefixes):
+        return
     if f"val_{monitor}" in known:
         hint = f"did you mean {'val_' + monitor!r}? evaluated metrics carry the val_ prefix"
     elif several:

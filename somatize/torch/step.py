@@ -15,6 +15,7 @@ from torch import nn
 from ..errors import NonFiniteError, SettingError
 from . import ddp
 from .batches import chunk, epoch_batches, num_examples, to_device
+from .loss_terms import Terms, add_weighed, loss_terms
 from .reduction import check_summed_value
 from .settings import check_batch
 
@@ -42,6 +43,8 @@ def step(
         mean over every rank's examples — else a tensor on the device), its examples (under
         DDP with the check, every rank's together), and whether the optimizer stepped
         (False: skipped for a non-finite loss, or gradients' norm under clip_grad_norm).
+        ``run.terms`` becomes the group's terms of a loss function's dict (``loss_terms.py``),
+        weighed as the loss is — over the ranks with it — for ``StepEnd.terms``.
 
     Raises:
         NonFiniteError: the loss is NaN or infinite under ``Options(nonfinite="raise")``.
@@ -57,7 +60,7 @@ def step(
     k = trainer.micro_batches
     policy = trainer.options.nonfinite
     checked = run.world > 1 and policy != "ignore"  # the ranks' all-reduce, before backward
-    ranks: tuple[bool, float, int] = (False, 0.0, 0)
+    ranks: tuple[bool, float, int, Terms] = (False, 0.0, 0, {})
     if k == 1 and len(group) == 1:  # the common case, without bookkeeping
         x, y = trainer._split(group[0])
         if type(x) is not torch.Tensor:
@@ -65,13 +68,13 @@ def step(
         x, y = to_device(x, device), to_device(y, device)
         n = num_examples(x)
         if autocast is contextlib.nullcontext:  # full precision: no context to enter
-            loss = trainer._loss(wrapped(x), y)
+            loss, terms = loss_terms(trainer.loss, wrapped(x), y)
         else:
             with autocast():
-                loss = trainer._loss(wrapped(x), y)
+                loss, terms = loss_terms(trainer.loss, wrapped(x), y)
         total = loss.detach()  # the history is made float32 when it is read back
         if checked:
-            ranks = _over_ranks(total, n, run.world)
+            ranks = _over_ranks(total, n, run.world, terms)
             loss = _weighed(loss, n, ranks[2], run.world)
         (loss if scaler is None else scaler.scale(loss)).backward()
     else:
@@ -87,6 +90,7 @@ def step(
         sizes = [num_examples(xc) for xc, _ in parts]
         n = sum(sizes)
         total = torch.zeros((), device=device)
+        terms = {}
         for i, ((xc, yc), size) in enumerate(zip(parts, sizes)):
             share = size / n  # each part weighs by its size: exact for mean losses
             last = i == len(parts) - 1
@@ -94,16 +98,19 @@ def step(
             with contextlib.nullcontext() if sync else wrapped.no_sync():  # type: ignore[operator]
                 with autocast():
                     out = wrapped(xc)
-                    loss = trainer._loss(out, yc)
+                    loss, part_terms = loss_terms(trainer.loss, out, yc)
                     if i == 0 and k > 1 and run.state.step == 0:  # a sum? (reduction.py)
                         check_summed_value(trainer.loss, out, yc, loss, k)
                     del out  # (held no longer than before: a chunk's logits may be large)
                 weighted = loss * share
                 total += loss.detach().float() * share
+                if part_terms:
+                    add_weighed(terms, part_terms, share)
                 if checked and last:  # the ranks' examples, before the all-reducing backward
-                    ranks = _over_ranks(total, n, run.world)
+                    ranks = _over_ranks(total, n, run.world, terms)
                     weighted = _weighed(weighted, n, ranks[2], run.world, run.params)
                 (weighted if scaler is None else scaler.scale(weighted)).backward()
+    run.terms = ranks[3] if checked else terms
     if policy != "ignore" and run.world == 1:  # read back now: the history takes the float
         value = total.item()
         if not math.isfinite(value):
@@ -112,7 +119,7 @@ def step(
             return value, n, False
         return value, n, _update(trainer, run, opt, value, index, group)
     if checked:  # under DDP: the check's all-reduce brought the ranks' loss too
-        bad, mean, examples = ranks
+        bad, mean, examples, _ = ranks
         if bad:
             _nonfinite(trainer, run, policy, float(total), index, group)
             opt.zero_grad(set_to_none=True)
@@ -272,19 +279,24 @@ def grad_norm(params: Sequence[nn.Parameter]) -> torch.Tensor:
     return norm
 
 
-def _over_ranks(loss: torch.Tensor, n: int, world: int) -> tuple[bool, float, int]:
+def _over_ranks(
+    loss: torch.Tensor, n: int, world: int, terms: Terms
+) -> tuple[bool, float, int, Terms]:
     """Under DDP, in one all-reduce: whether the loss is non-finite on any rank (they all
     skip, or none does), the ranks' loss — each rank's weighed by its examples, the mean
     loss of their batches joined (in float32) — and their examples together, for the
-    gradients' weights, the history and the watchers."""
+    gradients' weights, the history and the watchers; and each of the loss's ``terms``
+    over the ranks as the loss (every rank's loss function gives the same names)."""
     value = loss.item()
     finite = math.isfinite(value)
+    sums = [float(v) * n for v in terms.values()]
     local = torch.tensor(
-        [0.0 if finite else 1.0, value * n if finite else 0.0, n], device=loss.device
+        [0.0 if finite else 1.0, value * n if finite else 0.0, n, *sums], device=loss.device
     )
-    bad, total, examples = ddp.total(local)
-    mean = float(total / examples) if examples > 0 else float(total / world)
-    return bool(bad), mean, int(examples)
+    bad, total, examples, *summed = ddp.total(local)
+    over = examples if examples > 0 else world
+    means = {k: float(t / over) for k, t in zip(terms, summed, strict=True)}
+    return bool(bad), float(total / over), int(examples), means
 
 
 def _weighed(

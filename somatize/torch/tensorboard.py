@@ -2,8 +2,9 @@
 
 Tags: ``train/loss``, ``train/lr`` (and ``train/lr/group<i>`` for each parameter group
 after the first), ``train/examples_per_second`` per step, and ``train/grad_norm`` when
-``StepEnd`` tells it (``Options(clip_grad_norm=)`` or ``log_grad_norm=True``);
-``val/<metric>`` per evaluation (``val/loss``, ``val/acc``...); ``train/epoch`` and,
+``StepEnd`` tells it (``Options(clip_grad_norm=)`` or ``log_grad_norm=True``), and
+``train/<term>`` for each term of a loss function's dict (``StepEnd.terms``);
+``val/<metric>`` per evaluation (``val/loss``, ``val/recon``, ``val/acc``...); ``train/epoch`` and,
 for each remembered node, ``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cache``) at
 each epoch end; ``node/<node>/<metric>`` for metrics nodes return in ``Done`` during
 training, ``val/<node>/<metric>`` during evaluation. With ``hparams=``, the run's
@@ -133,6 +134,8 @@ class TensorBoard:
                 step[f"train/lr/group{i}"] = lr
             if event.grad_norm is not None:  # (clip_grad_norm or log_grad_norm)
                 step["train/grad_norm"] = event.grad_norm
+            for name, value in event.terms.items():  # a loss function's terms
+                step[f"train/{name}"] = value
             if event.seconds > 0:
                 step["train/examples_per_second"] = event.examples / event.seconds
             self._scalars(step, event.step)

@@ -69,7 +69,9 @@ class Trainer:
     """One training run of a graph (or of the module ``module(g)``, or any ``nn.Module``).
 
     Args:
-        loss: ``loss(output, target) -> scalar``; None when the graph's output is the loss.
+        loss: ``loss(output, target) -> scalar``, or a dict ``{"loss": scalar, "kl": kl}``
+            whose other entries are logged (``StepEnd.terms``, ``val_kl``), not trained on;
+            None when the graph's output is the loss.
         optimizer: a factory ``params -> torch.optim.Optimizer``; ``fit`` needs it,
             ``evaluate`` and ``predict`` do not.
         scheduler: a factory ``optimizer -> LR scheduler``, stepped per ``Options.scheduler_every``.

@@ -304,3 +304,56 @@ def test_a_long_run_holds_no_rows_in_memory(tmp_path):
     assert [r["step"] for r in got] == [str(s) for s in range(1, 2200)] + ["2199"]
     assert got[-1]["kind"] == "eval" and got[-1]["val_loss"] == "0.5" and got[0]["val_loss"] == ""
     assert float(got[5]["loss"]) == 1.0 / 6  # (the text read back is written back as it was)
+
+
+def _with_terms(out, y):
+    ce = F.cross_entropy(out, y)
+    return {"loss": ce, "ce": ce, "mean": out.mean()}
+
+
+def test_a_loss_of_several_terms_has_a_column_each(tmp_path):
+    recorder = Recorder()
+    st.Trainer(
+        loss=_with_terms,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=2,
+        watchers=[st.CSVLog(tmp_path / "log.csv"), recorder],
+        options=st.Options(progress=False),
+    ).fit(graph(0), data(), val=data(2))
+    got = rows(tmp_path / "log.csv")
+    steps = [r for r in got if r["kind"] == "step"]
+    told = recorder.of(StepEnd)
+    assert [float(r["ce"]) for r in steps] == [e.terms["ce"] for e in told]
+    assert [float(r["mean"]) for r in steps] == [e.terms["mean"] for e in told]
+    assert [float(r["ce"]) for r in steps] == [float(r["loss"]) for r in steps]
+    evals = [r for r in got if r["kind"] == "eval"]
+    assert len(evals) == 2 and all(r["val_ce"] == r["val_loss"] and r["val_mean"] for r in evals)
+    assert all(r["ce"] == "" for r in evals)  # a step's column, blank on eval rows
+    fit([st.CSVLog(tmp_path / "plain.csv")])
+    assert "ce" not in rows(tmp_path / "plain.csv")[0]  # a loss alone: no column
+
+
+@pytest.mark.parametrize("before", [False, True], ids=["terms-added", "terms-dropped"])
+def test_a_log_resumed_with_or_without_terms_keeps_its_rows(tmp_path, before):
+    """As grad_norm's column: a log written before the terms widens at the resume (the
+    earlier rows blank there); one written with them keeps them, the later rows blank."""
+    from tests.torch.test_checkpoint_resume import trainer
+
+    def with_loss(loss, **kw):
+        t = trainer(tmp_path, pruner=None, **kw)
+        t.loss = loss  # the helper's run with another loss: the dict's is the cross-entropy
+        return t
+
+    first, then = (_with_terms, F.cross_entropy) if before else (F.cross_entropy, _with_terms)
+    log = tmp_path / "log.csv"
+    with pytest.raises(Crash):
+        with_loss(first, watchers=[st.CSVLog(log), CrashAt(7)]).fit(graph(0), data(), val=data(2))
+    assert ("ce" in rows(log)[0]) == before
+    with_loss(then, watchers=[st.CSVLog(log)]).fit(graph(0), data(), val=data(2), resume="last")
+    steps = [r for r in rows(log) if r["kind"] == "step"]
+    assert [int(r["step"]) for r in steps] == list(range(1, 21))
+    told = [bool(r["ce"]) for r in steps]
+    assert told == [before] * 6 + [not before] * 14  # the checkpoint is at step 6
+    assert all(r["loss"] for r in steps)
+    evals = [r for r in rows(log) if r["kind"] == "eval"]
+    assert [bool(r["val_ce"]) for r in evals] == [before] + [not before] * 4  # steps 4, 8...

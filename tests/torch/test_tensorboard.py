@@ -317,3 +317,30 @@ def test_the_gradient_norm_is_written_beside_the_loss(tmp_path, options):
     )
     assert [v for _, v in norms] == pytest.approx([e.grad_norm for e in told], rel=1e-6)
     assert all(v > 0.1 for _, v in norms)  # (under clipping: the norm before it)
+
+
+def test_a_loss_of_several_terms_writes_each_per_step_and_per_evaluation(tmp_path):
+    from somatize import Recorder
+
+    def loss(out, y):
+        ce = F.cross_entropy(out, y)
+        return {"loss": ce + 0.1 * out.pow(2).mean(), "ce": ce, "sq": out.pow(2).mean()}
+
+    recorder = Recorder()
+    result = st.Trainer(
+        loss=loss,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=2,
+        watchers=[st.TensorBoard(tmp_path / "tb"), recorder],
+        options=st.Options(progress=False),
+    ).fit(graph(), data(), val=data(2))
+    told = recorder.of(StepEnd)
+    for term in ("ce", "sq"):
+        written = served(tmp_path / "tb", f"train/{term}")
+        assert [s for s, _ in written] == [e.step for e in told]
+        assert [v for _, v in written] == pytest.approx([e.terms[term] for e in told], rel=1e-6)
+        evaluated = served(tmp_path / "tb", f"val/{term}")
+        assert [s for s, _ in evaluated] == [m["step"] for m in result.metrics]
+        assert [v for _, v in evaluated] == pytest.approx(
+            [m[f"val_{term}"] for m in result.metrics], rel=1e-6
+        )
