@@ -31,11 +31,12 @@ from torch import nn
 
 from ..errors import SettingError, add_note, require
 from ..graph import Graph
-from .batches import checked_split, loss_of, num_examples, split
+from .batches import checked_split, num_examples, split
 from .carry import carries, reset
 from .first_step import batch_note, loss_note
 from .lightning_history import Evaluation
 from .lightning_settings import check, configured, hyperparameters
+from .loss_terms import loss_terms
 from .metrics import members
 from .module import GraphModule, module
 
@@ -64,10 +65,12 @@ class LightningGraph(L.LightningModule):
     Trainer, or any other form ``split=`` turns into ``(inputs, target)``. Logged with ``self.log`` (so ``ModelCheckpoint(monitor=...)``,
     ``EarlyStopping(monitor=...)`` and every logger see them):
 
-    * ``train_loss`` every step; ``<node>/<name>`` for each metric a node returns in
-      ``Done(..., metrics=...)`` during training;
-    * ``val_loss``, ``val_<metric>`` and ``val_<node>/<name>`` per validation epoch
-      (averaged over examples); the same with ``test_`` under ``trainer.test``. With
+    * ``train_loss`` every step (and ``train_<term>`` for each term of a loss function's
+      dict, ``{"loss": ..., "recon": ...}``); ``<node>/<name>`` for each metric a node
+      returns in ``Done(..., metrics=...)`` during training;
+    * ``val_loss``, ``val_<term>``, ``val_<metric>`` and ``val_<node>/<name>`` per
+      validation epoch (averaged over examples); the same with ``test_`` under
+      ``trainer.test``. With
       several loaders each is its own set, named as Lightning names it
       (``val_loss/dataloader_idx_1``), in ``history`` too;
     * ``cache/<node>/hit_rate`` per training epoch for each node the graph remembers,
@@ -76,7 +79,9 @@ class LightningGraph(L.LightningModule):
 
     Args:
         g: the graph.
-        loss: ``loss(output, target) -> scalar``; None when the graph's output is the loss
+        loss: ``loss(output, target) -> scalar``, or a dict ``{"loss": scalar, "recon":
+            r, ...}`` whose other entries (0-d tensors or numbers) are logged, not trained
+            on; None when the graph's output is the loss
             (it is then given the whole batch, and its output is logged as the loss —
             ``val_loss``, ``test_loss`` — as under ``st.Trainer``).
         optimizer: a factory ``params -> torch.optim.Optimizer`` (given ``parameters(g)``:
@@ -136,7 +141,8 @@ class LightningGraph(L.LightningModule):
         self._losses: list[float] = []
         self._pending: list[torch.Tensor] = []  # step losses not yet read back from the device
         self._group: list[tuple[torch.Tensor, int]] = []  # (loss, examples) of this step's batches
-        self._last_batch: tuple[torch.Tensor, int] | None = None  # the last training batch's
+        # the last training batch's (loss, examples, terms)
+        self._last_batch: tuple[torch.Tensor, int, dict[str, Any]] | None = None
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
         self._val_examples: dict[str, int] = {}  # the last validation's, over every rank
         self.validated: list[dict[str, float]] = []  # trainer.validate()'s, not the run's
@@ -157,8 +163,8 @@ class LightningGraph(L.LightningModule):
     def forward(self, x: Any) -> Any:
         return self.net(x)
 
-    def _loss_of(self, output: Any, target: Any) -> torch.Tensor:
-        return loss_of(self._loss, output, target)
+    def _loss_terms(self, output: Any, target: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        return loss_terms(self._loss, output, target)
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
         # as st.Trainer: without a loss function the graph computes the loss from the batch
@@ -183,7 +189,7 @@ class LightningGraph(L.LightningModule):
             x, y = self._split(batch)
             n = num_examples(x)
             self.net.step = self.global_step + 1  # the number of the step it computes
-            loss = self._loss_of(self.net(x), y)
+            loss, terms = self._loss_terms(self.net(x), y)
         except (TypeError, ValueError) as e:
             self._explain(e, batch, "train")
             raise
@@ -191,9 +197,11 @@ class LightningGraph(L.LightningModule):
         self.log(
             "train_loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=n
         )
+        for name, value in terms.items():  # a loss function's dict: each term beside the loss
+            self.log(f"train_{name}", value, on_step=True, on_epoch=False, batch_size=n)
         lightning_evaluate.log_nodes(self, on_step=True, on_epoch=False, batch_size=n)
         self._group.append((loss.detach(), n))  # (one loss per step: on_before_optimizer_step)
-        self._last_batch = (loss.detach(), n)  # (read by Watch: Lightning's outputs hold loss / k)
+        self._last_batch = (loss.detach(), n, terms)  # (Watch's: outputs hold loss / k)
         epoch = self.current_epoch
         self._examples[epoch] = self._examples.get(epoch, 0) + n
         return loss

@@ -26,6 +26,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from . import lightning_carry, lightning_history
 from .batches import num_examples
 from .lightning_history import Evaluation, Sums, scalar, suffix
+from .loss_terms import check_clash
 from .metrics import _check_clash
 
 if TYPE_CHECKING:
@@ -69,7 +70,10 @@ def step(lg: LightningGraph, batch: Any, prefix: str, idx: int | None) -> None:
         x, y = lg._split(batch)
         n = num_examples(x)
         out = lg.net(x)
-        values: dict[str, Any] = {"loss": lg._loss_of(out, y)}  # the output, without loss
+        loss, terms = lg._loss_terms(out, y)  # (the output, without loss=)
+        if terms:  # a loss function's dict: its terms after the loss, as st.Trainer's
+            check_clash(terms, lg._metrics, "LightningGraph")
+        values: dict[str, Any] = {"loss": loss, **terms}
         values.update({k: fn(out, y) for k, fn in lg._metrics.items() if k not in objects})
     except (TypeError, ValueError) as e:
         lg._explain(e, batch, prefix)

@@ -35,16 +35,19 @@ def _pruned(trainer: L.Trainer) -> bool:
     return bool(trainer.should_stop)
 
 
-def _batch_loss(trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any) -> tuple[float, int]:
-    """A training batch's own loss and examples: a LightningGraph's as its step computed
-    them; another module's ``outputs["loss"]``, which automatic optimisation has divided
-    by ``accumulate_grad_batches``, multiplied back."""
+def _batch_loss(
+    trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any
+) -> tuple[float, int, dict[str, float]]:
+    """A training batch's own loss, examples and terms: a LightningGraph's as its step
+    computed them (the terms of a loss function's dict); another module's
+    ``outputs["loss"]``, which automatic optimisation has divided by
+    ``accumulate_grad_batches``, multiplied back, and no terms."""
     if _is_graph(pl_module) and pl_module._last_batch is not None:
-        loss, n = pl_module._last_batch
-        return float(loss), n
+        loss, n, terms = pl_module._last_batch
+        return float(loss), n, {k: float(v) for k, v in terms.items()}
     loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
     k = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
-    return float(loss if loss is not None else 0.0) * k, num_examples(split(batch)[0])
+    return float(loss if loss is not None else 0.0) * k, num_examples(split(batch)[0]), {}
 
 
 class Watch(L.Callback):
@@ -60,7 +63,8 @@ class Watch(L.Callback):
     somatize Trainer's ``Options(accumulate=k)`` does: numbered as ``trainer.global_step``
     counts it (1, 2, ...), its loss the mean of its batches' losses weighed by their
     examples (not Lightning's ``loss / k`` that ``outputs["loss"]`` holds), its examples
-    all its batches', its seconds from its first batch's start.
+    all its batches', its seconds from its first batch's start, its ``terms`` (a
+    ``LightningGraph``'s loss function's dict) weighed as its loss.
 
     ``StepEnd.grad_norm`` is None unless ``log_grad_norm=True``: Lightning clips by norm
     without keeping the norm, so it takes a pass of its own over the gradients, in
@@ -99,7 +103,7 @@ class Watch(L.Callback):
         self._lrs: tuple[float, ...] = ()
         self._on = False
         self._step = 0  # trainer.global_step after the last optimizer step reported
-        self._window: list[tuple[float, int]] = []  # (loss, examples) of the step's batches
+        self._window: list[tuple[float, int, dict[str, float]]] = []  # the step's batches
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.run_id = uuid.uuid4().hex[:12]
@@ -146,15 +150,18 @@ class Watch(L.Callback):
         if step == self._step:  # accumulated: the optimizer steps on a later batch
             return
         self._step = step
-        n = sum(examples for _, examples in self._window)
-        loss = sum(value * examples for value, examples in self._window) / max(n, 1)
+        n = sum(examples for _, examples, _ in self._window)
+        loss = sum(value * examples for value, examples, _ in self._window) / max(n, 1)
+        terms: dict[str, float] = {}  # each weighed as the loss
+        for _, examples, batch_terms in self._window:
+            for name, value in batch_terms.items():
+                terms[name] = terms.get(name, 0.0) + value * examples
+        terms = {name: total / max(n, 1) for name, total in terms.items()}
         self._window = []
         seconds = time.perf_counter() - self._tick
         norm, self._norm = (None if self._norm is None else float(self._norm)), None
-        notify(
-            self.watchers,
-            StepEnd(self.run_id, step, epoch, loss, self._lr, n, seconds, self._lrs, norm),
-        )
+        told = (loss, self._lr, n, seconds, self._lrs, norm, terms)
+        notify(self.watchers, StepEnd(self.run_id, step, epoch, *told))
         if _is_graph(pl_module):
             for node, values in pl_module.net.metrics.items():
                 notify(self.watchers, Metrics(self.run_id, node, step, dict(values)))

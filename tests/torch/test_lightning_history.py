@@ -14,7 +14,7 @@ L = pytest.importorskip("lightning")
 import somatize.torch as st  # noqa: E402
 from somatize import Done, Graph, Node, Opaque, Recorder  # noqa: E402
 from somatize.torch.lightning import LightningGraph, Watch, result  # noqa: E402
-from somatize.watchers import EpochEnd  # noqa: E402
+from somatize.watchers import EpochEnd, StepEnd  # noqa: E402
 from tests.torch.lightning_quiet import QUIET  # noqa: E402
 
 pytestmark = QUIET
@@ -292,3 +292,57 @@ def test_validate_after_fit_is_kept_apart_from_the_runs_history_and_best():
     )
     evaluated = st.Trainer(loss=F.cross_entropy).evaluate(lg.graph, other)["loss"]
     assert record["val_loss"] == pytest.approx(evaluated, rel=1e-12)
+
+
+def test_a_loss_of_several_terms_logs_each_in_training_and_validation():
+    """``self.log("train_ce", ...)`` of a LightningModule's training_step: here, a loss
+    function's dict; its terms are in every step's log and in each validation's record."""
+
+    def loss(out, y):
+        ce = F.cross_entropy(out, y)
+        return {"loss": ce + 0.01 * out.pow(2).mean(), "ce": ce, "sq": out.pow(2).mean()}
+
+    class Logged(L.Callback):
+        def __init__(self) -> None:
+            self.steps: list[dict[str, float]] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.steps.append({k: float(v) for k, v in trainer.logged_metrics.items()})
+
+    logged = Logged()
+    lg = LightningGraph(
+        graph(),
+        loss=loss,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        metrics={"acc": st.accuracy},
+    )
+    val = loader(38, 1, batch=16)
+    rec = Recorder()
+    trainer = lightning(max_epochs=2, callbacks=[logged, Watch([rec])], log_every_n_steps=1)
+    trainer.fit(lg, loader(64, 0, batch=16), val)
+    assert len(logged.steps) == 8
+    for step in logged.steps:
+        assert {"train_loss", "train_ce", "train_sq"} <= set(step)
+        assert step["train_loss"] == pytest.approx(step["train_ce"] + 0.01 * step["train_sq"])
+    told = rec.of(StepEnd)  # Watch tells the somatize watchers the same terms
+    assert [dict(e.terms) for e in told] == [
+        {"ce": s["train_ce"], "sq": s["train_sq"]} for s in logged.steps
+    ]
+    last = result(trainer, lg).metrics[-1]
+    assert list(last) == ["step", "epoch", "val_loss", "val_ce", "val_sq", "val_acc",
+                          "val_hidden/active"]  # fmt: skip
+    assert last["val_ce"] == pytest.approx(float(trainer.callback_metrics["val_ce"]), rel=1e-6)
+    evaluated = st.Trainer(loss=loss, metrics={"acc": st.accuracy}).evaluate(lg.graph, val)
+    for name, value in evaluated.items():  # the somatize Trainer's names and values
+        assert last[f"val_{name}"] == pytest.approx(value, rel=1e-12), name
+
+
+def test_a_term_named_as_a_metric_is_refused_in_validation():
+    from somatize.errors import SettingError
+
+    def loss(out, y):
+        return {"loss": F.cross_entropy(out, y), "acc": st.accuracy(out, y)}
+
+    lg = LightningGraph(graph(), loss=loss, metrics={"acc": st.accuracy})
+    with pytest.raises(SettingError, match=r"term 'acc' has the name of the metric 'acc' of Li"):
+        lightning().validate(lg, loader(16, 1, batch=16), verbose=False)
