@@ -70,9 +70,8 @@ class LightningGraph(L.LightningModule):
       returns in ``Done(..., metrics=...)`` during training;
     * ``val_loss``, ``val_<term>``, ``val_<metric>`` and ``val_<node>/<name>`` per
       validation epoch (averaged over examples); the same with ``test_`` under
-      ``trainer.test``. With
-      several loaders each is its own set, named as Lightning names it
-      (``val_loss/dataloader_idx_1``), in ``history`` too;
+      ``trainer.test``. With several loaders each is its own set, named as Lightning
+      names it (``val_loss/dataloader_idx_1``), in ``history`` too;
     * ``cache/<node>/hit_rate`` per training epoch for each node the graph remembers,
       over every rank's lookups (``result(trainer, lg).cache`` has the run's counts,
       every rank's summed; a cold epoch warns, as under the somatize Trainer).
@@ -81,9 +80,9 @@ class LightningGraph(L.LightningModule):
         g: the graph.
         loss: ``loss(output, target) -> scalar``, or a dict ``{"loss": scalar, "recon":
             r, ...}`` whose other entries (0-d tensors or numbers) are logged, not trained
-            on; None when the graph's output is the loss
-            (it is then given the whole batch, and its output is logged as the loss —
-            ``val_loss``, ``test_loss`` — as under ``st.Trainer``).
+            on; None when the graph's output is the loss (it is then given the whole
+            batch, and its output is logged as the loss — ``val_loss``, ``test_loss`` —
+            as under ``st.Trainer``).
         optimizer: a factory ``params -> torch.optim.Optimizer`` (given ``parameters(g)``:
             trainable, deduplicated, frozen nodes excluded). Needed only to train: a
             ``LightningGraph`` without one predicts, validates and tests, and ``fit``

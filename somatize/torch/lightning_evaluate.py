@@ -1,6 +1,6 @@
 """What a ``LightningGraph`` logs of its metrics: a training step's node metrics, as they
-come (``log_nodes``); and its validations and tests — each batch's loss, metrics and node
-metrics summed (``lightning_history.Evaluation``), and each validation's record, which
+come (``log_nodes``); and its validations and tests — each batch's loss (and the terms of
+a loss function's dict, ``loss_terms.py``), metrics and node metrics summed (``lightning_history.Evaluation``), and each validation's record, which
 ``lg.history`` (or ``lg.validated``, for a ``trainer.validate``) keeps.
 
 Nothing is logged per batch: the loss, the ``metrics=`` functions and the metrics nodes
