@@ -5,13 +5,15 @@ after the first), ``train/examples_per_second`` per step, and ``train/grad_norm`
 ``StepEnd`` tells it (``Options(clip_grad_norm=)`` or ``log_grad_norm=True``), and
 ``train/<term>`` for each term of a loss function's dict (``StepEnd.terms``);
 ``val/<metric>`` per evaluation (``val/loss``, ``val/recon``, ``val/acc``...); ``train/epoch`` and,
-for each remembered node, ``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cache``) at
+for each remembered node, ``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cache``), and
+``time/data`` and ``time/steps`` (the epoch's seconds waiting for batches and in steps) at
 each epoch end; ``node/<node>/<metric>`` for metrics nodes return in ``Done`` during
 training, ``val/<node>/<metric>`` during evaluation. With ``hparams=``, the run's
 hyper-parameters go to TensorBoard's HParams view as it starts (its end is marked when it
 ends), where tensorboard shows beside them each run's last value of every scalar.
 Under DDP rank 0 writes, and ``train/loss`` and ``train/examples_per_second`` are over
-all ranks as ``StepEnd`` says. Needs the ``tensorboard`` package (in the ``somatize[torch]`` extra).
+all ranks as ``StepEnd`` says. ``writer``, the run folder's ``SummaryWriter``, takes what it does
+not write (images, histograms). Needs the ``tensorboard`` package (in the ``somatize[torch]`` extra).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class TensorBoard:
         self.every_steps = every_steps
         self.hparams = dict(hparams or {})
         self._writer: Any = None
+        self._fitting = False  # between a fit's FitStart and close(): its writer marks a START
         self._claim: Claim | None = None  # log_dir, while this run writes there (claims.py)
         self._start, self._resuming = 0, False
         self._made: list[str] = []  # folders the claim made, deepest first (removed if empty)
@@ -88,16 +91,33 @@ class TensorBoard:
             require("tensorboard", "torch")
             from torch.utils.tensorboard import SummaryWriter
 
-            # Every writer begins with a START at its first step: tensorboard hides what the
+            # A fit's writer begins with a START at its first step: tensorboard hides what the
             # folder's earlier files hold from there on (an interrupted run's steps after its
             # checkpoint, a run restarted without one). Its Python loader honours a START only
-            # after an earlier one, so a fresh run writes one too.
-            self._writer = SummaryWriter(self.log_dir, purge_step=self._start + 1)
+            # after an earlier one, so a fresh run writes one too. Outside a fit (``writer``
+            # after it ended) none: it would hide the run's own steps.
+            purge = self._start + 1 if self._fitting else None
+            self._writer = SummaryWriter(self.log_dir, purge_step=purge)
         return self._writer
+
+    @property
+    def writer(self) -> Any:
+        """The ``torch.utils.tensorboard.SummaryWriter`` of this run's folder, for what the
+        watcher does not write itself — images, histograms, text, figures (Lightning's
+        ``logger.experiment``): ``tb.writer.add_image("samples", grid, step)``. Give the
+        Trainer's step (``StepEnd.step``, ``EpochEnd.step``, ``result.steps``): tensorboard
+        draws every tag of a folder on that axis. Opened on first use: during a fit, the
+        watcher's own writer (from a watcher of yours listed after it); after the fit, one
+        that appends to the folder, hiding nothing (the next fit opens its own)."""
+        return self._w()
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, FitStart):
             self._start, self._resuming = event.start_step, event.resuming
+            if self._writer is not None and not self._fitting:  # (``writer`` used before)
+                self._writer.close()  # the fit's own writer marks where its steps begin
+                self._writer = None
+            self._fitting = True
             if self._claim_folder():
                 warnings.warn(
                     f"TensorBoard: another run is writing into {self.log_dir} at this moment "
@@ -141,6 +161,8 @@ class TensorBoard:
             self._scalars(step, event.step)
         elif isinstance(event, EpochEnd):
             epoch: dict[str, float] = {"train/epoch": event.epoch + 1}
+            if event.data or event.steps:  # where the epoch's time went (0.0: not measured)
+                epoch["time/data"], epoch["time/steps"] = event.data, event.steps
             for node, c in event.cache.items():
                 if total := c["hits"] + c["misses"]:
                     epoch[f"cache/{node}/hit_rate"] = c["hits"] / total
@@ -208,6 +230,7 @@ class TensorBoard:
                 self._writer.close()
                 self._writer = None
         finally:
+            self._fitting = False
             if self._claim is not None:
                 self._claim.release()
                 self._claim = None

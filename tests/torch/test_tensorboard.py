@@ -257,7 +257,7 @@ def test_a_steps_scalars_are_one_event(tmp_path):
     node = ["node/head/logit_mean"]
     assert tags[1] == tags[2] == [step, node]
     val = ["val/loss", "val/acc", "val/head/logit_mean"]
-    assert tags[3] == [step, node, val, ["train/epoch"]]
+    assert tags[3] == [step, node, val, ["train/epoch", "time/data", "time/steps"]]
     assert [v for _, v in served(tmp_path / "tb")] == pytest.approx(result.losses)
     assert [s for s, _ in served(tmp_path / "tb", "val/acc")] == [3, 6]
 
