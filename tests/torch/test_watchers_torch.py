@@ -73,6 +73,8 @@ def test_tensorboard_writes_loss_lr_throughput_metrics_and_node_metrics(tmp_path
         "train/lr",
         "train/examples_per_second",
         "train/epoch",
+        "time/data",  # where each epoch's time went (EpochEnd.data, .steps)
+        "time/steps",
         "val/loss",
         "val/acc",
         "node/head/logit_mean",
@@ -88,6 +90,8 @@ def test_tensorboard_writes_loss_lr_throughput_metrics_and_node_metrics(tmp_path
     assert [s for s, _ in got["val/acc"]] == [3, 6]
     assert [s for s, _ in got["node/head/logit_mean"]] == [1, 2, 3, 4, 5, 6]
     assert got["train/epoch"] == [(3, 1.0), (6, 2.0)]
+    assert [s for s, _ in got["time/steps"]] == [3, 6]
+    assert all(v > 0 for _, v in got["time/steps"])
     assert all(v > 0 for _, v in got["train/examples_per_second"])
 
 
