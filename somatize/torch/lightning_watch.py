@@ -71,6 +71,13 @@ class Watch(L.Callback):
     ``on_before_optimizer_step`` — where Lightning's ``grad_norm`` utility is called: after
     the scaler's unscale (fp16), before clipping, all-reduced under DDP.
 
+    A fit resumed from a checkpoint (``ckpt_path=``) tells ``FitStart.start_step`` (its
+    ``global_step``) and ``start_evaluated=True``: Lightning goes on after that step and does
+    not evaluate there again, so ``JsonLines`` and ``CSVLog`` keep an evaluation logged
+    there and drop what was logged after it. A fit killed before its first checkpoint and
+    fitted again (``ckpt_path="last"`` finding none) starts as a fresh one (``resuming`` is
+    False: Lightning does not say it was asked to resume), and a log keeps both.
+
     Args:
         watchers: ``TensorBoard``, ``Progress``, ``JsonLines``, ``Recorder``...
         log_grad_norm: tell each step's gradient norm (the L2 norm of every parameter's
@@ -111,8 +118,11 @@ class Watch(L.Callback):
         self._on = trainer.is_global_zero
         self._step, self._window = trainer.global_step, []
         if self._on:
-            epochs, steps = trainer.max_epochs or 0, trainer.max_steps
-            event = FitStart(self.run_id, max(epochs, 0), max(steps, 0), trainer.global_step)
+            epochs, steps, start = trainer.max_epochs or 0, trainer.max_steps, trainer.global_step
+            # resumed (ckpt_path=): Lightning goes on after the step it checkpointed, and
+            # neither evaluates nor ends that step's epoch again, so what a log holds there stays
+            bounds = (max(epochs, 0), max(steps, 0), start)
+            event = FitStart(self.run_id, *bounds, start_evaluated=start > 0)
             notify(self.watchers, event)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
