@@ -30,6 +30,7 @@ __all__ = [
     "check_clash",
     "gives_terms",
     "loss_terms",
+    "refused_return",
     "scalar_and_terms",
 ]
 
@@ -145,7 +146,7 @@ def _wrong(value: Mapping[Any, Any]) -> str | None:
 
 def _badly_named(k: str) -> str | None:
     if not k.strip() or "/" in k:
-        why = "blank" if not k.strip() else "holds '/' (which names a node's metric)"
+        why = "is blank" if not k.strip() else "holds '/' (which names a node's metric)"
         return f"the loss function's term {k!r} {why}: name it with a plain word, e.g. 'recon'"
     if k in RESERVED:
         return (
@@ -170,6 +171,19 @@ def check_clash(terms: Mapping[str, Any], metrics: Mapping[str, Any], who: str) 
                 f"{who}(metrics=...): both would be evaluated as 'val_{k}'; rename one "
                 f"(e.g. the term {k + '_term'!r})"
             )
+
+
+def refused_return(e: BaseException) -> bool:
+    """Whether ``e`` is this module's refusal of what a loss function *returned* (a dict
+    without ``"loss"``, a term badly named or named as a metric), raised by ``scalar_and_terms``
+    or ``check_clash`` themselves: its message says what to return, and a note on how the
+    loss is called ("raised in the loss function, called as...") would blame the call."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:  # (the frame that raised it)
+        tb = tb.tb_next
+    return tb.tb_frame.f_code in (scalar_and_terms.__code__, check_clash.__code__)
 
 
 def _holds_loss(output: Mapping[Any, Any]) -> str:

@@ -41,6 +41,7 @@ from ..errors import SettingError, add_note
 from . import ddp
 from .batches import epoch_batches, num_examples, to_device
 from .limits import limited
+from .loss_terms import refused_return
 from .metric_notes import call_note
 from .module_reads import node_metrics
 
@@ -244,7 +245,8 @@ def evaluate(
                         try:
                             got = fns[name](out, y)  # type: ignore[operator]
                         except Exception as e:
-                            add_note(e, call_note(name, out, y))
+                            if not refused_return(e):  # (its message says what to return)
+                                add_note(e, call_note(name, out, y))
                             raise
                         value = _scalar(got, name)
                         sums[j] += (float(value) if host else _exact(value, dtype)) * n

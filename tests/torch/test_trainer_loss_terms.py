@@ -215,10 +215,18 @@ def test_a_term_named_as_a_metric_is_refused_naming_both():
         options=quiet(),
     )
     match = r"term 'acc' has the name of the metric 'acc' of Trainer\(metrics=\.\.\.\)"
-    with pytest.raises(SettingError, match=match):
+    with pytest.raises(SettingError, match=match) as evaluated:
         trainer.evaluate(make_graph(), data([4]))
-    with pytest.raises(SettingError, match=match):  # the sanity check, before any step
+    with pytest.raises(SettingError, match=match) as fitted:  # the sanity check, before any step
         trainer.fit(make_graph(), data(), val=data([4]))
+    for caught in (evaluated, fitted):  # the loss returned it: not "raised in the loss function"
+        assert not blamed_on_the_call(caught.value)
+
+
+def blamed_on_the_call(e):
+    """Whether ``e`` carries the note of a loss or metric that failed when called — which a
+    refusal of what the loss function returned must not: the call was fine."""
+    return any(n.startswith("raised in") for n in getattr(e, "__notes__", []))
 
 
 def _scalar(out, y):
@@ -235,6 +243,7 @@ def _scalar(out, y):
         ({"loss": _scalar, "name": lambda o, y: "x"}, r"term 'name' is a str \('x'\), not a number"),
         ({"loss": _scalar, "lr": _scalar}, r"term 'lr' has the name of a value logged beside the loss"),
         ({"loss": _scalar, "a/b": _scalar}, r"term 'a/b' holds '/'"),
+        ({"loss": _scalar, " ": _scalar}, r"term ' ' is blank: name it"),
         ({"loss": _scalar, "val_ce": _scalar}, r"term 'val_ce' would be evaluated as 'val_val_ce'"),
     ],
 )  # fmt: skip
@@ -255,6 +264,7 @@ def test_a_dict_that_is_not_a_loss_and_its_terms_is_refused_naming_the_entry(giv
         else:
             trainer.fit(make_graph(), data([4]))
     assert isinstance(caught.value, TypeError)  # (a SettingError is one)
+    assert not blamed_on_the_call(caught.value)  # (evaluate's note on a failed call, before)
 
 
 def test_a_graph_returning_a_dict_with_its_loss_is_still_refused_without_loss():
