@@ -85,6 +85,9 @@ class TensorBoard:
         self._made: list[str] = []  # folders the claim made, deepest first (removed if empty)
         self._held: list[tuple[Any, int]] = []  # (summary, step) not handed to the writer yet
         self._handed = 0.0  # when they last were (monotonic seconds)
+        # whether log_dir held event files before ``writer`` opened one outside a fit (None:
+        # not opened since the last fit started): the next fit's "earlier run" is not it
+        self._earlier: bool | None = None
 
     def _w(self) -> Any:
         if self._writer is None:
@@ -97,6 +100,8 @@ class TensorBoard:
             # after an earlier one, so a fresh run writes one too. Outside a fit (``writer``
             # after it ended) none: it would hide the run's own steps.
             purge = self._start + 1 if self._fitting else None
+            if not self._fitting and self._earlier is None:
+                self._earlier = _has_events(self.log_dir)
             self._writer = SummaryWriter(self.log_dir, purge_step=purge)
         return self._writer
 
@@ -107,8 +112,9 @@ class TensorBoard:
         ``logger.experiment``): ``tb.writer.add_image("samples", grid, step)``. Give the
         Trainer's step (``StepEnd.step``, ``EpochEnd.step``, ``result.steps``): tensorboard
         draws every tag of a folder on that axis. Opened on first use: during a fit, the
-        watcher's own writer (from a watcher of yours listed after it); after the fit, one
-        that appends to the folder, hiding nothing (the next fit opens its own)."""
+        watcher's own writer (from a watcher of yours listed after it); before or after the
+        fit, one that appends to the folder, hiding nothing (the next fit opens its own, and
+        does not take that one's file for an earlier run's)."""
         return self._w()
 
     def on_event(self, event: Event) -> None:
@@ -118,6 +124,7 @@ class TensorBoard:
                 self._writer.close()  # the fit's own writer marks where its steps begin
                 self._writer = None
             self._fitting = True
+            earlier, self._earlier = self._earlier, None  # (before ``writer`` wrote, if it did)
             if self._claim_folder():
                 warnings.warn(
                     f"TensorBoard: another run is writing into {self.log_dir} at this moment "
@@ -132,7 +139,7 @@ class TensorBoard:
                 not self._start
                 and not self._resuming
                 and self._writer is None
-                and _has_events(self.log_dir)
+                and (_has_events(self.log_dir) if earlier is None else earlier)
             ):
                 warnings.warn(
                     f"TensorBoard: {self.log_dir} already holds the event files of an earlier "

@@ -3,13 +3,15 @@ run folder's ``SummaryWriter``) and the epoch's ``time/data`` and ``time/steps``
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Recorder
-from somatize.watchers import EpochEnd
+from somatize.watchers import EpochEnd, FitStart
 from tests.torch.test_tensorboard import Crash, CrashAt, backdate, graph, served
 from tests.torch.test_watchers_torch import data
 
@@ -79,3 +81,48 @@ def test_each_epoch_writes_where_its_time_went(tmp_path):
     assert all(e.steps > 0 for e in ends)
     for tag, of in (("time/data", lambda e: e.data), ("time/steps", lambda e: e.steps)):
         assert served(tmp_path / "tb", tag) == [(e.step, pytest.approx(of(e))) for e in ends]
+
+
+class AtStart:
+    """A watcher of the user's listed *before* the TensorBoard one, writing at ``FitStart``
+    (the watcher has not seen it yet: the writer it gets is one opened outside the fit)."""
+
+    def __init__(self, tb):
+        self.tb = tb
+
+    def on_event(self, event):
+        if isinstance(event, FitStart):
+            self.tb.writer.add_scalar("setup/at_start", 1.0, 0)
+
+
+@pytest.mark.parametrize("where", ["before the fit", "a watcher listed before"])
+def test_the_writer_used_before_a_fresh_fit_is_not_an_earlier_run(tmp_path, where):
+    """Found trying the feature as a user: a fresh fit into a folder that held only what
+    ``tb.writer`` wrote before it (a config, a sample of the data, at step 0) warned that
+    the folder "already holds the event files of an earlier run"."""
+    tb = st.TensorBoard(tmp_path / "tb")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning of an earlier run
+        if where == "before the fit":
+            tb.writer.add_scalar("setup/at_start", 1.0, 0)
+            result = fit(tb, epochs=1)
+        else:
+            result = st.Trainer(
+                loss=F.cross_entropy,
+                optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+                epochs=1,
+                watchers=[AtStart(tb), tb],
+                options=st.Options(progress=False),
+            ).fit(graph(), data())
+    tb.close()
+    assert served(tmp_path / "tb", "setup/at_start") == [(0, 1.0)]
+    assert [s for s, _ in served(tmp_path / "tb")] == list(range(1, result.steps + 1))
+
+
+def test_the_writer_used_before_a_fresh_fit_into_an_earlier_runs_folder_still_warns(tmp_path):
+    fit(st.TensorBoard(tmp_path / "tb"), epochs=1)  # an earlier run's files
+    backdate(tmp_path / "tb")
+    tb = st.TensorBoard(tmp_path / "tb")
+    tb.writer.add_scalar("setup/at_start", 1.0, 0)
+    with pytest.warns(RuntimeWarning, match="already holds the event files of an earlier run"):
+        fit(tb, epochs=1)
