@@ -113,7 +113,7 @@ class Progress:
         elif isinstance(event, EpochEnd):
             self._flush_step()
             shown = " · ".join(
-                f"{node} {c['hits'] / total:.0%} of {total:,}"
+                f"{node} {c['hits'] * 100 // total}% of {total:,}"  # (99.8% is not 100%)
                 for node, c in event.cache.items()
                 if (total := c["hits"] + c["misses"])
             )

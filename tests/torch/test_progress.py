@@ -147,3 +147,21 @@ def test_an_epoch_that_waited_long_for_its_data_says_so():
         "epoch 1 · waiting for data: 75% of training time",
         "epoch 4 · waiting for data: 20% of training time",
     ]
+
+
+def test_a_cache_share_is_rounded_down_so_100_percent_means_every_row():
+    """Found trying the feature as a user: 511 hits of 512 read ``enc 100% of 512``, the
+    line one checks for "every row hit from epoch 2"; the padding warning rounds down too."""
+    from somatize.watchers import EpochEnd, FitStart
+
+    stream = io.StringIO()
+    p = st.Progress(stream=stream)
+    p.on_event(FitStart("a", epochs=3, max_steps=0, start_step=0))
+    p.on_event(EpochEnd("a", 0, 10, {}, cache={"enc": {"hits": 0, "misses": 512}}))
+    p.on_event(EpochEnd("a", 1, 20, {}, cache={"enc": {"hits": 511, "misses": 1}}))
+    p.on_event(EpochEnd("a", 2, 30, {}, cache={"enc": {"hits": 512, "misses": 0}}))
+    assert stream.getvalue().splitlines() == [
+        "epoch 1 · cache hits: enc 0% of 512",
+        "epoch 2 · cache hits: enc 99% of 512",
+        "epoch 3 · cache hits: enc 100% of 512",
+    ]
