@@ -261,8 +261,12 @@ def _check_compile(kwargs: Mapping[str, Any]) -> None:
 
 # summarize's rule for which way a metric improves (campaign.py), and names that rise
 _FALLING = ("loss", "err")
-# short names of errors, matched as whole words (val_mse, val/ppl; not "cancer")
-_FALLING_WORDS = frozenset({"mse", "rmse", "mae", "mape", "nll", "ppl", "perplexity", "wer", "cer"})
+# short names of errors, matched as whole words (val_mse, val/ppl; not "cancer"), and of
+# the loss terms a loss function's dict logs (val_recon, val_kl: loss_terms.py)
+_FALLING_WORDS = frozenset(
+    {"mse", "rmse", "mae", "mape", "nll", "ppl", "perplexity", "wer", "cer"}
+    | {"recon", "kl", "kld", "ce", "bce", "l1", "l2", "huber"}
+)
 _RISING = ("acc", "f1", "auc", "precision", "recall", "iou", "dice", "bleu")
 
 

@@ -46,9 +46,12 @@ def test_run_all_given_no_list_of_items_says_what_items_are():
 
 def test_summarize_reads_which_way_a_metric_improves_from_its_name():
     values = [0.5, 0.2, 0.7]
-    for name in ("val_mse", "val/ppl", "val_head_mae", "val_nll"):  # errors: lowest is best
+    errors = ("val_mse", "val/ppl", "val_head_mae", "val_nll")
+    terms = ("val_recon", "val_kl", "val_ce", "val_box_l1")  # a loss's terms (loss_terms.py)
+    for name in errors + terms:  # errors and parts of a loss: lowest is best
         assert st.summarize(values, name).best == 1, name
     assert st.summarize(values, "val_cancer_acc").best == 2  # ("cer" only as a word)
+    assert st.summarize(values, "val_recall").best == 2  # ("recon", "ce" only as words)
     with pytest.warns(UserWarning, match=r"summarize\('val_score'\).*mode='min'") as w:
         assert st.summarize(values, "val_score").best == 2
     assert w[0].filename == __file__
