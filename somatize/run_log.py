@@ -27,10 +27,16 @@ __all__ = ["JsonLines"]
 
 
 def _plain(value: Any) -> Any:
+    """``value`` as JSON can hold it: a mapping as an object, a tuple or list as an array
+    (``StepEnd.lrs``, ``CacheRows.keys``), numbers (0-d tensors too) as numbers — a NaN or
+    infinity, which JSON has no number for, as its text ``"nan"`` — and anything else as
+    its ``repr``."""
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (str, int, bool)) or value is None:
         return value
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
     try:
         f = float(value)  # floats, and 0-d tensors/arrays
     except (TypeError, ValueError):

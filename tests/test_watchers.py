@@ -114,7 +114,8 @@ def test_json_lines_verbose_and_unusual_values(tmp_path: Path) -> None:
 
     class Odd(Node):
         def forward(self, x: Any, ctx: Ctx) -> Done:
-            return Done(x, metrics={"nan": math.nan, "obj": object(), "n": 3, "nested": {"a": 1.5}})
+            odd = {"nan": math.nan, "obj": object(), "n": 3, "nested": {"a": 1.5}}
+            return Done(x, metrics={**odd, "pair": (0.1, [2, math.inf])})
 
     Graph.somatize(Odd(), watchers=[log]).forward(0)
     log.close()
@@ -129,6 +130,7 @@ def test_json_lines_verbose_and_unusual_values(tmp_path: Path) -> None:
     values = records[3]["values"]
     assert values["nan"] == "nan" and values["n"] == 3 and values["nested"] == {"a": 1.5}
     assert values["obj"].startswith("<object object")
+    assert values["pair"] == [0.1, [2, "inf"]]  # a tuple is an array (StepEnd.lrs), not its repr
 
 
 def test_json_lines_appends_and_pickles_without_its_file(tmp_path: Path) -> None:
