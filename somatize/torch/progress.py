@@ -86,11 +86,13 @@ class Progress:
         self._examples = 0
         self._seconds = 0.0
         self._step: StepEnd | None = None  # the last step not yet written (plain lines)
+        self._start = 0  # the step the fit resumed from (FitStart.start_step)
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, FitStart):
             self._epochs = event.epochs
             self._max_steps = event.total_steps or event.max_steps
+            self._start = event.start_step  # (resumed: the steps before are not this fit's)
             # (a watcher reused for another fit, a sweep's next run: that fit's alone)
             self._examples, self._seconds, self._step, self._last = 0, 0.0, None, 0.0
         elif isinstance(event, StepEnd):
@@ -129,7 +131,10 @@ class Progress:
         elif isinstance(event, FitEnd):
             self._flush_step()
             end = " (pruned)" if event.pruned else ""
-            self._write(f"{self._clear}done: {event.step} steps in {event.seconds:.1f}s{end}\n")
+            resumed = f" ({event.step - self._start} in this fit)" if self._start else ""
+            self._write(
+                f"{self._clear}done: {event.step} steps{resumed} in {event.seconds:.1f}s{end}\n"
+            )
 
     def _flush_step(self) -> None:
         """Without redrawing, write the step not yet written (the epoch's last, say)."""

@@ -104,6 +104,21 @@ def test_a_progress_watcher_reused_for_another_fit_shows_that_fits_throughput():
     assert first.endswith("1,000 ex/s") and second.endswith(" 10 ex/s"), (first, second)
 
 
+def test_a_resumed_fits_last_line_says_how_many_steps_it_took_itself():
+    """Found by a user trial: "done: 40 steps in 0.1s" counted the whole run's steps
+    against the resumed fit's own seconds."""
+    from somatize.watchers import FitEnd, FitStart
+
+    stream = io.StringIO()
+    p = st.Progress(stream=stream)
+    p.on_event(FitStart("a", epochs=4, max_steps=0, start_step=25, resuming=True))
+    p.on_event(FitEnd("a", step=40, epoch=3, seconds=0.1, pruned=False))
+    assert stream.getvalue().endswith("done: 40 steps (15 in this fit) in 0.1s\n")
+    p.on_event(FitStart("b", epochs=4, max_steps=0, start_step=0))  # a fresh fit: as before
+    p.on_event(FitEnd("b", step=40, epoch=3, seconds=0.1, pruned=False))
+    assert stream.getvalue().endswith("done: 40 steps in 0.1s\n")
+
+
 class NotebookStream(io.StringIO):
     """What a Jupyter kernel puts in sys.stderr: a stream of ipykernel's, not a terminal."""
 
