@@ -16,6 +16,7 @@ LOADERS = [
     ("recipes.federated_bn", "load_digits"),
     ("recipes.federated_strategies", "load"),
     ("recipes.lightning_callbacks", "load_digits"),
+    ("recipes.vae_digits", "load_data"),
 ]
 
 
