@@ -50,7 +50,7 @@ from . import lightning_carry, lightning_evaluate, lightning_state, tally
 
 __all__ = ["LightningGraph", "Watch", "result"]
 
-Loss = Callable[..., torch.Tensor]
+Loss = Callable[..., Any]  # a scalar tensor, or a dict {"loss": scalar, "<term>": value...}
 
 
 class LightningGraph(L.LightningModule):

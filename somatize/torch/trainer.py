@@ -61,7 +61,7 @@ from .valsets import monitored, val_sets
 
 __all__ = ["Options", "Trainer"]
 
-Loss = Callable[..., torch.Tensor]
+Loss = Callable[..., Any]  # a scalar tensor, or a dict {"loss": scalar, "<term>": value...}
 
 
 @lightning_methods  # trainer.validate(...): the AttributeError names trainer.evaluate
