@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -109,7 +110,7 @@ def train(
     out = Path(out)
     train_batches, val_batches = load_data(seed)  # (first: a failure here touches no run)
     if not resume:
-        _set_aside(out)
+        set_aside(out, hint=" (--resume continues a run instead)")
     torch.manual_seed(seed)
     g = make_graph()
     steps = epochs * len(train_batches)
@@ -129,10 +130,12 @@ def train(
     return trainer.fit(g, train_batches, val=val_batches, resume="last" if resume else None)
 
 
-def _set_aside(out: Path) -> None:
-    """Move the run in ``out`` (checkpoints, TensorBoard logs) to ``out/previous``, so a
-    fresh run starts clean and the last one is not lost to a forgotten ``--resume``."""
-    found = [p for p in [out / "ckpt", *out.glob("events.out.tfevents.*")] if p.exists()]
+def set_aside(out: Path, files: Sequence[str] = (), hint: str = "") -> None:
+    """Move the run in ``out`` (its ``ckpt`` directory, TensorBoard logs and ``files``) to
+    ``out/previous``, replacing the one kept there: a fresh run starts clean, and the last
+    one is not lost (to a forgotten ``--resume``, here). ``hint`` ends the line it prints."""
+    found = [out / "ckpt", *(out / f for f in files), *out.glob("events.out.tfevents.*")]
+    found = [p for p in found if p.exists()]
     if not found:
         return
     previous = out / "previous"
@@ -140,7 +143,7 @@ def _set_aside(out: Path) -> None:
     previous.mkdir(parents=True)
     for p in found:
         p.rename(previous / p.name)
-    print(f"{out} held a run: moved to {previous} (--resume continues a run instead)")
+    print(f"{out} held a run: moved to {previous}{hint}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,7 +47,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+if __package__ in (None, ""):  # run as a script: make the sibling recipes importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 import somatize.torch as st
+from recipes.digits import set_aside  # (a run found in the logdir is moved aside)
 from somatize import Done, Graph, Node, Opaque
 from somatize.errors import require
 from somatize.watchers import EpochEnd
@@ -194,7 +197,7 @@ def train(
     checkpoints in ``logdir/ckpt`` (the last and the best by ``val_recon``). A run found
     there is moved to ``logdir/previous`` first. Returns the result and the graph."""
     logdir = Path(logdir)
-    _set_aside(logdir)
+    set_aside(logdir, files=["log.csv"])
     torch.manual_seed(seed)
     g = make_graph()
     tb = st.TensorBoard(logdir)
@@ -210,21 +213,6 @@ def train(
         options=st.Options(monitor="val_recon", progress=False),
     )
     return trainer.fit(g, train_batches, val=val_batches), g
-
-
-def _set_aside(logdir: Path) -> None:
-    """Move the run in ``logdir`` (checkpoints, logs) to ``logdir/previous``, replacing the
-    one kept there: a fresh run starts clean, and the last one is not lost."""
-    found = [logdir / "ckpt", logdir / "log.csv", *logdir.glob("events.out.tfevents.*")]
-    found = [p for p in found if p.exists()]
-    if not found:
-        return
-    previous = logdir / "previous"
-    shutil.rmtree(previous, ignore_errors=True)
-    previous.mkdir(parents=True)
-    for p in found:
-        p.rename(previous / p.name)
-    print(f"{logdir} held a run: moved to {previous}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
