@@ -14,9 +14,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 import somatize.torch as st  # noqa: E402
 from somatize import JsonLines, Recorder  # noqa: E402
 from somatize.torch.lightning import Watch  # noqa: E402
-from somatize.watchers import FitStart, StepEnd  # noqa: E402
+from somatize.watchers import FitStart  # noqa: E402
 from tests.torch.lightning_graphs import _graph, _lg, _loader, _trainer  # noqa: E402
 from tests.torch.lightning_quiet import QUIET  # noqa: E402
+from tests.torch.test_checkpoint_resume import Crash, CrashAt  # noqa: E402
 
 pytestmark = [
     *QUIET,
@@ -25,19 +26,6 @@ pytestmark = [
     # resumed mid-epoch: Lightning skips the epoch's batches taken, as this test wants
     pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before"),
 ]
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt:
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_event(self, event) -> None:
-        if isinstance(event, StepEnd) and event.step == self.step:
-            raise Crash
 
 
 def fit(root, watchers, every_steps=None, **kw) -> None:
