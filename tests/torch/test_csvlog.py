@@ -13,7 +13,8 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Recorder
-from somatize.watchers import EpochEnd, StepEnd
+from somatize.watchers import EpochEnd, FitStart, StepEnd
+from tests.torch.test_checkpoint import Unsized
 from tests.torch.test_checkpoint_resume import Crash, CrashAt, data, graph
 from tests.torch.test_watchers_torch import Body, Head, fit
 from tests.torch.test_watchers_torch import data as wdata
@@ -107,13 +108,18 @@ class DieAtEpochEnd:
             raise Crash
 
 
+@pytest.mark.parametrize("sized", [True, False], ids=["list", "unsized"])
 @pytest.mark.parametrize("cached", [False, True], ids=["plain", "cached"])
 def test_an_evaluation_after_the_checkpoint_of_its_step_is_logged_once_after_a_resume(
-    tmp_path, cached
+    tmp_path, cached, sized
 ):
     """Found by an outside audit: with a checkpoint at an epoch's last step, a run that died
     after that epoch's evaluation logged it twice once resumed (it evaluates again), and
-    the epoch's cache row too."""
+    the epoch's cache row too. A list's epoch end is known at step 4, whose checkpoint
+    comes after the epoch's end (which the run dies in): it resumes from step 2, and the
+    rows after it go. Data without a length checkpoints step 4 before its epoch's end is
+    known, so the resumed run starts at step 4 without that evaluation
+    (``FitStart.start_evaluated`` False): its evaluation and epoch rows at step 4 go."""
 
     def model():
         g = graph(0)
@@ -127,12 +133,18 @@ def test_an_evaluation_after_the_checkpoint_of_its_step_is_logged_once_after_a_r
             checkpoint=st.Checkpointing(tmp_path / folder / "ckpt", every_steps=2),
             watchers=[st.CSVLog(tmp_path / folder / "log.csv"), *extra],
             options=st.Options(progress=False),
-        ).fit(model(), data(4), val=data(2), resume=resume)  # 4 batches: step 4 ends epoch 0
+        ).fit(model(), train(), val=data(2), resume=resume)  # 4 batches: step 4 ends epoch 0
+
+    def train():
+        return data(4) if sized else Unsized(data(4))
 
     fit("ref")
     with pytest.raises(Crash):
         fit("run", [DieAtEpochEnd()])
-    fit("run", resume="last")
+    recorder = Recorder()
+    fit("run", [recorder], resume="last")
+    (start,) = recorder.of(FitStart)
+    assert (start.start_step, start.start_evaluated) == ((2, False) if sized else (4, False))
     kinds = [(r["kind"], r["step"]) for r in rows(tmp_path / "run" / "log.csv")]
     assert kinds == [(r["kind"], r["step"]) for r in rows(tmp_path / "ref" / "log.csv")]
     assert kinds.count(("eval", "4")) == 1
