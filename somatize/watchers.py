@@ -179,7 +179,14 @@ class EpochEnd(Event):
     remembered nodes found in the epoch's training steps (node -> ``{"hits": ...,
     "misses": ...}``: rows, items or calls; see ``TrainResult.cache``). ``data`` and
     ``steps``: the seconds the epoch waited for its batches and spent in its steps (as
-    ``TrainResult.timing``'s; rank 0's under DDP; 0.0 from a ``LightningGraph``)."""
+    ``TrainResult.timing``'s; rank 0's under DDP; 0.0 from a ``LightningGraph``).
+
+    ``loss``: the epoch's training loss (Lightning's ``train_loss_epoch``), the mean over
+    its examples of its steps' ``StepEnd.loss``, each weighed by its ``examples`` (over
+    every rank's under DDP; skipped steps left out; a run resumed in mid-epoch as if never
+    interrupted): ``TrainResult.epoch_losses``. None for an epoch without a step.
+    ``terms``: a loss function's terms, weighed alike (its steps' ``StepEnd.terms``).
+    From Lightning's ``Watch``: over the steps it told (rank 0's, since the fit began)."""
 
     epoch: int
     step: int
@@ -187,6 +194,8 @@ class EpochEnd(Event):
     cache: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     data: float = 0.0
     steps: float = 0.0
+    loss: float | None = None
+    terms: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 The payload is tensors, numbers, strings, lists and dicts only — the model, optimizer
 and scheduler states, the ``RunState`` (step, epoch, position inside the epoch,
-history, the best and the monitor it is of), the pruner's state and every RNG state
+history — each step's loss and each epoch's, with the running sums of the epoch in
+progress — the best and the monitor it is of), the pruner's state and every RNG state
 stored as tensors and ints — so ``torch.load(..., weights_only=True)`` reads it back.
 Writing and reading the file is ``checkpoint.py``'s.
 """
@@ -18,6 +19,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..stack import outside
+from .epoch_loss import EpochLoss
 from .resumed_monitor import check_monitor
 from .resumed_optimizer import check_frozen, check_optimizer, frozen_nodes, optimizer_class
 from .resumed_scheduler import check_scheduler, scheduler_class
@@ -51,6 +53,8 @@ def capture(
         "epoch_examples": s.epoch_examples,
         "val_examples": s.val_examples,
         "losses": s.losses,
+        "epoch_losses": s.epoch_losses,
+        "epoch_loss": s.epoch_loss.state(),  # the epoch's running sums (epoch_loss.py)
         "metrics": s.metrics,
         "best": s.best,
         "monitor": s.monitor,  # what best and ranked are values of (resumed_monitor.py)
@@ -113,6 +117,9 @@ def restore(
     s.epoch_examples = payload.get("epoch_examples")  # (None in a checkpoint from before)
     s.val_examples = dict(payload.get("val_examples") or {})
     s.losses, s.metrics = list(payload["losses"]), list(payload["metrics"])
+    # (a checkpoint from before they were kept: none, and sums from the resumed step on)
+    s.epoch_losses = [float(v) for v in payload.get("epoch_losses") or []]
+    s.epoch_loss = EpochLoss.restored(payload.get("epoch_loss"))
     s.best, s.pruned = payload["best"], payload["pruned"]
     s.ranked = [list(r) for r in payload.get("ranked", [])]
     s.last_finite, s.skipped = payload.get("last_finite"), payload.get("skipped", 0)

@@ -100,6 +100,10 @@ def fast_epoch(
     clock = own if "step" in own else None
     # the counters, kept in locals and written back before anything reads the state
     step, examples, start, i = s.step, s.examples_seen, s.position, -1
+    # the epoch's loss (epoch_loss.py): its sum of loss * examples; its examples are
+    # those it had plus the examples counted from here (written back with the counters)
+    sums = s.epoch_loss
+    total, counted, examples0 = sums.total, sums.examples, examples
     last = -1  # the last batch trained on (or skipped): the position is the one after it
     # The RNG states as the last step left them, when the run stops after it: the loop reads
     # one more batch to learn whether the epoch ended, and that read may draw (augmentation).
@@ -176,9 +180,11 @@ def fast_epoch(
             step += 1
             examples += n
             losses.append(value)
+            total += value * n
             last = i
             if (every and step % every == 0) or run.due or (ckpt_every and step % ckpt_every == 0):
                 s.step, s.examples_seen, s.position = step, examples, i + 1
+                sums.total, sums.examples = total, counted + examples - examples0
                 if every and step % every == 0:
                     evaluate_into(trainer, run)
                 if (run.due or (ckpt_every and step % ckpt_every == 0)) and (
@@ -194,6 +200,7 @@ def fast_epoch(
     finally:
         run.timing.data += waited
         s.step, s.examples_seen = step, examples
+        sums.total, sums.examples = total, counted + examples - examples0
         if last >= 0:
             s.position = last + 1
     return i, True

@@ -16,6 +16,7 @@ from ..watchers import EpochEnd, Metrics, StepEnd, notify
 from . import ddp
 from .batches import epoch_batches
 from .carry import start_epoch
+from .epoch_loss import recorded
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
 from .limits import limited, share
@@ -117,9 +118,12 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             tick = perf()
             s.flush(run.world)  # (the steps' losses, read back: the device's queued work)
             timing.steps += perf() - tick
+            loss, terms = s.epoch_loss.take()  # the epoch's mean (epoch_loss.py)
+            s.epoch_losses.append(recorded(loss))
             if watchers:
                 spent = (timing.data - data0, timing.steps - steps0)
-                notify(watchers, EpochEnd(run.id, s.epoch, s.step, record or {}, cache, *spent))
+                ended_with = (record or {}, cache, *spent, loss, terms)
+                notify(watchers, EpochEnd(run.id, s.epoch, s.step, *ended_with))
             s.epoch, s.position = s.epoch + 1, 0
             if trainer.checkpoint is not None:
                 save(trainer, run)
@@ -244,8 +248,10 @@ def _epoch(
         s.examples_seen += n
         if isinstance(loss, float):  # already read back (the non-finite check)
             s.losses.append(loss)
+            s.epoch_loss.add(loss, n)
         else:
             s.pending.append(loss)
+            s.pending_examples.append(n)
         if watchers:
             _report_step(run, loss, lr, n, tick, lrs)
         if val is not None and every and s.step % every == 0:
@@ -286,6 +292,7 @@ def _report_step(
     s, seconds = run.state, time.perf_counter() - tick
     norm = None if run.grad_norm is None else float(run.grad_norm)  # (step._update's)
     terms = {k: float(v) for k, v in run.terms.items()}  # (a loss function's dict: step.py)
+    s.epoch_loss.add_terms(terms, n)  # (told only here: the epoch's terms are the told steps')
     notify(
         run.watchers,
         StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds, lrs, norm, terms),

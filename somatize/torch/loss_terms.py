@@ -159,6 +159,12 @@ def _badly_named(k: str) -> str | None:
             f"the loss function's term {k!r} would be evaluated as 'val_{k}': name terms "
             f"without the val_ prefix ({k[4:]!r}), they are prefixed when evaluated"
         )
+    if k.startswith("epoch_"):
+        return (
+            f"the loss function's term {k!r} has the name of an epoch's mean of a term "
+            f"(TensorBoard's train/epoch_<term>, CSVLog's epoch_<term> column): name terms "
+            f"without the epoch_ prefix ({k[6:]!r}), they are prefixed there"
+        )
     return None
 
 

@@ -7,6 +7,7 @@ states, ``summarize(results, "val_acc")`` their metrics.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,14 @@ class TrainResult:
         steps: optimizer steps taken in total.
         epochs: epochs completed.
         losses: the training loss of every step.
+        epoch_losses: the training loss of every finished epoch (Lightning's
+            ``train_loss_epoch``): the mean over its training examples, each step's loss
+            weighed by its examples (a short last batch weighs what it holds) — under DDP,
+            over every rank's — its skipped steps (``Options(nonfinite="skip")``) left out;
+            NaN for an epoch whose every step was skipped. Like ``losses``, the whole run's
+            (a resumed run's checkpointed epochs included; a run resumed in mid-epoch
+            reports that epoch as an uninterrupted run does). Empty from a
+            ``LightningGraph`` (Lightning logs ``train_loss_epoch``).
         metrics: one dict per evaluation (``{"step": ..., "epoch": ..., "val_loss": ...}``).
         monitor: the metric ``best`` refers to.
         best: the best value of ``monitor`` seen, or None without evaluation.
@@ -83,6 +92,14 @@ class TrainResult:
     timed_out: bool = False
     val_examples: Mapping[str, int] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
+    epoch_losses: list[float] = field(default_factory=list)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled: a result pickled before a field was added gets its default."""
+        for f in dataclasses.fields(self):
+            if f.name not in state and f.default_factory is not dataclasses.MISSING:
+                state[f.name] = f.default_factory()
+        self.__dict__.update(state)
 
     def metric(self, name: str) -> float:
         """The last evaluated value of ``name`` (``"val_acc"``...)."""

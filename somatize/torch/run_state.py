@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from . import ddp
+from .epoch_loss import EpochLoss
 
 __all__ = ["RunState"]
 
@@ -22,6 +23,9 @@ class RunState:
         self.val_examples: dict[str, int] = {}  # the last evaluation's examples, by set prefix
         self.losses: list[float] = []
         self.pending: list[torch.Tensor] = []  # step losses not yet read back from the device
+        self.pending_examples: list[int] = []  # their steps' examples (this rank's)
+        self.epoch_losses: list[float] = []  # each finished epoch's mean (epoch_loss.py)
+        self.epoch_loss = EpochLoss()  # the running sums of the epoch in progress
         self.metrics: list[dict[str, float]] = []
         self.best: float | None = None
         # what best and ranked are values of: this run's Options(monitor=, mode=)
@@ -41,10 +45,25 @@ class RunState:
         self.cache: Any = None  # a checkpoint's cache counts, one per rank (tally.resumed)
 
     def flush(self, world: int) -> None:
-        """Read the pending step losses back (one transfer), averaged over ranks."""
-        if self.pending:
-            values = torch.stack(self.pending).float()
-            if world > 1:
-                values = ddp.mean(values)
-            self.losses.extend(values.tolist())
-            self.pending.clear()
+        """Read the pending step losses back (one transfer), averaged over ranks, into the
+        history and the epoch's sums. (Pending: under ``nonfinite="ignore"``, which reads no
+        step's loss back. Under DDP, each rank's own: the epoch's sums of every rank's
+        examples ride on the same all-reduce.)"""
+        if not self.pending:
+            return
+        values = torch.stack(self.pending).float()
+        sizes = self.pending_examples
+        if world > 1:
+            n = torch.tensor(sizes, dtype=values.dtype, device=values.device)
+            summed = ddp.total(torch.cat([values, (values * n).sum()[None], n.sum()[None]]))
+            self.losses.extend((summed[:-2] / world).tolist())  # (as ddp.mean)
+            total, examples = summed[-2:].tolist()
+            self.epoch_loss.total += total
+            self.epoch_loss.examples += round(examples)
+        else:
+            losses = values.tolist()
+            self.losses.extend(losses)
+            for loss, size in zip(losses, sizes, strict=True):  # (in order: as read at once)
+                self.epoch_loss.add(loss, size)
+        self.pending.clear()
+        sizes.clear()

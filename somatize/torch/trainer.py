@@ -276,6 +276,7 @@ class Trainer:
             steps=s.step,
             epochs=s.epoch,
             losses=list(s.losses),
+            epoch_losses=list(s.epoch_losses),
             metrics=[dict(m) for m in s.metrics],
             monitor=s.monitor,
             best=s.best,

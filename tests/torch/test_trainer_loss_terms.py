@@ -245,6 +245,7 @@ def _scalar(out, y):
         ({"loss": _scalar, "a/b": _scalar}, r"term 'a/b' holds '/'"),
         ({"loss": _scalar, " ": _scalar}, r"term ' ' is blank: name it"),
         ({"loss": _scalar, "val_ce": _scalar}, r"term 'val_ce' would be evaluated as 'val_val_ce'"),
+        ({"loss": _scalar, "epoch_ce": _scalar}, r"term 'epoch_ce' has the name of an epoch's mean"),
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("where", ["fast", "general", "evaluate"])
@@ -342,6 +343,18 @@ def test_under_ddp_the_terms_are_over_every_ranks_examples(tmp_path):
         assert m["val_all_ce"] == pytest.approx(m["val_all_loss"], rel=1e-12)
         assert m["val_all_rank"] == pytest.approx(7 / 15)  # rank 1 evaluated batch 1 (7 of 15)
         assert m["val_one_rank"] == 0.0  # rank 1 saw no batch of it, and names the term too
+    # each epoch's mean: over every rank's examples (31: rank 1's 15), the same on each rank
+    assert r0["epoch_losses"] == r1["epoch_losses"] == [loss for loss, _ in r0["epochs"]]
+    for e, (loss, terms) in enumerate(r0["epochs"]):
+        told = r0["steps"][4 * e : 4 * e + 4]
+        assert loss == pytest.approx(sum(v * n for v, _, n in told) / 31, rel=1e-12)
+        assert terms["ce"] == pytest.approx(loss, rel=1e-12)
+        assert terms["rank"] == pytest.approx(15 / 31)
+    # under nonfinite="ignore" each rank's, all-reduced with the losses at the epoch's end
+    # (epoch 0 alike; its last step, of unequal batches, is not weighed by the ranks'
+    # examples there, so epoch 1 trains otherwise)
+    assert r0["ignored"] == r1["ignored"]
+    assert r0["ignored"][0] == pytest.approx(r0["epoch_losses"][0], rel=1e-6)
 
 
 def test_two_val_sets_whose_terms_would_share_a_name_are_refused():

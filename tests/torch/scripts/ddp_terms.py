@@ -7,7 +7,10 @@ The loss function gives the cross-entropy as the loss and as a term, ``ce``, and
 rank's number as another, ``rank``: over the ranks, weighed by their examples, ``rank`` is
 rank 1's share of the step's (or the evaluation's) examples. The training data's last batch
 is smaller, so the ranks' last steps of an epoch differ in examples; validation set "one"
-is one batch, which rank 1 never sees. Every rank writes what it got to OUT_DIR/rank<R>.pt.
+is one batch, which rank 1 never sees. Each epoch's mean (``EpochEnd``, ``epoch_losses``)
+is over every rank's examples; a second fit under ``nonfinite="ignore"`` reads the losses
+back at the epoch's end instead (each rank's own, all-reduced then). Every rank writes what
+it got to OUT_DIR/rank<R>.pt.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Recorder
-from somatize.watchers import StepEnd
+from somatize.watchers import EpochEnd, StepEnd
 
 RANK = int(os.environ.get("RANK", "0"))
 
@@ -41,19 +44,32 @@ def main() -> None:
 
     train = [batch(4) for _ in range(7)] + [batch(3)]
     val = {"all": [batch(5), batch(7), batch(3)], "one": [batch(6)]}
-    torch.manual_seed(0)
+
+    def fit(watchers, **options):
+        torch.manual_seed(0)
+        return st.Trainer(
+            loss=loss,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            epochs=2,
+            micro_batches=2,
+            watchers=watchers,
+            options=st.Options(progress=False, shuffle=False, **options),
+        ).fit(torch.nn.Linear(4, 3), train, val=val)
+
     recorder = Recorder()
-    result = st.Trainer(
-        loss=loss,
-        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
-        epochs=2,
-        micro_batches=2,
-        watchers=[recorder],
-        options=st.Options(progress=False, shuffle=False),
-    ).fit(torch.nn.Linear(4, 3), train, val=val)
+    result = fit([recorder])
+    ignored = fit([], nonfinite="ignore")
     steps = [(e.loss, dict(e.terms), e.examples) for e in recorder.of(StepEnd)]
+    epochs = [(e.loss, dict(e.terms)) for e in recorder.of(EpochEnd)]
     torch.save(
-        {"steps": steps, "losses": result.losses, "metrics": result.metrics},
+        {
+            "steps": steps,
+            "losses": result.losses,
+            "metrics": result.metrics,
+            "epochs": epochs,
+            "epoch_losses": result.epoch_losses,
+            "ignored": ignored.epoch_losses,
+        },
         out / f"rank{RANK}.pt",
     )
 
