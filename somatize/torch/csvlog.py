@@ -1,4 +1,4 @@
-"""A watcher writing a run as a CSV table: one row per step and per evaluation.
+"""A watcher writing a run as a CSV table: one row per step, per evaluation and per epoch.
 
 Columns: ``kind`` (``step``, ``eval`` or ``epoch``), ``step``, ``epoch``, then ``loss``,
 ``lr`` (and ``lr/group<i>`` for each parameter group after the first), ``examples``,
@@ -6,8 +6,10 @@ Columns: ``kind`` (``step``, ``eval`` or ``epoch``), ``step``, ``epoch``, then `
 ``Options(clip_grad_norm=)`` or ``log_grad_norm=True``; a column per term of a loss
 function's dict, ``recon``, ``kl``: ``StepEnd.terms``), node metrics as ``<node>/<name>`` on the
 step they were computed in, and the evaluation's values (``val_loss``, ``val_acc``...) on
-eval rows. When the graph remembers a node, an epoch row after each epoch holds what
-its cache found: ``cache/<node>/hits`` and ``cache/<node>/misses`` (``EpochEnd.cache``).
+eval rows. An epoch row after each epoch holds its mean training loss, ``epoch_loss``
+(``EpochEnd.loss``, Lightning's ``train_loss_epoch``), and ``epoch_<term>`` for each term;
+when the graph remembers a node, what its cache found: ``cache/<node>/hits`` and
+``cache/<node>/misses`` (``EpochEnd.cache``).
 ``pandas.read_csv(path)`` reads it as it is. Under DDP rank 0 writes, and a step's
 ``loss`` and ``examples`` are over all ranks as ``StepEnd`` says.
 
@@ -43,7 +45,7 @@ _FIRST = ["kind", "step", "epoch", "loss", "lr", "examples", "seconds"]
 
 
 class CSVLog:
-    """Writes a run to ``path`` as CSV (one row per step and per evaluation).
+    """Writes a run to ``path`` as CSV (one row per step, per evaluation and per epoch).
 
     Args:
         path: the CSV file (its directory is created). A fresh run replaces it.
@@ -101,10 +103,13 @@ class CSVLog:
             self._start(event)
         elif isinstance(event, EpochEnd):
             self._finish()
-            if event.cache:  # what the cached nodes found in the epoch: one row
-                row: dict[str, Any] = {"kind": "epoch", "step": event.step, "epoch": event.epoch}
-                for node, c in event.cache.items():
-                    row[f"cache/{node}/hits"], row[f"cache/{node}/misses"] = c["hits"], c["misses"]
+            row: dict[str, Any] = {"kind": "epoch", "step": event.step, "epoch": event.epoch}
+            if event.loss is not None:  # the epoch's mean: columns of its own, not "loss"
+                row["epoch_loss"] = event.loss
+                row.update({f"epoch_{name}": v for name, v in event.terms.items()})
+            for node, c in event.cache.items():  # what the cached nodes found in the epoch
+                row[f"cache/{node}/hits"], row[f"cache/{node}/misses"] = c["hits"], c["misses"]
+            if len(row) > 3:
                 self._write(row)
         elif isinstance(event, FitEnd):
             self._finish()

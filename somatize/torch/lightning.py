@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,6 +34,7 @@ from ..errors import SettingError, add_note, require
 from ..graph import Graph
 from .batches import checked_split, num_examples, split
 from .carry import carries, reset
+from .epoch_loss import weighed
 from .first_step import batch_note, loss_note
 from .lightning_history import Evaluation
 from .lightning_settings import check, configured, hyperparameters
@@ -66,8 +68,10 @@ class LightningGraph(L.LightningModule):
     ``EarlyStopping(monitor=...)`` and every logger see them):
 
     * ``train_loss`` every step (and ``train_<term>`` for each term of a loss function's
-      dict, ``{"loss": ..., "recon": ...}``); ``<node>/<name>`` for each metric a node
-      returns in ``Done(..., metrics=...)`` during training;
+      dict, ``{"loss": ..., "recon": ...}``); ``train_loss_epoch`` (and
+      ``train_<term>_epoch``) at each epoch's end, its mean over its examples (every
+      rank's), as ``self.log(..., on_epoch=True)`` makes it; ``<node>/<name>`` for each
+      metric a node returns in ``Done(..., metrics=...)`` during training;
     * ``val_loss``, ``val_<term>``, ``val_<metric>`` and ``val_<node>/<name>`` per
       validation epoch (averaged over examples); the same with ``test_`` under
       ``trainer.test``. With several loaders each is its own set, named as Lightning
@@ -142,6 +146,7 @@ class LightningGraph(L.LightningModule):
         self._group: list[tuple[torch.Tensor, int]] = []  # (loss, examples) of this step's batches
         # the last training batch's (loss, examples, terms)
         self._last_batch: tuple[torch.Tensor, int, dict[str, Any]] | None = None
+        self._epoch_batches: list[tuple[torch.Tensor, int, dict[str, Any]]] = []  # the epoch's
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
         self._val_examples: dict[str, int] = {}  # the last validation's, over every rank
         self.validated: list[dict[str, float]] = []  # trainer.validate()'s, not the run's
@@ -201,6 +206,7 @@ class LightningGraph(L.LightningModule):
         lightning_evaluate.log_nodes(self, on_step=True, on_epoch=False, batch_size=n)
         self._group.append((loss.detach(), n))  # (one loss per step: on_before_optimizer_step)
         self._last_batch = (loss.detach(), n, terms)  # (Watch's: outputs hold loss / k)
+        self._epoch_batches.append(self._last_batch)  # (train_loss_epoch, at the epoch's end)
         epoch = self.current_epoch
         self._examples[epoch] = self._examples.get(epoch, 0) + n
         return loss
@@ -309,6 +315,14 @@ class LightningGraph(L.LightningModule):
         return self._epoch_counts[1]
 
     def on_train_epoch_end(self) -> None:
+        batches, self._epoch_batches = self._epoch_batches, []
+        if batches:  # the epoch's mean, as self.log(..., on_epoch=True) makes it: synced once
+            # (logged here, not by on_epoch=True on train_loss: that one would be train_loss_step)
+            loss, terms, n = weighed(batches)
+            log = functools.partial(self.log, on_epoch=True, sync_dist=True, batch_size=n)
+            log("train_loss_epoch", loss, prog_bar=True)
+            for name, value in terms.items():
+                log(f"train_{name}_epoch", value)
         counts = self.epoch_cache()  # (taken on every rank: each counts its own share)
         if self._tally is None:
             return
@@ -330,6 +344,7 @@ class LightningGraph(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         reset(carries(self.net))  # carried state (st.Carry) starts afresh each epoch
+        self._epoch_batches = []
 
     def on_validation_epoch_start(self) -> None:
         lightning_evaluate.start(self, "val_")

@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import require
 from ..watchers import EpochEnd, FitEnd, FitStart, Metrics, StepEnd, Watcher, notify
 from .batches import num_examples, split
+from .epoch_loss import EpochLoss
 from .start import close
 from .step import grad_norm
 
@@ -66,6 +67,11 @@ class Watch(L.Callback):
     all its batches', its seconds from its first batch's start, its ``terms`` (a
     ``LightningGraph``'s loss function's dict) weighed as its loss.
 
+    ``EpochEnd.loss`` (and ``.terms``) is the mean of the epoch's ``StepEnd`` losses weighed
+    by their examples: rank 0's own under DDP, as its ``StepEnd`` (a ``LightningGraph`` logs
+    ``train_loss_epoch`` over every rank's), and, in an epoch a fit resumed in the middle
+    of, over the steps since it resumed.
+
     ``StepEnd.grad_norm`` is None unless ``log_grad_norm=True``: Lightning clips by norm
     without keeping the norm, so it takes a pass of its own over the gradients, in
     ``on_before_optimizer_step`` — where Lightning's ``grad_norm`` utility is called: after
@@ -111,12 +117,14 @@ class Watch(L.Callback):
         self._on = False
         self._step = 0  # trainer.global_step after the last optimizer step reported
         self._window: list[tuple[float, int, dict[str, float]]] = []  # the step's batches
+        self._epoch = EpochLoss()  # the sums of the epoch's steps told (epoch_loss.py)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.run_id = uuid.uuid4().hex[:12]
         self._started = time.perf_counter()
         self._on = trainer.is_global_zero
         self._step, self._window = trainer.global_step, []
+        self._epoch = EpochLoss()  # (resumed in mid-epoch: its steps from here on)
         if self._on:
             epochs, steps, start = trainer.max_epochs or 0, trainer.max_steps, trainer.global_step
             # resumed (ckpt_path=): Lightning goes on after the step it checkpointed, and
@@ -168,6 +176,8 @@ class Watch(L.Callback):
                 terms[name] = terms.get(name, 0.0) + value * examples
         terms = {name: total / max(n, 1) for name, total in terms.items()}
         self._window = []
+        self._epoch.add(loss, n)  # (EpochEnd.loss: rank 0's steps, as its StepEnd)
+        self._epoch.add_terms(terms, n)
         seconds = time.perf_counter() - self._tick
         norm, self._norm = (None if self._norm is None else float(self._norm)), None
         told = (loss, self._lr, n, seconds, self._lrs, norm, terms)
@@ -191,7 +201,11 @@ class Watch(L.Callback):
         if evaluated:  # as the somatize Trainer reports its evaluations: node ''
             notify(self.watchers, Metrics(self.run_id, "", step, evaluated))
         cache = pl_module.epoch_cache() if _is_graph(pl_module) else {}
-        notify(self.watchers, EpochEnd(self.run_id, epoch, step, metrics, cache))
+        loss, terms = self._epoch.take()
+        notify(
+            self.watchers,
+            EpochEnd(self.run_id, epoch, step, metrics, cache, loss=loss, terms=terms),
+        )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._on:

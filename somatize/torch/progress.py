@@ -4,7 +4,7 @@ On by default when standard error is a terminal (``Options(progress=...)`` decid
 otherwise); no dependency. On a terminal it redraws one line with a carriage return, at
 most ten times a second; on anything else (a file, a pipe, a CI log) it writes plain
 lines instead — one at each epoch's end (and every N steps with ``every_steps=N``), one
-per evaluation, one at the end — with no control codes.
+per evaluation, one with each epoch's mean loss, one at the end — with no control codes.
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ def _terminal(stream: TextIO) -> bool:
 
 class Progress:
     """Draws ``epoch 2/10 · step 120/500 · loss 0.1234 · lr 1e-03 · 5.2k ex/s``; keeps a line
-    per evaluation and, when the graph remembers a node, one per epoch with what its cache
-    found (``epoch 2 · cache hits: enc 100% of 10,000``), and one when the epoch's training
-    waited for its batches a fifth of its time or more, a second at least (``epoch 2 ·
-    waiting for data: 38% of training time``: the DataLoader holds the steps back). A step
+    per evaluation, one per epoch with its mean training loss (``epoch 2 · mean loss
+    0.1450``: ``EpochEnd.loss``, Lightning's ``train_loss_epoch``) and, when the graph
+    remembers a node, one per epoch with what its cache found (``epoch 2 · cache hits: enc
+    100% of 10,000``), and one when the epoch's training waited for its batches a fifth
+    of its time or more, a second at least (``epoch 2 · waiting for data: 38% of training
+    time``: the DataLoader holds the steps back). A step
     that tells its gradient norm (``Options(clip_grad_norm=)`` or ``log_grad_norm=True``)
     shows it after the loss (``loss 0.1234 · grad norm 1.52``), and a loss function's terms
     follow the loss (``loss 0.1234 recon 0.1 kl 0.234``).
@@ -114,6 +116,11 @@ class Progress:
             self._write(f"{self._clear}step {event.step} · {shown}\n")
         elif isinstance(event, EpochEnd):
             self._flush_step()
+            if event.loss is not None:  # the epoch's mean training loss: one line
+                terms = "".join(f" {k} {v:.4g}" for k, v in event.terms.items())
+                self._write(
+                    f"{self._clear}epoch {event.epoch + 1} · mean loss {event.loss:.4f}{terms}\n"
+                )
             shown = " · ".join(
                 f"{node} {c['hits'] * 100 // total}% of {total:,}"  # (99.8% is not 100%)
                 for node, c in event.cache.items()

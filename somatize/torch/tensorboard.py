@@ -4,11 +4,13 @@ Tags: ``train/loss``, ``train/lr`` (and ``train/lr/group<i>`` for each parameter
 after the first), ``train/examples_per_second`` per step, and ``train/grad_norm`` when
 ``StepEnd`` tells it (``Options(clip_grad_norm=)`` or ``log_grad_norm=True``), and
 ``train/<term>`` for each term of a loss function's dict (``StepEnd.terms``);
-``val/<metric>`` per evaluation (``val/loss``, ``val/recon``, ``val/acc``...); ``train/epoch`` and,
-for each remembered node, ``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cache``), and
-``time/data`` and ``time/steps`` (the epoch's seconds waiting for batches and in steps) at
-each epoch end; ``node/<node>/<metric>`` for metrics nodes return in ``Done`` during
-training, ``val/<node>/<metric>`` during evaluation. With ``hparams=``, the run's
+``val/<metric>`` per evaluation (``val/loss``, ``val/recon``, ``val/acc``...); ``train/epoch``,
+``train/epoch_loss`` (the epoch's mean training loss, ``EpochEnd.loss``: Lightning's
+``train_loss_epoch``) and ``train/epoch_<term>`` for each term, for each remembered node
+``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cache``), and ``time/data`` and
+``time/steps`` (the epoch's seconds waiting for batches and in steps) at each epoch end;
+``node/<node>/<metric>`` for metrics nodes return in ``Done`` during training,
+``val/<node>/<metric>`` during evaluation. With ``hparams=``, the run's
 hyper-parameters go to TensorBoard's HParams view as it starts (its end is marked when it
 ends), where tensorboard shows beside them each run's last value of every scalar.
 Under DDP rank 0 writes, and ``train/loss`` and ``train/examples_per_second`` are over
@@ -168,6 +170,10 @@ class TensorBoard:
             self._scalars(step, event.step)
         elif isinstance(event, EpochEnd):
             epoch: dict[str, float] = {"train/epoch": event.epoch + 1}
+            if event.loss is not None:  # the epoch's mean (Lightning's train_loss_epoch)
+                epoch["train/epoch_loss"] = event.loss
+                for name, value in event.terms.items():
+                    epoch[f"train/epoch_{name}"] = value
             if event.data or event.steps:  # where the epoch's time went (0.0: not measured)
                 epoch["time/data"], epoch["time/steps"] = event.data, event.steps
             for node, c in event.cache.items():

@@ -52,7 +52,9 @@ def test_pandas_reads_it():
     with tempfile.TemporaryDirectory() as d:
         fit([st.CSVLog(Path(d) / "log.csv")])
         frame = pd.read_csv(Path(d) / "log.csv")
-    assert len(frame) == 8 and frame.query("kind == 'eval'")["val_loss"].notna().all()
+    assert len(frame) == 10 and frame.query("kind == 'eval'")["val_loss"].notna().all()
+    epochs = frame.query("kind == 'epoch'")  # each epoch's mean loss, in a column of its own
+    assert epochs["epoch_loss"].notna().all() and epochs["loss"].isna().all()
 
 
 def test_a_resumed_run_drops_the_rows_after_its_checkpoint(tmp_path):
@@ -148,7 +150,7 @@ def test_an_evaluation_after_the_checkpoint_of_its_step_is_logged_once_after_a_r
     kinds = [(r["kind"], r["step"]) for r in rows(tmp_path / "run" / "log.csv")]
     assert kinds == [(r["kind"], r["step"]) for r in rows(tmp_path / "ref" / "log.csv")]
     assert kinds.count(("eval", "4")) == 1
-    assert kinds.count(("epoch", "4")) == cached
+    assert kinds.count(("epoch", "4")) == 1  # (its mean loss, and the cache's counts)
 
 
 def test_the_csv_log_pickles_without_its_file(tmp_path):
@@ -341,6 +343,11 @@ def test_a_loss_of_several_terms_has_a_column_each(tmp_path):
     evals = [r for r in got if r["kind"] == "eval"]
     assert len(evals) == 2 and all(r["val_ce"] == r["val_loss"] and r["val_mean"] for r in evals)
     assert all(r["ce"] == "" for r in evals)  # a step's column, blank on eval rows
+    epochs = [r for r in got if r["kind"] == "epoch"]  # each epoch's mean, its own columns
+    ends = recorder.of(EpochEnd)
+    assert [float(r["epoch_loss"]) for r in epochs] == [e.loss for e in ends]
+    assert [float(r["epoch_ce"]) for r in epochs] == [e.terms["ce"] for e in ends]
+    assert all(r["loss"] == r["ce"] == "" for r in epochs)
     fit([st.CSVLog(tmp_path / "plain.csv")])
     assert "ce" not in rows(tmp_path / "plain.csv")[0]  # a loss alone: no column
 

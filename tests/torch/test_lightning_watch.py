@@ -163,3 +163,65 @@ def test_log_grad_norm_tells_the_norm_before_lightnings_clipping_as_the_trainer_
 def test_log_grad_norm_is_a_bool():
     with pytest.raises(TypeError, match="log_grad_norm must be True or False"):
         Watch([], log_grad_norm="yes")  # type: ignore[arg-type]
+
+
+class Kept(L.pytorch.loggers.Logger):
+    """A logger keeping what Lightning logs: ``(step, metrics)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "kept"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.rows.append((step, {k: float(v) for k, v in metrics.items()}))
+
+
+def test_the_epochs_mean_is_logged_as_train_loss_epoch_and_told_as_epoch_end_loss(tmp_path):
+    """As ``self.log("train_loss", loss, on_epoch=True)`` makes it: the mean over the epoch's
+    examples (steps of 32, 32 and 4), ``train_loss`` still logged every step under its name;
+    ``ModelCheckpoint`` can monitor it without validation data. Watch's ``EpochEnd.loss``
+    is the same mean, from the steps it told."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from somatize.watchers import EpochEnd
+
+    def loss(out, y):
+        ce = F.cross_entropy(out, y)
+        return {"loss": ce, "ce": ce, "half": ce / 2}
+
+    rec, kept = Recorder(), Kept()
+    best = ModelCheckpoint(tmp_path, monitor="train_loss_epoch", save_top_k=1)
+    lg = LightningGraph(graph(), loss=loss, optimizer=sgd)
+    lightning(
+        max_epochs=2,
+        accumulate_grad_batches=2,
+        logger=kept,
+        log_every_n_steps=1,
+        enable_checkpointing=True,
+        callbacks=[Watch([rec]), best],
+    ).fit(lg, loader(batches(5, last=4)))
+    sizes = [32, 32, 4]
+    want = [
+        sum(v * n for v, n in zip(lg.losses[e * 3 : e * 3 + 3], sizes, strict=True)) / 68
+        for e in range(2)
+    ]
+    logged = [m for _, m in kept.rows if "train_loss_epoch" in m]
+    assert [m["train_loss_epoch"] for m in logged] == pytest.approx(want, rel=1e-6)
+    assert [m["train_ce_epoch"] for m in logged] == pytest.approx(want, rel=1e-6)
+    assert [m["train_half_epoch"] for m in logged] == pytest.approx([w / 2 for w in want], rel=1e-6)
+    assert sum("train_loss" in m for _, m in kept.rows) == 6  # every step's, as before
+    assert float(best.best_model_score) == pytest.approx(min(want), rel=1e-6)
+    ends = rec.of(EpochEnd)
+    assert [e.loss for e in ends] == pytest.approx(want, rel=1e-6)
+    assert [e.terms["half"] for e in ends] == pytest.approx([w / 2 for w in want], rel=1e-6)

@@ -29,22 +29,27 @@ def lines(text: str) -> list[str]:
 
 def test_a_stream_that_is_not_a_terminal_gets_plain_lines_one_an_epoch():
     stream = io.StringIO()
-    fit([st.Progress(stream=stream, interval=0.0)])
+    result = fit([st.Progress(stream=stream, interval=0.0)])
     text = stream.getvalue()
     assert "\r" not in text and "\x1b" not in text
     got = lines(text)
-    assert [line.split(" · loss")[0] for line in got if line.startswith("epoch")] == [
+    assert [line.split(" · loss")[0] for line in got if " · step " in line] == [
         "epoch 1/2 · step 3/6",
         "epoch 2/2 · step 6/6",
     ]
     assert [line.split(" · ")[0] for line in got] == [
         "epoch 1/2",
         "step 3",  # the evaluation after the epoch's last step
+        "epoch 1",  # the epoch's mean loss
         "epoch 2/2",
         "step 6",
+        "epoch 2",
         "done: 6 steps in Ts",
     ]
     assert "lr 5.00e-02 · R ex/s" in got[0] and got[1].startswith("step 3 · val_loss ")
+    assert [got[2], got[5]] == [
+        f"epoch {e + 1} · mean loss {v:.4f}" for e, v in enumerate(result.epoch_losses)
+    ]
 
 
 def test_every_steps_adds_a_plain_line_every_n_steps():
@@ -73,7 +78,9 @@ def test_a_terminal_is_redrawn_in_place():
     stream = Terminal()
     fit([st.Progress(stream=stream, interval=0.0)])
     text = stream.getvalue()
-    assert text.count("\r\x1b[2Kepoch ") == 6  # every step redrawn
+    assert len(re.findall(r"\r\x1b\[2Kepoch \d/2 · step ", text)) == 6  # every step redrawn
+    assert re.findall(r"\r\x1b\[2Kepoch \d · mean loss [0-9.]+\n", text) != []  # kept lines
+    assert text.count(" · mean loss ") == 2
     assert "\r\x1b[2Kdone: 6 steps" in text
     plain = io.StringIO()
     fit([st.Progress(stream=plain, redraw=False)])  # or asked not to
@@ -179,4 +186,20 @@ def test_a_cache_share_is_rounded_down_so_100_percent_means_every_row():
         "epoch 1 · cache hits: enc 0% of 512",
         "epoch 2 · cache hits: enc 99% of 512",
         "epoch 3 · cache hits: enc 100% of 512",
+    ]
+
+
+def test_an_epochs_mean_loss_is_a_line_of_its_own_with_its_terms():
+    from somatize.watchers import EpochEnd, FitStart
+
+    stream = io.StringIO()
+    p = st.Progress(stream=stream)
+    p.on_event(FitStart("a", epochs=3, max_steps=0, start_step=0))
+    p.on_event(EpochEnd("a", 0, 10, {}, loss=0.5, terms={"ce": 0.25, "kl": 1e-5}))
+    p.on_event(EpochEnd("a", 1, 20, {}))  # no step taken (all skipped): no mean, no line
+    p.on_event(EpochEnd("a", 2, 30, {}, loss=0.125, cache={"enc": {"hits": 1, "misses": 0}}))
+    assert stream.getvalue().splitlines() == [
+        "epoch 1 · mean loss 0.5000 ce 0.25 kl 1e-05",
+        "epoch 3 · mean loss 0.1250",
+        "epoch 3 · cache hits: enc 100% of 1",
     ]

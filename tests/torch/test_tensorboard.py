@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import Graph
-from somatize.watchers import StepEnd
+from somatize.watchers import EpochEnd, StepEnd
 from tests.torch.test_watchers_torch import Body, Head, data
 
 
@@ -257,7 +257,12 @@ def test_a_steps_scalars_are_one_event(tmp_path):
     node = ["node/head/logit_mean"]
     assert tags[1] == tags[2] == [step, node]
     val = ["val/loss", "val/acc", "val/head/logit_mean"]
-    assert tags[3] == [step, node, val, ["train/epoch", "time/data", "time/steps"]]
+    assert tags[3] == [
+        step,
+        node,
+        val,
+        ["train/epoch", "train/epoch_loss", "time/data", "time/steps"],
+    ]
     assert [v for _, v in served(tmp_path / "tb")] == pytest.approx(result.losses)
     assert [s for s, _ in served(tmp_path / "tb", "val/acc")] == [3, 6]
 
@@ -344,3 +349,23 @@ def test_a_loss_of_several_terms_writes_each_per_step_and_per_evaluation(tmp_pat
         assert [v for _, v in evaluated] == pytest.approx(
             [m[f"val_{term}"] for m in result.metrics], rel=1e-6
         )
+        epochs = served(tmp_path / "tb", f"train/epoch_{term}")  # each epoch's mean
+        ends = recorder.of(EpochEnd)
+        assert epochs == [(e.step, pytest.approx(e.terms[term], rel=1e-6)) for e in ends]
+    assert [v for _, v in served(tmp_path / "tb", "train/epoch_loss")] == pytest.approx(
+        result.epoch_losses, rel=1e-6
+    )
+
+
+def test_a_resumed_run_serves_each_epochs_mean_loss_once_as_the_uninterrupted_run(tmp_path):
+    """Crashed at step 5 after the checkpoint of step 4, in epoch 1 (3 steps an epoch):
+    that epoch's mean is written once, by the resumed fit, over both fits' steps."""
+    with pytest.raises(Crash):
+        trainer(tmp_path, CrashAt(5), every_steps=2).fit(graph(), data())
+    backdate(tmp_path / "tb")
+    result = trainer(tmp_path, every_steps=2).fit(graph(), data(), resume="last")
+    reference = trainer(tmp_path / "ref", every_steps=2).fit(graph(), data())
+    got = served(tmp_path / "tb", "train/epoch_loss")
+    assert [s for s, _ in got] == [3, 6, 9]  # (float32 in the file)
+    assert [v for _, v in got] == pytest.approx(result.epoch_losses, rel=1e-6)
+    assert result.epoch_losses == reference.epoch_losses

@@ -50,11 +50,14 @@ def test_the_trainer_docs_examples_run(tmp_path, monkeypatch, capsys):
     assert "{'val_loss': " in out.out  # evaluate's names, prefixed as fit's records
     # the training set's metrics: as a validation set, and a node's per step
     assert "'val_train_acc', 'val_train_loss', 'val_valid_acc', 'val_valid_loss']" in out.out
-    assert "seconds,scored/acc,val_loss,val_scored/acc\n" in out.out
+    assert "seconds,scored/acc,val_loss,val_scored/acc,epoch_loss\n" in out.out
     assert "['epoch', 'step', 'val_loss', 'val_scored/acc']" in out.out
     assert "['step', 'epoch', 'val_loss', 'val_recon', 'val_kl']" in out.out  # loss terms
     header = (tmp_path / "runs" / "vae" / "log.csv").read_text().splitlines()[0]
-    assert header == "kind,step,epoch,loss,lr,examples,seconds,recon,kl,val_loss,val_recon,val_kl"
+    assert header == (
+        "kind,step,epoch,loss,lr,examples,seconds,recon,kl,val_loss,val_recon,val_kl,"
+        "epoch_loss,epoch_recon,epoch_kl"
+    )
 
 
 def test_the_ddp_script_is_a_whole_file(tmp_path, monkeypatch, capsys):

@@ -73,6 +73,7 @@ def test_tensorboard_writes_loss_lr_throughput_metrics_and_node_metrics(tmp_path
         "train/lr",
         "train/examples_per_second",
         "train/epoch",
+        "train/epoch_loss",  # the epoch's mean training loss (EpochEnd.loss)
         "time/data",  # where each epoch's time went (EpochEnd.data, .steps)
         "time/steps",
         "val/loss",
@@ -90,6 +91,10 @@ def test_tensorboard_writes_loss_lr_throughput_metrics_and_node_metrics(tmp_path
     assert [s for s, _ in got["val/acc"]] == [3, 6]
     assert [s for s, _ in got["node/head/logit_mean"]] == [1, 2, 3, 4, 5, 6]
     assert got["train/epoch"] == [(3, 1.0), (6, 2.0)]
+    assert got["train/epoch_loss"] == [
+        (3, pytest.approx(result.epoch_losses[0])),
+        (6, pytest.approx(result.epoch_losses[1])),
+    ]
     assert [s for s, _ in got["time/steps"]] == [3, 6]
     assert all(v > 0 for _, v in got["time/steps"])
     assert all(v > 0 for _, v in got["train/examples_per_second"])
@@ -124,6 +129,8 @@ def test_the_core_json_lines_log_is_a_trainer_watcher(tmp_path):
         [m["val_loss"] for m in result.metrics]
     )
     assert [r["epoch"] for r in records if r["event"] == "EpochEnd"] == [0, 1]
+    ends = [r for r in records if r["event"] == "EpochEnd"]
+    assert [r["loss"] for r in ends] == result.epoch_losses and ends[0]["terms"] == {}
     node = [r for r in records if r["event"] == "Metrics" and r["node"] == "head"]
     assert len(node) == 6 and isinstance(node[0]["values"]["logit_mean"], float)
     assert log._fd is None  # the Trainer closed it at the end of the run
