@@ -14,6 +14,7 @@ except ImportError as e:  # an error naming the extra to install, not a bare "No
         " (or the torch build your machine needs: https://pytorch.org/get-started)"
     ) from e
 
+from .accuracy import accuracy
 from .campaign import Summary, executor, summarize
 from .carry import Carry
 from .checkpoint import Checkpointing, load_checkpoint
@@ -22,7 +23,6 @@ from .compare import Comparison, compare
 from .csvlog import CSVLog
 from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
 from .lr_find import LRFind
-from .metrics import accuracy
 from .model_summary import ModelSummary, model_summary
 from .module import GraphModule, module
 from .module_reads import parameters

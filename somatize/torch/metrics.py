@@ -39,6 +39,7 @@ from torch import nn
 
 from ..errors import SettingError, add_note
 from . import ddp
+from .accuracy import accuracy
 from .batches import epoch_batches, num_examples, to_device
 from .limits import limited
 from .loss_terms import refused_return
@@ -144,35 +145,6 @@ def _torchmetrics(m: Any) -> bool:
     """Whether ``m`` is a torchmetrics metric (which reduces over ranks itself)."""
     tm = sys.modules.get("torchmetrics")  # imported already if ``m`` is one
     return tm is not None and isinstance(m, tm.Metric)
-
-
-def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The fraction of rows whose highest logit is the target class.
-
-    Every row counts: for targets with padding (``ignore_index=-100`` in the loss), use
-    ``torchmetrics.classification.MulticlassAccuracy(num_classes, ignore_index=-100,
-    average="micro")`` as a metric, computed over the whole set.
-
-    Example:
-        >>> accuracy(torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1]))
-        tensor(0.5000)
-    """
-    predicted = output.argmax(dim=-1)
-    if output.ndim > 1 and output.shape[-1] == 1:  # (argmax of one logit: class 0 every row)
-        raise ValueError(
-            f"accuracy: the output {tuple(output.shape)} has one logit per row, whose argmax "
-            "is class 0 for every row; accuracy takes logits (batch, classes) — for one "
-            "logit per row (a binary head), measure "
-            "((output.squeeze(-1) > 0) == target).float().mean()"
-        )
-    if predicted.shape != target.shape:  # (broadcasting would compare every row with every row)
-        raise ValueError(
-            f"accuracy: the output {tuple(output.shape)} gives one predicted class per row, "
-            f"{tuple(predicted.shape)} (argmax over its last dimension), but the target is "
-            f"{tuple(target.shape)}; give logits (batch, classes) and class ids (batch,) — "
-            "for one logit per row, measure ((output > 0) == target).float().mean()"
-        )
-    return (predicted == target).float().mean()
 
 
 def evaluate(
