@@ -238,8 +238,9 @@ class TorchPool(Executor):
                     lambda inner, gen=gen: self._settle(task, gen, inner)  # type: ignore[misc]
                 )
                 return
-        task.future.set_exception(
-            WorkerLostError(f"call {task.id}, {task.what}: no worker could be started")
+        _settled(
+            task.future.set_exception,
+            WorkerLostError(f"call {task.id}, {task.what}: no worker could be started"),
         )
 
     def _retire(self, gen: _Generation) -> None:
@@ -262,7 +263,7 @@ class TorchPool(Executor):
             task.future.cancel()
             return
         if not isinstance(error, BrokenExecutor):
-            task.future.set_exception(restored(error))  # (a class of __main__: Shipped)
+            _settled(task.future.set_exception, restored(error))  # (a class of __main__: Shipped)
             return
         if gen.never_started():
             lost = WorkerLostError(
@@ -272,7 +273,7 @@ class TorchPool(Executor):
             lost.__cause__ = error
             with self._lock:
                 self._retire(gen)
-            task.future.set_exception(lost)
+            _settled(task.future.set_exception, lost)
             return
         killed = gen.killed(task.id)  # read now: the survivors are terminated right after
         if killed:
@@ -294,7 +295,7 @@ class TorchPool(Executor):
                     "raise retries=, or look for what kills the worker"
                 )
                 lost.__cause__ = error
-                task.future.set_exception(lost)
+                _settled(task.future.set_exception, lost)
                 return
             self._send(task)
 
@@ -350,7 +351,11 @@ def _deliver(task: _Task, result: Any) -> None:
 
 
 def _settled(settle: Callable[[Any], None], value: Any) -> None:
-    """``settle(value)``, unless the future was cancelled while its result was unpickled."""
+    """``settle(value)``, unless the caller cancelled the future meanwhile: while its result
+    was unpickled, or as another call's failure ended ``map`` (which cancels the rest) —
+    the settling may run in a done-callback's thread, or in the caller's own when the inner
+    future was done already (a pool broken at once), where ``InvalidStateError`` would
+    replace the error the caller is being told."""
     with contextlib.suppress(InvalidStateError):
         settle(value)
 

@@ -283,6 +283,34 @@ def test_a_result_arriving_for_a_run_cancelled_meanwhile_is_dropped_quietly():
     assert task.future.cancelled()
 
 
+def test_a_loss_told_for_a_run_cancelled_meanwhile_is_dropped_quietly():
+    """Found by a fresh-clone run: a spawn pool failing at once (a script without the main
+    guard) made map's caller see ``InvalidStateError: CANCELLED_AND_NOTIFIED`` instead of
+    the ``WorkerLostError`` saying why — another call's future, cancelled by map as the
+    first failure ended it, was then told its own loss. The cancel here comes inside the
+    window between the pool's done() check and its telling."""
+    import types
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from somatize.torch.pool import _Task
+
+    task = _Task(1, b"", "train(1)")
+
+    def never_started():
+        task.future.cancel()  # the caller, meanwhile: map's iterator cancelling the rest
+        return True
+
+    gen = types.SimpleNamespace(
+        never_started=never_started, ctx=types.SimpleNamespace(get_start_method=lambda: "spawn")
+    )
+    inner: Future = Future()
+    inner.set_exception(BrokenProcessPool("a worker failed to start"))
+    with st.executor(workers=1) as pool:
+        pool._settle(task, gen, inner)  # (raised InvalidStateError)
+    assert task.future.cancelled()
+
+
 def sleep_then_pid(seconds):
     time.sleep(seconds)
     return os.getpid()
