@@ -16,16 +16,9 @@ import somatize.torch as st
 from somatize import Recorder
 from somatize.torch.epoch_loss import EpochLoss
 from somatize.watchers import EpochEnd, StepEnd
+from tests.torch.test_checkpoint_resume import Crash, CrashAt
+from tests.torch.test_trainer_loss_terms import SIZES, data  # (unequal batches, a short last)
 from tests.torch.trainer_helpers import make_graph, plain_copy, quiet
-
-SIZES = [10, 10, 7, 10, 5]  # unequal batches, a short last one: a mean of steps would differ
-
-
-def data(sizes=SIZES, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        (torch.randn(n, 4, generator=gen), torch.randint(0, 3, (n,), generator=gen)) for n in sizes
-    ]
 
 
 def two_terms(out, y):
@@ -96,21 +89,6 @@ def test_each_epochs_loss_is_the_mean_over_its_examples_as_a_plain_loop_sums_the
         assert [e.loss for e in ends] == result.epoch_losses
         for end, w in zip(ends, want, strict=True):
             assert end.terms == pytest.approx({"ce": w["ce"], "reg": w["reg"]}, rel=1e-6)
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt:
-    """Raises at the end of one step, as a process dying there."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_event(self, event) -> None:
-        if isinstance(event, StepEnd) and event.step == self.step:
-            raise Crash
 
 
 class CrashingLoss:
