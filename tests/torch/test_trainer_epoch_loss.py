@@ -18,7 +18,7 @@ from somatize.torch.epoch_loss import EpochLoss
 from somatize.watchers import EpochEnd, StepEnd
 from tests.torch.test_checkpoint_resume import Crash, CrashAt
 from tests.torch.test_trainer_loss_terms import SIZES, data  # (unequal batches, a short last)
-from tests.torch.trainer_helpers import make_graph, plain_copy, quiet
+from tests.torch.trainer_helpers import make_graph, plain_copy, quiet, step_parts
 
 
 def two_terms(out, y):
@@ -36,13 +36,7 @@ def plain_epochs(batches, k, mb, epochs=2):
     means = []
     for _ in range(epochs):
         sums, examples = {"loss": 0.0, "ce": 0.0, "reg": 0.0}, 0
-        for i in range(0, len(batches), k):
-            parts = [
-                (xc, yc)
-                for x, y in batches[i : i + k]
-                for xc, yc in zip(torch.chunk(x, mb), torch.chunk(y, mb), strict=True)
-            ]
-            n = sum(len(yc) for _, yc in parts)
+        for parts, n in step_parts(batches, k, mb):
             opt.zero_grad(set_to_none=True)
             for xc, yc in parts:
                 got = two_terms(m(xc), yc)

@@ -14,7 +14,7 @@ import somatize.torch as st
 from somatize import Recorder
 from somatize.errors import SettingError
 from somatize.watchers import StepEnd
-from tests.torch.trainer_helpers import make_graph, plain_copy, plain_state, quiet
+from tests.torch.trainer_helpers import make_graph, plain_copy, plain_state, quiet, step_parts
 
 SIZES = [10, 10, 7, 10, 5]  # unequal batches: the weights matter
 
@@ -41,13 +41,7 @@ def plain_loop(batches, k, mb, epochs=2):
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     losses, terms = [], []
     for _ in range(epochs):
-        for i in range(0, len(batches), k):
-            parts = [
-                (xc, yc)
-                for x, y in batches[i : i + k]
-                for xc, yc in zip(torch.chunk(x, mb), torch.chunk(y, mb), strict=True)
-            ]
-            n = sum(len(yc) for _, yc in parts)
+        for parts, n in step_parts(batches, k, mb):
             opt.zero_grad(set_to_none=True)
             if len(parts) == 1 and k == 1:  # the Trainer's single batch: no weights
                 got = vae_like(m(parts[0][0]), parts[0][1])

@@ -69,6 +69,19 @@ class Capture(torch.optim.SGD):
         self.grads.append([p.grad.clone() for p in self.param_groups[0]["params"]])
 
 
+def step_parts(data, k: int, mb: int):
+    """What each optimizer step of an epoch trains on, as the Trainer splits it: groups of
+    ``k`` batches (``accumulate``), each batch in ``mb`` chunks (``micro_batches``); yields
+    ``(parts, n)``, the ``(x, y)`` chunks and their examples together."""
+    for i in range(0, len(data), k):
+        parts = [
+            (xc, yc)
+            for x, y in data[i : i + k]
+            for xc, yc in zip(torch.chunk(x, mb), torch.chunk(y, mb), strict=True)
+        ]
+        yield parts, sum(len(yc) for _, yc in parts)
+
+
 def porter_loop(data, k: int, mb: int, fp16: bool, before_step) -> tuple[list[float], nn.Module]:
     """A porter's plain loop over ``make_graph()``'s network for 2 epochs: groups of ``k``
     batches, each in ``mb`` chunks weighed by their share of the group's examples, fp16 with
@@ -81,13 +94,7 @@ def porter_loop(data, k: int, mb: int, fp16: bool, before_step) -> tuple[list[fl
     scaler = torch.amp.GradScaler("cpu") if fp16 else None
     losses = []
     for _ in range(2):
-        for i in range(0, len(data), k):
-            parts = [
-                (xc, yc)
-                for x, y in data[i : i + k]
-                for xc, yc in zip(torch.chunk(x, mb), torch.chunk(y, mb), strict=True)
-            ]
-            n = sum(len(yc) for _, yc in parts)
+        for parts, n in step_parts(data, k, mb):
             opt.zero_grad(set_to_none=True)
             total = torch.zeros(())
             for xc, yc in parts:
