@@ -20,6 +20,7 @@ from torch import nn
 from ..errors import CheckpointError
 from ..stack import outside
 from .epoch_loss import EpochLoss
+from .loss_terms import restored_terms
 from .resumed_monitor import check_monitor
 from .resumed_optimizer import check_frozen, check_optimizer, frozen_nodes, optimizer_class
 from .resumed_scheduler import check_scheduler, scheduler_class
@@ -53,6 +54,7 @@ def capture(
         "epoch_examples": s.epoch_examples,
         "val_examples": s.val_examples,
         "losses": s.losses,
+        "terms": s.terms,  # a loss function's terms per step (loss_terms.record_terms)
         "epoch_losses": s.epoch_losses,
         "epoch_loss": s.epoch_loss.state(),  # the epoch's running sums (epoch_loss.py)
         "metrics": s.metrics,
@@ -117,6 +119,7 @@ def restore(
     s.epoch_examples = payload.get("epoch_examples")  # (None in a checkpoint from before)
     s.val_examples = dict(payload.get("val_examples") or {})
     s.losses, s.metrics = list(payload["losses"]), list(payload["metrics"])
+    s.terms = restored_terms(payload.get("terms"), len(s.losses))
     # (a checkpoint from before they were kept: none, and sums from the resumed step on)
     s.epoch_losses = [float(v) for v in payload.get("epoch_losses") or []]
     s.epoch_loss = EpochLoss.restored(payload.get("epoch_loss"))

@@ -4,8 +4,9 @@ One process, full precision, one batch per step, no micro-batches, no watchers: 
 ``loop._epoch`` + ``step.step`` do, written out flat, because every function call of a
 step is measured against a plain PyTorch loop (``benchmarks/bench_training.py``). It
 must stay equal to them — ``tests/torch/test_trainer*.py`` run both paths. A loss
-function's dict of terms (``loss_terms.py``) trains on its ``"loss"``; its terms are
-checked and dropped here: without watchers no ``StepEnd`` is made, and nothing reads them.
+function's dict of terms (``loss_terms.py``) trains on its ``"loss"``; its terms go into
+the run's history (``TrainResult.terms``), as ``loop._epoch`` records them: without watchers
+no ``StepEnd`` is made.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _torch_module  # (its global hooks)
 
-from .batches import loss_of, num_examples, split, to_device
+from .batches import num_examples, split, to_device
 from .evaluation import evaluate_into
-from .loss_terms import scalar_and_terms
+from .loss_terms import Terms, loss_terms, record_terms, scalar_and_terms
 from .policy import save
 from .rng import put_back, snapshot
 from .settings import check_batch
@@ -92,7 +93,8 @@ def fast_epoch(
     by_value = trainer.options.clip_grad_value
     every = trainer.options.eval_every_steps if val is not None else None
     ckpt_every = trainer.checkpoint.every_steps if trainer.checkpoint is not None else None
-    losses = s.losses
+    losses, history = s.losses, s.terms
+    no_terms: Terms = {}  # (a loss alone: its step records no terms)
     isfinite = math.isfinite
     deadline, monotonic = run.deadline, time.monotonic
     # GraphModule.step lives in the instance dict (module.py's _OWN): set it there directly
@@ -153,12 +155,13 @@ def fast_epoch(
             if carried:
                 kept = [c.value for c in carried]
             out = call(x)
+            terms = no_terms
             if with_loss and y is not None:
                 loss = loss_fn(out, y)  # type: ignore[misc]
                 if type(loss) is not _Tensor or loss.dim():  # a dict of terms, or wrong
-                    loss = scalar_and_terms(loss_fn, loss)[0]  # (no watcher reads terms)
+                    loss, terms = scalar_and_terms(loss_fn, loss)
             else:
-                loss = loss_of(loss_fn, out, y)
+                loss, terms = loss_terms(loss_fn, out, y)
             loss.backward()
             value = loss.item()  # the history's float, and the non-finite check's
             norm = None if clip is None or not isfinite(value) else clipped(run, clip, policy)
@@ -181,6 +184,8 @@ def fast_epoch(
             examples += n
             losses.append(value)
             total += value * n
+            if terms or history:
+                record_terms(history, terms, len(losses))
             last = i
             if (every and step % every == 0) or run.due or (ckpt_every and step % ckpt_every == 0):
                 s.step, s.examples_seen, s.position = step, examples, i + 1

@@ -20,6 +20,7 @@ from .epoch_loss import recorded
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
 from .limits import limited, share
+from .loss_terms import record_terms
 from .metrics import node_scalars
 from .module import GraphModule
 from .module_reads import node_metrics
@@ -249,9 +250,12 @@ def _epoch(
         if isinstance(loss, float):  # already read back (the non-finite check)
             s.losses.append(loss)
             s.epoch_loss.add(loss, n)
+            if run.terms or s.terms:
+                record_terms(s.terms, run.terms, len(s.losses))
         else:
             s.pending.append(loss)
             s.pending_examples.append(n)
+            s.pending_terms.append(run.terms)
         if watchers:
             _report_step(run, loss, lr, n, tick, lrs)
         if val is not None and every and s.step % every == 0:

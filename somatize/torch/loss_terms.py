@@ -14,6 +14,7 @@ Only a loss *function* gets terms: without ``loss=`` a graph whose output is a d
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
@@ -30,7 +31,9 @@ __all__ = [
     "check_clash",
     "gives_terms",
     "loss_terms",
+    "record_terms",
     "refused_return",
+    "restored_terms",
     "scalar_and_terms",
 ]
 
@@ -98,6 +101,34 @@ def add_weighed(into: Terms, terms: Terms, share: float) -> None:
     for k, v in terms.items():
         part = (v.float() if isinstance(v, torch.Tensor) else v) * share
         into[k] = into[k] + part if k in into else part
+
+
+def record_terms(history: dict[str, list[float]], terms: Terms, steps: int) -> None:
+    """Add a step's ``terms`` to ``history`` (``TrainResult.terms``: name -> a value per step),
+    ``steps`` the steps recorded with this one, so that each list stays as long as the
+    losses: a term first given at a later step is NaN at the steps before it, a term a step
+    does not give is NaN at that step."""
+    for k, v in terms.items():
+        kept = history.get(k)
+        if kept is None:
+            kept = history[k] = [math.nan] * (steps - 1)
+        kept.append(float(v))
+    if len(history) != len(terms):
+        for kept in history.values():
+            if len(kept) < steps:
+                kept.append(math.nan)
+
+
+def restored_terms(saved: Any, steps: int) -> dict[str, list[float]]:
+    """A checkpoint's ``terms`` history (None from a checkpoint written before it was kept:
+    none yet, each term NaN at the steps before the resume, as ``record_terms`` pads)."""
+    if not isinstance(saved, Mapping):
+        return {}
+    return {
+        str(k): [float(v) for v in values][:steps]
+        for k, values in saved.items()
+        if isinstance(values, list)
+    }
 
 
 def _wrong(value: Mapping[Any, Any]) -> str | None:

@@ -40,6 +40,11 @@ class TrainResult:
             (a resumed run's checkpointed epochs included; a run resumed in mid-epoch
             reports that epoch as an uninterrupted run does). Empty from a
             ``LightningGraph`` (Lightning logs ``train_loss_epoch``).
+        terms: a loss function's terms (``loss=fn`` returning ``{"loss": ..., "recon": r,
+            "kl": k}``), each a list as long as ``losses``: its value at every step, weighed
+            as the loss is (over micro-batches, accumulated batches and ranks), NaN at a step
+            whose loss did not give it. Empty for a loss alone, and from a ``LightningGraph``
+            (Lightning logs ``train_<term>``). Like ``losses``, the whole run's.
         metrics: one dict per evaluation (``{"step": ..., "epoch": ..., "val_loss": ...}``).
         monitor: the metric ``best`` refers to.
         best: the best value of ``monitor`` seen, or None without evaluation.
@@ -93,6 +98,7 @@ class TrainResult:
     val_examples: Mapping[str, int] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     epoch_losses: list[float] = field(default_factory=list)
+    terms: dict[str, list[float]] = field(default_factory=dict)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickled: a result pickled before a field was added gets its default."""

@@ -10,6 +10,7 @@ import torch
 
 from . import ddp
 from .epoch_loss import EpochLoss
+from .loss_terms import Terms, record_terms
 
 __all__ = ["RunState"]
 
@@ -24,6 +25,9 @@ class RunState:
         self.losses: list[float] = []
         self.pending: list[torch.Tensor] = []  # step losses not yet read back from the device
         self.pending_examples: list[int] = []  # their steps' examples (this rank's)
+        # a loss function's terms per step, as long as losses (loss_terms.record_terms)
+        self.terms: dict[str, list[float]] = {}
+        self.pending_terms: list[Terms] = []  # the pending steps' terms, not read back either
         self.epoch_losses: list[float] = []  # each finished epoch's mean (epoch_loss.py)
         self.epoch_loss = EpochLoss()  # the running sums of the epoch in progress
         self.metrics: list[dict[str, float]] = []
@@ -46,17 +50,21 @@ class RunState:
 
     def flush(self, world: int) -> None:
         """Read the pending step losses back (one transfer), averaged over ranks, into the
-        history and the epoch's sums. (Pending: under ``nonfinite="ignore"``, which reads no
-        step's loss back. Under DDP, each rank's own: the epoch's sums of every rank's
-        examples ride on the same all-reduce.)"""
+        history and the epoch's sums, and their terms likewise. (Pending: under
+        ``nonfinite="ignore"``, which reads no step's loss back. Under DDP, each rank's own:
+        the epoch's sums of every rank's examples ride on the same all-reduce.)"""
         if not self.pending:
             return
         values = torch.stack(self.pending).float()
-        sizes = self.pending_examples
+        sizes, steps = self.pending_examples, len(self.pending)
+        names = list(dict.fromkeys(k for t in self.pending_terms for k in t))
+        terms = _matrix(self.pending_terms, names, values.device)  # (steps x names, flat)
+        base = len(self.losses)
         if world > 1:
             n = torch.tensor(sizes, dtype=values.dtype, device=values.device)
-            summed = ddp.total(torch.cat([values, (values * n).sum()[None], n.sum()[None]]))
-            self.losses.extend((summed[:-2] / world).tolist())  # (as ddp.mean)
+            summed = ddp.total(torch.cat([values, terms, (values * n).sum()[None], n.sum()[None]]))
+            self.losses.extend((summed[:steps] / world).tolist())  # (as ddp.mean)
+            terms = summed[steps:-2] / world
             total, examples = summed[-2:].tolist()
             self.epoch_loss.total += total
             self.epoch_loss.examples += round(examples)
@@ -65,5 +73,20 @@ class RunState:
             self.losses.extend(losses)
             for loss, size in zip(losses, sizes, strict=True):  # (in order: as read at once)
                 self.epoch_loss.add(loss, size)
+        if names or self.terms:
+            rows = terms.reshape(steps, len(names)).tolist()
+            for j, row in enumerate(rows):
+                record_terms(self.terms, dict(zip(names, row, strict=True)), base + j + 1)
         self.pending.clear()
+        self.pending_terms.clear()
         sizes.clear()
+
+
+def _matrix(pending: list[Terms], names: list[str], device: torch.device) -> torch.Tensor:
+    """The pending steps' terms as one float32 tensor on ``device``, step after step, each
+    step's in the order of ``names``: NaN where a step gave no such term."""
+    f32, nan = torch.float32, float("nan")
+    return torch.stack(
+        [torch.as_tensor(t.get(k, nan), dtype=f32, device=device) for t in pending for k in names]
+        or [torch.zeros((), device=device)]
+    )[: len(pending) * len(names)]

@@ -277,6 +277,7 @@ class Trainer:
             epochs=s.epoch,
             losses=list(s.losses),
             epoch_losses=list(s.epoch_losses),
+            terms={k: list(v) for k, v in s.terms.items()},
             metrics=[dict(m) for m in s.metrics],
             monitor=s.monitor,
             best=s.best,
