@@ -20,12 +20,14 @@ from .ckptdir import left_behind
 from .ema import averaged, restore_average
 from .factories import check_no_closure, check_optimizer, check_scheduler
 from .horizon import check_horizon, horizon
+from .loss_terms import gives_terms
 from .policy import check_extension, check_fresh, resume_path
 from .reduction import check_loss_reduction
 from .resumed_optimizer import check_clip
 from .resumed_scheduler import check_every
 from .run import ActiveRun
 from .start import as_module, autocast_for, compiled, place, seed_everything, trainable, wrap
+from .term_names import NO_TERMS
 from .timelimit import restored
 
 if TYPE_CHECKING:
@@ -75,6 +77,8 @@ def begin(
         world=world,
     )
     run.carries = list(carried.values())
+    if not gives_terms(trainer.loss):  # torch's losses: no terms to compare (term_names.py)
+        run.term_names = NO_TERMS
     run.average = averaged(net, opt, o.ema)
     run.compiled = bool(o.compile) or user_compiled is not None
     run.plateau = isinstance(run.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)

@@ -26,6 +26,7 @@ from .policy import save
 from .rng import put_back, snapshot
 from .settings import check_batch
 from .step import _nonfinite, clipped
+from .term_names import NO_TERMS, check
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -112,6 +113,7 @@ def fast_epoch(
     stopped: tuple[Any, ...] | None = None
     # carried state a skipped step must not pass on (a NaN state would skip every step after)
     carried = run.carries if trainer.options.nonfinite == "skip" else ()
+    names = run.term_names  # the loss's terms (term_names.py): NO_TERMS, none, once known
     kept: list[Any] = []
     # TrainResult.timing's "data": the waits for batches, between a step's end and the next
     perf, waited = time.perf_counter, 0.0
@@ -158,10 +160,19 @@ def fast_epoch(
             terms = no_terms
             if with_loss and y is not None:
                 loss = loss_fn(out, y)  # type: ignore[misc]
-                if type(loss) is not _Tensor or loss.dim():  # a dict of terms, or wrong
+                # a dict of terms, or wrong; or any loss while the fit's terms are not known
+                # to be none (term_names.py): its terms are checked, then recorded
+                if type(loss) is not _Tensor or loss.dim() or names is not NO_TERMS:
+                    s.step = step
                     loss, terms = scalar_and_terms(loss_fn, loss)
+                    check(run, terms)
+                    names = run.term_names
             else:
                 loss, terms = loss_terms(loss_fn, out, y)
+                if terms or names is not NO_TERMS:
+                    s.step = step
+                    check(run, terms)
+                    names = run.term_names
             loss.backward()
             value = loss.item()  # the history's float, and the non-finite check's
             norm = None if clip is None or not isfinite(value) else clipped(run, clip, policy)

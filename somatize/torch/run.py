@@ -58,5 +58,7 @@ class ActiveRun:
     timed_out: bool = False  # the run stopped because max_time was spent
     grad_norm: Any = None  # the last step's gradient norm for StepEnd (step._update), or None
     terms: dict[str, Any] = field(default_factory=dict)  # the last step's loss terms (step.py)
+    # the names of the loss's terms, fixed by the fit's first loss call (term_names.py)
+    term_names: tuple[str, ...] | None = None
     resave: bool = False  # the last checkpoint's step was evaluated after it was written
     timing: Timing = field(default_factory=Timing)  # where the fit's time went (timing.py)

@@ -13,11 +13,12 @@ import torch
 from torch import nn
 
 from ..errors import NonFiniteError, SettingError
-from . import ddp
+from . import ddp, term_names
 from .batches import chunk, epoch_batches, num_examples, to_device
 from .loss_terms import Terms, add_weighed, loss_terms
 from .reduction import check_summed_value
 from .settings import check_batch
+from .term_names import NO_TERMS
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -61,6 +62,7 @@ def step(
     policy = trainer.options.nonfinite
     checked = run.world > 1 and policy != "ignore"  # the ranks' all-reduce, before backward
     ranks: tuple[bool, float, int, Terms] = (False, 0.0, 0, {})
+    odd: Terms | None = None  # a loss call's terms, when not the fit's (under DDP: told after)
     if k == 1 and len(group) == 1:  # the common case, without bookkeeping
         x, y = trainer._split(group[0])
         if type(x) is not torch.Tensor:
@@ -72,9 +74,11 @@ def step(
         else:
             with autocast():
                 loss, terms = loss_terms(trainer.loss, wrapped(x), y)
+        if terms or run.term_names is not NO_TERMS:  # (the fit's names: term_names.py)
+            odd = terms if term_names.check(run, terms, defer=checked) else None
         total = loss.detach()  # the history is made float32 when it is read back
         if checked:
-            ranks = _over_ranks(total, n, run.world, terms)
+            ranks = _over_ranks(total, n, run, terms, odd)
             loss = _weighed(loss, n, ranks[2], run.world)
         (loss if scaler is None else scaler.scale(loss)).backward()
     else:
@@ -99,6 +103,9 @@ def step(
                 with autocast():
                     out = wrapped(xc)
                     loss, part_terms = loss_terms(trainer.loss, out, yc)
+                    named = part_terms or run.term_names is not NO_TERMS  # (term_names.py)
+                    if named and term_names.check(run, part_terms, defer=checked) and odd is None:
+                        odd = part_terms  # (told every rank in the all-reduce: _over_ranks)
                     if i == 0 and k > 1 and run.state.step == 0:  # a sum? (reduction.py)
                         check_summed_value(trainer.loss, out, yc, loss, k)
                     del out  # (held no longer than before: a chunk's logits may be large)
@@ -107,7 +114,7 @@ def step(
                 if part_terms:
                     add_weighed(terms, part_terms, share)
                 if checked and last:  # the ranks' examples, before the all-reducing backward
-                    ranks = _over_ranks(total, n, run.world, terms)
+                    ranks = _over_ranks(total, n, run, terms, odd)
                     weighted = _weighed(weighted, n, ranks[2], run.world, run.params)
                 (weighted if scaler is None else scaler.scale(weighted)).backward()
     run.terms = ranks[3] if checked else terms
@@ -280,22 +287,35 @@ def grad_norm(params: Sequence[nn.Parameter]) -> torch.Tensor:
 
 
 def _over_ranks(
-    loss: torch.Tensor, n: int, world: int, terms: Terms
+    loss: torch.Tensor, n: int, run: ActiveRun, terms: Terms, odd: Terms | None
 ) -> tuple[bool, float, int, Terms]:
     """Under DDP, in one all-reduce: whether the loss is non-finite on any rank (they all
     skip, or none does), the ranks' loss — each rank's weighed by its examples, the mean
     loss of their batches joined (in float32) — and their examples together, for the
     gradients' weights, the history and the watchers; and each of the loss's ``terms``
-    over the ranks as the loss (every rank's loss function gives the same names)."""
+    over the ranks as the loss, by the fit's names (``run.term_names``, the same on every
+    rank: ``term_names.py``). ``odd``: this rank's loss gave other names in this step
+    (those): said in the all-reduce, so that every rank raises here, together.
+
+    Raises:
+        SettingError: a rank's loss gave other terms in this step than the fit's.
+    """
     value = loss.item()
     finite = math.isfinite(value)
-    sums = [float(v) * n for v in terms.values()]
+    names = run.term_names or ()
+    sums = [float(terms[k]) * n if k in terms else 0.0 for k in names]
     local = torch.tensor(
-        [0.0 if finite else 1.0, value * n if finite else 0.0, n, *sums], device=loss.device
+        [0.0 if finite else 1.0, value * n if finite else 0.0, n, odd is not None, *sums],
+        device=loss.device,
     )
-    bad, total, examples, *summed = ddp.total(local)
-    over = examples if examples > 0 else world
-    means = {k: float(t / over) for k, t in zip(terms, summed, strict=True)}
+    bad, total, examples, changed, *summed = ddp.total(local)
+    if changed:
+        step = run.state.step + 1
+        if odd is not None:
+            raise SettingError(term_names.changed(names, odd, step))
+        raise SettingError(term_names.other_rank_changed(names, step, run.rank))
+    over = examples if examples > 0 else run.world
+    means = {k: float(t / over) for k, t in zip(names, summed, strict=True)}
     return bool(bad), float(total / over), int(examples), means
 
 
