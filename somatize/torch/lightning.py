@@ -48,7 +48,7 @@ except ImportError:
     require("lightning", "lightning")  # raises MissingExtraError naming the extra
     raise
 
-from . import lightning_carry, lightning_evaluate, lightning_state, tally
+from . import lightning_carry, lightning_epochs, lightning_evaluate, lightning_state, tally
 
 __all__ = ["LightningGraph", "Watch", "result"]
 
@@ -106,6 +106,9 @@ class LightningGraph(L.LightningModule):
     Attributes:
         graph: the graph; ``net``: ``module(g)``.
         losses: the training loss of every step (checkpointed: a resumed run keeps it).
+        epoch_losses: the mean training loss of every finished epoch, over its examples (every
+            rank's under DDP), as ``st.Trainer``'s ``result.epoch_losses`` and the number
+            ``train_loss_epoch`` logs; an epoch resumed in its middle: over the steps since.
         history: one dict per validation ``fit`` made (the run's), ``{"step", "epoch",
             "val_loss", "val_<metric>"..., "val_<node>/<name>"...}`` (as ``st.Trainer``'s
             ``result.metrics``).
@@ -147,6 +150,8 @@ class LightningGraph(L.LightningModule):
         # the last training batch's (loss, examples, terms)
         self._last_batch: tuple[torch.Tensor, int, dict[str, Any]] | None = None
         self._epoch_batches: list[tuple[torch.Tensor, int, dict[str, Any]]] = []  # the epoch's
+        self._epoch_steps: list[tuple[torch.Tensor, int]] = []  # the epoch's (loss, examples)
+        self._epoch_losses: list[float] = []  # each finished epoch's mean (epoch_losses)
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
         self._val_examples: dict[str, int] = {}  # the last validation's, over every rank
         self.validated: list[dict[str, float]] = []  # trainer.validate()'s, not the run's
@@ -239,12 +244,14 @@ class LightningGraph(L.LightningModule):
         group, self._group = self._group, []
         if len(group) == 1:
             self._pending.append(group[0][0])
+            self._epoch_steps.append(group[0])
         elif group:  # (summed as st.Trainer sums them: the same float, the same order)
             n = sum(size for _, size in group)
             total = torch.zeros((), device=group[0][0].device)
             for loss, size in group:
                 total += loss.float() * (size / n)
             self._pending.append(total)
+            self._epoch_steps.append((total, n))
 
     def configure_optimizers(self) -> Any:
         if self._optimizer is None:  # (Lightning configures only to fit)
@@ -278,6 +285,10 @@ class LightningGraph(L.LightningModule):
         return self._losses
 
     @property
+    def epoch_losses(self) -> list[float]:
+        return self._epoch_losses  # (each epoch's mean: lightning_epochs.py)
+
+    @property
     def num_examples(self) -> int:
         """Training examples in one epoch (the most seen in any epoch; a run shorter
         than one epoch counts what it saw)."""
@@ -292,6 +303,7 @@ class LightningGraph(L.LightningModule):
                 self._pending.clear()
                 self._group.clear()
                 self._losses, self.history, self._examples, self._val_examples = [], [], {}, {}
+                self._epoch_losses = []
                 since = None
             elif self._tally is not None:  # the same Trainer going on (max_epochs raised)
                 since = tally.state(self._tally)
@@ -315,6 +327,8 @@ class LightningGraph(L.LightningModule):
         return self._epoch_counts[1]
 
     def on_train_epoch_end(self) -> None:
+        steps, self._epoch_steps = self._epoch_steps, []
+        self._epoch_losses.append(lightning_epochs.mean(self, steps))  # (collective: every rank)
         batches, self._epoch_batches = self._epoch_batches, []
         if batches:  # the epoch's mean, as self.log(..., on_epoch=True) makes it: synced once
             # (logged here, not by on_epoch=True on train_loss: that one would be train_loss_step)
@@ -344,7 +358,7 @@ class LightningGraph(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         reset(carries(self.net))  # carried state (st.Carry) starts afresh each epoch
-        self._epoch_batches = []
+        self._epoch_batches, self._epoch_steps = [], []
 
     def on_validation_epoch_start(self) -> None:
         lightning_evaluate.start(self, "val_")

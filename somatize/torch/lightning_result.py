@@ -125,6 +125,7 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
         steps=int(trainer.global_step),
         epochs=int(trainer.current_epoch),
         losses=list(lg.losses),
+        epoch_losses=list(lg.epoch_losses),
         metrics=[dict(r) for r in lg.history],
         monitor=monitor,
         best=best,

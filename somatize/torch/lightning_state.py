@@ -1,8 +1,8 @@
 """What a ``LightningGraph`` keeps in a Lightning checkpoint besides the weights, under
-``checkpoint["somatize"]``: its losses, validation history, example counts and cache
-counts (every rank's under DDP, each rank resuming its own), as plain lists, dicts and
-numbers (a checkpoint loads with ``weights_only=True``); and the checks that a checkpoint
-is loaded into the graph it was written for, frozen as it was.
+``checkpoint["somatize"]``: its losses, each finished epoch's mean loss, validation history,
+example counts and cache counts (every rank's under DDP, each rank resuming its own), as
+plain lists, dicts and numbers (a checkpoint loads with ``weights_only=True``); and the
+checks that a checkpoint is loaded into the graph it was written for, frozen as it was.
 
 Used by ``somatize.torch.lightning``; needs the ``lightning`` extra there.
 """
@@ -34,6 +34,7 @@ def saved(lg: LightningGraph) -> dict[str, Any]:
     return {
         **mine,
         "history": [dict(r) for r in lg.history],
+        "epoch_losses": list(lg.epoch_losses),  # (every rank's alike: lightning_epochs.py)
         "val_examples": dict(lg._val_examples),
         "cache": [r.pop("cache") for r in ranks],
         "ranks": ranks,
@@ -86,6 +87,7 @@ def restore(lg: LightningGraph, checkpoint: dict[str, Any]) -> None:
     mine = ranks[lg.global_rank] if isinstance(ranks, list) and len(ranks) == world else state
     lg._losses = list(mine["losses"])  # (another number of ranks: the writing rank's)
     lg.history = [dict(r) for r in state["history"]]
+    lg._epoch_losses = [float(v) for v in state.get("epoch_losses") or []]  # (None: an old one)
     lg._examples = dict(mine["examples"])
     lg._val_examples = dict(state.get("val_examples") or {})
     since = tally.resumed(state.get("cache"), lg.global_rank, world)  # (None: an old one)

@@ -38,13 +38,15 @@ class TrainResult:
             over every rank's — its skipped steps (``Options(nonfinite="skip")``) left out;
             NaN for an epoch whose every step was skipped. Like ``losses``, the whole run's
             (a resumed run's checkpointed epochs included; a run resumed in mid-epoch
-            reports that epoch as an uninterrupted run does). Empty from a
-            ``LightningGraph`` (Lightning logs ``train_loss_epoch``).
+            reports that epoch as an uninterrupted run does). From a ``LightningGraph``,
+            the same mean, the number its ``train_loss_epoch`` logs; there an epoch resumed
+            in its middle holds the steps since the resume (``lightning_epochs.py``).
         terms: a loss function's terms (``loss=fn`` returning ``{"loss": ..., "recon": r,
             "kl": k}``), each a list as long as ``losses``: its value at every step, weighed
-            as the loss is (over micro-batches, accumulated batches and ranks), NaN at a step
-            whose loss did not give it. Empty for a loss alone, and from a ``LightningGraph``
-            (Lightning logs ``train_<term>``). Like ``losses``, the whole run's.
+            as the loss is (over micro-batches, accumulated batches and ranks). Like
+            ``losses``, the whole run's (NaN at the steps before a resume from a checkpoint
+            written before it was kept). Empty for a loss alone, and from a
+            ``LightningGraph`` (Lightning logs ``train_<term>``).
         metrics: one dict per evaluation (``{"step": ..., "epoch": ..., "val_loss": ...}``).
         monitor: the metric ``best`` refers to.
         best: the best value of ``monitor`` seen, or None without evaluation.

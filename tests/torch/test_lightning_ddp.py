@@ -67,6 +67,19 @@ def test_after_a_resume_each_rank_goes_on_from_its_own_losses(ranks):
 
 
 @pytest.mark.slow
+def test_epoch_losses_are_over_every_ranks_steps_as_train_loss_epoch(ranks):
+    r0, r1 = ranks
+    for run, epochs in (("rare", 3), ("cache", 3), ("resume", 4), ("full", 4)):
+        e0, e1 = r0[run]["epoch_losses"], r1[run]["epoch_losses"]
+        assert e0 == e1 and len(e0) == epochs  # every rank's list alike
+        for e, value in enumerate(e0):  # a step an epoch, of 16 rows on each rank
+            mean = (r0[run]["losses"][e] * 16 + r1[run]["losses"][e] * 16) / 32
+            assert value == pytest.approx(mean, rel=1e-12)
+        assert e0[-1] == pytest.approx(r0[run]["logged"]["train_loss_epoch"], rel=1e-6)
+    assert r0["resume"]["epoch_losses"] == r0["full"]["epoch_losses"]  # (2 from its checkpoint)
+
+
+@pytest.mark.slow
 def test_lightnings_sampler_pads_validation_and_an_unrepeated_one_evaluates_each_row_once(ranks):
     for got in ranks:
         assert got["padded"]["val_examples"] == {"val_": 30}  # 29 rows, one read twice

@@ -114,9 +114,9 @@ def fit(out: Path, g: Graph, epochs: int, train, val, **kw):
     faulthandler.cancel_dump_traceback_later()
     r = result(trainer, lg)
     logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    return {"history": lg.history, "losses": lg.losses, "cache": dict(r.cache),
-            "epochs": epochs_.counts, "val_examples": r.val_examples, "logged": logged,
-            "state": dict(r.state), "lg": lg}  # fmt: skip
+    return {"history": lg.history, "losses": lg.losses, "epoch_losses": r.epoch_losses,
+            "cache": dict(r.cache), "epochs": epochs_.counts, "val_examples": r.val_examples,
+            "logged": logged, "state": dict(r.state), "lg": lg}  # fmt: skip
 
 
 def main() -> None:
