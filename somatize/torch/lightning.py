@@ -239,19 +239,12 @@ class LightningGraph(L.LightningModule):
             raise
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
-        """The step's loss, as st.Trainer records it: under ``accumulate_grad_batches``, its
-        batches' losses weighed by their examples."""
+        """The step's loss, as st.Trainer records it (``lightning_epochs.step_loss``)."""
         group, self._group = self._group, []
-        if len(group) == 1:
-            self._pending.append(group[0][0])
-            self._epoch_steps.append(group[0])
-        elif group:  # (summed as st.Trainer sums them: the same float, the same order)
-            n = sum(size for _, size in group)
-            total = torch.zeros((), device=group[0][0].device)
-            for loss, size in group:
-                total += loss.float() * (size / n)
-            self._pending.append(total)
-            self._epoch_steps.append((total, n))
+        step = lightning_epochs.step_loss(group)
+        if step is not None:
+            self._pending.append(step[0])
+            self._epoch_steps.append(step)
 
     def configure_optimizers(self) -> Any:
         if self._optimizer is None:  # (Lightning configures only to fit)

@@ -28,7 +28,23 @@ from .epoch_loss import recorded
 if TYPE_CHECKING:
     from .lightning import LightningGraph
 
-__all__ = ["mean"]
+__all__ = ["mean", "step_loss"]
+
+
+def step_loss(group: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, int] | None:
+    """An optimizer step's loss and examples from its batches' ``(loss, examples)``, as
+    st.Trainer records it: under ``accumulate_grad_batches``, the batches' losses weighed by
+    their examples (summed as st.Trainer sums them: the same float, the same order). None
+    for no batch."""
+    if len(group) == 1:
+        return group[0]
+    if not group:
+        return None
+    n = sum(size for _, size in group)
+    total = torch.zeros((), device=group[0][0].device)
+    for loss, size in group:
+        total += loss.float() * (size / n)
+    return total, n
 
 
 def mean(lg: LightningGraph, steps: Sequence[tuple[torch.Tensor, int]]) -> float:

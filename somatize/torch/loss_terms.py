@@ -106,8 +106,9 @@ def add_weighed(into: Terms, terms: Terms, share: float) -> None:
 def record_terms(history: dict[str, list[float]], terms: Terms, steps: int) -> None:
     """Add a step's ``terms`` to ``history`` (``TrainResult.terms``: name -> a value per step),
     ``steps`` the steps recorded with this one, so that each list stays as long as the
-    losses: a term first given at a later step is NaN at the steps before it, a term a step
-    does not give is NaN at that step."""
+    losses: a term first given at a later step is NaN at the steps before it (a run resumed
+    from a checkpoint without the history), a term a step does not give NaN at that step (a
+    fit's steps give the same terms: ``term_names.py``)."""
     for k, v in terms.items():
         kept = history.get(k)
         if kept is None:

@@ -69,6 +69,9 @@ def main() -> None:
             "epochs": epochs,
             "epoch_losses": result.epoch_losses,
             "ignored": ignored.epoch_losses,
+            "terms": result.terms,  # (TrainResult.terms: every rank's steps, as losses)
+            "ignored_terms": ignored.terms,  # (read back and all-reduced with the losses)
+            "ignored_losses": ignored.losses,
         },
         out / f"rank{RANK}.pt",
     )
