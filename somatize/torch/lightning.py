@@ -41,6 +41,7 @@ from .lightning_settings import check, configured, hyperparameters
 from .loss_terms import loss_terms
 from .metrics import members
 from .module import GraphModule, module
+from .term_names import fixed as fixed_terms
 
 try:
     import lightning as L
@@ -152,6 +153,7 @@ class LightningGraph(L.LightningModule):
         self._epoch_batches: list[tuple[torch.Tensor, int, dict[str, Any]]] = []  # the epoch's
         self._epoch_steps: list[tuple[torch.Tensor, int]] = []  # the epoch's (loss, examples)
         self._epoch_losses: list[float] = []  # each finished epoch's mean (epoch_losses)
+        self._term_names: tuple[str, ...] | None = None  # fixed by a fit's first step
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
         self._val_examples: dict[str, int] = {}  # the last validation's, over every rank
         self.validated: list[dict[str, float]] = []  # trainer.validate()'s, not the run's
@@ -203,6 +205,8 @@ class LightningGraph(L.LightningModule):
             self._explain(e, batch, "train")
             raise
         self._split_ok.add("train")
+        step, world = self.global_step + 1, self.trainer.world_size  # (term_names.py)
+        self._term_names = fixed_terms(self._term_names, terms, self.global_rank, world, step)
         self.log(
             "train_loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=n
         )
@@ -288,7 +292,7 @@ class LightningGraph(L.LightningModule):
         return max(self._examples.values(), default=0)
 
     def on_fit_start(self) -> None:
-        self._started = time.perf_counter()
+        self._started, self._term_names = time.perf_counter(), None
         restored, self._restored = self._restored, False
         since, self._cache_since = self._cache_since, None  # (a resumed run's counts)
         if not restored:

@@ -25,7 +25,7 @@ from ..errors import SettingError
 if TYPE_CHECKING:
     from .run import ActiveRun
 
-__all__ = ["NO_TERMS", "changed", "check", "first", "other_rank_changed"]
+__all__ = ["NO_TERMS", "changed", "check", "first", "fixed", "other_rank_changed"]
 
 #: The names of a loss that gives no terms (a scalar): ``first``'s return for it, the same
 #: object each time, so the fast loop tells it by identity
@@ -54,6 +54,22 @@ def check(run: ActiveRun, terms: Mapping[str, Any], defer: bool = False) -> bool
     if defer:
         return True
     raise SettingError(changed(names, terms, run.state.step + 1))
+
+
+def fixed(
+    names: tuple[str, ...] | None, terms: Mapping[str, Any], rank: int, world: int, step: int
+) -> tuple[str, ...]:
+    """A fit's names after a loss call at ``step`` gave ``terms``: fixed by its first call
+    (``names`` None: ``first``, a collective under DDP), then checked (``LightningGraph``'s).
+
+    Raises:
+        SettingError: the names differ (from the fit's, or, at its first call, between ranks).
+    """
+    if names is None:
+        return first(terms, rank, world, step)
+    if len(terms) == len(names) and all(k in terms for k in names):
+        return names
+    raise SettingError(changed(names, terms, step))
 
 
 def first(terms: Mapping[str, Any], rank: int, world: int, step: int) -> tuple[str, ...]:

@@ -346,3 +346,27 @@ def test_a_term_named_as_a_metric_is_refused_in_validation():
     lg = LightningGraph(graph(), loss=loss, metrics={"acc": st.accuracy})
     with pytest.raises(SettingError, match=r"term 'acc' has the name of the metric 'acc' of Li"):
         lightning().validate(lg, loader(16, 1, batch=16), verbose=False)
+
+
+def test_a_term_given_on_some_steps_only_is_refused_naming_it_and_a_new_fit_starts_afresh():
+    """As st.Trainer (term_names.py): a fit's first step fixes its terms; a step leaving one
+    out is a SettingError naming it, before its epoch's mean mixes steps without it."""
+    from somatize.errors import SettingError
+
+    calls = []
+
+    def loss(out, y):
+        calls.append(1)
+        ce = F.cross_entropy(out, y)
+        got = {"loss": ce, "ce": ce}
+        if len(calls) == 1 or len(calls) > 4:  # the aux term on the first step, then none
+            got["aux"] = out.pow(2).mean()
+        return got
+
+    lg = LightningGraph(graph(), loss=loss, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    with pytest.raises(SettingError, match=r"terms changed at step 2: it gave no 'aux'"):
+        lightning(max_epochs=1).fit(lg, loader(64, 0, batch=16), loader(16, 1, batch=16))
+    calls[:] = [1, 1, 1, 1]  # a new fit: its first step (with aux) fixes its own terms
+    trainer = lightning(max_epochs=1)
+    trainer.fit(lg, loader(64, 0, batch=16), loader(16, 1, batch=16))
+    assert trainer.global_step == 4 and "train_aux" in trainer.logged_metrics
