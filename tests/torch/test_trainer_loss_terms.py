@@ -349,9 +349,11 @@ def test_under_ddp_the_terms_are_over_every_ranks_examples(tmp_path):
     # examples there, so epoch 1 trains otherwise)
     assert r0["ignored"] == r1["ignored"]
     # TrainResult.terms: what rank 0 was told, on every rank; under "ignore" the ranks' mean
-    assert r0["terms"] == r1["terms"] == {
-        name: [terms[name] for _, terms, _ in r0["steps"]] for name in ("ce", "rank")
-    }
+    assert (
+        r0["terms"]
+        == r1["terms"]
+        == {name: [terms[name] for _, terms, _ in r0["steps"]] for name in ("ce", "rank")}
+    )
     assert r0["ignored_terms"] == r1["ignored_terms"]
     assert r0["ignored_terms"]["ce"] == pytest.approx(r0["ignored_losses"], rel=1e-6)
     assert len(r0["ignored_terms"]["rank"]) == 8
