@@ -39,6 +39,13 @@ def check_data(
             or ``data`` is None, a string or nothing that yields batches.
     """
     readable = isinstance(data, Iterable) or hasattr(type(data), "__getitem__")
+    if not readable and callable(getattr(data, "train_dataloader", None)):
+        loader = "train" if train else "predict" if what.startswith("predict") else "val"
+        raise SettingError(  # (a LightningDataModule, or anything shaped as one)
+            f"{what} is {type(data).__qualname__}, a data module, not batches: pass its "
+            f"loaders, here dm.{loader}_dataloader() — dm.setup('fit'), then "
+            "fit(g, dm.train_dataloader(), val=dm.val_dataloader())"
+        )
     if data is None or isinstance(data, (str, bytes)) or not readable:
         raise SettingError(
             f"{what} is {type(data).__qualname__}, not batches; pass a sequence of batches "

@@ -267,3 +267,24 @@ def test_a_model_returning_a_dict_with_its_loss_is_told_to_pick_it_out():
         loss=lambda out: out["loss"], split=lambda batch: (batch, None), optimizer=sgd
     )
     assert picked.fit(WithLoss(), batches(3), val=batches(2)).metrics[-1]["val_loss"] > 0
+
+
+def test_a_data_module_is_refused_naming_the_loader_to_pass():
+    """A Lightning user's ``fit(g, dm)``: a LightningDataModule (or anything shaped as one)
+    is no batches; the error names the loader of its to pass."""
+
+    class DataModule:  # (as LightningDataModule: loaders by method, not iterable)
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(*tensors()), batch_size=8)
+
+        val_dataloader = predict_dataloader = train_dataloader
+
+    t, dm = trainer(), DataModule()
+    with pytest.raises(SettingError, match=r"train is .*DataModule, a data module.*here "
+                       r"dm\.train_dataloader\(\) — dm\.setup\('fit'\)"):  # fmt: skip
+        t.fit(make_graph(), dm)
+    with pytest.raises(SettingError, match=r"fit\(\)'s val is .*here dm\.val_dataloader\(\)"):
+        t.fit(make_graph(), dm.train_dataloader(), val=dm)
+    with pytest.raises(SettingError, match=r"here dm\.predict_dataloader\(\)"):
+        t.predict(make_graph(), dm)
+    assert len(t.predict(make_graph(), dm.predict_dataloader())) == 4  # its loader is fine
