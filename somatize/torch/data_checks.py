@@ -40,10 +40,10 @@ def check_data(
     """
     readable = isinstance(data, Iterable) or hasattr(type(data), "__getitem__")
     if not readable and callable(getattr(data, "train_dataloader", None)):
-        loader = "train" if train else "predict" if what.startswith("predict") else "val"
+        which = "train" if train else "predict" if what.startswith("predict") else "val"
         raise SettingError(  # (a LightningDataModule, or anything shaped as one)
             f"{what} is {type(data).__qualname__}, a data module, not batches: pass its "
-            f"loaders, here dm.{loader}_dataloader() — dm.setup('fit'), then "
+            f"loaders, here dm.{which}_dataloader() — dm.setup('fit'), then "
             "fit(g, dm.train_dataloader(), val=dm.val_dataloader())"
         )
     if data is None or isinstance(data, (str, bytes)) or not readable:
