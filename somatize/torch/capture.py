@@ -56,6 +56,7 @@ def capture(
         "losses": s.losses,
         "terms": s.terms,  # a loss function's terms per step (loss_terms.record_terms)
         "epoch_losses": s.epoch_losses,
+        "epoch_terms": s.epoch_terms,
         "epoch_loss": s.epoch_loss.state(),  # the epoch's running sums (epoch_loss.py)
         "metrics": s.metrics,
         "best": s.best,
@@ -122,6 +123,7 @@ def restore(
     s.terms = restored_terms(payload.get("terms"), len(s.losses))
     # (a checkpoint from before they were kept: none, and sums from the resumed step on)
     s.epoch_losses = [float(v) for v in payload.get("epoch_losses") or []]
+    s.epoch_terms = restored_terms(payload.get("epoch_terms"), len(s.epoch_losses))
     s.epoch_loss = EpochLoss.restored(payload.get("epoch_loss"))
     s.best, s.pruned = payload["best"], payload["pruned"]
     s.ranked = [list(r) for r in payload.get("ranked", [])]

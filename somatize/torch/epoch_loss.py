@@ -24,8 +24,8 @@ class EpochLoss:
     """The running sums of the epoch in progress.
 
     ``total``: the sum of each step's loss times its examples, ``examples`` theirs;
-    ``terms``: the same sums of a loss function's terms (``StepEnd.terms``: told only
-    with watchers, so over ``term_examples``, the examples of the steps that told them).
+    ``terms``: the same sums of a loss function's terms (``RunState.add_terms``), over
+    ``term_examples``, the examples of the steps that gave them.
     """
 
     __slots__ = ("examples", "term_examples", "terms", "total")

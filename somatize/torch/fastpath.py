@@ -21,7 +21,7 @@ from torch.nn.modules import module as _torch_module  # (its global hooks)
 
 from .batches import num_examples, split, to_device
 from .evaluation import evaluate_into
-from .loss_terms import Terms, loss_terms, record_terms, scalar_and_terms
+from .loss_terms import Terms, loss_terms, scalar_and_terms
 from .policy import save
 from .rng import put_back, snapshot
 from .settings import check_batch
@@ -196,7 +196,7 @@ def fast_epoch(
             losses.append(value)
             total += value * n
             if terms or history:
-                record_terms(history, terms, len(losses))
+                s.add_terms(terms, n)
             last = i
             if (every and step % every == 0) or run.due or (ckpt_every and step % ckpt_every == 0):
                 s.step, s.examples_seen, s.position = step, examples, i + 1

@@ -16,11 +16,9 @@ from ..watchers import EpochEnd, Metrics, StepEnd, notify
 from . import ddp
 from .batches import epoch_batches
 from .carry import start_epoch
-from .epoch_loss import recorded
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
 from .limits import limited, share
-from .loss_terms import record_terms
 from .metrics import node_scalars
 from .module import GraphModule
 from .module_reads import node_metrics
@@ -119,8 +117,7 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             tick = perf()
             s.flush(run.world)  # (the steps' losses, read back: the device's queued work)
             timing.steps += perf() - tick
-            loss, terms = s.epoch_loss.take()  # the epoch's mean (epoch_loss.py)
-            s.epoch_losses.append(recorded(loss))
+            loss, terms = s.end_epoch()  # the epoch's mean (epoch_loss.py)
             if watchers:
                 spent = (timing.data - data0, timing.steps - steps0)
                 ended_with = (record or {}, cache, *spent, loss, terms)
@@ -251,7 +248,7 @@ def _epoch(
             s.losses.append(loss)
             s.epoch_loss.add(loss, n)
             if run.terms or s.terms:
-                record_terms(s.terms, run.terms, len(s.losses))
+                s.add_terms(run.terms, n)
         else:
             s.pending.append(loss)
             s.pending_examples.append(n)
@@ -296,7 +293,6 @@ def _report_step(
     s, seconds = run.state, time.perf_counter() - tick
     norm = None if run.grad_norm is None else float(run.grad_norm)  # (step._update's)
     terms = {k: float(v) for k, v in run.terms.items()}  # (a loss function's dict: step.py)
-    s.epoch_loss.add_terms(terms, n)  # (told only here: the epoch's terms are the told steps')
     notify(
         run.watchers,
         StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds, lrs, norm, terms),

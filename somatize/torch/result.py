@@ -47,6 +47,9 @@ class TrainResult:
             ``losses``, the whole run's (NaN at the steps before a resume from a checkpoint
             written before it was kept). Empty for a loss alone, and from a
             ``LightningGraph`` (Lightning logs ``train_<term>``).
+        epoch_terms: the same terms' means over every finished epoch, as ``epoch_losses``
+            holds the loss's (Lightning's ``train_<term>_epoch``), each list as long as
+            ``epoch_losses``. Empty for a loss alone, and from a ``LightningGraph``.
         metrics: one dict per evaluation (``{"step": ..., "epoch": ..., "val_loss": ...}``).
         monitor: the metric ``best`` refers to.
         best: the best value of ``monitor`` seen, or None without evaluation.
@@ -101,6 +104,7 @@ class TrainResult:
     timing: dict[str, float] = field(default_factory=dict)
     epoch_losses: list[float] = field(default_factory=list)
     terms: dict[str, list[float]] = field(default_factory=dict)
+    epoch_terms: dict[str, list[float]] = field(default_factory=dict)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickled: a result pickled before a field was added gets its default."""

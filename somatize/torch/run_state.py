@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from . import ddp
-from .epoch_loss import EpochLoss
+from .epoch_loss import EpochLoss, recorded
 from .loss_terms import Terms, record_terms
 
 __all__ = ["RunState"]
@@ -29,6 +29,7 @@ class RunState:
         self.terms: dict[str, list[float]] = {}
         self.pending_terms: list[Terms] = []  # the pending steps' terms, not read back either
         self.epoch_losses: list[float] = []  # each finished epoch's mean (epoch_loss.py)
+        self.epoch_terms: dict[str, list[float]] = {}  # ... and its terms', as long
         self.epoch_loss = EpochLoss()  # the running sums of the epoch in progress
         self.metrics: list[dict[str, float]] = []
         self.best: float | None = None
@@ -48,6 +49,22 @@ class RunState:
         self.carried: list[Any] | None = None  # a checkpoint's st.Carry values, to put back
         self.cache: Any = None  # a checkpoint's cache counts, one per rank (tally.resumed)
 
+    def add_terms(self, terms: Terms, examples: int) -> None:
+        """A step's terms, its loss recorded (the ``len(losses)``-th): into the history and
+        the epoch's sums, each weighed by the step's ``examples`` as its loss."""
+        told = {k: float(v) for k, v in terms.items()}
+        record_terms(self.terms, told, len(self.losses))
+        self.epoch_loss.add_terms(told, examples)
+
+    def end_epoch(self) -> tuple[float | None, dict[str, float]]:
+        """The epoch's mean loss and terms (``EpochLoss.take``), recorded: ``epoch_losses``
+        (NaN for an epoch without a step) and ``epoch_terms``."""
+        loss, terms = self.epoch_loss.take()
+        self.epoch_losses.append(recorded(loss))
+        if terms or self.epoch_terms:
+            record_terms(self.epoch_terms, terms, len(self.epoch_losses))
+        return loss, terms
+
     def flush(self, world: int) -> None:
         """Read the pending step losses back (one transfer), averaged over ranks, into the
         history and the epoch's sums, and their terms likewise. (Pending: under
@@ -62,12 +79,20 @@ class RunState:
         base = len(self.losses)
         if world > 1:
             n = torch.tensor(sizes, dtype=values.dtype, device=values.device)
-            summed = ddp.total(torch.cat([values, terms, (values * n).sum()[None], n.sum()[None]]))
+            weighed = (terms.reshape(steps, len(names)) * n[:, None]).sum(0)  # (epoch sums)
+            summed = ddp.total(
+                torch.cat([values, terms, weighed, (values * n).sum()[None], n.sum()[None]])
+            )
             self.losses.extend((summed[:steps] / world).tolist())  # (as ddp.mean)
-            terms = summed[steps:-2] / world
+            end = steps + steps * len(names)
+            terms = summed[steps:end] / world
             total, examples = summed[-2:].tolist()
             self.epoch_loss.total += total
             self.epoch_loss.examples += round(examples)
+            if names:  # every rank's examples, as the loss's
+                for k, v in zip(names, summed[end:-2].tolist(), strict=True):
+                    self.epoch_loss.terms[k] = self.epoch_loss.terms.get(k, 0.0) + v
+                self.epoch_loss.term_examples += round(examples)
         else:
             losses = values.tolist()
             self.losses.extend(losses)
@@ -77,6 +102,8 @@ class RunState:
             rows = terms.reshape(steps, len(names)).tolist()
             for j, row in enumerate(rows):
                 record_terms(self.terms, dict(zip(names, row, strict=True)), base + j + 1)
+                if world == 1 and names:  # (under DDP: the all-reduced sums above)
+                    self.epoch_loss.add_terms(dict(zip(names, row, strict=True)), sizes[j])
         self.pending.clear()
         self.pending_terms.clear()
         sizes.clear()

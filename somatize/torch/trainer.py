@@ -278,6 +278,7 @@ class Trainer:
             losses=list(s.losses),
             epoch_losses=list(s.epoch_losses),
             terms={k: list(v) for k, v in s.terms.items()},
+            epoch_terms={k: list(v) for k, v in s.epoch_terms.items()},
             metrics=[dict(m) for m in s.metrics],
             monitor=s.monitor,
             best=s.best,

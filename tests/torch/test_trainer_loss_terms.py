@@ -357,6 +357,14 @@ def test_under_ddp_the_terms_are_over_every_ranks_examples(tmp_path):
     assert r0["ignored_terms"] == r1["ignored_terms"]
     assert r0["ignored_terms"]["ce"] == pytest.approx(r0["ignored_losses"], rel=1e-6)
     assert len(r0["ignored_terms"]["rank"]) == 8
+    # TrainResult.epoch_terms: EpochEnd.terms, on every rank; under "ignore" over every
+    # rank's examples too (all-reduced with the losses' sums at the epoch's end)
+    assert r0["epoch_terms"] == r1["epoch_terms"]
+    assert [dict(zip(r0["epoch_terms"], v)) for v in zip(*r0["epoch_terms"].values())] == [
+        t for _, t in r0["epochs"]
+    ]
+    assert r0["ignored_epoch_terms"] == r1["ignored_epoch_terms"]
+    assert r0["ignored_epoch_terms"]["ce"] == pytest.approx(r0["ignored"], rel=1e-6)
     assert r0["ignored"][0] == pytest.approx(r0["epoch_losses"][0], rel=1e-6)
 
 

@@ -14,9 +14,9 @@ import somatize.torch as st
 from somatize import Recorder
 from somatize.torch import integrity
 from somatize.torch.loss_terms import record_terms, restored_terms
-from somatize.watchers import StepEnd
+from somatize.watchers import EpochEnd, StepEnd
 from tests.torch.test_checkpoint_resume import Crash, CrashAt
-from tests.torch.test_trainer_epoch_loss import CrashingLoss, two_terms
+from tests.torch.test_trainer_epoch_loss import CrashingLoss, plain_epochs, two_terms
 from tests.torch.test_trainer_loss_terms import data, plain_loop, vae_like
 from tests.torch.trainer_helpers import make_graph, quiet
 
@@ -56,9 +56,38 @@ def test_each_steps_terms_are_a_plain_loops_and_what_watchers_are_told(k, mb, wa
             assert [e.terms[name] for e in told] == pytest.approx(values, rel=1e-6), name
 
 
+@pytest.mark.parametrize(("k", "mb"), [(1, 1), (1, 3), (2, 1), (2, 3)])
+@pytest.mark.parametrize("watched", [False, True], ids=["no-watcher", "watched"])
+@pytest.mark.parametrize("nonfinite", ["raise", "ignore"])
+def test_each_epochs_terms_are_their_means_over_its_examples_as_the_loss(k, mb, watched, nonfinite):
+    """``epoch_terms`` is to the terms what ``epoch_losses`` is to the loss (Lightning's
+    ``train_<term>_epoch``): each epoch's mean over its examples, summed by hand by a plain
+    loop; with watchers, what ``EpochEnd.terms`` says; without, kept all the same."""
+    want = plain_epochs(data(), k, mb)
+    recorder = Recorder()
+    result = fit(
+        loss=two_terms, watchers=[recorder] if watched else [], k=k, mb=mb, nonfinite=nonfinite
+    )
+    assert list(result.epoch_terms) == ["ce", "reg"]
+    for name in ("ce", "reg"):
+        assert result.epoch_terms[name] == pytest.approx([w[name] for w in want], rel=1e-6)
+    sizes = [sum(n for n in [10, 10, 7, 10, 5][i : i + k]) for i in range(0, 5, k)]
+    per_epoch = len(sizes)
+    for name, values in result.epoch_terms.items():  # the steps' terms weighed by examples
+        for e, got in enumerate(values):
+            told = result.terms[name][e * per_epoch : (e + 1) * per_epoch]
+            mean = sum(v * n for v, n in zip(told, sizes, strict=True)) / 42
+            assert got == pytest.approx(mean, rel=1e-6 if nonfinite == "ignore" else 1e-12)
+    if watched:
+        ends = recorder.of(EpochEnd)
+        assert [dict(e.terms) for e in ends] == [
+            {k: v[e] for k, v in result.epoch_terms.items()} for e in range(2)
+        ]
+
+
 def test_a_loss_without_terms_leaves_the_history_empty():
     result = fit(loss=lambda out, y: vae_like(out, y)["loss"])
-    assert result.terms == {} and len(result.losses) == 10
+    assert result.terms == {} and result.epoch_terms == {} and len(result.losses) == 10
 
 
 def test_a_skipped_step_has_no_terms_as_it_has_no_loss():
@@ -100,6 +129,8 @@ def test_a_resumed_run_reports_the_uninterrupted_runs_terms(tmp_path, crash, non
     resumed = run("run", resume="last")
     assert resumed.losses == reference.losses
     assert resumed.terms == reference.terms  # exactly
+    assert resumed.epoch_terms == reference.epoch_terms  # (the epoch's sums checkpointed)
+    assert len(resumed.epoch_terms["ce"]) == 3
     assert len(resumed.terms["ce"]) == 15
 
 
@@ -122,13 +153,15 @@ def test_a_checkpoint_from_before_the_history_was_kept_gives_nan_before_the_resu
     with pytest.raises(Crash):
         run([CrashAt(8)])
     payload = dict(st.load_checkpoint(ckpt.file(7)))
-    del payload["terms"]  # as an earlier somatize wrote it
+    del payload["terms"], payload["epoch_terms"]  # as an earlier somatize wrote it
     integrity.write_checkpoint(ckpt.file(7), payload)
     resumed = run(resume="last")
     assert len(resumed.losses) == 10
     for name, values in resumed.terms.items():
         assert all(math.isnan(v) for v in values[:7]), name
         assert values[7:] == reference.terms[name][7:], name
+    for name, values in resumed.epoch_terms.items():  # epoch 0 ended before the checkpoint
+        assert math.isnan(values[0]) and values[1] == reference.epoch_terms[name][1], name
 
 
 def test_the_history_pads_a_term_given_late_or_left_out_with_nan():

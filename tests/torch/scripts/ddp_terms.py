@@ -72,6 +72,8 @@ def main() -> None:
             "terms": result.terms,  # (TrainResult.terms: every rank's steps, as losses)
             "ignored_terms": ignored.terms,  # (read back and all-reduced with the losses)
             "ignored_losses": ignored.losses,
+            "epoch_terms": result.epoch_terms,
+            "ignored_epoch_terms": ignored.epoch_terms,
         },
         out / f"rank{RANK}.pt",
     )
