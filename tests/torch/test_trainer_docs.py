@@ -53,6 +53,7 @@ def test_the_trainer_docs_examples_run(tmp_path, monkeypatch, capsys):
     assert "seconds,scored/acc,val_loss,val_scored/acc,epoch_loss\n" in out.out
     assert "['epoch', 'step', 'val_loss', 'val_scored/acc']" in out.out
     assert "['step', 'epoch', 'val_loss', 'val_recon', 'val_kl']" in out.out  # loss terms
+    assert "\n3 True\n" in out.out  # SWA: the 3rd, 4th and 5th epochs averaged
     header = (tmp_path / "runs" / "vae" / "log.csv").read_text().splitlines()[0]
     assert header == (
         "kind,step,epoch,loss,lr,examples,seconds,recon,kl,val_loss,val_recon,val_kl,"
