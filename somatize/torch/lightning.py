@@ -38,6 +38,7 @@ from .epoch_loss import weighed
 from .first_step import batch_note, loss_note
 from .lightning_history import Evaluation
 from .lightning_settings import check, configured, hyperparameters
+from .lightning_steps import StepLog
 from .loss_terms import loss_terms
 from .metrics import members
 from .module import GraphModule, module
@@ -49,7 +50,7 @@ except ImportError:
     require("lightning", "lightning")  # raises MissingExtraError naming the extra
     raise
 
-from . import lightning_carry, lightning_epochs, lightning_evaluate, lightning_state, tally
+from . import lightning_carry, lightning_evaluate, lightning_state, tally
 
 __all__ = ["LightningGraph", "Watch", "result"]
 
@@ -110,6 +111,8 @@ class LightningGraph(L.LightningModule):
         epoch_losses: the mean training loss of every finished epoch, over its examples (every
             rank's under DDP), as ``st.Trainer``'s ``result.epoch_losses`` and the number
             ``train_loss_epoch`` logs; an epoch resumed in its middle: over the steps since.
+        terms, epoch_terms: a loss function's terms at every step, and their epochs' means,
+            as ``st.Trainer``'s ``result.terms`` and ``result.epoch_terms`` (``lightning_steps``).
         history: one dict per validation ``fit`` made (the run's), ``{"step", "epoch",
             "val_loss", "val_<metric>"..., "val_<node>/<name>"...}`` (as ``st.Trainer``'s
             ``result.metrics``).
@@ -145,14 +148,10 @@ class LightningGraph(L.LightningModule):
         self._metrics = dict(metrics or {})
         self.history: list[dict[str, float]] = []
         self.seconds = 0.0
-        self._losses: list[float] = []
-        self._pending: list[torch.Tensor] = []  # step losses not yet read back from the device
-        self._group: list[tuple[torch.Tensor, int]] = []  # (loss, examples) of this step's batches
+        self._log = StepLog()  # the steps' losses and terms, the epochs' means
         # the last training batch's (loss, examples, terms)
         self._last_batch: tuple[torch.Tensor, int, dict[str, Any]] | None = None
         self._epoch_batches: list[tuple[torch.Tensor, int, dict[str, Any]]] = []  # the epoch's
-        self._epoch_steps: list[tuple[torch.Tensor, int]] = []  # the epoch's (loss, examples)
-        self._epoch_losses: list[float] = []  # each finished epoch's mean (epoch_losses)
         self._term_names: tuple[str, ...] | None = None  # fixed by a fit's first step
         self._examples: dict[int, int] = {}  # epoch → training examples seen in it
         self._val_examples: dict[str, int] = {}  # the last validation's, over every rank
@@ -213,7 +212,7 @@ class LightningGraph(L.LightningModule):
         for name, value in terms.items():  # a loss function's dict: each term beside the loss
             self.log(f"train_{name}", value, on_step=True, on_epoch=False, batch_size=n)
         lightning_evaluate.log_nodes(self, on_step=True, on_epoch=False, batch_size=n)
-        self._group.append((loss.detach(), n))  # (one loss per step: on_before_optimizer_step)
+        self._log.group.append((loss.detach(), n, terms))  # (a step's: on_before_optimizer_step)
         self._last_batch = (loss.detach(), n, terms)  # (Watch's: outputs hold loss / k)
         self._epoch_batches.append(self._last_batch)  # (train_loss_epoch, at the epoch's end)
         epoch = self.current_epoch
@@ -243,12 +242,7 @@ class LightningGraph(L.LightningModule):
             raise
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
-        """The step's loss, as st.Trainer records it (``lightning_epochs.step_loss``)."""
-        group, self._group = self._group, []
-        step = lightning_epochs.step_loss(group)
-        if step is not None:
-            self._pending.append(step[0])
-            self._epoch_steps.append(step)
+        self._log.step()  # the step's loss and terms, as st.Trainer records them
 
     def configure_optimizers(self) -> Any:
         if self._optimizer is None:  # (Lightning configures only to fit)
@@ -276,14 +270,21 @@ class LightningGraph(L.LightningModule):
 
     @property
     def losses(self) -> list[float]:
-        if self._pending:
-            self._losses.extend(torch.stack(self._pending).float().cpu().tolist())
-            self._pending.clear()
-        return self._losses
+        self._log.read()  # (the steps' losses, read back from the device)
+        return self._log.losses
+
+    @property
+    def terms(self) -> dict[str, list[float]]:
+        self._log.read()
+        return self._log.terms
 
     @property
     def epoch_losses(self) -> list[float]:
-        return self._epoch_losses  # (each epoch's mean: lightning_epochs.py)
+        return self._log.epoch_losses
+
+    @property
+    def epoch_terms(self) -> dict[str, list[float]]:
+        return self._log.epoch_terms
 
     @property
     def num_examples(self) -> int:
@@ -297,10 +298,8 @@ class LightningGraph(L.LightningModule):
         since, self._cache_since = self._cache_since, None  # (a resumed run's counts)
         if not restored:
             if self.trainer.global_step == 0:  # a run of its own: the last fit's is not its
-                self._pending.clear()
-                self._group.clear()
-                self._losses, self.history, self._examples, self._val_examples = [], [], {}, {}
-                self._epoch_losses = []
+                self._log.clear()
+                self.history, self._examples, self._val_examples = [], {}, {}
                 since = None
             elif self._tally is not None:  # the same Trainer going on (max_epochs raised)
                 since = tally.state(self._tally)
@@ -324,8 +323,7 @@ class LightningGraph(L.LightningModule):
         return self._epoch_counts[1]
 
     def on_train_epoch_end(self) -> None:
-        steps, self._epoch_steps = self._epoch_steps, []
-        self._epoch_losses.append(lightning_epochs.mean(self, steps))  # (collective: every rank)
+        self._log.end_epoch(self)  # the epoch's means (collective: every rank)
         batches, self._epoch_batches = self._epoch_batches, []
         if batches:  # the epoch's mean, as self.log(..., on_epoch=True) makes it: synced once
             # (logged here, not by on_epoch=True on train_loss: that one would be train_loss_step)
@@ -355,7 +353,7 @@ class LightningGraph(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         reset(carries(self.net))  # carried state (st.Carry) starts afresh each epoch
-        self._epoch_batches, self._epoch_steps = [], []
+        self._epoch_batches, self._log.epoch = [], []
 
     def on_validation_epoch_start(self) -> None:
         lightning_evaluate.start(self, "val_")

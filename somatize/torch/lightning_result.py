@@ -126,6 +126,8 @@ def result(trainer: L.Trainer, lg: LightningGraph) -> TrainResult:
         epochs=int(trainer.current_epoch),
         losses=list(lg.losses),
         epoch_losses=list(lg.epoch_losses),
+        terms={k: list(v) for k, v in lg.terms.items()},
+        epoch_terms={k: list(v) for k, v in lg.epoch_terms.items()},
         metrics=[dict(r) for r in lg.history],
         monitor=monitor,
         best=best,

@@ -1,5 +1,5 @@
 """What a ``LightningGraph`` keeps in a Lightning checkpoint besides the weights, under
-``checkpoint["somatize"]``: its losses, each finished epoch's mean loss, validation history,
+``checkpoint["somatize"]``: its steps' losses and terms, each finished epoch's means, validation history,
 example counts and cache counts (every rank's under DDP, each rank resuming its own), as
 plain lists, dicts and numbers (a checkpoint loads with ``weights_only=True``); and the
 checks that a checkpoint is loaded into the graph it was written for, frozen as it was.
@@ -29,12 +29,13 @@ def saved(lg: LightningGraph) -> dict[str, Any]:
     example counts and cache counts (``ranks``, ``cache``: one each, in rank order — each
     rank trains and counts its own share); ``losses`` and ``examples`` are the writing
     rank's, as a checkpoint from before ``ranks`` was kept holds them."""
-    mine = {"losses": list(lg.losses), "examples": dict(lg._examples)}
+    mine = {**lg._log.state(), "examples": dict(lg._examples)}
     ranks = _every_rank(lg, {**mine, "cache": tally.state(lg._tally)})
     return {
         **mine,
         "history": [dict(r) for r in lg.history],
-        "epoch_losses": list(lg.epoch_losses),  # (every rank's alike: lightning_epochs.py)
+        "epoch_losses": list(lg.epoch_losses),  # (every rank's alike: lightning_steps.py)
+        "epoch_terms": {k: list(v) for k, v in lg.epoch_terms.items()},
         "val_examples": dict(lg._val_examples),
         "cache": [r.pop("cache") for r in ranks],
         "ranks": ranks,
@@ -80,14 +81,11 @@ def restore(lg: LightningGraph, checkpoint: dict[str, Any]) -> None:
     if state is None:
         return
     lg._restored = trainer is not None  # (a fit resumed: on_fit_start keeps what it took)
-    lg._pending.clear()
-    lg._group.clear()
     world = lg._trainer.world_size if lg._trainer is not None else 1
     ranks = state.get("ranks")  # (None in a checkpoint from before it was kept)
     mine = ranks[lg.global_rank] if isinstance(ranks, list) and len(ranks) == world else state
-    lg._losses = list(mine["losses"])  # (another number of ranks: the writing rank's)
+    lg._log.restore(mine, state)  # (another number of ranks: the writing rank's steps)
     lg.history = [dict(r) for r in state["history"]]
-    lg._epoch_losses = [float(v) for v in state.get("epoch_losses") or []]  # (None: an old one)
     lg._examples = dict(mine["examples"])
     lg._val_examples = dict(state.get("val_examples") or {})
     since = tally.resumed(state.get("cache"), lg.global_rank, world)  # (None: an old one)

@@ -40,16 +40,16 @@ class TrainResult:
             (a resumed run's checkpointed epochs included; a run resumed in mid-epoch
             reports that epoch as an uninterrupted run does). From a ``LightningGraph``,
             the same mean, the number its ``train_loss_epoch`` logs; there an epoch resumed
-            in its middle holds the steps since the resume (``lightning_epochs.py``).
+            in its middle holds the steps since the resume (``lightning_steps.py``).
         terms: a loss function's terms (``loss=fn`` returning ``{"loss": ..., "recon": r,
             "kl": k}``), each a list as long as ``losses``: its value at every step, weighed
             as the loss is (over micro-batches, accumulated batches and ranks). Like
             ``losses``, the whole run's (NaN at the steps before a resume from a checkpoint
-            written before it was kept). Empty for a loss alone, and from a
-            ``LightningGraph`` (Lightning logs ``train_<term>``).
+            written before it was kept). Empty for a loss alone. From a ``LightningGraph``,
+            this rank's steps, as its ``losses``.
         epoch_terms: the same terms' means over every finished epoch, as ``epoch_losses``
             holds the loss's (Lightning's ``train_<term>_epoch``), each list as long as
-            ``epoch_losses``. Empty for a loss alone, and from a ``LightningGraph``.
+            ``epoch_losses``. Empty for a loss alone.
         metrics: one dict per evaluation (``{"step": ..., "epoch": ..., "val_loss": ...}``).
         monitor: the metric ``best`` refers to.
         best: the best value of ``monitor`` seen, or None without evaluation.

@@ -80,6 +80,19 @@ def test_epoch_losses_are_over_every_ranks_steps_as_train_loss_epoch(ranks):
 
 
 @pytest.mark.slow
+def test_terms_are_each_ranks_steps_and_their_epoch_means_over_every_rank(ranks):
+    r0, r1 = (got["terms"] for got in ranks)
+    for rank, got in enumerate((r0, r1)):  # each rank's own steps, as its losses
+        assert got["terms"]["rank"] == [float(rank)] * len(got["losses"]) == [float(rank)] * 2
+    assert r0["terms"]["ce"] != r1["terms"]["ce"]
+    assert r0["epoch_terms"] == r1["epoch_terms"]  # every rank's list alike
+    assert r0["epoch_terms"]["rank"] == [0.5, 0.5]  # 16 rows a step on each rank
+    for e, value in enumerate(r0["epoch_terms"]["ce"]):
+        assert value == pytest.approx((r0["terms"]["ce"][e] + r1["terms"]["ce"][e]) / 2)
+    assert r0["epoch_terms"]["ce"][-1] == pytest.approx(r0["logged"]["train_ce_epoch"], rel=1e-6)
+
+
+@pytest.mark.slow
 def test_lightnings_sampler_pads_validation_and_an_unrepeated_one_evaluates_each_row_once(ranks):
     for got in ranks:
         assert got["padded"]["val_examples"] == {"val_": 30}  # 29 rows, one read twice

@@ -93,7 +93,9 @@ def fit(out: Path, g: Graph, epochs: int, train, val, **kw):
     faulthandler.dump_traceback_later(120, exit=True)
     L.seed_everything(0, verbose=False)
     lg = LightningGraph(
-        g, loss=F.cross_entropy, optimizer=functools.partial(torch.optim.Adam, lr=1e-2)
+        g,
+        loss=kw.pop("loss", F.cross_entropy),
+        optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
     )
     save = kw.pop("save", None)
     trainer = L.Trainer(
@@ -115,14 +117,20 @@ def fit(out: Path, g: Graph, epochs: int, train, val, **kw):
     r = result(trainer, lg)
     logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
     return {"history": lg.history, "losses": lg.losses, "epoch_losses": r.epoch_losses,
+            "terms": r.terms, "epoch_terms": r.epoch_terms,
             "cache": dict(r.cache), "epochs": epochs_.counts, "val_examples": r.val_examples,
             "logged": logged, "state": dict(r.state), "lg": lg}  # fmt: skip
+
+
+def two_terms(out, y):
+    ce = F.cross_entropy(out, y)
+    return {"loss": ce + 0.01 * out.pow(2).mean(), "ce": ce, "rank": float(os.environ["RANK"])}
 
 
 def main() -> None:
     torch.set_num_threads(1)
     out = Path(sys.argv[1])
-    phases = sys.argv[2:] or ["rare", "cache", "resume", "pad"]
+    phases = sys.argv[2:] or ["rare", "cache", "resume", "pad", "terms"]
     rank = int(os.environ["RANK"])
     got: dict = {}
     with warnings.catch_warnings(record=True) as caught:
@@ -158,6 +166,8 @@ def main() -> None:
             with torch.no_grad():  # the validation loss of the final weights, every row once
                 loss = F.cross_entropy(lg.net.eval()(X[rows]), Y[rows])
             got["unrepeated"]["single"] = float(loss)
+        if "terms" in phases:  # a loss of several terms (TrainResult.terms, .epoch_terms)
+            got["terms"] = fit(out, graph(), 2, loader(TRAIN), loader(VAL), loss=two_terms)
     for run in got.values():
         run.pop("lg", None)
     got["advised"] = [str(w.message) for w in caught if "sync_dist=True" in str(w.message)]

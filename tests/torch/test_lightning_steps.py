@@ -1,6 +1,6 @@
-"""A LightningGraph's epoch losses (``somatize/torch/lightning_epochs.py``):
-``result(trainer, lg).epoch_losses`` against the somatize Trainer's on the same data and
-weights, against the ``train_loss_epoch`` Lightning logs, and across resumes."""
+"""A LightningGraph's training history (``somatize/torch/lightning_steps.py``): its steps'
+losses and terms and its epochs' means in ``result(trainer, lg)``, against the somatize
+Trainer's on the same data and weights, against what Lightning logs, and across resumes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ L = pytest.importorskip("lightning")
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import somatize.torch as st  # noqa: E402
-from somatize.torch.lightning import result  # noqa: E402
+from somatize.torch.lightning import LightningGraph, result  # noqa: E402
 from tests.torch.lightning_graphs import _graph, _lg, _loader, _trainer  # noqa: E402
 from tests.torch.lightning_quiet import NO_VAL, QUIET  # noqa: E402
 
@@ -118,3 +118,48 @@ def test_a_new_run_of_the_same_module_starts_its_epoch_losses_afresh(tmp_path):
     trainer = _trainer(tmp_path, max_epochs=1)
     trainer.fit(lg, _loader())
     assert len(result(trainer, lg).epoch_losses) == 1
+
+
+def _two_terms(out, y):
+    ce = nn.functional.cross_entropy(out, y)
+    sq = out.pow(2).mean()
+    return {"loss": ce + 0.01 * sq, "ce": ce, "sq": sq}
+
+
+@pytest.mark.parametrize(("accumulate", "rows"), [(1, 56), (2, 64)], ids=["short-last", "acc"])
+def test_terms_and_their_epoch_means_are_the_somatize_trainers(tmp_path, accumulate, rows):
+    """``result(trainer, lg).terms`` / ``.epoch_terms`` as ``st.Trainer``'s, bitwise where the
+    runs train alike (one batch a step, or accumulated steps of equal batches), and the
+    last epoch's means what Lightning logs as ``train_<term>_epoch``."""
+    ours, theirs = _twins()
+    ref = st.Trainer(
+        loss=_two_terms,
+        optimizer=_sgd,
+        epochs=3,
+        options=st.Options(shuffle=False, progress=False, accumulate=accumulate),
+    ).fit(ours, _loader(rows))
+    lg = LightningGraph(theirs, loss=_two_terms, optimizer=_sgd)
+    trainer = _trainer(tmp_path, max_epochs=3, accumulate_grad_batches=accumulate)
+    trainer.fit(lg, _loader(rows))
+    r = result(trainer, lg)
+    assert r.losses == ref.losses and list(r.terms) == ["ce", "sq"]
+    assert r.terms == ref.terms == lg.terms  # each step's, bitwise
+    assert r.epoch_terms == ref.epoch_terms == lg.epoch_terms
+    assert all(len(v) == 3 for v in r.epoch_terms.values())
+    for name, values in r.epoch_terms.items():
+        logged = float(trainer.callback_metrics[f"train_{name}_epoch"])
+        assert values[-1] == pytest.approx(logged, rel=1e-6), name
+
+
+def test_terms_survive_a_resume_at_an_epochs_end(tmp_path):
+    def every():
+        return [ModelCheckpoint(tmp_path / "e", save_top_k=-1, filename="{epoch}")]
+
+    full = LightningGraph(_graph(0), loss=_two_terms, optimizer=_sgd)
+    _trainer(tmp_path, max_epochs=3, callbacks=every()).fit(full, _loader())
+    resumed = LightningGraph(_graph(0), loss=_two_terms, optimizer=_sgd)
+    trainer = _trainer(tmp_path, max_epochs=3, callbacks=every())
+    trainer.fit(resumed, _loader(), ckpt_path=tmp_path / "e" / "epoch=0.ckpt")
+    r = result(trainer, resumed)
+    assert r.terms == full.terms and len(r.terms["ce"]) == 12  # epoch 0's: checkpointed
+    assert r.epoch_terms == full.epoch_terms
