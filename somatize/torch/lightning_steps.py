@@ -88,7 +88,7 @@ class StepLog:
         """The epoch's means of its steps, into ``epoch_losses`` and ``epoch_terms``; under DDP
         every rank's (collective: called on every rank at the epoch's end)."""
         steps, self.epoch = self.epoch, []
-        names = list(steps[-1][2]) if steps else []
+        names = sorted(lg._term_names or ())  # (the fit's, on every rank: term_names.fixed)
         total, examples, sums = 0.0, 0, dict.fromkeys(names, 0.0)
         if steps:
             values = torch.stack(

@@ -74,7 +74,8 @@ class RunState:
             return
         values = torch.stack(self.pending).float()
         sizes, steps = self.pending_examples, len(self.pending)
-        names = list(dict.fromkeys(k for t in self.pending_terms for k in t))
+        # (sorted: the same order on every rank, whatever order each rank's dict has)
+        names = sorted({k for t in self.pending_terms for k in t})
         terms = _matrix(self.pending_terms, names, values.device)  # (steps x names, flat)
         base = len(self.losses)
         if world > 1:
