@@ -133,8 +133,8 @@ class TrainResult:
         )
 
     def summary(self) -> dict[str, Any]:
-        """The run's figures as plain data, for logs and tables: its counts, the final loss,
-        the last evaluation, the best value, whether it was pruned or timed out, its time
+        """The run's figures as plain data, for logs and tables: its counts, the final loss
+        (and terms: ``{"recon": ..., "kl": ...}``, empty for a loss alone), the last evaluation, the best value, whether it was pruned or timed out, its time
         (and where it went) and cache counts (not the state, nor the per-step losses and
         every evaluation)."""
         return {
@@ -142,6 +142,7 @@ class TrainResult:
             "steps": self.steps,
             "epochs": self.epochs,
             "final_loss": self.losses[-1] if self.losses else None,
+            "final_terms": {k: v[-1] for k, v in self.terms.items() if v},
             "metrics": self.metrics[-1] if self.metrics else {},
             "best": self.best,
             "pruned": self.pruned,

@@ -88,6 +88,14 @@ def test_each_epochs_terms_are_their_means_over_its_examples_as_the_loss(k, mb, 
 def test_a_loss_without_terms_leaves_the_history_empty():
     result = fit(loss=lambda out, y: vae_like(out, y)["loss"])
     assert result.terms == {} and result.epoch_terms == {} and len(result.losses) == 10
+    assert result.summary()["final_terms"] == {}
+
+
+def test_the_summary_gives_the_last_steps_terms_beside_its_loss():
+    result = fit(loss=two_terms, epochs=1)
+    summary = result.summary()
+    assert summary["final_loss"] == result.losses[-1]
+    assert summary["final_terms"] == {"ce": result.terms["ce"][-1], "reg": result.terms["reg"][-1]}
 
 
 def test_a_skipped_step_has_no_terms_as_it_has_no_loss():
