@@ -229,10 +229,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         logdir=args.logdir,
     )  # fmt: skip
 
-    print(f"{'epoch':>5}  {'val_loss':>8}  {'val_recon':>9}  {'val_kl':>6}  {'val_mse':>7}")
+    # each epoch's training terms (result.epoch_terms: means over its examples) beside
+    # the evaluation at its end: a train_recon far below val_recon is overfitting
+    train_recon, train_kl = result.epoch_terms["recon"], result.epoch_terms["kl"]
+    print(f"{'epoch':>5}  {'train_recon':>11}  {'train_kl':>8}  {'val_loss':>8}  "
+          f"{'val_recon':>9}  {'val_kl':>6}  {'val_mse':>7}")  # fmt: skip
     for m in result.metrics:
-        print(f"{m['epoch'] + 1:>5}  {m['val_loss']:>8.2f}  {m['val_recon']:>9.2f}  "
-              f"{m['val_kl']:>6.2f}  {m['val_mse']:>7.4f}")  # fmt: skip
+        e = m["epoch"]
+        print(f"{e + 1:>5}  {train_recon[e]:>11.2f}  {train_kl[e]:>8.2f}  {m['val_loss']:>8.2f}  "
+              f"{m['val_recon']:>9.2f}  {m['val_kl']:>6.2f}  {m['val_mse']:>7.4f}")  # fmt: skip
 
     st.load_state(g, st.load_checkpoint(result.best_checkpoint)["model"])  # the best weights
     x = torch.cat([x for x, _ in val_batches])  # (examples, 64)

@@ -58,7 +58,10 @@ def test_the_recipe_logs_its_terms_and_images_and_reports_the_best_val_recon(
     assert result.best == best
     assert f"best val_recon {best:.4f} (" in out
     assert f"reloaded: {best:.4f})" in out  # the best checkpoint's weights give it again
-    assert sum(line[:5].strip().isdigit() for line in out.splitlines()) == epochs  # the table
+    table = [line.split() for line in out.splitlines() if line[:5].strip().isdigit()]
+    assert len(table) == epochs  # a row per epoch: its training terms, its evaluation
+    for row, recon, kl in zip(table, result.epoch_terms["recon"], result.epoch_terms["kl"]):
+        assert (row[1], row[2]) == (f"{recon:.2f}", f"{kl:.2f}")
 
 
 def test_an_epoch_is_too_little_and_the_recipe_says_so_and_exits_1(tmp_path, capsys):
