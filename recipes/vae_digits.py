@@ -20,7 +20,9 @@ What maps to what, for a Lightning user:
   the Trainer backpropagates ``"loss"`` and logs the others — ``train/recon`` and
   ``train/kl`` in TensorBoard, ``recon`` and ``kl`` columns in the CSV log, and
   ``val_recon``, ``val_kl`` in ``result.metrics`` (docs/trainer.md, "A loss of several
-  terms").
+  terms"). With ``on_epoch=True`` (``train_recon_epoch``) they are ``result.epoch_terms``,
+  each epoch's means over its examples, printed beside its evaluation (training samples
+  ``z``, evaluation decodes ``mu``: the training recon may read above the validation's).
 * ``ModelCheckpoint(monitor="val_recon", save_top_k=1)`` is
   ``Checkpointing(..., best=1)`` with ``Options(monitor="val_recon")``.
 * ``self.logger.experiment.add_image(...)`` in ``on_validation_epoch_end`` is a watcher
