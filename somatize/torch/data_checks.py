@@ -40,11 +40,9 @@ def check_data(
     """
     readable = isinstance(data, Iterable) or hasattr(type(data), "__getitem__")
     if not readable and callable(getattr(data, "train_dataloader", None)):
-        which = "train" if train else "predict" if what.startswith("predict") else "val"
         raise SettingError(  # (a LightningDataModule, or anything shaped as one)
             f"{what} is {type(data).__qualname__}, a data module, not batches: pass its "
-            f"loaders, here dm.{which}_dataloader() — dm.setup('fit'), then "
-            "fit(g, dm.train_dataloader(), val=dm.val_dataloader())"
+            f"loaders, here {_module_loaders(what, train)}"
         )
     if data is None or isinstance(data, (str, bytes)) or not readable:
         raise SettingError(
@@ -102,6 +100,25 @@ def check_rereadable(train: Any, epochs: int | None, max_steps: int | None) -> N
             "of it) or a DataLoader, which can be read again — or, for a stream, "
             "epochs=None with max_steps=N"
         )
+
+
+def _module_loaders(what: str, train: bool) -> str:
+    """The loader of a data module to pass as ``what``, with the ``setup`` stage Lightning
+    would call before it (``fit`` for training and its validation)."""
+    if what.startswith("predict"):
+        return (
+            "dm.predict_dataloader() — dm.setup('predict'), then "
+            "predict(g, dm.predict_dataloader())"
+        )
+    if what.startswith("evaluate"):
+        return (
+            "dm.val_dataloader() — dm.setup('validate'), then evaluate(g, dm.val_dataloader()) "
+            "(a test set: dm.setup('test'), then evaluate(g, dm.test_dataloader()))"
+        )
+    return (
+        f"dm.{'train' if train else 'val'}_dataloader() — dm.setup('fit'), then "
+        "fit(g, dm.train_dataloader(), val=dm.val_dataloader())"
+    )
 
 
 def _refuse_tensor(data: torch.Tensor, what: str) -> None:

@@ -271,7 +271,8 @@ def test_a_model_returning_a_dict_with_its_loss_is_told_to_pick_it_out():
 
 def test_a_data_module_is_refused_naming_the_loader_to_pass():
     """A Lightning user's ``fit(g, dm)``: a LightningDataModule (or anything shaped as one)
-    is no batches; the error names the loader of its to pass."""
+    is no batches; the error names the loader of its to pass, and the ``setup`` stage
+    Lightning calls before it (``fit``, ``validate``, ``predict``: not ``fit`` for all)."""
 
     class DataModule:  # (as LightningDataModule: loaders by method, not iterable)
         def train_dataloader(self):
@@ -285,6 +286,10 @@ def test_a_data_module_is_refused_naming_the_loader_to_pass():
         t.fit(make_graph(), dm)
     with pytest.raises(SettingError, match=r"fit\(\)'s val is .*here dm\.val_dataloader\(\)"):
         t.fit(make_graph(), dm.train_dataloader(), val=dm)
-    with pytest.raises(SettingError, match=r"here dm\.predict_dataloader\(\)"):
+    with pytest.raises(SettingError, match=r"here dm\.predict_dataloader\(\) — dm\.setup\("
+                       r"'predict'\), then predict\(g, dm\.predict_dataloader\(\)\)$"):  # fmt: skip
         t.predict(make_graph(), dm)
+    with pytest.raises(SettingError, match=r"evaluate\(\)'s data is .*here dm\.val_dataloader\(\) "
+                       r"— dm\.setup\('validate'\), then evaluate\(g, dm\.val_dataloader"):  # fmt: skip
+        t.evaluate(make_graph(), dm)
     assert len(t.predict(make_graph(), dm.predict_dataloader())) == 4  # its loader is fine
