@@ -217,6 +217,14 @@ def total(t: torch.Tensor) -> torch.Tensor:
     return t.to(home)
 
 
+def largest(t: torch.Tensor) -> torch.Tensor:
+    """The elementwise largest of ``t`` over ranks (on the GPU when the backend is nccl)."""
+    home = t.device
+    t = t.to("cuda") if dist.get_backend() == "nccl" else t.clone()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.to(home)
+
+
 def mean(t: torch.Tensor) -> torch.Tensor:
     """The mean of ``t`` over ranks."""
     return total(t) / dist.get_world_size()

@@ -97,7 +97,7 @@ def fast_epoch(
     losses, history = s.losses, s.terms
     no_terms: Terms = {}  # (a loss alone: its step records no terms)
     isfinite = math.isfinite
-    deadline, monotonic = run.deadline, time.monotonic
+    deadline, monotonic, stop = run.deadline, time.monotonic, run.stop
     # GraphModule.step lives in the instance dict (module.py's _OWN): set it there directly
     own = graph_net.__dict__ if graph_net is not None else {}
     clock = own if "step" in own else None
@@ -124,7 +124,7 @@ def fast_epoch(
             if i < start:  # resuming mid-epoch: these batches were already trained on
                 tick = perf()
                 continue
-            if step >= max_steps or s.pruned or run.timed_out:
+            if step >= max_steps or s.pruned or run.timed_out or run.stopped:
                 if stopped is not None:
                     put_back(stopped)
                 return i, False
@@ -209,7 +209,9 @@ def fast_epoch(
                     save(trainer, run)
             if deadline is not None and monotonic() >= deadline:  # (one process: world 1)
                 run.timed_out = True
-            if run.replay and (step >= max_steps or s.pruned or run.timed_out):
+            if stop is not None and stop.received:  # Options(stop_on=): a signal came
+                run.stopped = stop.stopped = stop.received
+            if run.replay and (step >= max_steps or s.pruned or run.timed_out or run.stopped):
                 stopped = snapshot()  # reading one more batch must not move what is saved
             tick = perf()
         waited += perf() - tick  # (the epoch's end: a DataLoader's workers shut down)

@@ -26,7 +26,8 @@ from .policy import save
 from .rng import put_back, snapshot
 from .schedule import evaluates_at_epoch_end
 from .step import step
-from .timelimit import seconds_of, spent_before, time_up
+from .stopping import step_end
+from .timelimit import seconds_of, spent_before
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -80,7 +81,9 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     run.deadline = run.clock.deadline(budget)
     run.timed_out = spent_before(run.clock, budget)  # (the clock is read after each step)
     first, timing, perf = s.step, run.timing, time.perf_counter
-    while s.epoch < epochs and not s.pruned and s.step < max_steps and not run.timed_out:
+    while (  # (stopped: by a signal of Options(stop_on=), stopping.py)
+        s.epoch < epochs and s.step < max_steps and not (s.pruned or run.timed_out or run.stopped)
+    ):
         data0, steps0, tick = timing.data, timing.steps, perf()
         batches = _batches(trainer, run, data)
         timing.data += perf() - tick  # (a resumed epoch reads its front again)
@@ -127,7 +130,7 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
                 save(trainer, run)
             continue
         break
-    if run.timed_out and s.position and s.step > first and val is not None:
+    if run.timed_out and not run.stopped and s.position and s.step > first and val is not None:
         _evaluate_at_time_out(trainer, run)
 
 
@@ -219,7 +222,7 @@ def _epoch(
     for i, group in _groups(batches, s.position, accumulate):
         tick = perf()  # (StepEnd.seconds counts from here)
         waited += tick - done
-        if s.pruned or s.step >= max_steps or run.timed_out:
+        if s.pruned or s.step >= max_steps or run.timed_out or run.stopped:
             if stopped is not None:
                 put_back(stopped)
             run.timing.data += waited
@@ -259,9 +262,9 @@ def _epoch(
             evaluate_into(trainer, run)
         if (run.due or (ckpt_every and s.step % ckpt_every == 0)) and i + 1 != run.epoch_batches:
             save(trainer, run)  # (at the epoch's last batch: its end saves, at this step)
-        if run.deadline is not None:
-            run.timed_out = time_up(run)
-        if run.replay and (s.pruned or s.step >= max_steps or run.timed_out):
+        if run.deadline is not None or run.stop is not None:
+            step_end(run)  # max_time spent, or a signal: under DDP, on any rank
+        if run.replay and (s.pruned or s.step >= max_steps or run.timed_out or run.stopped):
             stopped = snapshot()
         done = perf()
     run.timing.data += waited + perf() - done  # (the epoch's end: a DataLoader's workers)

@@ -23,6 +23,7 @@ from .sanity import check_sanity
 from .schedule import check_floor, check_schedule
 from .settings import choice, count, positive
 from .smoke import check_smoke
+from .stopping import check_stop_on
 from .timelimit import check_max_time
 
 __all__ = ["PRECISIONS", "Options", "check_device"]
@@ -108,6 +109,15 @@ class Options:
             ``strategy="ddp_find_unused_parameters_true"``). It costs a walk of the
             autograd graph each step, so it is off by default; without it such a model
             fails at its second step, with a note naming this setting.
+        stop_on: stop cleanly on a signal, for a preempted job (Lightning's SIGTERM
+            handling): a signal (``signal.SIGTERM``), its name (``"SIGTERM"``) or a tuple
+            of them (``("SIGTERM", "SIGUSR1")``, SLURM's ``--signal=USR1@90``). During
+            ``fit`` (from the main thread) a handler notes the signal; the run stops at the
+            end of the step under way, as at ``max_time``, writes its checkpoint (with
+            ``checkpoint=``: ``fit(resume="last")`` goes on bitwise), tells its watchers,
+            puts the previous handlers back and raises ``SystemExit(128 + signum)`` (143
+            for SIGTERM). Under DDP every rank stops at the same step. None: nothing is
+            installed. See ``stopping.py``.
     """
 
     device: str | torch.device | None = None
@@ -134,7 +144,8 @@ class Options:
     deterministic: bool | Literal["warn"] | None = None
     find_unused_parameters: bool = False
     clip_grad_value: float | None = None
-    log_grad_norm: bool = False  # (last: Options' positional order is kept)
+    log_grad_norm: bool = False
+    stop_on: int | str | tuple[int | str, ...] | None = None  # (last: positional order kept)
 
     def __post_init__(self) -> None:
         choice(
@@ -199,6 +210,7 @@ class Options:
         check_decay(self.ema)
         check_max_time(self.max_time)
         check_deterministic(self.deterministic)
+        check_stop_on(self.stop_on)
 
 
 Options.__init__ = ported("Options")(Options.__init__)  # type: ignore[method-assign]

@@ -56,6 +56,8 @@ class ActiveRun:
     clock: Clock = field(default_factory=Clock)  # seconds trained, across resumes
     deadline: float | None = None  # Options(max_time=): when it is spent (time.monotonic)
     timed_out: bool = False  # the run stopped because max_time was spent
+    stop: Any = None  # Options(stop_on=): the signals' Stop (stopping.py), else None
+    stopped: int = 0  # the signal that stopped the run at a step's end, else 0
     grad_norm: Any = None  # the last step's gradient norm for StepEnd (step._update), or None
     terms: dict[str, Any] = field(default_factory=dict)  # the last step's loss terms (step.py)
     # the names of the loss's terms, fixed by the fit's first loss call (term_names.py)

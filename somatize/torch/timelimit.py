@@ -10,7 +10,7 @@ last checkpoint is written (with ``checkpoint=``), ``fit`` returns with
 ``TrainResult.timed_out`` True, and ``fit(resume="last")`` with a larger budget goes on
 bitwise from there; with the same budget it takes no step. Under DDP, ranks stop
 together: a rank whose clock says the time is spent stops them all at that step (one
-small all-reduce per step, only with a budget set).
+small all-reduce per step, only with a budget or ``stop_on`` set: ``stopping.step_end``).
 """
 
 from __future__ import annotations
@@ -19,17 +19,11 @@ import datetime
 import math
 import re
 import time
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import Any
 
 from ..errors import SettingError
-from . import ddp
 
-if TYPE_CHECKING:
-    from .run import ActiveRun
-
-__all__ = ["Clock", "check_max_time", "seconds_of", "spent_before", "time_up"]
+__all__ = ["Clock", "check_max_time", "seconds_of", "spent_before"]
 
 _DHMS = re.compile(r"^(\d+):(\d{1,2}):(\d{1,2}):(\d{1,2})$")  # Lightning's "DD:HH:MM:SS"
 
@@ -104,15 +98,3 @@ def spent_before(clock: Clock, budget: float | None) -> bool:
     The time this fit trains is read only after each step, so a fresh run takes at least
     one, however small its budget. (Every rank restores the same seconds, so all agree.)"""
     return budget is not None and clock.before >= budget
-
-
-def time_up(run: ActiveRun) -> bool:
-    """Whether the budget is spent — under DDP, on any rank (so all stop at one step)."""
-    deadline = run.deadline
-    if deadline is None:
-        return False
-    up = time.monotonic() >= deadline
-    if run.world > 1:
-        flag = torch.tensor([1.0 if up else 0.0])
-        up = bool(ddp.total(flag).item() > 0)
-    return up

@@ -57,6 +57,7 @@ from .schedule import check_steps_fit
 from .settings import check_arguments, check_fit, check_measured, check_parts
 from .smoke import smoke_fit
 from .start import close, dynamic_step
+from .stopping import exit_if_stopped, stopping
 from .valsets import monitored, val_sets
 
 __all__ = ["Options", "Trainer"]
@@ -175,18 +176,21 @@ class Trainer:
             check_rereadable(train, self.epochs, self.max_steps)  # not a generator, for 2 epochs
             check_fit(self, val)
             run_id = os.urandom(6).hex()  # (uuid4().hex[:12]: the same 48 random bits)
-            rank, world, own_group = ddp.setup()
-            try:
-                with writing(self, rank, resume):  # one fit writes a checkpoint dir at a time
-                    result = self._fit(model, train, val, resume, run_id, rank, world, started)
-            except BaseException as e:
-                if world > 1:
-                    ddp.explain(e)  # DDP's advice, as an Option of the Trainer that wraps
+            with stopping(self.options.stop_on, self.checkpoint) as stop:  # (stopping.py)
+                rank, world, own_group = ddp.setup()
+                try:
+                    with writing(self, rank, resume):  # one fit writes a checkpoint dir at a time
+                        args = (resume, run_id, rank, world, started, stop)
+                        result = self._fit(model, train, val, *args)
+                except BaseException as e:
+                    if world > 1:
+                        ddp.explain(e)  # DDP's advice, as an Option of the Trainer that wraps
+                    if own_group:
+                        ddp.finish(failed=True)  # the group goes: peers waiting on it fail now
+                    raise
                 if own_group:
-                    ddp.finish(failed=True)  # the group goes: peers waiting on it fail now
-                raise
-            if own_group:
-                ddp.finish(failed=False)  # every rank leaves fit together; the group stays
+                    ddp.finish(failed=False)  # every rank leaves fit together; the group stays
+            exit_if_stopped(stop)  # a signal stopped it: SystemExit(128 + signum)
             return result
 
     def _fit(
@@ -199,6 +203,7 @@ class Trainer:
         rank: int,
         world: int,
         started: float,
+        stop: Any = None,
     ) -> TrainResult:
         train = ddp.shard(train, rank, world, self.seed)  # each rank reads only its share
         agree(train, val, world)  # every rank given data of one length (rank_lengths.py)
@@ -217,7 +222,7 @@ class Trainer:
         run = begin(self, model, resume, run_id, rank, world, train, monitored(o.monitor, val))
         if rank == 0:  # (a run with steps left: it will write checkpoints)
             check_writable(self, run.state.step, total)
-        run.train, run.train_batches, run.val_sets = train, train_n, sets
+        run.train, run.train_batches, run.val_sets, run.stop = train, train_n, sets, stop
         if run.carries and val is not None:  # (a short last batch breaks the carried state)
             for name, data in val.items() if isinstance(val, Mapping) else [("", val)]:
                 what = f"val set {name!r}" if name else "fit()'s val"
