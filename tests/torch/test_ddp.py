@@ -353,3 +353,13 @@ def test_a_time_budget_stops_every_rank_at_the_same_step(tmp_path):
     assert [m["step"] for m in r0["metrics"]] == [3] and r0["metrics"] == r1["metrics"]
     for name, value in r0["state"].items():
         assert torch.equal(value, r1["state"][name]), name
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_and_both_exit_143(tmp_path):
+    # Options(stop_on="SIGTERM"): rank 1 alone gets it, during step 5 (of 20 a rank)
+    assert torchrun(tmp_path, str(tmp_path), script="ddp_stop_on.py") != 0, said(tmp_path)
+    ended = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    assert ended == ["5 143", "5 143"], said(tmp_path)  # (last step trained, SystemExit's code)
+    written = sorted(p.name for p in (tmp_path / "ckpt").glob("step-*.ckpt"))
+    assert written == ["step-000000005.ckpt"], said(tmp_path)
