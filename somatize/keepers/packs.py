@@ -56,9 +56,8 @@ CHECK = 32
 FLAG_PINNED = 1
 MAX_PACK_BYTES = 64 << 20  # a bigger batch is split: gc frees whole packs
 # A directory's mtime this close to a listing may hide a later change in the same clock
-# tick (file times are taken from a coarse clock, a few ms on Linux). Relisting within
-# it is the safe side; a change missed on a coarser filesystem costs a recomputed
-# entry (a miss, then a put that moves the mtime again), never a wrong one.
+# tick (file times come from a coarse clock, a few ms on Linux): relisting within it is
+# the safe side; a change missed on a coarser filesystem costs a recomputed entry.
 RACY_NS = 100_000_000
 # A lookup that finds packs/ changed relists it (a scandir of every pack) only every
 # max(1, packs // RELIST_SHARE)-th time, so that a handle writing a pack per batch — its
