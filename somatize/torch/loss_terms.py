@@ -22,6 +22,7 @@ from typing import Any, TypeGuard
 import torch
 
 from ..errors import SettingError
+from .term_names import changed_in_evaluation
 
 __all__ = [
     "RESERVED",
@@ -258,12 +259,16 @@ class KeptTerms:
         self.loss, self.metrics, self.who = loss, metrics, who
         self.names: list[str] = []
         self._terms: Terms = {}
+        self._seen = False  # whether a batch gave the names the others must give
 
     def __call__(self, output: Any, target: Any) -> torch.Tensor:
         value, terms = loss_terms(self.loss, output, target)
-        if terms and list(terms) != self.names:
+        names = self.names
+        if not self._seen:  # the evaluation's first batch fixes its terms, as a fit's step
             check_clash(terms, self.metrics, self.who)
-            self.names = list(terms)
+            self.names, self._seen = list(terms), True
+        elif len(terms) != len(names) or any(k not in terms for k in names):
+            raise SettingError(changed_in_evaluation(names, terms))
         self._terms = terms
         return value
 

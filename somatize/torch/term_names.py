@@ -25,7 +25,15 @@ from ..errors import SettingError
 if TYPE_CHECKING:
     from .run import ActiveRun
 
-__all__ = ["NO_TERMS", "changed", "check", "first", "fixed", "other_rank_changed"]
+__all__ = [
+    "NO_TERMS",
+    "changed",
+    "changed_in_evaluation",
+    "check",
+    "first",
+    "fixed",
+    "other_rank_changed",
+]
 
 #: The names of a loss that gives no terms (a scalar): ``first``'s return for it, the same
 #: object each time, so the fast loop tells it by identity
@@ -109,6 +117,19 @@ def changed(names: Sequence[str], terms: Mapping[str, Any], step: int) -> str:
         f"({_listed(names)} at the first). A term given on some steps only would be "
         f"averaged over steps it was absent from, and under DDP mixed with another rank's "
         f"terms. {FIX}"
+    )
+
+
+def changed_in_evaluation(names: Sequence[str], terms: Mapping[str, Any]) -> str:
+    """The message for an evaluation batch whose terms are not its first batch's (an
+    evaluation fixes its own: ``loss_terms.KeptTerms``)."""
+    new, gone = [k for k in terms if k not in names], [k for k in names if k not in terms]
+    what = [f"{_quoted(new)}, which its first did not"] if new else []
+    what += [f"no {_quoted(gone)}, which it did"] if gone else []
+    return (
+        f"the loss function's terms changed between two batches of an evaluation: it gave "
+        f"{' and '.join(what)} ({_listed(names)} at the first). Each term is averaged over "
+        f"the set's examples, so a term left out of a batch would count as 0 there. {FIX}"
     )
 
 

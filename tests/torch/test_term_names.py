@@ -158,3 +158,28 @@ def test_ranks_whose_terms_differ_fail_together_naming_them(tmp_path):
         assert list(terms) == ["ce", "rank"]
         assert terms["ce"] == loss
         assert terms["rank"] == pytest.approx((examples - 4) / examples)  # rank 1's share
+
+
+def test_an_evaluation_whose_batches_give_other_terms_is_refused_naming_them():
+    """An evaluation fixes its terms by its first batch, as a fit by its first step: a term
+    left out of a batch would be averaged with 0 there (val_aux about half its value)."""
+    import torch.nn.functional as F
+
+    import somatize.torch as st
+    from somatize.errors import SettingError
+    from tests.torch.trainer_helpers import batches, make_graph
+
+    def by_size(out, y):  # aux only for batches of 10 rows
+        ce = F.cross_entropy(out, y)
+        return {"loss": ce, "ce": ce, **({"aux": ce * 2} if len(y) == 10 else {})}
+
+    mixed = batches(2) + [(x[:7], y[:7]) for x, y in batches(1, seed=2)]
+    trainer = st.Trainer(loss=by_size)
+    with pytest.raises(SettingError, match=r"changed between two batches of an evaluation: it "
+                       r"gave no 'aux', which it did \(terms 'ce', 'aux' at the first\)"):  # fmt: skip
+        trainer.evaluate(make_graph(), mixed)
+    got = trainer.evaluate(make_graph(), batches(3))  # every batch gives both: as before
+    assert got["aux"] == pytest.approx(2 * got["ce"], rel=1e-12)
+    short_first = [mixed[-1], *mixed[:2]]
+    with pytest.raises(SettingError, match=r"it gave 'aux', which its first did not"):
+        trainer.evaluate(make_graph(), short_first)
