@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.trainer.states import TrainerFn
 
+from ..errors import SettingError
 from . import lightning_carry, lightning_history
 from .batches import num_examples
 from .lightning_history import Evaluation, Sums, scalar, suffix
 from .loss_terms import check_clash
 from .metrics import _check_clash
+from .term_names import changed_in_evaluation
 
 if TYPE_CHECKING:
     from .lightning import LightningGraph
@@ -65,7 +67,8 @@ def _sum_nodes(lg: LightningGraph, sums: Sums, n: int) -> None:
 
 def step(lg: LightningGraph, batch: Any, prefix: str, idx: int | None) -> None:
     """A validation or test batch of loader ``idx`` (None: the only one)."""
-    sums, objects = lg._evaluations[prefix].of(idx)  # loader idx's own (idx: several)
+    evaluation = lg._evaluations[prefix]
+    sums, objects = evaluation.of(idx)  # loader idx's own (idx: several)
     try:
         x, y = lg._split(batch)
         n = num_examples(x)
@@ -78,6 +81,9 @@ def step(lg: LightningGraph, batch: Any, prefix: str, idx: int | None) -> None:
     except (TypeError, ValueError) as e:
         lg._explain(e, batch, prefix)
         raise
+    names = evaluation.terms.setdefault(idx, list(terms))  # (the loader's first batch's)
+    if len(terms) != len(names) or any(k not in terms for k in names):
+        raise SettingError(changed_in_evaluation(names, terms))  # as st.Trainer's evaluate
     lg._split_ok.add(prefix)
     m: Any
     for m in objects.values():

@@ -170,6 +170,7 @@ class Evaluation:
         self._given = {name: m for name, m in metrics.items() if is_metric(m)}
         self.sums: dict[int | None, Sums] = {}
         self.objects: dict[int | None, dict[str, Any]] = {}
+        self.terms: dict[int | None, list[str]] = {}  # a loader's first batch's loss terms
 
     def of(self, idx: int | None) -> tuple[Sums, dict[str, Any]]:
         """Loader ``idx``'s sums and metric objects (``idx`` None: the only loader)."""

@@ -370,3 +370,19 @@ def test_a_term_given_on_some_steps_only_is_refused_naming_it_and_a_new_fit_star
     trainer = lightning(max_epochs=1)
     trainer.fit(lg, loader(64, 0, batch=16), loader(16, 1, batch=16))
     assert trainer.global_step == 4 and "train_aux" in trainer.logged_metrics
+
+
+def test_a_validation_whose_batches_give_other_terms_is_refused_naming_them():
+    """As st.Trainer's evaluate: a loader's first batch fixes the terms of its evaluation."""
+    from somatize.errors import SettingError
+
+    def by_size(out, y):  # aux only for batches of 16 rows
+        ce = F.cross_entropy(out, y)
+        return {"loss": ce, "ce": ce, **({"aux": 2 * ce} if len(y) == 16 else {})}
+
+    lg = LightningGraph(graph(), loss=by_size, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    with pytest.raises(SettingError, match=r"changed between two batches of an evaluation: it "
+                       r"gave no 'aux', which it did"):  # fmt: skip
+        lightning().validate(lg, loader(20, 1, batch=16), verbose=False)  # 16 rows, then 4
+    (logged,) = lightning().validate(lg, loader(32, 1, batch=16), verbose=False)
+    assert logged["val_aux"] == pytest.approx(2 * logged["val_ce"], rel=1e-6)
