@@ -136,8 +136,8 @@ def restored_terms(saved: Any, steps: int) -> dict[str, list[float]]:
 def _wrong(value: Mapping[Any, Any]) -> str | None:
     """What is wrong with a loss function's dict, naming the entry and the fix; None: fine."""
     fix = "return {'loss': recon + 0.1 * kl, 'recon': recon, 'kl': kl}"
-    keys = ", ".join(map(repr, list(value)[:6])) + (", ..." if len(value) > 6 else "")
     if "loss" not in value:
+        keys = ", ".join(map(repr, list(value)[:6])) + (", ..." if len(value) > 6 else "")
         return (
             f"the loss function returned a {type(value).__qualname__} without a 'loss' entry "
             f"({keys}): a dict from loss= holds 'loss', the scalar trained on, and terms to "
@@ -159,9 +159,12 @@ def _wrong(value: Mapping[Any, Any]) -> str | None:
             )
         if k == "loss":
             continue
-        named = _badly_named(k)
-        if named is not None:
-            return named
+        if k not in _NAMED_WELL:  # (a name checked once: a loss gives the same every step)
+            named = _badly_named(k)
+            if named is not None:
+                return named
+            if len(_NAMED_WELL) < 1024:
+                _NAMED_WELL.add(k)
         if isinstance(v, torch.Tensor):
             if v.dim() != 0:
                 return (
@@ -175,6 +178,9 @@ def _wrong(value: Mapping[Any, Any]) -> str | None:
                 "a number; a term is a 0-d tensor or a real number, logged beside the loss"
             )
     return None
+
+
+_NAMED_WELL: set[str] = set()  # term names _badly_named found fine
 
 
 def _badly_named(k: str) -> str | None:
