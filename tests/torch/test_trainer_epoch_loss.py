@@ -133,29 +133,37 @@ def test_a_run_resumed_in_mid_epoch_reports_the_uninterrupted_runs_epochs(
         assert again.of(EpochEnd)[0].terms == told.of(EpochEnd)[1].terms
 
 
+def checkpointed(folder, watchers=(), resume=None) -> st.TrainResult:
+    """Two epochs of ``data()`` with ``two_terms``, checkpointed every 7 steps in ``folder``."""
+    return st.Trainer(
+        loss=two_terms,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=2,
+        checkpoint=st.Checkpointing(folder, every_steps=7),
+        watchers=list(watchers),
+        options=quiet(shuffle=False),
+    ).fit(make_graph(), data(), resume=resume)
+
+
+def resumed_without(folder, *keys: str) -> st.TrainResult:
+    """``checkpointed`` crashed in step 8, its checkpoint of step 7 written again without
+    ``keys`` (as an earlier somatize wrote it), then resumed to its end."""
+    from somatize.torch import integrity
+
+    with pytest.raises(Crash):
+        checkpointed(folder, [CrashAt(8)])
+    path = st.Checkpointing(folder).file(7)
+    payload = dict(st.load_checkpoint(path))
+    for key in keys:
+        del payload[key]
+    integrity.write_checkpoint(path, payload)
+    return checkpointed(folder, resume="last")
+
+
 def test_a_checkpoint_from_before_the_sums_were_kept_resumes_with_its_own_steps(tmp_path):
     """Written by an earlier somatize: the earlier epochs' means are not known, and the
     resumed epoch's is over the steps the resumed fit takes."""
-    from somatize.torch import integrity
-
-    ckpt = st.Checkpointing(tmp_path, every_steps=7)
-
-    def run(watchers=(), resume=None):
-        return st.Trainer(
-            loss=two_terms,
-            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
-            epochs=2,
-            checkpoint=ckpt,
-            watchers=list(watchers),
-            options=quiet(shuffle=False),
-        ).fit(make_graph(), data(), resume=resume)
-
-    with pytest.raises(Crash):
-        run([CrashAt(8)])
-    payload = dict(st.load_checkpoint(ckpt.file(7)))
-    del payload["epoch_loss"], payload["epoch_losses"]
-    integrity.write_checkpoint(ckpt.file(7), payload)
-    resumed = run(resume="last")
+    resumed = resumed_without(tmp_path, "epoch_loss", "epoch_losses")
     assert resumed.epochs == 2 and len(resumed.losses) == 10
     own = zip(resumed.losses[7:], SIZES[2:], strict=True)  # steps 8 to 10: batches 2 to 4
     assert resumed.epoch_losses == [sum(v * n for v, n in own) / sum(SIZES[2:])]

@@ -12,11 +12,16 @@ import torch
 
 import somatize.torch as st
 from somatize import Recorder
-from somatize.torch import integrity
 from somatize.torch.loss_terms import record_terms, restored_terms
 from somatize.watchers import EpochEnd, StepEnd
 from tests.torch.test_checkpoint_resume import Crash, CrashAt
-from tests.torch.test_trainer_epoch_loss import CrashingLoss, plain_epochs, two_terms
+from tests.torch.test_trainer_epoch_loss import (
+    CrashingLoss,
+    checkpointed,
+    plain_epochs,
+    resumed_without,
+    two_terms,
+)
 from tests.torch.test_trainer_loss_terms import data, plain_loop, vae_like
 from tests.torch.trainer_helpers import make_graph, quiet
 
@@ -143,27 +148,8 @@ def test_a_resumed_run_reports_the_uninterrupted_runs_terms(tmp_path, crash, non
 
 
 def test_a_checkpoint_from_before_the_history_was_kept_gives_nan_before_the_resume(tmp_path):
-    ckpt = st.Checkpointing(tmp_path, every_steps=7)
-
-    def run(watchers=(), resume=None):
-        return st.Trainer(
-            loss=two_terms,
-            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
-            epochs=2,
-            checkpoint=ckpt,
-            watchers=list(watchers),
-            options=quiet(shuffle=False),
-        ).fit(make_graph(), data(), resume=resume)
-
-    reference = run()
-    for f in tmp_path.iterdir():
-        f.unlink()
-    with pytest.raises(Crash):
-        run([CrashAt(8)])
-    payload = dict(st.load_checkpoint(ckpt.file(7)))
-    del payload["terms"], payload["epoch_terms"]  # as an earlier somatize wrote it
-    integrity.write_checkpoint(ckpt.file(7), payload)
-    resumed = run(resume="last")
+    reference = checkpointed(tmp_path / "ref")
+    resumed = resumed_without(tmp_path / "run", "terms", "epoch_terms")
     assert len(resumed.losses) == 10
     for name, values in resumed.terms.items():
         assert all(math.isnan(v) for v in values[:7]), name
