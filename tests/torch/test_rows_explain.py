@@ -3,7 +3,9 @@ and explain says which; a new input row is named as the input."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch.utils.data import DataLoader
 
 import somatize.torch as st
 from somatize import Graph, MemoryKeeper
@@ -80,3 +82,23 @@ def test_a_new_input_row_is_named_as_the_input():
     st.module(g)(data().tensors[0][:4])
     why = g.explain(data().tensors[0][2:6])["enc"]
     assert why.rows == (2, 2) and why.changed == ("input: 2 examples not seen before",)
+
+
+@pytest.mark.parametrize("spread", [False, True])
+def test_explain_given_a_dataloader_batch_whole_says_to_pass_the_inputs(spread: bool) -> None:
+    g = graph()
+    st.module(g)
+    batch = next(iter(DataLoader(data(), batch_size=4)))  # a list [inputs, targets]
+    with pytest.raises((AttributeError, TypeError)) as caught:  # (a list has no .shape)
+        g.explain(*batch) if spread else g.explain(batch)
+    notes = getattr(caught.value, "__notes__", [])
+    assert any("give it the model's inputs alone, g.explain(batch[0])" in n for n in notes)
+    assert g.explain(batch[0])["enc"].rows == (0, 4)  # the inputs alone: explained
+
+
+def test_explain_adds_no_batch_note_to_an_error_on_one_tensor() -> None:
+    g = graph()
+    st.module(g)
+    with pytest.raises(RuntimeError) as caught:  # a wrong width: torch's own error
+        g.explain(torch.randn(4, 5))
+    assert not any("DataLoader" in n for n in getattr(caught.value, "__notes__", []))
