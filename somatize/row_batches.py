@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from .errors import CacheError
 
-__all__ = ["Leaf", "RowCodec", "device_of", "one_per_example", "place", "versions"]
+__all__ = ["Leaf", "RowCodec", "device_of", "one_per_example", "place", "unbatched", "versions"]
 
 
 class RowCodec(Protocol):
@@ -134,6 +134,18 @@ def one_per_example(kind: str, leaves: list[Leaf], what: str) -> str:
         f"fields of one batch, each holding a row per example: {make} into one tensor, "
         "torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True) with a mask of the lengths "
         "beside it, or torch.stack them if they have one shape)"
+    )
+
+
+def unbatched(kind: str) -> str:
+    """The other likely cause of a node giving another number of rows than a lone tensor
+    had: one example passed without its batch dimension (``g.explain(x[0])``, an image of
+    3 channels read as 3 rows)."""
+    if kind != "leaf":
+        return ""
+    return (
+        "; or, if the input was one example without its batch dimension (its first "
+        "dimension is read as rows), give it one: x.unsqueeze(0)"
     )
 
 

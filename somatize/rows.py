@@ -43,6 +43,7 @@ from .row_batches import (
     device_of,
     one_per_example,
     place,
+    unbatched,
     versions,
 )
 from .row_entries import ROWS_VERSION, Layout, check_entry, encode_rows, is_current, layout_of
@@ -321,7 +322,7 @@ def remember(
             f"node {label!r} is cached per example but returned {m} row{'s' * (m != 1)} for "
             f"{len(computed)} input rows; per-example memory needs one output row per input "
             f"row{one_per_example(okind, oleaves, 'output') * (len(oleaves) == len(computed))}"
-            f" — cache it per batch instead: g.cache({label!r})"
+            f" — cache it per batch instead: g.cache({label!r}){unbatched(kind)}"
         )
     if hits and layout is not None:  # (checked before storing: such rows are not kept)
         check_fits(label, layout, okind, onames, oleaves)

@@ -350,3 +350,40 @@ def test_a_list_of_one_output_per_example_is_told_to_stack_them():
     message = str(e.value)
     assert "returned 5 rows for 3 input rows" in message
     assert "a list of 3 tensors, one per example?" in message and "torch.stack" in message
+
+
+class Conv(Node):
+    """A conv backbone; torch also takes one unbatched (channels, h, w) image."""
+
+    def __init__(self) -> None:
+        self.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten())
+
+    def forward(self, x, ctx):
+        return Done(Opaque(self.net(x)))
+
+
+def test_one_example_without_its_batch_dimension_is_told_to_add_it():
+    g = Graph.somatize(Conv().with_id("enc"))
+    g.freeze("enc").cache("enc", per="example")
+    st.module(g)
+    image = torch.randn(3, 6, 6)
+    with pytest.raises(CacheError) as e:
+        g.forward(image)  # its 3 channels read as rows: 4 rows out of conv2d + Flatten
+    message = str(e.value)
+    assert "returned 4 rows for 3 input rows" in message and "'enc'" in message
+    assert "one example without its batch dimension" in message and "x.unsqueeze(0)" in message
+    assert g.forward(image.unsqueeze(0)).shape == (1, 64)  # the fix it names works
+    both = Graph.somatize(Both().with_id("enc"))
+    both.freeze("enc").cache("enc", per="example")
+    st.module(both)
+    with pytest.raises(CacheError) as fields:  # a tuple batch: fields, not one example
+        both.forward((torch.randn(3, 2), torch.randn(3, 2)))
+    assert "returned 6 rows for 3 input rows" in str(fields.value)
+    assert "unsqueeze" not in str(fields.value)
+
+
+class Both(Node):
+    """Two fields' rows one after the other: twice the rows it was given."""
+
+    def forward(self, x, ctx):
+        return Done(torch.cat(x))
