@@ -303,15 +303,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, what a shell reports for a tool a pipe stopped
 
 
+_CACHE_ACTIONS = """actions:
+  stats    entries, bytes, pinned, names and packs (reads one listing, writes nothing)
+  ls       each entry's key, size on disk and name
+  verify   check every entry's checksum and decode it; remove the bad ones (exit 1 if any)
+  gc       remove the least recently used unpinned entries down to --max-bytes
+  explain  GRAPH INPUT (MODULE:ATTR each): g.explain(x), against --dir if the graph has
+           no keeper of its own; writes nothing"""
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="somatize", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    cache = sub.add_parser("cache", help="inspect or tend a DiskKeeper cache")
+    cache = sub.add_parser(
+        "cache",
+        help="inspect or tend a DiskKeeper cache",
+        epilog=_CACHE_ACTIONS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     cache.add_argument("action", choices=["stats", "verify", "gc", "ls", "explain"])
     cache.add_argument(  # (a default, or argparse calls the optional targets "required")
         "targets", nargs="*", default=[], help="for explain: GRAPH and INPUT as MODULE:ATTR"
     )
-    cache.add_argument("--dir", default=os.environ.get("SOMATIZE_CACHE", ".somatize-cache"))
+    cache.add_argument(
+        "--dir",
+        default=os.environ.get("SOMATIZE_CACHE", ".somatize-cache"),
+        help="the DiskKeeper directory (default: $SOMATIZE_CACHE, else .somatize-cache)",
+    )
     cache.add_argument(
         "--max-bytes",
         type=runs_cli.cache_byte_count,

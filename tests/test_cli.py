@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -378,3 +379,21 @@ def test_python_m_somatize_runs_the_command(subprocess_env: dict[str, str]) -> N
         timeout=120,
     )
     assert out.returncode == 2 and "needs --max-bytes N" in out.stderr
+
+
+def test_cache_help_says_what_each_action_does_and_where_dir_defaults_to(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["cache", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for action, says in [
+        ("stats", "entries, bytes, pinned"),
+        ("ls", "each entry's key, size on disk"),
+        ("verify", "check every entry's checksum"),
+        ("gc", "remove the least recently used"),
+        ("explain", "GRAPH INPUT"),
+    ]:
+        assert re.search(rf"^  {action} +{re.escape(says)}", out, re.M), action
+    assert "$SOMATIZE_CACHE" in out
