@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 from blake3 import blake3
 
 from .changes import code_parts, global_parts
-from .errors import add_note
 from .keepers.atomic import replace_with
 from .keepers.packs import NotRegular, open_regular
 from .node import Mapped, Run, graph_input
@@ -314,22 +313,8 @@ def explain_run(
     x_key = digest(x, g.codecs, "the graph input") if keyed else None
     looked: list[Any] = []
     view = ReadOnly(g.keeper)
-    try:
-        program.run_keyed(x, opaque, x_key, run, g.keys, view, (), explained=looked)
-    except (TypeError, ValueError, AttributeError, IndexError) as e:
-        if len(inputs) > 1 or (len(inputs) == 1 and isinstance(inputs[0], (list, tuple))):
-            add_note(e, _BATCH_NOTE)
-        raise
+    program.run_keyed(x, opaque, x_key, run, g.keys, view, (), explained=looked)
     return explain(g.keeper, looked, g.keys)
-
-
-# A node failing on a list or several inputs under explain is most often a DataLoader
-# batch passed whole: a fit splits off the targets (Trainer(split=...)), explain does not.
-_BATCH_NOTE = (
-    "g.explain runs the graph on what it is given, as g.forward does: if that was a "
-    "DataLoader batch (inputs, targets), give it the model's inputs alone, "
-    "g.explain(batch[0]) — a fit splits each batch (Trainer(split=...)), explain does not"
-)
 
 
 class ReadOnly:

@@ -36,7 +36,8 @@ _INPUT_ERRORS = (TypeError, ValueError, AttributeError, IndexError)
 
 def _came(inputs: Sequence[str], x: Any) -> str:
     """ "; its input x was ...": a tuple of a join's inputs, or of the graph's inputs at a
-    root (a node expecting one tensor, or another number of inputs, fails on it); "" else."""
+    root — several inputs, or a DataLoader batch (inputs, targets) passed whole, a list —
+    (a node expecting one tensor, or another number of inputs, fails on it); "" else."""
     if len(inputs) > 1:
         names = ", ".join(map(repr, inputs))
         parts = ", ".join("abcdefgh"[: len(inputs)]) if len(inputs) <= 8 else "..."
@@ -44,10 +45,13 @@ def _came(inputs: Sequence[str], x: Any) -> str:
             f"; its input x was one tuple of its {len(inputs)} inputs, from {names} in the "
             f"order their edges were added: unpack it, {parts} = x"
         )
-    if not inputs and type(x) is tuple:
+    if not inputs and type(x) in (tuple, list):
+        kind = type(x).__name__
         return (
-            f"; its input x was its graph's input, a tuple of {len(x)}: every root receives "
+            f"; its input x was its graph's input, a {kind} of {len(x)}: every root receives "
             "the whole input (several inputs, model(a, b), as one tuple): take its part, "
-            "x[0] or x[1]"
+            "x[0] or x[1], or start from Pick(k) — and if it is a DataLoader batch "
+            "(inputs, targets), give the graph its inputs alone, batch[0]: a fit splits "
+            "each batch (Trainer(split=...)), a call does not"
         )
     return ""

@@ -130,3 +130,16 @@ def test_an_error_that_is_not_about_the_input_keeps_the_plain_note() -> None:
     with pytest.raises(TypeError) as one:
         Graph.somatize(Inc() >> Inc().with_id("two")).forward("a")  # (one input: nothing to add)
     assert one.value.__notes__ == ["raised by node 'inc' (Inc)"]
+
+
+@pytest.mark.parametrize("path", ["hot", "keyed"])
+def test_a_root_given_a_list_is_told_a_batch_goes_in_as_its_inputs(path: str) -> None:
+    from somatize import Recorder
+
+    g = Graph.somatize(Inc(), watchers=[Recorder()] * (path == "keyed"))
+    with pytest.raises(TypeError) as info:
+        g.forward([1, 2])  # (a DataLoader batch [inputs, targets], given whole)
+    (note,) = info.value.__notes__
+    assert "its graph's input, a list of 2: every root receives the whole input" in note
+    assert "a DataLoader batch (inputs, targets), give the graph its inputs alone" in note
+    assert g.forward(1) == 2  # (its inputs alone: run)

@@ -206,3 +206,19 @@ def test_a_join_or_a_root_failing_on_what_it_received_is_told_what_that_was():
         towers(torch.ones(2, 4), torch.ones(2, 6))
     (note,) = e.value.__notes__
     assert "node 'linear' (Linear); its input x was its graph's input, a tuple of 2" in note
+
+
+def test_a_model_given_a_dataloader_batch_whole_is_told_to_take_its_inputs():
+    """model(batch) on a DataLoader's [inputs, targets] (a fit splits them, a call does not):
+    torch's own error, with a note saying to give the model the inputs alone."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = st.module(Graph.somatize(Linear(4, 3)))
+    data = TensorDataset(torch.ones(8, 4), torch.zeros(8, dtype=torch.long))
+    batch = next(iter(DataLoader(data, batch_size=4)))
+    with pytest.raises(TypeError) as e:
+        model(batch)
+    (note,) = e.value.__notes__
+    assert "node 'linear' (Linear); its input x was its graph's input, a list of 2" in note
+    assert "give the graph its inputs alone, batch[0]: a fit splits each batch" in note
+    assert model(batch[0]).shape == (4, 3)

@@ -92,7 +92,10 @@ def test_explain_given_a_dataloader_batch_whole_says_to_pass_the_inputs(spread: 
     with pytest.raises((AttributeError, TypeError)) as caught:  # (a list has no .shape)
         g.explain(*batch) if spread else g.explain(batch)
     notes = getattr(caught.value, "__notes__", [])
-    assert any("give it the model's inputs alone, g.explain(batch[0])" in n for n in notes)
+    assert any(
+        "a DataLoader batch (inputs, targets), give the graph its inputs alone, batch[0]" in n
+        for n in notes
+    )
     assert g.explain(batch[0])["enc"].rows == (0, 4)  # the inputs alone: explained
 
 
