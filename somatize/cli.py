@@ -334,7 +334,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "--max-bytes",
         type=runs_cli.cache_byte_count,
         default=None,
-        help="for gc: the size to shrink to",
+        help="for gc: the size to shrink to (bytes, or 500M, 2GB, 1.5GiB)",
     )
     graph = sub.add_parser("graph", help="draw a graph defined in a module")
     graph.add_argument("target", help="MODULE:ATTR naming a Graph, or a function returning one")

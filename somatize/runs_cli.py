@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -32,21 +33,33 @@ from .printable import printable
 __all__ = ["add_parser", "byte_count", "cache_byte_count", "command", "locate"]
 
 
+# (decimal, as the commands print sizes: 1.5 MB is 1,500,000 bytes; the binary units too)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9}
+_UNITS |= {"gb": 10**9, "t": 10**12, "tb": 10**12}
+_UNITS |= {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
 def byte_count(text: str, spared: str = "not pinned or running") -> int:
     """An argparse type: a size in bytes, 0 or more (``--max-bytes -5`` would empty the
-    store); ``spared``: what a gc to 0 leaves (for the message)."""
+    store), as a number or with a unit (``500M``, ``2GB``, ``1.5 GiB``: k, M, G, T are
+    powers of 1000, as the commands print sizes, KiB... powers of 1024); ``spared``: what a
+    gc to 0 leaves (for the message)."""
+    number = text.strip().rstrip("BbIiKkMmGgTt ")
+    unit = _UNITS.get(text.strip()[len(number) :].strip().lower())
     try:
-        n = int(text)
+        value = (int(number) if number.isdigit() else float(number)) if unit is not None else None
     except ValueError:
+        value = None
+    if value is None or unit is None or not math.isfinite(value):
         raise argparse.ArgumentTypeError(
-            f"not a number of bytes: {text!r}; write e.g. 1000000000"
-        ) from None
-    if n < 0:
+            f"not a number of bytes: {text!r}; write e.g. 1000000000, 500M, 2GB or 1.5GiB"
+        )
+    if value < 0:
         raise argparse.ArgumentTypeError(
             f"{text} is below 0: write the size to shrink to, 0 or more (0 removes everything "
             f"{spared})"
         )
-    return n
+    return int(value * unit)
 
 
 def cache_byte_count(text: str) -> int:
@@ -66,7 +79,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--keeper", help="the keeper's directory, when --dir is st.remember's dir=")
     p.add_argument("--older-than", help="for gc: forget runs unused this long (30m, 12h, 7d)")
-    p.add_argument("--max-bytes", type=byte_count, help="for gc: then shrink to this many bytes")
+    p.add_argument(
+        "--max-bytes",
+        type=byte_count,
+        help="for gc: then shrink to this size (bytes, or 500M, 2GB)",
+    )
 
 
 def _size(n: float) -> str:

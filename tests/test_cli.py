@@ -302,6 +302,47 @@ def test_gc_refuses_a_negative_max_bytes_and_removes_nothing(
     assert sorted(store.keys()) == before
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1000", 1000),
+        ("500M", 500 * 10**6),
+        ("2GB", 2 * 10**9),
+        ("1.5 GiB", 3 << 29),
+        ("64kib", 1 << 16),
+        ("1e3", 1000),
+        ("0", 0),
+        ("12345678901234567890", 12345678901234567890),
+    ],
+)
+def test_a_size_takes_a_unit_as_the_commands_print_sizes(text: str, expected: int) -> None:
+    from somatize.runs_cli import byte_count
+
+    assert byte_count(text) == expected
+
+
+@pytest.mark.parametrize("command", ["cache", "runs"])
+@pytest.mark.parametrize("text", ["1X", "M", "nan", "inf", "1.5.2G", ""])
+def test_a_size_that_is_none_says_how_to_write_one(
+    store: DiskKeeper, capsys: pytest.CaptureFixture[str], command: str, text: str
+) -> None:
+    before = sorted(store.keys())
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "gc", f"--max-bytes={text}", "--dir", str(store.path)])
+    assert exit_.value.code == 2
+    assert "write e.g. 1000000000, 500M, 2GB or 1.5GiB" in capsys.readouterr().err
+    assert sorted(store.keys()) == before
+
+
+def test_cache_gc_to_a_size_with_a_unit(
+    store: DiskKeeper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, _, _ = run(["cache", "gc", "--max-bytes", "1M", "--dir", str(store.path)], capsys)
+    assert rc == 0 and sorted(store.keys()) == sorted([k(1), k(2), k(3)])  # all under 1 MB
+    rc, _, _ = run(["cache", "gc", "--max-bytes", "0kB", "--dir", str(store.path)], capsys)
+    assert rc == 0 and list(store.keys()) == [k(2)]  # (the pinned one stays)
+
+
 def test_runs_gc_refuses_a_negative_age(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "remembered").mkdir()
     rc, _, err = run(["runs", "gc", "--older-than=-3d", "--dir", str(tmp_path)], capsys)
