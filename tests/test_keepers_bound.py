@@ -56,3 +56,20 @@ def test_the_bound_travels_with_the_keeper_to_a_worker(tmp_path):
 def test_a_bound_that_is_not_a_positive_int_is_refused_naming_it(tmp_path, bad):
     with pytest.raises(ValueError, match=r"DiskKeeper\(max_bytes=.*an int of 1 or more"):
         DiskKeeper(tmp_path, max_bytes=bad)
+
+
+def test_stats_count_what_the_bound_removed_loose_and_packed(tmp_path):
+    keeper = DiskKeeper(tmp_path, max_bytes=20_000)
+    assert (keeper.stats().evicted, keeper.stats().evicted_bytes) == (0, 0)
+    for i in range(60):  # loose entries, one at a time
+        keeper.put(*batch(i, n=1)[0])
+    for b in range(10):  # packs of ten
+        keeper.put_many(batch(1000 + 10 * b))
+    stats = keeper.stats()
+    written = 60 + 100
+    assert stats.evicted == written - stats.entries  # every entry gone was the bound's
+    assert stats.evicted_bytes >= stats.evicted * 1000  # (each entry's payload at least)
+    # counted per handle: one opened on the same store has removed nothing
+    assert DiskKeeper(tmp_path).stats().evicted == 0
+    keeper.gc(0)  # an explicit gc is what its caller asked for, not an eviction
+    assert keeper.stats().evicted == stats.evicted

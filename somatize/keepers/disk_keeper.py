@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +38,7 @@ from .packs import (
     build,
     open_regular,
 )
-from .protocol import (
-    KeeperStats,
-    as_bytes,
-    check_key,
-    check_name,
-    fail,
-    is_key,
-    is_name,
-    not_bytes,
-)
+from .protocol import KeeperStats, as_bytes, check_key, check_name, fail, is_key, is_name, not_bytes
 from .readcache import DEFAULT_READ_CACHE, PackCache
 from .verifying import Removed
 
@@ -80,7 +72,8 @@ class DiskKeeper:
             256 MiB; 0 turns it off). Packs this handle writes are kept too.
         max_bytes: keep the store near this size: a handle that writes runs
             ``gc(max_bytes)`` at its first write and after each eighth of it written, so the
-            least recently used unpinned entries go. None (default): it grows until a gc.
+            least recently used unpinned entries go (``stats().evicted`` counts them).
+            None (default): it grows until a gc.
 
     Raises:
         KeeperError: the layout cannot be created, or (``create=False``) ``path`` is
@@ -141,6 +134,8 @@ class DiskKeeper:
         self._cache = PackCache(read_cache)
         self._index.forget = self._cache.drop  # a pack the index drops leaves the cache
         self._folders: tuple[int, int, frozenset[str]] = (0, 0, frozenset())
+
+    max_bytes = property(lambda self: self._bound.max_bytes, doc="The bound (None: none).")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reopen, (self.path, self._cache.max_bytes, self._bound.max_bytes))
@@ -244,7 +239,7 @@ class DiskKeeper:
             raise fail("write cache entry", path, e) from e
         except TypeError as e:  # data is not bytes (asked only now: a put of bytes pays nothing)
             raise not_bytes(self, [(key, data)], e) from e
-        self._keep_bound(len(data))
+        self._bound.wrote(self._root, self._index, len(data))
 
     def put_many(self, items: Sequence[tuple[str, bytes]], *, pinned: bool = False) -> None:
         """Store a batch as pack files (one per 64 MiB), each written atomically.
@@ -273,11 +268,7 @@ class DiskKeeper:
                 self._write_pack(batch, pinned)
         except TypeError as e:  # a value is not bytes (asked only now)
             raise not_bytes(self, latest.items(), e, "put_many") from e
-        self._keep_bound(sum(len(d) for d in latest.values()))
-
-    def _keep_bound(self, written: int) -> None:
-        if self._bound.wrote(written):
-            self.gc(self._bound.max_bytes)  # type: ignore[arg-type]
+        self._bound.wrote(self._root, self._index, sum(len(d) for d in latest.values()))
 
     def _write_pack(self, items: Sequence[tuple[str, bytes]], pinned: bool) -> None:
         pack, chunks = build(items, FLAG_PINNED if pinned else 0)
@@ -353,8 +344,11 @@ class DiskKeeper:
         return listing.sizes(self._root, self._index)
 
     def stats(self) -> KeeperStats:
-        """Counts read from one listing: a stat per loose entry, a stat per pack."""
-        return listing.stats(self._root, self._index)
+        """Counts read from one listing: a stat per loose entry, a stat per pack; and
+        ``evicted``: what this handle's ``max_bytes`` removed since it was made."""
+        found = listing.stats(self._root, self._index)
+        bound = self._bound
+        return replace(found, evicted=bound.evicted, evicted_bytes=bound.evicted_bytes)
 
     def __repr__(self) -> str:
         return f"DiskKeeper({self._root!r})"
@@ -396,4 +390,4 @@ class DiskKeeper:
                 f"DiskKeeper.gc(max_bytes={max_bytes!r}): give the size to shrink to, an int "
                 "of 0 or more (0 removes every entry not pinned)"
             )
-        return upkeep.gc(self._root, self._index, max_bytes)
+        return upkeep.gc(self._root, self._index, max_bytes)[0]

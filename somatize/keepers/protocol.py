@@ -83,7 +83,8 @@ class KeeperStats:
         bytes: bytes held (on disk: file sizes, headers and indexes included).
         pinned: entries that ``gc`` keeps.
         names: names recorded.
-        evicted: entries a ``MemoryKeeper`` dropped to stay within its budget (or gc).
+        evicted: entries dropped to stay within ``max_bytes``: by a ``MemoryKeeper`` (or
+            its gc), or by a ``DiskKeeper(max_bytes=)`` handle's own gcs since it was made.
         evicted_bytes: the bytes of those entries.
         packs: pack files of a ``DiskKeeper`` (each holds many entries).
     """

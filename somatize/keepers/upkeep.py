@@ -67,18 +67,22 @@ class SizeBound:
                 "keeper.gc(n) or `somatize cache gc --max-bytes N`"
             )
         self.max_bytes = max_bytes
+        self.evicted = self.evicted_bytes = 0  # what this handle's own gcs removed
         self._every = max(max_bytes // 8, 1) if max_bytes is not None else 0
         self._written = self._every  # the first write checks the store as it was found
 
-    def wrote(self, size: int) -> bool:
-        """Count ``size`` bytes written; whether the store is due a gc now."""
+    def wrote(self, root: str, index: PackIndex, size: int) -> None:
+        """Count ``size`` bytes written to the store at ``root``; gc it when due, counting
+        what that removed (``DiskKeeper.stats().evicted``)."""
         if self.max_bytes is None:
-            return False
+            return
         self._written += size
         if self._written < self._every:
-            return False
+            return
         self._written = 0
-        return True
+        freed, entries = gc(root, index, self.max_bytes)
+        self.evicted += entries
+        self.evicted_bytes += freed
 
 
 def _write(index: PackIndex, items: list[tuple[str, bytes]], flags: int) -> int:
@@ -259,8 +263,9 @@ def _stale_temp(e: os.DirEntry[str], stale: float) -> int:
     return 0
 
 
-def gc(root: str, index: PackIndex, max_bytes: int) -> int:
-    """``DiskKeeper.gc``: one listing and one stat per file; no entry is opened.
+def gc(root: str, index: PackIndex, max_bytes: int) -> tuple[int, int]:
+    """``DiskKeeper.gc``: one listing and one stat per file; no entry is opened. Returns
+    the bytes freed and the entries removed.
 
     Where the store is over ``max_bytes``, what to remove is chosen under the exclusive
     lock from a second listing taken there: several processes' gcs at once (a sweep's
@@ -270,11 +275,12 @@ def gc(root: str, index: PackIndex, max_bytes: int) -> int:
     there is anything to do: a pin never waits for a gc that removes nothing.)"""
     freed, ranked = _ranked(root, index)
     if sum(size for _, size, _ in ranked) <= max_bytes:
-        return freed
+        return freed, 0
     with pins_locked(root, exclusive=True):  # no pin lands between reading and removing
         more, ranked = _ranked(root, index)  # as another process's gc, just done, left it
         over = sum(size for _, size, _ in ranked) - max_bytes
-        return freed + more + (_shrink(root, index, ranked, over) if over > 0 else 0)
+        shrunk, entries = _shrink(root, index, ranked, over) if over > 0 else (0, 0)
+        return freed + more + shrunk, entries
 
 
 def _ranked(root: str, index: PackIndex) -> tuple[int, list[tuple[float, int, str]]]:
@@ -310,13 +316,15 @@ def _ranked(root: str, index: PackIndex) -> tuple[int, list[tuple[float, int, st
     return freed, ranked
 
 
-def _shrink(root: str, index: PackIndex, ranked: list[tuple[float, int, str]], over: int) -> int:
+def _shrink(
+    root: str, index: PackIndex, ranked: list[tuple[float, int, str]], over: int
+) -> tuple[int, int]:
     """Remove the least recent unpinned entries and packs of ``ranked`` until ``over``
-    bytes are gone; the bytes freed."""
+    bytes are gone; the bytes freed and the entries removed."""
     pins: set[str] = set()
     with contextlib.suppress(FileNotFoundError), os.scandir(f"{root}/pins") as it:
         pins = {e.name for e in it if e.name[0] != "."}
-    freed = 0
+    freed = entries = 0
     for _, size, path in sorted(ranked):
         if freed >= over:
             break
@@ -324,6 +332,7 @@ def _shrink(root: str, index: PackIndex, ranked: list[tuple[float, int, str]], o
         if not name.endswith(".pack"):
             if name in pins or not _remove(path):
                 continue
+            entries += 1
         else:
             pack = index.packs.get(name)
             if pack is None or pack.pinned:
@@ -335,5 +344,6 @@ def _shrink(root: str, index: PackIndex, ranked: list[tuple[float, int, str]], o
                 index.drop([name])
                 continue
             index.drop([name])
+            entries += len(pack.keys) - len(keep)
         freed += size
-    return freed
+    return freed, entries

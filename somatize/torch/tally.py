@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..keepers import DiskKeeper, MemoryKeeper
 from ..stack import outside
 from ..watchers import CacheHit, CacheMiss, CacheRows, Event
 from .module import GraphModule
@@ -161,16 +162,21 @@ _PADDED = 0.9
 
 
 def _evicted(keepers: list[tuple[Any, int]]) -> str:
-    """The known cause first, when there is one: a MemoryKeeper evicted since the fit
-    began, being smaller than what an epoch stores."""
+    """The known cause first, when there is one: a MemoryKeeper (or a bounded DiskKeeper's
+    own gcs) evicted since the fit began, being smaller than what an epoch stores."""
     for keeper, before in keepers:
         stats = keeper.stats()
         if (n := stats.evicted - before) > 0:
+            bound = f"max_bytes={keeper.max_bytes:,}"
+            if isinstance(keeper, MemoryKeeper):
+                kind, fix = f"MemoryKeeper({bound})", "raise max_bytes, or use a DiskKeeper"
+            else:  # (a DiskKeeper whose own gcs keep it under max_bytes)
+                kind = f"DiskKeeper({str(keeper.path)!r}, {bound})"
+                fix = "raise max_bytes (or leave it out, and run somatize cache gc between runs)"
             return (
                 f"The keeper evicted {n:,} entries since this fit began: "
-                f"MemoryKeeper(max_bytes={keeper.max_bytes:,}) holds less than an epoch "
-                f"stores ({stats.bytes:,} bytes kept now) — raise max_bytes, or use a "
-                "DiskKeeper. "
+                f"{kind} holds less than an epoch "
+                f"stores ({stats.bytes:,} bytes kept now) — {fix}. "
             )
     return ""
 
@@ -294,14 +300,14 @@ def attach(net: Any, since: Mapping[str, Any] | None = None) -> CacheTally | Non
     graphs = _graphs(net)
     if not graphs:
         return None
-    from ..keepers import MemoryKeeper
-
     tally = CacheTally(since)
     for g in graphs:
         g.watchers.append(tally)
         if len(roots := g.topology.roots) > 1:  # (towers: each reading its part, perhaps)
             tally.roots.update(roots)
-        if isinstance(g.keeper, MemoryKeeper):
+        if isinstance(g.keeper, MemoryKeeper) or (
+            isinstance(g.keeper, DiskKeeper) and g.keeper.max_bytes is not None
+        ):
             tally.keepers.append((g.keeper, g.keeper.stats().evicted))
     return tally
 

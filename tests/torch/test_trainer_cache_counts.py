@@ -179,6 +179,20 @@ def test_a_keeper_too_small_for_an_epoch_shows_as_a_cold_epoch():
     assert "MemoryKeeper(max_bytes=4,096) holds less than an epoch stores" in str(caught[0].message)
 
 
+def test_a_bounded_disk_keeper_too_small_for_an_epoch_names_its_evictions(tmp_path):
+    from somatize import DiskKeeper
+
+    keeper = DiskKeeper(tmp_path / "cache", max_bytes=8192)
+    with pytest.warns(RuntimeWarning, match="the keeper dropped the entries") as caught:
+        result = fit(graph(keeper=keeper), loader(), epochs=2)
+    assert result.cache["enc"]["hits"] < N // 10
+    message = str(caught[0].message)
+    evicted = keeper.stats().evicted
+    assert evicted > 0 and message.startswith(f"The keeper evicted {evicted:,} entries since")
+    assert f"DiskKeeper('{tmp_path / 'cache'}', max_bytes=8,192) holds less than an " in message
+    assert "raise max_bytes (or leave it out, and run somatize cache gc" in message
+
+
 def test_warm_epochs_and_a_first_epoch_alone_do_not_warn():
     g = graph()
     with warnings.catch_warnings():
