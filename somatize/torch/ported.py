@@ -15,7 +15,7 @@ from typing import Any, TypeVar, cast
 from ..errors import add_note
 from ..not_a_module import Refused
 
-__all__ = ["LIGHTNING", "METHODS", "lightning_methods", "ported"]
+__all__ = ["ATTRIBUTES", "LIGHTNING", "METHODS", "lightning_methods", "ported"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,25 +80,46 @@ LIGHTNING: dict[str, dict[str, str]] = {
         "val_dataloaders": "fit(g, train, val=loader), or val={'a': loader_a, ...}",
         "datamodule": "fit(g, dm.train_dataloader(), val=dm.val_dataloader())",
     },
+    **{
+        call: {
+            "ckpt_path": "load the checkpoint into the graph first, "
+            'st.load_state(g, st.load_checkpoint(result.best_checkpoint)["model"]) for "best" '
+            f"(result.checkpoint for the last), then trainer.{call}(g, data)",
+            "dataloaders": f"trainer.{call}(g, loader) (the second argument)",
+            "datamodule": f"trainer.{call}(g, dm.{loader}_dataloader())",
+        }
+        for call, loader in (("evaluate", "test"), ("predict", "predict"))
+    },
 }
 #: Lightning's methods of a Trainer, and what to call here
 METHODS = {
     "validate": "trainer.evaluate(g, data)",
     "test": "trainer.evaluate(g, data)",
 }
+#: Lightning's attributes of a Trainer (read in ``configure_optimizers``, a callback), and
+#: what to read here
+ATTRIBUTES = {
+    "estimated_stepping_batches": "trainer.planned_steps(train), the optimizer steps fit "
+    "plans (e.g. OneCycleLR(opt, max_lr, total_steps=trainer.planned_steps(train)))",
+    "global_step": "result.steps of the TrainResult fit returns (a node reads ctx.step)",
+    "current_epoch": "result.epochs of the TrainResult fit returns",
+}
 _UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
 
 
 def lightning_methods(cls: type) -> type:
     """Class decorator: ``cls`` (the Trainer) answers Lightning's method names (``METHODS``,
-    ``trainer.validate``) with an ``AttributeError`` naming what to write instead."""
+    ``trainer.validate``) and attributes (``ATTRIBUTES``, ``trainer.global_step``) with an
+    ``AttributeError`` naming what to write instead."""
     for name, instead in METHODS.items():
         setattr(cls, name, Refused(f"{name!r} is Lightning's Trainer method; here: {instead}"))
+    for name, instead in ATTRIBUTES.items():
+        setattr(cls, name, Refused(f"{name!r} is Lightning's Trainer attribute; here: {instead}"))
     return cls
 
 
 def ported(owner: str) -> Callable[[F], F]:
-    """Decorate ``owner``'s ``__init__`` (or ``fit``): a Lightning keyword it does not take
+    """Decorate ``owner``'s ``__init__`` (or ``fit``, ``evaluate``, ``predict``): a Lightning keyword it does not take
     gets a note naming what to write instead."""
     names = LIGHTNING[owner]
 

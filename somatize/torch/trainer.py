@@ -65,7 +65,7 @@ __all__ = ["Options", "Trainer"]
 Loss = Callable[..., Any]  # a scalar tensor, or a dict {"loss": scalar, "<term>": value...}
 
 
-@lightning_methods  # trainer.validate(...): the AttributeError names trainer.evaluate
+@lightning_methods  # trainer.validate, .global_step: the AttributeError names what to use
 class Trainer:
     """One training run of a graph (or of the module ``module(g)``, or any ``nn.Module``).
 
@@ -369,6 +369,7 @@ class Trainer:
 
     # -- evaluation ---------------------------------------------------------------------
 
+    @ported("evaluate")
     def evaluate(self, model: Graph | nn.Module, data: Iterable[Any]) -> dict[str, float]:
         """The loss and metrics of ``model`` on ``data``, averaged over examples (under
         ``Options(smoke=N)``, of its first N batches), computed on ``Options(device)`` as
@@ -380,6 +381,7 @@ class Trainer:
         """
         return inference.evaluate(self, model, data)
 
+    @ported("predict")
     def predict(self, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
         """The model's output for each batch of ``data``, in order, in eval mode, without grad.
 

@@ -10,7 +10,7 @@ import torch
 from torch.nn import functional as F
 
 import somatize.torch as st
-from somatize.torch.ported import LIGHTNING, METHODS
+from somatize.torch.ported import ATTRIBUTES, LIGHTNING, METHODS
 
 from .trainer_helpers import batches, make_graph
 
@@ -77,7 +77,7 @@ def test_a_keyword_that_is_ours_is_not_explained_and_every_row_names_an_owner():
     with pytest.raises(TypeError) as e:
         st.Trainer(optimizer=sgd, epochz=3)
     assert notes(e) == "did you mean 'epochs'?"  # (a misspelling: no Lightning note)
-    assert set(LIGHTNING) == {"Trainer", "Options", "Checkpointing", "fit"}
+    assert set(LIGHTNING) == {"Trainer", "Options", "Checkpointing", "fit", "evaluate", "predict"}
 
 
 @pytest.mark.parametrize(
@@ -103,3 +103,41 @@ def test_a_misspelt_fit_keyword_gets_the_closest_and_a_far_one_nothing():
     with pytest.raises(TypeError) as e:
         st.Trainer(optimizer=sgd, zzzzzz=1)
     assert notes(e) == ""
+
+
+def test_lightning_attributes_of_a_trainer_say_what_to_read():
+    # before: "'Trainer' object has no attribute 'estimated_stepping_batches'", no fix named
+    t = st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=st.Options(progress=False))
+    said = {
+        "estimated_stepping_batches": r"trainer.planned_steps\(train\)",
+        "global_step": r"result.steps",
+        "current_epoch": r"result.epochs",
+    }
+    assert set(said) == set(ATTRIBUTES)
+    for name, fix in said.items():
+        with pytest.raises(
+            AttributeError, match=rf"^'{name}' is Lightning's Trainer attribute; here: {fix}"
+        ):
+            getattr(t, name)
+        assert not hasattr(st.Trainer, name)
+    assert t.planned_steps(batches(3)) == 3  # the method the note names
+
+
+@pytest.mark.parametrize("call", ["evaluate", "predict"])
+def test_evaluate_and_predict_say_how_to_load_a_checkpoint_for_ckpt_path(call):
+    # before: a TypeError without a note; Lightning's test(ckpt_path="best") has no keyword here
+    t = st.Trainer(loss=F.cross_entropy, options=st.Options(progress=False))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'ckpt_path'") as e:
+        getattr(t, call)(make_graph(), batches(2), ckpt_path="best")
+    assert re.search(
+        rf"ckpt_path is Lightning's; here: .*st.load_state\(g, st.load_checkpoint\("
+        rf"result.best_checkpoint\)\[\"model\"\]\).*then trainer.{call}\(g, data\)$",
+        notes(e),
+    ), notes(e)
+    with pytest.raises(TypeError) as e:
+        getattr(t, call)(make_graph(), dataloaders=batches(2))
+    assert (
+        notes(e)
+        == f"dataloaders is Lightning's; here: trainer.{call}(g, loader) (the second argument)"
+    )
+    assert len(getattr(t, call)(make_graph(), batches(2))) >= 1  # the call itself is unchanged
