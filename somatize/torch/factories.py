@@ -17,6 +17,14 @@ def check_optimizer(opt: Any, params: list[Any]) -> None:
     """What the optimizer factory made: an optimizer over the model's trainable parameters."""
     import torch
 
+    if isinstance(opt, dict) and "optimizer" in opt:
+        raise SettingError(
+            "the optimizer factory returned Lightning's configure_optimizers dict (keys "
+            f"{', '.join(map(repr, opt))}), not a torch optimizer; here optimizer= returns the "
+            "optimizer alone, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3), and "
+            "scheduler= is a factory of its own over it, scheduler=lambda opt: "
+            "torch.optim.lr_scheduler.OneCycleLR(opt, max_lr, total_steps=trainer.planned_steps(train))"
+        )
     if not isinstance(opt, torch.optim.Optimizer):
         several = (
             " (one optimizer a run: for another learning rate or weight decay on a part, "
@@ -73,6 +81,8 @@ def check_scheduler(sched: Any, options: Any) -> None:
             "an LR scheduler: the Trainer would step it twice a step; return a scheduler "
             f"built over it, e.g. {example}, or pass no scheduler"
         )
+    if isinstance(sched, dict) and "scheduler" in sched:
+        raise SettingError(_lightning_dict(sched))
     if sched is None or not callable(getattr(sched, "step", None)):
         raise SettingError(
             f"the scheduler factory returned {sched!r}, not an LR scheduler; it must return "
@@ -89,3 +99,38 @@ def check_scheduler(sched: Any, options: Any) -> None:
                 f"ReduceLROnPlateau(opt, mode={mode!r}) (or set Options(mode=...) to the "
                 "way the monitored metric improves)"
             )
+
+
+def _lightning_dict(config: dict[Any, Any]) -> str:
+    """What to write for Lightning's ``lr_scheduler`` dict returned by the factory: the
+    scheduler itself, and its ``interval`` and ``monitor`` as ``Options``."""
+    import torch
+
+    inner = config["scheduler"]
+    name = type(inner).__qualname__
+    plateau = isinstance(inner, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    options = []
+    # Lightning's default interval is "epoch"; a plateau is stepped after each evaluation
+    if config.get("interval", "epoch") == "epoch" and not plateau:
+        options.append('scheduler_every="epoch"')
+    if "monitor" in config:
+        options.append(f"monitor={config['monitor']!r}")
+    said = (
+        f" with options=st.Options({', '.join(options)})"
+        if options
+        else " (stepped after each evaluation, by Options(monitor=))"
+        if plateau
+        else ' (stepped after every optimizer step, the default: Options(scheduler_every="step"))'
+    )
+    rest = sorted(set(config) - {"scheduler", "interval", "monitor", "name", "strict"}, key=str)
+    unsupported = (
+        f"; {', '.join(map(repr, rest))} has no counterpart here (one scheduler, stepped once "
+        "an optimizer step or an epoch)"
+        if rest
+        else ""
+    )
+    return (
+        f"the scheduler factory returned Lightning's lr_scheduler dict (keys "
+        f"{', '.join(map(repr, config))}), not an LR scheduler; here it returns the "
+        f"scheduler itself, scheduler=lambda opt: {name}(opt, ...){said}{unsupported}"
+    )

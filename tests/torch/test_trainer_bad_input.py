@@ -168,6 +168,42 @@ def test_cuda_without_cuda_says_so():
             {"optimizer": lambda ps: torch.optim.LBFGS(ps)},
             r"LBFGS needs a closure at every step.*Lightning.*opt.step\(closure\)",
         ),
+        (  # before: "returned {'scheduler': ..., 'interval': 'step'}, not an LR scheduler"
+            {
+                "optimizer": sgd,
+                "scheduler": lambda opt: {
+                    "scheduler": torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=9),
+                    "interval": "step",
+                },
+            },
+            r"Lightning's lr_scheduler dict \(keys 'scheduler', 'interval'\).*"
+            r"scheduler=lambda opt: OneCycleLR\(opt, \.\.\.\) \(stepped after every optimizer "
+            r"step, the default",
+        ),
+        (  # Lightning's default interval is "epoch": say scheduler_every="epoch"
+            {
+                "optimizer": sgd,
+                "scheduler": lambda opt: {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 2)},
+            },
+            r"StepLR\(opt, \.\.\.\) with options=st.Options\(scheduler_every=\"epoch\"\)$",
+        ),
+        (
+            {
+                "optimizer": sgd,
+                "scheduler": lambda opt: {
+                    "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt),
+                    "monitor": "val_acc",
+                    "frequency": 2,
+                },
+            },
+            r"ReduceLROnPlateau\(opt, \.\.\.\) with options=st.Options\(monitor='val_acc'\); "
+            r"'frequency' has no counterpart",
+        ),
+        (  # before: "returned dict, not a torch optimizer ... own parameter group"
+            {"optimizer": lambda ps: {"optimizer": sgd(ps), "lr_scheduler": None}},
+            r"Lightning's configure_optimizers dict \(keys 'optimizer', 'lr_scheduler'\).*"
+            r"scheduler= is a factory of its own",
+        ),
     ],
 )
 def test_bad_factories_are_refused_before_training(kwargs, match):
