@@ -23,7 +23,7 @@ def check_optimizer(opt: Any, params: list[Any]) -> None:
             f"{', '.join(map(repr, opt))}), not a torch optimizer; here optimizer= returns the "
             "optimizer alone, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3), and "
             "scheduler= is a factory of its own over it, scheduler=lambda opt: "
-            "torch.optim.lr_scheduler.OneCycleLR(opt, max_lr, total_steps=trainer.planned_steps(train))"
+            "torch.optim.lr_scheduler.OneCycleLR(opt, max_lr, total_steps=...)"
         )
     if not isinstance(opt, torch.optim.Optimizer):
         several = (

@@ -256,7 +256,11 @@ class LightningGraph(L.LightningModule):
         wanted = self.hparams.get("lr")  # set since by Lightning's lr_find (update_attr)
         changed = wanted is not None and wanted != self._factory_lr
         config, names = configured(
-            self.graph, self._optimizer, self._scheduler, wanted if changed else None
+            self.graph,
+            self._optimizer,
+            self._scheduler,
+            wanted if changed else None,
+            epochs=getattr(self._trainer, "max_epochs", None),  # (None: no trainer)
         )
         # named from the objects the run uses: in every checkpoint (hparams) and, as Lightning
         # logs them after configuring, in every logger (which logs hparams_initial)

@@ -7,12 +7,14 @@ Used by ``somatize.torch.lightning``; needs the ``lightning`` extra there.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ..graph import Graph
+from ..stack import outside
 from .factories import check_optimizer
 from .module_reads import parameters
 from .settings import check_loss, check_measured, check_metrics
@@ -120,12 +122,15 @@ def _named(opt: Any) -> dict[str, Any]:
 
 
 def configured(
-    g: Graph, optimizer: Any, scheduler: Any, lr: float | None = None
+    g: Graph, optimizer: Any, scheduler: Any, lr: float | None = None, epochs: int | None = None
 ) -> tuple[Any, dict[str, Any]]:
     """What ``configure_optimizers`` returns — the optimizer, and the scheduler's config: a
     plain scheduler once per epoch, as Lightning steps one (a ``ReduceLROnPlateau`` on
     ``val_loss``); a dict the factory returned, as it is — and the hyper-parameters that
     name them (``optimizer_name``, ``lr`` before any scheduler, ``scheduler_name``).
+    A plain ``CosineAnnealingLR`` built for more steps than the run's ``epochs`` warns: sized
+    in optimizer steps, as under ``st.Trainer``, once an epoch it would stop early in its
+    schedule (a plain ``OneCycleLR`` Lightning warns of itself).
 
     Raises:
         ValueError: nothing to train.
@@ -153,6 +158,33 @@ def configured(
         config = {"scheduler": sched, "interval": "epoch"}
         if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
             config["monitor"] = "val_loss"
+        _warn_if_sized_in_steps(sched, epochs)
     scheduled = config.get("scheduler")
     names["scheduler_name"] = type(scheduled).__qualname__ if scheduled is not None else None
     return {"optimizer": opt, "lr_scheduler": config}, names
+
+
+def _warn_if_sized_in_steps(sched: Any, epochs: int | None) -> None:
+    """A plain scheduler is stepped once an epoch; a cosine whose ``T_max`` is longer than
+    the run's epochs (``trainer.estimated_stepping_batches``, as ``st.Trainer``, which
+    steps a plain scheduler every optimizer step, takes it) would end the run early in its
+    decay, without a word. (Lightning warns of a ``OneCycleLR`` stepped once an epoch.)"""
+    from .horizon import parts
+
+    if not epochs or epochs < 1:  # (max_epochs=-1 or None: a run of max_steps)
+        return
+    lr = torch.optim.lr_scheduler
+    for part in parts(sched):
+        ends = part.start + part.built
+        if isinstance(part.sched, lr.CosineAnnealingLR) and ends > epochs:
+            warnings.warn(
+                f"{part.where}'s {part.key}={part.built} is longer than the run: returned "
+                "as it is, LightningGraph steps it once an epoch (Lightning's default for a "
+                f"plain scheduler), {epochs} times in max_epochs={epochs}, so its rate stops "
+                "early in its schedule. To step it every optimizer step (as st.Trainer "
+                'does), return {"scheduler": sched, "interval": "step"}; or size it in '
+                f"epochs ({part.key}={epochs})",
+                UserWarning,
+                stacklevel=outside(),  # the user's trainer.fit(...) line
+            )
+            return

@@ -131,3 +131,63 @@ def test_an_optimizer_or_scheduler_that_is_no_factory_is_named_with_its_type():
         LightningGraph(g, loss=nn.functional.cross_entropy, optimizer=42)
     with pytest.raises(TypeError, match=r"scheduler must be a factory .*, not str; e\.g\."):
         LightningGraph(g, loss=nn.functional.cross_entropy, scheduler="cosine")
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (
+            lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=8),
+            r"the CosineAnnealingLR's T_max=8 is longer than the run: .* once an epoch .* 2 "
+            r"times in max_epochs=2, .* return \{\"scheduler\": sched, \"interval\": \"step\"\}; "
+            r"or size it in epochs \(T_max=2\)$",
+        ),
+        (  # composed: the SequentialLR's last part runs from its milestone (1 + 8 > 2)
+            lambda opt: torch.optim.lr_scheduler.SequentialLR(
+                opt,
+                [
+                    torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=1),
+                    torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=8),
+                ],
+                milestones=[1],
+            ),
+            r"the SequentialLR's CosineAnnealingLR's T_max=8 is longer than the run",
+        ),
+    ],
+)
+def test_a_plain_scheduler_sized_in_steps_warns_that_it_is_stepped_once_an_epoch(make, said):
+    # before: silent, the cosine stepped twice of its 8 (its rate barely decayed)
+    lg = LightningGraph(
+        Graph.somatize(Lin()),
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        scheduler=make,
+    )
+    trainer = _trainer()
+    with pytest.warns(UserWarning, match=said) as caught:
+        trainer.fit(lg, _loader())
+    assert [w.filename for w in caught if "longer than the run" in str(w.message)] == [__file__]
+    assert trainer.lr_scheduler_configs[0].interval == "epoch"  # stepped as Lightning steps it
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=2),  # sized in epochs
+        lambda opt: torch.optim.lr_scheduler.StepLR(opt, 5),  # no length to compare
+        lambda opt: torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=8),  # a warm-up
+        lambda opt: {  # stepped every step: sized in steps as it should be
+            "scheduler": torch.optim.lr_scheduler.OneCycleLR(opt, 0.5, total_steps=8),
+            "interval": "step",
+        },
+    ],
+)
+def test_a_scheduler_that_fits_its_interval_does_not_warn(make):
+    lg = LightningGraph(
+        Graph.somatize(Lin()),
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        scheduler=make,
+    )
+    _trainer().fit(lg, _loader())  # (filterwarnings=error: a warning fails the test)
+    assert len(lg.losses) == 8
