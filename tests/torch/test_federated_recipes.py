@@ -67,7 +67,7 @@ def test_the_strategies_recipe_logs_one_tensorboard_run_per_strategy(tmp_path, c
 
     finals = {}
     for name in names:
-        acc = EventAccumulator(str(tmp_path / name))
+        acc = EventAccumulator(str(tmp_path / name / "seed0"))
         acc.Reload()
         logged = [e.value for e in acc.Scalars("test/acc")]
         assert len(logged) == 4 and len(acc.Scalars("train/loss")) == 4
@@ -75,6 +75,40 @@ def test_the_strategies_recipe_logs_one_tensorboard_run_per_strategy(tmp_path, c
         assert logged[-1] == pytest.approx(finals[name], abs=5e-4)  # the table's final accuracy
     assert max(finals.values()) > 0.2  # above chance (0.1) after four rounds of ten clients
     assert len(set(finals.values())) > 1  # the strategies differ
+
+
+def test_the_strategies_recipe_compares_strategies_over_seeds_paired(tmp_path, capsys):
+    names = ["fedavg", "fedadam"]
+    argv = ["--rounds", "2", "--only", *names, "--seeds", "2", "--logdir", str(tmp_path)]
+    assert strategies.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.split("strategy")[-1].splitlines()[1:]}
+    assert list(rows) == names and "Δ final vs fedavg, paired" in out
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def curve(name: str, run: str) -> list[float]:
+        acc = EventAccumulator(str(tmp_path / name / run))
+        acc.Reload()
+        return [e.value for e in acc.Scalars("test/acc")]
+
+    finals = {n: [curve(n, f"seed{s}")[-1] for s in (0, 1)] for n in names}
+    assert finals["fedavg"][0] != finals["fedavg"][1]  # each seed a replicate of its own
+    for n in names:  # the mean over seeds, per round, logged beside them
+        means = [sum(v) / 2 for v in zip(curve(n, "seed0"), curve(n, "seed1"))]
+        assert curve(n, "mean") == pytest.approx(means, abs=1e-6)
+        mean = sum(finals[n]) / 2
+        assert rows[n].split()[1] == f"{mean:.3f}"  # the table's mean of the final accuracies
+    # the paired column: fedadam minus fedavg on the same seed, averaged over the seeds
+    diffs = [a - b for a, b in zip(finals["fedadam"], finals["fedavg"])]
+    assert f"{sum(diffs) / 2:+.3f} ± " in rows["fedadam"]
+    assert f"(ahead on {sum(d > 0 for d in diffs)}/2)" in rows["fedadam"]
+
+
+def test_the_strategies_recipe_starts_each_seed_from_its_own_initial_weights():
+    a, b = strategies.make_graph(0), strategies.make_graph(1)
+    sa, sb = st.state(a), st.state(b)
+    assert not torch.equal(sa["dense.lin.weight"], sb["dense.lin.weight"])
+    assert all(torch.equal(sa[k], st.state(strategies.make_graph(0))[k]) for k in sa)
 
 
 def test_fedbn_keeps_each_clients_batchnorm_and_beats_fedavg_under_feature_shift():
