@@ -90,3 +90,66 @@ def test_the_campaign_recipe_remembers_its_seeds_on_the_pool(tmp_path):
     again = train(1, 3, str(tmp_path))  # what the workers trained, the parent recalls
     assert again.recalled and again.key == results[1].key
     assert st.Checkpointing(Path(again.checkpoint).parent).last() is not None  # under its key
+
+
+def client(global_state: dict[str, torch.Tensor], task: tuple[torch.Tensor, torch.Tensor, int]):
+    """A federated client as ``fl.map_clients`` calls it: ``fn(shared, task)``."""
+    x, y, seed = task
+    torch.manual_seed(0)
+    g = Graph.somatize(Linear())
+    st.load_state(g, global_state)
+    trainer = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        epochs=1,
+        seed=seed,
+        checkpoint=st.run_checkpointing(),
+        options=st.Options(progress=False),
+    )
+    return trainer.fit(g, list(zip(x.split(4), y.split(4))), resume="last")
+
+
+def federate(fn, pool, server=None, rounds=2):
+    """Three clients a round; FedAvg, or ``server.step`` on FedAvg's aggregate."""
+    from somatize.torch import federated as fl
+
+    gen = torch.Generator().manual_seed(3)
+    data = [
+        (torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen))
+        for _ in range(3)
+    ]
+    torch.manual_seed(0)
+    state, recalled = st.state(Graph.somatize(Linear())), []
+    for r in range(rounds):
+        tasks = [(x, y, 100 * r + c) for c, (x, y) in enumerate(data)]
+        results = fl.map_clients(pool, fn, tasks, shared=state)
+        recalled.append(sum(getattr(res, "recalled", False) for res in results))
+        agg = st.fedavg(results)
+        state = server.step(state, agg) if server else dict(agg)
+    return state, recalled
+
+
+@pytest.mark.slow
+def test_a_remembered_client_on_map_clients_is_recalled_on_the_pool_and_in_series(tmp_path):
+    """docs/federated.md, resuming on a pool: the keys are the same on the pool and here,
+    the rerun recalls every client, and a strategy whose first round asks the same
+    clients the same thing (FedAdam's round 1 is FedAvg's) recalls that round."""
+    from somatize.torch import federated as fl
+
+    remembered = st.remember(client, keeper=DiskKeeper(tmp_path / "runs"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the pool's workers run
+    try:
+        plain, _ = federate(client, None)
+        with st.executor(workers=2) as pool:
+            first, computed = federate(remembered, pool)
+            rerun, recalled = federate(remembered, pool)
+        serial, recalled_here = federate(remembered, None)
+        adam, adam_recalled = federate(remembered, None, server=fl.FedAdam(lr=1e-2))
+    finally:
+        torch.set_num_threads(before)
+    assert computed == [0, 0] and recalled == [3, 3] and recalled_here == [3, 3]
+    for state in (first, rerun, serial):
+        assert all(torch.equal(state[k], plain[k]) for k in plain)
+    assert adam_recalled == [3, 0]  # round 1 is FedAvg's; FedAdam's global state differs after
+    assert not all(torch.equal(adam[k], plain[k]) for k in plain)
