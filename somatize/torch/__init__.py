@@ -19,7 +19,7 @@ from .campaign import Summary, executor, summarize
 from .carry import Carry
 from .checkpoint import Checkpointing, load_checkpoint
 from .codecs import NdarrayCodec, TensorCodec
-from .compare import Comparison, compare
+from .compare import Comparison, Difference, compare
 from .csvlog import CSVLog
 from .federated import Aggregate, fedavg, fedmedian, trimmed_mean
 from .lr_find import LRFind
@@ -41,6 +41,7 @@ __all__ = [
     "Carry",
     "Checkpointing",
     "Comparison",
+    "Difference",
     "GraphModule",
     "LRFind",
     "ModelSummary",

@@ -7,20 +7,45 @@ A sweep is a dict of configuration -> its runs (one per seed), made by plain Pyt
 
 Each configuration is a ``summarize`` of its runs; the best configuration is the one
 with the best mean (not the one with the single best run, which a lucky seed decides).
+Beside each mean, the difference from the best with its standard error — over the runs
+as independent samples, or, with ``paired=True`` where every configuration ran the same
+seeds in the same order, over each seed's difference (the seed's luck cancels) — and a
+line saying when the best is not told apart from the runner-up (within 2 standard errors).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..stack import outside
 from .campaign import Summary, summarize
 from .options import improves
 
-__all__ = ["Comparison", "compare"]
+__all__ = ["Comparison", "Difference", "compare"]
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A configuration's metric minus the best configuration's.
+
+    Attributes:
+        mean: the difference of the means (paired: the mean of each seed's difference).
+        se: its standard error — paired, the standard deviation of the seeds' differences
+            over √n; else √(s²/n + s_best²/n_best) — NaN with too few runs to tell.
+        n: the runs (paired: the seeds) it is over.
+        ahead: paired, the seeds on which this configuration did better than the best;
+            None unpaired.
+    """
+
+    mean: float
+    se: float
+    n: int
+    ahead: int | None = None
 
 
 @dataclass(frozen=True)
@@ -32,12 +57,24 @@ class Comparison:
         summaries: configuration -> the ``Summary`` of its runs, in the order given.
         best: the configuration with the best mean (by ``mode``).
         mode: ``"min"`` or ``"max"`` — which way is better.
+        vs_best: configuration -> its ``Difference`` from the best (the best's own: 0).
+        paired: whether the differences are over seeds, run for run (``paired=True``).
     """
 
     metric: str
     summaries: Mapping[Hashable, Summary]
     best: Hashable
     mode: str
+    vs_best: Mapping[Hashable, Difference] = field(default_factory=dict)
+    paired: bool = False
+
+    def distinct(self, config: Hashable) -> bool | None:
+        """Whether ``config`` differs from the best by more than 2 standard errors (None:
+        too few runs to tell)."""
+        d = self.vs_best[config]
+        if math.isnan(d.se):
+            return None
+        return abs(d.mean) > 2 * d.se
 
     def ranked(self) -> list[Hashable]:
         """The configurations, best mean first."""
@@ -48,14 +85,34 @@ class Comparison:
     def __str__(self) -> str:
         names = {c: _label(c) for c in self.summaries}
         width = max(len("config"), *(len(n) for n in names.values()))
-        rows = [f"{'config':<{width}}  {self.metric} (mean ± std over runs)"]
+        how = "paired over seeds" if self.paired else "± its standard error"
+        rows = [f"{'config':<{width}}  {self.metric} (mean ± std over runs)  Δ vs best ({how})"]
         for c in self.ranked():
-            s = self.summaries[c]
-            mark = "  <- best" if c == self.best else ""
+            s, d = self.summaries[c], self.vs_best.get(c)
+            if c == self.best or d is None:
+                delta = "<- best" if c == self.best else ""
+            else:
+                delta = f"{d.mean:+.4f}" + ("" if math.isnan(d.se) else f" ± {d.se:.4f}")
+                delta += f" (better on {d.ahead}/{d.n} seeds)" if d.ahead is not None else ""
             rows.append(
                 f"{names[c]:<{width}}  {s.mean:.4f} ± {s.std:.4f}  (n={s.n}, "
-                f"min {s.min:.4f}, max {s.max:.4f}){mark}"
+                f"min {s.min:.4f}, max {s.max:.4f})  {delta}".rstrip()
             )
+        ranked = self.ranked()
+        if len(ranked) > 1 and self.vs_best:
+            runner = ranked[1] if ranked[0] == self.best else ranked[0]
+            told = self.distinct(runner)
+            if told is None:
+                rows.append(
+                    f"(too few runs to tell {names[self.best]} from {names[runner]}: "
+                    "a standard error needs two runs each, or two paired seeds)"
+                )
+            elif not told:
+                more = "" if self.paired else ", or paired=True where the runs share seeds"
+                rows.append(
+                    f"({names[self.best]} is best by its mean, but {names[runner]} is within 2 "
+                    f"standard errors of it: these runs do not tell them apart — more seeds{more})"
+                )
         return "\n".join(rows)
 
 
@@ -65,8 +122,10 @@ def compare(
     *,
     mode: Literal["min", "max"] | None = None,
     nan: Literal["raise", "omit"] = "raise",
+    paired: bool = False,
 ) -> Comparison:
-    """Each configuration's runs summarised (``summarize``), and the best configuration.
+    """Each configuration's runs summarised (``summarize``), the best configuration, and
+    each one's difference from the best with its standard error.
 
     Args:
         runs: configuration (any hashable: a number, a string, a tuple, a frozen
@@ -75,11 +134,15 @@ def compare(
         metric: e.g. ``"val_acc"``.
         mode: which way is better; by default what the name says (as ``summarize``).
         nan: as ``summarize``: a diverged run raises, or ``"omit"`` leaves it out.
+        paired: every configuration ran the same seeds, in the same order: the differences
+            are taken seed by seed (a seed that favours every configuration cancels),
+            with the seeds each did better on. Else the runs are independent samples.
 
     Raises:
         TypeError: ``runs`` is not a mapping of configuration to runs.
-        ValueError: no configurations, or a configuration without runs (naming it); and
-            what ``summarize`` raises, naming the configuration.
+        ValueError: no configurations, or a configuration without runs (naming it); with
+            ``paired=True``, configurations with different numbers of runs (naming them);
+            and what ``summarize`` raises, naming the configuration.
 
     Example:
         >>> c = compare({"lr=0.1": [0.90, 0.92], "lr=0.01": [0.95, 0.93]}, "val_acc")
@@ -123,9 +186,32 @@ def compare(
             summaries[config] = summarize(results, metric, mode=mode, nan=nan)
         except (TypeError, ValueError) as e:
             raise type(e)(f"configuration {config!r}: {e}") from e
+    if paired:
+        counts = {c: len(s.values) for c, s in summaries.items()}
+        if len(set(counts.values())) > 1:
+            said = ", ".join(f"{c!r}: {n}" for c, n in counts.items())
+            raise ValueError(
+                f"compare({metric!r}, paired=True) pairs the runs seed by seed, but the "
+                f"configurations have different numbers of runs ({said}); give each the "
+                "same seeds in the same order, or pass paired=False"
+            )
     pick = min if mode == "min" else max
     best = pick(summaries, key=lambda c: summaries[c].mean)
-    return Comparison(metric=metric, summaries=summaries, best=best, mode=mode)
+    vs_best = {c: _difference(s, summaries[best], paired) for c, s in summaries.items()}
+    return Comparison(metric, summaries, best, mode, vs_best, paired)
+
+
+def _difference(s: Summary, best: Summary, paired: bool) -> Difference:
+    """``s`` minus ``best``: seed by seed (NaN pairs left out), or of independent means."""
+    if paired:
+        d = [a - b for a, b in zip(s.values, best.values) if not (math.isnan(a) or math.isnan(b))]
+        if not d:
+            return Difference(math.nan, math.nan, 0, 0)
+        se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.nan
+        better = sum(x < 0 if best.mode == "min" else x > 0 for x in d)
+        return Difference(statistics.fmean(d), se, len(d), better)
+    se = math.sqrt(s.std**2 / s.n + best.std**2 / best.n) if s.n > 1 and best.n > 1 else math.nan
+    return Difference(s.mean - best.mean, se, s.n)
 
 
 def _label(config: Hashable) -> str:

@@ -51,3 +51,62 @@ def test_bad_input_names_the_configuration_and_the_fix():
         st.compare({}, "val_acc")
     with pytest.warns(UserWarning, match="pass mode='min' if lower is better"):
         st.compare({"a": [1.0], "b": [2.0]}, "score")
+
+
+# Three seeds whose luck dwarfs the configurations' difference: b is 0.01 above a on each.
+LUCK = [0.60, 0.90, 0.75]
+SWEEP = {"a": LUCK, "b": [v + 0.01 for v in LUCK]}
+
+
+def test_unpaired_the_difference_and_its_standard_error_are_those_of_two_samples():
+    import math
+    import statistics
+
+    c = st.compare(SWEEP, "val_acc")
+    assert c.best == "b" and not c.paired
+    d = c.vs_best["a"]
+    assert d.mean == pytest.approx(-0.01) and d.n == 3 and d.ahead is None
+    sa, sb = statistics.stdev(SWEEP["a"]), statistics.stdev(SWEEP["b"])
+    assert d.se == pytest.approx(math.sqrt(sa**2 / 3 + sb**2 / 3))
+    assert c.distinct("a") is False  # 0.01 against a spread of 0.15: not told apart
+    table = str(c)
+    assert "a       0.7500 ± 0.1500  (n=3, min 0.6000, max 0.9000)  -0.0100 ± 0.1225" in table
+    assert table.splitlines()[-1] == (
+        "(b is best by its mean, but a is within 2 standard errors of it: these runs do not "
+        "tell them apart — more seeds, or paired=True where the runs share seeds)"
+    )
+
+
+def test_paired_each_seeds_luck_cancels_and_the_difference_is_told():
+    c = st.compare(SWEEP, "val_acc", paired=True)
+    d = c.vs_best["a"]
+    assert d.mean == pytest.approx(-0.01) and d.se == pytest.approx(0.0, abs=1e-12)
+    assert (d.n, d.ahead) == (3, 0)  # a beat b on no seed
+    assert c.distinct("a") is True and c.vs_best["b"].mean == 0
+    table = str(c)
+    assert "Δ vs best (paired over seeds)" in table.splitlines()[0]
+    assert "-0.0100 ± 0.0000 (better on 0/3 seeds)" in table
+    assert "do not tell them apart" not in table
+
+
+def test_paired_counts_the_seeds_a_loss_was_lower_on_and_leaves_out_nan_pairs():
+    runs = {"x": [1.0, 2.0, float("nan"), 1.5], "y": [1.1, 1.9, 1.0, 1.6]}
+    c = st.compare(runs, "val_loss", paired=True, nan="omit")
+    assert c.best == "y" and c.mode == "min"  # (mean 1.4, against x's 1.5 over its three)
+    d = c.vs_best["x"]
+    assert d.n == 3 and d.ahead == 2  # over the seeds both ran, x's loss was lower on two
+    assert d.mean == pytest.approx((-0.1 + 0.1 - 0.1) / 3)
+
+
+def test_paired_refuses_configurations_with_different_numbers_of_runs():
+    with pytest.raises(ValueError, match=r"different numbers of runs \('a': 3, 'b': 2\); give"):
+        st.compare({"a": [0.1, 0.2, 0.3], "b": [0.1, 0.2]}, "val_acc", paired=True)
+
+
+def test_one_run_each_says_there_is_no_spread_to_judge_by():
+    c = st.compare({"a": [0.9], "b": [0.8]}, "val_acc")
+    assert c.distinct("b") is None
+    assert str(c).splitlines()[-1] == (
+        "(too few runs to tell a from b: a standard error needs two runs each, or two paired seeds)"
+    )
+    assert "-0.1000" in str(c).splitlines()[2]  # the difference itself is still shown
