@@ -119,9 +119,19 @@ class TrainResult:
             if name in record:
                 return float(record[name])
         known = sorted({k for r in self.metrics for k in r} - {"step", "epoch"})
+        term = name.removeprefix("train_")
+        training = (
+            f"; the training loss is no evaluated metric: summarize it as numbers, "
+            f"st.summarize([r.epoch_losses[-1] for r in results], {name!r}) (the last epoch's "
+            "mean; r.losses[-1]: the last step's)"
+            if term in ("loss", "final_loss", "epoch_loss")
+            else f"; a loss term: [r.epoch_terms[{term!r}][-1] for r in results] (numbers)"
+            if term in self.epoch_terms
+            else " (pass val= data and metrics= to the Trainer)"
+        )
         raise KeyError(
-            f"no metric {name!r} in this result; evaluated metrics: {', '.join(known) or 'none'} "
-            "(pass val= data and metrics= to the Trainer)"
+            f"no metric {name!r} in this result; evaluated metrics: {', '.join(known) or 'none'}"
+            f"{training}"
         )
 
     def __repr__(self) -> str:

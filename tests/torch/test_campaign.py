@@ -39,6 +39,36 @@ def test_summarize_numbers_and_results():
         st.summarize([0.5, 0.7], "val_acc", mode="up")  # type: ignore[arg-type]
 
 
+def test_summarize_of_the_training_loss_says_it_is_a_number_to_give():
+    """Runs trained without val= have no evaluated metric; the training loss and a loss's
+    terms are in the result, summarised as numbers."""
+    runs = [
+        st.TrainResult(
+            state={},
+            num_examples=1,
+            steps=2,
+            epochs=1,
+            losses=[0.9, v],
+            epoch_losses=[v],
+            terms={"kl": [0.1, 0.2]},
+            epoch_terms={"kl": [0.15]},
+        )
+        for v in (0.5, 0.3)
+    ]
+    for name in ("loss", "train_loss"):
+        with pytest.raises(
+            KeyError, match=r"evaluated metrics: none; the training loss is no "
+        ) as e:
+            st.summarize(runs, name)
+        assert f"st.summarize([r.epoch_losses[-1] for r in results], {name!r})" in str(e.value)
+    s = st.summarize([r.epoch_losses[-1] for r in runs], "loss")
+    assert (s.mean, s.best) == (pytest.approx(0.4), 1)
+    with pytest.raises(KeyError, match=r"a loss term: \[r.epoch_terms\['kl'\]\[-1\] for r in "):
+        st.summarize(runs, "kl")
+    with pytest.raises(KeyError, match=r"none \(pass val= data and metrics= to the Trainer\)"):
+        st.summarize(runs, "val_acc")
+
+
 def test_run_all_given_no_list_of_items_says_what_items_are():
     with pytest.raises(TypeError, match=r"items holds one entry per run .*not 42 \(int\)"):
         st.run_all(concurrent.futures.ThreadPoolExecutor(1), print, 42)
