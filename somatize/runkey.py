@@ -125,9 +125,10 @@ def keyable(value: Any, where: str, name: str, codecs: Sequence[Codec], adapt: A
     )
 
 
-def summarize_value(value: Any) -> str:
+def summarize_value(value: Any, depth: int = 0) -> str:
     """A short description of an argument for listings: ``3``, ``tensor float32 [64, 4]``,
-    ``list of 12`` (cheap: never the repr of a tensor or of a large container)."""
+    ``list of 12``, a short tuple or dict item by item (``(Tensor float32 [64, 4], 3, 0.1)``,
+    a federated client's task) (cheap: never the repr of a tensor or of a large container)."""
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is not None and dtype is not None:
         return f"{type(value).__name__} {str(dtype).removeprefix('torch.')} {list(shape)}"
@@ -143,6 +144,16 @@ def summarize_value(value: Any) -> str:
             text = repr(dict(value) if isinstance(value, Mapping) else value)
             if len(text) <= 40:
                 return text
+        if depth == 0 and len(items) <= 6 and t in (tuple, list, dict):
+            parts = [summarize_value(x, 1) for x in items]
+            if any(isinstance(x, (list, tuple, Mapping)) for x in items):
+                parts = []  # (containers of containers: a batch list stays "list of 4")
+            if t is dict:
+                parts = [f"{summarize_value(k, 1)}: {p}" for k, p in zip(value, parts)]
+            ends = "()" if t is tuple else "[]" if t is list else "{}"
+            text = ends[0] + ", ".join(parts) + ("," if t is tuple and len(parts) == 1 else "")
+            if parts and len(text) < 80:
+                return text + ends[1]
         return f"{t.__name__} of {len(value)}"
     return t.__qualname__
 

@@ -395,3 +395,19 @@ def test_runs_remembered_in_a_dir_of_their_own_are_seen_by_the_command_line(tmp_
     )
     assert "removed 1 run; 0 left" in capsys.readouterr().out
     assert not list(keeper.keys()) and not train(0, data()).recalled
+
+
+def test_a_short_tuple_argument_is_listed_item_by_item():
+    """A federated client's task (tensors, a client id, a round) shows what it holds in
+    ``runs ls``; a batch list, or anything long, stays counted."""
+    from somatize.runkey import summarize_value
+
+    task = (torch.zeros(64, 4), torch.zeros(64, dtype=torch.long), 1003, 0.5, 7)
+    assert summarize_value(task) == "(Tensor float32 [64, 4], Tensor int64 [64], 1003, 0.5, 7)"
+    assert (
+        summarize_value({"lr": 0.1, "w": torch.zeros(3)}) == "{'lr': 0.1, 'w': Tensor float32 [3]}"
+    )
+    assert summarize_value((torch.zeros(3),)) == "(Tensor float32 [3],)"
+    assert summarize_value([(torch.zeros(2), 1)] * 4) == "list of 4"  # (a list of batches)
+    assert summarize_value(tuple(range(9))) == "tuple of 9"
+    assert summarize_value(("x" * 50, "y" * 50)) == "tuple of 2"  # (too long to list)
