@@ -54,6 +54,13 @@ def instead(x: Any) -> str:
         )
     if isinstance(x, (list, tuple)):
         return "a fork is written with |, not a list or tuple: a >> (b | c) >> d"
+    if callable(getattr(type(x), "forward", None)):  # a node-like class that forgot its base
+        name = type(x).__name__
+        return (
+            f"{type(x).__qualname__} has a forward but does not subclass Node: write "
+            f"class {name}(Node) (from somatize import Node), whose forward(self, x, ctx) "
+            "returns Done(value)"
+        )
     return ""
 
 

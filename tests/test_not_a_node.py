@@ -23,6 +23,11 @@ Module = type("Module", (), {"__module__": "torch.nn.modules.module"})
 Linear = type("Linear", (Module,), {})
 
 
+class NodeLike:  # a node written without its base class, the way a newcomer might
+    def forward(self, x: Any, ctx: Ctx) -> Done:
+        return Done(x)
+
+
 def test_an_nn_module_is_known_by_its_class_without_torch() -> None:
     assert is_torch_module(Linear) and not is_torch_module(Inc)
 
@@ -36,6 +41,10 @@ def test_an_nn_module_is_known_by_its_class_without_torch() -> None:
         (lambda x: x, r"a function is not a Node: write a class, class Step\(Node\)"),
         ([Inc(), Inc()], r"a fork is written with \|, not a list or tuple: a >> \(b \| c\)"),
         ((Inc(),), r"a fork is written with \|"),
+        (
+            NodeLike(),
+            r"NodeLike has a forward but does not subclass Node: write class NodeLike\(Node\)",
+        ),
     ],
 )
 def test_composing_what_is_not_a_node_names_what_to_write(given: Any, said: str) -> None:
