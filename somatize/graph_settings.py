@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .cache_warnings import warn_writes_input
 from .errors import GraphError
 from .keepers.pins import unpin
 
@@ -26,6 +27,7 @@ class Settings:
     placement: Placement
     keeper: Any
     _pins: PinLog
+    catalog: Any
 
     if TYPE_CHECKING:  # (Graph's own)
 
@@ -61,6 +63,8 @@ class Settings:
                 f"g.cache({node_id!r}, per={per!r}): per is 'batch' (key the whole input) "
                 "or 'example' (key each row of a tensor batch)"
             )
+        if on and per == "batch":  # (per example, rows.py sees tensor writes as they run)
+            warn_writes_input(node_id, self.catalog[node_id])
         return self._set(self.memory.cache(node_id, on, per_example=per == "example"))
 
     def name(self, node_id: str, name: str | None) -> Self:
