@@ -263,7 +263,7 @@ def walk(
                 if is_opaque:
                     value = value.value
         except Exception as e:
-            name_node(e, label, impl, on_host, inputs, x)
+            name_node(e, label, impl, on_host, inputs, x, [prefix + n for n, i in steps if not i])
             raise
         if watchers:
             notify(watchers, NodeEnd(run.id, label, run.step, time.perf_counter() - start))

@@ -1,7 +1,8 @@
 """The note a node's error carries: which node raised it, and — for an error a wrong
 input makes — what the node received when somatize made that input a tuple (a join's
-inputs, or a root's several graph inputs). Both paths add it (``hot_path.py``,
-``keyed.py``)."""
+inputs, or a root's several graph inputs), and — for a root beside other roots given one
+input — that ``a >> b | c >> d`` is ``(a >> b) | (c >> d)``. Both paths add it
+(``hot_path.py``, ``keyed.py``)."""
 
 from __future__ import annotations
 
@@ -20,15 +21,30 @@ def name_node(
     on_host: str = "",
     inputs: Sequence[str] = (),
     x: Any = None,
+    roots: Sequence[str] = (),
 ) -> None:
     """Add a note to ``e`` naming the node that raised it (both paths, and a slice on a
     host), unless it is one of ours that names the node already. For an error a wrong
     input makes (a ``TypeError``, an unpacking ``ValueError``...), the note also says what
     the node received when it was a tuple somatize made: a join's ``inputs``, or a root's
-    ``x``, the graph's several inputs."""
+    ``x``, the graph's several inputs. A root of several ``roots`` given one input (not
+    the tuple of several) is also told how Python groups ``>>`` and ``|``."""
     if hasattr(e, "add_note") and not isinstance(e, (NodeError, CacheError)):
         came = _came(inputs, x) if isinstance(e, _INPUT_ERRORS) else ""
+        if not inputs and len(roots) > 1 and type(x) is not tuple:
+            came += _precedence(label, roots)
         e.add_note(f"raised by node {label!r} ({type(impl).__qualname__}){on_host}{came}")
+
+
+def _precedence(label: str, roots: Sequence[str]) -> str:
+    """ "; it is one of the graph's roots ...": ``a >> b | c >> d`` written for
+    ``a >> (b | c) >> d`` makes ``c`` a root, fed the graph's input instead of ``a``'s output."""
+    names = ", ".join(map(repr, roots[:4])) + (", ..." if len(roots) > 4 else "")
+    return (
+        f"; it is one of the graph's {len(roots)} roots ({names}), each fed the graph's "
+        f"input: if {label!r} should follow another node, mind Python's precedence — "
+        "a >> b | c >> d is (a >> b) | (c >> d); write a >> (b | c) >> d"
+    )
 
 
 _INPUT_ERRORS = (TypeError, ValueError, AttributeError, IndexError)

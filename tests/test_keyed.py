@@ -116,6 +116,44 @@ def test_a_root_failing_on_the_graphs_inputs_is_told_it_gets_them_all(path: str)
     (note,) = info.value.__notes__
     assert note.startswith("raised by node 'inc' (Inc); its input x was its graph's input, a ")
     assert "tuple of 2: every root receives the whole input" in note and "x[0]" in note
+    assert "precedence" not in note  # (several inputs, as towers take them)
+
+
+class Split(Node):
+    def forward(self, text: Any, ctx: Ctx) -> Done:
+        return Done(text.split())
+
+
+class EndMark(Node):
+    def forward(self, words: Any, ctx: Ctx) -> Done:
+        return Done(words + ["<end>"])
+
+
+@pytest.mark.parametrize("path", ["hot", "keyed"])
+def test_a_root_of_several_given_one_input_is_told_how_python_groups_the_operators(
+    path: str,
+) -> None:
+    from somatize import Recorder
+
+    # meant as Split() >> (Inc() | EndMark()) >> ...: EndMark became a root, fed the text
+    g = Graph.somatize(
+        Split() >> Named() | EndMark() >> Named().with_id("shown"),
+        watchers=[Recorder()] * (path == "keyed"),
+    )
+    assert g.topology.roots == ("split", "end_mark")
+    with pytest.raises(TypeError) as info:
+        g.forward("a b")
+    (note,) = info.value.__notes__
+    assert note == (
+        "raised by node 'end_mark' (EndMark); it is one of the graph's 2 roots ('split', "
+        "'end_mark'), each fed the graph's input: if 'end_mark' should follow another node, "
+        "mind Python's precedence — a >> b | c >> d is (a >> b) | (c >> d); write "
+        "a >> (b | c) >> d"
+    )
+    fixed = Graph.somatize(Split() >> (Named() | EndMark()) >> Sum())
+    with pytest.raises(AttributeError) as one_root:  # (one root: nothing on precedence)
+        fixed.forward(3)
+    assert "precedence" not in one_root.value.__notes__[0]
 
 
 class Fails(Node):
