@@ -35,6 +35,12 @@ def _reason(value: object) -> str:
             )
     if isinstance(value, (bytearray, memoryview)):
         return f"a {name}; convert it with bytes(...) or wrap it in Opaque(...)"
+    if t.__module__.split(".")[0] == "torch" and getattr(value, "requires_grad", False) is True:
+        return (
+            f"a {name} that requires grad: it crosses an edge only by identity — wrap it in "
+            "Opaque(...), or call the graph as a module, model = st.module(g); model(x), "
+            "which wraps it for you; detach it (.detach()) to pass it as data"
+        )
     if t.__module__.split(".")[0] in ("torch", "numpy"):
         return (
             f"an object of type {name}: tensors and arrays are data only with the codecs of "
