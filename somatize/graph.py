@@ -32,6 +32,8 @@ from .values import digest
 from .watchers import check_watchers
 
 if TYPE_CHECKING:
+    from typing_extensions import Never
+
     from .dsl import Expr
     from .explain import Explanation
     from .keepers import Keeper
@@ -62,11 +64,17 @@ class Graph(Settings, Composable):
 
     def __init__(
         self,
-        *,
+        *nodes: Never,
         keeper: Keeper | None = None,
         codecs: Sequence[Codec] = (),
         watchers: Iterable[Watcher] = (),
     ) -> None:
+        if nodes:  # Graph(a >> b), as nn.Sequential(a, b) would be written
+            raise TypeError(
+                f"Graph() takes no nodes, got {len(nodes)}: build a graph from an expression "
+                "with Graph.somatize(a >> b) (| for a fork), or Graph() and then "
+                "g.node(id, node) and g.edge(a_id, b_id)"
+            )
         self._impls: dict[str, Any] = {}
         self._subs: dict[str, Graph] = {}  # the nodes that are graphs (nodes are never removed)
         self._shape = Builder()  # node ids and edges, checked edge by edge
@@ -89,13 +97,20 @@ class Graph(Settings, Composable):
     # -- construction -----------------------------------------------------------------
 
     @classmethod
-    def somatize(cls, expr: Expr | Node | Graph, **kwargs: Any) -> Graph:
+    def somatize(cls, expr: Expr | Node | Graph, *more: Never, **kwargs: Any) -> Graph:
         """A graph from a ``>>`` / ``|`` expression (ids default to snake-case class names).
 
         Its outputs are its sinks: an end of the expression that feeds another node
         (``(trunk >> head) | trunk``) is a ``GraphError``, not a value left out.
         """
         from .dsl import build
+
+        if more:  # Graph.somatize(a, b), as nn.Sequential(a, b) would be written
+            raise TypeError(
+                f"Graph.somatize takes one expression, got {1 + len(more)} arguments: join "
+                "the nodes with >> (one after another) or | (side by side), "
+                "Graph.somatize(a >> b)"
+            )
 
         g = cls(**kwargs)
         with paused_gc():  # many small objects, no cycles to reclaim (see bulk.py)

@@ -18,6 +18,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:node class .* reads the global C
 # -- building -----------------------------------------------------------------------------
 
 
+def test_nodes_given_as_to_nn_sequential_are_told_the_spelling_that_works() -> None:
+    said = r"^Graph\(\) takes no nodes, got 1: .*Graph\.somatize\(a >> b\)"
+    with pytest.raises(TypeError, match=said):
+        Graph(Add(1) >> Add(2))  # type: ignore[arg-type]
+    said = r"^Graph\.somatize takes one expression, got 2 arguments: join the nodes with >> "
+    with pytest.raises(TypeError, match=said + r".*Graph\.somatize\(a >> b\)"):
+        Graph.somatize(Add(1), Add(2))  # type: ignore[arg-type]
+    assert Graph.somatize(Add(1) >> Add(2), watchers=[]).forward(0) == 3  # (keywords still go)
+
+
 def test_explicit_builder_and_introspection() -> None:
     g = Graph()
     g.node("a", Add(1)).node("b", Add(2)).edge("a", "b")
