@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import types
 import weakref
 from collections.abc import Mapping
@@ -146,9 +147,14 @@ def check_forward(node_id: str, impl: Any) -> None:
     if cls in _CHECKED:
         return
     if cls.forward is Node.forward and "forward" not in getattr(impl, "__dict__", ()):
+        own = [n for c in cls.__mro__ if c not in Node.__mro__ for n in vars(c)]
+        near = difflib.get_close_matches("forward", own, n=1, cutoff=0.75)  # foward, Forward
+        hint = f" ({near[0]} is not forward: a typo?)" if near else ""
+        if "__call__" in own:
+            hint = " (the graph calls forward(x, ctx), never the node: rename __call__ forward)"
         raise NodeError(
             f"node {node_id!r}: {cls.__qualname__} must implement forward(self, x, ctx) -> Done; "
-            "it defines no forward"
+            f"it defines no forward{hint}"
         )
     if is_torch_module(cls):
         raise NodeError(

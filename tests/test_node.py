@@ -83,6 +83,34 @@ def test_a_node_without_forward_says_what_to_write() -> None:
         Graph.somatize(Lazy()).forward(1)
 
 
+class Misspelt(Node):
+    def foward(self, x: Any, ctx: Ctx) -> Done:
+        return Done(x)
+
+
+class Callable_(Node):
+    def __call__(self, x: Any) -> Done:
+        return Done(x)
+
+
+class Unrelated(Node):
+    def run(self, x: Any) -> Done:
+        return Done(x)
+
+
+@pytest.mark.parametrize(
+    ("node", "said"),
+    [
+        (Misspelt(), r"it defines no forward \(foward is not forward: a typo\?\)$"),
+        (Callable_(), r"\(the graph calls forward\(x, ctx\), never the node: rename __call__"),
+        (Unrelated(), r"it defines no forward$"),  # (nothing near: nothing added)
+    ],
+)
+def test_a_node_without_forward_is_told_of_a_near_miss(node: Node, said: str) -> None:
+    with pytest.raises(NodeError, match=said):
+        Graph.somatize(node)
+
+
 def test_a_node_without_forward_is_refused_when_added_naming_it() -> None:
     class Lazy(Node):
         pass
