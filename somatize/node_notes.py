@@ -61,6 +61,11 @@ def _came(inputs: Sequence[str], x: Any) -> str:
             f"; its input x was one tuple of its {len(inputs)} inputs, from {names} in the "
             f"order their edges were added: unpack it, {parts} = x"
         )
+    if not inputs and type(x) is tuple and not x:
+        return (
+            "; its input x was its graph's input, an empty tuple: the graph was called with "
+            "no input — give it one, model(x) or g.forward(x)"
+        )
     if not inputs and type(x) in (tuple, list):
         kind = type(x).__name__
         return (

@@ -119,6 +119,19 @@ def test_a_root_failing_on_the_graphs_inputs_is_told_it_gets_them_all(path: str)
     assert "precedence" not in note  # (several inputs, as towers take them)
 
 
+@pytest.mark.parametrize("path", ["hot", "keyed"])
+def test_a_graph_called_without_input_is_told_so(path: str) -> None:
+    from somatize import Recorder
+
+    g = Graph.somatize(Inc(), watchers=[Recorder()] * (path == "keyed"))
+    with pytest.raises(TypeError) as info:
+        g.forward()  # (as model() would: no input at all)
+    assert info.value.__notes__ == [
+        "raised by node 'inc' (Inc); its input x was its graph's input, an empty tuple: the "
+        "graph was called with no input — give it one, model(x) or g.forward(x)"
+    ]
+
+
 class Split(Node):
     def forward(self, text: Any, ctx: Ctx) -> Done:
         return Done(text.split())
