@@ -123,15 +123,23 @@ def wrote_input(label: str, impl: Any) -> None:
 def input_writes(cls: type) -> str:
     """How ``cls.forward`` writes into its input in place, read from its source: the first
     such write as written (``words.pop(...)``, ``x[...] = ...``, ``x.mul_(...)``), or "" —
-    also where the source cannot be read or the input is bound anew first (a copy)."""
+    also where the source cannot be read or the input is bound anew first (a copy). Read
+    once per forward (a sweep's graphs each mark the node cached)."""
     fn = getattr(cls, "forward", None)
     code = getattr(fn, "__code__", None)
     if code is None or code.co_argcount < 2:
         return ""
-    found = source_tree(fn)
-    if found is None:
-        return ""
-    return first_write(found[0], code.co_varnames[1])  # forward(self, x, ctx)
+    known = _writes.get(code)
+    if known is None:
+        found = source_tree(fn)
+        known = "" if found is None else first_write(found[0], code.co_varnames[1])
+        if len(_writes) > 1024:
+            _writes.clear()
+        _writes[code] = known
+    return known
+
+
+_writes: dict[types.CodeType, str] = {}  # a forward's code -> how it writes its input
 
 
 def first_write(tree: ast.AST, name: str) -> str:
