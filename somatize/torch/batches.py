@@ -116,18 +116,23 @@ def loss_of(loss: Callable[..., Any] | None, output: Any, target: Any) -> torch.
     return loss_terms(loss, output, target)[0]
 
 
-def _map(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
+def _map(
+    fn: Callable[[torch.Tensor], Any], value: Any, text: Callable[[Any], Any] | None = None
+) -> Any:
     """``fn`` on every tensor of a (nested) batch, rebuilding its containers as their own
     types: tuples, namedtuples, lists, dicts and other mappings (a tokenizer's
-    ``BatchEncoding``), dataclass instances (by their ``init`` fields)."""
+    ``BatchEncoding``), dataclass instances (by their ``init`` fields); and ``text``, if
+    given, on each batch of raw text in it (``is_text``)."""
     if isinstance(value, torch.Tensor):
         return fn(value)
+    if text is not None and is_text(value):
+        return text(value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple: by position
-        return type(value)(*(_map(fn, v) for v in value))
+        return type(value)(*(_map(fn, v, text) for v in value))
     if isinstance(value, (tuple, list)):
-        return type(value)(_map(fn, v) for v in value)
+        return type(value)(_map(fn, v, text) for v in value)
     if isinstance(value, Mapping):
-        out = {k: _map(fn, v) for k, v in value.items()}
+        out = {k: _map(fn, v, text) for k, v in value.items()}
         if type(value) is dict:
             return out
         try:  # (OrderedDict, BatchEncoding...; a defaultdict cannot be made from a dict)
@@ -136,8 +141,37 @@ def _map(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
             return out
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = [f.name for f in dataclasses.fields(value) if f.init]
-        return dataclasses.replace(value, **{f: _map(fn, getattr(value, f)) for f in fields})
+        return dataclasses.replace(value, **{f: _map(fn, getattr(value, f), text) for f in fields})
     return value
+
+
+def is_text(value: Any) -> bool:
+    """Whether ``value`` is a batch of raw text: a list (or tuple) of strings, as a
+    DataLoader collates a dataset's strings — a row per example, for a graph whose first
+    node tokenizes them."""
+    return (
+        type(value) in (list, tuple)
+        and bool(value)
+        and all(type(v) is str or type(v) is bytes for v in value)
+    )
+
+
+def text_rows(value: Any) -> int | None:
+    """The rows of the first batch of raw text in a (nested) batch (``is_text``), or None."""
+    found = _texts(value)
+    return found[0] if found else None
+
+
+def _texts(value: Any) -> list[int]:
+    """The rows of each batch of raw text in a (nested) batch, in order."""
+    found: list[int] = []
+
+    def seen(rows: Any) -> Any:
+        found.append(len(rows))
+        return rows
+
+    _map(lambda t: t, value, seen)
+    return found
 
 
 def to_device(value: Any, device: torch.device | None) -> Any:
@@ -157,11 +191,13 @@ def _leaves(value: Any) -> list[torch.Tensor]:
 
 def num_examples(batch: Any) -> int:
     """The batch size: the first dimension of the batch's first tensor that has one (a
-    scalar beside the batch, a temperature, counts no rows); 1 if none has."""
+    scalar beside the batch, a temperature, counts no rows), else the length of its raw
+    text (a list of strings); 1 if it has neither."""
     if type(batch) is torch.Tensor:
         return int(batch.shape[0]) if batch.dim() > 0 else 1
     leaves = _leaves(split(batch)[0]) or _leaves(batch)
-    return next((int(t.shape[0]) for t in leaves if t.dim() > 0), 1)
+    n = next((int(t.shape[0]) for t in leaves if t.dim() > 0), None)
+    return n if n is not None else text_rows(batch) or 1
 
 
 def chunk(value: Any, k: int) -> list[Any]:
@@ -169,22 +205,31 @@ def chunk(value: Any, k: int) -> list[Any]:
     (``micro_batches=k``); a scalar tensor goes whole into every chunk.
 
     ``torch.chunk`` may return fewer than ``k`` chunks (for a batch smaller than ``k``,
-    or sizes that do not divide); every leaf is chunked alike, so the parts line up.
+    or sizes that do not divide); every leaf is chunked alike, so the parts line up — a
+    batch of raw text (a list of strings) too, as ``torch.chunk`` cuts its rows.
 
     Raises:
-        SettingError: the tensors disagree on their first dimension (a mask shared by the
-            batch's rows beside them, towers given batches of different sizes): chunked
-            alike, their parts would not line up — each chunk's mask a few of its rows.
+        SettingError: the tensors (and raw text) disagree on their first dimension (a mask
+            shared by the batch's rows beside them, towers given batches of different
+            sizes): chunked alike, their parts would not line up — each chunk's mask a few
+            of its rows.
     """
     leaves = [t for t in _leaves(value) if t.dim() > 0]
-    if not leaves:
+    texts = _texts(value)
+    if not leaves and not texts:
         return [value]
-    rows = {int(t.shape[0]) for t in leaves}
+    rows = {int(t.shape[0]) for t in leaves} | set(texts)
     if len(rows) > 1:
         raise SettingError(_misfit(value, k))
-    n = len(torch.chunk(leaves[0], k))
+    (count,) = rows
+    size = -(-count // k)  # torch.chunk's: ceil(count / k) rows a chunk
+    n = -(-count // size) if size else 1
     return [
-        _map(lambda t, i=i: torch.chunk(t, k)[i] if t.dim() else t, value)  # type: ignore[misc]
+        _map(
+            lambda t, i=i: torch.chunk(t, k)[i] if t.dim() else t,  # type: ignore[misc]
+            value,
+            lambda rows, i=i: type(rows)(rows[i * size : (i + 1) * size]),  # type: ignore[misc]
+        )
         for i in range(n)
     ]
 
@@ -192,12 +237,14 @@ def chunk(value: Any, k: int) -> list[Any]:
 def _misfit(value: Any, k: int) -> str:
     """Why ``value`` cannot be cut into ``k`` micro-batches: its tensors, named by where they
     sit, disagree on their first dimension."""
-    found: list[tuple[str, torch.Tensor]] = []
+    found: list[tuple[str, int, str]] = []  # (where, rows, what: a shape or raw text)
 
     def at(v: Any, path: str) -> None:
         if isinstance(v, torch.Tensor):
             if v.dim():
-                found.append((path, v))
+                found.append((path, int(v.shape[0]), f"of shape {tuple(v.shape)}"))
+        elif is_text(v):
+            found.append((path, len(v), f"of {len(v)} strings"))
         elif isinstance(v, (tuple, list)):
             for i, item in enumerate(v):
                 at(item, f"{path}[{i}]")
@@ -206,8 +253,8 @@ def _misfit(value: Any, k: int) -> str:
                 at(item, f"{path}[{key!r}]")
 
     at(value, "inputs")
-    first, other = found[0], next(f for f in found if f[1].shape[0] != found[0][1].shape[0])
-    shown = " and ".join(f"{p} of shape {tuple(t.shape)}" for p, t in (first, other))
+    first, other = found[0], next(f for f in found if f[1] != found[0][1])
+    shown = " and ".join(f"{p} {what}" for p, _, what in (first, other))
     return (
         f"micro_batches={k} cuts every tensor of a batch along its first dimension, but "
         f"{shown} disagree on it, so their parts would not line up (a mask shared by every "

@@ -353,13 +353,13 @@ def check_monitor(monitor: str, known: list[str], val: Any = None, terms: bool =
 
 
 def check_batch(x: Any, batch: Any) -> None:
-    """A batch's input must hold a tensor."""
-    from .batches import _leaves
+    """A batch's input must hold a tensor, or raw text (a list of strings: its rows)."""
+    from .batches import _leaves, text_rows
 
-    if not _leaves(x):
+    if not _leaves(x) and text_rows(x) is None:
         raise SettingError(
             f"a batch of type {type(batch).__qualname__} holds no tensor to feed the model; a "
             "batch is a tensor, an (x, y) pair, a dict with 'x' (and 'y'), or nested "
-            "tuples/lists/dicts of tensors — convert it (e.g. torch.as_tensor) or use a "
-            "DataLoader"
+            "tuples/lists/dicts of tensors or of raw text (a list of strings, a row per "
+            "example) — convert it (e.g. torch.as_tensor) or use a DataLoader"
         )

@@ -1,0 +1,124 @@
+"""Raw text through the Trainer: a batch whose input is a list of strings (as a DataLoader
+collates a dataset's strings) feeds a graph whose first node tokenizes it — trained,
+weighed by example, cut into micro-batches and evaluated as a plain loop does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader
+
+import somatize.torch as st
+from somatize import Done, Graph, Node, Opaque
+from somatize.errors import SettingError
+from somatize.torch.batches import chunk, num_examples
+
+WORDS = ["rain", "sun", "wind", "goal", "team", "kick", "boil", "pot", "oven", "today", "again"]
+VOCAB = {w: i + 1 for i, w in enumerate(WORDS)}
+TEXTS = ["rain today", "sun again", "goal team", "kick again", "boil pot", "oven today", "wind"]
+LABELS = [0, 0, 1, 1, 2, 2, 0]
+DATA = list(zip(TEXTS * 3, LABELS * 3))  # 21 examples: batches of 4 leave one of 1
+
+
+def ids(texts: Any) -> list[list[int]]:
+    return [[VOCAB.get(w, 0) for w in t.split()] for t in texts]
+
+
+class Tokenize(Node):  # data in, data out: cacheable
+    def forward(self, texts: Any, ctx: Any) -> Done:
+        return Done(ids(texts))
+
+
+class Bag(Node):
+    def __init__(self) -> None:
+        self.emb = nn.EmbeddingBag(len(VOCAB) + 1, 8)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, rows: Any, ctx: Any) -> Done:
+        return Done(Opaque(bag(self.emb, self.out, rows)))
+
+
+def bag(emb: nn.Module, out: nn.Module, rows: list[list[int]]) -> torch.Tensor:
+    flat = torch.tensor([i for row in rows for i in row])
+    offsets = torch.tensor([0] + [len(r) for r in rows[:-1]]).cumsum(0)
+    return out(emb(flat, offsets))
+
+
+def graph() -> Graph:
+    torch.manual_seed(0)
+    return Graph.somatize(Tokenize() >> Bag()).cache("tokenize")
+
+
+def plain(micro: int = 1, epochs: int = 2) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The same model, trained by hand: each batch's loss weighed by its examples."""
+    torch.manual_seed(0)
+    model = Bag()
+    opt = torch.optim.SGD([*model.emb.parameters(), *model.out.parameters()], lr=0.5)
+    means = []
+    for _ in range(epochs):
+        total = 0.0
+        for texts, y in DataLoader(DATA, batch_size=4):
+            opt.zero_grad()
+            size = -(-len(texts) // micro)
+            for i in range(0, len(texts), size):
+                part, target = texts[i : i + size], y[i : i + size]
+                loss = F.cross_entropy(bag(model.emb, model.out, ids(part)), target)
+                (loss * len(part) / len(texts)).backward()
+                total += loss.item() * len(part)
+            opt.step()
+        means.append(total / len(DATA))
+    state = {f"bag.emb.{k}": v for k, v in model.emb.state_dict().items()}
+    state |= {f"bag.out.{k}": v for k, v in model.out.state_dict().items()}
+    return state, means
+
+
+def trainer(micro: int = 1, **kwargs: Any) -> st.Trainer:
+    return st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.5),
+        epochs=2,
+        micro_batches=micro,
+        options=st.Options(progress=False, shuffle=False),
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_a_graph_fed_raw_text_trains_as_a_plain_loop_does(micro: int) -> None:
+    g = graph()
+    result = trainer(micro).fit(g, DataLoader(DATA, batch_size=4))
+    state, means = plain(micro)
+    assert result.num_examples == len(DATA)  # counted by the text's rows, not one a batch
+    for k, v in state.items():
+        torch.testing.assert_close(result.state[k], v)
+    assert result.epoch_losses == pytest.approx(means)  # weighed by each batch's examples
+    assert result.cache["tokenize"]["hits"] > 0  # epoch 2 read the tokens it stored
+
+
+def test_an_evaluation_on_raw_text_averages_over_its_examples() -> None:
+    g = graph()
+    loader = DataLoader(DATA, batch_size=4)
+    got = trainer(metrics={"acc": st.accuracy}).evaluate(g, loader)
+    model = g["bag"]
+    with torch.no_grad():
+        logits = bag(model.emb, model.out, ids([t for t, _ in DATA]))
+    target = torch.tensor([y for _, y in DATA])
+    assert got["loss"] == pytest.approx(F.cross_entropy(logits, target).item(), rel=1e-6)
+    assert got["acc"] == pytest.approx((logits.argmax(1) == target).float().mean().item())
+
+
+def test_raw_text_is_counted_and_cut_as_its_rows() -> None:
+    texts = ("a", "b", "c", "d", "e")
+    assert num_examples(texts) == 5 and num_examples({"text": list(texts)}) == 5
+    assert num_examples([texts, torch.arange(5)]) == 5
+    parts = chunk({"text": texts, "n": torch.arange(5)}, 2)  # torch.chunk's 3 + 2
+    assert [p["text"] for p in parts] == [("a", "b", "c"), ("d", "e")]
+    assert [p["n"].tolist() for p in parts] == [[0, 1, 2], [3, 4]]
+    with pytest.raises(
+        SettingError, match=r"inputs\[0\] of 5 strings and inputs\[1\] of shape \(4,\) disagree"
+    ):
+        chunk((texts, torch.arange(4)), 2)
