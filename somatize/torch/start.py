@@ -49,9 +49,13 @@ def as_module(model: Graph | nn.Module, caller: str = "Trainer.fit") -> nn.Modul
         if isinstance(model, DistributedDataParallel):  # the caller's: the Trainer wraps
             return as_module(model.module, caller)  # (its state named as in one process)
         return model
+    from ..dsl import Expr
+
     fix = (
         ", a Node; make it a graph first: Graph.somatize(node)"
         if isinstance(model, Node)
+        else ", a >> / | expression; make it a graph first: Graph.somatize(a >> b)"
+        if isinstance(model, Expr)
         else "; pass a Graph, st.module(g) or any nn.Module"
     )
     raise TypeError(f"{caller} takes a Graph or an nn.Module, got {type(model).__qualname__}{fix}")

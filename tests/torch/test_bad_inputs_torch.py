@@ -224,6 +224,7 @@ CASES = [
     P(lambda t: st.load_checkpoint(3), TypeError, r"load_checkpoint takes the path .*not 3", id="load-checkpoint-int"),
     P(lambda t: trainer(loss=F.mse_loss).evaluate(42, []), TypeError, r"Trainer\.evaluate takes a Graph or an nn\.Module, got int; pass a Graph, st\.module\(g\)", id="evaluate-int"),
     P(lambda t: trainer(loss=F.mse_loss).predict(Lin(), []), TypeError, r"Trainer\.predict takes .*got Lin, a Node; make it a graph first: Graph\.somatize\(node\)", id="predict-node"),
+    P(lambda t: trainer(loss=F.mse_loss).fit(Lin() >> Lin(), []), TypeError, r"Trainer\.fit takes .*got Seq, a >> / \| expression; make it a graph first: Graph\.somatize\(a >> b\)", id="fit-expression"),
     P(lambda t: trainer(loss=F.mse_loss).fit(lin(), None), SomatizeError, r"fit\(\)'s train is NoneType, not batches; pass a sequence of batches or a DataLoader", id="fit-train-none"),
     P(lambda t: trainer(loss=F.mse_loss).fit(lin(), "train.csv"), SomatizeError, r"fit\(\)'s train is str, not batches", id="fit-train-str"),
     P(lambda t: trainer(loss=F.mse_loss).evaluate(lin(), None), SomatizeError, r"evaluate\(\)'s data is NoneType, not batches; pass", id="evaluate-none"),
