@@ -6,7 +6,11 @@ timeout (30 minutes, silently); a validation set of another length gives each ra
 share of another set, and a metric over neither. So ``fit`` compares, once, the length
 of every rank's training data and validation sets (one ``all_gather`` of a few integers),
 and ``evaluate()`` that of its data; where they differ, every rank raises the same
-``SettingError``, naming each rank's length and the fix.
+``SettingError``, naming each rank's length and the fix. ``fit`` compares the Trainer's
+``seed`` in the same collective: it orders what the ranks take their shares of (the
+``DistributedSampler``'s permutation, a shuffled sequence, a wrapped sampler's draw), so
+ranks with other seeds would read overlapping shares — some rows twice an epoch, others
+never — silently.
 
 Data without a length (an iterable, a loader over an ``IterableDataset``) is not
 compared: the ranks agree on it each round (``batches.epoch_batches``). Nor is a
@@ -37,11 +41,16 @@ _OWN = -2  # a validation loader reading this rank's share: not compared
 
 
 def agree(
-    train: Iterable[Any] | None, val: Any, world: int, *, val_label: str = "fit()'s val data"
+    train: Iterable[Any] | None,
+    val: Any,
+    world: int,
+    *,
+    val_label: str = "fit()'s val data",
+    seed: int | None = None,
 ) -> None:
     """Raise on every rank where the ranks' ``train`` (after ``ddp.shard``) or validation
-    sets (``val``: one, or a dict of them) differ in length. One collective; nothing in
-    one process."""
+    sets (``val``: one, or a dict of them) differ in length, or their ``seed`` (the
+    Trainer's, given by ``fit``) differs. One collective; nothing in one process."""
     if world <= 1:
         return
     named: list[tuple[str, Any, bool]] = []
@@ -51,21 +60,36 @@ def agree(
         sets = val.items() if isinstance(val, Mapping) else [("", val)]
         for name, data in sets:
             named.append((f"val set {name!r}" if name else val_label, data, False))
-    if not named:
+    if not named and seed is None:
         return
     mine = [n for _, data, training in named for n in _measure(data, training)]
-    t = torch.tensor(mine, dtype=torch.int64)
+    t = torch.tensor([-1 if seed is None else seed, *mine], dtype=torch.int64)
     if dist.get_backend() == "nccl":  # nccl's tensors are on the GPU
         t = t.to("cuda")
     every = [torch.empty_like(t) for _ in range(world)]
     dist.all_gather(every, t)
-    ranks = [r.tolist() for r in every]
+    seeds, ranks = [int(r[0]) for r in every], [r[1:].tolist() for r in every]
+    if len(set(seeds)) > 1:
+        raise SettingError(_seeds_differ(seeds))
     for j, (label, data, training) in enumerate(named):
         counts = [r[2 * j] for r in ranks]
         if len(set(counts)) == 1 or _OWN in counts or (_NONE in counts and not training):
             continue
         rows = [r[2 * j + 1] for r in ranks]
         raise SettingError(_differ(label, data, training, counts, rows, world))
+
+
+def _seeds_differ(seeds: list[int]) -> str:
+    each = ", ".join(f"rank {r}: {s}" for r, s in enumerate(seeds))
+    return (
+        f"under DDP every rank must give the Trainer the same seed, but it differs: {each}. "
+        "The seed orders the data every rank takes its share of (the DistributedSampler's "
+        "permutation, a shuffled list of batches), so with other seeds the ranks' shares "
+        "overlap: some rows are trained on twice an epoch, others never. Pass one seed on "
+        "every rank (st.Trainer(seed=0), not a seed from the rank, the time or "
+        "random); randomness that should differ by rank can be seeded in your own code from "
+        "torch.distributed.get_rank()"
+    )
 
 
 def _measure(data: Any, training: bool) -> tuple[int, int]:

@@ -206,7 +206,7 @@ class Trainer:
         stop: Any = None,
     ) -> TrainResult:
         train = ddp.shard(train, rank, world, self.seed)  # each rank reads only its share
-        agree(train, val, world)  # every rank given data of one length (rank_lengths.py)
+        agree(train, val, world, seed=self.seed)  # one length and seed on every rank
         if rank == 0:
             warn_dropped(train, world, self.seed, self.options.shuffle, self._examples)
             warn_private_rows(model, world)  # per-example memory needs a shared keeper

@@ -59,6 +59,15 @@ def test_the_distributed_samplers_pad_is_not_counted_as_an_example(ranks):
         assert r["odd_examples"] == 331
 
 
+@pytest.mark.slow
+def test_another_seed_on_a_rank_is_an_error_on_every_rank(ranks):
+    for r in ranks:  # (each rank's DistributedSampler shuffled otherwise: shares overlapped)
+        assert "every rank must give the Trainer the same seed" in r["seed"]
+        assert "rank 0: 0, rank 1: 1" in r["seed"]
+        assert "st.Trainer(seed=0)" in r["seed"]
+    assert ranks[0]["seed"] == ranks[1]["seed"]
+
+
 def test_one_process_compares_nothing_and_warns_of_nothing(recwarn):
     x, y = torch.randn(331, 4), torch.randint(0, 3, (331,))
     trainer = st.Trainer(

@@ -11,7 +11,10 @@
 * a val list of 3 batches on rank 0 and 1 on rank 1 (in ``fit`` and ``evaluate``): a
   different metric, silently; now a ``SettingError`` on every rank;
 * 21 batches on 2 ranks: the last dropped each epoch, silently; now a warning on rank 0;
-* a DataLoader over 331 rows: ``num_examples`` counted the DistributedSampler's pad (332).
+* a DataLoader over 331 rows: ``num_examples`` counted the DistributedSampler's pad (332);
+* ``seed=rank`` (found by a torchrun persona audit): each rank's DistributedSampler drew
+  another permutation, so the shares overlapped, silently; now a ``SettingError`` on
+  every rank.
 
 The process group is this script's, so it outlives the fits that raise. Every rank
 writes what it got to OUT_DIR/rank<R>.pt.
@@ -45,12 +48,12 @@ def batches(n: int, size: int = 16) -> list:
     return [(x[i : i + size], y[i : i + size]) for i in range(0, n, size)]
 
 
-def trainer() -> st.Trainer:
+def trainer(seed: int = 0) -> st.Trainer:
     return st.Trainer(
         loss=F.cross_entropy,
         optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
         epochs=2,
-        seed=0,
+        seed=seed,
         options=st.Options(progress=False),
     )
 
@@ -84,6 +87,7 @@ def main() -> None:
     got["dropped_examples"] = fitted.num_examples
     odd = DataLoader(TensorDataset(*rows(331)), batch_size=16, shuffle=True)
     got["odd_examples"] = trainer().fit(net, odd).num_examples
+    got["seed"] = raised(lambda: trainer(seed=rank).fit(net, odd))
     dist.destroy_process_group()
     torch.save(got, out / f"rank{rank}.pt")
 
