@@ -51,6 +51,7 @@ def setup() -> tuple[int, int, bool]:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return 0, 1, False
+        _check_launch(world)
         if torch.cuda.is_available():  # "cuda" is then this rank's GPU (nccl's tensors)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -59,6 +60,23 @@ def setup() -> tuple[int, int, bool]:
         atexit.register(_exit)
         _at_exit = True
     return dist.get_rank(), world, _made
+
+
+def _check_launch(world: int) -> None:
+    """``WORLD_SIZE`` > 1 without the other variables ``torchrun`` sets: a shell that kept
+    ``WORLD_SIZE`` from an earlier job, a script run with ``python`` instead of ``torchrun``.
+    torch's own error names one variable and not the launcher."""
+    from ..errors import SettingError
+
+    missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise SettingError(
+            f"WORLD_SIZE={world} is set, so fit() would train data-parallel, but "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not: this process "
+            f"was not started by torchrun. Launch the script with `torchrun "
+            f"--nproc_per_node={world} script.py` (it sets them all), or unset WORLD_SIZE "
+            "to train in one process"
+        )
 
 
 _made = False  # whether this process's group was made by setup() (destroyed at exit)

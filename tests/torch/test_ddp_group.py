@@ -71,3 +71,29 @@ def test_a_remembered_fit_under_torchrun_waits_out_another_jobs_lock_past_the_gr
     got = [torch.load(tmp_path / f"remember-rank{r}-0.pt", weights_only=True) for r in (0, 1)]
     assert [g["recalled"] for g in got] == [False, False]
     assert got[0]["losses"] == got[1]["losses"]
+
+
+@pytest.mark.parametrize("unset", [("RANK", "MASTER_ADDR", "MASTER_PORT"), ("MASTER_PORT",)])
+def test_world_size_without_torchruns_other_variables_names_them_and_torchrun(monkeypatch, unset):
+    import torch.distributed as dist
+
+    from somatize.errors import SettingError
+
+    assert not dist.is_initialized()
+    env = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for name in unset:
+        monkeypatch.delenv(name)
+    trainer = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        options=st.Options(progress=False),
+    )
+    batches = [(torch.randn(4, 3), torch.randint(0, 2, (4,)))]
+    with pytest.raises(SettingError) as caught:  # (torch named one variable, not torchrun)
+        trainer.fit(torch.nn.Linear(3, 2), batches)
+    said = str(caught.value)
+    assert "WORLD_SIZE=2 is set" in said and ", ".join(unset) in said
+    assert "torchrun --nproc_per_node=2" in said and "unset WORLD_SIZE" in said
+    assert not dist.is_initialized()
