@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import SettingError
+from ..errors import SettingError, add_note
 from ..stack import outside
 from .limits import length
 from .samplers import BatchShare, epoch_generator, rank_share
@@ -67,7 +67,11 @@ def agree(
     if dist.get_backend() == "nccl":  # nccl's tensors are on the GPU
         t = t.to("cuda")
     every = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(every, t)
+    try:
+        dist.all_gather(every, t)
+    except Exception as e:  # (gloo: "Connection closed by peer ... a remote worker crashing")
+        add_note(e, _collective("fit()" if train is not None else "evaluate()", world))
+        raise
     seeds, ranks = [int(r[0]) for r in every], [r[1:].tolist() for r in every]
     if len(set(seeds)) > 1:
         raise SettingError(_seeds_differ(seeds))
@@ -77,6 +81,15 @@ def agree(
             continue
         rows = [r[2 * j + 1] for r in ranks]
         raise SettingError(_differ(label, data, training, counts, rows, world))
+
+
+def _collective(call: str, world: int) -> str:
+    return (
+        f"under DDP {call} is collective: every one of the {world} ranks must call it (each "
+        "takes its share of the data, and the metrics are over all of them); a rank that "
+        "skipped it (an `if rank == 0:` around it), exited or failed leaves its peers here. "
+        f"Call {call} on every rank; the Trainer logs and checkpoints from rank 0 alone"
+    )
 
 
 def _seeds_differ(seeds: list[int]) -> str:

@@ -68,6 +68,14 @@ def test_another_seed_on_a_rank_is_an_error_on_every_rank(ranks):
     assert ranks[0]["seed"] == ranks[1]["seed"]
 
 
+@pytest.mark.slow
+def test_evaluate_on_rank_0_alone_says_that_it_is_collective(tmp_path):
+    torchrun(tmp_path, script="ddp_rank0_only.py")  # (rank 0 catches; rank 1 has left)
+    said = torch.load(tmp_path / "rank0.pt", weights_only=True)["said"]
+    assert "under DDP evaluate() is collective: every one of the 2 ranks must call it" in said
+    assert "an `if rank == 0:` around it" in said
+
+
 def test_one_process_compares_nothing_and_warns_of_nothing(recwarn):
     x, y = torch.randn(331, 4), torch.randint(0, 3, (331,))
     trainer = st.Trainer(
