@@ -14,6 +14,8 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import sys
+import threading
 from typing import Any
 
 import torch
@@ -54,7 +56,7 @@ def setup() -> tuple[int, int, bool]:
         _check_launch(world)
         if torch.cuda.is_available():  # "cuda" is then this rank's GPU (nccl's tensors)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        _init_group("nccl" if torch.cuda.is_available() else "gloo", world)
         _made = True
     if not _at_exit:
         atexit.register(_exit)
@@ -77,6 +79,36 @@ def _check_launch(world: int) -> None:
             f"--nproc_per_node={world} script.py` (it sets them all), or unset WORLD_SIZE "
             "to train in one process"
         )
+
+
+_WAIT_NOTE_S = 30.0  # how long init_process_group waits for peers before saying so
+
+
+def _init_group(backend: str, world: int) -> None:
+    """``init_process_group``, saying on standard error when it has waited ``_WAIT_NOTE_S``
+    seconds: torch waits for every rank until its timeout, silently (a rank started with
+    ``python`` and torchrun's variables, the other ranks never started)."""
+    note = threading.Timer(_WAIT_NOTE_S, _still_waiting, args=(world,))
+    note.daemon = True
+    note.start()
+    try:
+        dist.init_process_group(backend)
+    finally:
+        note.cancel()
+
+
+def _still_waiting(world: int) -> None:
+    env = os.environ
+    by = "was" if "TORCHELASTIC_RUN_ID" in env else "was not"
+    print(
+        f"somatize: rank {env.get('RANK')} of {world} has waited {_WAIT_NOTE_S:g} s in "
+        f"torch.distributed.init_process_group for the other ranks at "
+        f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')} (this process {by} started by "
+        f"torchrun); every rank must start: `torchrun --nproc_per_node={world} script.py` "
+        "starts them all, and to train in one process unset WORLD_SIZE",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 _made = False  # whether this process's group was made by setup() (destroyed at exit)

@@ -97,3 +97,35 @@ def test_world_size_without_torchruns_other_variables_names_them_and_torchrun(mo
     assert "WORLD_SIZE=2 is set" in said and ", ".join(unset) in said
     assert "torchrun --nproc_per_node=2" in said and "unset WORLD_SIZE" in said
     assert not dist.is_initialized()
+
+
+def test_a_rank_whose_peers_never_start_says_so_while_it_waits(tmp_path):
+    """torch waits in init_process_group until its timeout, silently; a note on stderr."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(port)
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    code = "import somatize.torch.ddp as d; d._WAIT_NOTE_S = 0.5; d.setup()"
+    err = tmp_path / "stderr"
+    with err.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=out)
+        try:
+            deadline = time.monotonic() + 60
+            while "somatize: rank 0" not in err.read_text() and time.monotonic() < deadline:
+                assert proc.poll() is None, err.read_text()  # (it waits; it must not exit)
+                time.sleep(0.2)
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+    said = err.read_text()
+    assert "rank 0 of 2 has waited 0.5 s in torch.distributed.init_process_group" in said
+    assert f"127.0.0.1:{port} (this process was not started by torchrun)" in said
+    assert "torchrun --nproc_per_node=2 script.py" in said
