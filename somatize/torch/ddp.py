@@ -104,8 +104,9 @@ def _still_waiting(world: int) -> None:
         f"somatize: rank {env.get('RANK')} of {world} has waited {_WAIT_NOTE_S:g} s in "
         f"torch.distributed.init_process_group for the other ranks at "
         f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')} (this process {by} started by "
-        f"torchrun); every rank must start: `torchrun --nproc_per_node={world} script.py` "
-        "starts them all, and to train in one process unset WORLD_SIZE",
+        f"torchrun); every rank must start and call fit(), not only this one: `torchrun "
+        f"--nproc_per_node={world} script.py` starts them all; to train in one process, "
+        "unset WORLD_SIZE",
         file=sys.stderr,
         flush=True,
     )

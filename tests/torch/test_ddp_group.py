@@ -128,4 +128,5 @@ def test_a_rank_whose_peers_never_start_says_so_while_it_waits(tmp_path):
     said = err.read_text()
     assert "rank 0 of 2 has waited 0.5 s in torch.distributed.init_process_group" in said
     assert f"127.0.0.1:{port} (this process was not started by torchrun)" in said
+    assert "every rank must start and call fit()" in said
     assert "torchrun --nproc_per_node=2 script.py" in said
