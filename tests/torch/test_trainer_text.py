@@ -16,6 +16,7 @@ import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
 from somatize.errors import SettingError
 from somatize.torch.batches import chunk, num_examples
+from tests.torch.lightning_quiet import QUIET
 
 WORDS = ["rain", "sun", "wind", "goal", "team", "kick", "boil", "pot", "oven", "today", "again"]
 VOCAB = {w: i + 1 for i, w in enumerate(WORDS)}
@@ -122,3 +123,38 @@ def test_raw_text_is_counted_and_cut_as_its_rows() -> None:
         SettingError, match=r"inputs\[0\] of 5 strings and inputs\[1\] of shape \(4,\) disagree"
     ):
         chunk((texts, torch.arange(4)), 2)
+
+
+@QUIET[0]
+@QUIET[1]
+def test_a_lightning_graph_fed_raw_text_trains_as_the_plain_loop_does() -> None:
+    import logging
+
+    import lightning as L
+
+    from somatize.torch.lightning import LightningGraph, result
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    lg = LightningGraph(
+        graph(), loss=F.cross_entropy, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.5)
+    )
+    trainer = L.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    trainer.fit(lg, DataLoader(DATA, batch_size=4), DataLoader(DATA, batch_size=7))
+    got = result(trainer, lg)
+    state, means = plain()
+    assert got.num_examples == len(DATA)
+    for k, v in state.items():
+        torch.testing.assert_close(got.state[k], v)
+    assert got.epoch_losses == pytest.approx(means)
+    model = lg.graph["bag"]  # validation over raw text: the mean over its 21 examples
+    with torch.no_grad():
+        logits = bag(model.emb, model.out, ids([t for t, _ in DATA]))
+    want = F.cross_entropy(logits, torch.tensor([y for _, y in DATA])).item()
+    assert got.metrics[-1]["val_loss"] == pytest.approx(want, rel=1e-6)
