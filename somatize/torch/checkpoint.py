@@ -226,10 +226,19 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         CheckpointError: the file is missing, truncated, corrupt (checksum mismatch),
             holds code (a pickle that is not weights-only is refused, never executed),
-            is not a somatize checkpoint, or its payload lacks a key, has one of the
+            is not a somatize checkpoint (or is one of another somatize version's
+            format, which it names), or its payload lacks a key, has one of the
             wrong type or out of range (each named).
-        TypeError: ``path`` is not a str or a path.
+        TypeError: ``path`` is not a str or a path (None: what ``Checkpointing.last()``
+            and ``best_file()`` return for a directory without that checkpoint).
     """
+    if path is None:
+        raise TypeError(
+            "load_checkpoint takes the path of a checkpoint file, not None (what "
+            "Checkpointing(dir).last() and .best_file() return when dir holds no such "
+            "checkpoint: check the directory's path, and for best_file() that the run ranked "
+            "its checkpoints, Checkpointing(dir, best=1) with a val= set)"
+        )
     if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
         raise TypeError(
             f"load_checkpoint takes the path of a checkpoint file (a str or a pathlib.Path), "
@@ -247,14 +256,33 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             )
         payload = _load(path, f)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(
-            f"{path} is a torch file but not a somatize Trainer checkpoint (no format "
-            f"{FORMAT!r}); load it with torch.load, or resume from a Trainer checkpoint"
-        )
+        raise CheckpointError(_not_this_format(path, payload))
     integrity.check_payload(payload, path)
     if not verified:
         integrity.warn_unverified(path)
     return payload
+
+
+def _not_this_format(path: Path, payload: Any) -> str:
+    """Why ``payload`` (loaded from ``path``) is not a checkpoint of this version: one of
+    another somatize version's format, or a torch file that is no Trainer checkpoint."""
+    found = payload.get("format") if isinstance(payload, dict) else None
+    prefix, _, version = FORMAT.rpartition("/")
+    if isinstance(found, str) and found.startswith(prefix + "/"):
+        theirs = found.rpartition("/")[2]
+        newer = theirs.isdigit() and int(theirs) > int(version)
+        return (
+            f"{path} is a somatize Trainer checkpoint of format {found!r}, written by "
+            f"{'a newer' if newer else 'another'} version of somatize; this one reads "
+            f"{FORMAT!r}. Load it with the version that wrote it"
+            + (" (or upgrade somatize)" if newer else "")
+            + "; its weights alone are torch.load(path, map_location='cpu', "
+            "weights_only=True)['model'], for st.load_state"
+        )
+    return (
+        f"{path} is a torch file but not a somatize Trainer checkpoint (no format "
+        f"{FORMAT!r}); load it with torch.load, or resume from a Trainer checkpoint"
+    )
 
 
 def _load(path: Path, f: BinaryIO) -> Any:

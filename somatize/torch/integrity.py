@@ -204,7 +204,8 @@ def open_checkpoint(path: Path) -> Iterator[BinaryIO]:
         os.close(fd)
         raise CheckpointError(
             f"{path} is a directory, not a checkpoint; pass one of its step-NNNNNNNNN.ckpt "
-            f"files, or resume='last' with checkpoint=st.Checkpointing({str(path)!r})"
+            f"files (st.Checkpointing({str(path)!r}).last() names the newest, .best_file() "
+            f"the best), or resume='last' with checkpoint=st.Checkpointing({str(path)!r})"
         )
     if not stat.S_ISREG(mode):
         os.close(fd)

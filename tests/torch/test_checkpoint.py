@@ -15,6 +15,7 @@ from torch.nn import functional as F
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
 from somatize.errors import CheckpointError
+from somatize.torch import integrity
 from somatize.torch.checkpoint import rng_state, set_rng_state
 
 
@@ -188,6 +189,35 @@ def test_a_torch_file_that_is_not_ours_is_refused(tmp_path):
         st.load_checkpoint(foreign)
     with pytest.raises(CheckpointError, match=r"no checkpoint at .*missing\.ckpt; give the path"):
         st.load_checkpoint(tmp_path / "missing.ckpt")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "says"),
+    [
+        ("somatize.checkpoint/2", r"format 'somatize.checkpoint/2', written by a newer version"),
+        ("somatize.checkpoint/0", r"format 'somatize.checkpoint/0', written by another version"),
+    ],
+)
+def test_a_checkpoint_of_another_somatize_version_says_so_and_where_its_weights_are(
+    good, tmp_path, fmt, says
+):
+    payload = {**st.load_checkpoint(good), "format": fmt}
+    other = tmp_path / "other.ckpt"
+    integrity.write_checkpoint(other, payload)
+    with pytest.raises(CheckpointError, match=says) as e:
+        st.load_checkpoint(other)
+    assert "not a somatize Trainer checkpoint" not in str(e.value)
+    assert "weights_only=True)['model']" in str(e.value)
+    # the fix it names works: the weights load with torch alone, and fit the graph
+    weights = torch.load(other, map_location="cpu", weights_only=True)["model"]
+    st.load_state(Graph.somatize(Linear()), weights)
+
+
+def test_none_for_a_path_names_where_a_none_comes_from(tmp_path):
+    nowhere = st.Checkpointing(tmp_path / "typo")
+    assert nowhere.best_file() is None and nowhere.last() is None
+    with pytest.raises(TypeError, match=r"not None .*last\(\) and \.best_file\(\) return"):
+        st.load_checkpoint(nowhere.best_file())  # type: ignore[arg-type]
 
 
 class Evil:
