@@ -234,10 +234,11 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     if path is None:
         raise TypeError(
-            "load_checkpoint takes the path of a checkpoint file, not None (what "
+            "load_checkpoint takes the path of a checkpoint file (a str or a pathlib.Path), "
+            "not None; e.g. st.load_checkpoint('runs/ckpt/step-000000100.ckpt'). None is what "
             "Checkpointing(dir).last() and .best_file() return when dir holds no such "
             "checkpoint: check the directory's path, and for best_file() that the run ranked "
-            "its checkpoints, Checkpointing(dir, best=1) with a val= set)"
+            "its checkpoints, Checkpointing(dir, best=1) with a val= set"
         )
     if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
         raise TypeError(
