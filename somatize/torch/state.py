@@ -14,7 +14,7 @@ from ..errors import StateError
 from ..graph import Graph
 from .module import module
 from .not_a_graph import require_graph
-from .state_hints import renamed, weight_average
+from .state_hints import renamed, resized, weight_average
 
 __all__ = ["load_state", "state"]
 
@@ -78,6 +78,7 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
             + (
                 renamed(missing, unexpected, snapshot)
                 or weight_average(m, snapshot, missing)
+                or resized(shapes, missing, unexpected)
                 or "was it saved from a different graph? compare sorted(state(g)) with the "
                 "saved keys"
             )

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["misfit_hint", "renamed", "weight_average"]
+__all__ = ["misfit_hint", "renamed", "resized", "weight_average"]
 
 LOAD_STATE = ("load_state(g, {})", "st.state(g)")
 
@@ -67,7 +67,52 @@ def renamed(
             f"name each as the graph does ({example!r} is {short[example]!r} here), e.g. "
             f"{{graph_name: state[graph_name.split('.', 1)[1]] for graph_name in {names}}}"
         )
+    ids = _node_renames(missing, unexpected)
+    if ids:
+        said = ", ".join(f"the state's {old!r} is the graph's {new!r}" for old, new in ids.items())
+        return (
+            f"whole nodes fit under other ids: {said} (renamed since?). Build the graph with "
+            f"the ids it was trained with, .with_id({next(iter(ids))!r}), or rename the "
+            "state's keys: {ids.get(k.split('.', 1)[0], k.split('.', 1)[0]) + '.' + "
+            f"k.split('.', 1)[1]: v for k, v in state.items()}} with ids = {ids!r}"
+        )
     return ""
+
+
+def _node_renames(missing: list[str], unexpected: list[str]) -> dict[str, str]:
+    """``{state's node id: graph's node id}`` when the keys that do not fit are whole
+    nodes' under other ids, each paired with the one node holding the same names inside;
+    {} when they are not, or a pairing is ambiguous (two nodes of the same layers)."""
+
+    def by_node(keys: list[str]) -> dict[str, frozenset[str]]:
+        nodes: dict[str, set[str]] = {}
+        for k in keys:
+            node, _, rest = k.partition(".")
+            nodes.setdefault(node, set()).add(rest)
+        return {node: frozenset(rest) for node, rest in nodes.items()}
+
+    theirs, ours = by_node(unexpected), by_node(missing)
+    if not theirs or len(theirs) != len(ours):
+        return {}
+    renames = {}
+    for old, inside in theirs.items():
+        match = [new for new, held in ours.items() if held == inside]
+        if len(match) != 1:
+            return {}
+        renames[old] = match[0]
+    return renames if len(set(renames.values())) == len(renames) else {}
+
+
+def resized(shapes: list[str], missing: list[str], unexpected: list[str]) -> str:
+    """The fix when every name fits and only shapes differ: the graph's modules were built
+    with other sizes than the trained ones. "" otherwise."""
+    if not shapes or missing or unexpected:
+        return ""
+    return (
+        "the same names with other shapes: the graph's modules were built with other sizes "
+        "than the state's (a width, a vocabulary, a number of classes); build the graph "
+        "with the arguments it was trained with"
+    )
 
 
 def weight_average(

@@ -156,7 +156,10 @@ def test_module_load_state_dict_keeps_torchs_error_and_adds_the_fix_as_a_note() 
     assert "prefix 'module.'" in note
 
     swapped = {k.replace("enc.", "x.", 1): v for k, v in state.items()}
-    assert not getattr(_misfit(g, swapped), "__notes__", None)  # no fix to name: torch's alone
+    (note,) = _misfit(g, swapped).__notes__  # a node under another id: named
+    assert "the state's 'x' is the graph's 'enc'" in note
+    foreign = {k.replace("enc.lin.", "x.other.", 1): v for k, v in state.items()}
+    assert not getattr(_misfit(g, foreign), "__notes__", None)  # no fix to name: torch's alone
 
     with pytest.raises(RuntimeError, match="size mismatch") as e:
         st.module(g).load_state_dict({**state, "head.lin.weight": torch.zeros(5, 2)})
@@ -164,6 +167,34 @@ def test_module_load_state_dict_keeps_torchs_error_and_adds_the_fix_as_a_note() 
 
     assert st.module(g).load_state_dict(state).missing_keys == []  # a fit loads as before
     assert st.module(g1).load_state_dict(short, strict=False).unexpected_keys == list(short)
+
+
+def test_load_state_names_a_renamed_node_and_its_fix_runs() -> None:
+    class Branch(Node):
+        def __init__(self, width: int) -> None:
+            self.net = nn.Sequential(nn.Linear(4, width), nn.ReLU())
+
+        def forward(self, x, ctx):
+            return Done(Opaque(self.net(x)))
+
+    def fork(ids: tuple[str, str], width: int = 3) -> Graph:
+        return Graph.somatize(Branch(width).with_id(ids[0]) | Branch(width).with_id(ids[1]))
+
+    state = st.state(fork(("left", "right")))
+    g = fork(("left", "rite"))
+    with pytest.raises(StateError, match="the state's 'right' is the graph's 'rite'") as e:
+        st.load_state(g, state)
+    fix = str(e.value).split("rename the state's keys: ", 1)[1]
+    code, ids = fix.rstrip(")").split(" with ids = ")
+    st.load_state(g, eval(code, {"ids": eval(ids), "state": state}))  # the fix, as given
+    assert torch.equal(g["rite"].net[0].weight, state["right.net.0.weight"])
+    # two nodes of the same layers both renamed: which is which cannot be told, none named
+    with pytest.raises(StateError, match="was it saved from a different graph") as e:
+        st.load_state(fork(("a", "b")), state)
+    # the same names, other shapes: built with other sizes, not another graph
+    with pytest.raises(StateError, match="built with other sizes than the state's") as e:
+        st.load_state(fork(("left", "right"), width=5), state)
+    assert "different graph" not in str(e.value)
 
 
 def test_module_load_state_dict_of_a_weight_average_alone_names_the_payload() -> None:
