@@ -216,7 +216,9 @@ def test_a_checkpoint_of_another_somatize_version_says_so_and_where_its_weights_
 def test_none_for_a_path_names_where_a_none_comes_from(tmp_path):
     nowhere = st.Checkpointing(tmp_path / "typo")
     assert nowhere.best_file() is None and nowhere.last() is None
-    with pytest.raises(TypeError, match=r"not None; .*None is what .*last\(\) and \.best_file\(\) return"):
+    with pytest.raises(
+        TypeError, match=r"not None; .*None is what .*last\(\) and \.best_file\(\) return"
+    ):
         st.load_checkpoint(nowhere.best_file())  # type: ignore[arg-type]
 
 
