@@ -7,6 +7,7 @@ CPU tensors, so it feeds ``fedavg``, checkpoints and other processes.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -29,12 +30,18 @@ def state(g: Graph) -> dict[str, torch.Tensor]:
 def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
     """Load a name-keyed state into the graph's modules (in place; keys then follow).
 
+    ``snapshot`` may also be a whole Trainer checkpoint (``st.load_checkpoint(path)``):
+    its weights as evaluated are loaded — under ``Options(ema=)`` the average, which the
+    checkpoint's validation judged (``["ema"]["state"]`` over ``["model"]``), else
+    ``["model"]``.
+
     Raises:
         StateError: missing or unexpected keys, values that are not tensors, shape
             mismatches — all listed, before anything is loaded; or ``snapshot`` is not
             a state dict at all (a ``TrainResult``: pass ``result.state``).
     """
     require_graph(g, "st.load_state")
+    snapshot = evaluated(snapshot)
     if not isinstance(snapshot, Mapping):
         hint = (
             f"a {type(snapshot).__qualname__} holds one in .state — pass "
@@ -85,3 +92,17 @@ def load_state(g: Graph, snapshot: Mapping[str, torch.Tensor]) -> None:
             + ")"
         )
     m.load_state_dict(dict(snapshot), strict=True)
+
+
+def evaluated(snapshot: Any) -> Any:
+    """A Trainer checkpoint's weights as its evaluation saw them (the EMA average over the
+    trained weights, where it holds one); anything else as it is."""
+    from .checkpoint import FORMAT
+
+    if not isinstance(snapshot, Mapping) or snapshot.get("format") != FORMAT:
+        return snapshot
+    average = snapshot.get("ema")
+    model = snapshot.get("model")
+    if isinstance(average, Mapping) and isinstance(average.get("state"), Mapping):
+        return {**model, **average["state"]} if isinstance(model, Mapping) else model
+    return model

@@ -143,6 +143,30 @@ def test_loading_a_checkpoints_average_alone_says_to_load_it_over_the_model(tmp_
     st.load_state(graph(), {**payload["model"], **payload["ema"]["state"]})
 
 
+@pytest.mark.parametrize("ema", [DECAY, None])
+def test_a_whole_checkpoint_loads_the_weights_its_evaluation_judged(tmp_path, ema):
+    """``load_state(g, load_checkpoint(best))``: under EMA the average (what ranked the
+    checkpoint best), else the trained weights; evaluated again, it gives the best value."""
+    val = data(2, seed=1)
+    result = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.5),
+        epochs=3,
+        checkpoint=st.Checkpointing(tmp_path, best=1),
+        options=st.Options(progress=False, ema=ema),
+    ).fit(graph(), data(), val=val)
+    payload = st.load_checkpoint(result.best_checkpoint)
+    served = graph()
+    st.load_state(served, payload)
+    want = {**payload["model"], **(payload["ema"]["state"] if ema else {})}
+    got = st.state(served)
+    assert all(torch.equal(got[k], want[k]) for k in want) and set(got) == set(want)
+    if ema:  # (the trained weights are not the average)
+        assert not torch.equal(got["net.lin.weight"], payload["model"]["net.lin.weight"])
+    measured = st.Trainer(loss=F.cross_entropy).evaluate(served, val)["loss"]
+    assert measured == pytest.approx(result.best, rel=1e-5)
+
+
 def test_average_update_matches_averaged_model_and_swaps_back():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
