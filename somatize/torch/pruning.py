@@ -237,11 +237,14 @@ def check_study_direction(pruner: Any, monitor: str, mode: str) -> None:
     other way round, the study's pruner ranks each trial's values upside down — a
     ``MedianPruner`` prunes the best trials and keeps the worst — and nothing fails.
 
+    The trial must also be fresh: see ``check_fresh_trial``.
+
     Raises:
         SettingError: naming the direction, the monitor and its mode, and the fix.
     """
     if getattr(pruner, "metric", None) is not None:
         return  # a pruner of its own metric (Patience, Threshold): not a study's trial
+    check_fresh_trial(pruner)
     try:
         directions = list(pruner.study.directions)
     except Exception:  # no study, or one that does not say: nothing to compare
@@ -265,4 +268,32 @@ def check_study_direction(pruner: Any, monitor: str, mode: str) -> None:
         "would prune the best trials and keep the worst. Report the metric the study "
         f"optimizes, with its mode (e.g. {example}), or create the study with "
         f"direction={other!r}"
+    )
+
+
+def check_fresh_trial(pruner: Any) -> None:
+    """An Optuna ``Trial`` prunes one fit: a second fit given the same trial (the next seed
+    of a configuration) reports at the steps the first reported, which Optuna ignores with
+    a warning per step, while ``should_prune()`` still answers from the first fit's values —
+    at its last step, not this fit's — so the second fit is pruned, or kept, for the first
+    one's curve, and the study never sees its own.
+
+    Raises:
+        SettingError: the trial already holds reported values, naming the trial, the
+            steps and the fix.
+    """
+    try:  # (Optuna's Trial: its storage and id; anything else is not checked)
+        steps = sorted(pruner.storage.get_trial(pruner._trial_id).intermediate_values)
+    except Exception:
+        return
+    if not steps:
+        return
+    held = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]} … {steps[-1]}"
+    number = getattr(pruner, "number", "?")
+    raise SettingError(
+        f"pruner={type(pruner).__qualname__} {number} already holds values reported at "
+        f"{held} by an earlier fit (another seed of the same configuration?): Optuna ignores "
+        "a second report at a step, and its pruner would judge this fit by the earlier one's "
+        "values. Give the trial to one fit only — pruner=trial for the first seed, "
+        "pruner=None for the others, and return the seeds' mean — or ask a trial per fit"
     )

@@ -101,3 +101,20 @@ def test_a_real_optuna_study_in_the_wrong_direction_is_refused():
     trial = study.ask()
     fit(trial, monitor="val_acc", mode="max")
     assert len(trial.storage.get_trial(trial._trial_id).intermediate_values) == 2
+
+
+def test_a_trial_given_to_a_second_fit_is_refused_naming_the_fix():
+    # the next seed of a configuration, fitted with the same trial: Optuna would ignore
+    # its reports (steps already reported) and prune it by the first seed's values
+    optuna = pytest.importorskip("optuna")
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.MedianPruner())
+    trial = study.ask()
+    fit(trial, monitor="val_acc", mode="max")
+    held = dict(trial.storage.get_trial(trial._trial_id).intermediate_values)
+    with pytest.raises(SettingError, match=r"Trial 0 already holds .* pruner=None for the others"):
+        fit(trial, monitor="val_acc", mode="max")
+    assert trial.storage.get_trial(trial._trial_id).intermediate_values == held
+    fit(None, monitor="val_acc", mode="max")  # the other seeds, without the trial: fine
+    fresh = study.ask()
+    fit(fresh, monitor="val_acc", mode="max")
+    assert len(fresh.storage.get_trial(fresh._trial_id).intermediate_values) == 2
