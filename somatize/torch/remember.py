@@ -271,6 +271,12 @@ class Remembered:
             self._unremembered(ck.key, record, why, problems)
             warnings.warn(f"{why}: its run is not remembered", RuntimeWarning, stacklevel=outside())
             return result  # type: ignore[no-any-return]
+        if result.pruned and self._pruner_outside_key(args, kwargs) is not None:
+            # stopped by what the key does not hold (a study's trial): forgotten, checkpoints
+            # too, so a later call (without the trial, in another study) trains in full
+            with contextlib.suppress(OSError):
+                self.store.remove(ck.key)
+            return self._returned(result, ck.key)
         try:
             payload = encode_result(result, self.codecs)
         except ValueConversionError as e:
@@ -305,6 +311,21 @@ class Remembered:
             )
         return self._returned(result, ck.key)
 
+    def _pruner_outside_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """The excluded argument that is a pruner (``report`` and ``should_prune``: an
+        Optuna ``Trial``), whose decisions depend on what the run's key does not hold."""
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs).arguments
+        except TypeError:
+            return None
+        for name in self.exclude:
+            value = bound.get(name)
+            if callable(getattr(value, "report", None)) and callable(
+                getattr(value, "should_prune", None)
+            ):
+                return name
+        return None
+
     def _unremembered(
         self, key: str, record: dict[str, Any], why: str, problems: list[str]
     ) -> None:
@@ -338,7 +359,9 @@ def remember(
     Args:
         fn: a function returning a ``TrainResult`` (from ``Trainer.fit``).
         keeper: where results are stored (a ``DiskKeeper`` shared by processes).
-        exclude: argument names left out of the key (a pool, a logger, a device).
+        exclude: argument names left out of the key (a pool, a logger, a device). A run
+            stopped by a pruner passed this way (an Optuna ``trial``) is not remembered:
+            its stop was the study's verdict, which the key does not hold.
         dir: the runs' records and checkpoints (default: ``remembered/`` in the keeper's
             directory); ``somatize runs --dir DIR [--keeper KEEPER_DIR]`` lists and cleans
             them.
