@@ -215,6 +215,18 @@ def _difference(s: Summary, best: Summary, paired: bool) -> Difference:
 
 
 def _label(config: Hashable) -> str:
+    """A configuration as the table shows it: floats to 4 significant digits (a sampled
+    learning rate, 0.002015); name-value pairs (``tuple(sorted(trial.params.items()))``)
+    as ``lr=0.002015, width=64``."""
     if isinstance(config, str):
         return config
+    if isinstance(config, float):
+        return f"{config:.4g}"
+    if isinstance(config, tuple):
+        if config and all(
+            isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in config
+        ):
+            return ", ".join(f"{k}={_label(v)}" for k, v in config)
+        inner = ", ".join(_label(v) for v in config)
+        return f"({inner},)" if len(config) == 1 else f"({inner})"
     return repr(config)

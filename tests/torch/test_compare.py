@@ -110,3 +110,19 @@ def test_one_run_each_says_there_is_no_spread_to_judge_by():
         "(too few runs to tell a from b: a standard error needs two runs each, or two paired seeds)"
     )
     assert "-0.1000" in str(c).splitlines()[2]  # the difference itself is still shown
+
+
+def test_sampled_parameters_are_labelled_short_and_by_name():
+    """Optuna's params (a dict, no key) as tuple(sorted(params.items())): the table names
+    them, floats to 4 significant digits, not 0.0020151747022550803."""
+    a = tuple(sorted({"lr": 0.0020151747022550803, "width": 64}.items()))
+    b = tuple(sorted({"lr": 0.01, "width": 32}.items()))
+    c = st.compare({a: [0.9, 0.92], b: [0.8, 0.82]}, "val_acc")
+    rows = str(c).splitlines()
+    assert rows[1].startswith("lr=0.002015, width=64  0.9100") and c.best == a
+    assert rows[2].startswith("lr=0.01, width=32      0.8100")
+    assert (
+        str(st.compare({(1e-3, 2.5e-06): [0.5]}, "val_acc"))
+        .splitlines()[1]
+        .startswith("(0.001, 2.5e-06)")
+    )
