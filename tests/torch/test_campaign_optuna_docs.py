@@ -29,9 +29,8 @@ def study_script(tmp_path, pruner=None):
     (tmp_path / "sweep.py").write_text(first + study + check)
 
 
-def test_the_optuna_study_on_a_pool_reports_every_evaluation_to_the_study(tmp_path):
-    pytest.importorskip("optuna")
-    study_script(tmp_path)
+def run_sweep(tmp_path):
+    """The page's study, run as a script in ``tmp_path``; it must exit 0."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run(
         [sys.executable, "sweep.py"],
@@ -42,6 +41,13 @@ def test_the_optuna_study_on_a_pool_reports_every_evaluation_to_the_study(tmp_pa
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_the_optuna_study_on_a_pool_reports_every_evaluation_to_the_study(tmp_path):
+    pytest.importorskip("optuna")
+    study_script(tmp_path)
+    out = run_sweep(tmp_path)
     lines = out.stdout.splitlines()
     assert lines[0].startswith("8 trials; best {'lr': ")
     n = int(lines[1].split()[0])
@@ -53,15 +59,6 @@ def test_the_workers_prune_with_the_study_pruner_of_the_page(tmp_path):
     # left without it, Optuna's default MedianPruner would complete the first five trials
     pytest.importorskip("optuna")
     study_script(tmp_path, pruner="optuna.pruners.ThresholdPruner(lower=2.0)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run(
-        [sys.executable, "sweep.py"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr
+    out = run_sweep(tmp_path)
     lines = out.stdout.splitlines()
     assert lines[1] == "8 reports" and lines[2] == "['PRUNED']", out.stdout
