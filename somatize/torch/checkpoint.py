@@ -257,7 +257,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             )
         payload = _load(path, f)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(_not_this_format(path, payload))
+        e = CheckpointError(_not_this_format(path, payload))
+        e.format = payload.get("format") if isinstance(payload, dict) else None  # type: ignore[attr-defined]
+        raise e
     integrity.check_payload(payload, path)
     if not verified:
         integrity.warn_unverified(path)

@@ -24,8 +24,9 @@ __all__ = ["Verdict", "verify_checkpoints", "verify_command"]
 
 @dataclass(frozen=True)
 class Verdict:
-    """One file's verdict: ``"ok"``, ``"unverified"`` (no checksum), ``"damaged"``, or
-    ``"missing"`` (a ``last`` pointer absent beside checkpoints)."""
+    """One file's verdict: ``"ok"``, ``"unverified"`` (no checksum), ``"damaged"``,
+    ``"missing"`` (a ``last`` pointer absent beside checkpoints), or ``"other"`` (intact,
+    of another somatize version's format: that version reads it)."""
 
     path: Path
     status: str
@@ -96,7 +97,8 @@ def _verify(file: Path) -> Verdict:
         try:
             load_checkpoint(file)
         except CheckpointError as e:
-            return Verdict(file, "damaged", str(e))
+            other = str(getattr(e, "format", None) or "").startswith("somatize.checkpoint/")
+            return Verdict(file, "other" if other else "damaged", str(e))
     unverified = any("no checksum" in str(w.message) for w in caught)
     return Verdict(file, "unverified" if unverified else "ok", "no checksum" if unverified else "")
 
@@ -114,9 +116,11 @@ def verify_command(path: str) -> int:
         print(printable(f"{v.status:<10} {v.path}" + (f": {v.detail}" if v.detail else "")))
     damaged = sum(v.status == "damaged" for v in verdicts)
     missing = sum(v.status == "missing" for v in verdicts)
+    other = sum(v.status == "other" for v in verdicts)
     print(
         f"{len(verdicts)} checked: {damaged} damaged, "
         + (f"{missing} missing, " if missing else "")
+        + (f"{other} of another somatize version, " if other else "")
         + f"{sum(v.status == 'unverified' for v in verdicts)} without a checksum"
     )
     return 1 if damaged or missing else 0

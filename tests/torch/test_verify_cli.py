@@ -110,3 +110,25 @@ def test_a_path_with_nothing_there_names_what_to_give(tmp_path: Path) -> None:
         CheckpointError, match=r"no checkpoint or checkpoint directory at .*; give a"
     ):
         verify_checkpoints(tmp_path / "nothing")
+
+
+def test_a_checkpoint_of_another_somatize_version_is_intact_not_damaged(
+    ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It reads with the version that wrote it: verify says so and names its format, exit 0
+    (a damaged file beside it is still damaged, exit 1)."""
+    from somatize.torch import integrity
+
+    newest = st.Checkpointing(ckpt).last()
+    assert newest is not None
+    payload = {**st.load_checkpoint(newest), "format": "somatize.checkpoint/2"}
+    integrity.write_checkpoint(newest, payload)  # (checksummed: intact, of a newer format)
+    verdict = next(v for v in verify_checkpoints(ckpt) if v.path == newest)
+    assert verdict.status == "other" and "written by a newer version" in verdict.detail
+    assert main(["checkpoint", "verify", str(ckpt)]) == 0
+    out = capsys.readouterr().out
+    assert f"other      {newest}: " in out and "1 of another somatize version" in out
+    assert "names" not in out  # (the 'last' pointer names an intact file: not damaged)
+    newest.write_bytes(newest.read_bytes()[:-10])  # now torn
+    assert main(["checkpoint", "verify", str(ckpt)]) == 1
+    assert f"damaged    {newest}" in capsys.readouterr().out
