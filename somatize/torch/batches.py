@@ -41,9 +41,13 @@ __all__ = [
 
 
 def split(batch: Any) -> tuple[Any, Any]:
-    """``(x, y)`` of a batch; ``y`` is None when the batch carries no target."""
+    """``(x, y)`` of a batch; ``y`` is None when the batch carries no target. A batch of
+    raw text alone (``is_text``: two strings, ``["a dish", "the coach"]``) is its input
+    whole, not a text and its target."""
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
+        first = type(batch[0])  # (a str first, seldom: only then is the whole read)
+        if (first is not str and first is not bytes) or not is_text(batch):
+            return batch[0], batch[1]
     if isinstance(batch, dict) and "x" in batch:
         return batch["x"], batch.get("y")
     return batch, None

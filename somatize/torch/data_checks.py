@@ -1,6 +1,7 @@
 """What the Trainer refuses as data, before any step: a torch ``Dataset`` (or a list) of
-single examples where batches belong, a tensor given whole, a list of DataLoaders, and a
-one-shot stream (a generator) for more than one epoch."""
+single examples where batches belong, a tensor given whole, a list of strings (texts
+where batches of them belong), a list of DataLoaders, and a one-shot stream (a generator)
+for more than one epoch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..errors import SettingError
+from ..printable import printable
 from .batches import _leaves
 from .limits import length
 
@@ -57,6 +59,8 @@ def check_data(
             f"{what} is one dict batch ({keys}), not batches: read as data, it would "
             f"give its keys; pass [batch] for one batch, or a DataLoader over the examples"
         )
+    if type(data) in (list, tuple) and data and isinstance(data[0], (str, bytes)):
+        _refuse_strings(data, what)
     if type(data) in (list, tuple) and any(isinstance(b, (DataLoader, Dataset)) for b in data):
         _refuse_loaders(data, what, train)
     if type(data) in (list, tuple) and data and _an_example(data[0], split_, listed=True):
@@ -150,7 +154,8 @@ def _an_example(item: Any, split_: Callable[[Any], tuple[Any, Any]], listed: boo
     except Exception:  # the split's own error, at the first step, says it better
         return False
     one = isinstance(target, torch.Tensor) and target.dim() == 0
-    return (one or isinstance(target, numbers.Number)) and (not listed or bool(_leaves(x)))
+    held = bool(_leaves(x)) or isinstance(x, (str, bytes))  # a tensor, or one text
+    return (one or isinstance(target, numbers.Number)) and (not listed or held)
 
 
 def _refuse_examples(data: list[Any] | tuple[Any, ...], what: str, train: bool) -> None:
@@ -165,6 +170,18 @@ def _refuse_examples(data: list[Any] | tuple[Any, ...], what: str, train: bool) 
         "as a sequence of batches: each step would see one un-batched example and the run "
         "would count its features as its examples. Batch it: DataLoader(examples, "
         f"batch_size=32{shuffle}) reads a {kind} of (x, y) pairs as a dataset"
+    )
+
+
+def _refuse_strings(data: list[Any] | tuple[Any, ...], what: str) -> None:
+    """A list of strings where batches belong: each string would be one batch, whose
+    characters a tokenizing node would read as its rows (``predict(g, ["a dish", ...])``)."""
+    kind = type(data).__name__
+    raise SettingError(
+        f"{what} is a {kind} of {len(data)} strings ({printable(repr(data[0][:40]))}, ...), "
+        f"but a {kind} is read as a sequence of batches: each string would be one batch, "
+        "its characters read as rows. Pass [texts] for one batch of raw text, or a "
+        "DataLoader(texts, batch_size=32) for batches of it"
     )
 
 

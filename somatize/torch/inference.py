@@ -19,7 +19,7 @@ from torch import nn
 from ..graph import Graph
 from ..stack import outside
 from . import ddp
-from .batches import num_examples, split, to_device
+from .batches import is_text, num_examples, split, to_device
 from .carry import carries, check_last_batch, named_carries, reset
 from .data_checks import check_data
 from .first_step import evaluate_note, keywords_note
@@ -91,8 +91,14 @@ def predict(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) -> 
 
 def _inputs(trainer: Trainer, batch: Any) -> Any:
     """What ``predict`` gives the model of a batch: ``split``'s inputs — and the one tensor
-    of a one-item batch, as ``DataLoader(TensorDataset(x))`` yields (``[x]``)."""
-    if trainer.split is None and type(batch) in (list, tuple) and len(batch) == 1:
+    of a one-item batch, as ``DataLoader(TensorDataset(x))`` yields (``[x]``); a batch of
+    raw text, one string or more (``is_text``), is the input whole."""
+    if (
+        trainer.split is None
+        and type(batch) in (list, tuple)
+        and len(batch) == 1
+        and not is_text(batch)
+    ):
         return batch[0]
     return (trainer.split or split)(batch)[0]
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 import somatize.torch as st
 from somatize import Done, Graph, Node, Opaque
 from somatize.errors import SettingError
-from somatize.torch.batches import chunk, num_examples
+from somatize.torch.batches import chunk, num_examples, split
 from tests.torch.lightning_quiet import QUIET
 
 WORDS = ["rain", "sun", "wind", "goal", "team", "kick", "boil", "pot", "oven", "today", "again"]
@@ -158,3 +158,50 @@ def test_a_lightning_graph_fed_raw_text_trains_as_the_plain_loop_does() -> None:
         logits = bag(model.emb, model.out, ids([t for t, _ in DATA]))
     want = F.cross_entropy(logits, torch.tensor([y for _, y in DATA])).item()
     assert got.metrics[-1]["val_loss"] == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("texts", [["rain today"], ["rain today", "goal team"], ("kick", "pot")])
+def test_predict_on_raw_text_alone_gives_a_row_per_string(texts: Any) -> None:
+    # one or two strings were read as [x] and (x, y): the first string alone, its characters
+    # tokenized as rows (27 rows of output for two sentences)
+    g = graph()
+    model = g["bag"]
+    (got,) = st.Trainer().predict(g, [texts])
+    with torch.no_grad():
+        want = bag(model.emb, model.out, ids(texts))
+    torch.testing.assert_close(got, want)
+    assert split(texts) == (texts, None)  # no target: loss(output) in training
+
+
+def test_a_two_string_batch_of_text_alone_trains_on_the_whole_batch() -> None:
+    seen: list[Any] = []
+
+    class Seen(Node):
+        def forward(self, texts: Any, ctx: Any) -> Done:
+            seen.append(texts)
+            return Done(ids(texts))
+
+    torch.manual_seed(0)
+    g = Graph.somatize(Seen() >> Bag())
+    st.Trainer(
+        loss=lambda out: out.logsumexp(1).mean(),
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        options=st.Options(progress=False, shuffle=False),
+    ).fit(g, [["rain today", "goal team"]])
+    assert seen == [["rain today", "goal team"]]
+
+
+@pytest.mark.parametrize("call", ["fit", "evaluate", "predict"])
+def test_a_list_of_strings_as_data_is_refused_naming_the_fix(call: str) -> None:
+    t = trainer()
+    with pytest.raises(
+        SettingError, match=r"list of 3 strings \('rain today', \.\.\.\).*\[texts\]"
+    ):
+        getattr(t, call)(graph(), ["rain today", "goal team", "boil pot"])
+
+
+def test_a_list_of_text_label_pairs_is_refused_as_single_examples() -> None:
+    with pytest.raises(
+        SettingError, match=r"list of 21 items, each a single example \(\(str, int\)"
+    ):
+        trainer().fit(graph(), DATA)
