@@ -205,3 +205,72 @@ def test_a_list_of_text_label_pairs_is_refused_as_single_examples() -> None:
         SettingError, match=r"list of 21 items, each a single example \(\(str, int\)"
     ):
         trainer().fit(graph(), DATA)
+
+
+LENGTH = 3  # every text's ids padded to one length: a row is keyed with its padding
+
+
+class TokenizeOne(Node):  # the FAQ's: one text in, its ids out
+    def forward(self, text: str, ctx: Any) -> Done:
+        row = [VOCAB.get(w, 0) for w in text.split()][:LENGTH]
+        return Done(row + [0] * (LENGTH - len(row)))
+
+
+class Ids(Node):
+    def forward(self, rows: Any, ctx: Any) -> Done:
+        return Done(torch.tensor(rows))
+
+
+class Encoder(Node):
+    def __init__(self) -> None:
+        self.emb = nn.Embedding(len(VOCAB) + 1, 8, padding_idx=0)
+        self.gru = nn.GRU(8, 8, batch_first=True)
+
+    def forward(self, ids: torch.Tensor, ctx: Any) -> Done:
+        return Done(Opaque(self.gru(self.emb(ids))[1][-1]))  # (batch, 8)
+
+
+class Head(Node):
+    def __init__(self) -> None:
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, h: Any, ctx: Any) -> Done:
+        return Done(Opaque(self.out(h)))
+
+
+def test_a_mapped_tokenizer_and_a_frozen_encoder_hit_from_epoch_two_under_shuffling() -> None:
+    # the FAQ's pattern: each text tokenized once, each example encoded once, a plain loop's
+    # weights (g.cache("tokenize") on a tokenizer of the whole list misses every epoch)
+    from somatize.watchers import EpochEnd
+
+    torch.manual_seed(0)
+    g = Graph.somatize(TokenizeOne().mapped() >> Ids() >> Encoder().with_id("enc") >> Head())
+    g.cache("tokenize_one").freeze("enc").cache("enc", per="example")
+    epochs: list[Any] = []
+    loader = DataLoader(DATA, batch_size=4, shuffle=True)
+    result = st.Trainer(
+        loss=F.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.5),
+        epochs=3,
+        seed=3,
+        options=st.Options(progress=False),
+        watchers=[type("W", (), {"on_event": lambda s, e: epochs.append(e)})()],
+    ).fit(g, loader)
+    ends = [e.cache for e in epochs if isinstance(e, EpochEnd)]
+    assert [c["tokenize_one"]["misses"] for c in ends][1:] == [0, 0]
+    assert [c["enc"]["misses"] for c in ends][1:] == [0, 0]
+
+    torch.manual_seed(0)
+    tok, enc, head = TokenizeOne(), Encoder(), Head()
+    sgd = torch.optim.SGD(head.out.parameters(), lr=0.5)
+    for e in range(3):  # the Trainer's order (trainer.md's plain loop)
+        loader.sampler.generator = torch.Generator().manual_seed(3 * 1_000_003 + e)
+        loader.generator = torch.Generator().manual_seed(3 * 1_000_003 + e + 500_009)
+        for texts, y in loader:
+            with torch.no_grad():
+                h = enc.forward(torch.tensor([tok.forward(t, None).value for t in texts]), None)
+            loss = F.cross_entropy(head.out(h.value.value), y)
+            sgd.zero_grad()
+            loss.backward()
+            sgd.step()
+    torch.testing.assert_close(result.state["head.out.weight"], head.out.weight.detach())
