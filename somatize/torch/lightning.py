@@ -32,7 +32,7 @@ from torch import nn
 
 from ..errors import SettingError, add_note, require
 from ..graph import Graph
-from .batches import checked_split, num_examples, split
+from .batches import checked_split, is_text, num_examples, split
 from .carry import carries, reset
 from .epoch_loss import weighed
 from .first_step import batch_note, loss_note
@@ -219,8 +219,7 @@ class LightningGraph(L.LightningModule):
         self._examples[epoch] = self._examples.get(epoch, 0) + n
         return loss
 
-    # Lightning passes dataloader_idx only with several loaders, when it also names what
-    # is logged after it (val_loss/dataloader_idx_1): None is the single loader.
+    # dataloader_idx: only with several loaders (val_loss/dataloader_idx_1); None: one
     def validation_step(
         self, batch: Any, batch_idx: int, dataloader_idx: int | None = None
     ) -> None:
@@ -234,8 +233,9 @@ class LightningGraph(L.LightningModule):
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         lightning_carry.start_set(self, batch_idx)
         try:
-            if self.split is None and type(batch) in (list, tuple) and len(batch) == 1:
-                return self.net(batch[0])  # DataLoader(TensorDataset(x)) yields [x]
+            one = self.split is None and type(batch) in (list, tuple) and len(batch) == 1
+            if one and not is_text(batch):  # TensorDataset(x)'s [x] (one string: raw text)
+                return self.net(batch[0])
             return self.net((self.split or split)(batch)[0])
         except (TypeError, ValueError) as e:
             self._explain(e, batch, "predict")

@@ -255,7 +255,8 @@ def _cold(
     found = f"only {hits:,} of its" if hits else "none of its"
     batches = (
         "a shuffled DataLoader never repeats a batch — cache it per example, "
-        f"g.cache({node!r}, per='example'); "
+        f"g.cache({node!r}, per='example') (rows of a tensor batch; a node of raw text "
+        "or of lists: map it over each item, .mapped(), and cache that); "
         if whole
         else ""
     )

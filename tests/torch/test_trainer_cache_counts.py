@@ -161,8 +161,13 @@ def test_a_cold_epoch_names_padding_to_each_batchs_longest_as_a_cause():
 def test_a_node_cached_per_batch_under_a_shuffled_loader_is_told_to_cache_per_example():
     with pytest.warns(
         RuntimeWarning, match=r"cache it per example, g.cache\('enc', per='example'\)"
-    ):
+    ) as caught:
         result = fit(graph(per=None).cache("enc"), loader(), epochs=2)
+    # (raw text or lists have no rows: the node mapped over its items instead)
+    assert any(
+        "a node of raw text or of lists: map it over each item, .mapped()" in str(w.message)
+        for w in caught
+    )
     assert result.cache == {"enc": {"hits": 0, "misses": 6}}  # three batches an epoch: calls
 
 

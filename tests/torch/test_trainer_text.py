@@ -173,6 +173,27 @@ def test_predict_on_raw_text_alone_gives_a_row_per_string(texts: Any) -> None:
     assert split(texts) == (texts, None)  # no target: loss(output) in training
 
 
+@QUIET[0]
+@QUIET[1]
+@pytest.mark.parametrize("texts", [["rain today"], ["rain today", "goal team", "pot"]])
+def test_a_lightning_graph_predicts_raw_text_a_row_per_string(texts: Any) -> None:
+    import logging
+
+    import lightning as L
+
+    from somatize.torch.lightning import LightningGraph
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    g = graph()
+    lg = LightningGraph(g, loss=F.cross_entropy, optimizer=lambda ps: torch.optim.SGD(ps, 0.1))
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, accelerator="cpu")
+    (got,) = trainer.predict(lg, DataLoader([texts], batch_size=None))
+    model = g["bag"]
+    with torch.no_grad():
+        want = bag(model.emb, model.out, ids(texts))
+    torch.testing.assert_close(got, want)  # (one string was tokenized as its characters)
+
+
 def test_a_two_string_batch_of_text_alone_trains_on_the_whole_batch() -> None:
     seen: list[Any] = []
 
