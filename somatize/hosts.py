@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from blake3 import blake3
 
+from . import identity
 from .errors import CrossingError, TransportError
 from .execute import Outcome
 from .keepers import MemoryKeeper
@@ -37,6 +39,7 @@ from .values import decode, digest, encode
 from .watchers import RunEnd, RunStart, notify
 
 if TYPE_CHECKING:
+    from .codecs import Codec
     from .execute import Program
     from .graph import Graph
     from .memory import NodeKeys
@@ -118,6 +121,9 @@ def _keys(
         if ran is not None and s.node in ran:
             keys[s.node] = ran[s.node]
         elif s.node in need:
+            prepare = program._prepares.get(s.node)
+            if prepare is not None:  # (a frozen node: keyed in eval mode, as a local run keys it)
+                prepare()
             # no key downstream of an Opaque graph input (a remembered node then refuses)
             preds = [keys.get(i) for i in s.inputs] if s.inputs else [x_key]
             keys[s.node] = recipe_key(node_keys, program.catalog[s.node], s.node, preds)
@@ -126,21 +132,42 @@ def _keys(
 
 def _code(prep: _Prepared, index: int, program: Program, name: str) -> tuple[str, bytes]:
     """The code bytes of a slice and their digest, pickled again only when a node changed."""
-    impls = [program.catalog[n] for n in prep.jobs[index]["nodes"]]
+    nodes = prep.jobs[index]["nodes"]
+    impls = [program.catalog[n] for n in nodes]
     codecs = program.codecs
+    # The runtime's wraps that set how a node runs (a frozen node: eval mode, no grad) travel
+    # with it, its modules put in that mode first: a worker runs the node as this host would.
+    forwards = {}
+    for n, impl in zip(nodes, impls, strict=True):
+        prepare = program._prepares.get(n)
+        if prepare is not None:
+            prepare()
+            if isinstance(impl, Node):
+                forwards[n] = prepare.__self__  # type: ignore[attr-defined]
     # A node's state (as its key sees it) tells whether it changed; subgraphs always re-pickle.
-    token = (
-        tuple(state(i, codecs) for i in impls) if all(isinstance(i, Node) for i in impls) else None
-    )
+    token = _token(impls, codecs) if all(isinstance(i, Node) for i in impls) else None
     with prep.lock:
         known = prep.code.get(index)
         if known is not None and token is not None and known[0] == token:
             return known[1], known[2]
-    data = pack_code(dict(zip(prep.jobs[index]["nodes"], impls, strict=True)), codecs, name)
+    data = pack_code(dict(zip(nodes, impls, strict=True)), codecs, name, forwards)
     code_digest = blake3(data).hexdigest()
     with prep.lock:
         prep.code[index] = (token, code_digest, data)
     return code_digest, data
+
+
+def _token(impls: Sequence[Any], codecs: Sequence[Codec]) -> tuple[str, ...]:
+    """The nodes' states, to tell whether their code must be sent again; read quietly: what
+    enters a *key* by type alone is warned of where a key is made, and these nodes may not
+    be cached at all (a tokenizer a library made, held by a node that is not)."""
+    warned = set(identity._warned)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return tuple(state(i, codecs) for i in impls)
+        finally:  # (not said here, so still to be said where a key reads it)
+            identity._warned.intersection_update(warned)
 
 
 def _crossing(
@@ -185,6 +212,7 @@ def run_across(
         CrossingError: an Opaque value would have to change host.
     """
     prep = _prepare(program)
+    given = transports is not None
     transports = transports or {}
     if not isinstance(transports, Mapping):
         raise TypeError(
@@ -194,10 +222,19 @@ def run_across(
     for host in prep.dplan.hosts:
         if host != LOCAL and host not in transports:
             nodes = [n for sl in prep.dplan.slices if sl.host == host for n in sl.nodes]
+            # (no transports at all: also how st.module(g) and the Trainer run a graph)
+            alone = (
+                ""
+                if given
+                else ". st.module(g) and the Trainer take no transports (they run a graph in "
+                f"one process): move it back with g.place({nodes[0]!r}, host='local'), or "
+                "train by hand through g.forward(x, training=True, transports=...) "
+                "(docs/distributed.md, 'Training beside a node on another host')"
+            )
             raise TransportError(
                 f"node(s) {', '.join(map(repr, nodes))} are placed on host {host!r}, but no "
                 f"transport was given for it; pass one: g.forward(x, transports={{{host!r}: "
-                "ExecutorTransport(executor)}) — or transports.InProcess() to try it here"
+                f"ExecutorTransport(executor)}}) — or transports.InProcess() to try it here{alone}"
             )
         if host != LOCAL:
             _check_transport(host, transports[host])

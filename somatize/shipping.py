@@ -30,10 +30,13 @@ __all__ = ["Bundle", "load_code", "pack_code"]
 
 
 class Bundle(NamedTuple):
-    """The code of a slice once loaded on a worker: node implementations and codecs."""
+    """The code of a slice once loaded on a worker: node implementations, codecs, and the
+    forward each node runs by where the caller's runtime wraps it (a frozen node's: in eval
+    mode, without grad, ``ctx.training`` False — as it runs on the caller's host)."""
 
     impls: dict[str, Any]
     codecs: tuple[Codec, ...]
+    forwards: dict[str, Any]
 
 
 _pack_lock = threading.Lock()
@@ -56,15 +59,21 @@ def _user_modules() -> list[ModuleType]:
     return found
 
 
-def pack_code(impls: Mapping[str, Any], codecs: Sequence[Codec], name: str) -> bytes:
-    """Cloudpickle bytes of a slice's nodes and codecs, the user's own classes by value.
+def pack_code(
+    impls: Mapping[str, Any],
+    codecs: Sequence[Codec],
+    name: str,
+    forwards: Mapping[str, Any] | None = None,
+) -> bytes:
+    """Cloudpickle bytes of a slice's nodes and codecs, the user's own classes by value;
+    ``forwards``: the wrapped forward to run for a node in place of its own.
 
     Raises:
         TransportError: a node cannot be pickled; the message names it.
 
     Example:
         >>> load_code(blake3(b := pack_code({}, (), "s")).hexdigest(), b, "s")
-        Bundle(impls={}, codecs=())
+        Bundle(impls={}, codecs=(), forwards={})
     """
     import cloudpickle  # type: ignore[import-untyped]
 
@@ -74,7 +83,8 @@ def pack_code(impls: Mapping[str, Any], codecs: Sequence[Codec], name: str) -> b
         for m in added:
             cloudpickle.register_pickle_by_value(m)
         try:
-            data: bytes = cloudpickle.dumps((dict(impls), tuple(codecs)), pickle.HIGHEST_PROTOCOL)
+            shipped = (dict(impls), tuple(codecs), dict(forwards or {}))
+            data: bytes = cloudpickle.dumps(shipped, pickle.HIGHEST_PROTOCOL)
             return data
         except Exception as e:
             culprit = "its codecs"
@@ -119,13 +129,13 @@ def load_code(digest: str, code: bytes | None, name: str) -> Bundle | None:
     if blake3(code).hexdigest() != digest:
         raise TransportError(f"{name}: the code arrived damaged (its digest does not match)")
     try:
-        impls, codecs = pickle.loads(code)  # code bytes the user sent to their own executor
+        impls, codecs, forwards = pickle.loads(code)  # code the user sent to their own executor
     except Exception as e:
         raise TransportError(
             f"{name}: the worker could not load the nodes ({type(e).__name__}: {e}); classes "
             "from installed packages travel by reference — install that package on the workers"
         ) from e
-    bundle = Bundle(impls, tuple(codecs))
+    bundle = Bundle(impls, tuple(codecs), forwards)
     with _bundles_lock:
         _bundles[digest] = bundle
         while len(_bundles) > _MAX_BUNDLES:

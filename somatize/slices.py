@@ -89,7 +89,9 @@ def execute_job(job: Job, bundle: Bundle, keeper: Keeper) -> Reply:
     env = Env(
         impls=impls,
         forward=lambda node, impl: (
-            impl.program().as_forward() if isinstance(impl, Graph) else impl.forward
+            impl.program().as_forward()
+            if isinstance(impl, Graph)
+            else bundle.forwards.get(node) or impl.forward
         ),  # (a subgraph's rows, cached per example, run by its program)
         subprogram=lambda node: impls[node].program() if isinstance(impls[node], Graph) else None,
         key=lambda node, impl, in_keys: keys.get(node),  # the caller's, never recomputed here

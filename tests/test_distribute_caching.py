@@ -166,3 +166,36 @@ def test_a_remote_subgraph_below_an_opaque_input_refuses_to_cache_inside():
     box = {"box": InProcess()}
     with pytest.raises(CacheError, match=r"'sub/far' .*no key: upstream, the graph input"):
         g.forward(Opaque([1, 2]), transports=box)
+
+
+class _Library:  # an object a library made: its key would read it by type alone
+    pass
+
+
+_Library.__module__ = "numpy"
+
+
+class Holding(Node):
+    def __init__(self) -> None:
+        self.tool = _Library()
+
+    def forward(self, x, ctx):
+        return Done(x + 1)
+
+
+def test_a_remote_node_that_is_not_cached_is_not_warned_of_as_if_it_were():
+    # (filterwarnings=error: a warning fails the test)
+    g = Graph.somatize(Inc() >> Holding()).place("holding", host="box")
+    assert g.forward(1, transports={"box": InProcess()}) == 3
+    assert g.forward(2, transports={"box": InProcess()}) == 4
+
+
+def test_a_remote_cached_node_is_still_warned_of_once():
+    class Held(Holding):
+        pass
+
+    g = Graph.somatize(Inc() >> Held()).cache("held").place("held", host="box")
+    box = {"box": InProcess()}
+    with pytest.warns(UserWarning, match="enters its key by type alone"):
+        assert g.forward(1, transports=box) == 3
+    assert g.forward(5, transports=box) == 7  # once
