@@ -338,7 +338,7 @@ def _check_transport(host: str, transport: object) -> None:
         raise TypeError(
             f"transports[{host!r}] is a {type(transport).__qualname__}, not a transport (an "
             "object with run(job, code)); pass ExecutorTransport(executor) — for Dask, "
-            "ExecutorTransport(client.get_executor(workers=[address])) — or InProcess()"
+            "ExecutorTransport(client.get_executor(workers=[name])) — or InProcess()"
         )
 
 

@@ -10,7 +10,7 @@ encoded outputs. Two stock transports:
   for debugging a placement without a cluster.
 * ``ExecutorTransport(executor, keeper=None, retries=0, timeout=None)`` — over any
   ``concurrent.futures.Executor``: a ``ProcessPoolExecutor``, or Dask's
-  ``client.get_executor(workers=[address])`` pinned to one worker.
+  ``client.get_executor(workers=[name])`` pinned to one worker.
 
 Code travels as explicit cloudpickle bytes, sent to a worker once and cached there by
 digest; classes from the user's own modules travel by value, so workers need only
@@ -199,15 +199,16 @@ class ExecutorTransport:
     Code bytes go to a worker only when it lacks them: the first call for a digest sends
     them; later calls send the digest alone, and a worker that does not know it answers
     so and receives the bytes. With Dask, pin the executor to the worker meant to be the
-    host: ``client.get_executor(workers=[address])``.
+    host: ``client.get_executor(workers=[name])``.
 
     **Retries.** An exception a node raises comes back unchanged and is never retried
     (it would fail again). Any other failure — the worker died, the connection was
     lost, no reply within ``timeout`` — is retried up to ``retries`` times, then raised
-    as ``TransportError`` naming the slice. With Dask pinned to workers, a slice whose
-    workers have all left the cluster (for a few seconds: a nanny's restart is
-    awaited) fails too, so the defaults never wait forever. Retrying helps executors that replace lost
-    workers (Dask); a ``ProcessPoolExecutor`` whose worker died stays broken.
+    as ``TransportError`` naming the slice. With Dask pinned to workers, an attempt whose
+    worker has left the cluster for a few seconds fails too, so the defaults never wait
+    forever; a worker its nanny restarted comes back at another address under the same
+    name, so pin by name and a retry reaches it. Retrying helps executors that replace
+    lost workers (Dask); a ``ProcessPoolExecutor`` whose worker died stays broken.
 
     Args:
         executor: where slices run; it runs whatever code it is sent — trusted only.
@@ -240,7 +241,7 @@ class ExecutorTransport:
             raise TypeError(
                 f"ExecutorTransport takes a concurrent.futures.Executor (something with "
                 f"submit), not {executor!r:.60}; e.g. a ProcessPoolExecutor or "
-                "client.get_executor(workers=[address])"
+                "client.get_executor(workers=[name])"
             )
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(
@@ -305,6 +306,8 @@ class ExecutorTransport:
             self.shipped += 1
         future = self.executor.submit(serve, job, code, self.keeper, uuid.uuid4().hex)
         pinned = _pinned(self.executor)
+        # (Dask binds a task pinned by address or name to the address that answered now)
+        bound = _bound(*pinned) if pinned is not None else set()
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         gone_since: float | None = None
         while True:
@@ -320,7 +323,7 @@ class ExecutorTransport:
                     future.cancel()
                     raise
                 assert pinned is not None
-                if _all_gone(*pinned):
+                if _all_gone(*pinned, bound):
                     gone_since = gone_since if gone_since is not None else now
                     if now - gone_since >= _LOST_AFTER:  # not coming back (a nanny restarts fast)
                         future.cancel()
@@ -337,15 +340,23 @@ class ExecutorTransport:
             why = f"no reply within timeout={self.timeout}s"
         if isinstance(e, _PinnedWorkerGone):
             why = (
-                f"the worker it is pinned to ({', '.join(e.workers)}) left the cluster and "
-                f"did not come back within {_LOST_AFTER:g}s"
+                f"the worker it is pinned to ({', '.join(e.workers)}) left the cluster, and "
+                f"no worker it may run on was there within {_LOST_AFTER:g}s"
             )
-        hint = (
-            " A ProcessPoolExecutor whose worker died stays broken: make a new one, or use "
-            "Dask, which replaces lost workers."
-            if isinstance(e, cf.BrokenExecutor)
-            else " For transient failures, retry: ExecutorTransport(executor, retries=N)."
-        )
+        if isinstance(e, cf.BrokenExecutor):
+            hint = (
+                " A ProcessPoolExecutor whose worker died stays broken: make a new one, or use "
+                "Dask, which replaces lost workers."
+            )
+        elif isinstance(e, _PinnedWorkerGone) and any("://" in w for w in e.workers):
+            hint = (
+                " A worker a nanny restarts comes back at another address: pin it by name "
+                "(client.get_executor(workers=[name]) — a LocalCluster's names are "
+                "0, 1, ...; dask worker --name gpu-box), and retries reach it"
+                + ("." if self.retries else " (ExecutorTransport(executor, retries=N)).")
+            )
+        else:
+            hint = " For transient failures, retry: ExecutorTransport(executor, retries=N)."
         return TransportError(
             f"{job['name']} failed: its worker was lost or did not answer ({why}); "
             f"tried {len(failures)} time(s) with retries={self.retries}.{hint}"
@@ -378,14 +389,36 @@ def _pinned(executor: object) -> tuple[object, list[str]] | None:
     return client, [workers] if isinstance(workers, str) else [str(w) for w in workers]
 
 
-def _all_gone(client: object, workers: list[str]) -> bool:
-    """Whether no worker of the cluster answers to any of ``workers`` (address, name, host)."""
+def _workers(client: object) -> list[tuple[str, str, str]] | None:
+    """(address, name, host) of each worker of the cluster; None if the scheduler is
+    unreachable."""
     try:
         info = client.scheduler_info()["workers"]  # type: ignore[attr-defined]
-    except Exception:  # the scheduler itself is unreachable: the future's own error will say
-        return False
+    except Exception:
+        return None
+    found = []
     for address, w in info.items():
-        host = address.split("://")[-1].rsplit(":", 1)[0]
-        if any(x in (address, str(w.get("name")), host) for x in workers):
+        found.append((address, str(w.get("name")), address.split("://")[-1].rsplit(":", 1)[0]))
+    return found
+
+
+def _bound(client: object, workers: list[str]) -> set[str]:
+    """The addresses of the workers answering to ``workers`` by address or by name: Dask binds
+    a task pinned so to them, and a worker a nanny restarts comes back at another address."""
+    found = _workers(client) or []
+    return {address for address, name, _ in found if address in workers or name in workers}
+
+
+def _all_gone(client: object, workers: list[str], bound: set[str]) -> bool:
+    """Whether no worker can take the task: none of ``bound`` (the addresses it was bound to)
+    is left and no worker answers to ``workers`` by host; with nothing bound, none answers to
+    them at all (address, name or host)."""
+    found = _workers(client)
+    if found is None:  # the scheduler itself is unreachable: the future's own error will say
+        return False
+    for address, name, host in found:
+        if address in bound or host in workers:  # (a host pin Dask keeps: any of its workers)
+            return False
+        if not bound and (address in workers or name in workers):
             return False
     return True

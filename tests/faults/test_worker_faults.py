@@ -147,3 +147,41 @@ def test_a_slice_pinned_to_a_dask_worker_that_dies_fails_clearly_and_never_hangs
     finally:
         killer.cancel()
     assert time.monotonic() - start < 60
+
+
+class DiesOnce(Node):
+    """Kills its worker the first time it runs (a mark file says it did), then answers."""
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+
+    def forward(self, x, ctx):
+        if not os.path.exists(self.mark):
+            open(self.mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return Done((x, os.getpid()))
+
+
+@pytest.mark.slow
+def test_a_slice_pinned_by_name_reaches_the_worker_a_nanny_restarted(
+    cluster, tmp_path, stacks_if_stuck
+):
+    # The restarted worker keeps its name but not its address, and Dask bound the task to
+    # the old address: it would wait for it forever (the defaults: no timeout).
+    pids = _workers(cluster)
+    info = cluster.scheduler_info()["workers"]
+    address = sorted(pids)[0]
+    name = info[address]["name"]
+    g = Graph.somatize(DiesOnce(str(tmp_path / "died")).with_id("far")).place("far", host="box")
+    transport = ExecutorTransport(cluster.get_executor(workers=[name]), retries=1)
+    answer: list[object] = []
+    thread = threading.Thread(
+        target=lambda: answer.append(g.forward(3, transports={"box": transport})), daemon=True
+    )
+    start = time.monotonic()
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the slice waited for the dead worker's address"
+    (value, pid) = answer[0]
+    assert value == 3 and pid != pids[address]  # the worker the nanny started anew
+    assert time.monotonic() - start < 60
