@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 from blake3 import blake3
 
 from . import identity
-from .errors import CrossingError, TransportError
+from .errors import CrossingError, TransportError, ValueConversionError
 from .execute import Outcome
 from .keepers import MemoryKeeper
 from .keyed import Env, Walk, keyed_impl, recipe_key, walk
@@ -33,7 +33,7 @@ from .node_state import state
 from .placement import LOCAL
 from .plan import DistributedPlan, distribute
 from .shipping import pack_code
-from .slices import Values, replay
+from .slices import Values, note_leaving, replay
 from .topology import Topology
 from .values import decode, digest, encode
 from .watchers import RunEnd, RunStart, notify
@@ -282,7 +282,12 @@ def run_across(
     x_data: bytes | None = None  # the graph input, encoded once if a remote slice reads it
     for index, sl in enumerate(prep.dplan.slices):
         if sl.host == LOCAL:
-            walk(env, prep.steps[index], x, x_opaque, x_key, done)
+            try:
+                walk(env, prep.steps[index], x, x_opaque, x_key, done)
+            except ValueConversionError as e:
+                leave = [o for o in sl.outputs if any(h != LOCAL for _, h in prep.readers[o])]
+                note_leaving(e, leave, LOCAL)
+                raise
             ran.update(sl.nodes)
             continue
         inputs = {}
@@ -298,7 +303,11 @@ def run_across(
                 readers = [(r, h) for r, h in prep.readers[slot] if r in sl.nodes]
                 raise _crossing(slot, LOCAL, readers)
             if slot not in wire:
-                wire[slot] = encode(values[slot], codecs, f"the output of node {slot!r}")
+                try:
+                    wire[slot] = encode(values[slot], codecs, f"the output of node {slot!r}")
+                except ValueConversionError as e:
+                    note_leaving(e, [slot], LOCAL)
+                    raise
             inputs[slot] = wire[slot]
         x_in = x_data if None in sl.inputs else None
         if done.drawn:  # below a node that drew, keys anew: a worker computes none

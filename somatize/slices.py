@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
+from .errors import ValueConversionError, add_note
 from .keyed import Env, Walk, walk
 from .memory import Memory, NodeKeys
 from .node import Run, injected_values
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from .transports import Job, Reply
     from .watchers import Watcher
 
-__all__ = ["Values", "execute_job", "replay"]
+__all__ = ["Values", "execute_job", "note_leaving", "replay"]
 
 _EVENTS: dict[str, Any] = {
     e.__name__: e for e in (NodeStart, NodeEnd, CacheHit, CacheMiss, Metrics)
@@ -64,6 +65,20 @@ class _Collect:
             v = getattr(event, f.name)
             row.append(dict(v) if isinstance(v, Mapping) else v)
         self.events.append(row)
+
+
+def note_leaving(e: ValueConversionError, outputs: Sequence[str], host: str) -> None:
+    """Add to ``e``, refusing the output of a node whose value leaves ``host``, that Opaque
+    (which its message may offer) is no way out there."""
+    for slot in outputs:
+        if str(e).startswith(f"the output of node {slot!r}:"):
+            add_note(
+                e,
+                f"(node {slot!r} runs on host {host!r}, and its output goes to another host: "
+                "it must be data — an Opaque value cannot leave its process; a tensor: detach "
+                f"it, or freeze {slot!r})",
+            )
+            return
 
 
 def replay(
@@ -114,11 +129,19 @@ def execute_job(job: Job, bundle: Bundle, keeper: Keeper) -> Reply:
     # An Opaque graph input never reaches a worker; without an input key, it was Opaque
     # (or nothing needs a key), and no node below it has one.
     keyless = "the graph input" if job["input_key"] is None else None
-    walk(env, steps, x, False, job["input_key"], done, keyless)
+    try:
+        walk(env, steps, x, False, job["input_key"], done, keyless)
+    except ValueConversionError as e:
+        note_leaving(e, job["outputs"], job["host"])
+        raise
     outputs = {}
     for slot in job["outputs"]:
         if slot not in done.opaque:
-            outputs[slot] = encode(done.values[slot], codecs, f"the output of node {slot!r}")
+            try:
+                outputs[slot] = encode(done.values[slot], codecs, f"the output of node {slot!r}")
+            except ValueConversionError as e:
+                note_leaving(e, [slot], job["host"])
+                raise
     return {
         "outputs": outputs,
         "opaque": [s for s in job["outputs"] if s in done.opaque],

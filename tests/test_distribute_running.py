@@ -10,7 +10,7 @@ from somatize.errors import CrossingError, TransportError, ValueConversionError
 from somatize.placement import LOCAL, Placement
 from somatize.transports import InProcess
 from somatize.watchers import Metrics, NodeEnd
-from tests.distribute_nodes import Add, Inc, Wrap
+from tests.distribute_nodes import Add, Bag, Inc, Wrap
 
 
 class Boom(Node):
@@ -173,3 +173,12 @@ def test_opaque_as_output_or_as_input_cannot_cross():
 def test_opaque_inside_one_slice_is_fine():
     g = Graph.somatize(Wrap() >> Inc()).place("wrap", host="box").place("inc", host="box")
     assert g.forward(1, transports={"box": InProcess()}) == 2
+
+
+@pytest.mark.parametrize(("far", "host"), [("bag", "box"), ("inc", LOCAL)])
+def test_a_value_that_cannot_leave_its_host_is_said_to_need_data_not_opaque(far, host):
+    g = Graph.somatize(Bag() >> Inc()).place(far, host="box")
+    with pytest.raises(ValueConversionError, match="the output of node 'bag'") as e:
+        g.forward(1, transports={"box": InProcess()})
+    (note,) = e.value.__notes__[-1:]
+    assert f"node 'bag' runs on host {host!r}" in note and "Opaque value cannot leave" in note

@@ -379,3 +379,13 @@ def test_code_travels_by_value_to_a_dask_worker_that_cannot_import_the_test(tmp_
             _stop(proc)
         log.close()
     assert all(proc.returncode is not None for proc in procs)
+
+
+def test_the_note_on_a_value_that_cannot_leave_a_worker_comes_back(pool):
+    from somatize.errors import ValueConversionError
+    from tests.distribute_nodes import Bag, Inc
+
+    g = Graph.somatize(Bag() >> Inc()).place("bag", host="box")
+    with pytest.raises(ValueConversionError) as e:
+        g.forward(1, transports={"box": ExecutorTransport(pool)})
+    assert "node 'bag' runs on host 'box'" in e.value.__notes__[-1]

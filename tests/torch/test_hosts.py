@@ -9,7 +9,7 @@ from torch import nn
 
 import somatize.torch as st
 from somatize import Done, Graph, MemoryKeeper, Node, Opaque
-from somatize.errors import TransportError
+from somatize.errors import TransportError, ValueConversionError
 from somatize.transports import InProcess
 
 
@@ -97,3 +97,21 @@ def test_a_placed_graph_given_to_module_or_the_trainer_says_how_to_train_it():
     with pytest.raises(TransportError) as e:  # given transports: only the missing host
         g.forward(x, transports={"other": InProcess()})
     assert "st.module" not in str(e.value)
+
+
+class Trains(Node):  # a trainable node: its output requires grad
+    def __init__(self) -> None:
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x, ctx):
+        return Done(self.lin(x))
+
+
+def test_a_remote_output_that_requires_grad_says_opaque_cannot_leave():
+    g = Graph.somatize(Trains() >> Head().with_id("head"))
+    st.module(g)
+    g.place("trains", host="gpu")
+    with pytest.raises(ValueConversionError, match="requires grad") as e:
+        g.forward(torch.randn(2, 8), training=True, transports={"gpu": InProcess()})
+    note = e.value.__notes__[-1]
+    assert "node 'trains' runs on host 'gpu'" in note and "freeze 'trains'" in note
