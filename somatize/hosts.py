@@ -19,13 +19,14 @@ import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
 from . import identity
-from .errors import CrossingError, TransportError, ValueConversionError
+from .errors import TransportError, ValueConversionError
 from .execute import Outcome
+from .host_checks import check_transport, checked, crossing
 from .keepers import MemoryKeeper
 from .keyed import Env, Walk, keyed_impl, recipe_key, walk
 from .node import Mapped, Node, Run
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from .execute import Program
     from .graph import Graph
     from .memory import NodeKeys
-    from .transports import Job, Reply, Transport
+    from .transports import Job, Transport
 
 __all__ = ["run_across"]
 
@@ -170,32 +171,6 @@ def _token(impls: Sequence[Any], codecs: Sequence[Codec]) -> tuple[str, ...]:
             identity._warned.intersection_update(warned)
 
 
-def _crossing(
-    slot: str | None, source: str, readers: Sequence[tuple[str | None, str]]
-) -> CrossingError:
-    """The error for an Opaque value that would leave its process; names edge and hosts."""
-    reader, target = readers[0]
-    what = "the graph input" if slot is None else f"the output of node {slot!r}"
-    fix = "pass data (a detached tensor)" if slot is None else f"return data from {slot!r}"
-    if reader is None:
-        return CrossingError(
-            f"{what} is Opaque and cannot cross from host {source!r} to host {target!r} as the "
-            f"graph's output: an Opaque value exists only in the process that made it — {fix}"
-        )
-    edge = f"{'input' if slot is None else repr(slot)} -> {reader!r}"
-    if source == target:
-        return CrossingError(
-            f"{what} on host {source!r} is Opaque, but node {reader!r} reads it in a later slice "
-            f"on that host (edge {edge}); values leave a slice encoded — {fix}, or place the "
-            f"nodes that run between them on {source!r} so one slice holds both"
-        )
-    return CrossingError(
-        f"{what} is Opaque and cannot cross from host {source!r} to host {target!r} (edge "
-        f"{edge}): an Opaque value exists only in the process that made it — {fix}, or place "
-        f"{reader!r} on host {source!r}"
-    )
-
-
 def run_across(
     graph: Graph,
     program: Program,
@@ -237,7 +212,7 @@ def run_across(
                 f"ExecutorTransport(executor)}}) — or transports.InProcess() to try it here{alone}"
             )
         if host != LOCAL:
-            _check_transport(host, transports[host])
+            check_transport(host, transports[host])
     keeper = graph.keeper
     if keeper is None and program.keyed:
         keeper = graph.keeper = MemoryKeeper()
@@ -295,13 +270,13 @@ def run_across(
             if slot is None:
                 if x_opaque:
                     readers = [(s.node, sl.host) for s in sl.steps if not s.inputs]
-                    raise _crossing(None, LOCAL, readers)
+                    raise crossing(None, LOCAL, readers)
                 if x_data is None:
                     x_data = encode(x, codecs, "the graph input")
                 continue
             if slot in opaque:
                 readers = [(r, h) for r, h in prep.readers[slot] if r in sl.nodes]
-                raise _crossing(slot, LOCAL, readers)
+                raise crossing(slot, LOCAL, readers)
             if slot not in wire:
                 try:
                     wire[slot] = encode(values[slot], codecs, f"the output of node {slot!r}")
@@ -317,11 +292,11 @@ def run_across(
         job = _job(prep, index, program, graph, inputs, x_in, x_key, keys, run)
         job["code"], code = _code(prep, index, program, job["name"])
         transport = transports[sl.host]
-        reply = _checked(transport.run(job, code), transport, job)
+        reply = checked(transport.run(job, code), transport, job)
         if reply["opaque"]:
             slot = reply["opaque"][0]
             later = [(r, h) for r, h in prep.readers[slot] if r is None or r not in sl.nodes]
-            raise _crossing(slot, sl.host, later)
+            raise crossing(slot, sl.host, later)
         wire.update(reply["outputs"])
         try:
             metrics.update(decode(reply["metrics"], codecs))
@@ -334,50 +309,6 @@ def run_across(
             replay(reply["events"], codecs, run.id, watchers)
     notify(watchers, RunEnd(run.id, time.perf_counter() - start))
     return program.outcome(done)
-
-
-def _check_transport(host: str, transport: object) -> None:
-    """A ``TypeError`` naming ``host`` and the fix where ``transport`` is not a transport."""
-    if isinstance(transport, type):
-        raise TypeError(
-            f"transports[{host!r}] is the class {transport.__qualname__}; pass a transport "
-            f"object: {transport.__qualname__}() (or ExecutorTransport(executor))"
-        )
-    if not callable(getattr(transport, "run", None)):
-        raise TypeError(
-            f"transports[{host!r}] is a {type(transport).__qualname__}, not a transport (an "
-            "object with run(job, code)); pass ExecutorTransport(executor) — for Dask, "
-            "ExecutorTransport(client.get_executor(workers=[name])) — or InProcess()"
-        )
-
-
-_REPLY = {"outputs": dict, "opaque": list, "metrics": bytes, "events": bytes}
-
-
-def _checked(reply: Any, transport: object, job: Job) -> Reply:
-    """``reply``, once it has the shape of a ``Reply`` with every output ``job`` asks for; else
-    a ``TransportError`` naming the transport, the slice and what is wrong."""
-    where = f"{job['name']}: {type(transport).__qualname__}.run"
-    if not isinstance(reply, dict):
-        why = f"returned {type(reply).__qualname__ if reply is not None else None}, not a Reply"
-    elif missing := [k for k in _REPLY if k not in reply]:
-        why = f"replied without {', '.join(map(repr, missing))}"
-    elif bad := [k for k, t in _REPLY.items() if not isinstance(reply[k], t)]:
-        why = f"replied with {bad[0]!r} a {type(reply[bad[0]]).__qualname__}"
-    elif lacking := [n for n in job["outputs"] if n not in reply["outputs"]]:
-        if set(reply["opaque"]) & set(lacking):
-            return cast("Reply", reply)  # (an Opaque output: the caller names the crossing)
-        why = f"replied with no output of node {lacking[0]!r}"
-    elif odd := [n for n, v in reply["outputs"].items() if not isinstance(v, bytes)]:
-        kind = type(reply["outputs"][odd[0]]).__qualname__
-        why = f"replied with the output of node {odd[0]!r} a {kind}, not bytes"
-    else:
-        return cast("Reply", reply)
-    raise TransportError(
-        f"{where} {why}: a transport returns a Reply — {{'outputs': {{node: encoded bytes}}, "
-        "'opaque': [...], 'metrics': bytes, 'events': bytes}, as serve() or InProcess().run "
-        "make it"
-    )
 
 
 def _job(

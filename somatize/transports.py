@@ -27,6 +27,9 @@ import threading
 from typing import TYPE_CHECKING, Protocol, TypedDict, runtime_checkable
 
 from .errors import TransportError
+from .pinned_workers import LOST_AFTER, POLL, PinnedWorkerGone, all_gone
+from .pinned_workers import bound as bound_to
+from .pinned_workers import pinned as pinned_to
 from .remote_errors import Shipped, portable, raise_alone, restored
 from .shipping import load_code
 
@@ -305,15 +308,15 @@ class ExecutorTransport:
         if code is not None:
             self.shipped += 1
         future = self.executor.submit(serve, job, code, self.keeper, uuid.uuid4().hex)
-        pinned = _pinned(self.executor)
+        pinned = pinned_to(self.executor)
         # (Dask binds a task pinned by address or name to the address that answered now)
-        bound = _bound(*pinned) if pinned is not None else set()
+        bound = bound_to(*pinned) if pinned is not None else set()
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         gone_since: float | None = None
         while True:
             wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             if pinned is not None:  # look at the cluster every so often while waiting
-                wait = _POLL if wait is None else min(wait, _POLL)
+                wait = POLL if wait is None else min(wait, POLL)
             try:
                 reply: Reply | None = future.result(timeout=wait)
                 return reply
@@ -323,11 +326,11 @@ class ExecutorTransport:
                     future.cancel()
                     raise
                 assert pinned is not None
-                if _all_gone(*pinned, bound):
+                if all_gone(*pinned, bound):
                     gone_since = gone_since if gone_since is not None else now
-                    if now - gone_since >= _LOST_AFTER:  # not coming back (a nanny restarts fast)
+                    if now - gone_since >= LOST_AFTER:  # not coming back (a nanny restarts fast)
                         future.cancel()
-                        raise _PinnedWorkerGone(pinned[1]) from None
+                        raise PinnedWorkerGone(pinned[1]) from None
                 else:
                     gone_since = None
 
@@ -338,17 +341,17 @@ class ExecutorTransport:
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         if isinstance(e, cf.TimeoutError):
             why = f"no reply within timeout={self.timeout}s"
-        if isinstance(e, _PinnedWorkerGone):
+        if isinstance(e, PinnedWorkerGone):
             why = (
                 f"the worker it is pinned to ({', '.join(e.workers)}) left the cluster, and "
-                f"no worker it may run on was there within {_LOST_AFTER:g}s"
+                f"no worker it may run on was there within {LOST_AFTER:g}s"
             )
         if isinstance(e, cf.BrokenExecutor):
             hint = (
                 " A ProcessPoolExecutor whose worker died stays broken: make a new one, or use "
                 "Dask, which replaces lost workers."
             )
-        elif isinstance(e, _PinnedWorkerGone) and any("://" in w for w in e.workers):
+        elif isinstance(e, PinnedWorkerGone) and any("://" in w for w in e.workers):
             hint = (
                 " A worker a nanny restarts comes back at another address: pin it by name "
                 "(client.get_executor(workers=[name]) — a LocalCluster's names are "
@@ -364,61 +367,3 @@ class ExecutorTransport:
 
     def __repr__(self) -> str:
         return f"ExecutorTransport({type(self.executor).__name__}, retries={self.retries})"
-
-
-# -- a Dask executor pinned to workers: noticing when they are gone ----------------------
-
-_POLL = 1.0  # seconds between looks at the cluster while a pinned slice runs
-_LOST_AFTER = 3.0  # how long every pinned worker must be missing before the slice is lost
-
-
-class _PinnedWorkerGone(Exception):
-    def __init__(self, workers: list[str]) -> None:
-        super().__init__(f"pinned worker(s) {workers} left the cluster")
-        self.workers = workers
-
-
-def _pinned(executor: object) -> tuple[object, list[str]] | None:
-    """(client, workers) for a Dask executor restricted to workers, else None."""
-    client, kwargs = getattr(executor, "_client", None), getattr(executor, "_kwargs", None)
-    if client is None or not isinstance(kwargs, dict) or kwargs.get("allow_other_workers"):
-        return None
-    workers = kwargs.get("workers")
-    if not workers:
-        return None
-    return client, [workers] if isinstance(workers, str) else [str(w) for w in workers]
-
-
-def _workers(client: object) -> list[tuple[str, str, str]] | None:
-    """(address, name, host) of each worker of the cluster; None if the scheduler is
-    unreachable."""
-    try:
-        info = client.scheduler_info()["workers"]  # type: ignore[attr-defined]
-    except Exception:
-        return None
-    found = []
-    for address, w in info.items():
-        found.append((address, str(w.get("name")), address.split("://")[-1].rsplit(":", 1)[0]))
-    return found
-
-
-def _bound(client: object, workers: list[str]) -> set[str]:
-    """The addresses of the workers answering to ``workers`` by address or by name: Dask binds
-    a task pinned so to them, and a worker a nanny restarts comes back at another address."""
-    found = _workers(client) or []
-    return {address for address, name, _ in found if address in workers or name in workers}
-
-
-def _all_gone(client: object, workers: list[str], bound: set[str]) -> bool:
-    """Whether no worker can take the task: none of ``bound`` (the addresses it was bound to)
-    is left and no worker answers to ``workers`` by host; with nothing bound, none answers to
-    them at all (address, name or host)."""
-    found = _workers(client)
-    if found is None:  # the scheduler itself is unreachable: the future's own error will say
-        return False
-    for address, name, host in found:
-        if address in bound or host in workers:  # (a host pin Dask keeps: any of its workers)
-            return False
-        if not bound and (address in workers or name in workers):
-            return False
-    return True
