@@ -83,7 +83,7 @@ def pack_code(
         for m in added:
             cloudpickle.register_pickle_by_value(m)
         try:
-            shipped = (dict(impls), tuple(codecs), dict(forwards or {}))
+            shipped = (dict(impls), tuple(codecs), dict(forwards or {}), keyed_versions())
             data: bytes = cloudpickle.dumps(shipped, pickle.HIGHEST_PROTOCOL)
             return data
         except Exception as e:
@@ -129,15 +129,54 @@ def load_code(digest: str, code: bytes | None, name: str) -> Bundle | None:
     if blake3(code).hexdigest() != digest:
         raise TransportError(f"{name}: the code arrived damaged (its digest does not match)")
     try:
-        impls, codecs, forwards = pickle.loads(code)  # code the user sent to their own executor
+        impls, codecs, forwards, versions = pickle.loads(code)  # code the user sent here
     except Exception as e:
         raise TransportError(
             f"{name}: the worker could not load the nodes ({type(e).__name__}: {e}); classes "
             "from installed packages travel by reference — install that package on the workers"
         ) from e
+    _check_versions(versions, name)
     bundle = Bundle(impls, tuple(codecs), forwards)
     with _bundles_lock:
         _bundles[digest] = bundle
         while len(_bundles) > _MAX_BUNDLES:
             _bundles.popitem(last=False)
     return bundle
+
+
+def keyed_versions() -> dict[str, str]:
+    """The versions a key names (somatize, and torch where this process runs it), installed
+    here: a worker must run the same, or it computes other code under the caller's keys."""
+    found: dict[str, str] = {}
+    for dist in ("somatize", "torch"):
+        if dist == "somatize" or dist in sys.modules:
+            found[dist] = _installed(dist)
+    return found
+
+
+def _installed(dist: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _check_versions(sent: Mapping[str, str], name: str) -> None:
+    """A ``TransportError`` where this worker runs another version than the caller of a
+    package the caller's keys name (one not installed here, run from a source tree, has no
+    version to tell)."""
+    wrong = [
+        (d, v, here)
+        for d, v in sent.items()
+        if (here := _installed(d)) != v and "not installed" not in (v, here)
+    ]
+    if wrong:
+        said = ", ".join(f"{d} {v} there, {here} here" for d, v, here in wrong)
+        raise TransportError(
+            f"{name}: the caller and this worker run other versions ({said}); its keys name "
+            "the caller's, so this worker would store what other code computed under them — "
+            f"install the caller's version on the workers: pip install "
+            f"{' '.join(f'{d}=={v}' for d, v, _ in wrong)}"
+        )
