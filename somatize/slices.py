@@ -21,7 +21,16 @@ from .memory import Memory, NodeKeys
 from .node import Run, injected_values
 from .topology import Topology
 from .values import decode, encode
-from .watchers import CacheHit, CacheMiss, Event, Metrics, NodeEnd, NodeStart, notify
+from .watchers import (
+    CacheHit,
+    CacheMiss,
+    CacheRows,
+    Event,
+    Metrics,
+    NodeEnd,
+    NodeStart,
+    notify,
+)
 
 if TYPE_CHECKING:
     from .codecs import Codec
@@ -33,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["Values", "execute_job", "note_leaving", "replay"]
 
 _EVENTS: dict[str, Any] = {
-    e.__name__: e for e in (NodeStart, NodeEnd, CacheHit, CacheMiss, Metrics)
+    e.__name__: e for e in (NodeStart, NodeEnd, CacheHit, CacheMiss, CacheRows, Metrics)
 }
 
 

@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 import somatize.torch as st
-from somatize import Done, Graph, MemoryKeeper, Node, Opaque
+from somatize import Done, Graph, MemoryKeeper, Node, Opaque, Recorder
 from somatize.errors import TransportError, ValueConversionError
 from somatize.transports import InProcess
+from somatize.watchers import CacheRows
 
 
 class Enc(Node):
@@ -115,3 +116,36 @@ def test_a_remote_output_that_requires_grad_says_opaque_cannot_leave():
         g.forward(torch.randn(2, 8), training=True, transports={"gpu": InProcess()})
     note = e.value.__notes__[-1]
     assert "node 'trains' runs on host 'gpu'" in note and "freeze 'trains'" in note
+
+
+class Rows(Node):  # frozen and cached per example: a CacheRows event per batch
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.net = nn.Linear(8, 4)
+
+    def forward(self, x, ctx):
+        return Done(self.net(x))
+
+
+def test_a_remote_node_cached_per_example_tells_the_callers_watchers_as_here():
+    xs = [torch.randn(3, 8) for _ in range(2)]
+    seen = []
+    for place in (False, True):
+        rec = Recorder()
+        g = Graph.somatize(Rows(), watchers=[rec])
+        st.module(g)
+        g.freeze("rows").cache("rows", per="example")
+        if place:
+            g.place("rows", host="gpu")
+        box = {"gpu": InProcess()} if place else None
+        for _ in range(2):  # the second pass: every row a hit
+            for x in xs:
+                g.forward(x, transports=box)
+        seen.append(
+            [
+                (e.node, e.hits, e.misses, e.keys, e.layout)
+                for e in rec.events
+                if isinstance(e, CacheRows)
+            ]
+        )
+    assert seen[1] == seen[0] and [r[1:3] for r in seen[0]] == [(0, 3), (0, 3), (3, 0), (3, 0)]
