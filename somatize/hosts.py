@@ -13,6 +13,7 @@ runs by ``Program.run_fast`` / ``run_keyed`` untouched.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 import warnings
@@ -143,8 +144,11 @@ def _code(prep: _Prepared, index: int, program: Program, name: str) -> tuple[str
         prepare = program._prepares.get(n)
         if prepare is not None:
             prepare()
-            if isinstance(impl, Node):
-                forwards[n] = prepare.__self__  # type: ignore[attr-defined]
+            wrap = prepare.__self__  # type: ignore[attr-defined]
+            if not isinstance(impl, Node):  # a subgraph: the worker wraps its own program's
+                wrap = copy.copy(wrap)
+                wrap.forward = None
+            forwards[n] = wrap
     # A node's state (as its key sees it) tells whether it changed; subgraphs always re-pickle.
     token = _token(impls, codecs) if all(isinstance(i, Node) for i in impls) else None
     with prep.lock:

@@ -11,6 +11,7 @@ may not be able to read the user's source that a key's identity is made of).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
@@ -98,6 +99,26 @@ def replay(
         notify(watchers, _EVENTS[name](run_id, *rest))
 
 
+def _forward(node: str, impl: Any, wrap: Any) -> Any:
+    """The forward a worker runs for ``node``: its own, or the caller's runtime ``wrap`` of it
+    (a frozen node's); a subgraph's is its program's (its rows, cached per example, too),
+    wrapped as below."""
+    from .graph import Graph
+
+    if not isinstance(impl, Graph):
+        return wrap or impl.forward
+    return _rewrap(wrap, impl.program().as_forward())
+
+
+def _rewrap(wrap: Any, forward: Any) -> Any:
+    """``forward`` (a subgraph's run) in a copy of the wrap the caller sent without it."""
+    if wrap is None:
+        return forward
+    wrap = copy.copy(wrap)
+    wrap.forward = forward
+    return wrap
+
+
 def execute_job(job: Job, bundle: Bundle, keeper: Keeper) -> Reply:
     """Run a slice from its ``Job`` with the worker's code and keeper; encode the outputs."""
     from .graph import Graph
@@ -112,11 +133,7 @@ def execute_job(job: Job, bundle: Bundle, keeper: Keeper) -> Reply:
     keys, parts = job["keys"], job["parts"]
     env = Env(
         impls=impls,
-        forward=lambda node, impl: (
-            impl.program().as_forward()
-            if isinstance(impl, Graph)
-            else bundle.forwards.get(node) or impl.forward
-        ),  # (a subgraph's rows, cached per example, run by its program)
+        forward=lambda node, impl: _forward(node, impl, bundle.forwards.get(node)),
         subprogram=lambda node: impls[node].program() if isinstance(impls[node], Graph) else None,
         key=lambda node, impl, in_keys: keys.get(node),  # the caller's, never recomputed here
         parts=lambda node: (parts[node][0], parts[node][1], parts[node][2]),
@@ -133,6 +150,7 @@ def execute_job(job: Job, bundle: Bundle, keeper: Keeper) -> Reply:
         watchers=[collect] if job["watched"] else [],
         run=Run(job["run_id"], job["step"], job["training"], injected),
         host=job["host"],
+        wrap=lambda node, impl, forward: _rewrap(bundle.forwards.get(node), forward),
     )
     done = Walk(Values(job["inputs"], codecs), dict(keys))
     # An Opaque graph input never reaches a worker; without an input key, it was Opaque

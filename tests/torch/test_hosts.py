@@ -149,3 +149,25 @@ def test_a_remote_node_cached_per_example_tells_the_callers_watchers_as_here():
             ]
         )
     assert seen[1] == seen[0] and [r[1:3] for r in seen[0]] == [(0, 3), (0, 3), (3, 0), (3, 0)]
+
+
+class Reads(Node):  # inside a subgraph: what it sees of the run
+    def forward(self, out, ctx):
+        return Done({**out, "inner_training": ctx.training})
+
+
+def test_a_frozen_subgraph_on_another_host_runs_as_here():
+    x = torch.randn(5, 8)
+    seen = []
+    for place in (False, True):
+        g = Graph.somatize(Graph.somatize(Enc() >> Reads()).with_id("tower"))
+        st.module(g)
+        g.freeze("tower")
+        if place:
+            g.place("tower", host="gpu")
+        box = {"gpu": InProcess()} if place else None
+        seen.append([g.forward(x, training=True, transports=box) for _ in range(2)])
+    for here, there in zip(*seen, strict=True):
+        torch.testing.assert_close(there["h"], here["h"], rtol=0, atol=0)  # dropout off
+        assert there["training"] is here["training"] is False
+        assert there["inner_training"] is here["inner_training"] is False
