@@ -117,6 +117,8 @@ def run_all(
         results.append(None)
         if _is_loss(e):
             lost[i] = f"{type(e).__name__}: {e}"
+            if type(e).__name__ == "BrokenProcessPool":
+                lost[i] += _BROKEN
             continue
         note_unpicklable(e, fn, pool, "run_all")
         note = (
@@ -134,6 +136,13 @@ def run_all(
             raise e
         failed[i] = e
     return Runs(results, lost, failed)
+
+
+_BROKEN = (
+    " — one worker died, and a plain ProcessPoolExecutor then fails every run not finished "
+    "(this one may never have started) and stays broken; st.executor(workers=...) re-runs "
+    "the dead worker's run and resubmits the others"
+)
 
 
 def _warn_if_dask_runs_repeats_once(pool: Executor, items: list[Any]) -> None:
