@@ -360,6 +360,12 @@ class ExecutorTransport:
             )
         else:
             hint = " For transient failures, retry: ExecutorTransport(executor, retries=N)."
+        if isinstance(e, cf.TimeoutError):
+            hint += (
+                " A slice that timed out may still be running on its worker (an executor "
+                "cannot stop a running call): a retry may wait behind it, and the executor's "
+                "shutdown (the end of its with block) waits for it."
+            )
         return TransportError(
             f"{job['name']} failed: its worker was lost or did not answer ({why}); "
             f"tried {len(failures)} time(s) with retries={self.retries}.{hint}"
