@@ -31,7 +31,6 @@ from .host_checks import check_transport, checked, crossing
 from .keepers import MemoryKeeper
 from .keyed import Env, Walk, keyed_impl, recipe_key, walk
 from .node import Mapped, Node, Run
-from .node_state import state
 from .placement import LOCAL
 from .plan import DistributedPlan, distribute
 from .shipping import pack_code
@@ -41,7 +40,6 @@ from .values import decode, digest, encode
 from .watchers import RunEnd, RunStart, notify
 
 if TYPE_CHECKING:
-    from .codecs import Codec
     from .execute import Program
     from .graph import Graph
     from .memory import NodeKeys
@@ -58,7 +56,7 @@ class _Prepared:
     steps: list[list[tuple[str, tuple[str, ...]]]]
     jobs: list[dict[str, Any]]  # the fixed fields of each slice's Job
     readers: dict[str, list[tuple[str | None, str]]]  # node -> (reader or None for output, host)
-    code: dict[int, tuple[tuple[str, ...] | None, str, bytes]] = field(default_factory=dict)
+    code: dict[int, tuple[Any, str, bytes]] = field(default_factory=dict)  # token, digest, bytes
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -132,7 +130,9 @@ def _keys(
     return keys
 
 
-def _code(prep: _Prepared, index: int, program: Program, name: str) -> tuple[str, bytes]:
+def _code(
+    prep: _Prepared, index: int, program: Program, keys: NodeKeys, name: str
+) -> tuple[str, bytes]:
     """The code bytes of a slice and their digest, pickled again only when a node changed."""
     nodes = prep.jobs[index]["nodes"]
     impls = [program.catalog[n] for n in nodes]
@@ -149,8 +149,9 @@ def _code(prep: _Prepared, index: int, program: Program, name: str) -> tuple[str
                 wrap = copy.copy(wrap)
                 wrap.forward = None
             forwards[n] = wrap
-    # A node's state (as its key sees it) tells whether it changed; subgraphs always re-pickle.
-    token = _token(impls, codecs) if all(isinstance(i, Node) for i in impls) else None
+    # A node's key parts tell whether it changed — its code, the globals it reads, its
+    # state (new weights) — as its key sees them; subgraphs always re-pickle.
+    token = _token(impls, keys) if all(isinstance(i, Node) for i in impls) else None
     with prep.lock:
         known = prep.code.get(index)
         if known is not None and token is not None and known[0] == token:
@@ -162,15 +163,15 @@ def _code(prep: _Prepared, index: int, program: Program, name: str) -> tuple[str
     return code_digest, data
 
 
-def _token(impls: Sequence[Any], codecs: Sequence[Codec]) -> tuple[str, ...]:
-    """The nodes' states, to tell whether their code must be sent again; read quietly: what
+def _token(impls: Sequence[Any], keys: NodeKeys) -> tuple[tuple[str, str, str], ...]:
+    """The nodes' key parts, to tell whether their code must be sent again; read quietly: what
     enters a *key* by type alone is warned of where a key is made, and these nodes may not
     be cached at all (a tokenizer a library made, held by a node that is not)."""
     warned = set(identity._warned)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return tuple(state(i, codecs) for i in impls)
+            return tuple(keys.parts(keyed_impl(i)) for i in impls)
         finally:  # (not said here, so still to be said where a key reads it)
             identity._warned.intersection_update(warned)
 
@@ -294,7 +295,7 @@ def run_across(
             done.keys.update((n, keys.get(n)) for n in sl.nodes)
         ran.update(sl.nodes)
         job = _job(prep, index, program, graph, inputs, x_in, x_key, keys, run)
-        job["code"], code = _code(prep, index, program, job["name"])
+        job["code"], code = _code(prep, index, program, graph.keys, job["name"])
         transport = transports[sl.host]
         reply = checked(transport.run(job, code), transport, job)
         if reply["opaque"]:

@@ -10,9 +10,12 @@ bytes. **Unpickling runs code: ship only to executors you control.**
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -85,6 +88,10 @@ def pack_code(
         try:
             shipped = (dict(impls), tuple(codecs), dict(forwards or {}), keyed_versions())
             data: bytes = cloudpickle.dumps(shipped, pickle.HIGHEST_PROTOCOL)
+            if _packer[0] != os.getpid():  # (a forked worker inherits the set: not its own)
+                _packed_here.clear()
+                _packer[0] = os.getpid()
+            _packed_here.update(_tracked_classes())
             return data
         except Exception as e:
             culprit = "its codecs"
@@ -105,8 +112,39 @@ def pack_code(
                 cloudpickle.unregister_pickle_by_value(m)
 
 
+# Classes this process shipped by value. cloudpickle, unpickling such a class in the process
+# that pickled it (InProcess, a thread pool, Dask's processes=False), finds the class itself
+# and sets its attributes anew from the bytes: its methods replaced by copies whose globals
+# are a snapshot — the caller's own class would no longer see a global rebound. A worker
+# process, which packs nothing (a forked one inherits the set, not the pid), takes the new
+# code as it should.
+_packed_here: weakref.WeakSet[type] = weakref.WeakSet()
+_packer = [0]  # the pid that filled _packed_here
+_ABSENT = object()
+
+
+def _tracked_classes() -> list[type]:
+    """The classes cloudpickle has pickled by value in this process (its class tracker)."""
+    from cloudpickle import cloudpickle as cp  # type: ignore[import-untyped]
+
+    tracker = getattr(cp, "_DYNAMIC_CLASS_TRACKER_BY_CLASS", None)
+    return list(tracker.keys()) if tracker is not None else []
+
+
+def _restore(kept: list[tuple[type, dict[str, Any]]]) -> None:
+    """Put back the attributes of classes this process shipped, as they were before an
+    unpickling here set them anew."""
+    for cls, before in kept:
+        now = vars(cls)
+        for attr, value in before.items():
+            if now.get(attr, _ABSENT) is not value:
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(cls, attr, value)
+
+
 _bundles: OrderedDict[str, Bundle] = OrderedDict()
 _bundles_lock = threading.Lock()
+_bundles_pid = [os.getpid()]  # the process they were loaded in
 _MAX_BUNDLES = 32
 
 
@@ -120,6 +158,9 @@ def load_code(digest: str, code: bytes | None, name: str) -> Bundle | None:
         TransportError: the bytes are damaged or name a module this worker lacks.
     """
     with _bundles_lock:
+        if _bundles_pid[0] != os.getpid():  # forked: the parent's bundles hold its live classes
+            _bundles.clear()
+            _bundles_pid[0] = os.getpid()
         bundle = _bundles.get(digest)
         if bundle is not None:
             _bundles.move_to_end(digest)
@@ -128,6 +169,8 @@ def load_code(digest: str, code: bytes | None, name: str) -> Bundle | None:
         return None
     if blake3(code).hexdigest() != digest:
         raise TransportError(f"{name}: the code arrived damaged (its digest does not match)")
+    here = _packer[0] == os.getpid()
+    kept = [(cls, dict(vars(cls))) for cls in list(_packed_here)] if here else []
     try:
         impls, codecs, forwards, versions = pickle.loads(code)  # code the user sent here
     except Exception as e:
@@ -135,6 +178,8 @@ def load_code(digest: str, code: bytes | None, name: str) -> Bundle | None:
             f"{name}: the worker could not load the nodes ({type(e).__name__}: {e}); classes "
             "from installed packages travel by reference — install that package on the workers"
         ) from e
+    finally:
+        _restore(kept)
     _check_versions(versions, name)
     bundle = Bundle(impls, tuple(codecs), forwards)
     with _bundles_lock:

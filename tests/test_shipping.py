@@ -73,3 +73,25 @@ def test_a_worker_running_an_uninstalled_source_tree_is_not_refused(monkeypatch)
     monkeypatch.setattr(somatize.shipping, "_installed", lambda dist: "not installed")
     bundle = load_code(digest, code, "slice 1")
     assert bundle is not None and bundle.impls["tag"].tag == tag
+
+
+SCALE = 3
+
+
+class Scaled(Node):
+    def forward(self, x, ctx):
+        return Done(x * SCALE)
+
+
+def test_running_a_node_in_this_process_leaves_its_own_class_as_it_was(monkeypatch):
+    # cloudpickle, unpickling a class it pickled by value in the same process, sets the
+    # class's attributes anew: its methods became copies reading a snapshot of the globals
+    from somatize.transports import InProcess
+
+    forward = Scaled.forward
+    g = Graph.somatize(Scaled()).place("scaled", host="box")
+    assert g.forward(2, transports={"box": InProcess()}) == 6
+    assert Scaled.forward is forward
+    monkeypatch.setattr(__import__(__name__, fromlist=["_"]), "SCALE", 7)
+    assert Scaled().forward(2, None).value == 14  # the module's global, as rebound
+    assert g.forward(2, transports={"box": InProcess()}) == 14

@@ -389,3 +389,35 @@ def test_the_note_on_a_value_that_cannot_leave_a_worker_comes_back(pool):
     with pytest.raises(ValueConversionError) as e:
         g.forward(1, transports={"box": ExecutorTransport(pool)})
     assert "node 'bag' runs on host 'box'" in e.value.__notes__[-1]
+
+
+SCALE = 3
+
+
+class Scaled(Node):
+    def forward(self, x, ctx):
+        return Done(x * SCALE)
+
+
+def test_a_global_rebound_or_a_method_patched_reaches_the_worker(pool, monkeypatch):
+    # the code is sent again when the node's key parts change, not only its state
+    t = ExecutorTransport(pool)
+    g = Graph.somatize(Scaled()).place("scaled", host="box")
+    assert g.forward(2, transports={"box": t}) == 6
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", 7)
+    assert g.forward(2, transports={"box": t}) == 14
+    monkeypatch.setattr(Scaled, "forward", lambda self, x, ctx: Done(-x))
+    assert g.forward(2, transports={"box": t}) == -2
+    assert t.shipped >= 3
+
+
+def test_a_forked_worker_runs_the_code_it_is_sent_not_what_this_process_loaded(monkeypatch):
+    # a fork inherits the bundles this process loaded (InProcess), which hold its live classes
+    g = Graph.somatize(Scaled()).place("scaled", host="box")
+    assert g.forward(2, transports={"box": InProcess()}) == 6
+    monkeypatch.setattr(Scaled, "forward", lambda self, x, ctx: Done(-x))
+    assert g.forward(2, transports={"box": InProcess()}) == -2
+    monkeypatch.undo()
+    fork = multiprocessing.get_context("fork")
+    with cf.ProcessPoolExecutor(1, mp_context=fork) as forked:
+        assert g.forward(2, transports={"box": ExecutorTransport(forked)}) == 6
