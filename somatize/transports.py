@@ -348,8 +348,9 @@ class ExecutorTransport:
             )
         if isinstance(e, cf.BrokenExecutor):
             hint = (
-                " A ProcessPoolExecutor whose worker died stays broken: make a new one, or use "
-                "Dask, which replaces lost workers."
+                " A ProcessPoolExecutor whose worker died stays broken: make a new one, use "
+                "somatize.torch's st.executor(workers=...), which starts a fresh pool and "
+                "runs the slice again, or Dask, which replaces lost workers."
             )
         elif isinstance(e, PinnedWorkerGone) and any("://" in w for w in e.workers):
             hint = (

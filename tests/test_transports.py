@@ -152,6 +152,7 @@ def test_a_worker_dying_mid_slice_is_a_transport_error_naming_the_slice():
     message = str(info.value)
     assert "tried 3 time(s) with retries=2" in message
     assert "BrokenProcessPool" in message and "stays broken" in message
+    assert "st.executor(workers=...)" in message  # (which re-runs it on a fresh pool)
 
 
 def keys_of_a_cached_graph(x: int) -> tuple[str | None, tuple[str, str, str]]:

@@ -171,3 +171,27 @@ def test_a_frozen_subgraph_on_another_host_runs_as_here():
         torch.testing.assert_close(there["h"], here["h"], rtol=0, atol=0)  # dropout off
         assert there["training"] is here["training"] is False
         assert there["inner_training"] is here["inner_training"] is False
+
+
+class DiesOnce(Node):
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+
+    def forward(self, x, ctx):
+        import os
+        import signal
+
+        if not os.path.exists(self.mark):
+            open(self.mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return Done(x + 1)
+
+
+@pytest.mark.slow
+def test_a_slice_whose_worker_dies_runs_again_on_st_executor(tmp_path):
+    from somatize.transports import ExecutorTransport
+
+    g = Graph.somatize(DiesOnce(str(tmp_path / "died"))).place("dies_once", host="box")
+    with st.executor(workers=1) as pool:
+        assert g.forward(1, transports={"box": ExecutorTransport(pool)}) == 2
+        assert pool.restarts == 1
