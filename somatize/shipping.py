@@ -174,9 +174,19 @@ def load_code(digest: str, code: bytes | None, name: str) -> Bundle | None:
     try:
         impls, codecs, forwards, versions = pickle.loads(code)  # code the user sent here
     except Exception as e:
+        if isinstance(e, ImportError | AttributeError):  # a module or a name missing here
+            fix = (
+                "classes from installed packages travel by reference — install that package "
+                "(the version the caller runs) on the workers"
+            )
+        else:  # (the bytes arrived whole: an object's own __setstate__ or __reduce__ refused)
+            fix = (
+                "an object a node holds refused to be rebuilt in the worker (its __setstate__ "
+                "or __reduce__ raised) — make it in forward, on the worker, or place the node "
+                "on 'local'"
+            )
         raise TransportError(
-            f"{name}: the worker could not load the nodes ({type(e).__name__}: {e}); classes "
-            "from installed packages travel by reference — install that package on the workers"
+            f"{name}: the worker could not load the nodes ({type(e).__name__}: {e}); {fix}"
         ) from e
     finally:
         _restore(kept)

@@ -95,3 +95,29 @@ def test_running_a_node_in_this_process_leaves_its_own_class_as_it_was(monkeypat
     monkeypatch.setattr(__import__(__name__, fromlist=["_"]), "SCALE", 7)
     assert Scaled().forward(2, None).value == 14  # the module's global, as rebound
     assert g.forward(2, transports={"box": InProcess()}) == 14
+
+
+class Fussy(Node):
+    """Holds something that will not be rebuilt elsewhere (a handle, a session)."""
+
+    def __setstate__(self, state):
+        raise RuntimeError("this handle works only in the process that made it")
+
+    def forward(self, x, ctx):
+        return Done(x)
+
+
+def test_a_node_that_refuses_to_be_rebuilt_is_not_blamed_on_a_missing_package():
+    code = pack_code({"fussy": Fussy()}, (), "slice 1")
+    with pytest.raises(TransportError) as e:
+        load_code(blake3(code).hexdigest(), code, "slice 1 on host 'box' (fussy)")
+    said = str(e.value)
+    assert "(fussy)" in said and "only in the process that made it" in said
+    assert "__setstate__" in said and "install that package" not in said
+
+
+def test_code_naming_a_module_the_worker_lacks_says_to_install_it():
+    code = pack_code({"tag": Tag("x")}, (), "slice 1")
+    code = code.replace(b"somatize.node", b"somatize.nodX")  # (a module missing here)
+    with pytest.raises(TransportError, match="install that package"):
+        load_code(blake3(code).hexdigest(), code, "slice 1")
