@@ -216,9 +216,17 @@ def test_bad_factories_are_refused_before_training(kwargs, match):
     assert all(torch.equal(v, before[k]) for k, v in st.state(g).items())
 
 
-@pytest.mark.parametrize("batch", [[[1, 2], [3, 4]], ("text", 1), 3.0, [[], torch.ones(1)]])
-def test_a_batch_without_a_tensor_is_refused(batch):
-    with pytest.raises(SettingError, match="holds no tensor to feed the model"):
+@pytest.mark.parametrize(
+    ("batch", "said"),
+    [
+        ([[1, 2], [3, 4]], "holds no tensor to feed the model"),
+        (3.0, "holds no tensor to feed the model"),
+        ([[], torch.ones(1)], "holds no tensor to feed the model"),
+        (("text", 1), r"each a single example \(\(str, int\).*DataLoader\(examples"),
+    ],
+)
+def test_a_batch_without_a_tensor_is_refused(batch, said):
+    with pytest.raises(SettingError, match=said):
         st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=st.Options(progress=False)).fit(
             Graph.somatize(Linear()), [batch]
         )
