@@ -279,8 +279,8 @@ def _not_this_format(path: Path, payload: Any) -> str:
             f"{'a newer' if newer else 'another'} version of somatize; this one reads "
             f"{FORMAT!r}. Load it with the version that wrote it"
             + (" (or upgrade somatize)" if newer else "")
-            + "; its weights alone are torch.load(path, map_location='cpu', "
-            "weights_only=True)['model'], for st.load_state"
+            + "; its weights alone are "
+            "torch.load(path, map_location='cpu', weights_only=True)['model'], for st.load_state"
         )
     return (
         f"{path} is a torch file but not a somatize Trainer checkpoint (no format "
