@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -167,13 +166,8 @@ def _token(impls: Sequence[Any], keys: NodeKeys) -> tuple[tuple[str, str, str], 
     """The nodes' key parts, to tell whether their code must be sent again; read quietly: what
     enters a *key* by type alone is warned of where a key is made, and these nodes may not
     be cached at all (a tokenizer a library made, held by a node that is not)."""
-    warned = set(identity._warned)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return tuple(keys.parts(keyed_impl(i)) for i in impls)
-        finally:  # (not said here, so still to be said where a key reads it)
-            identity._warned.intersection_update(warned)
+    with identity.quietly():
+        return tuple(keys.parts(keyed_impl(i)) for i in impls)
 
 
 def run_across(

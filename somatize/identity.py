@@ -27,9 +27,10 @@ import logging
 import random
 import re
 import sys
+import threading
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
@@ -281,6 +282,20 @@ def identity(impl: Any, codecs: Sequence[Codec] = ()) -> str:
 
 
 _warned: set[tuple[str, str]] = set()
+_quiet = threading.local()  # .on: key parts read for another purpose than a key (quietly)
+
+
+@contextlib.contextmanager
+def quietly() -> Iterator[None]:
+    """Read key parts without saying what enters them by type alone, in this thread: they
+    are not a key here (a placed node's code compared with what its host last got), and
+    the warning is still said, once, where a key reads them."""
+    before = getattr(_quiet, "on", False)
+    _quiet.on = True
+    try:
+        yield
+    finally:
+        _quiet.on = before
 
 
 def _warn_blind(
@@ -289,7 +304,7 @@ def _warn_blind(
     """Say once per process that a node's key cannot see an object its code reads (or
     that it, or a module it holds, holds)."""
     name = f"{cls.__module__}.{cls.__qualname__}"
-    if (name, where) in _warned:
+    if (name, where) in _warned or getattr(_quiet, "on", False):
         return
     _warned.add((name, where))
     warnings.warn(
