@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 import os
 import sys
 import textwrap
@@ -20,6 +21,24 @@ settings.register_profile("somatize", deadline=None, print_blob=True)
 settings.load_profile("somatize")
 
 ROOT = Path(somatize.__file__).resolve().parent.parent
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A worker process a test left running fails the run, and is ended here: CI once hit
+    its time limit after every test had passed, the interpreter joining at exit the workers
+    of a pool whose thread had died (CPython gh-107219, tests/torch/test_pool_broken.py)."""
+    left = multiprocessing.active_children()
+    for p in left:
+        p.join(10)  # (one being ended right now)
+    left = [p for p in left if p.is_alive()]
+    if not left:
+        return
+    for p in left:
+        p.kill()
+        p.join(10)
+    names = ", ".join(f"{p.name} (pid {p.pid})" for p in left)
+    print(f"\nworker processes left running by the tests, now killed: {names}", file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

@@ -21,14 +21,14 @@ dies — is in ``pool_worker.py``.
 
 Leaving ``with TorchPool(...)`` by an exception (Ctrl-C) cancels the calls not started; so
 does Ctrl-C reaching a worker, which aborts its pool at once (a call sent after that starts
-a fresh pool).
+a fresh pool). The futures it hands out, and how it holds its worker pools' own, are in
+``pool_futures.py``.
 
 ``run_all`` (``run_all.py``) runs a campaign over this pool or any other executor.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import multiprocessing
 import os
@@ -39,7 +39,6 @@ from concurrent.futures import (
     BrokenExecutor,
     Executor,
     Future,
-    InvalidStateError,
     ProcessPoolExecutor,
 )
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ import cloudpickle
 
 from ..errors import WorkerLostError, add_note
 from ..remote_errors import called, restored
+from .pool_futures import CallFuture, hold, settled
 from .pool_worker import Aborted, Packed, _call, _start, start_failed, starting_worker, worker_count
 
 __all__ = ["TorchPool"]
@@ -99,43 +99,13 @@ class _Task:
     id: int
     payload: bytes
     what: str  # the call, as its errors name it: train(0.1, seed=3)
-    future: _CallFuture = field(init=False)
+    future: CallFuture = field(init=False)
     deaths: int = 0
     spared: int = 0
     inner: Future[Any] | None = None
 
     def __post_init__(self) -> None:
-        self.future = _CallFuture(self)
-
-
-class _CallFuture(Future[Any]):
-    """The future ``TorchPool.submit`` returns: running, and no longer cancellable, once
-    its call is handed to a worker — as ``ProcessPoolExecutor``'s (before, it said it was
-    pending, and ``cancel()`` said yes while the worker ran the call on). Cancelled, it wakes
-    ``wait()`` and ``as_completed()`` at once."""
-
-    def __init__(self, task: _Task) -> None:
-        super().__init__()
-        self._task = task
-        self._cancelling = threading.Lock()
-
-    def running(self) -> bool:
-        inner = self._task.inner
-        return not self.done() and inner is not None and inner.running()
-
-    def cancel(self) -> bool:
-        inner = self._task.inner  # (done: a lost worker's, the call about to be sent again)
-        if inner is not None and not inner.done() and not inner.cancel():
-            return False
-        with self._cancelling:
-            if self.cancelled():
-                return True
-            if not super().cancel():
-                return False
-            # what an executor does as it would start a cancelled call: without it, wait()
-            # and as_completed() on this future never returned (an aborted pool's calls)
-            self.set_running_or_notify_cancel()
-        return True
+        self.future = CallFuture(self)
 
 
 class TorchPool(Executor):
@@ -182,6 +152,7 @@ class TorchPool(Executor):
         self.retries = retries
         self._lock = threading.RLock()
         self._gen: _Generation | None = None
+        self._retired: list[_Generation] = []  # broken or aborted: shutdown waits for them
         self._ids = itertools.count()
         self._closed = False
         #: How many fresh pools were started after a worker died.
@@ -225,12 +196,13 @@ class TorchPool(Executor):
             if gen is not None and gen.aborted.value and not self._closed:
                 self._gen = None  # Ctrl-C reached its workers, which start nothing more:
                 gen.pool.shutdown(wait=False, cancel_futures=True)  # the next call, a fresh pool
+                self._retired.append(gen)
             for _ in range(3):
                 if self._gen is None:
                     self._gen = _Generation(self._workers, self._context(), *self._init)
                 gen = self._gen
                 try:
-                    task.inner = gen.pool.submit(_call, task.payload, task.id)
+                    task.inner = hold(gen.pool.submit(_call, task.payload, task.id))
                 except BrokenExecutor:  # it broke since: a fresh one
                     self._retire(gen)
                     continue
@@ -238,7 +210,7 @@ class TorchPool(Executor):
                     lambda inner, gen=gen: self._settle(task, gen, inner)  # type: ignore[misc]
                 )
                 return
-        _settled(
+        settled(
             task.future.set_exception,
             WorkerLostError(f"call {task.id}, {task.what}: no worker could be started"),
         )
@@ -248,6 +220,7 @@ class TorchPool(Executor):
         if self._gen is gen:
             self._gen = None
             self.restarts += 1
+            self._retired.append(gen)
 
     def _settle(self, task: _Task, gen: _Generation, inner: Future[Any]) -> None:
         if task.future.done():  # cancelled by the caller
@@ -263,7 +236,7 @@ class TorchPool(Executor):
             task.future.cancel()
             return
         if not isinstance(error, BrokenExecutor):
-            _settled(task.future.set_exception, restored(error))  # (a class of __main__: Shipped)
+            settled(task.future.set_exception, restored(error))  # (a class of __main__: Shipped)
             return
         if gen.never_started():
             lost = WorkerLostError(
@@ -273,7 +246,7 @@ class TorchPool(Executor):
             lost.__cause__ = error
             with self._lock:
                 self._retire(gen)
-            _settled(task.future.set_exception, lost)
+            settled(task.future.set_exception, lost)
             return
         killed = gen.killed(task.id)  # read now: the survivors are terminated right after
         if killed:
@@ -295,20 +268,24 @@ class TorchPool(Executor):
                     "raise retries=, or look for what kills the worker"
                 )
                 lost.__cause__ = error
-                _settled(task.future.set_exception, lost)
+                settled(task.future.set_exception, lost)
                 return
             self._send(task)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """As ``ProcessPoolExecutor.shutdown``; ``cancel_futures=True`` also cancels the calls
-        already handed to the workers' queue but not started."""
+        already handed to the workers' queue but not started. Waiting, it also waits for
+        the pools a lost worker broke to end their other workers, so that none runs on."""
         with self._lock:
             self._closed = True
             gen = self._gen
+            retired, self._retired = self._retired, []
         if gen is not None:
             if cancel_futures:
                 gen.aborted.value = 1
             gen.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+        for old in retired if wait else ():
+            old.pool.shutdown(wait=True)  # (its own thread terminates and joins its workers)
 
     def __exit__(
         self,
@@ -334,7 +311,7 @@ def _deliver(task: _Task, result: Any) -> None:
     if task.future.done():  # cancelled meanwhile (map cancels the rest when one raises)
         return
     if type(result) is not Packed:
-        _settled(task.future.set_result, result)
+        settled(task.future.set_result, result)
         return
     try:
         value = pickle.loads(result)  # the user's own function's result, from their own worker
@@ -345,19 +322,9 @@ def _deliver(task: _Task, result: Any) -> None:
             "numbers, strings, lists and dicts of them), or make its class importable here"
         )
         error.__cause__ = e
-        _settled(task.future.set_exception, error)
+        settled(task.future.set_exception, error)
         return
-    _settled(task.future.set_result, value)
-
-
-def _settled(settle: Callable[[Any], None], value: Any) -> None:
-    """``settle(value)``, unless the caller cancelled the future meanwhile: while its result
-    was unpickled, or as another call's failure ended ``map`` (which cancels the rest) —
-    the settling may run in a done-callback's thread, or in the caller's own when the inner
-    future was done already (a pool broken at once), where ``InvalidStateError`` would
-    replace the error the caller is being told."""
-    with contextlib.suppress(InvalidStateError):
-        settle(value)
+    settled(task.future.set_result, value)
 
 
 def _cancel(task: _Task) -> None:
