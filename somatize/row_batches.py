@@ -13,7 +13,16 @@ from typing import Any, Protocol
 
 from .errors import CacheError
 
-__all__ = ["Leaf", "RowCodec", "device_of", "one_per_example", "place", "unbatched", "versions"]
+__all__ = [
+    "Leaf",
+    "RowCodec",
+    "device_of",
+    "one_per_example",
+    "place",
+    "transposed",
+    "unbatched",
+    "versions",
+]
 
 
 class RowCodec(Protocol):
@@ -134,6 +143,29 @@ def one_per_example(kind: str, leaves: list[Leaf], what: str) -> str:
         f"fields of one batch, each holding a row per example: {make} into one tensor, "
         "torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True) with a mask of the lengths "
         "beside it, or torch.stack them if they have one shape)"
+    )
+
+
+def transposed(label: str, kind: str, leaves: list[Leaf], n: int) -> CacheError | None:
+    """The error for an output that may be one tensor per example read as fields: a tuple
+    or list of ``n`` tensors of one row layout, for a batch of ``n`` rows. Read as fields
+    (as a tuple or list is), its rows would be columns across the examples, remembered and
+    then served to other examples after a shuffle; nothing in its shape tells the two
+    apart, so neither reading is guessed. None for any other output."""
+    if kind not in ("tuple", "list") or n < 2 or len(leaves) != n:
+        return None
+    first = leaves[0][1].layout(leaves[0][2])
+    if any(r.layout(v) != first for _, r, v in leaves[1:]):
+        return None
+    return CacheError(
+        f"node {label!r} is cached per example and returned a {kind} of {n} tensors of one "
+        f"shape for a batch of {n} rows: per-example memory reads a {kind} as the fields of "
+        "one batch, each tensor holding a row per example, so were these one tensor per "
+        "example, each row remembered would be a column across the examples, served to "
+        "other examples after a shuffle. One output per example: return them as one tensor, "
+        "torch.stack(outputs) (or the batch's output before it was split); fields of one "
+        "batch: return them as a dict, {'mu': mu, 'logvar': logvar}, whose fields are "
+        f"named; or cache it per batch: g.cache({label!r})"
     )
 
 

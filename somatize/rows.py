@@ -43,6 +43,7 @@ from .row_batches import (
     device_of,
     one_per_example,
     place,
+    transposed,
     unbatched,
     versions,
 )
@@ -318,12 +319,16 @@ def remember(
         raise not_data(label, value, codecs, node in env.memory.frozen, "cached per example")
     okind, onames, oleaves, m = _split(value, codecs, label, "output")
     if m != len(computed):
+        # one tensor per example, in the output, or in the input (then stacked by the node)
+        hint = one_per_example(okind, oleaves, "output") * (len(oleaves) == len(computed))
+        hint = hint or one_per_example(kind, leaves, "input") * (len(leaves) == m)
         raise CacheError(
             f"node {label!r} is cached per example but returned {m} row{'s' * (m != 1)} for "
             f"{len(computed)} input rows; per-example memory needs one output row per input "
-            f"row{one_per_example(okind, oleaves, 'output') * (len(oleaves) == len(computed))}"
-            f" — cache it per batch instead: g.cache({label!r}){unbatched(kind)}"
+            f"row{hint} — cache it per batch instead: g.cache({label!r}){unbatched(kind)}"
         )
+    if (refused := transposed(label, okind, oleaves, m)) is not None:
+        raise refused
     if hits and layout is not None:  # (checked before storing: such rows are not kept)
         check_fits(label, layout, okind, onames, oleaves)
     if keeper is not None:
