@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a script: make the sibling recipes impor
 import somatize.torch as st
 from recipes import digits
 from somatize import DiskKeeper, Done, Graph, Node, Opaque
-from somatize.watchers import CacheRows, Recorder
+from somatize.watchers import CacheRows, Event
 
 
 class Backbone(Node):
@@ -63,6 +63,19 @@ class Head(Node):
 
     def forward(self, h, ctx):
         return Done(Opaque(self.out(h)))
+
+
+class Computed:
+    """Counts the rows the backbone computed (training and validation). A count, not a
+    ``Recorder``: a Recorder keeps every event, and each ``CacheRows`` holds its batch's
+    keys, about 120 bytes a row an epoch, which grows with every epoch of a long fit."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def on_event(self, event: Event) -> None:
+        if type(event) is CacheRows:
+            self.rows += event.misses
 
 
 def accuracy(out, y):
@@ -95,10 +108,12 @@ def sweep(
     loader = DataLoader(train, batch_size=64, shuffle=True)
     accs, computed, best = [], 0, None
     for i, (lr, wd) in enumerate(configs):
-        rec = Recorder()
+        counted = Computed()
         torch.manual_seed(i)
         keeper = DiskKeeper(cache) if cache else None
-        g = Graph.somatize(Backbone().with_id("enc") >> Head(256), keeper=keeper, watchers=[rec])
+        g = Graph.somatize(
+            Backbone().with_id("enc") >> Head(256), keeper=keeper, watchers=[counted]
+        )
         st.load_state(g, {**st.state(g), **backbone})
         g.freeze("enc")
         if cache:
@@ -112,7 +127,7 @@ def sweep(
             options=st.Options(progress=False),
         ).fit(g, loader, val=val)
         accs.append(result.metrics[-1]["val_acc"])
-        computed += sum(e.misses for e in rec.of(CacheRows))
+        computed += counted.rows
         if accs[-1] == max(accs):
             best = g
     assert best is not None
