@@ -146,14 +146,18 @@ def one_per_example(kind: str, leaves: list[Leaf], what: str) -> str:
     )
 
 
+_FEW_FIELDS = 5  # a tuple of fields has a few, (mu, logvar), (z, mu, logvar); a batch more rows
+
+
 def transposed(label: str, kind: str, leaves: list[Leaf], n: int) -> CacheError | None:
     """The error for an output that may be one tensor per example read as fields: a tuple
-    or list of ``n`` tensors of one row layout, for a batch of ``n`` rows. Read as fields
+    or list of ``n`` tensors of one row layout, for a batch of ``n`` rows (5 or more: fewer
+    is taken for fields, as a final batch of 2 meets ``(mu, logvar)``). Read as fields
     (as a tuple or list is), its rows would be columns across the examples, remembered and
     then served to other examples after a shuffle; nothing in its shape tells the two
-    apart, so neither reading is guessed. None for any other output."""
-    if kind not in ("tuple", "list") or n < 2 or len(leaves) != n:
-        return None
+    apart, so it is refused rather than guessed. None for any other output."""
+    if kind not in ("tuple", "list") or n < _FEW_FIELDS or len(leaves) != n:
+        return None  # (few: (mu, logvar) meeting a last batch of 2 rows is fields)
     first = leaves[0][1].layout(leaves[0][2])
     if any(r.layout(v) != first for _, r, v in leaves[1:]):
         return None
