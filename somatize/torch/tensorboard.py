@@ -26,7 +26,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from functools import cache
-from time import monotonic, time
+from time import monotonic
 from typing import Any
 
 from ..errors import require
@@ -34,6 +34,7 @@ from ..stack import outside
 from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
 from .claims import Claim, claim
 from .settings import count
+from .tensorboard_hparams import flat_hparams, session
 
 __all__ = ["TensorBoard"]
 
@@ -48,9 +49,11 @@ class TensorBoard:
             holds earlier event files warns, and so does a run that starts while another
             writes there (clients run in parallel: give each a sub-folder).
         every_steps: write step scalars every N steps (evaluations are always written).
-        hparams: the run's hyper-parameters (numbers, strings, bools; anything else is
-            written as its ``str``), shown with the final metrics in the HParams view, from
-            the run's start on.
+        hparams: the run's hyper-parameters, shown with the final metrics in the HParams
+            view, from the run's start on: a dict, an ``argparse.Namespace`` or a dataclass
+            instance. As Lightning logs them, nested ones become ``outer/inner`` columns,
+            numpy scalars and one-element tensors numbers, and any other value that is not a
+            number, string or bool its ``str``.
 
     Example:
         >>> st.Trainer(..., watchers=[st.TensorBoard("runs/digits", hparams={"lr": 3e-3})])  # doctest: +SKIP
@@ -61,7 +64,7 @@ class TensorBoard:
         log_dir: str | os.PathLike[str],
         *,
         every_steps: int = 1,
-        hparams: Mapping[str, Any] | None = None,
+        hparams: Any = None,  # a dict, an argparse.Namespace or a dataclass instance
     ) -> None:
         if not isinstance(log_dir, (str, os.PathLike)):
             raise TypeError(
@@ -79,7 +82,7 @@ class TensorBoard:
         )
         self.log_dir = str(log_dir)
         self.every_steps = every_steps
-        self.hparams = dict(hparams or {})
+        self.hparams = flat_hparams(hparams)  # (a wrong kind is refused here, not at step 1)
         self._writer: Any = None
         self._fitting = False  # between a fit's FitStart and close(): its writer marks a START
         self._claim: Claim | None = None  # log_dir, while this run writes there (claims.py)
@@ -154,7 +157,7 @@ class TensorBoard:
                     stacklevel=outside(),
                 )
             if self.hparams:  # from the start: a run still training, or one that failed, shows
-                self._w().file_writer.add_summary(_session(self.hparams))
+                self._w().file_writer.add_summary(session(flat_hparams(self.hparams)))
         elif isinstance(event, StepEnd):
             if event.step % self.every_steps:
                 return
@@ -189,7 +192,7 @@ class TensorBoard:
         elif isinstance(event, FitEnd):
             self._hand_over()
             if self.hparams:
-                self._w().file_writer.add_summary(_session(None))
+                self._w().file_writer.add_summary(session(None))
             if self._writer is not None:
                 self._writer.flush()
 
@@ -269,42 +272,6 @@ def _summary_type() -> Any:
     from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]
 
     return Summary
-
-
-def _session(hparams: Mapping[str, Any] | None) -> Any:
-    """The HParams plugin's summary of a run's start with its ``hparams``, or (None) of its
-    successful end. No experiment summary: tensorboard takes the one it finds first as the
-    columns of every run, so a sweep whose runs differ in their keys lost columns, and each
-    column read "differs: false"; without one it gathers them from all runs' starts."""
-    from tensorboard.plugins.hparams import (  # type: ignore[import-untyped]
-        api_pb2,
-        metadata,
-        plugin_data_pb2,
-    )
-
-    if hparams is None:
-        end = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time())
-        tag, data = (
-            metadata.SESSION_END_INFO_TAG,
-            plugin_data_pb2.HParamsPluginData(session_end_info=end),
-        )
-    else:
-        start = plugin_data_pb2.SessionStartInfo(start_time_secs=time())
-        for name, value in hparams.items():
-            if isinstance(value, bool):  # (before int: True is an int)
-                start.hparams[name].bool_value = value
-            elif isinstance(value, (int, float)):
-                start.hparams[name].number_value = value
-            else:
-                start.hparams[name].string_value = value if isinstance(value, str) else str(value)
-        tag, data = (
-            metadata.SESSION_START_INFO_TAG,
-            plugin_data_pb2.HParamsPluginData(session_start_info=start),
-        )
-    value = _summary_type().Value(
-        tag=tag, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR
-    )
-    return _summary_type()(value=[value])
 
 
 def _posix(log_dir: str) -> str:
