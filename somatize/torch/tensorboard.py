@@ -8,7 +8,8 @@ after the first), ``train/examples_per_second`` per step, and ``train/grad_norm`
 ``train/epoch_loss`` (the epoch's mean training loss, ``EpochEnd.loss``: Lightning's
 ``train_loss_epoch``) and ``train/epoch_<term>`` for each term, for each remembered node
 ``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cache``), and ``time/data`` and
-``time/steps`` (the epoch's seconds waiting for batches and in steps) at each epoch end;
+``time/steps`` (the epoch's seconds waiting for batches and in steps) and ``time/epoch``
+(its wall seconds since the previous epoch ended) at each epoch end;
 ``node/<node>/<metric>`` for metrics nodes return in ``Done`` during training,
 ``val/<node>/<metric>`` during evaluation. With ``hparams=``, the run's
 hyper-parameters go to TensorBoard's HParams view as it starts (its end is marked when it
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 import warnings
 from collections.abc import Mapping
 from functools import cache
@@ -90,6 +92,7 @@ class TensorBoard:
         self._made: list[str] = []  # folders the claim made, deepest first (removed if empty)
         self._held: list[tuple[Any, int]] = []  # (summary, step) not handed to the writer yet
         self._handed = 0.0  # when they last were (monotonic seconds)
+        self._epoch_began: float | None = None  # the fit's start, then the last epoch's end
         # whether log_dir held event files before ``writer`` opened one outside a fit (None:
         # not opened since the last fit started): the next fit's "earlier run" is not it
         self._earlier: bool | None = None
@@ -125,6 +128,7 @@ class TensorBoard:
     def on_event(self, event: Event) -> None:
         if isinstance(event, FitStart):
             self._start, self._resuming = event.start_step, event.resuming
+            self._epoch_began = time.perf_counter()  # (the clock of TrainResult.timing)
             if self._writer is not None and not self._fitting:  # (``writer`` used before)
                 self._writer.close()  # the fit's own writer marks where its steps begin
                 self._writer = None
@@ -179,6 +183,9 @@ class TensorBoard:
                     epoch[f"train/epoch_{name}"] = value
             if event.data or event.steps:  # where the epoch's time went (0.0: not measured)
                 epoch["time/data"], epoch["time/steps"] = event.data, event.steps
+            if self._epoch_began is not None:  # (None: told no FitStart)
+                now = time.perf_counter()
+                epoch["time/epoch"], self._epoch_began = now - self._epoch_began, now
             for node, c in event.cache.items():
                 if total := c["hits"] + c["misses"]:
                     epoch[f"cache/{node}/hit_rate"] = c["hits"] / total

@@ -183,3 +183,22 @@ def test_summary_and_a_pickled_result_carry_the_timing():
     assert result.summary()["timing"] is not result.timing  # a copy: plain data for logs
     again = pickle.loads(pickle.dumps(result))
     assert again.timing == result.timing and again.seconds == result.seconds
+
+
+def test_tensorboard_draws_each_epochs_seconds_beside_where_they_went(clock, tmp_path):
+    """Found by a usability audit: TensorBoard drew an epoch's ``time/data`` and
+    ``time/steps``, not how long the epoch took — its evaluation and checkpoints left out.
+    ``time/epoch`` is the seconds since the previous epoch ended (the first epoch's, since
+    ``FitStart``: after the sanity check)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rec = Recorder()
+    trainer([st.TensorBoard(tmp_path / "tb"), rec]).fit(
+        Net(clock), loader(16, clock), loader(8, clock)
+    )
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    got = [(e.step, e.value) for e in acc.Scalars("time/epoch")]
+    epoch = 16 * EXAMPLE + 4 * FORWARD + EVALUATION  # its reads, its steps, its evaluation
+    assert got == [(4, epoch), (8, epoch)]
+    assert [e.step for e in rec.of(EpochEnd)] == [4, 8]

@@ -76,6 +76,7 @@ def test_tensorboard_writes_loss_lr_throughput_metrics_and_node_metrics(tmp_path
         "train/epoch_loss",  # the epoch's mean training loss (EpochEnd.loss)
         "time/data",  # where each epoch's time went (EpochEnd.data, .steps)
         "time/steps",
+        "time/epoch",  # the seconds since the previous epoch ended
         "val/loss",
         "val/acc",
         "node/head/logit_mean",
