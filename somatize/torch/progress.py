@@ -1,4 +1,4 @@
-"""A progress line on standard error: epoch, step, loss, learning rate, throughput.
+"""A progress line on standard error: epoch, step, loss, learning rate, throughput, time left.
 
 On by default when standard error is a terminal (``Options(progress=...)`` decides
 otherwise); no dependency. On a terminal it redraws one line with a carriage return, at
@@ -31,7 +31,8 @@ def _terminal(stream: TextIO) -> bool:
 
 
 class Progress:
-    """Draws ``epoch 2/10 · step 120/500 · loss 0.1234 · lr 1e-03 · 5.2k ex/s``; keeps a line
+    """Draws ``epoch 2/10 · step 120/500 · loss 0.1234 · lr 1e-03 · 5.2k ex/s · eta 1:05``
+    (the time left at the fit's pace so far, when its steps are planned); keeps a line
     per evaluation, one per epoch with its mean training loss (``epoch 2 · mean loss
     0.1450``: ``EpochEnd.loss``, Lightning's ``train_loss_epoch``) and, when the graph
     remembers a node, one per epoch with what its cache found (``epoch 2 · cache hits: enc
@@ -89,6 +90,7 @@ class Progress:
         self._seconds = 0.0
         self._step: StepEnd | None = None  # the last step not yet written (plain lines)
         self._start = 0  # the step the fit resumed from (FitStart.start_step)
+        self._began = 0.0  # when the fit started (monotonic seconds)
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, FitStart):
@@ -97,6 +99,7 @@ class Progress:
             self._start = event.start_step  # (resumed: the steps before are not this fit's)
             # (a watcher reused for another fit, a sweep's next run: that fit's alone)
             self._examples, self._seconds, self._step, self._last = 0, 0.0, None, 0.0
+            self._began = time.monotonic()
         elif isinstance(event, StepEnd):
             self._examples += event.examples
             self._seconds += event.seconds
@@ -157,8 +160,23 @@ class Progress:
         terms = "".join(f" {k} {v:.4g}" for k, v in e.terms.items())  # (in the loss's part)
         return (
             f"{self._clear}{epoch} · {step} · loss {e.loss:.4f}{terms}{norm} · lr {e.lr:.2e} · "
-            f"{rate:,.0f} ex/s"
+            f"{rate:,.0f} ex/s{self._left(e.step)}"
         )
+
+    def _left(self, step: int) -> str:
+        """`` · eta 1:05``: the steps left at this fit's pace so far (wall time since it
+        started, its evaluations included, as tqdm's); nothing without a planned end."""
+        done = step - self._start
+        if not self._max_steps or done <= 0 or step >= self._max_steps:
+            return ""
+        left = round((time.monotonic() - self._began) / done * (self._max_steps - step))
+        hours, rest = divmod(left, 3600)
+        clock = (
+            f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+            if hours
+            else f"{rest // 60}:{rest % 60:02d}"
+        )
+        return f" · eta {clock}"
 
     def _write(self, text: str) -> None:
         self.stream.write(text)

@@ -203,3 +203,33 @@ def test_an_epochs_mean_loss_is_a_line_of_its_own_with_its_terms():
         "epoch 3 · mean loss 0.1250",
         "epoch 3 · cache hits: enc 100% of 1",
     ]
+
+
+def test_the_step_line_says_how_long_the_run_has_left(monkeypatch):
+    """Found by a usability audit: tqdm's bar under Lightning says the time left; the line
+    said the throughput only. ``eta`` is the steps left at the fit's pace so far."""
+    import time
+
+    from somatize.watchers import FitStart, StepEnd
+
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+
+    def line(progress, step, after):
+        now[0] += after
+        progress.on_event(StepEnd("r", step, 0, loss=1.0, lr=0.1, examples=8, seconds=0.5))
+        return progress.stream.getvalue().splitlines()[-1]
+
+    progress = st.Progress(stream=io.StringIO(), every_steps=1)
+    progress.on_event(FitStart("r", epochs=2, max_steps=0, start_step=0, total_steps=10))
+    assert line(progress, 1, 3.0).endswith(" ex/s · eta 0:27")  # 9 steps left, 3 s each
+    assert line(progress, 2, 1.0).endswith(" ex/s · eta 0:16")  # 4 s for 2: 2 s each
+    assert line(progress, 10, 16.0).endswith(" ex/s")  # the last: nothing left
+    progress.on_event(FitStart("r", epochs=0, max_steps=0, start_step=0, total_steps=0))
+    assert line(progress, 1, 1.0).endswith(" ex/s")  # no planned end (data without a length)
+    resumed = st.Progress(stream=io.StringIO(), every_steps=1)  # from step 6: its own pace
+    resumed.on_event(FitStart("r", epochs=2, max_steps=0, start_step=6, total_steps=10))
+    assert line(resumed, 7, 3.0).endswith(" · eta 0:09")
+    long = st.Progress(stream=io.StringIO(), every_steps=1)
+    long.on_event(FitStart("r", epochs=1, max_steps=0, start_step=0, total_steps=10_000))
+    assert line(long, 1, 2.0).endswith(" · eta 5:33:18")  # 9,999 steps of 2 s
