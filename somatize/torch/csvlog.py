@@ -1,5 +1,7 @@
 """A watcher writing a run as a CSV table: one row per step, per evaluation and per epoch.
 
+``every_steps=N`` writes every Nth step's row only (Lightning's ``log_every_n_steps``).
+
 Columns: ``kind`` (``step``, ``eval`` or ``epoch``), ``step``, ``epoch``, then ``loss``,
 ``lr`` (and ``lr/group<i>`` for each parameter group after the first), ``examples``,
 ``seconds`` on step rows (and ``grad_norm``, from the first step that tells it:
@@ -38,6 +40,7 @@ from ..keepers import atomic_write
 from ..platforms import BINARY
 from ..stack import outside
 from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
+from .settings import count
 
 __all__ = ["CSVLog"]
 
@@ -49,13 +52,15 @@ class CSVLog:
 
     Args:
         path: the CSV file (its directory is created). A fresh run replaces it.
+        every_steps: write a step's row every N steps, with its node metrics (Lightning's
+            ``log_every_n_steps``); evaluation and epoch rows are always written.
 
     Example:
         >>> st.Trainer(..., watchers=[st.CSVLog("runs/digits/log.csv")])  # doctest: +SKIP
         >>> pandas.read_csv("runs/digits/log.csv").query("kind == 'eval'")  # doctest: +SKIP
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, every_steps: int = 1) -> None:
         self._fd: int | None = None  # (first: __del__ reads it)
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(
@@ -69,6 +74,8 @@ class CSVLog:
                 f"CSVLog takes the path of a CSV file, and {self.path} is a directory; pass a "
                 f"file in it, e.g. st.CSVLog({str(self.path / 'metrics.csv')!r})",
             )
+        count("CSVLog every_steps", every_steps, hint="e.g. st.CSVLog(path, every_steps=50)")
+        self.every_steps = every_steps
         self._columns: list[str] = list(_FIRST)
         self._pending: dict[str, Any] | None = None
         self._epoch = 0
@@ -77,6 +84,8 @@ class CSVLog:
         if isinstance(event, StepEnd):
             self._finish()
             self._epoch = event.epoch
+            if event.step % self.every_steps:  # (its node metrics find no row: not written)
+                return
             self._pending = {
                 "kind": "step",
                 "step": event.step,
