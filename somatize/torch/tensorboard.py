@@ -154,9 +154,10 @@ class TensorBoard:
                     f"TensorBoard: {self.log_dir} already holds the event files of an earlier "
                     "run, and this one starts afresh from step 1: tensorboard shows this run's "
                     "steps and hides the earlier run's (its files stay). Give each run a "
-                    "log_dir of its own (e.g. st.TensorBoard(f'runs/digits/lr={lr}'), a "
-                    f"sub-folder per federated client: st.TensorBoard(f'{_posix(self.log_dir)}"
-                    "/client{i}')), or remove the old files",
+                    f"log_dir of its own (a sub-folder per run of a sweep, e.g. "
+                    f"st.TensorBoard(f'{_posix(self.log_dir)}/lr={{lr}}'), per federated "
+                    f"client: st.TensorBoard(f'{_posix(self.log_dir)}/client{{i}}')), or "
+                    "remove the old files",
                     RuntimeWarning,
                     stacklevel=outside(),
                 )

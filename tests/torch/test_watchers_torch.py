@@ -238,6 +238,8 @@ def test_tensorboard_warns_when_a_fresh_run_logs_into_a_directory_another_run_us
     ) as w:
         fit()
     assert w[0].filename == __file__  # the user's fit line, not a somatize file
+    # the fix names this run's folder (it named runs/digits, whatever the run's)
+    assert f"st.TensorBoard(f'{(tmp_path / 'tb').as_posix()}/lr={{lr}}')" in str(w[0].message)
 
 
 def test_each_parameter_groups_rate_is_reported_logged_and_written(tmp_path):
