@@ -162,7 +162,7 @@ class TensorBoard:
                     stacklevel=outside(),
                 )
             if self.hparams:  # from the start: a run still training, or one that failed, shows
-                self._w().file_writer.add_summary(session(flat_hparams(self.hparams)))
+                self._w().file_writer.add_summary(session(self.hparams))
         elif isinstance(event, StepEnd):
             if event.step % self.every_steps:
                 return
