@@ -11,9 +11,10 @@ rank), so the counts of a resumed fit are those of the whole run. After each epo
 one in ten of its lookups although an earlier epoch counted since the fit started (or
 resumed) stored them: the cache then costs its keys and writes and saves little or nothing.
 It also warns, once, about a node cached per example whose epoch found fewer than nine
-rows in ten while its input rows came in several shapes (each ``CacheRows.layout`` of the
-epoch, one set add a batch): batches padded to their own longest sequence, whose
-examples hit only at a length they met before.
+rows in ten while its keeper evicted entries (bounded below an epoch's rows: under a
+shuffled loader it keeps fewer than its share), or while its input rows came in several
+shapes (each ``CacheRows.layout`` of the epoch, one set add a batch): batches padded to
+their own longest sequence, whose examples hit only at a length they met before.
 (A resumed fit's first epoch is not compared with the epochs before the resume: a new
 process's ``MemoryKeeper`` starts empty, so that epoch stores what it looks up, as a run's
 first epoch does.)
@@ -132,17 +133,20 @@ class CacheTally:
             if not warn or not stored or hits >= _PADDED * lookups or node in self._warned:
                 continue
             shapes = _shapes(layouts.get(node, ()))
+            evicted = _evicted(self.keepers)
             if hits < _COLD * lookups:
                 message = _cold(
                     node, epoch, hits, lookups, node in self._whole, node in self.roots, shapes
                 )
             elif shapes is not None:
                 message = _padded(node, epoch, hits, lookups, shapes)
-            else:  # (a middling rate at one row shape: no cause known to name)
+            elif evicted:  # (a keeper bounded below an epoch's rows keeps fewer than its share)
+                message = _bounded(node, epoch, hits, lookups)
+            else:  # (a middling rate at one row shape, nothing evicted: no cause to name)
                 continue
             self._warned.add(node)
             # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
-            warnings.warn(_evicted(self.keepers) + message, RuntimeWarning, stacklevel=outside())
+            warnings.warn(evicted + message, RuntimeWarning, stacklevel=outside())
         self._stored |= self._missed
         self._missed = set()
         return counts
@@ -179,6 +183,16 @@ def _evicted(keepers: list[tuple[Any, int]]) -> str:
                 f"stores ({stats.bytes:,} bytes kept now) — {fix}. "
             )
     return ""
+
+
+def _bounded(node: str, epoch: int, hits: int, lookups: int) -> str:
+    return (
+        f"node {node!r} is cached, but only {hits:,} of its {lookups:,} lookups of epoch "
+        f"{epoch + 1} found what an earlier epoch stored: a shuffled loader reads every row "
+        "once an epoch in a new order, and a keeper that holds part of an epoch keeps the "
+        "rows read last, which the next epoch's misses evict before their turn — it saves "
+        "less than its share (docs/caching.md, on a machine with little memory)"
+    )
 
 
 def _shapes(layouts: Any) -> tuple[int, str] | None:

@@ -370,3 +370,26 @@ def test_a_fit_resumed_into_a_fresh_memory_keeper_does_not_call_its_first_epoch_
     cold.on_event(CacheRows("r", "enc", 3, 0, N))
     with pytest.warns(RuntimeWarning, match="none of its 192 lookups of epoch 4"):
         cold.end_epoch(3)  # still warns
+
+
+def test_a_keeper_bounded_below_an_epoch_that_finds_some_rows_names_its_evictions():
+    """Found by a memory-constrained user: a keeper holding half of an epoch's rows found
+    14% of a warm epoch's rows, and the fit said nothing (it warned below one in ten)."""
+    probe = MemoryKeeper()
+    fit(graph(keeper=probe), loader(), epochs=1)
+    half = probe.stats().bytes // 2  # half of what an epoch stores
+    keeper = MemoryKeeper(max_bytes=half)
+    with pytest.warns(RuntimeWarning, match="saves less than its share") as caught:
+        result = fit(graph(keeper=keeper), loader(), epochs=2)
+    hits = result.cache["enc"]["hits"]
+    assert N // 10 <= hits < 9 * N // 10  # neither cold nor warm: before, no warning
+    message = str(caught[0].message)
+    assert message.startswith(f"The keeper evicted {keeper.stats().evicted:,} entries since")
+    assert f"only {hits} of its {N} lookups of epoch 2" in message
+
+
+def test_an_unbounded_keeper_finding_every_row_says_nothing_of_evictions():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        result = fit(graph(keeper=MemoryKeeper()), loader(), epochs=2)
+    assert result.cache["enc"] == {"hits": N, "misses": N}
