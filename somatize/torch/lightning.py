@@ -50,7 +50,7 @@ except ImportError:
     require("lightning", "lightning")  # raises MissingExtraError naming the extra
     raise
 
-from . import lightning_carry, lightning_evaluate, lightning_state, tally
+from . import lightning_carry, lightning_evaluate, lightning_frozen, lightning_state, tally
 
 __all__ = ["LightningGraph", "Watch", "result"]
 
@@ -165,6 +165,7 @@ class LightningGraph(L.LightningModule):
         self._epoch_counts: tuple[int, dict[str, dict[str, int]]] = (-1, {})
         self._cache_since: Any = None  # a checkpoint's counts, for the fit resuming it
         self._cache_run: Any = None  # the fit's counts over every rank, once it ends
+        self._frozen_seen: frozenset[str] = frozenset()  # frozen at the last check (…_frozen)
         self.save_hyperparameters(hyperparameters(g, loss, optimizer, scheduler, self._metrics))
         self._factory_lr = self.hparams.get("lr")  # (what hparams["lr"] set later changes)
 
@@ -262,6 +263,7 @@ class LightningGraph(L.LightningModule):
             wanted if changed else None,
             epochs=getattr(self._trainer, "max_epochs", None),  # (None: no trainer)
         )
+        self._frozen_seen = frozenset(self.graph.memory.frozen)
         # named from the objects the run uses: in every checkpoint (hparams) and, as Lightning
         # logs them after configuring, in every logger (which logs hparams_initial)
         self.hparams.update(names)
@@ -297,6 +299,7 @@ class LightningGraph(L.LightningModule):
         return max(self._examples.values(), default=0)
 
     def on_fit_start(self) -> None:
+        lightning_frozen.check_backbone(self)
         self._started, self._term_names = time.perf_counter(), None
         restored, self._restored = self._restored, False
         since, self._cache_since = self._cache_since, None  # (a resumed run's counts)
@@ -356,6 +359,7 @@ class LightningGraph(L.LightningModule):
         lightning_carry.check(self)  # st.Carry with a shuffled DataLoader or DDP: warn
 
     def on_train_epoch_start(self) -> None:
+        lightning_frozen.check_added(self)  # (after the callbacks': BaseFinetuning unfreezes)
         reset(carries(self.net))  # carried state (st.Carry) starts afresh each epoch
         self._epoch_batches, self._log.epoch = [], []
 
