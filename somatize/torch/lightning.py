@@ -166,6 +166,7 @@ class LightningGraph(L.LightningModule):
         self._cache_since: Any = None  # a checkpoint's counts, for the fit resuming it
         self._cache_run: Any = None  # the fit's counts over every rank, once it ends
         self._frozen_seen: frozenset[str] = frozenset()  # frozen at the last check (…_frozen)
+        self._frozen_written: Any = None  # a resumed checkpoint's frozen nodes (lightning_state)
         self.save_hyperparameters(hyperparameters(g, loss, optimizer, scheduler, self._metrics))
         self._factory_lr = self.hparams.get("lr")  # (what hparams["lr"] set later changes)
 
@@ -299,6 +300,7 @@ class LightningGraph(L.LightningModule):
         return max(self._examples.values(), default=0)
 
     def on_fit_start(self) -> None:
+        lightning_state.check_resumed(self)  # (after the callbacks': one may unfreeze again)
         lightning_frozen.check_backbone(self)
         self._started, self._term_names = time.perf_counter(), None
         restored, self._restored = self._restored, False
@@ -376,7 +378,7 @@ class LightningGraph(L.LightningModule):
         lightning_evaluate.end(self, "test_")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["somatize"] = lightning_state.saved(self)
+        checkpoint["somatize"] = lightning_state.saved(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         lightning_state.restore(self, checkpoint)

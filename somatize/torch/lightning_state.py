@@ -21,18 +21,26 @@ from .resumed_optimizer import check_frozen
 if TYPE_CHECKING:
     from .lightning import LightningGraph
 
-__all__ = ["check_loading", "restore", "saved"]
+__all__ = ["check_loading", "check_resumed", "restore", "saved"]
 
 
-def saved(lg: LightningGraph) -> dict[str, Any]:
+def saved(lg: LightningGraph, checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
     """What ``on_save_checkpoint`` writes: the run so far. Under DDP every rank's losses,
     example counts and cache counts (``ranks``, ``cache``: one each, in rank order — each
     rank trains and counts its own share); ``losses`` and ``examples`` are the writing
-    rank's, as a checkpoint from before ``ranks`` was kept holds them."""
+    rank's, as a checkpoint from before ``ranks`` was kept holds them. The frozen and
+    cached nodes are the graph's now, in ``checkpoint``'s hyper-parameters too (a callback
+    may have unfrozen one since Lightning configured the optimizers)."""
+    now = {"frozen": sorted(lg.graph.memory.frozen), "cached": sorted(lg.graph.memory.cached)}
+    lg.hparams.update(now)
+    written = (checkpoint or {}).get("hyper_parameters")
+    if isinstance(written, dict):  # (dumped before on_save_checkpoint is called)
+        written.update(now)
     mine = {**lg._log.state(), "examples": dict(lg._examples)}
     ranks = _every_rank(lg, {**mine, "cache": tally.state(lg._tally)})
     return {
         **mine,
+        "frozen": now["frozen"],
         "history": [dict(r) for r in lg.history],
         "epoch_losses": list(lg.epoch_losses),  # (every rank's alike: lightning_steps.py)
         "epoch_terms": {k: list(v) for k, v in lg.epoch_terms.items()},
@@ -69,15 +77,12 @@ def restore(lg: LightningGraph, checkpoint: dict[str, Any]) -> None:
     trainer = lg._trainer
     if trainer is not None and trainer.state.fn != "fit":  # (TrainerFn)
         return  # (test, validate, predict with ckpt_path=: the weights only, not the run)
-    if trainer is not None:  # a fit resumed: checked before its optimizer's state is loaded
-        frozen = checkpoint.get("hyper_parameters", {}).get("frozen")
-        check_frozen(
-            {"": frozen} if isinstance(frozen, list) else None,
-            {"": sorted(lg.graph.memory.frozen)},
-            "LightningGraph.load_from_checkpoint(path, g=g, loss=..., optimizer=...), "
-            "fitted without ckpt_path=",
-        )
     state = checkpoint.get("somatize")
+    if trainer is not None:  # a fit resumed: checked before its optimizer's state is loaded
+        frozen = (state or {}).get("frozen", checkpoint.get("hyper_parameters", {}).get("frozen"))
+        lg._frozen_written = {"": frozen} if isinstance(frozen, list) else None
+        if trainer.strategy.restore_checkpoint_after_setup:  # (on_fit_start has run)
+            check_resumed(lg)
     if state is None:
         return
     lg._restored = trainer is not None  # (a fit resumed: on_fit_start keeps what it took)
@@ -94,6 +99,26 @@ def restore(lg: LightningGraph, checkpoint: dict[str, Any]) -> None:
     else:  # (a strategy restoring after setup: the fit's tally counts on from it)
         tally.detach(lg.net, lg._tally)
         lg._tally = tally.attach(lg.net, since)
+
+
+def check_resumed(lg: LightningGraph) -> None:
+    """The resumed checkpoint's frozen nodes are the graph's: checked at ``on_fit_start`` —
+    after the callbacks' own (a fine-tuning callback's state restored, it may unfreeze its
+    node again), before Lightning loads the optimizer's state, which is of the trainable
+    nodes' parameters.
+
+    Raises:
+        CheckpointError: a node frozen in one and trainable in the other.
+    """
+    written, lg._frozen_written = lg._frozen_written, None
+    check_frozen(
+        written,
+        {"": sorted(lg.graph.memory.frozen)},
+        "LightningGraph.load_from_checkpoint(path, g=g, loss=..., optimizer=...), "
+        "fitted without ckpt_path=. A node a callback unfroze mid-fit (BaseFinetuning): "
+        "unfreeze it again in that callback's on_fit_start, before this check, when it was "
+        "unfrozen by the checkpoint's epoch",
+    )
 
 
 def check_loading(path: Any, given: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import (  # noqa: E402
 )
 
 from somatize import Done, Graph, Node, Opaque  # noqa: E402
-from somatize.errors import SettingError  # noqa: E402
+from somatize.errors import CheckpointError, SettingError  # noqa: E402
 from somatize.torch.lightning import LightningGraph, result  # noqa: E402
 from tests.torch.lightning_graphs import _trainer  # noqa: E402
 from tests.torch.lightning_quiet import NO_VAL, QUIET  # noqa: E402
@@ -280,3 +280,17 @@ def test_a_resume_across_the_unfreezing_equals_the_uninterrupted_run(tmp_path, e
     resumed = _resumable(tmp_path, ckpt_path=tmp_path / "ckpt" / f"epoch={epoch}.ckpt")
     assert resumed.epoch_losses == pytest.approx(whole.epoch_losses, rel=1e-6)
     _same(resumed.state, whole.state)
+
+
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")  # (Forgets)
+def test_a_checkpoint_written_unfrozen_is_not_resumed_frozen(tmp_path):
+    class Forgets(Unfreeze):  # does not unfreeze again when resumed after the unfreezing
+        def on_fit_start(self, trainer, pl_module):
+            BaseFinetuning.on_fit_start(self, trainer, pl_module)
+
+    _resumable(tmp_path)
+    written = torch.load(tmp_path / "ckpt" / "epoch=2.ckpt", weights_only=True)
+    assert written["hyper_parameters"]["frozen"] == []  # the graph's when written
+    # (before: resumed with 'enc' frozen, silently never trained again)
+    with pytest.raises(CheckpointError, match=r"node 'enc' trainable, which this graph freezes"):
+        _resumable(tmp_path, Forgets, tmp_path / "ckpt" / "epoch=2.ckpt")
