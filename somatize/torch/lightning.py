@@ -50,7 +50,14 @@ except ImportError:
     require("lightning", "lightning")  # raises MissingExtraError naming the extra
     raise
 
-from . import lightning_carry, lightning_evaluate, lightning_frozen, lightning_state, tally
+from . import (
+    lightning_cache,
+    lightning_carry,
+    lightning_evaluate,
+    lightning_frozen,
+    lightning_state,
+    tally,
+)
 
 __all__ = ["LightningGraph", "Watch", "result"]
 
@@ -324,12 +331,7 @@ class LightningGraph(L.LightningModule):
     def epoch_cache(self) -> dict[str, dict[str, int]]:
         """What each remembered node found in the training epoch ending now (``EpochEnd.cache``):
         taken once per epoch, whichever asks first (this module's hook, or ``Watch``'s)."""
-        epoch = self.current_epoch
-        if self._tally is None:
-            return {}
-        if self._epoch_counts[0] != epoch:  # (each rank counts its own share)
-            self._epoch_counts = (epoch, self._tally.end_epoch(epoch, warn=self.global_rank == 0))
-        return self._epoch_counts[1]
+        return lightning_cache.epoch_counts(self)
 
     def on_train_epoch_end(self) -> None:
         self._log.end_epoch(self)  # the epoch's means (collective: every rank)
@@ -341,16 +343,7 @@ class LightningGraph(L.LightningModule):
             log("train_loss_epoch", loss, prog_bar=True)
             for name, value in terms.items():
                 log(f"train_{name}_epoch", value)
-        counts = self.epoch_cache()  # (taken on every rank: each counts its own share)
-        if self._tally is None:
-            return
-        run = tally.over_ranks(counts, self.trainer.world_size)  # all ranks' lookups
-        for node, c in sorted(run.items()):  # (the same names and values on every rank)
-            if total := c["hits"] + c["misses"]:
-                # synced by "max", the rate stays as it is (and Lightning does not advise
-                # sync_dist=True for an epoch-level value, as it does without it)
-                name = f"cache/{node}/hit_rate"
-                self.log(name, c["hits"] / total, on_epoch=True, sync_dist=True, reduce_fx="max")
+        lightning_cache.log_hit_rates(self, self.epoch_cache())  # (every rank counts its share)
 
     def on_train_end(self) -> None:
         if self._tally is not None:  # the run's counts, every rank's summed: result().cache

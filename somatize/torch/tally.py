@@ -61,7 +61,7 @@ class CacheTally:
         self._missed: set[str] = set()  # nodes whose lookups missed (stored) this epoch
         # node cached per example -> the layouts of its input rows this epoch (shapes)
         self._layouts: dict[str, set[tuple[Any, ...]]] = {}
-        self._stored: set[str] = set()  # ... in an earlier epoch since the tally was made
+        self._stored: set[str] = set()  # ... in an earlier epoch, each since looked up
         # the MemoryKeepers of the graphs, and what each had evicted when the fit began
         self.keepers: list[tuple[Any, int]] = []
         self.roots: set[str] = set()  # roots of graphs with several: each gets every input
@@ -147,7 +147,9 @@ class CacheTally:
             self._warned.add(node)
             # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
             warnings.warn(evicted + message, RuntimeWarning, stacklevel=outside())
-        self._stored |= self._missed
+        # a node not looked up this epoch (unfrozen, or its cache off) starts afresh when it
+        # is again: its first epoch then, under new weights, finds nothing, as a first epoch
+        self._stored = (self._stored & counts.keys()) | self._missed
         self._missed = set()
         return counts
 
