@@ -122,7 +122,7 @@ class HotPath:
                         new(Ctx, (node, device, run)),
                     )
                 except Exception as e:
-                    name_node(e, node, self.catalog[node], "", self._inputs(node), x, self._roots())
+                    name_node(e, node, self.catalog[node], "", self._inputs(node), x, *self._ends())
                     raise
                 if (
                     is_type(done) is done_type
@@ -138,7 +138,7 @@ class HotPath:
                     done = forward(values[at], ctx)
                 except Exception as e:
                     node = ctx.node
-                    name_node(e, node, self.catalog[node], "", self._inputs(node), x, self._roots())
+                    name_node(e, node, self.catalog[node], "", self._inputs(node), x, *self._ends())
                     raise
                 if (
                     is_type(done) is done_type
@@ -157,9 +157,9 @@ class HotPath:
         """The ids of ``node``'s inputs, in edge order (for an error's note)."""
         return self.topology.predecessors(node)
 
-    def _roots(self) -> tuple[str, ...]:
-        """The ids of the graph's roots (for an error's note)."""
-        return self.topology.roots
+    def _ends(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The ids of the graph's roots and sinks (for an error's note)."""
+        return self.topology.roots, self.topology.sinks
 
     def _landed(self, node: str, done: Any, metrics: dict[str, Any]) -> Any:
         """What a step returned, on the hot path, but for an ``Opaque`` without metrics: the

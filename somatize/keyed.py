@@ -263,7 +263,10 @@ def walk(
                 if is_opaque:
                     value = value.value
         except Exception as e:
-            name_node(e, label, impl, on_host, inputs, x, [prefix + n for n, i in steps if not i])
+            fed = {n for _, i in steps for n in i}
+            roots = [prefix + n for n, i in steps if not i]
+            sinks = [prefix + n for n, _ in steps if n not in fed]
+            name_node(e, label, impl, on_host, inputs, x, roots, sinks)
             raise
         if watchers:
             notify(watchers, NodeEnd(run.id, label, run.step, time.perf_counter() - start))
