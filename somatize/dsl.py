@@ -26,7 +26,15 @@ from typing import Any
 
 from . import not_a_module
 from .compose import Composable
-from .dsl_checks import FIX, check_ends, check_repeats, check_starts, ends_twice, side_by_side
+from .dsl_checks import (
+    FIX,
+    SHARE,
+    check_ends,
+    check_repeats,
+    check_starts,
+    ends_twice,
+    side_by_side,
+)
 from .errors import DuplicateNodeError, GraphError
 from .graph import Graph
 from .node import Mapped, Node
@@ -197,7 +205,8 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
         known = ids.get(id(r.impl))
         if known is not None and known != r.id:
             raise DuplicateNodeError(
-                f"one node was given two ids, {known!r} and {r.id!r}; use two instances for two nodes"
+                f"one node was given two ids, {known!r} and {r.id!r}; use two instances for two "
+                f"nodes — {SHARE}"
             )
         if known is None and r.id in taken:
             raise DuplicateNodeError(

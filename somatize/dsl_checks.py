@@ -16,7 +16,15 @@ from .errors import CycleError, GraphError
 if TYPE_CHECKING:
     from .dsl import Ref
 
-__all__ = ["FIX", "check_ends", "check_repeats", "check_starts", "ends_twice", "side_by_side"]
+__all__ = [
+    "FIX",
+    "SHARE",
+    "check_ends",
+    "check_repeats",
+    "check_starts",
+    "ends_twice",
+    "side_by_side",
+]
 
 
 def _linked(ids: list[str], edges: list[tuple[str, str]], end: int) -> tuple[str, list[str]]:
@@ -72,6 +80,13 @@ FIX = (
     "under two ids to share its weights"
 )
 
+#: How two nodes share one set of weights (a siamese encoder applied to two inputs).
+SHARE = (
+    "to apply one set of weights to two inputs (a siamese encoder), give the second "
+    "instance the first's modules (right.net = left.net: one set of parameters, its "
+    "gradient the sum of both uses), or add one instance under two ids with g.node"
+)
+
 
 def _twice(ids: list[str]) -> set[str]:
     """The ids that ``ids`` holds more than once."""
@@ -111,7 +126,7 @@ def ends_twice(sinks: list[str], following: list[str]) -> None:
         raise GraphError(
             f"node {nid!r} ends two branches of a fork, and one instance written twice is "
             f"one node: {following[0]!r} after the fork would take its output twice; join "
-            f"the branches before it instead, ((a | b) >> {nid} >> ...)"
+            f"the branches before it instead, ((a | b) >> {nid} >> ...) — or, {SHARE}"
         )
 
 

@@ -54,7 +54,7 @@ def test_one_explicit_id_on_two_nodes_is_an_error() -> None:
     ):
         build(Classify().with_id("x") >> Encode().with_id("x"))
     c = Classify()
-    with pytest.raises(DuplicateNodeError, match="two ids, 'a' and 'b'"):
+    with pytest.raises(DuplicateNodeError, match="two ids, 'a' and 'b'.*siamese.*g.node"):
         build(c.with_id("a") >> c.with_id("b"))
 
 
@@ -195,8 +195,9 @@ def test_one_instance_side_by_side_or_ending_two_branches_is_an_error_naming_it(
             build(expr)
     with pytest.raises(
         GraphError, match=r"node 'classify' ends two branches of a fork.*'classify_head'"
-    ):
+    ) as info:
         build(((a >> n) | (b >> n)) >> d)
+    assert "(a siamese encoder), give the second instance the first's modules" in str(info.value)
     assert len(build((a >> n) | (b >> n))[1]) == 2  # a join, written twice: nothing follows
 
 

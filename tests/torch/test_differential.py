@@ -404,3 +404,35 @@ def test_two_heads_two_losses_and_tied_weights_train_as_hand_written_torch():
         for p in ("weight", "bias"):
             assert_close(mine[f"{k}.{p}"], hand.state_dict()[f"{v}.{p}"])
     assert torch.equal(mine["t1.net.weight"], mine["t2.net.weight"])  # still one tensor
+
+
+class Cosine(Node):
+    def forward(self, pair, ctx):
+        left, right = pair
+        return Done(Opaque(nn.functional.cosine_similarity(left, right)))
+
+
+def test_a_siamese_encoder_of_two_nodes_sharing_modules_matches_hand_written_torch():
+    """Two inputs, one encoder's weights: the second node holds the first's module (what
+    the error for ``(Pick(0) >> enc) | (Pick(1) >> enc)`` advises), so its gradient is the
+    sum of both uses, and st.parameters(g) and the optimizer hold it once."""
+    from somatize import Pick as Take  # (this file's Pick is a tower)
+
+    torch.manual_seed(0)
+    left, right = Head(5, 4), Head(5, 4)
+    right.out = left.out
+    g = Graph.somatize(
+        ((Take(0) >> left.with_id("left")) | (Take(1) >> right.with_id("right"))) >> Cosine()
+    )
+    hand = nn.Linear(5, 4)
+    hand.load_state_dict(left.out.state_dict())
+    params = st.parameters(g)
+    assert len(params) == 2 and params[0] is left.out.weight
+    a, b = torch.randn(3, 5), torch.randn(3, 5)
+    mine = st.module(g)(a, b)
+    theirs = nn.functional.cosine_similarity(hand(a), hand(b))
+    assert_close(mine, theirs)
+    mine.sum().backward()
+    theirs.sum().backward()
+    assert_close(left.out.weight.grad, hand.weight.grad)
+    assert_close(left.out.bias.grad, hand.bias.grad)
