@@ -298,6 +298,7 @@ class Mapped(Node):
             raise NodeError(
                 f"mapped node '{ctx.node}' received a {type(x).__name__}; "
                 "a mapped node takes a list (or tuple) and applies itself to each item"
+                + (": to map a tensor's rows, give it x.unbind(0)" if hasattr(x, "unbind") else "")
             )
         return Done(*map_items(self.inner, x, ctx, ctx.node))
 

@@ -172,6 +172,21 @@ def test_mapped_refuses_a_non_list_and_mapping_twice() -> None:
         Mapped(42)  # type: ignore[arg-type]
 
 
+class Rows:
+    """Stands for a tensor (no torch here): it has unbind."""
+
+    def unbind(self, dim: int) -> tuple[int, ...]:
+        return (1, 2)
+
+
+def test_a_mapped_node_given_a_tensor_is_told_to_unbind_its_rows() -> None:
+    with pytest.raises(NodeError, match=r"received a Rows; .*give it x\.unbind\(0\)$"):
+        Graph.somatize(Echo().mapped()).forward(Opaque(Rows()))
+    with pytest.raises(NodeError) as info:  # (no unbind: no hint)
+        Graph.somatize(Echo().mapped()).forward(3)
+    assert "unbind" not in str(info.value)
+
+
 def test_mapped_opaque_items_give_one_opaque_list_and_mixing_is_an_error() -> None:
     class Wrap(Node):
         def forward(self, x: Any, ctx: Ctx) -> Done:
