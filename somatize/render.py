@@ -21,11 +21,14 @@ __all__ = ["to_mermaid", "to_text"]
 def _kind(impl: Any) -> str:
     from .graph import Graph
     from .node import Mapped
+    from .pick import Pick
 
     if isinstance(impl, Graph):
         return "Graph"
     if isinstance(impl, Mapped):
         return f"{type(impl.inner).__qualname__}.mapped()"
+    if type(impl) is Pick:  # which input it takes: Pick(1), Pick('ids', 'mask')
+        return f"Pick({', '.join(map(repr, impl.keys))})"
     return type(impl).__qualname__
 
 

@@ -71,3 +71,14 @@ def test_mermaid_escapes_labels_and_clusters_hosts() -> None:
     text = g.to_mermaid()
     assert "say #quot;hi#quot; #lt;b#gt;: Embed" in text
     assert '["host: gpu-box"]' in text and '["host: local"]' in text
+
+
+def test_a_pick_shows_which_input_it_takes() -> None:
+    """Found by a two-tower user: both towers' Picks read ``Pick``, telling them apart by
+    nothing but their ids."""
+    from somatize import Pick
+
+    g = Graph.somatize((Pick(0) >> Embed().with_id("l")) | (Pick("ids", "mask") >> Head()))
+    text = g.to_text()
+    assert "Pick(0)" in text and "Pick('ids', 'mask')" in text
+    assert "Pick(0)" in g.to_mermaid()
