@@ -377,7 +377,9 @@ def test_cpu_evaluation_adds_no_tensor_op_per_batch_to_sum_its_values():
 
     torch.manual_seed(0)
     g = Graph.somatize(TwoMetrics())
-    trainer = st.Trainer(loss=F.cross_entropy, metrics={"acc": st.accuracy})
+    # a float32 metric of its own: st.accuracy computes in float64 (one op per batch)
+    hits = {"acc": lambda out, y: (out.argmax(-1) == y).float().mean()}
+    trainer = st.Trainer(loss=F.cross_entropy, metrics=hits)
     counts = []
     for batches in (3, 9):
         val = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(batches)]
