@@ -14,6 +14,7 @@ from .carry import reset
 from .ema import swapped
 from .schedule import may_stop
 from .timing import timed
+from .valsets import warn_dropped
 
 if TYPE_CHECKING:
     from .run import ActiveRun
@@ -41,6 +42,8 @@ def evaluate_into(
         for vs in run.val_sets or ():
             reset(run.carries)  # each set's evaluation starts afresh
             counted.append(0)
+            if run.rank == 0 and not run.carries:  # (carried state: drop_last is the fix)
+                warn_dropped(vs.data, f"val set {vs.name!r}" if vs.name else "val=", vs.limit)
             try:
                 evaluated = trainer._evaluate(
                     run.net, vs.data, run.device, run.autocast, run.rank, run.world, vs.limit,

@@ -29,7 +29,7 @@ from .metrics import evaluate as evaluate_batches
 from .rank_lengths import agree
 from .smoke import smoke_batches
 from .start import as_module, autocast_for, compiled, place
-from .valsets import refuse_sets
+from .valsets import refuse_sets, warn_dropped
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -59,6 +59,8 @@ def evaluate(trainer: Trainer, model: Graph | nn.Module, data: Iterable[Any]) ->
     device = place(net, trainer.options.device, world)  # where fit() would run it
     autocast = autocast_for(trainer.options.precision, device)
     limit = smoke_batches(trainer.options)
+    if rank == 0 and not held:  # (carried state: drop_last=True is check_last_batch's fix)
+        warn_dropped(data, "evaluate()'s data", limit)
     runs = _runs(model, net)
     return trainer._evaluate(runs, data, device, autocast, rank, world, limit)
 

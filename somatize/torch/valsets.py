@@ -10,11 +10,13 @@ pruner's metric) names one of them, and its default, ``"val_loss"``, is the firs
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SettingError
+from ..stack import outside
 from .limits import batches_per_epoch
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "monitored",
     "refuse_sets",
     "val_sets",
+    "warn_dropped",
 ]
 
 
@@ -138,3 +141,30 @@ def refuse_sets(data: Any, method: str) -> None:
             f"for several, call it on each: {{name: trainer.{method}(model, data) for name, "
             "data in sets.items()}"
         )
+
+
+def warn_dropped(data: Any, where: str, limit: int | None = None) -> None:
+    """Warn when ``data`` is a DataLoader with ``drop_last=True`` whose examples are not a
+    whole number of batches: an evaluation never reads the remainder, so every metric would
+    be over fewer examples than the set holds, without a word. ``limit``: the batches an
+    evaluation reads (``Options(limit_val_batches=)``), which may stop before the short one.
+    """
+    sampler = getattr(data, "batch_sampler", None)
+    size = getattr(sampler, "batch_size", None)
+    if not getattr(sampler, "drop_last", False) or not isinstance(size, int) or size < 1:
+        return
+    try:
+        rows = len(sampler.sampler)  # type: ignore[union-attr]
+    except (TypeError, AttributeError):  # (a sampler without a length: nothing to tell)
+        return
+    dropped = rows % size
+    if not dropped or (limit is not None and limit < rows // size + 1):
+        return
+    warnings.warn(
+        f"{where} is a DataLoader with drop_last=True: its last {dropped} of {rows} examples "
+        f"(fewer than batch_size={size}) are never evaluated, so every metric is over "
+        f"{rows - dropped} examples, not the set; evaluate with a loader of drop_last=False "
+        "(keep drop_last=True for the training loader only)",
+        UserWarning,
+        stacklevel=outside(),
+    )
