@@ -30,6 +30,7 @@ from typing import Any, Literal
 from ..counted import counted
 from ..errors import SettingError
 from ..stack import outside
+from .intervals import mean_interval
 from .options import improves
 from .pool import TorchPool
 
@@ -46,6 +47,8 @@ class Summary:
         n, mean, std (sample standard deviation; 0 for one run), min, max.
         best: the index of the best run (by ``mode``).
         mode: ``"min"`` or ``"max"`` — which way is better.
+        ci: the 95% confidence interval of the mean, ``(low, high)``: Student's t over
+            n - 1 degrees of freedom (five runs: mean ± 2.78·std/√5); (NaN, NaN) for one run.
     """
 
     metric: str
@@ -58,14 +61,21 @@ class Summary:
     best: int
     mode: str
 
+    @property
+    def ci(self) -> tuple[float, float]:
+        """The 95% confidence interval of ``mean`` (see the class's docstring)."""
+        return mean_interval([v for v in self.values if not math.isnan(v)])
+
     def __str__(self) -> str:
         width = max(len(str(self.n - 1)), 3)
         rows = [f"{'run':>{width}}  {self.metric}"]
         for i, v in enumerate(self.values):
             rows.append(f"{i:>{width}}  {v:.4f}{'  <- best' if i == self.best else ''}")
+        low, high = self.ci
+        ci = "" if math.isnan(low) else f"95% CI {low:.4f} to {high:.4f}, "
         rows.append(
             f"{self.metric}: {self.mean:.4f} ± {self.std:.4f} over {counted(self.n, 'run')} "
-            f"(min {self.min:.4f}, max {self.max:.4f})"
+            f"({ci}min {self.min:.4f}, max {self.max:.4f})"
         )
         return "\n".join(rows)
 

@@ -1,6 +1,7 @@
 """Many runs: summarize and the torch process pool (federated rounds: test_federated_recipes.py)."""
 
 import concurrent.futures
+import math
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ def test_summarize_numbers_and_results():
     s = st.summarize(results, "val_loss")
     assert s.mode == "min" and s.best == 1 and s.values == (0.5, 0.2, 0.7)
     text = str(s)
-    assert "val_loss: 0.4667 ± 0.2517 over 3 runs" in text
+    assert "val_loss: 0.4667 ± 0.2517 over 3 runs (95% CI -0.1585 to 1.0918, min" in text
     assert "0.2000  <- best" in text
     with pytest.raises(KeyError, match="no metric 'val_acc'.*val_loss"):
         st.summarize(results, "val_acc")
@@ -301,3 +302,15 @@ def test_workers_do_not_share_the_global_generators_they_inherited(tmp_path):
     assert torch_a != torch_b and np_a != np_b, draws
     torch.manual_seed(0)
     assert torch.randn(1).item() not in (torch_a, torch_b)  # not this process's sequence
+
+
+def test_a_summary_s_confidence_interval_is_student_s_t_over_its_runs():
+    stats = pytest.importorskip("scipy.stats")
+    values = [0.97, 0.975, 0.968, 0.972, 0.98, float("nan")]  # a diverged run: left out
+    s = st.summarize(values, "test_f1", nan="omit")
+    kept = values[:5]
+    want = stats.t.interval(0.95, 4, loc=sum(kept) / 5, scale=stats.sem(kept))
+    assert s.ci == (pytest.approx(want[0], abs=1e-12), pytest.approx(want[1], abs=1e-12))
+    assert f"(95% CI {want[0]:.4f} to {want[1]:.4f}, min 0.9680" in str(s)
+    one = st.summarize([0.97], "test_f1")
+    assert math.isnan(one.ci[0]) and "CI" not in str(one)  # one run: no spread to judge by

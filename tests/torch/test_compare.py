@@ -70,10 +70,11 @@ def test_unpaired_the_difference_and_its_standard_error_are_those_of_two_samples
     assert d.se == pytest.approx(math.sqrt(sa**2 / 3 + sb**2 / 3))
     assert c.distinct("a") is False  # 0.01 against a spread of 0.15: not told apart
     table = str(c)
-    assert "a       0.7500 ± 0.1500  (n=3, min 0.6000, max 0.9000)  -0.0100 ± 0.1225" in table
+    assert "a       0.7500 ± 0.1500  (n=3, min 0.6000, max 0.9000)  -0.0100 ± 0.1225 [" in table
     assert table.splitlines()[-1] == (
-        "(b is best by its mean, but a is within 2 standard errors of it: these runs do not "
-        "tell them apart — more seeds, or paired=True where the runs share seeds)"
+        "(b is best by its mean, but the 95% confidence interval of a's difference from it "
+        "holds 0: these runs do not tell them apart — more seeds, or paired=True where the "
+        "runs share seeds)"
     )
 
 
@@ -84,8 +85,8 @@ def test_paired_each_seeds_luck_cancels_and_the_difference_is_told():
     assert (d.n, d.ahead) == (3, 0)  # a beat b on no seed
     assert c.distinct("a") is True and c.vs_best["b"].mean == 0
     table = str(c)
-    assert "Δ vs best (paired over seeds)" in table.splitlines()[0]
-    assert "-0.0100 ± 0.0000 (better on 0/3 seeds)" in table
+    assert "Δ vs best (paired over seeds, ± its standard error, 95% CI)" in table.splitlines()[0]
+    assert "-0.0100 ± 0.0000 [-0.0100, -0.0100] (better on 0/3 seeds)" in table
     assert "do not tell them apart" not in table
 
 
@@ -126,3 +127,36 @@ def test_sampled_parameters_are_labelled_short_and_by_name():
         .splitlines()[1]
         .startswith("(0.001, 2.5e-06)")
     )
+
+
+FIVE = {  # five seeds of two configurations, paired: the difference is 2.4 standard errors
+    "wide": [0.9749, 0.9748, 0.9664, 0.9778, 0.9690],
+    "narrow": [0.9681, 0.9667, 0.9608, 0.9803, 0.9590],
+}
+
+
+def test_paired_the_interval_and_the_verdict_are_scipy_s_paired_t_test():
+    stats = pytest.importorskip("scipy.stats")
+    c = st.compare(FIVE, "test_f1", paired=True)
+    d = c.vs_best["narrow"]
+    test = stats.ttest_rel(FIVE["narrow"], FIVE["wide"])
+    low, high = test.confidence_interval(0.95)
+    assert (d.low, d.high) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
+    # 2.4 standard errors over 4 degrees of freedom: p = 0.07, not told apart (with 2 standard
+    # errors as the bound it was, claiming 95% where a t-test gives 93%)
+    assert abs(d.mean) > 2 * d.se and test.pvalue > 0.05
+    assert c.distinct("narrow") is False
+    assert "do not tell them apart" in str(c).splitlines()[-1]
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.004, 0.01, 0.015, 0.03])  # 0.015: 2.5 se, p 0.06
+def test_unpaired_the_interval_and_the_verdict_are_scipy_s_welch_test(shift):
+    stats = pytest.importorskip("scipy.stats")
+    runs = {"a": FIVE["wide"], "b": [v + shift for v in FIVE["narrow"][:4]]}
+    c = st.compare(runs, "val_acc")
+    other = "b" if c.best == "a" else "a"
+    d = c.vs_best[other]
+    test = stats.ttest_ind(runs[other], runs[c.best], equal_var=False)
+    low, high = test.confidence_interval(0.95)
+    assert (d.low, d.high) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
+    assert c.distinct(other) is bool(test.pvalue < 0.05)
