@@ -60,8 +60,10 @@ class TrainResult:
         timed_out: whether ``Options(max_time=...)`` stopped it (the budget was spent).
         checkpoint: the last checkpoint written, if any.
         best_checkpoint: the checkpoint of the best evaluation by ``monitor``, with
-            ``Checkpointing(..., best=k)``; load its weights with
-            ``st.load_state(g, st.load_checkpoint(result.best_checkpoint)["model"])``.
+            ``Checkpointing(..., best=k)``; load the weights its evaluation judged with
+            ``st.load_state(g, st.load_checkpoint(result.best_checkpoint))`` — the whole
+            checkpoint: under ``Options(ema=)`` its average, which ``["model"]`` (the raw
+            trained weights) is not. ``best_record`` is that evaluation's record.
         skipped: steps skipped for a non-finite loss (``Options(nonfinite="skip")``).
         seconds: wall-clock time of the ``fit`` call.
         timing: where ``seconds`` went, in seconds: ``{"data": ..., "steps": ...,
@@ -112,6 +114,23 @@ class TrainResult:
             if f.name not in state and f.default_factory is not dataclasses.MISSING:
                 state[f.name] = f.default_factory()
         self.__dict__.update(state)
+
+    @property
+    def best_record(self) -> dict[str, float] | None:
+        """The record of the evaluation that gave ``best`` (the first, where several tie):
+        its ``step``, ``epoch`` and every value evaluated then — which epoch was best, and
+        the other metrics of the model selected by ``monitor``. None without evaluation.
+
+        Example:
+            >>> r = TrainResult({}, 1, 4, 2, monitor="val_acc", best=0.9,
+            ...                 metrics=[{"step": 2, "epoch": 0, "val_acc": 0.9},
+            ...                          {"step": 4, "epoch": 1, "val_acc": 0.8}])
+            >>> r.best_record["epoch"], r.metric("val_acc")
+            (0, 0.8)
+        """
+        if self.best is None:
+            return None
+        return next((m for m in self.metrics if m.get(self.monitor) == self.best), None)
 
     def metric(self, name: str) -> float:
         """The last evaluated value of ``name`` (``"val_acc"``...)."""
