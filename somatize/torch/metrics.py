@@ -323,7 +323,10 @@ def _computed(value: Any, name: str) -> float:
         if value.numel() != 1:
             raise TypeError(
                 f"metric {name!r} computed a tensor of shape {tuple(value.shape)}; a metric "
-                "gives one number (for torchmetrics, pass average='macro' or similar)"
+                "gives one number (for torchmetrics, pass average='macro' or similar). For "
+                "a confusion matrix or per-class values, compute it on predict's outputs: "
+                "metric(torch.cat(trainer.predict(model, data)), torch.cat([y for _, y in "
+                "data]))"
             )
         return float(value)
     return _number(value, f"metric {name!r} computed")

@@ -123,6 +123,26 @@ def test_a_metric_object_computing_a_vector_is_refused():
         )
 
 
+def test_a_confusion_matrix_is_refused_naming_predict_which_gives_it_as_torch_does():
+    from torchmetrics.classification import MulticlassConfusionMatrix
+
+    torch.manual_seed(0)
+    g, val = Graph.somatize(Linear()), data()
+    matrix = {"cm": MulticlassConfusionMatrix(num_classes=2)}
+    with pytest.raises(TypeError, match=r"\(2, 2\).*confusion matrix.*trainer\.predict\(model"):
+        st.Trainer(loss=F.cross_entropy, metrics=matrix).evaluate(g, val)
+    # the way the message (and trainer.md) gives, against a matrix counted by hand
+    logits = torch.cat(st.Trainer().predict(g, val))
+    y = torch.cat([y for _, y in val])
+    got = MulticlassConfusionMatrix(num_classes=2)(logits, y)
+    with torch.no_grad():
+        predicted = st.module(g)(torch.cat([x for x, _ in val])).argmax(-1)
+    hand = torch.zeros(2, 2, dtype=torch.long)
+    for t, p in zip(y.tolist(), predicted.tolist(), strict=True):
+        hand[t, p] += 1
+    assert torch.equal(got, hand)
+
+
 class Mergeable(Positives):
     def merge(self, other: Positives) -> None:
         self.hits += other.hits
