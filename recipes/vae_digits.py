@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{e + 1:>5}  {train_recon[e]:>11.2f}  {train_kl[e]:>8.2f}  {m['val_loss']:>8.2f}  "
               f"{m['val_recon']:>9.2f}  {m['val_kl']:>6.2f}  {m['val_mse']:>7.4f}")  # fmt: skip
 
-    st.load_state(g, st.load_checkpoint(result.best_checkpoint)["model"])  # the best weights
+    st.load_state(g, st.load_checkpoint(result.best_checkpoint))  # the best weights
     x = torch.cat([x for x, _ in val_batches])  # (examples, 64)
     with torch.no_grad():
         reloaded = vae_loss(st.module(g).eval()(x), x)["recon"].item()

@@ -17,7 +17,7 @@ What maps to what (the original in brackets):
   ``val_loss`` after each evaluation;
 * "save the model when validation improves, reload it for the test" is
   ``Checkpointing(..., best=1)`` and ``st.load_state(g, st.load_checkpoint(
-  result.best_checkpoint)["model"])``.
+  result.best_checkpoint))``.
 * perplexity [``math.exp`` of the loss averaged over every token] is
   ``torchmetrics.text.Perplexity()`` as a metric (``val_ppl``): ``val_loss`` is averaged
   over *examples* (rows, here streams), so the last, shorter window would weigh as much as
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(f"epoch {record['epoch'] + 1}: val loss {record['val_loss']:.3f}, "
               f"val ppl {record['val_ppl']:.2f}")  # fmt: skip
 
-    st.load_state(g, st.load_checkpoint(result.best_checkpoint)["model"])  # the best model
+    st.load_state(g, st.load_checkpoint(result.best_checkpoint))  # the best model
     tested = trainer.evaluate(g, test)
     print(f"best val loss {result.best:.3f} at {Path(result.best_checkpoint).name}")
     print(f"test loss {tested['loss']:.3f}, test ppl {tested['ppl']:.2f} (vocabulary {len(VOCAB)})")

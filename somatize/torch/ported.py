@@ -83,7 +83,7 @@ LIGHTNING: dict[str, dict[str, str]] = {
     **{
         call: {
             "ckpt_path": "load the checkpoint into the graph first, "
-            'st.load_state(g, st.load_checkpoint(result.best_checkpoint)["model"]) for "best" '
+            'st.load_state(g, st.load_checkpoint(result.best_checkpoint)) for "best" '
             f"(result.checkpoint for the last), then trainer.{call}(g, data)",
             "dataloaders": f"trainer.{call}(g, loader) (the second argument)",
             "datamodule": f"trainer.{call}(g, dm.{loader}_dataloader())",
