@@ -23,7 +23,7 @@ from .metrics import node_scalars
 from .module import GraphModule
 from .module_reads import node_metrics
 from .policy import save
-from .rng import put_back, snapshot
+from .rng import put_back, snapshot, warn_held
 from .schedule import evaluates_at_epoch_end
 from .step import step
 from .stopping import step_end
@@ -69,6 +69,8 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             UserWarning,
             stacklevel=outside(),
         )
+    if trainer.checkpoint is not None and run.world == 1:
+        warn_held(data, resuming=bool(s.epoch or s.position))  # (rng.py; once a fit)
     run.replay = trainer.checkpoint is not None and type(data) not in (list, tuple)
     run.epoch_batches = (
         run.train_batches
