@@ -14,9 +14,11 @@ under 002), whichever helper writes them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import itertools
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -39,7 +41,12 @@ def atomic_file(path: Path, *, sync: bool = True, sync_dir: bool = True) -> Iter
     renamed over ``path`` (``os.replace``), and the directory is fsynced so the rename
     itself survives a crash (``sync_dir``; a caller renaming several files syncs it once,
     after the last). On an exception the temp file is removed.
+
+    Raises:
+        OSError: ``path`` is not a regular file (``/dev/null``, a pipe): renamed over, it
+            would be replaced by one (as root, ``/dev/null`` itself was).
     """
+    _refuse_special(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_temp(str(path.parent), path.name)
     try:
@@ -55,6 +62,19 @@ def atomic_file(path: Path, *, sync: bool = True, sync_dir: bool = True) -> Iter
         raise
     if sync_dir:
         fsync_dir(path.parent)
+
+
+def _refuse_special(path: Path) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # (none yet, or unreadable: the write says why)
+        return
+    if not stat.S_ISREG(mode):
+        raise OSError(
+            errno.EINVAL,
+            f"{path} is not a regular file (a device, a pipe or a socket): an atomic write "
+            "renames a new file over its name and would replace it; give the path of a file",
+        )
 
 
 def atomic_write(path: Path, data: bytes | memoryview | list[bytes | memoryview]) -> None:

@@ -22,7 +22,10 @@ however long the run). A step's row waits for its node metrics,
 and goes to disk before a checkpoint is written (the Trainer calls ``flush()``), so a
 resumed run drops the rows the interrupted one wrote after its checkpoint, and only
 those. A damaged row (a step that is not a number) is dropped with a warning; a log
-whose header is damaged is set aside as ``<name>.damaged`` and started anew.
+whose header is damaged is set aside as ``<name>.damaged`` and started anew. A path
+that is not a regular file (``os.devnull``, a named pipe another program reads) is
+written as a stream: the header, the rows, and the header again when columns appear;
+never read back, set aside or renamed over.
 """
 
 from __future__ import annotations
@@ -74,6 +77,10 @@ class CSVLog:
                 f"CSVLog takes the path of a CSV file, and {self.path} is a directory; pass a "
                 f"file in it, e.g. st.CSVLog({str(self.path / 'metrics.csv')!r})",
             )
+        # a device or a pipe (os.devnull, a FIFO read by another program): written as a
+        # stream, never read back, moved aside or renamed over (as root, the atomic rewrite
+        # replaced /dev/null itself with a file)
+        self._stream = self.path.exists() and not self.path.is_file()
         count("CSVLog every_steps", every_steps, hint="e.g. st.CSVLog(path, every_steps=50)")
         self.every_steps = every_steps
         self._columns: list[str] = list(_FIRST)
@@ -126,7 +133,9 @@ class CSVLog:
     def _start(self, event: FitStart) -> None:
         self._columns, self._pending = list(_FIRST), None
         start_step, rows = event.start_step, []
-        if start_step and self.path.exists():  # resumed: keep what led up to the checkpoint
+        if (
+            start_step and self.path.exists() and not self._stream
+        ):  # resumed: keep what led up to the checkpoint
             rows = [row for row in self._read(start_step) if not _redone(row, event)]
         self._rewrite(rows)
 
@@ -185,7 +194,7 @@ class CSVLog:
     def _write(self, row: dict[str, Any]) -> None:
         new = [k for k in row if k not in self._columns]
         if new:  # the rows are read back from the file: a long run's are not held in memory
-            rows = self._read(None) if self.path.exists() else []
+            rows = self._read(None) if self.path.exists() and not self._stream else []
             self._columns.extend(k for k in new if k not in self._columns)
             self._rewrite([*rows, row])
             return
@@ -203,6 +212,11 @@ class CSVLog:
             )
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+        if self._stream:  # the header again, then the rows: its reader sees the new columns
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | BINARY)
+            os.write(self._fd, self._lines(rows, header=True).encode())
+            return
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
