@@ -43,8 +43,8 @@ def atomic_file(path: Path, *, sync: bool = True, sync_dir: bool = True) -> Iter
     after the last). On an exception the temp file is removed.
 
     Raises:
-        OSError: ``path`` is not a regular file (``/dev/null``, a pipe): renamed over, it
-            would be replaced by one (as root, ``/dev/null`` itself was).
+        OSError: ``path`` is a device, a pipe or a socket (``/dev/null``): renamed over,
+            it would be replaced by a file (as root, ``/dev/null`` itself was).
     """
     _refuse_special(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +69,7 @@ def _refuse_special(path: Path) -> None:
         mode = os.stat(path).st_mode
     except OSError:  # (none yet, or unreadable: the write says why)
         return
-    if not stat.S_ISREG(mode):
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # (a directory: the rename says so)
         raise OSError(
             errno.EINVAL,
             f"{path} is not a regular file (a device, a pipe or a socket): an atomic write "
