@@ -133,19 +133,21 @@ class CacheTally:
             if not warn or not stored or hits >= _PADDED * lookups or node in self._warned:
                 continue
             shapes = _shapes(layouts.get(node, ()))
-            evicted = _evicted(self.keepers)
+            evicted = None  # (keepers' stats read only where a warning may follow)
             if hits < _COLD * lookups:
                 message = _cold(
                     node, epoch, hits, lookups, node in self._whole, node in self.roots, shapes
                 )
             elif shapes is not None:
                 message = _padded(node, epoch, hits, lookups, shapes)
-            elif evicted:  # (a keeper bounded below an epoch's rows keeps fewer than its share)
+            else:  # a middling rate at one row shape: warned only with evictions to name
+                if not (evicted := _evicted(self.keepers)):
+                    continue
                 message = _bounded(node, epoch, hits, lookups)
-            else:  # (a middling rate at one row shape, nothing evicted: no cause to name)
-                continue
             self._warned.add(node)
             # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
+            if evicted is None:
+                evicted = _evicted(self.keepers)
             warnings.warn(evicted + message, RuntimeWarning, stacklevel=outside())
         # a node not looked up this epoch (unfrozen, or its cache off) starts afresh when it
         # is again: its first epoch then, under new weights, finds nothing, as a first epoch
