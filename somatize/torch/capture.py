@@ -69,6 +69,7 @@ def capture(
         "pruner": pruner_state() if pruner_state is not None else None,
         "rng": rng_state(),
         "epoch_rng": as_state(s.epoch_rng),
+        "epoch_held_rng": s.epoch_held,  # the data's own generators (held_rng.py)
         "seed": seed,
     }
 
@@ -130,6 +131,8 @@ def restore(
     s.last_finite, s.skipped = payload.get("last_finite"), payload.get("skipped", 0)
     s.epoch_rng = payload.get("epoch_rng")  # (None in a checkpoint from before it was kept)
     s.epoch_rngs = payload.get("epoch_rngs")
+    s.held, s.helds = payload.get("held_rng"), payload.get("held_rngs")  # (held_rng.py)
+    s.epoch_held, s.epoch_helds = payload.get("epoch_held_rng"), payload.get("epoch_held_rngs")
     # (a checkpoint from before "world" was kept says it by its ranks' RNG states)
     s.saved_world = payload.get("world", len(payload.get("rngs") or [None]))
     chain = payload.get("checkpoints")

@@ -21,6 +21,7 @@ from torch.nn.modules import module as _torch_module  # (its global hooks)
 
 from .batches import num_examples, split, to_device
 from .evaluation import evaluate_into
+from .held_rng import held_states, put_held
 from .loss_terms import Terms, loss_terms, scalar_and_terms
 from .policy import save
 from .rng import put_back, snapshot
@@ -126,7 +127,8 @@ def fast_epoch(
                 continue
             if step >= max_steps or s.pruned or run.timed_out or run.stopped:
                 if stopped is not None:
-                    put_back(stopped)
+                    put_back(stopped[0])
+                    put_held(run.held, stopped[1])
                 return i, False
             if clock is not None:
                 clock["step"] = step + 1  # nodes see the number of the step they compute
@@ -212,7 +214,8 @@ def fast_epoch(
             if stop is not None and stop.received:  # Options(stop_on=): a signal came
                 run.stopped = stop.stopped = stop.received
             if run.replay and (step >= max_steps or s.pruned or run.timed_out or run.stopped):
-                stopped = snapshot()  # reading one more batch must not move what is saved
+                # reading one more batch must not move what is saved
+                stopped = snapshot(), held_states(run.held)
             tick = perf()
         waited += perf() - tick  # (the epoch's end: a DataLoader's workers shut down)
     finally:

@@ -18,12 +18,13 @@ from .batches import epoch_batches
 from .carry import start_epoch
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
+from .held_rng import find_held, held_states, put_held, restore_held, warn_unkept
 from .limits import limited, share
 from .metrics import node_scalars
 from .module import GraphModule
 from .module_reads import node_metrics
 from .policy import save
-from .rng import put_back, snapshot, warn_held
+from .rng import put_back, snapshot
 from .schedule import evaluates_at_epoch_end
 from .step import step
 from .stopping import step_end
@@ -69,8 +70,15 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             UserWarning,
             stacklevel=outside(),
         )
-    if trainer.checkpoint is not None and run.world == 1:
-        warn_held(data, resuming=bool(s.epoch or s.position))  # (rng.py; once a fit)
+    # generators the data holds for itself, checkpointed and put back (held_rng.py)
+    run.held = find_held(data) if trainer.checkpoint is not None or run.checkpoint else []
+    if run.held:
+        warn_unkept(run.held)
+        if run.checkpoint is not None:  # resumed: as the checkpoint left them
+            helds = s.helds
+            mine = helds[run.rank] if helds is not None and len(helds) == run.world else s.held
+            restore_held(run.held, mine)
+    s.held = s.helds = None
     run.replay = trainer.checkpoint is not None and type(data) not in (list, tuple)
     run.epoch_batches = (
         run.train_batches
@@ -178,16 +186,21 @@ def _batches(trainer: Trainer, run: ActiveRun, data: Iterable[Any]) -> Iterator[
     from the checkpoint's own state; the loops skip the positions in front unread. (Only
     when checkpoints are written and the data is not a plain list or tuple of batches,
     whose reading draws nothing: ``run.replay``.)"""
-    s = run.state
+    s, held = run.state, run.held
     if s.epoch_rngs is not None and len(s.epoch_rngs) == run.world:  # DDP: this rank's own
         s.epoch_rng = s.epoch_rngs[run.rank]
-    s.epoch_rngs = None
+    if s.epoch_helds is not None and len(s.epoch_helds) == run.world:
+        s.epoch_held = s.epoch_helds[run.rank]
+    s.epoch_rngs = s.epoch_helds = None
     resuming = run.replay and s.position > 0 and s.epoch_rng is not None
     now = snapshot() if run.replay else None
+    now_held = held_states(held) if run.replay and held else None  # (held_rng.py)
     if resuming:
         put_back(s.epoch_rng)
+        if held and s.epoch_held is not None:
+            put_held(held, s.epoch_held)
     else:
-        s.epoch_rng = now
+        s.epoch_rng, s.epoch_held = now, now_held
     batches = limited(
         epoch_batches(data, s.epoch, trainer.seed, trainer.options.shuffle, run.rank, run.world),
         run.train_batches,
@@ -197,6 +210,8 @@ def _batches(trainer: Trainer, run: ActiveRun, data: Iterable[Any]) -> Iterator[
     for _ in itertools.islice(batches, s.position):  # (read as the interrupted run read them)
         pass
     put_back(now)
+    if now_held:
+        put_held(held, now_held)
     return itertools.chain(itertools.repeat(None, s.position), batches)
 
 
@@ -226,7 +241,8 @@ def _epoch(
         waited += tick - done
         if s.pruned or s.step >= max_steps or run.timed_out or run.stopped:
             if stopped is not None:
-                put_back(stopped)
+                put_back(stopped[0])
+                put_held(run.held, stopped[1])
             run.timing.data += waited
             return i, False
         if graph_net is not None:
@@ -267,7 +283,7 @@ def _epoch(
         if run.deadline is not None or run.stop is not None:
             step_end(run)  # max_time spent, or a signal: under DDP, on any rank
         if run.replay and (s.pruned or s.step >= max_steps or run.timed_out or run.stopped):
-            stopped = snapshot()
+            stopped = snapshot(), held_states(run.held)
         done = perf()
     run.timing.data += waited + perf() - done  # (the epoch's end: a DataLoader's workers)
     return i, True

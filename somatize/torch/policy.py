@@ -15,6 +15,7 @@ from . import ddp, tally
 from .carry import stored
 from .checkpoint import RunState, capture, finite, rng_state, scaler_state
 from .ckptdir import writer
+from .held_rng import held_states
 from .horizon import check_restored, scheduler_steps
 from .limits import batches_per_epoch, share
 from .rng import as_state
@@ -131,8 +132,10 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     s = run.state
     s.flush(run.world)
     run.due = False
-    rngs = ddp.gather(rng_state()) if run.world > 1 else None  # every rank's, for its resume
-    epoch_rngs = ddp.gather(as_state(s.epoch_rng)) if run.world > 1 else None
+    held = held_states(run.held)  # the data's own generators (held_rng.py)
+    # every rank's RNG states (global, and its data's own), for its resume
+    mine = [rng_state(), as_state(s.epoch_rng), held, s.epoch_held]
+    ranks = [list(c) for c in zip(*ddp.gather(mine))] if run.world > 1 else None
     counts = tally.state(run.tally)  # what cached nodes found so far: TrainResult.cache
     caches = ddp.gather(counts) if run.world > 1 else [counts]
     carry = None  # every rank's st.Carry values, to go on from in mid-epoch
@@ -151,6 +154,7 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         payload["clip_grad_norm"] = trainer.options.clip_grad_norm  # (resumed_optimizer.py)
         payload["clip_grad_value"] = trainer.options.clip_grad_value  # (resumed_optimizer.py)
         payload["world"] = run.world  # a mid-epoch position is one of this world's shares
+        payload["held_rng"] = held
         payload["elapsed"] = run.clock.spent()  # seconds trained: Options(max_time=) resumes
         if run.average is not None:
             payload["ema"] = run.average.state()
@@ -158,8 +162,9 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         payload["cache"] = caches
         if carry is not None:
             payload["carry"] = carry
-        if rngs is not None:
-            payload["rngs"], payload["epoch_rngs"] = rngs, epoch_rngs
+        if ranks is not None:
+            for name, states in zip(("rngs", "epoch_rngs", "held_rngs", "epoch_held_rngs"), ranks):
+                payload[name] = states
         protect = [int(r[1]) for r in s.ranked]
         if s.last_finite is not None:
             protect.append(s.last_finite)

@@ -17,14 +17,12 @@ from .rng_numpy import get_numpy, set_numpy
 
 __all__ = [
     "as_state",
-    "held_generators",
     "own_generators",
     "put_back",
     "restore_rank_rng",
     "rng_state",
     "set_rng_state",
     "snapshot",
-    "warn_held",
 ]
 
 
@@ -167,93 +165,3 @@ def own_generators() -> Iterator[None]:
         if not depth:
             with _fits_lock:
                 _fits[0] -= 1
-
-
-_GENERATOR_TYPES = ("Generator", "RandomState", "BitGenerator", "Random", "SystemRandom")
-_MODULES = ("torch", "numpy.random", "random")
-
-
-def held_generators(data: Any) -> list[str]:
-    """Random generators a DataLoader's data holds that the process draws from and no
-    checkpoint holds: in its dataset (``self.rng = np.random.default_rng(0)``, a transform
-    holding a ``torch.Generator``) when read in this process (``num_workers=0``: workers
-    get a fresh copy each epoch, so those draws repeat), and a sampler's own ``generator``
-    (a ``WeightedRandomSampler(generator=g)``; a ``RandomSampler``'s is the Trainer's, seeded
-    each epoch). Named as attribute paths: ``dataset.rng``, ``sampler.generator``."""
-    found: list[str] = []
-    if getattr(data, "num_workers", 1) == 0 and hasattr(data, "dataset"):
-        with contextlib.suppress(Exception):  # (a look for a warning never fails a fit)
-            _walk(data.dataset, "dataset", found, set(), 4)
-    sampler = getattr(data, "sampler", None)
-    batch_sampler = getattr(data, "batch_sampler", None)
-    for name, s in (
-        ("sampler", sampler),
-        ("batch_sampler.sampler", getattr(batch_sampler, "sampler", None)),
-    ):
-        if s is None or isinstance(s, torch.utils.data.RandomSampler):
-            continue
-        if name != "sampler" and s is sampler:
-            continue
-        gen = getattr(s, "generator", None)
-        if gen is not None and _is_generator(gen):
-            found.append(f"{name}.generator")
-    return found
-
-
-def _is_generator(value: Any) -> bool:
-    cls = type(value)
-    module = getattr(cls, "__module__", "") or ""
-    return any(module.startswith(m) for m in _MODULES) and any(
-        c.__name__ in _GENERATOR_TYPES for c in cls.__mro__
-    )
-
-
-def _walk(value: Any, path: str, found: list[str], seen: set[int], depth: int) -> None:
-    """Attributes of ``value`` (and small containers) that are generators, to ``depth``."""
-    if id(value) in seen or depth < 0 or isinstance(value, (torch.Tensor, str, bytes)):
-        return
-    seen.add(id(value))
-    if _is_generator(value):
-        found.append(path)
-        return
-    if isinstance(value, (list, tuple)):
-        if len(value) <= 32:  # (a dataset's rows are no place for a generator)
-            for i, v in enumerate(value):
-                _walk(v, f"{path}[{i}]", found, seen, depth - 1)
-        return
-    if isinstance(value, dict):
-        if len(value) <= 32:
-            for k, v in value.items():
-                _walk(v, f"{path}[{k!r}]", found, seen, depth - 1)
-        return
-    attrs = getattr(value, "__dict__", None)
-    if isinstance(attrs, dict) and not isinstance(value, (type, torch.nn.Module)):
-        for k, v in attrs.items():
-            _walk(v, f"{path}.{k}", found, seen, depth - 1)
-
-
-def warn_held(data: Any, resuming: bool) -> None:
-    """Warn, when a run writes or resumes checkpoints, that generators its data holds
-    (``held_generators``) are in no checkpoint: a resume draws from them afresh."""
-    held = held_generators(data)
-    if not held:
-        return
-    when = (
-        "this resumed run draws from them as they were made, not where the interrupted run "
-        "left them"
-        if resuming
-        else "a run resumed from this run's checkpoints will draw from them as they were "
-        "made, not where this run left them"
-    )
-    warnings.warn(
-        f"the training DataLoader holds random generators of its own ({', '.join(held)}), "
-        "which no checkpoint holds (the Trainer seeds and checkpoints only the global "
-        f"generators). Where reading batches draws from them (augmentation, sampling), {when}, "
-        "so it will not be bitwise identical to an uninterrupted run (nor a second fit of the "
-        "same loader in this process to the first). Draw from the global generators instead "
-        "(torch.rand/torch.randn, np.random.*, random.*: fit seeds them from `seed` and every "
-        "checkpoint holds them), leave the sampler's generator unset, and keep a generator "
-        "used only to build the data in a local variable, not an attribute",
-        UserWarning,
-        stacklevel=outside(),
-    )

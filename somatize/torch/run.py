@@ -45,6 +45,7 @@ class ActiveRun:
     # whether reading the data may draw random numbers a resume must replay: checkpoints
     # are written and the data is not a plain list or tuple of batches (loop._batches)
     replay: bool = False
+    held: list[Any] = field(default_factory=list)  # generators the data holds (held_rng.py)
     train: Any = None  # the training data (this rank's share): names an empty batch on error
     # Options(limit_train_batches=) resolved against the data (limits.py): batches an
     # epoch takes; None: all of them

@@ -41,6 +41,12 @@ class RunState:
         self.skipped = 0  # steps skipped for a non-finite loss
         self.epoch_rng: Any = None  # every RNG state as the epoch began (rng.snapshot)
         self.epoch_rngs: list[Any] | None = None  # under DDP, every rank's (from a checkpoint)
+        # the generators the data holds (held_rng.py) as the epoch began, and a checkpoint's
+        # as it was written (to put back at a resume), with every rank's under DDP
+        self.epoch_held: dict[str, Any] | None = None
+        self.epoch_helds: list[Any] | None = None
+        self.held: dict[str, Any] | None = None
+        self.helds: list[Any] | None = None
         self.saved_world = 1  # the number of processes of the run a checkpoint came from
         # the run's checkpoints on disk, the only ones rotation deletes (None: a checkpoint
         # from before they were listed, whose directory rotation then treats as the run's)
