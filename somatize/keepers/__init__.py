@@ -3,7 +3,8 @@
 A keeper stores bytes, never live objects, so nothing another node does can
 change a remembered value. Two stock keepers:
 
-* ``MemoryKeeper(max_bytes)`` — in this process, least-recently-used entries evicted
+* ``MemoryKeeper(max_bytes)`` — in this process, least-recently-used entries evicted (or,
+  ``policy="epochs"``, kept while they are still read)
   (O(1) a get or put; evictions counted in ``stats()``).
 * ``DiskKeeper(path)`` — a content store shared by processes: single entries as one
   file each, batches (``put_many``) packed many to a file with an index; atomic

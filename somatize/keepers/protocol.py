@@ -86,6 +86,8 @@ class KeeperStats:
         evicted: entries dropped to stay within ``max_bytes``: by a ``MemoryKeeper`` (or
             its gc), or by a ``DiskKeeper(max_bytes=)`` handle's own gcs since it was made.
         evicted_bytes: the bytes of those entries.
+        refused: new entries a full ``MemoryKeeper(policy="epochs")`` did not keep (its
+            entries still being read).
         packs: pack files of a ``DiskKeeper`` (each holds many entries).
     """
 
@@ -96,6 +98,7 @@ class KeeperStats:
     evicted: int = 0
     evicted_bytes: int = 0
     packs: int = 0
+    refused: int = 0
 
     def __str__(self) -> str:
         out = (
@@ -106,6 +109,8 @@ class KeeperStats:
             out += f", {counted(self.packs, 'pack')}"
         if self.evicted:
             out += f", {self.evicted} evicted ({counted(self.evicted_bytes, 'byte')})"
+        if self.refused:
+            out += f", {self.refused} refused"
         return out
 
 

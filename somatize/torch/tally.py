@@ -12,7 +12,7 @@ one in ten of its lookups although an earlier epoch counted since the fit starte
 resumed) stored them: the cache then costs its keys and writes and saves little or nothing.
 It also warns, once, about a node cached per example whose epoch found fewer than nine
 rows in ten while its keeper evicted entries (bounded below an epoch's rows: under a
-shuffled loader it keeps fewer than its share), or while its input rows came in several
+shuffled loader it keeps fewer than its share, unless ``policy="epochs"``), or while its input rows came in several
 shapes (each ``CacheRows.layout`` of the epoch, one set add a batch): batches padded to
 their own longest sequence, whose examples hit only at a length they met before.
 (A resumed fit's first epoch is not compared with the epochs before the resume: a new
@@ -31,6 +31,16 @@ from ..keepers import DiskKeeper, MemoryKeeper
 from ..stack import outside
 from ..watchers import CacheHit, CacheMiss, CacheRows, Event
 from .module import GraphModule
+from .tally_messages import (
+    COLD,
+    PADDED,
+    bounded_note,
+    cold_note,
+    dropped,
+    evicted_note,
+    padded_note,
+    row_shapes,
+)
 
 __all__ = ["CacheTally", "Counts", "over_ranks", "resumed", "state"]
 
@@ -130,24 +140,25 @@ class CacheTally:
             # an earlier epoch counted here missed, so wrote: not ``total``, which holds a
             # resumed checkpoint's counts too (their entries may be in no keeper of this process)
             stored = node in self._stored
-            if not warn or not stored or hits >= _PADDED * lookups or node in self._warned:
+            if not warn or not stored or hits >= PADDED * lookups or node in self._warned:
                 continue
-            shapes = _shapes(layouts.get(node, ()))
+            shapes = row_shapes(layouts.get(node, ()))
             evicted = None  # (keepers' stats read only where a warning may follow)
-            if hits < _COLD * lookups:
-                message = _cold(
+            if hits < COLD * lookups:
+                message = cold_note(
                     node, epoch, hits, lookups, node in self._whole, node in self.roots, shapes
                 )
             elif shapes is not None:
-                message = _padded(node, epoch, hits, lookups, shapes)
+                message = padded_note(node, epoch, hits, lookups, shapes)
             else:  # a middling rate at one row shape: warned only with evictions to name
-                if not (evicted := _evicted(self.keepers)):
+                if not (evicted := evicted_note(self.keepers)):
                     continue
-                message = _bounded(node, epoch, hits, lookups)
+                lru = any(getattr(k, "policy", "lru") == "lru" for k, _ in self.keepers)
+                message = bounded_note(node, epoch, hits, lookups, lru)
             self._warned.add(node)
             # (from here: Trainer.fit's caller, past loop.train and Trainer._fit)
             if evicted is None:
-                evicted = _evicted(self.keepers)
+                evicted = evicted_note(self.keepers)
             warnings.warn(evicted + message, RuntimeWarning, stacklevel=outside())
         # a node not looked up this epoch (unfrozen, or its cache off) starts afresh when it
         # is again: its first epoch then, under new weights, finds nothing, as a first epoch
@@ -162,148 +173,6 @@ def _counts(counts: Any) -> Counts:
         str(node): {"hits": int(c["hits"]), "misses": int(c["misses"])}
         for node, c in (counts or {}).items()
     }
-
-
-_COLD = 0.1  # an epoch after the first finding fewer of a node's lookups than this is cold
-# ... fewer than this, its input rows in several shapes: padded to each batch's longest
-_PADDED = 0.9
-
-
-def _evicted(keepers: list[tuple[Any, int]]) -> str:
-    """The known cause first, when there is one: a MemoryKeeper (or a bounded DiskKeeper's
-    own gcs) evicted since the fit began, being smaller than what an epoch stores."""
-    for keeper, before in keepers:
-        stats = keeper.stats()
-        if (n := stats.evicted - before) > 0:
-            bound = f"max_bytes={keeper.max_bytes:,}"
-            if isinstance(keeper, MemoryKeeper):
-                kind, fix = f"MemoryKeeper({bound})", "raise max_bytes, or use a DiskKeeper"
-            else:  # (a DiskKeeper whose own gcs keep it under max_bytes)
-                kind = f"DiskKeeper({str(keeper.path)!r}, {bound})"
-                fix = "raise max_bytes (or leave it out, and run somatize cache gc between runs)"
-            return (
-                f"The keeper evicted {n:,} entries since this fit began: "
-                f"{kind} holds less than an epoch "
-                f"stores ({stats.bytes:,} bytes kept now) — {fix}. "
-            )
-    return ""
-
-
-def _bounded(node: str, epoch: int, hits: int, lookups: int) -> str:
-    return (
-        f"node {node!r} is cached, but only {hits:,} of its {lookups:,} lookups of epoch "
-        f"{epoch + 1} found what an earlier epoch stored: a shuffled loader reads every row "
-        "once an epoch in a new order, and a keeper that holds part of an epoch keeps the "
-        "rows read last, which the next epoch's misses evict before their turn — it saves "
-        "less than its share (docs/caching.md, on a machine with little memory)"
-    )
-
-
-def _shapes(layouts: Any) -> tuple[int, str] | None:
-    """How many row shapes a node's input came in (``layouts``: the ``CacheRows.layout`` of
-    its batches in an epoch) and their range said — ``(17,) to (64,)``, ``'input_ids' (17,)
-    to (64,), ...`` for the fields that vary — or None: one shape, or layouts not the
-    torch codec's rows of one structure (no padding to name)."""
-    shapes: set[tuple[Any, ...]] = set()
-    structures = set()
-    for layout in layouts:
-        if type(layout) is not tuple or len(layout) != 3:
-            return None
-        kind, names, leaves = layout
-        row = tuple(lay[1] if _shaped(lay) else None for _, lay in leaves)
-        if None in row:
-            return None
-        structures.add((kind, names, len(row)))
-        shapes.add(row)
-    if len(shapes) < 2 or len(structures) != 1:
-        return None
-    kind, names, width = structures.pop()
-    said = []
-    for i in range(width):
-        mine = sorted({row[i] for row in shapes})
-        if len(mine) > 1:
-            field = f"{names[i]!r} " if kind == "dict" else "" if kind == "leaf" else f"[{i}] "
-            said.append(f"{field}{mine[0]} to {mine[-1]}")
-    return len(shapes), ", ".join(said)
-
-
-def _shaped(lay: Any) -> bool:
-    """Whether ``lay`` is a tensor's row layout: (dtype, shape without the batch dim)."""
-    return (
-        type(lay) is tuple
-        and len(lay) == 2
-        and type(lay[1]) is tuple
-        and all(type(d) is int for d in lay[1])
-    )
-
-
-_PADDING = (
-    "each batch padded to its own longest sequence (pad_sequence in a collate_fn, or Hugging "
-    "Face's DataCollatorWithPadding): a row is its bytes, padding included, so an example "
-    "is keyed anew at each length its batch pads it to, and hits only at a length it met "
-    "before"
-)
-_PAD_FIX = (
-    'pad to one fixed length (tokenizer(..., padding="max_length", max_length=...), or F.pad '
-    "after pad_sequence), or to a few bucket lengths each example always meets (batches "
-    "grouped by length, each padded to its bucket's)"
-)
-
-
-def _padded(node: str, epoch: int, hits: int, lookups: int, shapes: tuple[int, str]) -> str:
-    share = hits * 100 // lookups  # (rounded down: 89.6% is not said as 90%)
-    return (
-        f"node {node!r} is cached per example, but epoch {epoch + 1} found only {share}% of "
-        f"its {lookups:,} rows ({hits:,}) stored by an earlier epoch, and its input came in "
-        f"rows of {shapes[0]} shapes, {shapes[1]}: likely {_PADDING}. The cache costs keys "
-        f"and writes for every row and saves little — {_PAD_FIX}, so that every epoch after "
-        "the first finds every row."
-    )
-
-
-def _cold(
-    node: str,
-    epoch: int,
-    hits: int,
-    lookups: int,
-    whole: bool,
-    root: bool,
-    shapes: tuple[int, str] | None = None,
-) -> str:
-    found = f"only {hits:,} of its" if hits else "none of its"
-    batches = (
-        "a shuffled DataLoader never repeats a batch — cache it per example, "
-        f"g.cache({node!r}, per='example') (rows of a tensor batch; a node of raw text "
-        "or of lists: map it over each item, .mapped(), and cache that); "
-        if whole
-        else ""
-    )
-    if root:  # (a tower of a two-input model reading x[1], the images augmented)
-        batches += (
-            "it is a root, so it receives every input of the call (model(a, b), or a dict "
-            "batch) and is keyed by all of them, though it may read one: give it its own, "
-            "Pick(1) >> node (from somatize import Pick); "
-        )
-    # padding: said first, with the row shapes seen, when the input came in several
-    padding = f"; or {_PADDING} — {_PAD_FIX}" if shapes is None else ""
-    lengths = (
-        f"Its input came in rows of {shapes[0]} shapes this epoch, {shapes[1]}: likely "
-        f"{_PADDING} — {_PAD_FIX}. Other possible causes: "
-        if shapes is not None
-        else "Likely causes: "
-    )
-    return (
-        f"node {node!r} is cached, but {found} {lookups:,} lookups of epoch {epoch + 1} "
-        "found what an earlier epoch stored: the cache costs keys and writes and saves "
-        f"{'nothing' if not hits else 'little'}. {lengths}{batches}its input differs "
-        "from epoch to epoch (random augmentation or noise before the node: memory pays "
-        "only for inputs that repeat — stop caching it, or augment its output instead"
-        f"{padding}); its key changed (its weights, code or declaration — a node meant to "
-        "be fixed should be frozen); or the keeper dropped the entries (a MemoryKeeper "
-        "or a DiskKeeper whose max_bytes is smaller than an epoch, or a gc of the DiskKeeper — "
-        "keeper.gc(), somatize cache gc — in another process meanwhile: see keeper.stats()). "
-        "g.explain(batch) says which part of the node's key changed."
-    )
 
 
 def _graphs(net: Any) -> list[Any]:
@@ -327,7 +196,7 @@ def attach(net: Any, since: Mapping[str, Any] | None = None) -> CacheTally | Non
         if isinstance(g.keeper, MemoryKeeper) or (
             isinstance(g.keeper, DiskKeeper) and g.keeper.max_bytes is not None
         ):
-            tally.keepers.append((g.keeper, g.keeper.stats().evicted))
+            tally.keepers.append((g.keeper, dropped(g.keeper.stats())))
     return tally
 
 
