@@ -312,6 +312,10 @@ def explain_run(
     keyed = program.input_keyed and not opaque
     x_key = digest(x, g.codecs, "the graph input") if keyed else None
     looked: list[Any] = []
+    if program.keyed:  # (a subgraph's own keeper is not read here either: said so)
+        from .nested_keepers import warn_unused_keepers
+
+        warn_unused_keepers(g, program, g.keeper)
     view = ReadOnly(g.keeper)
     program.run_keyed(x, opaque, x_key, run, g.keys, view, (), explained=looked)
     return explain(g.keeper, looked, g.keys)

@@ -93,6 +93,11 @@ class Graph(Settings, Composable):
         self._topology_from: tuple[Any, ...] = ()  # subgraph stamps the topology was built from
         self._keys: NodeKeys | None = None
         self._pins = PinLog()
+        # the MemoryKeeper made on first need (not chosen), and the subgraphs whose own keeper
+        # is passed over, as checked and warned of (nested_keepers.py)
+        self._made_keeper: Keeper | None = None
+        self._keepers_checked: tuple[Program, Keeper | None] | None = None
+        self._keepers_said: set[tuple[str, int, int]] = set()
 
     # -- construction -----------------------------------------------------------------
 
@@ -374,7 +379,7 @@ class Graph(Settings, Composable):
     def __getstate__(self) -> dict[str, Any]:
         # What is derived (program, keys) is rebuilt on the other side; a runtime's hook
         # is not data and is installed again there (module(g) does it).
-        drop = {"_program", "_topology", "_keys", "wrap"}
+        drop = {"_program", "_topology", "_keys", "wrap", "_keepers_checked"}
         return {k: (None if k in drop else v) for k, v in self.__dict__.items()}
 
 

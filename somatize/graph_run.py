@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import EmptyGraphError, GraphError
 from .execute import Outcome, Program
-from .keepers import MemoryKeeper
+from .nested_keepers import made_keeper, warn_unused_keepers
 from .placement import LOCAL
 from .values import digest
 from .watchers import RunEnd, RunStart, notify
@@ -56,7 +56,9 @@ def run_keyed(g: Graph, program: Program, x: Any, opaque: bool, run: Run) -> Out
     """One run of ``g`` on this host that reads or writes the keeper, or is watched."""
     keeper = g.keeper
     if keeper is None and program.keyed:
-        keeper = g.keeper = MemoryKeeper()
+        keeper = made_keeper(g)
+    if program.keyed:
+        warn_unused_keepers(g, program, keeper)
     x_key = None if opaque or not program.input_keyed else digest(x, g.codecs, "the graph input")
     if g.watchers:
         notify(g.watchers, RunStart(run.id, len(program.plan)))

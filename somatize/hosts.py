@@ -27,8 +27,8 @@ from . import identity
 from .errors import TransportError, ValueConversionError
 from .execute import Outcome
 from .host_checks import check_transport, checked, crossing
-from .keepers import MemoryKeeper
 from .keyed import Env, Walk, keyed_impl, recipe_key, walk
+from .nested_keepers import made_keeper, warn_unused_keepers
 from .node import Mapped, Node, Run
 from .placement import LOCAL
 from .plan import DistributedPlan, distribute
@@ -214,7 +214,10 @@ def run_across(
             check_transport(host, transports[host])
     keeper = graph.keeper
     if keeper is None and program.keyed:
-        keeper = graph.keeper = MemoryKeeper()
+        keeper = made_keeper(graph)
+    if program.keyed:  # (a subgraph node on another host keeps its entries in its worker's)
+        away = frozenset(n for n, h in graph.placement.hosts.items() if h != LOCAL)
+        warn_unused_keepers(graph, program, keeper, away)
     codecs = program.codecs
     x_key = None if x_opaque or not program.keyed else digest(x, codecs, "the graph input")
     keys = planned = _keys(program, graph.keys, x_key)
