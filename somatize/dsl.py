@@ -4,7 +4,8 @@
 ``nn.Sequential`` cannot express. Ids default to the class name in snake case,
 made unique (``classify``, ``classify_2``); ``node.with_id("enc")`` sets one.
 The same node instance written twice is one node: it may feed two branches, but not
-itself, nor one node twice. ``>>`` binds tighter than ``|`` (Python's precedence): a
+itself, nor one node twice. Given two ids (``enc.with_id("l")``, ``enc.with_id("r")``) it
+is two nodes sharing the instance, its weights too (a siamese encoder). ``>>`` binds tighter than ``|`` (Python's precedence): a
 fork needs its parentheses, ``a >> b | c`` is ``(a >> b) | c``.
 
 Example:
@@ -28,7 +29,6 @@ from . import not_a_module
 from .compose import Composable
 from .dsl_checks import (
     FIX,
-    SHARE,
     check_ends,
     check_repeats,
     check_starts,
@@ -192,54 +192,70 @@ def _snake(name: str) -> str:
 def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
     """Nodes (id, implementation) and edges of an expression, in written order.
 
+    A node is an instance under an id: written twice under one id (or with none), one node;
+    given two ids (``enc.with_id("left")``, ``enc.with_id("right")``), two nodes sharing it
+    (a siamese encoder: one set of weights applied to two inputs).
+
     Raises:
-        DuplicateNodeError: one explicit id given to two different nodes, or two ids to one.
+        DuplicateNodeError: one explicit id given to two different nodes, or an instance
+            with two ids written without one (which node it means is not said).
     """
     root = lift(expr)
     refs = _refs(root)
-    ids: dict[int, str] = {}
-    taken: set[str] = set()
+    owner: dict[str, int] = {}  # explicit id -> the instance it names
+    given: dict[int, list[str]] = {}  # instance -> its explicit ids, in written order
     for r in refs:  # explicit ids first, so a default never takes one
         if r.id is None:
             continue
-        known = ids.get(id(r.impl))
-        if known is not None and known != r.id:
-            raise DuplicateNodeError(
-                f"one node was given two ids, {known!r} and {r.id!r}; use two instances for two "
-                f"nodes — {SHARE}"
-            )
-        if known is None and r.id in taken:
+        known = owner.get(r.id)
+        if known is None:
+            owner[r.id] = id(r.impl)
+            given.setdefault(id(r.impl), []).append(r.id)
+        elif known != id(r.impl):
             raise DuplicateNodeError(
                 f"id {r.id!r} is given to two different nodes; give each its own id "
                 f"(.with_id({r.id + '_2'!r})), or write the same instance twice to mean one node"
             )
-        ids[id(r.impl)] = r.id
-        taken.add(r.id)
+    taken = set(owner)
+    names: dict[int, str] = {}  # each written reference (by id(ref)) -> its node's id
+    defaults: dict[int, str] = {}  # instance written with no id -> its default id
     nodes: list[tuple[str, Any]] = []
     added: set[str] = set()
     # base id -> the suffix it last got: every earlier one is taken (taken only grows), so
     # the search resumes there and N nodes of one class cost O(N), not O(N²)
     tried: dict[str, int] = {}
     for r in refs:  # then defaults, and every node once, in written order
-        nid = ids.get(id(r.impl))
-        if nid is None:
-            base = default_id(r.impl)
-            n = tried.get(base, 1)
-            nid = base if n == 1 else f"{base}_{n}"
-            while nid in taken:
-                n += 1
-                nid = f"{base}_{n}"
-            tried[base] = n
-            ids[id(r.impl)] = nid
-            taken.add(nid)
+        if r.id is not None:
+            nid = r.id
+        else:
+            own = given.get(id(r.impl))
+            if own is not None and len(own) > 1:
+                raise DuplicateNodeError(
+                    f"one instance is written with ids {', '.join(map(repr, own))} (one node "
+                    f"under each, sharing it) and once without an id, which would not say "
+                    f"which of them it is; write that one with its id, "
+                    f".with_id({own[0]!r})"
+                )
+            nid = own[0] if own is not None else defaults.get(id(r.impl), "")
+            if not nid:
+                base = default_id(r.impl)
+                n = tried.get(base, 1)
+                nid = base if n == 1 else f"{base}_{n}"
+                while nid in taken:
+                    n += 1
+                    nid = f"{base}_{n}"
+                tried[base] = n
+                defaults[id(r.impl)] = nid
+                taken.add(nid)
+        names[id(r)] = nid
         if nid not in added:
             added.add(nid)
             nodes.append((nid, r.impl))
 
     edges: list[tuple[str, str]] = []
     have: set[tuple[str, str]] = set()
-    starts, ends = _walk(root, ids, edges, have)
-    check_repeats(refs, ids, edges)
+    starts, ends = _walk(root, names, edges, have)
+    check_repeats([names[id(r)] for r in refs], edges)
     check_starts(starts, edges)
     check_ends(ends, edges)
     return nodes, edges
@@ -248,10 +264,11 @@ def build(expr: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
 def _walk(
     e: Expr, ids: dict[int, str], edges: list[tuple[str, str]], have: set[tuple[str, str]]
 ) -> tuple[list[str], list[str]]:
-    """The sources and sinks of ``e``, its edges added to ``edges`` (each once: ``have``).
+    """The sources and sinks of ``e``, its edges added to ``edges`` (each once: ``have``);
+    ``ids``: each reference's node id, by ``id(ref)``.
     (A function of its own, not a closure calling itself: that would be a cycle per build.)"""
     if isinstance(e, Ref):
-        nid = ids[id(e.impl)]
+        nid = ids[id(e)]
         return [nid], [nid]
     if isinstance(e, Par):
         srcs: list[str] = []

@@ -9,12 +9,7 @@ dropped. Each error names the node and the fix.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .errors import CycleError, GraphError
-
-if TYPE_CHECKING:
-    from .dsl import Ref
 
 __all__ = [
     "FIX",
@@ -76,15 +71,15 @@ def check_ends(ends: list[str], edges: list[tuple[str, str]]) -> None:
 
 
 FIX = (
-    "use two instances for two nodes (Inc() >> Inc()), or add the node with g.node "
-    "under two ids to share its weights"
+    "use two instances for two nodes (Inc() >> Inc()), or give the instance two ids "
+    "(n.with_id('a') and n.with_id('b')) for two nodes sharing its weights"
 )
 
 #: How two nodes share one set of weights (a siamese encoder applied to two inputs).
 SHARE = (
-    "to apply one set of weights to two inputs (a siamese encoder), give the second "
-    "instance the first's modules (right.net = left.net: one set of parameters, its "
-    "gradient the sum of both uses), or add one instance under two ids with g.node"
+    "to apply one set of weights to two inputs (a siamese encoder), give the instance an "
+    "id per use, enc.with_id('left') and enc.with_id('right'): two nodes, one set of "
+    "parameters, its gradient the sum of both uses"
 )
 
 
@@ -130,21 +125,17 @@ def ends_twice(sinks: list[str], following: list[str]) -> None:
         )
 
 
-def check_repeats(refs: list[Ref], ids: dict[int, str], edges: list[tuple[str, str]]) -> None:
+def check_repeats(written: list[str], edges: list[tuple[str, str]]) -> None:
     """An instance written twice is one node: fine where the expression shares it
     (``(enc >> a) | (enc >> b)``), an error where that makes a loop, a cycle or an edge
-    given twice — said so, instead of the bare cycle the graph would report.
+    given twice — said so, instead of the bare cycle the graph would report. ``written``:
+    the node id of each reference, in written order (an id twice: one node written twice).
 
     Raises:
         CycleError: the repeated instance feeds itself (``n >> n``, ``n >> m >> n``).
         GraphError: it is an input of one node twice (``a >> (b | b)``).
     """
-    seen: set[int] = set()
-    repeated: set[str] = set()
-    for r in refs:
-        if id(r.impl) in seen:
-            repeated.add(ids[id(r.impl)])
-        seen.add(id(r.impl))
+    repeated = _twice(written)
     if not repeated:
         return
     fix = FIX

@@ -253,7 +253,8 @@ class Node(Composable):
 
     def with_id(self, node_id: str) -> Expr:
         """This node under an explicit id, for use in ``>>`` / ``|`` expressions; ``.mapped()``
-        may follow (as it may come before), and a second ``with_id`` renames."""
+        may follow (as it may come before), and a second ``with_id`` renames. One instance
+        written under two ids is two nodes sharing it, weights too (a siamese encoder)."""
         from .dsl import Ref
 
         return Ref(self, node_id)

@@ -53,9 +53,34 @@ def test_one_explicit_id_on_two_nodes_is_an_error() -> None:
         DuplicateNodeError, match=r"id 'x' is given to two different nodes; .*with_id\('x_2'\)"
     ):
         build(Classify().with_id("x") >> Encode().with_id("x"))
+
+
+def test_one_instance_under_two_ids_is_two_nodes_sharing_it() -> None:
+    """A siamese encoder in one line: (Pick(0) >> enc.with_id("l")) | (Pick(1) >> ...)."""
+    c, p, q, j = Classify(), Encode(), Encode(), ClassifyHead()
+    nodes, edges = build(((p >> c.with_id("l")) | (q >> c.with_id("r"))) >> j)
+    assert [n for n, _ in nodes] == ["encode", "l", "encode_2", "r", "classify_head"]
+    assert nodes[1][1] is c and nodes[3][1] is c
+    head = "classify_head"
+    assert edges == [("encode", "l"), ("encode_2", "r"), ("l", head), ("r", head)]
+    nodes, edges = build(c.with_id("a") >> c.with_id("b"))  # (one after the other too)
+    assert [n for n, _ in nodes] == ["a", "b"] and edges == [("a", "b")]
+    # each id written twice is still one node written twice: shared, or refused as before
+    nodes, edges = build((c.with_id("l") >> p) | (c.with_id("l") >> q) | c.with_id("r"))
+    assert [n for n, _ in nodes] == ["l", "encode", "encode_2", "r"] and len(edges) == 2
+    with pytest.raises(GraphError, match=r"'l' is written twice side by side"):
+        build(p >> (c.with_id("l") | c.with_id("l")))
+
+
+def test_an_instance_with_one_id_written_bare_is_that_node_and_with_two_is_refused() -> None:
     c = Classify()
-    with pytest.raises(DuplicateNodeError, match="two ids, 'a' and 'b'.*siamese.*g.node"):
-        build(c.with_id("a") >> c.with_id("b"))
+    nodes, edges = build(Encode() >> ((c.with_id("enc") >> ClassifyHead()) | (c >> Encode())))
+    assert [n for n, _ in nodes] == ["encode", "enc", "classify_head", "encode_2"]
+    assert set(edges) == {("encode", "enc"), ("enc", "classify_head"), ("enc", "encode_2")}
+    with pytest.raises(
+        DuplicateNodeError, match=r"ids 'l', 'r' .*and once without an id.*with_id\('l'\)"
+    ):
+        build(c.with_id("l") >> c.with_id("r") >> c)
 
 
 def test_with_id_then_mapped_is_mapped_then_with_id() -> None:
@@ -197,7 +222,9 @@ def test_one_instance_side_by_side_or_ending_two_branches_is_an_error_naming_it(
         GraphError, match=r"node 'classify' ends two branches of a fork.*'classify_head'"
     ) as info:
         build(((a >> n) | (b >> n)) >> d)
-    assert "(a siamese encoder), give the second instance the first's modules" in str(info.value)
+    assert "(a siamese encoder), give the instance an id per use, enc.with_id('left')" in str(
+        info.value
+    )
     assert len(build((a >> n) | (b >> n))[1]) == 2  # a join, written twice: nothing follows
 
 
