@@ -38,6 +38,7 @@ BENCHMARKS = [
     "training",
     "caching",
     "memory",
+    "bounded",
     "keepers",
     "compile",
     "checkpoint",

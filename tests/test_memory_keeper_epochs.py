@@ -19,13 +19,16 @@ def key(run: int, i: int) -> str:
     return f"{run:04d}{i:060d}"
 
 
-def epochs(keeper: MemoryKeeper, keys: list[str], n: int, seed: int = 0) -> list[float]:
+def epochs(
+    keeper: MemoryKeeper, keys: list[str], n: int, seed: int = 0, shuffle: bool = True
+) -> list[float]:
     """Each epoch's share of rows found, reading ``keys`` shuffled in batches of 32, storing
     the misses (as a cached node does)."""
     rng, found = random.Random(seed), []
     for _ in range(n):
         order = list(keys)
-        rng.shuffle(order)
+        if shuffle:
+            rng.shuffle(order)
         hits = 0
         for b in range(0, len(order), 32):
             batch = order[b : b + 32]
@@ -48,13 +51,23 @@ def test_a_keeper_below_an_epoch_finds_its_share_of_every_warm_epoch(share):
     assert kept[1] >= 0.6 * share, kept
 
 
-def test_a_new_key_set_is_taken_up_at_once_a_sweeps_next_backbone():
-    """Nothing the keeper holds is read any more (all misses): it is cold, and the new keys
-    replace the old as they come, least recently used first."""
+def test_rows_read_in_the_same_order_every_epoch_are_found_as_shuffled_ones():
+    """``shuffle=False`` (or a sweep's fits each replaying one order): least recently used
+    evicts each row just before its turn and finds none; the policy keeps the first half."""
+    rows = [key(0, i) for i in range(2000)]
+    lru = epochs(MemoryKeeper(max_bytes=1000 * len(ROW)), rows, 4, shuffle=False)
+    kept = epochs(MemoryKeeper(max_bytes=1000 * len(ROW), policy="epochs"), rows, 4, shuffle=False)
+    assert lru == [0.0] * 4
+    assert kept == [0.0, 0.5, 0.5, 0.5]
+
+
+def test_a_new_key_set_is_taken_up_a_sweeps_next_backbone():
+    """Nothing the keeper holds is read any more (all misses): past twice as many lookups as
+    it holds entries it is cold, and the new keys replace the old as they come."""
     keeper = MemoryKeeper(max_bytes=1000 * len(ROW), policy="epochs")
     for run in range(3):
-        found = epochs(keeper, [key(run, i) for i in range(2000)], 3, seed=run)
-        assert found[0] == 0.0 and min(found[1:]) >= 0.45, (run, found)
+        found = epochs(keeper, [key(run, i) for i in range(2000)], 4, seed=run)
+        assert found[0] == 0.0 and min(found[2:]) >= 0.45, (run, found)
     assert keeper.stats().entries == 1000
 
 
@@ -75,21 +88,26 @@ def test_rows_no_longer_read_go_stale_while_others_are_read():
 def test_what_is_kept_is_read_back_and_counted():
     keeper = MemoryKeeper(max_bytes=3 * len(ROW), policy="epochs")
     keys = [key(0, i) for i in range(5)]
-    for k in keys:  # cold: kept as they come, least recently used evicted
+    for k in keys:  # new: it keeps what comes first
         keeper.put(k, ROW)
-    assert keeper.keys() == keys[2:]
-    assert keeper.get(keys[2]) == ROW  # read: the keeper is warm now
+    assert keeper.keys() == keys[:3] and keeper.stats().refused == 2
+    assert keeper.get(keys[0]) == ROW  # read: the keeper is warm
     keeper.put(key(1, 0), ROW)  # nothing stale, nothing cold: not kept
-    assert key(1, 0) not in keeper and keeper.stats().refused == 1
-    keeper.put(keys[3], b"new")  # a kept key's new value is always stored
-    assert keeper.get(keys[3]) == b"new"
+    assert key(1, 0) not in keeper and keeper.stats().refused == 3
+    for i in range(2, 67):  # 65 lookups, nothing found: cold (at least 64, twice its 3)
+        assert keeper.get(key(2, i)) is None
+    keeper.put(keys[4], ROW)  # kept, the least recently used evicted
+    assert keeper.keys() == [keys[2], keys[0], keys[4]]
+    assert keeper.get(keys[4]) == ROW  # warm again
+    keeper.put(keys[0], b"new")  # a kept key's new value is always stored
+    assert keeper.get(keys[0]) == b"new"
     # a pinned entry is stored too (never evicted), its room taken from the unpinned ones
     keeper.put(key(1, 1), ROW, pinned=True)
     assert keeper.get(key(1, 1)) == ROW
-    assert keeper.keys() == [keys[2], keys[3], key(1, 1)]
+    assert keeper.keys() == [keys[4], keys[0], key(1, 1)]
     stats = keeper.stats()
-    assert (stats.entries, stats.pinned, stats.evicted, stats.refused) == (3, 1, 3, 1)
-    assert "3 evicted (300 bytes), 1 refused" in str(stats)
+    assert (stats.entries, stats.pinned, stats.evicted, stats.refused) == (3, 1, 2, 3)
+    assert "2 evicted (200 bytes), 3 refused" in str(stats)
     assert repr(keeper) == "MemoryKeeper(max_bytes=300, policy='epochs')"
     keeper.gc(0)  # gc still empties it of unpinned entries
     assert keeper.keys() == [key(1, 1)]

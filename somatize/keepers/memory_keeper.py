@@ -17,7 +17,10 @@ __all__ = ["DEFAULT_MAX_BYTES", "MemoryKeeper"]
 #: laptop cannot grow without bound; past it, entries are evicted and counted.
 DEFAULT_MAX_BYTES = 1 << 30
 
-_COLD = 64  # policy="epochs": lookups without a hit after which the keeper is cold
+# policy="epochs": the keeper is cold after twice as many lookups as it holds entries (at
+# least this many) without a hit — more than the misses in a row of an epoch read in the
+# order of the one before (shuffle=False, or a sweep's fits replaying one order)
+_COLD = 64
 _STALE = 1.5  # ... and an entry unread for this many times the longest gap seen is stale
 
 
@@ -34,10 +37,10 @@ class MemoryKeeper:
     ``policy="epochs"`` keeps its entries while they are still read instead: once full, a
     new entry replaces the least recently used one only when that one is *stale* — unread
     for 1.5 times the longest gap yet seen between two reads of an entry (the rows of
-    weights since changed, of a finished run) — or when the keeper is *cold* (no entry
-    found in the last 64 lookups: a new key set, as a sweep's next backbone); otherwise
-    the new entry is not kept (counted in ``stats().refused``). Half an epoch's room then
-    finds half of every warm epoch. Least recently used suits access whose favourites
+    weights since changed, of a finished run) — or when the keeper is *cold* (nothing
+    found in twice as many lookups as it holds entries: a new key set, as a sweep's next
+    backbone); otherwise the new entry is not kept (counted in ``stats().refused``). Half
+    an epoch's room then finds half of every warm epoch, shuffled or not. Least recently used suits access whose favourites
     drift (a service's queries); ``"epochs"`` suits data read over and over in any order.
 
     Args:
@@ -76,7 +79,7 @@ class MemoryKeeper:
         self._epochs = policy == "epochs"
         self._clock = 0
         self._used: dict[str, int] = {}
-        self._last_hit = -_COLD - 1  # (a new keeper is cold: it keeps what comes)
+        self._last_hit = 0  # (a new keeper keeps what comes first, until it is cold)
         self._longest = 0
         self._refused = 0
         self._lru: OrderedDict[str, bytes] = OrderedDict()  # unpinned, oldest first
@@ -141,7 +144,7 @@ class MemoryKeeper:
         if key in self._lru or key in self._held or key in self._pins:
             return True  # (a new value for a key kept, or a pinned one: stored as asked)
         lru, used, now = self._lru, self._used, self._clock
-        cold = now - self._last_hit > _COLD
+        cold = now - self._last_hit > max(2 * len(lru), _COLD)
         while self._size + size > self.max_bytes and lru:
             oldest = next(iter(lru))
             if not cold and not (self._longest and now - used[oldest] > _STALE * self._longest):
