@@ -17,6 +17,7 @@ from .rng_numpy import get_numpy, set_numpy
 
 __all__ = [
     "as_state",
+    "in_fit",
     "own_generators",
     "put_back",
     "restore_rank_rng",
@@ -129,6 +130,12 @@ def _numpy() -> Any:
 _fits = [0]  # threads in a fit in this process now
 _fits_lock = threading.Lock()
 _in_fit = threading.local()  # this thread's depth (a smoke run's fit runs inside its fit)
+
+
+def in_fit() -> bool:
+    """Whether a fit runs in this process now: in this thread (a smoke run's fit runs
+    inside its fit) or in another (whose seeding the global generators then hold)."""
+    return getattr(_in_fit, "depth", 0) > 0 or _fits[0] > 0
 
 
 @contextlib.contextmanager

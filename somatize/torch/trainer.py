@@ -54,6 +54,7 @@ from .result import TrainResult, state_copy
 from .rng import own_generators
 from .sanity import sanity_check
 from .schedule import check_steps_fit
+from .seed_sweep import DEFAULT_SEED, check_global_seed
 from .settings import check_arguments, check_fit, check_measured, check_parts
 from .smoke import smoke_fit
 from .start import close, dynamic_step
@@ -91,7 +92,8 @@ class Trainer:
         watchers: told of every step, epoch and node metric (``TensorBoard``, ``Progress``...).
         pruner: asked after each evaluation (``Patience``, ``Threshold``, an Optuna ``Trial``).
         seed: seeds python, numpy and torch at the start of a fresh run (the caller's
-            generators are given back when fit ends), and the batch order.
+            generators are given back when fit ends), and the batch order — not the
+            global seed: a sweep seeding ``torch.manual_seed(s)`` passes ``seed=s`` too.
         options: the less common settings (device, precision, clipping...).
         split: how a batch becomes ``(inputs, target)`` — the model gets the inputs, the
             loss and metrics ``(output, target)`` — for batches of another form than
@@ -113,7 +115,7 @@ class Trainer:
         checkpoint: Checkpointing | None = None,
         watchers: Iterable[Watcher] | None = (),
         pruner: Any = None,
-        seed: int = 0,
+        seed: int = DEFAULT_SEED,  # 0, marked as not given (seed_sweep.py)
         options: Options = Options(),  # frozen, so one shared default is safe
         split: Callable[[Any], tuple[Any, Any]] | None = None,
     ) -> None:
@@ -127,7 +129,8 @@ class Trainer:
         self.epochs = epochs if epochs is not None else (None if max_steps else 1)
         self.max_steps, self.micro_batches = max_steps, micro_batches
         self.metrics = dict(named or {})
-        self.checkpoint, self.pruner, self.seed, self.options = checkpoint, pruner, seed, options
+        self.checkpoint, self.pruner, self.options = checkpoint, pruner, options
+        self.seed, self._seed_given = int(seed), seed is not DEFAULT_SEED  # (seed_sweep.py)
         self.watchers = list(watchers)
         # a fresh fit starts the pruner from this state, so one Trainer can run many fits
         snapshot = getattr(pruner, "state_dict", None)
@@ -170,6 +173,7 @@ class Trainer:
                 "(evaluate() and predict() do without one)"
             )
         check_data(train, "fit()'s train", self._split, train=True)  # not a Dataset of examples
+        check_global_seed(self)  # torch.manual_seed(s) varying, Trainer(seed=) not given
         with deterministic(self.options.deterministic), own_generators():  # (rng.py)
             if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
                 return smoke_fit(self, model, train, val, resume)
