@@ -42,7 +42,7 @@ from ..graph import Graph
 from ..keepers import Keeper
 from ..node import Node
 from ..stack import outside
-from . import ddp
+from . import ddp, recalled
 from .checkpoint import Checkpointing
 from .codecs import default_codecs
 from .remember_ranks import RUN, RUN_UNKEYED, call_ranks
@@ -206,13 +206,30 @@ class Remembered:
         if world > 1:
             return call_ranks(self, ck, args, kwargs, rank)
         found = self._recall(ck.key)
-        if found is not None:
-            return found
-        with self.store.lock(ck.key):  # a second caller waits here, then recalls
-            found = self._recall(ck.key)  # computed meanwhile by the process that held the lock
-            if found is not None:
-                return found
-            return self._compute(ck, args, kwargs)
+        if found is None:
+            with self.store.lock(ck.key):  # a second caller waits here, then recalls
+                found = self._recall(ck.key)  # computed meanwhile by the lock's holder
+                if found is None:
+                    return self._compute(ck, args, kwargs)
+        recalled.tell(ck, found)  # one line: nothing was trained, and how to train again
+        return found
+
+    def forget(self, *args: Any, **kwargs: Any) -> bool:
+        """Forget the run a call with these arguments has — its record, its result and its
+        checkpoints — so the next such call trains it again (after a change its key does
+        not see: a file read by path, an environment variable). Returns whether there was
+        one.
+
+        Raises:
+            KeeperError: that run is being computed now, by another call holding its lock.
+
+        Example:
+            >>> train.forget(3)  # doctest: +SKIP
+            True
+            >>> train(3).recalled  # doctest: +SKIP
+            False
+        """
+        return recalled.forget(self.store, self.key(*args, **kwargs), self.keeper)
 
     def _follow(
         self, ck: runkey.CallKey, args: Sequence[Any], kwargs: Mapping[str, Any], keyed: bool

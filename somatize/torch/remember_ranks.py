@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import KeeperError
+from . import recalled
 
 if TYPE_CHECKING:
     from .. import runkey
@@ -75,6 +76,7 @@ def call_ranks(
             found = remembered._recall(ck.key)
             if found is not None:
                 tell(RECALL)
+                recalled.tell(ck, found)  # (rank 0 says so, once for the job)
                 return found
             return remembered._compute(ck, args, kwargs, tell)
     except BaseException:
