@@ -59,7 +59,10 @@ def check_global_seed(trainer: Any) -> None:
     if in_fit() or getattr(trainer, "_seed_given", True) or trainer.seed != 0:
         return
     level = outside()
-    frame = sys._getframe(level - 1)  # (stacklevel 1 is this function's own frame)
+    try:
+        frame = sys._getframe(level - 1)  # (stacklevel 1 is this function's own frame)
+    except ValueError:  # no frame outside somatize and torch: no user's line to judge
+        return
     site = (frame.f_code.co_filename, frame.f_lineno)
     now = torch.initial_seed()
     lightning = os.environ.get("PL_GLOBAL_SEED")
