@@ -23,7 +23,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ from torch import nn
 from ..errors import SettingError
 from ..graph import Graph
 from ..watchers import FitEnd, FitStart, Watcher, notify
-from . import ddp, inference, tally
+from . import ddp, tally
 from .batches import checked_split, loss_of, num_examples, split
 from .begin import begin
 from .carry import check_last_batch, named_carries
@@ -40,10 +40,9 @@ from .data_checks import check_data, check_rereadable
 from .ddp_cache import warn_private_rows
 from .determinism import deterministic
 from .first_step import first_step
-from .horizon import optimizer_steps, total_steps
+from .horizon import total_steps
 from .limits import batches_per_epoch, epoch_examples, one_epoch
 from .loop import train as train_loop
-from .lr_find import LRFind, lr_find
 from .metrics import Metric, check_ranks, members
 from .options import Options
 from .policy import best_step, check_writable, save, writing
@@ -59,6 +58,7 @@ from .settings import check_arguments, check_fit, check_measured, check_parts
 from .smoke import smoke_fit
 from .start import close, dynamic_step
 from .stopping import exit_if_stopped, stopping
+from .trainer_tools import TrainerTools
 from .valsets import monitored, val_sets
 
 __all__ = ["Options", "Trainer"]
@@ -67,7 +67,7 @@ Loss = Callable[..., Any]  # a scalar tensor, or a dict {"loss": scalar, "<term>
 
 
 @lightning_methods  # trainer.validate, .global_step: the AttributeError names what to use
-class Trainer:
+class Trainer(TrainerTools):
     """One training run of a graph (or of the module ``module(g)``, or any ``nn.Module``).
 
     Args:
@@ -308,57 +308,6 @@ class Trainer:
             val_examples=dict(s.val_examples),
         )
 
-    def planned_steps(self, train: Iterable[Any]) -> int | None:
-        """The optimizer steps ``fit(model, train)`` plans (Lightning's
-        ``trainer.estimated_stepping_batches``): the batches of an epoch — this rank's
-        share under ``torchrun``, at most ``Options(limit_train_batches=)`` — in groups of
-        ``Options(accumulate=)``, times ``epochs``, at most ``max_steps``. What to size a
-        scheduler by, as the Trainer steps it once per optimizer step. None when neither
-        the data's length nor ``max_steps`` says (a generator).
-
-        Example:
-            >>> import somatize.torch as st
-            >>> batches = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(20)]
-            >>> trainer = st.Trainer(optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
-            ...                      epochs=3, options=st.Options(accumulate=2))
-            >>> trainer.planned_steps(batches)  # 20 batches an epoch, in groups of 2
-            30
-        """
-        rank, world = ddp.planned()
-        return optimizer_steps(self, ddp.shard(train, rank, world, self.seed), rank, world)
-
-    def lr_find(
-        self,
-        model: Graph | nn.Module,
-        train: Iterable[Any],
-        *,
-        min_lr: float = 1e-8,
-        max_lr: float = 1.0,
-        steps: int = 100,
-        mode: Literal["exponential", "linear"] = "exponential",
-        stop_at: float | None = 4.0,
-    ) -> LRFind:
-        """A learning-rate range test (Lightning's ``Tuner(trainer).lr_find``): up to
-        ``steps`` steps of this Trainer's training, the rate growing from ``min_lr`` to
-        ``max_lr``, stopped once the smoothed loss passes ``stop_at`` times its best. The
-        model and the RNG states are then put back as they were. ``result.suggestion`` is
-        the rate of the loss's steepest descent (see ``lr_find.py``).
-
-        Example:
-            >>> found = trainer.lr_find(g, train)  # doctest: +SKIP
-            >>> trainer = st.Trainer(optimizer=lambda ps: SGD(ps, lr=found.suggestion), ...)  # doctest: +SKIP
-        """
-        return lr_find(
-            self,
-            model,
-            train,
-            min_lr=min_lr,
-            max_lr=max_lr,
-            steps=steps,
-            mode=mode,
-            stop_at=stop_at,
-        )
-
     def _examples(self, batch: Any) -> int:
         return num_examples(self._split(batch)[0])
 
@@ -370,35 +319,3 @@ class Trainer:
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
         return loss_of(self.loss, output, target)
-
-    # -- evaluation ---------------------------------------------------------------------
-
-    @ported("evaluate")
-    def evaluate(self, model: Graph | nn.Module, data: Iterable[Any]) -> dict[str, float]:
-        """The loss and metrics of ``model`` on ``data``, averaged over examples (under
-        ``Options(smoke=N)``, of its first N batches), computed on ``Options(device)`` as
-        ``fit`` would (the module is moved there).
-
-        Example:
-            >>> trainer.evaluate(g, val)  # doctest: +SKIP
-            {'loss': 0.31, 'acc': 0.92}
-        """
-        return inference.evaluate(self, model, data)
-
-    @ported("predict")
-    def predict(self, model: Graph | nn.Module, data: Iterable[Any]) -> list[Any]:
-        """The model's output for each batch of ``data``, in order, in eval mode, without grad.
-
-        A batch ``(x, y)`` (or ``{"x": ..., "y": ...}``) is predicted from ``x``, a one-item
-        batch ``[x]`` (``DataLoader(TensorDataset(x))``) from ``x``; any other batch is the
-        input, moved to ``Options(device)`` (where ``fit`` would run; the
-        module is moved there too). The module's mode is restored afterwards. Under
-        ``Options(smoke=N)``, only the first N batches.
-
-        Example:
-            >>> logits = torch.cat(trainer.predict(g, batches))  # doctest: +SKIP
-        """
-        return inference.predict(self, model, data)
-
-    def _evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        return inference.evaluated(self, *args, **kwargs)  # one evaluation (inference.py)
