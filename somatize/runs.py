@@ -31,7 +31,7 @@ from .runs_explain import explain  # (runs.explain, as before)
 from .runs_files import RECORD_BYTES as RECORD_BYTES  # (runs.RECORD_BYTES, as before)
 from .runs_files import own_dir, read_record
 
-__all__ = ["RunStore", "explain", "gc", "parse_age"]
+__all__ = ["RunStore", "explain", "gc", "parse_age", "unless_busy"]
 
 FORMAT = "somatize.run/1"
 FOLDER = "remembered"  # under a DiskKeeper's directory
@@ -320,7 +320,7 @@ def gc(
         big = max_bytes is not None and total > max_bytes
         if not (old or big):
             continue
-        with _unless_busy(store, str(r["key"])) as free:
+        with unless_busy(store, str(r["key"])) as free:
             # removed while its lock is held: a run starting now waits, then finds it gone
             if not free or not store.remove(str(r["key"]), keeper):
                 continue
@@ -350,7 +350,7 @@ def _still_there(fd: int, path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _unless_busy(store: RunStore, key: str) -> Iterator[bool]:
+def unless_busy(store: RunStore, key: str) -> Iterator[bool]:
     """Hold run ``key``'s lock if no process holds it; yields whether the run may go."""
     try:
         import fcntl

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import KeeperError
 from ..runkey import CallKey
-from ..runs import RunStore, _unless_busy
+from ..runs import RunStore, unless_busy
 
 __all__ = ["forget", "log", "tell"]
 
@@ -65,7 +65,7 @@ def forget(store: RunStore, key: str, keeper: Any) -> bool:
     Raises:
         KeeperError: the run is being computed now (its lock is held).
     """
-    with _unless_busy(store, key) as free:
+    with unless_busy(store, key) as free:
         if not free:
             raise KeeperError(
                 f"run {key[:12]} is being computed now (its lock is held, in "
