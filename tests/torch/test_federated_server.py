@@ -153,7 +153,7 @@ def test_server_state_dict_saves_the_hyper_parameters_and_a_changed_one_warns(tm
     xs, xb = a.step(xa, aggs[1]), b.step(xa, aggs[1])
     assert all(torch.equal(xs[k], xb[k]) for k in xs)  # resumed exactly
     fl.FedAvgM().load_state_dict({**fl.FedAvgM().state_dict(), "tau": 5.0})  # not FedAvgM's
-    with pytest.warns(UserWarning, match="'beta1' changed: the checkpoint has 0.9"):
+    with pytest.warns(UserWarning, match="'momentum' changed: the checkpoint has 0.9"):
         fl.FedAvgM(momentum=0.0).load_state_dict(fl.FedAvgM().state_dict())
     old = {k: v for k, v in saved.items() if k not in ("lr", "beta1", "beta2", "tau")}
     c = fl.FedAdam(lr=0.5)
@@ -312,3 +312,34 @@ def test_swapped_arguments_are_refused_with_the_order_and_the_fix(make):
     again = make(lr=0.1)
     assert torch.equal(again.step(agg, agg)["w"], agg["w"])
     assert float(make(lr=0.1).step(dict(agg), x)["w"][0]) < 1  # the message's way out
+
+
+def test_fedavgm_momentum_is_named_momentum():
+    """FedAvgM takes ``momentum=``: its errors and warnings say momentum, not the internal
+    beta1, and ``server.momentum = 0.5`` sets what the rule uses — as ``server.lr = ...``
+    does — rather than adding an attribute the rule never reads (the update went on at 0.9)."""
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\), not 1.5"):
+        fl.FedAvgM(momentum=1.5)
+    x, aggs = states(3)
+    changed, fresh = fl.FedAvgM(lr=0.7), fl.FedAvgM(lr=0.7, momentum=0.5)
+    assert changed.momentum == 0.9
+    changed.momentum = 0.5
+    assert changed.momentum == 0.5
+    a, b = x, x
+    for agg in aggs:
+        a, b = changed.step(a, agg), fresh.step(b, agg)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ref = reference("avgm", x, aggs, 0.7, 0.5, 0.0, 0.0)[-1]
+    assert all(torch.allclose(a[k].double(), ref[k]) for k in a)
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\), not 1.0"):
+        changed.momentum = 1.0
+    assert changed.momentum == 0.5
+    with pytest.warns(UserWarning, match="'momentum' changed: the checkpoint has 0.9") as w:
+        fl.FedAvgM(momentum=0.0).load_state_dict(fl.FedAvgM().state_dict())
+    assert "set server.momentum = 0.0 after load_state_dict" in str(w[0].message)
+    with pytest.raises(ValueError, match="invalid: momentum must be in"):
+        fl.FedAvgM().load_state_dict({**fl.FedAvgM().state_dict(), "beta1": 2.0})
+    with pytest.raises(AttributeError, match="FedAdam has no momentum.*beta1"):
+        fl.FedAdam().momentum = 0.5
+    with pytest.raises(AttributeError, match="FedAdam has no momentum.*beta1"):
+        fl.FedAdam().momentum  # noqa: B018

@@ -81,6 +81,13 @@ def _real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
+def _decay(name: str, value: Any) -> float:
+    """A decay rate or momentum in [0, 1), as a Python float."""
+    if not (_real(value) and 0 <= value < 1):
+        raise ValueError(f"{name} must be in [0, 1), not {value!r}")
+    return float(value)
+
+
 @dataclass
 class ServerOptimizer:
     """One of Reddi et al.'s server updates; make one with ``FedAdam(...)`` and friends.
@@ -88,7 +95,7 @@ class ServerOptimizer:
     Attributes:
         rule: ``"avgm"``, ``"adam"``, ``"yogi"`` or ``"adagrad"``.
         lr: the server learning rate η.
-        beta1: momentum (β for FedAvgM).
+        beta1: momentum (β for FedAvgM, which reads and sets it as ``momentum``).
         beta2: second-moment decay (FedAdam, FedYogi).
         tau: adaptivity τ: the second moment starts at τ², and √v + τ divides.
         steps: rounds taken so far.
@@ -121,13 +128,33 @@ class ServerOptimizer:
                 raise ValueError(f"{name} must be a positive finite number, not {value!r}")
             setattr(self, name, float(value))  # (numpy's scalars too, as Python floats)
         for name in ("beta1", "beta2"):
-            value = getattr(self, name)
-            if not (_real(value) and 0 <= value < 1):
-                raise ValueError(f"{name} must be in [0, 1), not {value!r}")
-            setattr(self, name, float(value))
+            setattr(self, name, _decay(self._called(name), getattr(self, name)))
         self.buffers = _names("buffers", self.buffers)
         self.exclude = _rule(self.exclude)
         self._warned = False
+
+    def _called(self, name: str) -> str:
+        """What the maker calls a hyper-parameter: FedAvgM's ``beta1`` is its ``momentum``."""
+        return "momentum" if (self.rule, name) == ("avgm", "beta1") else name
+
+    @property
+    def momentum(self) -> float:
+        """FedAvgM's momentum β (kept as ``beta1``); set it to go on with another."""
+        if self.rule != "avgm":
+            raise AttributeError(self._no_momentum())
+        return self.beta1
+
+    @momentum.setter
+    def momentum(self, value: float) -> None:
+        if self.rule != "avgm":
+            raise AttributeError(self._no_momentum())
+        self.beta1 = _decay("momentum", value)
+
+    def _no_momentum(self) -> str:
+        return (
+            f"{_MAKER[self.rule][3:]} has no momentum: its first-moment decay is beta1 "
+            f"(server.beta1 = ...); momentum is FedAvgM's"
+        )
 
     def step(
         self, global_state: Mapping[str, torch.Tensor], aggregate: Mapping[str, torch.Tensor]
@@ -322,11 +349,12 @@ class ServerOptimizer:
             raise ValueError(f"the checkpoint's server optimizer state is invalid: {e}") from e
         for k in _USES[self.rule]:
             if k in saved and saved[k] != getattr(self, k):
+                name = self._called(k)
                 warnings.warn(
-                    f"server optimizer hyper-parameter {k!r} changed: the checkpoint has "
+                    f"server optimizer hyper-parameter {name!r} changed: the checkpoint has "
                     f"{saved[k]!r}, this {self.rule!r} optimizer {getattr(self, k)!r}; the "
-                    f"checkpoint's value is kept so the loop resumes exactly (set server.{k} = "
-                    f"{getattr(self, k)!r} after load_state_dict to go on with the new value)",
+                    f"checkpoint's value is kept so the loop resumes exactly (set server.{name} "
+                    f"= {getattr(self, k)!r} after load_state_dict to go on with the new value)",
                     UserWarning,
                     stacklevel=outside(),
                 )
