@@ -143,3 +143,20 @@ def test_results_that_are_not_a_list_of_clients_say_what_they_are_and_what_to_pa
         st.fedavg([])
     with pytest.raises(TypeError, match=r"client 1 is a int \(7\), .*or its \.state"):
         st.fedavg([client(0), 7], weights="uniform")
+
+
+def test_a_round_whose_every_client_failed_says_to_keep_the_global_state():
+    """With errors="return", dropping the failures can leave nothing: the error says what
+    the loop does with such a round, not only that the list is empty."""
+    from somatize.torch import federated as fl
+
+    def broken(shared, task):
+        raise RuntimeError(f"client {task} lost its connection")
+
+    results = fl.map_clients(None, broken, [0, 1], shared={"w": torch.zeros(2)}, errors="return")
+    done = [r for r in results if not isinstance(r, fl.ClientFailure)]
+    for rule in (st.fedavg, fl.fedmedian):
+        with pytest.raises(AggregationError, match="list of client results is empty") as e:
+            rule(done)
+        assert "every client failed" in str(e.value)
+        assert "keep the global state for that round" in str(e.value)

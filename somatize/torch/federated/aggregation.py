@@ -66,7 +66,10 @@ def _states(results: Sequence[Any]) -> list[State]:
         )
     if not results:
         raise AggregationError(
-            "nothing to aggregate: the list of client results is empty; pass each client's result"
+            "nothing to aggregate: the list of client results is empty; pass each client's "
+            "result. If every client failed (map_clients(errors='return')) or was dropped, the "
+            "round has nothing to average: keep the global state for that round, and step no "
+            "server optimizer"
         )
     states = []
     for i, r in enumerate(results):
