@@ -189,7 +189,7 @@ class TensorCodec:
     def fingerprint(self, obj: Any) -> str | None:
         """The digest of a tensor, of a module's structure, modes and state
         (``somatize.torch.fingerprints``), of a generator's state (a node drawing from its
-        own: each call a new key, as each draws anew), of a ``torch.jit.ScriptFunction``'s
+        own: each call a new key, as each draws anew; torch's global generator by name), of a ``torch.jit.ScriptFunction``'s
         code, or the name of a dtype, device, layout or memory format.
 
         A module's fingerprint is made of each submodule's name, class (and, for the
@@ -203,6 +203,11 @@ class TensorCodec:
         if isinstance(obj, torch.Tensor):
             return self.digest(obj)
         if isinstance(obj, torch.Generator):  # a node's own randomness: where it stands
+            if obj is torch.default_generator:  # torch's global one, by name, as torch.randn's
+                # draws and random.random's are: code names it to seed it (federated.md's
+                # ``torch.default_generator.manual_seed(seed)``), and a remembered run keyed by
+                # where it stood missed after an earlier run was recalled instead of drawing
+                return "generator:torch.default_generator"
             return f"generator:{blake3(obj.get_state().numpy().tobytes()).hexdigest()}"
         if not isinstance(obj, nn.Module):
             if isinstance(obj, _NAMED):
