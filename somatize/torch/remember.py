@@ -31,8 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import util as mp_util
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import torch
 from torch import nn
 
 from .. import runkey, runs
@@ -95,12 +96,25 @@ def _scratch() -> Path:
     return path
 
 
+class _SubsetKey(NamedTuple):
+    """What a ``Subset`` is keyed by: its dataset's content and its rows, in order."""
+
+    dataset: Any
+    indices: torch.Tensor
+
+
 def _adapt(value: Any, where: str) -> Any:
     """Torch objects that are data by content (a TensorDataset), or an error with the fix."""
-    from torch.utils.data import TensorDataset
+    from torch.utils.data import Subset, TensorDataset
 
     if isinstance(value, TensorDataset):
         return {"TensorDataset": list(value.tensors)}
+    if isinstance(value, Subset):  # a client's or a fold's rows: Subset(train_ds, parts[c])
+        picked = value.indices
+        rows = torch.as_tensor(list(picked) if isinstance(picked, range) else picked)
+        return _SubsetKey(
+            value.dataset, rows.to(torch.int64)
+        )  # (its dataset keyed in turn, or refused by name)
     if isinstance(value, (nn.Module, Graph, Node)):
         name = where.split("'")[1] if "'" in where else where
         raise ValueConversionError(
