@@ -47,8 +47,10 @@ class CallKey:
 
 def _unkeyable(where: str, what: str, fix: str, name: str) -> ValueConversionError:
     return ValueConversionError(
-        f"{where} is {what}, which cannot enter the run's key; {fix} — or leave it out of the "
-        f"key explicitly: st.remember(fn, keeper=..., exclude=({name!r},))"
+        f"{where} is {what}, which cannot enter the run's key; {fix} — or, if it does not "
+        f"change the result (a logger, a callback), leave it out of the key explicitly: "
+        f"st.remember(fn, keeper=..., exclude=({name!r},)); runs that differ only in it then "
+        "share one key (a client's data left out: every client recalls the first's run)"
     )
 
 

@@ -112,16 +112,16 @@ def _adapt(value: Any, where: str) -> Any:
     if isinstance(value, Subset):  # a client's or a fold's rows: Subset(train_ds, parts[c])
         picked = value.indices
         rows = torch.as_tensor(list(picked) if isinstance(picked, range) else picked)
-        return _SubsetKey(
-            value.dataset, rows.to(torch.int64)
-        )  # (its dataset keyed in turn, or refused by name)
+        # (its dataset keyed in turn, or refused by name)
+        return _SubsetKey(value.dataset, rows.to(torch.int64))
     if isinstance(value, (nn.Module, Graph, Node)):
         name = where.split("'")[1] if "'" in where else where
         raise ValueConversionError(
             f"{where} is a {type(value).__qualname__}, which cannot enter the run's key (its "
             "code is not keyed by content); build it inside the function and pass its state "
-            f"(st.state(g) or module.state_dict()) — or leave it out of the key explicitly: "
-            f"st.remember(fn, keeper=..., exclude=({name!r},))"
+            f"(st.state(g) or module.state_dict()) — or, if it does not change the result, "
+            f"leave it out of the key explicitly: st.remember(fn, keeper=..., "
+            f"exclude=({name!r},)); runs that differ only in it then share one key"
         )
     return NotImplemented
 

@@ -92,3 +92,8 @@ def test_a_subset_of_a_dataset_without_a_content_key_names_the_dataset(tmp_path)
         ValueConversionError, match=r"of client\[0\]\.dataset is an object of type .*Squares"
     ):
         train.key(state, (Subset(Squares(), [1, 2]), 0))
+    with pytest.raises(ValueConversionError) as e:
+        train.key(state, (Squares(), 0))
+    # excluding a client's data would give every client one key: the message says when not to
+    assert "if it does not change the result" in str(e.value)
+    assert "every client recalls the first's run" in str(e.value)
