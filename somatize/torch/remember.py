@@ -31,21 +31,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import util as mp_util
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import torch
-from torch import nn
+from typing import Any
 
 from .. import runkey, runs
 from ..changes import key_parts
 from ..errors import KeeperError, ValueConversionError
-from ..graph import Graph
 from ..keepers import Keeper
-from ..node import Node
 from ..stack import outside
 from . import ddp, recalled
 from .checkpoint import Checkpointing
 from .codecs import default_codecs
+from .remember_args import adapt
 from .remember_ranks import RUN, RUN_UNKEYED, call_ranks
 from .result import TrainResult
 from .result_store import FIELDS, RememberedResult, decode_result, encode_result
@@ -94,36 +90,6 @@ def _scratch() -> Path:
         None, shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, exitpriority=0
     )
     return path
-
-
-class _SubsetKey(NamedTuple):
-    """What a ``Subset`` is keyed by: its dataset's content and its rows, in order."""
-
-    dataset: Any
-    indices: torch.Tensor
-
-
-def _adapt(value: Any, where: str) -> Any:
-    """Torch objects that are data by content (a TensorDataset), or an error with the fix."""
-    from torch.utils.data import Subset, TensorDataset
-
-    if isinstance(value, TensorDataset):
-        return {"TensorDataset": list(value.tensors)}
-    if isinstance(value, Subset):  # a client's or a fold's rows: Subset(train_ds, parts[c])
-        picked = value.indices
-        rows = torch.as_tensor(list(picked) if isinstance(picked, range) else picked)
-        # (its dataset keyed in turn, or refused by name)
-        return _SubsetKey(value.dataset, rows.to(torch.int64))
-    if isinstance(value, (nn.Module, Graph, Node)):
-        name = where.split("'")[1] if "'" in where else where
-        raise ValueConversionError(
-            f"{where} is a {type(value).__qualname__}, which cannot enter the run's key (its "
-            "code is not keyed by content); build it inside the function and pass its state "
-            f"(st.state(g) or module.state_dict()) — or, if it does not change the result, "
-            f"leave it out of the key explicitly: st.remember(fn, keeper=..., "
-            f"exclude=({name!r},)); runs that differ only in it then share one key"
-        )
-    return NotImplemented
 
 
 class Remembered:
@@ -188,7 +154,7 @@ class Remembered:
             kwargs,
             exclude=self.exclude,
             codecs=self.codecs,
-            adapt=_adapt,
+            adapt=adapt,
             identity=self._identity,
         )
 

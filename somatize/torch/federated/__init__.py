@@ -30,7 +30,8 @@ from .privacy import DPFedAvg
 from .regularizers import control_variate, prox, scaffold, server_variate, variates
 from .robust import bulyan, fedmedian, krum, multi_krum, trimmed_mean
 from .sampling import sample
-from .server import FedAdagrad, FedAdam, FedAvgM, FedYogi, ServerOptimizer
+from .server import ServerOptimizer
+from .server_presets import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
 __all__ = [
     "Aggregate",
