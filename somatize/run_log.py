@@ -86,8 +86,12 @@ class JsonLines:
         nodes: also log ``NodeStart``/``NodeEnd`` (verbose; off by default).
     """
 
+    # a class default: __del__ runs on an object whose __init__ never did (a keyword it
+    # does not take), and said AttributeError
+    _fd: int | None = None
+
     def __init__(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
-        self._fd: int | None = None  # first: __del__ runs even if the mkdir below fails
+        self._fd = None  # first: __del__ runs even if the mkdir below fails
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(
                 f"JsonLines takes the path of the log file to write, not {path!r:.60}; e.g. "

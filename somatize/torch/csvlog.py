@@ -63,8 +63,12 @@ class CSVLog:
         >>> pandas.read_csv("runs/digits/log.csv").query("kind == 'eval'")  # doctest: +SKIP
     """
 
+    # a class default: __del__ runs on an object whose __init__ never did (a keyword it
+    # does not take, CSVLog(path, log_every_n_steps=5)), and said AttributeError
+    _fd: int | None = None
+
     def __init__(self, path: str | os.PathLike[str], *, every_steps: int = 1) -> None:
-        self._fd: int | None = None  # (first: __del__ reads it)
+        self._fd = None  # (first: __del__ reads it)
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(
                 f"CSVLog takes the path of the CSV file to write, not {path!r}; e.g. "

@@ -3,13 +3,16 @@ with a note naming what to write here (docs/trainer.md, "Coming from Lightning")
 
 from __future__ import annotations
 
+import gc
 import re
+import sys
 
 import pytest
 import torch
 from torch.nn import functional as F
 
 import somatize.torch as st
+from somatize import JsonLines
 from somatize.torch.ported import ATTRIBUTES, LIGHTNING, METHODS
 
 from .trainer_helpers import batches, make_graph
@@ -141,3 +144,23 @@ def test_evaluate_and_predict_say_how_to_load_a_checkpoint_for_ckpt_path(call):
         == f"dataloaders is Lightning's; here: trainer.{call}(g, loader) (the second argument)"
     )
     assert len(getattr(t, call)(make_graph(), batches(2))) >= 1  # the call itself is unchanged
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda path: st.CSVLog(path / "log.csv", log_every_n_steps=5),
+        lambda path: JsonLines(path / "run.jsonl", flush=True),
+    ],
+)
+def test_a_log_refused_a_keyword_is_collected_without_an_error_of_its_own(
+    make, tmp_path, monkeypatch
+):
+    # before: its __del__ read self._fd, which the __init__ that never ran had not set:
+    # "Exception ignored in: <function CSVLog.__del__ ...> AttributeError: ... '_fd'"
+    said = []
+    monkeypatch.setattr(sys, "unraisablehook", said.append)
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        make(tmp_path)
+    gc.collect()
+    assert [str(u.exc_value) for u in said] == []
