@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from .callback_hints import instead_of_callback
+
 __all__ = [
     "CacheHit",
     "CacheMiss",
@@ -231,10 +233,15 @@ def check_watchers(watchers: Any, where: str) -> list[Watcher]:
                 f"instance, {w.__qualname__}(...)"
             )
         if not callable(getattr(w, "on_event", None)):
+            callback = instead_of_callback(w)  # (EarlyStopping, ModelCheckpoint: ported)
             raise TypeError(
-                f"{where}: {w!r} is not a watcher: a watcher has a method on_event(event) "
-                "(e.g. Recorder(), JsonLines(path)); wrap a function f in a class whose "
-                "on_event calls f"
+                f"{where}: {w!r} is not a watcher: a watcher has a method on_event(event)"
+                + (
+                    f"; {callback}"
+                    if callback
+                    else " (e.g. Recorder(), JsonLines(path)); wrap a function f in a class "
+                    "whose on_event calls f"
+                )
             )
     return out
 

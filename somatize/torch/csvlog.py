@@ -43,6 +43,7 @@ from ..keepers import atomic_write
 from ..platforms import BINARY
 from ..stack import outside
 from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
+from .ported import ported
 from .settings import count
 
 __all__ = ["CSVLog"]
@@ -266,3 +267,6 @@ def _redone(row: dict[str, Any], start: FitStart) -> bool:
     return (kind == "eval" and not start.start_evaluated) or (
         kind == "epoch" and start.start_position > 0
     )
+
+
+CSVLog.__init__ = ported("CSVLog")(CSVLog.__init__)  # type: ignore[method-assign]

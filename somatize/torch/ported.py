@@ -1,7 +1,8 @@
 """What a Lightning argument is called here: a note on the ``TypeError`` Python raises
 for an unexpected keyword (``Trainer(max_epochs=3)``) and an ``AttributeError`` for a
 Lightning method (``trainer.validate``), naming the somatize spelling — the rows of
-docs/trainer.md's "Coming from Lightning" table that a port writes first."""
+docs/trainer.md's "Coming from Lightning" table that a port writes first. (A Lightning
+callback given as a watcher or a pruner: ``somatize.callback_hints``.)"""
 
 from __future__ import annotations
 
@@ -38,13 +39,32 @@ _OPTIONS = {
     "devices": "torchrun for several processes; Options(device=...) for one",
     "strategy": "torchrun for DDP; Options(find_unused_parameters=True) for "
     "'ddp_find_unused_parameters_true'",
-    "log_every_n_steps": "watchers=[st.TensorBoard(dir, every_steps=N)] or "
-    "st.Progress(every_steps=N): a watcher's own setting",
+    "log_every_n_steps": "watchers=[st.TensorBoard(dir, every_steps=N)], "
+    "st.CSVLog(path, every_steps=N) or st.Progress(every_steps=N): a watcher's own setting",
     "gradient_clip_algorithm": 'Options(clip_grad_value=v) for "value" (clip_grad_norm=v '
     'for "norm"), v being gradient_clip_val',
     "track_grad_norm": "Options(log_grad_norm=True): each step's L2 gradient norm to the "
     "watchers (TensorBoard's train/grad_norm); clip_grad_norm tells it too",
 }
+
+
+#: Lightning switches whose default here is already "off"
+_OFF = {
+    "enable_checkpointing": "nothing: no checkpoint is written unless "
+    "checkpoint=st.Checkpointing(dir)",
+    "enable_model_summary": "nothing: fit prints no summary; print(st.model_summary(g)) for one",
+}
+#: a Lightning logger's keywords, for the watcher that replaces it
+_LOGGER = {
+    "log_every_n_steps": "{cls}({arg}, every_steps=N)",
+    "save_dir": "{cls}({arg}): the run's own {what}, e.g. {example}",
+    "name": "{cls}({arg}): the run's own {what}, e.g. {example}",
+    "version": "{cls}({arg}): the run's own {what}, e.g. {example}",
+}
+
+
+def _logger(cls: str, arg: str, what: str, example: str) -> dict[str, str]:
+    return {k: v.format(cls=cls, arg=arg, what=what, example=example) for k, v in _LOGGER.items()}
 
 
 def _in_trainer(instead: str) -> str:
@@ -61,10 +81,12 @@ LIGHTNING: dict[str, dict[str, str]] = {
         "logger": "watchers=[st.TensorBoard(dir)] or [st.CSVLog(path)]",
         "default_root_dir": "checkpoint=st.Checkpointing(dir)",
         **{k: _in_trainer(v) for k, v in _OPTIONS.items()},
+        **_OFF,
     },
     "Options": {
         "max_epochs": "Trainer(epochs=...)",
         **_OPTIONS,
+        **_OFF,
     },
     "Checkpointing": {
         "dirpath": "Checkpointing(dir)",
@@ -74,6 +96,22 @@ LIGHTNING: dict[str, dict[str, str]] = {
         "save_last": "nothing: the latest is always kept and named by last",
         "every_n_train_steps": "Checkpointing(every_steps=N)",
     },
+    # EarlyStopping's keywords
+    "Patience": {
+        "monitor": "Patience(metric), the first argument: st.Patience('val_loss', patience=3)",
+        "verbose": "nothing: why the run stopped is result.pruned_reason",
+        "check_on_train_epoch_end": "nothing: the pruner is asked after each evaluation, "
+        "whose schedule is Options(eval_every_steps=) or eval_every_epochs=",
+        "stopping_threshold": "a pruner of its own, st.Threshold(metric, lower=v) "
+        "(upper=v under mode 'max')",
+        "divergence_threshold": "a pruner of its own, st.Threshold(metric, upper=v) "
+        "(lower=v under mode 'max')",
+    },
+    # CSVLogger's and TensorBoardLogger's
+    "CSVLog": _logger("CSVLog", "path", "file", "st.CSVLog('runs/exp/version_0/metrics.csv')"),
+    "TensorBoard": _logger(
+        "TensorBoard", "log_dir", "directory", "st.TensorBoard('runs/exp/version_0')"
+    ),
     "fit": {
         "ckpt_path": 'fit(..., resume="last") or resume=path',
         "train_dataloaders": "fit(g, train) (the second argument)",
@@ -119,8 +157,10 @@ def lightning_methods(cls: type) -> type:
 
 
 def ported(owner: str) -> Callable[[F], F]:
-    """Decorate ``owner``'s ``__init__`` (or ``fit``, ``evaluate``, ``predict``): a Lightning keyword it does not take
-    gets a note naming what to write instead."""
+    """Decorate ``owner``'s ``__init__`` (``Trainer``, ``Options``, ``Checkpointing``, and
+    ``Patience``, ``CSVLog`` and ``TensorBoard`` for ``EarlyStopping``'s and the loggers'
+    keywords) or ``fit``, ``evaluate``, ``predict``: a Lightning keyword it does not take gets
+    a note naming what to write instead."""
     names = LIGHTNING[owner]
 
     def decorate(fn: F) -> F:

@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from ..errors import SettingError
 from ..stack import outside
 from .options import improves
+from .ported import ported
 from .settings import count
 
 __all__ = ["Patience", "Pruner", "Threshold", "pruned_reason"]
@@ -297,3 +298,6 @@ def check_fresh_trial(pruner: Any) -> None:
         "values. Give the trial to one fit only — pruner=trial for the first seed, "
         "pruner=None for the others, and return the seeds' mean — or ask a trial per fit"
     )
+
+
+Patience.__init__ = ported("Patience")(Patience.__init__)  # type: ignore[method-assign]

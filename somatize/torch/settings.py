@@ -9,6 +9,7 @@ import types
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..callback_hints import instead_of_callback
 from ..errors import SettingError
 from ..watchers import check_watchers
 
@@ -91,9 +92,11 @@ def check_arguments(
         count("max_steps", max_steps)
     check_metrics(metrics)
     if pruner is not None and not (hasattr(pruner, "report") and hasattr(pruner, "should_prune")):
+        name = type(pruner).__qualname__
         raise SettingError(
-            f"pruner must have report(value, step) and should_prune(), and a "
-            f"{type(pruner).__qualname__} has not; e.g. st.Patience('val_loss', patience=3)"
+            f"pruner must have report(value, step) and should_prune(), and "
+            f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name} has not; "
+            + (instead_of_callback(pruner) or "e.g. st.Patience('val_loss', patience=3)")
         )
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise SettingError(

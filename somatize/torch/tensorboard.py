@@ -35,6 +35,7 @@ from ..errors import require
 from ..stack import outside
 from ..watchers import EpochEnd, Event, FitEnd, FitStart, Metrics, StepEnd
 from .claims import Claim, claim
+from .ported import ported
 from .settings import count
 from .tensorboard_hparams import flat_hparams, session
 
@@ -293,3 +294,6 @@ def _has_events(log_dir: str) -> bool:
         return any(n.startswith("events.out.tfevents.") for n in os.listdir(log_dir))
     except OSError:  # not there yet
         return False
+
+
+TensorBoard.__init__ = ported("TensorBoard")(TensorBoard.__init__)  # type: ignore[method-assign]

@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 import somatize.torch as st
 from somatize import JsonLines
+from somatize.errors import SettingError
 from somatize.torch.ported import ATTRIBUTES, LIGHTNING, METHODS
 
 from .trainer_helpers import batches, make_graph
@@ -55,6 +56,39 @@ def notes(e: pytest.ExceptionInfo[BaseException]) -> str:
         (lambda: st.Options(accumulate_grad_batches=2), r"here: Options\(accumulate=\.\.\.\)"),
         (lambda: st.Checkpointing("ck", save_top_k=2), r"here: Checkpointing\(best=K\)"),
         (lambda: st.Checkpointing("ck", monitor="val_acc"), r"here: Options\(monitor="),
+        # before: Python's TypeError alone (EarlyStopping's, CSVLogger's, TensorBoardLogger's
+        # keywords; Lightning switches that are off here already)
+        (
+            lambda: st.Patience(monitor="val_loss", patience=3),
+            r"monitor is Lightning's; here: Patience\(metric\), the first argument: "
+            r"st.Patience\('val_loss', patience=3\)$",
+        ),
+        (lambda: st.Patience(verbose=True), r"here: nothing: .*result.pruned_reason$"),
+        (
+            lambda: st.Patience(stopping_threshold=0.1),
+            r"here: a pruner of its own, st.Threshold\(metric, lower=v\)",
+        ),
+        (
+            lambda: st.CSVLog("log.csv", log_every_n_steps=5),
+            r"^log_every_n_steps is Lightning's; here: CSVLog\(path, every_steps=N\)$",
+        ),
+        (
+            lambda: st.TensorBoard("tb", log_every_n_steps=5),
+            r"^log_every_n_steps is Lightning's; here: TensorBoard\(log_dir, every_steps=N\)$",
+        ),
+        (
+            lambda: st.TensorBoard(save_dir="runs", name="exp"),
+            r"^save_dir is Lightning's; here: TensorBoard\(log_dir\): the run's own directory",
+        ),
+        (
+            lambda: st.Options(enable_checkpointing=False),
+            r"here: nothing: no checkpoint is written unless checkpoint=st.Checkpointing",
+        ),
+        (
+            lambda: st.Trainer(optimizer=sgd, enable_model_summary=False),
+            r"here: nothing: fit prints no summary; print\(st.model_summary\(g\)\)",
+        ),
+        (lambda: st.Options(log_every_n_steps=5), r"st.CSVLog\(path, every_steps=N\)"),
     ],
 )
 def test_a_lightning_keyword_gets_the_somatize_spelling(make, said):
@@ -80,7 +114,17 @@ def test_a_keyword_that_is_ours_is_not_explained_and_every_row_names_an_owner():
     with pytest.raises(TypeError) as e:
         st.Trainer(optimizer=sgd, epochz=3)
     assert notes(e) == "did you mean 'epochs'?"  # (a misspelling: no Lightning note)
-    assert set(LIGHTNING) == {"Trainer", "Options", "Checkpointing", "fit", "evaluate", "predict"}
+    assert set(LIGHTNING) == {
+        "Trainer",
+        "Options",
+        "Checkpointing",
+        "Patience",
+        "CSVLog",
+        "TensorBoard",
+        "fit",
+        "evaluate",
+        "predict",
+    }
 
 
 @pytest.mark.parametrize(
@@ -90,6 +134,8 @@ def test_a_keyword_that_is_ours_is_not_explained_and_every_row_names_an_owner():
         (lambda: st.Options(devic="cpu"), "did you mean 'device'?"),
         (lambda: st.Options(acumulate=2), "did you mean 'accumulate'?"),
         (lambda: st.Checkpointing("ck", every_step=2), "did you mean 'every_steps'?"),
+        (lambda: st.CSVLog("log.csv", every_step=2), "did you mean 'every_steps'?"),
+        (lambda: st.Patience("val_loss", patiance=2), "did you mean 'patience'?"),
     ],
 )
 def test_a_misspelt_keyword_gets_the_closest_ones(make, said):
@@ -164,3 +210,32 @@ def test_a_log_refused_a_keyword_is_collected_without_an_error_of_its_own(
         make(tmp_path)
     gc.collect()
     assert [str(u.exc_value) for u in said] == []
+
+
+def test_lightning_callbacks_given_as_a_pruner_or_watchers_name_the_settings_here():
+    # before: "a EarlyStopping has not; e.g. st.Patience('val_loss', patience=3)" whatever it
+    # watched, and "ModelCheckpoint ... is not a watcher" with no word of Checkpointing
+    callbacks = pytest.importorskip("lightning.pytorch.callbacks")
+    stop = callbacks.EarlyStopping(monitor="val_acc", mode="max", patience=5, min_delta=0.01)
+    with pytest.raises(SettingError) as e:
+        st.Trainer(optimizer=sgd, pruner=stop)
+    assert str(e.value).endswith(
+        "and an EarlyStopping has not; EarlyStopping is a Lightning callback; here: "
+        "pruner=st.Patience('val_acc', patience=5, mode='max', min_delta=0.01)"
+    )
+    st.Patience("val_acc", patience=5, mode="max", min_delta=0.01)  # what it says is valid
+    keep = callbacks.ModelCheckpoint(dirpath="ck", monitor="val_loss", save_top_k=2)
+    said = {
+        keep: rf"here: checkpoint=st.Checkpointing\('{re.escape(str(keep.dirpath))}', best=2\) "
+        r"with options=st.Options\(monitor='val_loss', mode='min'\)$",
+        callbacks.EarlyStopping("val_loss"): r"here: pruner=st.Patience\('val_loss', patience=3",
+        callbacks.LearningRateMonitor(): r"here: nothing: st.TensorBoard\(dir\) and st.CSVLog",
+        callbacks.BackboneFinetuning(): r"a Lightning callback, which runs under lightning.Trainer",
+    }
+    for callback, fix in said.items():
+        with pytest.raises(SettingError, match=r"is not a watcher: .*on_event\(event\); ") as e:
+            st.Trainer(optimizer=sgd, watchers=[callback])
+        assert re.search(fix, str(e.value)), str(e.value)
+    with pytest.raises(SettingError) as e:  # not Lightning's: as before
+        st.Trainer(optimizer=sgd, pruner=object(), watchers=[])
+    assert str(e.value).endswith("an object has not; e.g. st.Patience('val_loss', patience=3)")
