@@ -34,6 +34,12 @@ def require_graph(g: Any, call: str) -> None:
             fix = "this is a graph's module already: use it as it is (st.module(model.graph) is it)"
         elif call == "st.parameters":
             fix += " (model.parameters() lists frozen nodes' too)"
+    elif isinstance(g, nn.Module) and call == "st.load_state":  # (fit trains one as it is)
+        fix = (
+            "a plain nn.Module loads its weights itself, model.load_state_dict(result.state); "
+            "from a Trainer checkpoint, model.load_state_dict(st.load_checkpoint(path)['model']) "
+            "(under Options(ema=), ['ema']['state']: the average its evaluation judged)"
+        )
     elif isinstance(g, nn.Module):
         fix = (
             "a plain nn.Module is used as it is (model.parameters(), model.state_dict()); to "

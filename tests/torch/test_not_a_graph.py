@@ -53,3 +53,22 @@ def test_a_plain_module_is_told_to_use_it_as_it_is_or_hold_it_in_a_node() -> Non
     with pytest.raises(TypeError, match=r"^st\.module\(\) takes a somatize Graph, got int: build"):
         st.module(42)  # type: ignore[arg-type]
     assert torch.is_tensor(st.state(Graph.somatize(Linear(2, 2)))["linear.lin.weight"])
+
+
+def test_a_plain_module_fitted_is_told_how_to_load_a_checkpoint(tmp_path) -> None:
+    # before: "is used as it is (model.parameters(), model.state_dict())", and docs/trainer.md's
+    # trainer.test(ckpt_path="best") row, st.load_state(g, ...), only for a graph
+    model = nn.Linear(4, 3)
+    data = [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(3)]
+    result = st.Trainer(
+        loss=nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        checkpoint=st.Checkpointing(tmp_path, best=1),
+        options=st.Options(progress=False),
+    ).fit(model, data, val=data[:1])
+    with pytest.raises(TypeError, match=r"got Linear: a plain nn\.Module loads its weights") as e:
+        st.load_state(model, st.load_checkpoint(result.best_checkpoint))  # type: ignore[arg-type]
+    assert "model.load_state_dict(st.load_checkpoint(path)['model'])" in str(e.value)
+    fresh = nn.Linear(4, 3)
+    fresh.load_state_dict(st.load_checkpoint(result.best_checkpoint)["model"])  # as it says
+    assert all(torch.equal(v, result.state[k]) for k, v in fresh.state_dict().items())
