@@ -10,13 +10,22 @@ import difflib
 import functools
 import inspect
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from ..errors import add_note
 from ..not_a_module import Refused
+from ..stack import outside
 
-__all__ = ["ATTRIBUTES", "LIGHTNING", "METHODS", "lightning_methods", "ported"]
+__all__ = [
+    "ATTRIBUTES",
+    "LIGHTNING",
+    "METHODS",
+    "lightning_methods",
+    "ported",
+    "warn_lightning_module",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -188,3 +197,48 @@ def close(e: TypeError, given: str, fn: Callable[..., Any]) -> None:
     near = difflib.get_close_matches(given, params, n=2, cutoff=0.6)
     if near:
         add_note(e, f"did you mean {' or '.join(map(repr, near))}?")
+
+
+#: a LightningModule's hooks that hold a run's training, and what each becomes here
+_HOOKS = {
+    "training_step": "its loss as loss= (loss=None with forward returning it)",
+    "configure_optimizers": "optimizer= and scheduler=",
+    "validation_step": "metrics=",
+}
+
+
+def warn_lightning_module(model: Any) -> None:
+    """Warn when ``fit`` is given a ``LightningModule`` of the user's own hooks: the Trainer
+    calls its ``forward`` and the Trainer's ``loss=``, never its ``training_step`` (a loss of
+    its own, a regularizer), ``configure_optimizers`` or ``validation_step`` — a run that
+    differs from the Lightning one without a word. Read off the class (lightning is never
+    imported); the network the module holds, or a graph, is not warned about."""
+    mro = type(model).__mro__
+    base = next(
+        (
+            i
+            for i, c in enumerate(mro)
+            if c.__name__ == "LightningModule"
+            and c.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
+        ),
+        None,
+    )
+    if base is None:
+        return
+    own = [h for h in _HOOKS if any(h in vars(c) for c in mro[:base])]
+    if not own:
+        return
+    name = type(model).__qualname__
+    hooks = " or ".join([", ".join(own[:-1]), own[-1]] if len(own) > 1 else own)
+    warnings.warn(
+        f"fit() got {name}, a LightningModule: the somatize Trainer calls its forward, "
+        f"model(x), and the Trainer's loss= on the output, never its "
+        f"{hooks}, so what {'they hold' if len(own) > 1 else 'it holds'} is not in "
+        f"this run. Port {'them' if len(own) > 1 else 'it'}: "
+        + "; ".join(f"{h}: {_HOOKS[h]}" for h in own)
+        + " (docs/trainer.md, 'Coming from Lightning'), and fit the network it holds, "
+        "fit(lit.net, ...) (a LightningGraph's graph, fit(lg.graph, ...)); or train it under "
+        "lightning.Trainer",
+        UserWarning,
+        stacklevel=outside(),
+    )

@@ -46,7 +46,7 @@ from .loop import train as train_loop
 from .metrics import Metric, check_ranks, members
 from .options import Options
 from .policy import best_step, check_writable, save, writing
-from .ported import lightning_methods, ported
+from .ported import lightning_methods, ported, warn_lightning_module
 from .pruning import pruned_reason
 from .rank_lengths import agree, warn_dropped
 from .result import TrainResult, state_copy
@@ -174,6 +174,7 @@ class Trainer(TrainerTools):
             )
         check_data(train, "fit()'s train", self._split, train=True)  # not a Dataset of examples
         check_global_seed(self)  # torch.manual_seed(s) varying, Trainer(seed=) not given
+        warn_lightning_module(model)  # its training_step would not run (ported.py)
         with deterministic(self.options.deterministic), own_generators():  # (rng.py)
             if self.options.smoke:  # one epoch of N batches, nothing kept (smoke.py)
                 return smoke_fit(self, model, train, val, resume)

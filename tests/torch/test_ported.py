@@ -239,3 +239,48 @@ def test_lightning_callbacks_given_as_a_pruner_or_watchers_name_the_settings_her
     with pytest.raises(SettingError) as e:  # not Lightning's: as before
         st.Trainer(optimizer=sgd, pruner=object(), watchers=[])
     assert str(e.value).endswith("an object has not; e.g. st.Patience('val_loss', patience=3)")
+
+
+def test_a_lightning_module_given_to_fit_warns_that_its_training_step_is_not_called():
+    # before: fit trained it through forward and loss= without a word, its training_step's
+    # own loss (label smoothing, a penalty) and configure_optimizers left out of the run
+    L = pytest.importorskip("lightning")
+
+    class Lit(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, i):
+            return F.cross_entropy(self(batch[0]), batch[1], label_smoothing=0.1)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Forward(L.LightningModule):  # no hook of its own: forward is all it is
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.net(x)
+
+    data = [(torch.randn(8, 4), torch.randint(0, 3, (8,)))]
+    t = st.Trainer(loss=F.cross_entropy, optimizer=sgd, options=st.Options(progress=False))
+    lit = Lit()
+    with pytest.warns(UserWarning) as said:
+        t.fit(lit, data)
+    (w,) = said
+    assert w.filename == __file__  # (the line that called fit)
+    assert str(w.message).startswith(
+        "fit() got test_a_lightning_module_given_to_fit_warns_that_its_training_step_is_not_"
+        "called.<locals>.Lit, a LightningModule: the somatize Trainer calls its forward, "
+        "model(x), and the Trainer's loss= on the output, never its training_step or "
+        "configure_optimizers"
+    )
+    assert "fit(lit.net, ...)" in str(w.message)
+    t.fit(lit.net, data)  # the network it holds: as it says, no warning
+    t.fit(Forward(), data)
