@@ -125,6 +125,26 @@ def test_under_accumulation_losses_are_one_per_step_as_the_somatize_trainers(tmp
     _assert_same_state(r.state, ref_result.state)
 
 
+def test_an_epoch_stopped_in_its_middle_counts_here_and_not_under_the_somatize_trainer(tmp_path):
+    # lightning.md, "An epoch stopped in its middle": Lightning ends the epoch max_steps (or
+    # EarlyStopping at a mid-epoch validation) stops, and counts it in current_epoch
+    ours, theirs, _ = _twins()
+    options = st.Options(shuffle=False, progress=False)
+    ref = st.Trainer(
+        loss=nn.functional.cross_entropy, optimizer=_sgd, epochs=3, max_steps=6, options=options
+    ).fit(ours, _loader())  # 4 batches an epoch: stopped at the second's second step
+    lg = LightningGraph(theirs, loss=nn.functional.cross_entropy, optimizer=_sgd)
+    trainer = _trainer(tmp_path, max_epochs=3, max_steps=6)
+    trainer.fit(lg, _loader())
+    r = result(trainer, lg)
+    assert r.steps == ref.steps == 6 and r.losses == pytest.approx(ref.losses, rel=1e-6)
+    _assert_same_state(r.state, ref.state)
+    assert (r.epochs, len(r.epoch_losses)) == (2, 2)  # the stopped epoch's mean: 2 steps'
+    assert (ref.epochs, len(ref.epoch_losses)) == (1, 1)  # finished epochs only
+    assert r.epoch_losses[0] == pytest.approx(ref.epoch_losses[0], rel=1e-6)
+    assert r.epoch_losses[1] == pytest.approx(sum(ref.losses[4:]) / 2, rel=1e-6)
+
+
 @pytest.mark.slow  # (two processes spawned, each importing torch and lightning)
 @pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
 @pytest.mark.filterwarnings(r"ignore:Found \d+ module\(s\) in eval mode")
