@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -190,3 +192,38 @@ def test_under_clipping_a_finite_loss_with_a_nan_gradient_raises_or_is_skipped(f
     g, result = run("ignore")  # stepped, as plain PyTorch would: NaN weights
     assert result.skipped == 0
     assert not all(torch.isfinite(v).all() for v in st.state(g).values())
+
+
+class Masked(nn.Module):
+    """A NaN made in a backward alone: the forward masks sqrt(s) at s = -1 (a finite loss),
+    the backward of sqrt there is NaN (docs/trainer.md, non-finite losses)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.s = nn.Parameter(-torch.ones(1))
+
+    def forward(self, x):
+        return self.lin(x) + torch.where(self.s > 0, torch.sqrt(self.s), torch.zeros(1))
+
+
+@pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled")  # (torch's, asked for)
+@pytest.mark.filterwarnings("ignore:Error detected in SqrtBackward0")  # (the forward's traceback)
+def test_a_nan_made_in_a_backward_alone_is_seen_under_clipping_or_detect_anomaly():
+    # what the docs say of Lightning's detect_anomaly=True: the loss check alone misses it
+    def fit(model, **options):
+        return st.Trainer(
+            loss=F.cross_entropy,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+            options=st.Options(progress=False, **options),
+        ).fit(model, data())
+
+    missed = fit(Masked())
+    assert all(map(math.isfinite, missed.losses)) and torch.isnan(missed.state["s"]).all()
+    with pytest.raises(NonFiniteError, match="norm"):
+        fit(Masked(), clip_grad_norm=1.0)
+    with (
+        pytest.raises(RuntimeError, match="'SqrtBackward0' returned nan values"),
+        torch.autograd.detect_anomaly(),
+    ):
+        fit(Masked())
