@@ -188,7 +188,13 @@ class EpochEnd(Event):
     every rank's under DDP; skipped steps left out; a run resumed in mid-epoch as if never
     interrupted): ``TrainResult.epoch_losses``. None for an epoch without a step.
     ``terms``: a loss function's terms, weighed alike (its steps' ``StepEnd.terms``).
-    From Lightning's ``Watch``: over the steps it told (rank 0's, since the fit began)."""
+    From Lightning's ``Watch``: over the steps it told (rank 0's, since the fit began).
+    ``node_metrics``: node -> metric -> the epoch's mean of what the node returned in
+    ``Done(..., metrics=...)`` in its training steps (Lightning's ``on_epoch=True``): over
+    the examples of the batches that reported it, each batch's value weighed by its
+    examples (micro-batches and accumulated batches each their own; under DDP every
+    rank's; skipped steps left out; resumed in mid-epoch as if never interrupted):
+    ``TrainResult.epoch_metrics``. Empty when no node reported one."""
 
     epoch: int
     step: int
@@ -198,6 +204,7 @@ class EpochEnd(Event):
     steps: float = 0.0
     loss: float | None = None
     terms: Mapping[str, float] = field(default_factory=dict)
+    node_metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

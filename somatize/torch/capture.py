@@ -58,6 +58,7 @@ def capture(
         "epoch_losses": s.epoch_losses,
         "epoch_terms": s.epoch_terms,
         "epoch_loss": s.epoch_loss.state(),  # the epoch's running sums (epoch_loss.py)
+        "epoch_metrics": s.epoch_metrics,  # node metrics' epoch means (epoch_metrics.py)
         "metrics": s.metrics,
         "best": s.best,
         "monitor": s.monitor,  # what best and ranked are values of (resumed_monitor.py)
@@ -126,6 +127,8 @@ def restore(
     s.epoch_losses = [float(v) for v in payload.get("epoch_losses") or []]
     s.epoch_terms = restored_terms(payload.get("epoch_terms"), len(s.epoch_losses))
     s.epoch_loss = EpochLoss.restored(payload.get("epoch_loss"))
+    s.epoch_metrics = restored_terms(payload.get("epoch_metrics"), len(s.epoch_losses))
+    s.saved_metric_sums = payload.get("epoch_metric_sums")  # every rank's (loop.train)
     s.best, s.pruned = payload["best"], payload["pruned"]
     s.ranked = [list(r) for r in payload.get("ranked", [])]
     s.last_finite, s.skipped = payload.get("last_finite"), payload.get("skipped", 0)

@@ -9,7 +9,8 @@ Columns: ``kind`` (``step``, ``eval`` or ``epoch``), ``step``, ``epoch``, then `
 function's dict, ``recon``, ``kl``: ``StepEnd.terms``), node metrics as ``<node>/<name>`` on the
 step they were computed in, and the evaluation's values (``val_loss``, ``val_acc``...) on
 eval rows. An epoch row after each epoch holds its mean training loss, ``epoch_loss``
-(``EpochEnd.loss``, Lightning's ``train_loss_epoch``), and ``epoch_<term>`` for each term;
+(``EpochEnd.loss``, Lightning's ``train_loss_epoch``), ``epoch_<term>`` for each term,
+and ``epoch_<node>/<name>`` for each node metric (its epoch's mean: ``EpochEnd.node_metrics``);
 when the graph remembers a node, what its cache found: ``cache/<node>/hits`` and
 ``cache/<node>/misses`` (``EpochEnd.cache``).
 ``pandas.read_csv(path)`` reads it as it is. Under DDP rank 0 writes, and a step's
@@ -128,6 +129,8 @@ class CSVLog:
             if event.loss is not None:  # the epoch's mean: columns of its own, not "loss"
                 row["epoch_loss"] = event.loss
                 row.update({f"epoch_{name}": v for name, v in event.terms.items()})
+            for node, means in event.node_metrics.items():  # its node metrics' means
+                row.update({f"epoch_{node}/{name}": v for name, v in means.items()})
             for node, c in event.cache.items():  # what the cached nodes found in the epoch
                 row[f"cache/{node}/hits"], row[f"cache/{node}/misses"] = c["hits"], c["misses"]
             if len(row) > 3:

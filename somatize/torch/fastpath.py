@@ -199,6 +199,8 @@ def fast_epoch(
             total += value * n
             if terms or history:
                 s.add_terms(terms, n)
+            if own and (reported := own.get("metrics")):  # a node's metrics (epoch_metrics.py)
+                s.metric_sums.add(reported, n)
             last = i
             if (every and step % every == 0) or run.due or (ckpt_every and step % ckpt_every == 0):
                 s.step, s.examples_seen, s.position = step, examples, i + 1

@@ -16,6 +16,7 @@ from ..watchers import EpochEnd, Metrics, StepEnd, notify
 from . import ddp
 from .batches import epoch_batches
 from .carry import start_epoch
+from .epoch_metrics import EpochMetrics
 from .evaluation import evaluate_into
 from .fastpath import fast_epoch
 from .held_rng import find_held, held_states, put_held, restore_held, warn_unkept
@@ -45,6 +46,9 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
     graph_net = net if isinstance(net, GraphModule) else None
     if graph_net is not None:  # (resumed: an evaluation before any step sees where it stood)
         graph_net.step = s.step
+    if s.saved_metric_sums is not None:  # resumed: this rank's node metric sums
+        s.metric_sums = EpochMetrics.restored(s.saved_metric_sums, run.rank, run.world)
+        s.saved_metric_sums = None
     epochs = trainer.epochs if trainer.epochs is not None else sys.maxsize
     max_steps = trainer.max_steps if trainer.max_steps is not None else sys.maxsize
     per_step = trainer.options.scheduler_every == "step"
@@ -131,9 +135,10 @@ def train(trainer: Trainer, run: ActiveRun, data: Iterable[Any], val: Iterable[A
             s.flush(run.world)  # (the steps' losses, read back: the device's queued work)
             timing.steps += perf() - tick
             loss, terms = s.end_epoch()  # the epoch's mean (epoch_loss.py)
+            means = s.end_epoch_metrics(run.world)  # its node metrics' (epoch_metrics.py)
             if watchers:
                 spent = (timing.data - data0, timing.steps - steps0)
-                ended_with = (record or {}, cache, *spent, loss, terms)
+                ended_with = (record or {}, cache, *spent, loss, terms, means)
                 notify(watchers, EpochEnd(run.id, s.epoch, s.step, *ended_with))
             s.epoch, s.position = s.epoch + 1, 0
             if trainer.checkpoint is not None:
@@ -265,6 +270,9 @@ def _epoch(
         s.step += 1
         s.position = i + 1
         s.examples_seen += n
+        for reported, size in run.reported:  # each batch's node metrics (epoch_metrics.py)
+            if reported:
+                s.metric_sums.add(reported, size)
         if isinstance(loss, float):  # already read back (the non-finite check)
             s.losses.append(loss)
             s.epoch_loss.add(loss, n)

@@ -138,6 +138,8 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     ranks = [list(c) for c in zip(*ddp.gather(mine))] if run.world > 1 else None
     counts = tally.state(run.tally)  # what cached nodes found so far: TrainResult.cache
     caches = ddp.gather(counts) if run.world > 1 else [counts]
+    sums = s.metric_sums.state()  # node metrics' sums of the epoch so far (epoch_metrics.py)
+    metric_sums = ddp.gather(sums) if run.world > 1 else [sums]
     carry = None  # every rank's st.Carry values, to go on from in mid-epoch
     if s.position and run.carries:
         carry = ddp.gather(stored(run.carries)) if run.world > 1 else [stored(run.carries)]
@@ -160,6 +162,7 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
             payload["ema"] = run.average.state()
         payload["order"] = order(trainer, run.train, run.rank, run.world)
         payload["cache"] = caches
+        payload["epoch_metric_sums"] = metric_sums  # (every rank's: each resumes its own)
         if carry is not None:
             payload["carry"] = carry
         if ranks is not None:

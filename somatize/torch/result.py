@@ -50,6 +50,13 @@ class TrainResult:
         epoch_terms: the same terms' means over every finished epoch, as ``epoch_losses``
             holds the loss's (Lightning's ``train_<term>_epoch``), each list as long as
             ``epoch_losses``. Empty for a loss alone.
+        epoch_metrics: each node metric's mean over every finished epoch (a node returning
+            ``Done(value, metrics={"acc": ...})`` in training steps: Lightning's
+            ``self.log(..., on_epoch=True)``), ``"<node>/<metric>"`` -> a list as long as
+            ``epoch_losses``: the mean over the examples of the batches that reported it,
+            each batch's value weighed by its examples (under DDP, every rank's batches;
+            skipped steps left out; a run resumed in mid-epoch as if never interrupted); NaN
+            for an epoch that did not report it. Empty when no node reports metrics.
         metrics: one dict per evaluation (``{"step": ..., "epoch": ..., "val_loss": ...}``).
         monitor: the metric ``best`` refers to.
         best: the best value of ``monitor`` seen, or None without evaluation.
@@ -107,6 +114,7 @@ class TrainResult:
     epoch_losses: list[float] = field(default_factory=list)
     terms: dict[str, list[float]] = field(default_factory=dict)
     epoch_terms: dict[str, list[float]] = field(default_factory=dict)
+    epoch_metrics: dict[str, list[float]] = field(default_factory=dict)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickled: a result pickled before a field was added gets its default."""

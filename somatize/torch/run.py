@@ -61,6 +61,9 @@ class ActiveRun:
     stopped: int = 0  # the signal that stopped the run at a step's end, else 0
     grad_norm: Any = None  # the last step's gradient norm for StepEnd (step._update), or None
     terms: dict[str, Any] = field(default_factory=dict)  # the last step's loss terms (step.py)
+    # what the nodes reported of each of the last step's batches (micro-batches), with its
+    # examples (this rank's): the epoch's node metric means (step.py, epoch_metrics.py)
+    reported: list[tuple[Any, int]] = field(default_factory=list)
     # the names of the loss's terms, fixed by the fit's first loss call (term_names.py)
     term_names: tuple[str, ...] | None = None
     resave: bool = False  # the last checkpoint's step was evaluated after it was written

@@ -10,6 +10,7 @@ import torch
 
 from . import ddp
 from .epoch_loss import EpochLoss, recorded
+from .epoch_metrics import EpochMetrics, flat
 from .loss_terms import Terms, record_terms
 
 __all__ = ["RunState"]
@@ -31,6 +32,11 @@ class RunState:
         self.epoch_losses: list[float] = []  # each finished epoch's mean (epoch_loss.py)
         self.epoch_terms: dict[str, list[float]] = {}  # ... and its terms', as long
         self.epoch_loss = EpochLoss()  # the running sums of the epoch in progress
+        # each node metric's mean of every finished epoch, "<node>/<metric>" -> a list as
+        # long as epoch_losses, and the sums of the epoch in progress (epoch_metrics.py)
+        self.epoch_metrics: dict[str, list[float]] = {}
+        self.metric_sums = EpochMetrics()
+        self.saved_metric_sums: Any = None  # a checkpoint's, every rank's (loop.train)
         self.metrics: list[dict[str, float]] = []
         self.best: float | None = None
         # what best and ranked are values of: this run's Options(monitor=, mode=)
@@ -71,11 +77,31 @@ class RunState:
             record_terms(self.epoch_terms, terms, len(self.epoch_losses))
         return loss, terms
 
+    def end_epoch_metrics(self, world: int) -> dict[str, dict[str, float]]:
+        """The epoch's node metric means (``EpochMetrics.take``: collective under DDP),
+        recorded in ``epoch_metrics``; after ``end_epoch``."""
+        means = self.metric_sums.take(world)
+        if means or self.epoch_metrics:
+            record_terms(self.epoch_metrics, flat(means), len(self.epoch_losses))
+        return means
+
+    def histories(self) -> dict[str, Any]:
+        """Copies of the run's per-step and per-epoch histories, as ``TrainResult`` has them."""
+        return {
+            "losses": list(self.losses),
+            "epoch_losses": list(self.epoch_losses),
+            "terms": {k: list(v) for k, v in self.terms.items()},
+            "epoch_terms": {k: list(v) for k, v in self.epoch_terms.items()},
+            "epoch_metrics": {k: list(v) for k, v in self.epoch_metrics.items()},
+        }
+
     def flush(self, world: int) -> None:
         """Read the pending step losses back (one transfer), averaged over ranks, into the
         history and the epoch's sums, and their terms likewise. (Pending: under
         ``nonfinite="ignore"``, which reads no step's loss back. Under DDP, each rank's own:
-        the epoch's sums of every rank's examples ride on the same all-reduce.)"""
+        the epoch's sums of every rank's examples ride on the same all-reduce.) The node
+        metrics' pending values too (this rank's; merged over ranks at the epoch's end)."""
+        self.metric_sums.flush()
         if not self.pending:
             return
         values = torch.stack(self.pending).float()

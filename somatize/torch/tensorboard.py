@@ -10,7 +10,8 @@ after the first), ``train/examples_per_second`` per step, and ``train/grad_norm`
 ``cache/<node>/hit_rate`` (its epoch's ``EpochEnd.cache``), and ``time/data`` and
 ``time/steps`` (the epoch's seconds waiting for batches and in steps) and ``time/epoch``
 (its wall seconds since the previous epoch ended) at each epoch end;
-``node/<node>/<metric>`` for metrics nodes return in ``Done`` during training,
+``node/<node>/<metric>`` for metrics nodes return in ``Done`` during training (and
+``node/<node>/epoch_<metric>``, the epoch's mean, ``EpochEnd.node_metrics``, at its end),
 ``val/<node>/<metric>`` during evaluation. With ``hparams=``, the run's
 hyper-parameters go to TensorBoard's HParams view as it starts (its end is marked when it
 ends), where tensorboard shows beside them each run's last value of every scalar.
@@ -183,6 +184,9 @@ class TensorBoard:
                 epoch["train/epoch_loss"] = event.loss
                 for name, value in event.terms.items():
                     epoch[f"train/epoch_{name}"] = value
+            for node, means in event.node_metrics.items():  # its node metrics' means
+                for name, value in means.items():
+                    epoch[f"node/{node}/epoch_{name}"] = value
             if event.data or event.steps:  # where the epoch's time went (0.0: not measured)
                 epoch["time/data"], epoch["time/steps"] = event.data, event.steps
             if self._epoch_began is not None:  # (None: told no FitStart)

@@ -285,10 +285,7 @@ class Trainer(TrainerTools):
             num_examples=one_epoch(n_train, s),
             steps=s.step,
             epochs=s.epoch,
-            losses=list(s.losses),
-            epoch_losses=list(s.epoch_losses),
-            terms={k: list(v) for k, v in s.terms.items()},
-            epoch_terms={k: list(v) for k, v in s.epoch_terms.items()},
+            **s.histories(),  # losses, epoch_losses, terms, epoch_terms, epoch_metrics
             metrics=[dict(m) for m in s.metrics],
             monitor=s.monitor,
             best=s.best,

@@ -80,6 +80,7 @@ def test_tensorboard_writes_loss_lr_throughput_metrics_and_node_metrics(tmp_path
         "val/loss",
         "val/acc",
         "node/head/logit_mean",
+        "node/head/epoch_logit_mean",  # its epoch's mean (EpochEnd.node_metrics)
         "val/head/logit_mean",  # the node's metric during evaluation, over the whole set
     }
     assert [s for s, _ in got["val/head/logit_mean"]] == [3, 6]
@@ -95,6 +96,10 @@ def test_tensorboard_writes_loss_lr_throughput_metrics_and_node_metrics(tmp_path
     assert got["train/epoch_loss"] == [
         (3, pytest.approx(result.epoch_losses[0])),
         (6, pytest.approx(result.epoch_losses[1])),
+    ]
+    assert got["node/head/epoch_logit_mean"] == [
+        (3, pytest.approx(result.epoch_metrics["head/logit_mean"][0])),
+        (6, pytest.approx(result.epoch_metrics["head/logit_mean"][1])),
     ]
     assert [s for s, _ in got["time/steps"]] == [3, 6]
     assert all(v > 0 for _, v in got["time/steps"])
