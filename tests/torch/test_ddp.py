@@ -147,6 +147,12 @@ def test_torchrun_two_ranks_train_as_one_process_on_twice_the_batch(uninterrupte
     torch.testing.assert_close(torch.tensor(r0["losses"]), torch.tensor(single.losses))
     for name, value in single.state.items():
         torch.testing.assert_close(r0["state"][name], value)
+    # each epoch's node metric: over every rank's rows (each rank's micro-batches of 2),
+    # as one process's over the batches joined
+    assert r0["epoch_metrics"] == r1["epoch_metrics"] and len(r0["epoch_metrics"]["tanh/pos"]) == 2
+    assert r0["epoch_metrics"]["tanh/pos"] == pytest.approx(
+        single.epoch_metrics["tanh/pos"], rel=1e-6
+    )
     # metrics are over the whole validation set: no rank dropped a batch
     for got, want in zip(r0["metrics"], single.metrics, strict=True):
         assert got["step"] == want["step"]
@@ -166,6 +172,7 @@ def test_torchrun_resume_after_a_crash_equals_the_uninterrupted_run(uninterrupte
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert got["losses"] == want["losses"]
         assert got["metrics"] == want["metrics"]
+        assert got["epoch_metrics"] == want["epoch_metrics"]  # every rank's sums resumed
         for name, value in want["state"].items():
             assert torch.equal(got["state"][name], value), name
 
@@ -203,6 +210,7 @@ def test_a_sharded_dataloader_resumes_exactly_under_ddp(loader_run, tmp_path):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert got["losses"] == want["losses"]
         assert got["metrics"] == want["metrics"]
+        assert got["epoch_metrics"] == want["epoch_metrics"]  # every rank's sums resumed
         for name, value in want["state"].items():
             assert torch.equal(got["state"][name], value), name
 

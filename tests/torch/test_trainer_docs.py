@@ -50,7 +50,8 @@ def test_the_trainer_docs_examples_run(tmp_path, monkeypatch, capsys):
     assert "{'val_loss': " in out.out  # evaluate's names, prefixed as fit's records
     # the training set's metrics: as a validation set, and a node's per step
     assert "'val_train_acc', 'val_train_loss', 'val_valid_acc', 'val_valid_loss']" in out.out
-    assert "seconds,scored/acc,val_loss,val_scored/acc,epoch_loss\n" in out.out
+    assert "seconds,scored/acc,val_loss,val_scored/acc,epoch_loss,epoch_scored/acc\n" in out.out
+    assert "['scored/acc'] 2\n" in out.out  # the node metric's epoch means
     assert "['epoch', 'step', 'val_loss', 'val_scored/acc']" in out.out
     assert "['step', 'epoch', 'val_loss', 'val_recon', 'val_kl']" in out.out  # loss terms
     assert "\n3 True\n" in out.out  # SWA: the 3rd, 4th and 5th epochs averaged
