@@ -23,7 +23,7 @@ from .held_rng import find_held, held_states, put_held, restore_held, warn_unkep
 from .limits import limited, share
 from .metrics import node_scalars
 from .module import GraphModule
-from .module_reads import node_metrics
+from .module_reads import fit_metrics
 from .policy import save
 from .rng import put_back, snapshot
 from .schedule import evaluates_at_epoch_end
@@ -326,7 +326,7 @@ def _report_step(
         run.watchers,
         StepEnd(run.id, s.step, s.epoch, float(loss), float(lr), n, seconds, lrs, norm, terms),
     )
-    reported = node_metrics(run.net)
+    reported = fit_metrics(run.net)
     if reported:  # (checked as an evaluation checks them; numbers, as Metrics says)
         for node, values in reported.items():
             checked = {k: float(v) for k, v in node_scalars(node, values).items()}

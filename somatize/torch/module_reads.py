@@ -13,7 +13,7 @@ from .freezers import _settle_frozen, frozen_any
 from .module import GraphModule, module
 from .not_a_graph import require_graph
 
-__all__ = ["node_metrics", "parameters"]
+__all__ = ["fit_metrics", "node_metrics", "parameters"]
 
 
 def node_metrics(net: Any) -> Mapping[str, Any] | None:
@@ -24,6 +24,16 @@ def node_metrics(net: Any) -> Mapping[str, Any] | None:
     if not isinstance(inner, GraphModule):
         inner = getattr(inner, "module", None)  # DistributedDataParallel's
     return inner.metrics if isinstance(inner, GraphModule) else None
+
+
+def fit_metrics(net: Any) -> Mapping[str, Any] | None:
+    """``node_metrics`` of the module a fit trains (``ActiveRun.net``, never compiled nor
+    wrapped), read from a ``GraphModule``'s instance dict: a tenth of a µs a step, where
+    ``node_metrics``' look-up of ``_orig_mod`` costs µs (a name a module lacks raises
+    inside ``nn.Module.__getattr__``)."""
+    if type(net) is GraphModule:
+        return net.__dict__.get("metrics")
+    return node_metrics(net)
 
 
 def parameters(g: Graph) -> list[nn.Parameter]:

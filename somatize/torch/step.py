@@ -16,7 +16,7 @@ from ..errors import NonFiniteError, SettingError
 from . import ddp, term_names
 from .batches import chunk, epoch_batches, num_examples, to_device
 from .loss_terms import Terms, add_weighed, loss_terms
-from .module_reads import node_metrics
+from .module_reads import fit_metrics
 from .reduction import check_summed_value
 from .settings import check_batch
 from .term_names import NO_TERMS
@@ -75,7 +75,7 @@ def step(
         else:
             with autocast():
                 loss, terms = loss_terms(trainer.loss, wrapped(x), y)
-        run.reported = [(node_metrics(run.net), n)]  # (read before any other call of the net)
+        run.reported = [(fit_metrics(run.net), n)]  # (read before any other call of the net)
         if terms or run.term_names is not NO_TERMS:  # (the fit's names: term_names.py)
             odd = terms if term_names.check(run, terms, defer=checked) else None
         total = loss.detach()  # the history is made float32 when it is read back
@@ -105,7 +105,7 @@ def step(
             with contextlib.nullcontext() if sync else wrapped.no_sync():  # type: ignore[operator]
                 with autocast():
                     out = wrapped(xc)
-                    run.reported.append((node_metrics(run.net), size))
+                    run.reported.append((fit_metrics(run.net), size))
                     loss, part_terms = loss_terms(trainer.loss, out, yc)
                     named = part_terms or run.term_names is not NO_TERMS  # (term_names.py)
                     if named and term_names.check(run, part_terms, defer=checked) and odd is None:
