@@ -56,7 +56,8 @@ class TrainResult:
             ``epoch_losses``: the mean over the examples of the batches that reported it,
             each batch's value weighed by its examples (under DDP, every rank's batches;
             skipped steps left out; a run resumed in mid-epoch as if never interrupted); NaN
-            for an epoch that did not report it. Empty when no node reports metrics.
+            for an epoch that did not report it. Empty when no node reports metrics, and
+            from a ``LightningGraph`` (which logs them per step, ``<node>/<name>``).
         metrics: one dict per evaluation (``{"step": ..., "epoch": ..., "val_loss": ...}``).
         monitor: the metric ``best`` refers to.
         best: the best value of ``monitor`` seen, or None without evaluation.
@@ -154,6 +155,9 @@ class TrainResult:
             if term in ("loss", "final_loss", "epoch_loss")
             else f"; a loss term: [r.epoch_terms[{term!r}][-1] for r in results] (numbers)"
             if term in self.epoch_terms
+            else f"; a node metric of the training steps: [r.epoch_metrics[{term!r}][-1] for r "
+            "in results] (the last epoch's mean)"
+            if term in self.epoch_metrics
             else " (pass val= data and metrics= to the Trainer)"
         )
         raise KeyError(

@@ -117,6 +117,13 @@ def test_each_epochs_node_metrics_are_their_mean_over_the_examples_as_a_plain_lo
         ]
 
 
+def test_asking_the_result_for_a_node_metric_as_an_evaluated_one_names_epoch_metrics():
+    result = fit(data(), epochs=1)
+    for name in ("hidden/pos", "train_hidden/pos"):
+        with pytest.raises(KeyError, match=r"r\.epoch_metrics\['hidden/pos'\]\[-1\]"):
+            result.metric(name)
+
+
 def test_the_epoch_mean_is_the_per_step_metrics_weighed_by_their_examples():
     """Each step's ``Metrics`` told, weighed by its ``StepEnd.examples``: the same floats."""
     recorder = Recorder()
