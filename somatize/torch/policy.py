@@ -133,13 +133,13 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
     s.flush(run.world)
     run.due = False
     held = held_states(run.held)  # the data's own generators (held_rng.py)
-    # every rank's RNG states (global, and its data's own), for its resume
-    mine = [rng_state(), as_state(s.epoch_rng), held, s.epoch_held]
-    ranks = [list(c) for c in zip(*ddp.gather(mine))] if run.world > 1 else None
     counts = tally.state(run.tally)  # what cached nodes found so far: TrainResult.cache
-    caches = ddp.gather(counts) if run.world > 1 else [counts]
     sums = s.metric_sums.state()  # node metrics' sums of the epoch so far (epoch_metrics.py)
-    metric_sums = ddp.gather(sums) if run.world > 1 else [sums]
+    # every rank's, in one collective: its RNG states (global, its data's own) for its
+    # resume, its cache counts and its node metrics' sums
+    mine = [counts, sums, rng_state(), as_state(s.epoch_rng), held, s.epoch_held]
+    ranks = [list(c) for c in zip(*ddp.gather(mine))] if run.world > 1 else None
+    caches, metric_sums = (ranks[0], ranks[1]) if ranks is not None else ([counts], [sums])
     carry = None  # every rank's st.Carry values, to go on from in mid-epoch
     if s.position and run.carries:
         carry = ddp.gather(stored(run.carries)) if run.world > 1 else [stored(run.carries)]
@@ -166,7 +166,8 @@ def save(trainer: Trainer, run: ActiveRun) -> None:
         if carry is not None:
             payload["carry"] = carry
         if ranks is not None:
-            for name, states in zip(("rngs", "epoch_rngs", "held_rngs", "epoch_held_rngs"), ranks):
+            names = ("rngs", "epoch_rngs", "held_rngs", "epoch_held_rngs")
+            for name, states in zip(names, ranks[2:], strict=True):
                 payload[name] = states
         protect = [int(r[1]) for r in s.ranked]
         if s.last_finite is not None:
