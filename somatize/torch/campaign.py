@@ -73,8 +73,9 @@ class Summary:
             rows.append(f"{i:>{width}}  {v:.4f}{'  <- best' if i == self.best else ''}")
         low, high = self.ci
         ci = "" if math.isnan(low) else f"95% CI {low:.4f} to {high:.4f}, "
+        spread = f" ± {self.std:.4f}" if self.n > 1 else ""  # (one run: no spread to show)
         rows.append(
-            f"{self.metric}: {self.mean:.4f} ± {self.std:.4f} over {counted(self.n, 'run')} "
+            f"{self.metric}: {self.mean:.4f}{spread} over {counted(self.n, 'run')} "
             f"({ci}min {self.min:.4f}, max {self.max:.4f})"
         )
         return "\n".join(rows)

@@ -109,8 +109,9 @@ class Comparison:
                 if not math.isnan(d.se):
                     delta += f" ± {d.se:.4f} [{d.low:+.4f}, {d.high:+.4f}]"
                 delta += f" (better on {d.ahead}/{d.n} seeds)" if d.ahead is not None else ""
+            spread = f"± {s.std:.4f}" if s.n > 1 else "(one run)"  # (not ± 0: unknown)
             rows.append(
-                f"{names[c]:<{width}}  {s.mean:.4f} ± {s.std:.4f}  (n={s.n}, "
+                f"{names[c]:<{width}}  {s.mean:.4f} {spread}  (n={s.n}, "
                 f"min {s.min:.4f}, max {s.max:.4f})  {delta}".rstrip()
             )
         ranked = self.ranked()

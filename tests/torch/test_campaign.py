@@ -314,3 +314,4 @@ def test_a_summary_s_confidence_interval_is_student_s_t_over_its_runs():
     assert f"(95% CI {want[0]:.4f} to {want[1]:.4f}, min 0.9680" in str(s)
     one = st.summarize([0.97], "test_f1")
     assert math.isnan(one.ci[0]) and "CI" not in str(one)  # one run: no spread to judge by
+    assert str(one).splitlines()[-1] == "test_f1: 0.9700 over 1 run (min 0.9700, max 0.9700)"

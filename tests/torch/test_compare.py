@@ -111,6 +111,8 @@ def test_one_run_each_says_there_is_no_spread_to_judge_by():
         "(too few runs to tell a from b: a standard error needs two runs each, or two paired seeds)"
     )
     assert "-0.1000" in str(c).splitlines()[2]  # the difference itself is still shown
+    # a spread of one run is unknown, not ± 0.0000 (as it was shown)
+    assert str(c).splitlines()[1].startswith("a       0.9000 (one run)  (n=1, ")
 
 
 def test_sampled_parameters_are_labelled_short_and_by_name():

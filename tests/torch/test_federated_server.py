@@ -343,3 +343,13 @@ def test_fedavgm_momentum_is_named_momentum():
         fl.FedAdam().momentum = 0.5
     with pytest.raises(AttributeError, match="FedAdam has no momentum.*beta1"):
         fl.FedAdam().momentum  # noqa: B018
+
+
+def test_a_server_optimizer_shows_the_hyper_parameters_its_rule_reads():
+    """Found by a student's walkthrough: FedAvgM's repr showed FedAdam's beta2 and tau, which
+    it never reads, and its momentum as beta1."""
+    assert repr(fl.FedAvgM(momentum=0.5)) == "fl.FedAvgM(lr=1.0, momentum=0.5, steps=0)"
+    assert repr(fl.FedAdagrad(exclude=["bn.*"])) == (
+        "fl.FedAdagrad(lr=0.01, beta1=0.0, tau=0.001, steps=0, exclude=('bn.*',))"
+    )
+    assert "beta2=0.99, tau=0.001" in repr(fl.FedYogi())

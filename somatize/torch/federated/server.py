@@ -88,7 +88,7 @@ def _decay(name: str, value: Any) -> float:
     return float(value)
 
 
-@dataclass
+@dataclass(repr=False)
 class ServerOptimizer:
     """One of Reddi et al.'s server updates; make one with ``FedAdam(...)`` and friends.
 
@@ -132,6 +132,17 @@ class ServerOptimizer:
         self.buffers = _names("buffers", self.buffers)
         self.exclude = _rule(self.exclude)
         self._warned = False
+
+    def __repr__(self) -> str:
+        """Its maker's name with the hyper-parameters its rule reads and the rounds taken:
+        ``fl.FedAvgM(lr=1.0, momentum=0.9, steps=0)``, not the beta2 and tau it never uses."""
+        shown = [f"{self._called(k)}={getattr(self, k)!r}" for k in _USES[self.rule]]
+        shown.append(f"steps={self.steps}")
+        if self.buffers:
+            shown.append(f"buffers={sorted(self.buffers)!r}")
+        if self.exclude is not None:
+            shown.append(f"exclude={self.exclude!r}")
+        return f"{_MAKER[self.rule]}({', '.join(shown)})"
 
     def _called(self, name: str) -> str:
         """What the maker calls a hyper-parameter: FedAvgM's ``beta1`` is its ``momentum``."""
