@@ -39,6 +39,7 @@ from .checkpoint import Checkpointing
 from .data_checks import check_data, check_rereadable
 from .ddp_cache import warn_private_rows
 from .determinism import deterministic
+from .final_weights import warn_nonfinite
 from .first_step import first_step
 from .horizon import total_steps
 from .limits import batches_per_epoch, epoch_examples, one_epoch
@@ -280,8 +281,10 @@ class Trainer(TrainerTools):
             tally.detach(run.net, run.tally)
             close(run.watchers, failing)  # also when training fails: event files are flushed
             failing = None  # (this frame holding its own exception was a reference cycle)
+        state = state_copy(run.net.state_dict())
+        warn_nonfinite(state, self.options.nonfinite)  # a NaN no loss showed (final_weights.py)
         return TrainResult(
-            state=state_copy(run.net.state_dict()),
+            state=state,
             num_examples=one_epoch(n_train, s),
             steps=s.step,
             epochs=s.epoch,

@@ -209,7 +209,7 @@ class Masked(nn.Module):
 
 @pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled")  # (torch's, asked for)
 @pytest.mark.filterwarnings("ignore:Error detected in SqrtBackward0")  # (the forward's traceback)
-def test_a_nan_made_in_a_backward_alone_is_seen_under_clipping_or_detect_anomaly():
+def test_a_nan_made_in_a_backward_alone_is_warned_of_and_seen_under_clipping_or_anomaly():
     # what the docs say of Lightning's detect_anomaly=True: the loss check alone misses it
     def fit(model, **options):
         return st.Trainer(
@@ -218,8 +218,14 @@ def test_a_nan_made_in_a_backward_alone_is_seen_under_clipping_or_detect_anomaly
             options=st.Options(progress=False, **options),
         ).fit(model, data())
 
-    missed = fit(Masked())
+    # every loss finite, the weights NaN: before, the fit ended without a word
+    with pytest.warns(RuntimeWarning, match=r"ended with non-finite weights in 's', though") as w:
+        missed = fit(Masked())
     assert all(map(math.isfinite, missed.losses)) and torch.isnan(missed.state["s"]).all()
+    assert "torch.autograd.detect_anomaly()" in str(w[0].message)
+    assert w[0].filename == __file__  # (the user's line: fit's caller)
+    ignored = fit(Masked(), nonfinite="ignore")  # no checks asked for: none made
+    assert torch.isnan(ignored.state["s"]).all()
     with pytest.raises(NonFiniteError, match="norm"):
         fit(Masked(), clip_grad_norm=1.0)
     with (
