@@ -116,3 +116,18 @@ def test_what_is_kept_is_read_back_and_counted():
 def test_an_unknown_policy_is_refused_naming_both():
     with pytest.raises(ValueError, match=r"policy='fifo'\): give 'lru' .* or 'epochs'"):
         MemoryKeeper(policy="fifo")  # type: ignore[arg-type]
+
+
+def test_in_front_of_a_slower_keeper_it_serves_its_share():
+    """A ``TieredKeeper``'s fast tier with the policy: the slow tier's rows handed back to it
+    are refused while its own are read, so it keeps serving half of each warm epoch."""
+    from somatize import TieredKeeper
+
+    rows = [key(0, i) for i in range(2000)]
+    found = {}
+    for policy in ("lru", "epochs"):
+        fast = MemoryKeeper(max_bytes=1000 * len(ROW), policy=policy)
+        tiered = TieredKeeper(fast, MemoryKeeper())
+        assert epochs(tiered, rows, 4)[1:] == [1.0, 1.0, 1.0]  # the slow tier has them all
+        found[policy] = epochs(fast, rows, 1, seed=9)[0]  # what the fast tier holds now
+    assert found["epochs"] == 0.5 and found["lru"] < 0.5, found
