@@ -11,8 +11,11 @@ and what each epoch found (``result.cache``) in the note.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,15 +115,9 @@ def run(quick: bool) -> list[Row]:
     ]
 
 
-class _quiet:
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
     """The fit's warning that the keeper is bounded below an epoch (what is measured)."""
-
-    def __enter__(self) -> None:
-        import warnings
-
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc: Any) -> None:
-        self._catch.__exit__(*exc)
+        yield
